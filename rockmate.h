@@ -1,0 +1,488 @@
+/* rockmate.h -- plan and run activation re-materialization for training steps.
+ *
+ * rockmate is an embeddable C11 library. A host (a training engine written in C
+ * or CUDA) describes one training step as a graph of forward ops and the
+ * activation tensors they make, gives a memory budget for activations, and gets
+ * back a plan: a schedule of forward, backward, recompute and free steps that
+ * stays under the budget at the least extra compute the planner can find. The
+ * library then walks the plan and calls the host's own functions. It never
+ * touches tensor data.
+ *
+ * The method is Rockmate's (ICML 2023): the graph is cut into a sequence of
+ * blocks, each kind of block gets several memory/time options, and a Rotor-style
+ * dynamic program along the chain picks options and checkpoints.
+ *
+ * QUICK START
+ *
+ *     rkm_context *ctx;  rkm_graph *g;  rkm_plan *plan;
+ *     rkm_context_create(NULL, &ctx);               // NULL desc: malloc, silent
+ *     rkm_graph_read_file(ctx, "model.rkg", &g);    // or rkm_graph_create + add_*
+ *     rkm_solve_desc sd = {0};                      // zero means defaults
+ *     sd.algo = RKM_ALGO_ROCKMATE;
+ *     if (rkm_plan_solve(g, &sd, budget_bytes, &plan) != RKM_OK)
+ *         fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+ *     rkm_plan_execute(plan, &callbacks);           // once per training step
+ *     rkm_plan_destroy(plan); rkm_graph_destroy(g); rkm_context_destroy(ctx);
+ *
+ * CONVENTIONS
+ *
+ * - Every fallible function returns an rkm_result. On failure the context
+ *   keeps a message that names the object (file:line, step, op or tensor) and
+ *   the rule that was broken: rkm_context_errmsg(). A failed call leaves its
+ *   output pointer NULL and nothing half-built.
+ * - Every allocation goes through the context's allocator (Lua style: one
+ *   function, user data, the old size on realloc and free).
+ * - The library never aborts and never prints; messages go to the optional
+ *   logger.
+ * - Objects have one owner and one destroy function. A graph must outlive the
+ *   plans and planners made from it; a context must outlive everything made
+ *   with it. Objects are not thread-safe; distinct objects may be used from
+ *   distinct threads (lp_solve calls are serialised by one internal lock).
+ * - Ids are dense int32 indices: tensors 0..num_tensors-1 in declaration
+ *   order, ops 0..num_ops-1 in declaration (topological) order.
+ * - Output is deterministic: the same graph and options give the same plan,
+ *   byte for byte, on every machine.
+ *
+ * MEMORY AND TIME ACCOUNTING (see docs/formats.md, the contract)
+ *
+ * The live memory while a plan is replayed is
+ *     sum(bytes of live tensors, inputs included)
+ *   + sum(phantom of ops whose saved state is live)
+ *   + sum(bytes of T for every live gradient grad(T))
+ * and a step's peak adds what the step creates and its workspace. Budgets,
+ * peaks and the baseline peak are all in this one unit, exact bytes. Time is
+ * the sum of the ops' fwd/bwd seconds over the steps.
+ *
+ * Readings of the contract where it leaves room (each chosen to keep plans
+ * correct):
+ * - A budget counts the `input` tensors too: they are part of mem.
+ * - An op with no `in` at all counts as a "first op" for structure detection.
+ * - A name list (in=, out=, saved=) may not name a tensor twice.
+ * - A tensor may carry both `input` and `nograd` (nograd is then redundant).
+ * - The loss tensor may not be an `input` (it must be produced by an op).
+ * - A graph whose total bytes (2 x all tensors + all phantoms + the largest
+ *   workspace) overflow 64 bits is rejected, so no sum can overflow.
+ * - `fwd OP` without `save` on an op whose saved state is live is allowed:
+ *   it recomputes outputs and leaves the saved state as it is.
+ *
+ * COMPILE-TIME SWITCHES
+ *
+ *   RKM_OMIT_SOLVER  leave lp_solve out: RKM_ALGO_ROCKMATE and
+ *                    RKM_ALGO_CHECKMATE return RKM_ERROR_UNSUPPORTED; rotor,
+ *                    sqrt and none still plan; loading, checking and executing
+ *                    plans is unaffected. No LGPL code is linked.
+ */
+#ifndef ROCKMATE_H
+#define ROCKMATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RKM_VERSION_MAJOR 0
+#define RKM_VERSION_MINOR 1
+#define RKM_VERSION_PATCH 0
+#define RKM_VERSION_STRING "0.1.0"
+#define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
+
+/* The version of the compiled library, e.g. "0.1.0". */
+const char *rkm_version(void);
+int rkm_version_number(void);
+
+/* ---------------------------------------------------------------------------
+ * Results
+ * ------------------------------------------------------------------------- */
+
+typedef enum rkm_result {
+    RKM_OK = 0,
+    RKM_ERROR_NOMEM,       /* the allocator returned NULL */
+    RKM_ERROR_ARGUMENT,    /* a NULL pointer, an id out of range, a bad option */
+    RKM_ERROR_STATE,       /* not allowed now (graph not finalized, plan not checked...) */
+    RKM_ERROR_IO,          /* a file could not be opened, read or written */
+    RKM_ERROR_PARSE,       /* text that does not follow the file syntax */
+    RKM_ERROR_GRAPH,       /* a graph that breaks a rule of the contract */
+    RKM_ERROR_PLAN,        /* a plan that breaks a rule of the contract */
+    RKM_ERROR_BUDGET,      /* no plan of the chosen algorithm fits the budget */
+    RKM_ERROR_CALLBACK,    /* a host callback returned non-zero */
+    RKM_ERROR_SOLVER,      /* lp_solve failed in a way that left no usable result */
+    RKM_ERROR_TIMEOUT,     /* the planning time budget ran out before any plan */
+    RKM_ERROR_UNSUPPORTED, /* compiled out (RKM_OMIT_SOLVER) */
+    RKM_RESULT_COUNT
+} rkm_result;
+
+/* A short constant description of a result code ("out of memory", ...). */
+const char *rkm_result_string(rkm_result r);
+
+/* ---------------------------------------------------------------------------
+ * Context: allocator, logger, last error message
+ * ------------------------------------------------------------------------- */
+
+typedef struct rkm_context rkm_context;
+
+/* One allocator for everything, as in Lua: new_size == 0 frees `ptr` (whose
+ * size was old_size) and returns NULL; otherwise it returns a block of
+ * new_size bytes holding the first min(old, new) bytes of `ptr` (ptr may be
+ * NULL, then old_size is 0), or NULL on failure, leaving ptr untouched. */
+typedef void *(*rkm_alloc_fn)(void *user, void *ptr, size_t old_size, size_t new_size);
+
+typedef enum rkm_log_level {
+    RKM_LOG_ERROR = 1, /* every failed call, with its message */
+    RKM_LOG_WARN = 2,  /* something degraded: a solver timeout, a fallback */
+    RKM_LOG_INFO = 3,  /* planning progress: blocks, options, DP */
+    RKM_LOG_DEBUG = 4  /* lp_solve's own messages, per-solve details */
+} rkm_log_level;
+
+typedef void (*rkm_log_fn)(void *user, rkm_log_level level, const char *message);
+
+typedef struct rkm_context_desc {
+    rkm_alloc_fn alloc; /* NULL: the C library's realloc/free */
+    void *alloc_user;
+    rkm_log_fn log;     /* NULL: silent */
+    void *log_user;
+    int log_level;      /* messages at or below this level are sent; 0: RKM_LOG_WARN */
+} rkm_context_desc;
+
+/* desc may be NULL (all defaults). On NOMEM *out is NULL (no message exists). */
+rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out);
+void rkm_context_destroy(rkm_context *ctx);
+/* The message of the last failed call made through this context ("" if none). */
+const char *rkm_context_errmsg(const rkm_context *ctx);
+
+/* ---------------------------------------------------------------------------
+ * Graph: build through the API or read a .rkg file, then finalize
+ * ------------------------------------------------------------------------- */
+
+typedef struct rkm_graph rkm_graph;
+
+#define RKM_TENSOR_INPUT 1u  /* given by the host, live all the time, no gradient */
+#define RKM_TENSOR_NOGRAD 2u /* never has a gradient (indices, masks) */
+
+typedef struct rkm_op_desc {
+    const char *name;
+    double fwd_seconds;
+    double bwd_seconds;
+    const int32_t *in;   /* tensor ids it reads (activations only; never parameters) */
+    int32_t n_in;
+    const int32_t *out;  /* tensor ids it writes; at least one */
+    int32_t n_out;
+    const int32_t *saved; /* tensors among in and out that the backward reads */
+    int32_t n_saved;
+    uint64_t phantom;    /* bytes kept for the backward only, when run with save */
+    uint64_t fwd_ws;     /* transient workspace during the forward call */
+    uint64_t bwd_ws;     /* transient workspace during the backward call */
+} rkm_op_desc;
+
+rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out);
+void rkm_graph_destroy(rkm_graph *g);
+
+/* Builder calls, in file order: tensors are declared before use, ops in a
+ * topological order, the loss last. Each call checks the rules it can and
+ * leaves the graph unchanged on failure. */
+rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, unsigned flags,
+                                int32_t *id);
+rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *desc, int32_t *id);
+rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor);
+/* Checks the whole-graph rules, derives gradients, backwards and contributors,
+ * and detects the block structure. After it the graph is read-only except
+ * for rkm_graph_set_op_costs. */
+rkm_result rkm_graph_finalize(rkm_graph *g);
+
+/* Read a .rkg file (or text) into a finalized graph. Errors name
+ * source:line and the rule. source_name is used in messages only. */
+rkm_result rkm_graph_read_file(rkm_context *ctx, const char *path, rkm_graph **out);
+rkm_result rkm_graph_read_string(rkm_context *ctx, const char *text, size_t len,
+                                 const char *source_name, rkm_graph **out);
+
+/* Output sink: return 0 on success, non-zero to stop with RKM_ERROR_IO. */
+typedef int (*rkm_write_fn)(void *user, const char *data, size_t len);
+
+/* Write a finalized graph as .rkg text; it reads back identical. */
+rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn write, void *user);
+rkm_result rkm_graph_write_file(const rkm_graph *g, const char *path);
+
+/* Change an op's measured costs after finalize (the profiler does this).
+ * Plans made before keep their old figures. */
+rkm_result rkm_graph_set_op_costs(rkm_graph *g, int32_t op, double fwd_seconds, double bwd_seconds,
+                                  uint64_t fwd_ws, uint64_t bwd_ws);
+
+rkm_context *rkm_graph_context(const rkm_graph *g);
+int rkm_graph_is_finalized(const rkm_graph *g);
+int32_t rkm_graph_num_tensors(const rkm_graph *g);
+int32_t rkm_graph_num_ops(const rkm_graph *g);
+int32_t rkm_graph_loss(const rkm_graph *g); /* -1 before set_loss */
+int32_t rkm_graph_find_tensor(const rkm_graph *g, const char *name); /* -1 if none */
+int32_t rkm_graph_find_op(const rkm_graph *g, const char *name);     /* -1 if none */
+
+typedef struct rkm_tensor_info {
+    const char *name;
+    uint64_t bytes;
+    unsigned flags;          /* RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD */
+    int32_t producer;        /* op id, -1 for inputs */
+    int has_grad;            /* after finalize */
+    int32_t n_contributors;  /* backwards (and the loss step) that add to grad(T) */
+} rkm_tensor_info;
+
+typedef struct rkm_op_info {
+    const char *name;
+    double fwd_seconds, bwd_seconds;
+    const int32_t *in;
+    int32_t n_in;
+    const int32_t *out;
+    int32_t n_out;
+    const int32_t *saved;
+    int32_t n_saved;
+    uint64_t phantom, fwd_ws, bwd_ws;
+    int has_backward;        /* after finalize */
+} rkm_op_info;
+
+/* Pointers inside the info structs stay valid while the graph lives. */
+rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t tensor, rkm_tensor_info *out);
+rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t op, rkm_op_info *out);
+int rkm_graph_tensor_has_grad(const rkm_graph *g, int32_t tensor);
+int rkm_graph_op_has_backward(const rkm_graph *g, int32_t op);
+
+/* Figures of a finalized graph. */
+typedef struct rkm_graph_stats {
+    uint64_t input_bytes;   /* bytes of the input tensors: in every step's memory */
+    uint64_t baseline_peak; /* the baseline plan's peak */
+    double baseline_time;   /* the baseline plan's time */
+    uint64_t lower_bound;   /* no valid plan can peak below this (largest single step) */
+    int32_t blocks;         /* blocks of the sequence */
+    int32_t block_classes;  /* classes of identical blocks */
+} rkm_graph_stats;
+rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out);
+
+/* The block structure (computed by finalize): a sequence of blocks, each a
+ * run of ops between two separator tensors. */
+typedef struct rkm_block_info {
+    const int32_t *ops;  /* op ids, in topological order */
+    int32_t n_ops;
+    int32_t input;       /* separator tensor entering the block, -1 for the first */
+    int32_t output;      /* separator leaving it; the loss tensor for the last */
+    int32_t class_id;    /* blocks with the same class_id are identical */
+} rkm_block_info;
+rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t block, rkm_block_info *out);
+
+/* ---------------------------------------------------------------------------
+ * Plans: steps, files, the simulator, the baseline
+ * ------------------------------------------------------------------------- */
+
+typedef struct rkm_plan rkm_plan;
+
+typedef enum rkm_step_kind {
+    RKM_STEP_FWD = 0,    /* index: op; save: 0 or 1 */
+    RKM_STEP_LOSS,       /* index: the loss tensor */
+    RKM_STEP_BWD,        /* index: op */
+    RKM_STEP_FREE,       /* index: tensor */
+    RKM_STEP_FREE_SAVED, /* index: op */
+    RKM_STEP_FREE_GRAD   /* index: tensor */
+} rkm_step_kind;
+
+typedef struct rkm_step {
+    int32_t kind;  /* rkm_step_kind */
+    int32_t index; /* op or tensor id, see rkm_step_kind */
+    int32_t save;  /* RKM_STEP_FWD only: 1 for `fwd OP save` */
+} rkm_step;
+
+/* An empty plan for a finalized graph, to fill with rkm_plan_append. */
+rkm_result rkm_plan_create(const rkm_graph *g, rkm_plan **out);
+void rkm_plan_destroy(rkm_plan *p);
+rkm_result rkm_plan_append(rkm_plan *p, const rkm_step *step);
+const rkm_graph *rkm_plan_graph(const rkm_plan *p);
+size_t rkm_plan_num_steps(const rkm_plan *p);
+const rkm_step *rkm_plan_steps(const rkm_plan *p);
+
+/* Read .rkp text. Only syntax and names are checked here; whether the steps
+ * are valid is the simulator's to say. */
+rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_plan **out);
+rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len,
+                                const char *source_name, rkm_plan **out);
+rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn write, void *user);
+rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path);
+
+/* The "store all" plan of the contract. */
+rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out);
+
+/* The rule a plan broke, as the simulator names it. */
+typedef enum rkm_rule {
+    RKM_RULE_NONE = 0,
+    RKM_RULE_FWD_INPUT_MISSING,     /* fwd: an `in` tensor is not live */
+    RKM_RULE_SAVE_NOT_ALLOWED,      /* fwd save: phantom is 0 or the op has no backward */
+    RKM_RULE_SAVE_ALREADY_LIVE,     /* fwd save: the op's saved state is already live */
+    RKM_RULE_LOSS_TENSOR_MISSING,   /* loss: the loss tensor is not live */
+    RKM_RULE_LOSS_TWICE,            /* loss: already ran */
+    RKM_RULE_BWD_NO_BACKWARD,       /* bwd: the op has no backward */
+    RKM_RULE_BWD_TWICE,             /* bwd: already ran */
+    RKM_RULE_BWD_SAVED_MISSING,     /* bwd: a saved tensor is not live */
+    RKM_RULE_BWD_PHANTOM_MISSING,   /* bwd: phantom > 0 and the saved state is not live */
+    RKM_RULE_BWD_GRAD_MISSING,      /* bwd: an output's gradient is not live */
+    RKM_RULE_BWD_GRAD_INCOMPLETE,   /* bwd: an output's gradient lacks a contribution */
+    RKM_RULE_FREE_NOT_LIVE,         /* free: the tensor is not live */
+    RKM_RULE_FREE_INPUT,            /* free: the tensor is an input */
+    RKM_RULE_FREE_SAVED_NOT_LIVE,   /* free_saved: the saved state is not live */
+    RKM_RULE_FREE_GRAD_NOT_LIVE,    /* free_grad: the gradient is not live */
+    RKM_RULE_FREE_GRAD_INCOMPLETE,  /* free_grad: the gradient lacks a contribution */
+    RKM_RULE_END_LOSS_MISSING,      /* end: loss never ran */
+    RKM_RULE_END_BWD_MISSING,       /* end: an op's backward never ran */
+    RKM_RULE_END_TENSOR_LIVE,       /* end: a non-input tensor is still live */
+    RKM_RULE_END_SAVED_LIVE,        /* end: a saved state is still live */
+    RKM_RULE_END_GRAD_LIVE,         /* end: a gradient is still live */
+    RKM_RULE_BAD_STEP,              /* a step kind or index out of range */
+    RKM_RULE_COUNT
+} rkm_rule;
+
+/* A short constant description of a rule. */
+const char *rkm_rule_string(rkm_rule rule);
+
+typedef struct rkm_sim_result {
+    int valid;          /* 1 if every rule holds */
+    rkm_rule rule;      /* the first broken rule */
+    int64_t fail_step;  /* its step index; num_steps for end-of-plan rules; -1 if valid */
+    int32_t fail_object;/* the op or tensor concerned, -1 if none */
+    uint64_t peak;      /* max over the steps replayed of the step's peak */
+    int64_t peak_step;  /* the first step that reaches the peak */
+    double time;        /* sum of fwd/bwd seconds of the steps replayed */
+} rkm_sim_result;
+
+/* Replay the plan against its graph. RKM_OK if valid; RKM_ERROR_PLAN if not,
+ * with the message naming the step and the rule and *res filled up to the
+ * failure. mem_after, if not NULL, receives the live memory after each step
+ * (num_steps entries). A valid replay also records in the plan what
+ * rkm_plan_execute needs, so that execution never allocates. */
+rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_after);
+
+/* ---------------------------------------------------------------------------
+ * Planning
+ * ------------------------------------------------------------------------- */
+
+typedef enum rkm_algo {
+    RKM_ALGO_ROCKMATE = 0, /* blocks, ILP options per block class, chain DP */
+    RKM_ALGO_ROTOR,        /* chain DP with two options per block */
+    RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
+    RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs) */
+    RKM_ALGO_NONE,         /* the baseline plan */
+    RKM_ALGO_COUNT
+} rkm_algo;
+
+const char *rkm_algo_name(rkm_algo algo); /* "rockmate", ... */
+/* RKM_OK and *out set, or RKM_ERROR_ARGUMENT for an unknown name. */
+rkm_result rkm_algo_from_name(const char *name, rkm_algo *out);
+
+/* Zero means default for every field. */
+typedef struct rkm_solve_desc {
+    rkm_algo algo;
+    int32_t slots;           /* DP memory slots over the baseline peak; 0: 500 */
+    double time_limit;       /* seconds for the whole planning; 0: 60 */
+    double ilp_time_limit;   /* seconds per ILP solve; 0: 1 */
+    int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
+    int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 6 */
+} rkm_solve_desc;
+
+typedef struct rkm_plan_stats {
+    rkm_algo algo;
+    uint64_t budget;        /* the budget it was planned for (bytes) */
+    uint64_t peak;          /* the simulator's peak */
+    double time;            /* the simulator's time */
+    uint64_t baseline_peak;
+    double baseline_time;
+    double overhead;        /* time / baseline_time - 1 */
+    double solve_seconds;   /* wall time spent planning */
+    int32_t blocks, block_classes;
+    int32_t options;        /* block options the DP chose among, all blocks */
+    int32_t ilp_solves, ilp_optimal, ilp_suboptimal, ilp_infeasible, ilp_timeout, ilp_failed;
+    double ilp_seconds;
+    double gap;             /* checkmate: relative optimality gap, 0 when proven */
+} rkm_plan_stats;
+
+/* Zero for plans not made by a planner (read or built by hand) except the
+ * fields the simulator provides once the plan has been simulated. */
+rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
+
+/* A planner holds what does not depend on the budget (block options), so
+ * that many budgets are planned cheaply. */
+typedef struct rkm_planner rkm_planner;
+rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out);
+void rkm_planner_destroy(rkm_planner *pl);
+/* A plan whose simulated peak is at most `budget` bytes, or RKM_ERROR_BUDGET
+ * with the message giving the smallest budget this algorithm can meet. */
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+/* The smallest budget (bytes) for which rkm_planner_solve succeeds. */
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
+/* ILP and timing figures accumulated by this planner. */
+rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_plan_stats *out);
+
+/* planner_create + planner_solve + planner_destroy. */
+rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget,
+                          rkm_plan **out);
+
+/* Parse a budget as on the command line: "123", "64MiB", "1.5GB", "40%"
+ * (of baseline_peak). Fractional byte counts round down. */
+rkm_result rkm_parse_budget(const char *text, uint64_t baseline_peak, uint64_t *out);
+
+/* ---------------------------------------------------------------------------
+ * Execution: the plan calls the host
+ * ------------------------------------------------------------------------- */
+
+typedef struct rkm_fwd_call {
+    int64_t step;          /* index in the plan */
+    int32_t op;
+    int save;              /* keep the phantom (saved state) for the backward */
+    int recompute;         /* this op's forward already ran earlier in the plan */
+    const uint8_t *out_new;/* per output (op's out order): 1 = not live, allocate
+                              it; 0 = live already, recompute into it in place */
+} rkm_fwd_call;
+
+/* Per input gradient of a backward call. */
+#define RKM_GRAD_NONE 0       /* this input has no gradient: do not compute one */
+#define RKM_GRAD_NEW 1        /* allocate grad(T); this is its first contribution */
+#define RKM_GRAD_ACCUMULATE 2 /* grad(T) is live: add into it */
+
+typedef struct rkm_bwd_call {
+    int64_t step;
+    int32_t op;
+    const uint8_t *in_grad; /* per input (op's in order): RKM_GRAD_* */
+} rkm_bwd_call;
+
+/* Callbacks return 0 on success; any other value stops the walk and
+ * rkm_plan_execute returns RKM_ERROR_CALLBACK naming the step and the value.
+ * forward and backward are required, the others may be NULL (skipped). */
+typedef struct rkm_callbacks {
+    void *user;
+    int (*forward)(void *user, const rkm_fwd_call *call);
+    int (*backward)(void *user, const rkm_bwd_call *call);
+    int (*loss)(void *user, int32_t loss_tensor);  /* allocate and seed grad(loss) */
+    int (*free_tensor)(void *user, int32_t tensor);
+    int (*free_saved)(void *user, int32_t op);
+    int (*free_grad)(void *user, int32_t tensor);
+} rkm_callbacks;
+
+/* Walk the plan. The plan must have been simulated valid (plans from the
+ * planner and rkm_plan_baseline are); otherwise RKM_ERROR_STATE. Never
+ * allocates. */
+rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
+
+/* ---------------------------------------------------------------------------
+ * Profiling: measure each op's times through the host's callbacks
+ * ------------------------------------------------------------------------- */
+
+typedef struct rkm_profile_desc {
+    int32_t runs;     /* baseline steps to time; 0: 5 */
+    double trim;      /* fraction dropped at each end before the mean; 0: 0.2 */
+    /* A clock in seconds; NULL: a monotonic wall clock. A GPU host gives one
+     * that synchronises its stream first. */
+    double (*clock)(void *user);
+    void *clock_user;
+} rkm_profile_desc;
+
+/* Runs the baseline plan `runs` times through cb, timing every forward and
+ * backward callback, and sets each op's fwd/bwd seconds to the trimmed mean
+ * of its samples (workspaces are left as they are). */
+rkm_result rkm_graph_profile(rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ROCKMATE_H */
