@@ -65,7 +65,7 @@ static void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
 {
     if (elem && n > SIZE_MAX / elem) return NULL;
     void *p = rkm__alloc(ctx, n * elem);
-    if (p) memset(p, 0, n * elem ? n * elem : 1);
+    if (p) memset(p, 0, n * elem > 0 ? n * elem : 1);
     return p;
 }
 
@@ -743,7 +743,421 @@ rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *o
     return RKM_OK;
 }
 
-/* @@SECTION3@@ */
+/* ===========================================================================
+ * 3. Graph files (.rkg): reader and writer
+ * ========================================================================= */
+
+#define RKM_MAX_TOKENS 16
+
+/* A statement reader shared by the .rkg and .rkp parsers: one statement a
+ * line, tokens split by spaces or tabs, '#' to the end of the line ignored. */
+typedef struct rkm__reader {
+    rkm_context *ctx;
+    const char *src;
+    const char *p, *end;
+    int32_t line;
+    char *buf;
+    size_t cap;
+    char *tok[RKM_MAX_TOKENS];
+    int ntok;
+} rkm__reader;
+
+static rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...)
+{
+    char msg[RKM_ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return rkm__err(r->ctx, code, "%s:%d: %s", r->src, (int)r->line, msg);
+}
+
+/* Next non-empty statement into r->tok. RKM_OK with ntok > 0, or ntok == 0
+ * at the end of the text. */
+static rkm_result rkm__next_stmt(rkm__reader *r)
+{
+    r->ntok = 0;
+    while (r->p < r->end) {
+        const char *nl = memchr(r->p, '\n', (size_t)(r->end - r->p));
+        const char *le = nl ? nl : r->end;
+        size_t n = (size_t)(le - r->p);
+        r->line++;
+        if (!rkm__reserve(r->ctx, (void **)&r->buf, &r->cap, n + 1, 1)) return rkm__nomem(r->ctx, r->src);
+        memcpy(r->buf, r->p, n);
+        r->buf[n] = 0;
+        r->p = nl ? nl + 1 : r->end;
+        char *hash = strchr(r->buf, '#');
+        if (hash) *hash = 0;
+        for (char *s = r->buf;;) {
+            while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+            if (!*s) break;
+            if (r->ntok == RKM_MAX_TOKENS) return rkm__rerr(r, RKM_ERROR_PARSE, "too many fields on one line");
+            r->tok[r->ntok++] = s;
+            while (*s && *s != ' ' && *s != '\t' && *s != '\r') s++;
+            if (*s) *s++ = 0;
+        }
+        if (r->ntok) return RKM_OK;
+    }
+    return RKM_OK;
+}
+
+static void rkm__reader_free(rkm__reader *r) { rkm__free(r->ctx, r->buf, r->cap); }
+
+/* Unsigned 64-bit decimal: digits only, no overflow. */
+static int rkm__parse_u64(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (!*s) return 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9') return 0;
+        unsigned d = (unsigned)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) return 0;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Non-negative decimal float: [0-9]*[.[0-9]*][(e|E)[+-][0-9]+], finite. */
+static int rkm__parse_time(const char *s, double *out)
+{
+    const char *p = s;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9') p++, digits++;
+    if (*p == '.') {
+        p++;
+        while (*p >= '0' && *p <= '9') p++, digits++;
+    }
+    if (!digits) return 0;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (!(*p >= '0' && *p <= '9')) return 0;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    if (*p) return 0;
+    double v = strtod(s, NULL);
+    if (!isfinite(v) || v < 0) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Split "a,b,c" into tensor ids appended to *ids. */
+static rkm_result rkm__parse_names(rkm__reader *r, const rkm_graph *g, const char *key, char *list, int32_t **ids,
+                                   size_t *n, size_t *cap)
+{
+    for (char *s = list;;) {
+        char *comma = strchr(s, ',');
+        if (comma) *comma = 0;
+        if (!rkm__name_ok(s)) return rkm__rerr(r, RKM_ERROR_PARSE, "%s=: '%.64s' is not a valid tensor name", key, s);
+        int32_t id = rkm_graph_find_tensor(g, s);
+        if (id < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "%s=: tensor %s is not declared (declare tensors before use)", key, s);
+        if (!rkm__reserve(r->ctx, (void **)ids, cap, *n + 1, sizeof **ids)) return rkm__nomem(r->ctx, r->src);
+        (*ids)[(*n)++] = id;
+        if (!comma) return RKM_OK;
+        s = comma + 1;
+    }
+}
+
+static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
+{
+    if (r->ntok < 3 || r->ntok > 5)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [nograd]'");
+    uint64_t bytes;
+    if (!rkm__parse_u64(r->tok[2], &bytes))
+        return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: '%.64s' is not a byte count (unsigned 64-bit decimal)",
+                         r->tok[1], r->tok[2]);
+    unsigned flags = 0;
+    for (int i = 3; i < r->ntok; i++) {
+        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD : 0;
+        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input or nograd)", r->tok[1], r->tok[i]);
+        if (flags & f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: flag %s given twice", r->tok[1], r->tok[i]);
+        flags |= f;
+    }
+    return rkm_graph_add_tensor(g, r->tok[1], bytes, flags, NULL);
+}
+
+static const char *const rkm__op_keys[] = {"fwd", "bwd", "in", "out", "saved", "phantom", "fwd_ws", "bwd_ws"};
+enum { RKM__K_FWD, RKM__K_BWD, RKM__K_IN, RKM__K_OUT, RKM__K_SAVED, RKM__K_PHANTOM, RKM__K_FWS, RKM__K_BWS, RKM__K_N };
+
+typedef struct rkm__idlist {
+    int32_t *ids;
+    size_t n, cap;
+} rkm__idlist;
+
+static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
+{
+    if (r->ntok < 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'op NAME fwd=S bwd=S ...'");
+    const char *name = r->tok[1];
+    int seen[RKM__K_N] = {0};
+    rkm__idlist lists[3] = {{0}};
+    uint64_t num[3] = {0, 0, 0};
+    rkm_op_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = name;
+    rkm_result res = RKM_OK;
+    for (int i = 2; i < r->ntok && res == RKM_OK; i++) {
+        char *eq = strchr(r->tok[i], '=');
+        if (!eq) {
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: '%.64s' is not KEY=VALUE", name, r->tok[i]);
+            break;
+        }
+        *eq = 0;
+        int k = 0;
+        while (k < RKM__K_N && strcmp(r->tok[i], rkm__op_keys[k]) != 0) k++;
+        if (k == RKM__K_N) {
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: unknown key '%.64s'", name, r->tok[i]);
+        } else if (seen[k]++) {
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: key %s given twice", name, rkm__op_keys[k]);
+        } else if (k == RKM__K_FWD || k == RKM__K_BWD) {
+            double *t = k == RKM__K_FWD ? &d.fwd_seconds : &d.bwd_seconds;
+            if (!rkm__parse_time(eq + 1, t))
+                res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: %s='%.64s' is not a non-negative decimal time in seconds",
+                                name, rkm__op_keys[k], eq + 1);
+        } else if (k >= RKM__K_PHANTOM) {
+            if (!rkm__parse_u64(eq + 1, &num[k - RKM__K_PHANTOM]))
+                res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: %s='%.64s' is not a byte count", name, rkm__op_keys[k], eq + 1);
+        } else {
+            rkm__idlist *l = &lists[k - RKM__K_IN];
+            res = rkm__parse_names(r, g, rkm__op_keys[k], eq + 1, &l->ids, &l->n, &l->cap);
+        }
+    }
+    if (res == RKM_OK && (!seen[RKM__K_FWD] || !seen[RKM__K_BWD]))
+        res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: fwd= and bwd= are required", name);
+    if (res == RKM_OK && !seen[RKM__K_OUT]) res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: out= is required", name);
+    if (res == RKM_OK) {
+        d.in = lists[0].ids;
+        d.n_in = (int32_t)lists[0].n;
+        d.out = lists[1].ids;
+        d.n_out = (int32_t)lists[1].n;
+        d.saved = lists[2].ids;
+        d.n_saved = (int32_t)lists[2].n;
+        d.phantom = num[0];
+        d.fwd_ws = num[1];
+        d.bwd_ws = num[2];
+        res = rkm_graph_add_op(g, &d, NULL);
+    }
+    for (int i = 0; i < 3; i++) rkm__free(r->ctx, lists[i].ids, lists[i].cap * sizeof(int32_t));
+    return res;
+}
+
+static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
+{
+    rkm_result res = rkm__next_stmt(r);
+    if (res) return res;
+    if (r->ntok != 2 || strcmp(r->tok[0], "rockmate-graph") != 0 || strcmp(r->tok[1], "1") != 0) {
+        if (!r->ntok) r->line = r->line ? r->line : 1;
+        return rkm__rerr(r, RKM_ERROR_PARSE, "the first statement must be the header 'rockmate-graph 1'");
+    }
+    for (;;) {
+        if ((res = rkm__next_stmt(r))) return res;
+        if (!r->ntok) break;
+        g->src_line = r->line;
+        const char *w = r->tok[0];
+        if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
+        else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
+        else if (strcmp(w, "loss") == 0) {
+            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
+            int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
+            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
+            res = rkm_graph_set_loss(g, t);
+        } else
+            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op or loss)", w);
+        if (res) return res;
+    }
+    g->src_line = r->line;
+    return rkm_graph_finalize(g);
+}
+
+rkm_result rkm_graph_read_string(rkm_context *ctx, const char *text, size_t len, const char *source_name, rkm_graph **out)
+{
+    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!text && len) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_string: text is NULL");
+    rkm_graph *g;
+    rkm_result res = rkm_graph_create(ctx, &g);
+    if (res) return res;
+    rkm__reader r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.src = source_name ? source_name : "<string>";
+    r.p = text ? text : "";
+    r.end = r.p + len;
+    g->src_name = r.src;
+    res = rkm__read_graph_stmts(&r, g);
+    rkm__reader_free(&r);
+    g->src_name = NULL;
+    g->src_line = 0;
+    if (res) {
+        rkm_graph_destroy(g);
+        return res;
+    }
+    *out = g;
+    return RKM_OK;
+}
+
+/* Read a whole file through the context allocator. */
+static rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return rkm__err(ctx, RKM_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    rkm_result res = RKM_OK;
+    for (;;) {
+        if (!rkm__reserve(ctx, (void **)&buf, &cap, n + 65536, 1)) {
+            res = rkm__nomem(ctx, path);
+            break;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f)) res = rkm__err(ctx, RKM_ERROR_IO, "%s: read error", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (res) {
+        rkm__free(ctx, buf, cap);
+        return res;
+    }
+    *data = buf;
+    *len = n;
+    /* Callers free with size `cap`: keep it in len's twin via a shrink. */
+    char *fit = rkm__realloc(ctx, buf, cap, n + 1);
+    if (fit) *data = fit;
+    else rkm__free(ctx, buf, cap), *data = NULL;
+    if (!*data) return rkm__nomem(ctx, path);
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_read_file(rkm_context *ctx, const char *path, rkm_graph **out)
+{
+    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_file: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!ctx || !path) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_file: path is NULL") : RKM_ERROR_ARGUMENT;
+    char *data;
+    size_t len;
+    rkm_result res = rkm__slurp(ctx, path, &data, &len);
+    if (res) return res;
+    res = rkm_graph_read_string(ctx, data, len, path, out);
+    rkm__free(ctx, data, len + 1);
+    return res;
+}
+
+/* Buffered output through a rkm_write_fn. */
+typedef struct rkm__out {
+    rkm_write_fn fn;
+    void *user;
+    char buf[4096];
+    size_t n;
+    int failed;
+} rkm__out;
+
+static void rkm__out_flush(rkm__out *o)
+{
+    if (o->n && !o->failed && o->fn(o->user, o->buf, o->n) != 0) o->failed = 1;
+    o->n = 0;
+}
+
+static void rkm__outf(rkm__out *o, const char *fmt, ...)
+{
+    char tmp[RKM_NAME_MAX + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof tmp) n = (int)sizeof tmp - 1;
+    if (o->n + (size_t)n > sizeof o->buf) rkm__out_flush(o);
+    memcpy(o->buf + o->n, tmp, (size_t)n);
+    o->n += (size_t)n;
+}
+
+/* The shortest %g form of x that reads back as exactly x. */
+static void rkm__fmt_time(double x, char *buf, size_t size)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}
+
+static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, const int32_t *ids, int32_t n)
+{
+    if (!n) return;
+    rkm__outf(o, " %s=", key);
+    for (int32_t i = 0; i < n; i++) rkm__outf(o, "%s%s", i ? "," : "", g->tensors[ids[i]].name);
+}
+
+static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
+{
+    rkm__outf(o, "rockmate-graph 1\n");
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,
+                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
+    }
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *op = &g->ops[i];
+        char f[40], b[40];
+        rkm__fmt_time(op->fwd, f, sizeof f);
+        rkm__fmt_time(op->bwd, b, sizeof b);
+        rkm__outf(o, "op %s fwd=%s bwd=%s", op->name, f, b);
+        rkm__out_list(o, g, "in", op->in, op->n_in);
+        rkm__out_list(o, g, "out", op->out, op->n_out);
+        rkm__out_list(o, g, "saved", op->saved, op->n_saved);
+        if (op->phantom) rkm__outf(o, " phantom=%llu", (unsigned long long)op->phantom);
+        if (op->fwd_ws) rkm__outf(o, " fwd_ws=%llu", (unsigned long long)op->fwd_ws);
+        if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
+        rkm__outf(o, "\n");
+    }
+    rkm__outf(o, "loss %s\n", g->tensors[g->loss].name);
+}
+
+rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn fn, void *user)
+{
+    if (!g || !fn) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_write: write function is NULL") : RKM_ERROR_ARGUMENT;
+    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_write: the graph is not finalized");
+    rkm__out o;
+    o.fn = fn;
+    o.user = user;
+    o.n = 0;
+    o.failed = 0;
+    rkm__write_graph_to(g, &o);
+    rkm__out_flush(&o);
+    return o.failed ? rkm__err(g->ctx, RKM_ERROR_IO, "rkm_graph_write: the write function failed") : RKM_OK;
+}
+
+static int rkm__file_write(void *user, const char *data, size_t len)
+{
+    return fwrite(data, 1, len, (FILE *)user) == len ? 0 : 1;
+}
+
+/* Open path, run writer(obj) into it, close; errors name the path. */
+static rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *),
+                                  const void *obj)
+{
+    if (!path) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "write: path is NULL");
+    FILE *f = fopen(path, "wb");
+    if (!f) return rkm__err(ctx, RKM_ERROR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+    rkm_result res = writer(obj, rkm__file_write, f);
+    if (fclose(f) != 0 && res == RKM_OK) res = rkm__err(ctx, RKM_ERROR_IO, "%s: write error", path);
+    if (res == RKM_ERROR_IO) rkm__err(ctx, RKM_ERROR_IO, "%s: write error", path);
+    return res;
+}
+
+static rkm_result rkm__graph_writer(const void *g, rkm_write_fn fn, void *user) { return rkm_graph_write(g, fn, user); }
+
+rkm_result rkm_graph_write_file(const rkm_graph *g, const char *path)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    return rkm__write_file(g->ctx, path, rkm__graph_writer, g);
+}
+
 
 /* ===========================================================================
  * 4. Plans: steps, files (.rkp)
@@ -854,6 +1268,110 @@ static void rkm__step_text(const rkm_graph *g, const rkm_step *s, char *buf, siz
     case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
     default: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name); break;
     }
+}
+
+/* Plan files (.rkp) */
+
+static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm_plan *p)
+{
+    const char *w = r->tok[0];
+    int kind = -1;
+    for (int k = 0; k < 6; k++)
+        if (strcmp(w, rkm__step_words[k]) == 0) kind = k;
+    if (kind < 0)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad)", w);
+    int32_t save = 0, index;
+    if (kind == RKM_STEP_LOSS) {
+        if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
+        index = g->loss;
+    } else {
+        int want_max = kind == RKM_STEP_FWD ? 3 : 2;
+        if (r->ntok < 2 || r->ntok > want_max)
+            return rkm__rerr(r, RKM_ERROR_PARSE, kind == RKM_STEP_FWD ? "expected 'fwd OP [save]'" : "expected '%s NAME'", w);
+        if (r->ntok == 3) {
+            if (strcmp(r->tok[2], "save") != 0) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'save', not '%.64s'", r->tok[2]);
+            save = 1;
+        }
+        int on_op = kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
+        index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
+        if (index < 0)
+            return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
+    }
+    rkm_result res = rkm__plan_push(p, kind, index, save);
+    return res == RKM_ERROR_NOMEM ? rkm__nomem(r->ctx, r->src) : res;
+}
+
+rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!text && len) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: text is NULL");
+    rkm_plan *p;
+    rkm_result res = rkm_plan_create(g, &p);
+    if (res) return res;
+    rkm__reader r;
+    memset(&r, 0, sizeof r);
+    r.ctx = g->ctx;
+    r.src = source_name ? source_name : "<string>";
+    r.p = text ? text : "";
+    r.end = r.p + len;
+    res = rkm__next_stmt(&r);
+    if (!res && (r.ntok != 2 || strcmp(r.tok[0], "rockmate-plan") != 0 || strcmp(r.tok[1], "1") != 0)) {
+        if (!r.line) r.line = 1;
+        res = rkm__rerr(&r, RKM_ERROR_PARSE, "the first statement must be the header 'rockmate-plan 1'");
+    }
+    while (!res) {
+        if ((res = rkm__next_stmt(&r)) || !r.ntok) break;
+        res = rkm__read_step(&r, g, p);
+    }
+    rkm__reader_free(&r);
+    if (res) {
+        rkm_plan_destroy(p);
+        return res;
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_file: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g || !path) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_file: path is NULL") : RKM_ERROR_ARGUMENT;
+    char *data;
+    size_t len;
+    rkm_result res = rkm__slurp(g->ctx, path, &data, &len);
+    if (res) return res;
+    res = rkm_plan_read_string(g, data, len, path, out);
+    rkm__free(g->ctx, data, len + 1);
+    return res;
+}
+
+rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
+{
+    if (!p || !fn) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_write: write function is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__out o;
+    o.fn = fn;
+    o.user = user;
+    o.n = 0;
+    o.failed = 0;
+    rkm__outf(&o, "rockmate-plan 1\n");
+    for (size_t i = 0; i < p->n_steps; i++) {
+        char text[RKM_NAME_MAX + 32];
+        rkm__step_text(p->g, &p->steps[i], text, sizeof text);
+        rkm__outf(&o, "%s\n", text);
+    }
+    rkm__out_flush(&o);
+    return o.failed ? rkm__err(p->ctx, RKM_ERROR_IO, "rkm_plan_write: the write function failed") : RKM_OK;
+}
+
+static rkm_result rkm__plan_writer(const void *p, rkm_write_fn fn, void *user) { return rkm_plan_write(p, fn, user); }
+
+rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
+{
+    if (!p) return RKM_ERROR_ARGUMENT;
+    return rkm__write_file(p->ctx, path, rkm__plan_writer, p);
 }
 
 /* ===========================================================================
@@ -1224,4 +1742,496 @@ rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_aft
     return rkm__plan_check(p, res ? res : &tmp, mem_after);
 }
 
-/* @@SECTION6@@ */
+/* ===========================================================================
+ * 6. Baseline plan and bounds
+ * ========================================================================= */
+
+/* Per tensor: the last op (file order) whose forward reads it, and the first
+ * op (file order) with a backward that saves it: after that op's backward no
+ * backward needs it. -1 when none. */
+static rkm_result rkm__uses(const rkm_graph *g, int32_t **last_fwd, int32_t **first_bwd)
+{
+    size_t n = g->n_tensors + 1;
+    *last_fwd = rkm__alloc(g->ctx, n * sizeof(int32_t));
+    *first_bwd = rkm__alloc(g->ctx, n * sizeof(int32_t));
+    if (!*last_fwd || !*first_bwd) {
+        rkm__free(g->ctx, *last_fwd, n * sizeof(int32_t));
+        rkm__free(g->ctx, *first_bwd, n * sizeof(int32_t));
+        return rkm__nomem(g->ctx, "baseline");
+    }
+    for (size_t t = 0; t < n; t++) (*last_fwd)[t] = (*first_bwd)[t] = -1;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_in; k++) (*last_fwd)[o->in[k]] = (int32_t)i;
+    }
+    for (size_t i = g->n_ops; i-- > 0;) {
+        const rkm__op *o = &g->ops[i];
+        if (!o->has_bwd) continue;
+        for (int32_t k = 0; k < o->n_saved; k++) (*first_bwd)[o->saved[k]] = (int32_t)i;
+    }
+    return RKM_OK;
+}
+
+static int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
+
+/* Append `free t` when t is live in the replay state and is not an input. */
+static rkm_result rkm__push_free_live(rkm_plan *p, rkm__sim *s, int32_t t)
+{
+    if (!s->D[t] || (p->g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_OK;
+    uint64_t pk;
+    int32_t obj;
+    rkm_step st = {RKM_STEP_FREE, t, 0};
+    (void)rkm__sim_step(s, &st, &pk, &obj);
+    return rkm__plan_push(p, RKM_STEP_FREE, t, 0);
+}
+
+/* Append a step and apply it to the tracking state. */
+static rkm_result rkm__push_tracked(rkm_plan *p, rkm__sim *s, int32_t kind, int32_t index, int32_t save)
+{
+    rkm_step st = {kind, index, save};
+    uint64_t pk;
+    int32_t obj;
+    (void)rkm__sim_step(s, &st, &pk, &obj);
+    return rkm__plan_push(p, kind, index, save);
+}
+
+static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm_plan *p, rkm__sim *s, const int32_t *last_fwd,
+                                      const int32_t *first_bwd)
+{
+    rkm_result r = RKM_OK;
+    for (size_t i = 0; i < g->n_ops && !r; i++) {
+        const rkm__op *o = &g->ops[i];
+        r = rkm__push_tracked(p, s, RKM_STEP_FWD, (int32_t)i, rkm__saves_phantom(o));
+        for (int32_t k = 0; k < o->n_in + o->n_out && !r; k++) {
+            int32_t t = o->in[k]; /* in and out are contiguous */
+            if (last_fwd[t] <= (int32_t)i && first_bwd[t] < 0 && t != g->loss) r = rkm__push_free_live(p, s, t);
+        }
+    }
+    if (!r) r = rkm__push_tracked(p, s, RKM_STEP_LOSS, g->loss, 0);
+    if (!r && first_bwd[g->loss] < 0) r = rkm__push_free_live(p, s, g->loss);
+    for (size_t i = g->n_ops; i-- > 0 && !r;) {
+        const rkm__op *o = &g->ops[i];
+        if (!o->has_bwd) continue;
+        r = rkm__push_tracked(p, s, RKM_STEP_BWD, (int32_t)i, 0);
+        if (!r && s->P[i]) r = rkm__push_tracked(p, s, RKM_STEP_FREE_SAVED, (int32_t)i, 0);
+        for (int32_t k = 0; k < o->n_out && !r; k++)
+            if (g->tensors[o->out[k]].has_grad) r = rkm__push_tracked(p, s, RKM_STEP_FREE_GRAD, o->out[k], 0);
+        for (int32_t k = 0; k < o->n_saved && !r; k++)
+            if (first_bwd[o->saved[k]] == (int32_t)i) r = rkm__push_free_live(p, s, o->saved[k]);
+    }
+    return r;
+}
+
+rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_baseline: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_plan *p;
+    rkm_result r = rkm_plan_create(g, &p);
+    if (r) return r;
+    int32_t *last_fwd, *first_bwd;
+    rkm__sim s;
+    if ((r = rkm__uses(g, &last_fwd, &first_bwd))) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    if (!(r = rkm__sim_init(g, &s))) {
+        r = rkm__baseline_steps(g, p, &s, last_fwd, first_bwd);
+        rkm__sim_free(&s);
+    }
+    rkm__free(g->ctx, last_fwd, (g->n_tensors + 1) * sizeof(int32_t));
+    rkm__free(g->ctx, first_bwd, (g->n_tensors + 1) * sizeof(int32_t));
+    rkm_sim_result res;
+    if (!r) r = rkm__plan_check(p, &res, NULL);
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    p->stats.algo = RKM_ALGO_NONE;
+    p->stats.baseline_peak = res.peak;
+    p->stats.baseline_time = res.time;
+    p->stats.budget = res.peak;
+    p->stats.blocks = g->n_blocks;
+    p->stats.block_classes = g->n_classes;
+    *out = p;
+    return RKM_OK;
+}
+
+/* Sum of bytes of the distinct tensors among two id lists (a, then b). */
+static uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb,
+                                 int grads_only)
+{
+    uint64_t sum = 0;
+    for (int32_t i = 0; i < na + nb; i++) {
+        int32_t t = i < na ? a[i] : b[i - na];
+        const rkm__tensor *x = &g->tensors[t];
+        if ((x->flags & RKM_TENSOR_INPUT) && !grads_only) continue; /* counted in input_bytes */
+        if (grads_only && !x->has_grad) continue;
+        int dup = i < na ? rkm__list_has(a, i, t) : rkm__list_has(a, na, t) || rkm__list_has(b, i - na, t);
+        if (!dup) sum += x->bytes;
+    }
+    return sum;
+}
+
+/* The largest single step's need: no plan can peak below it. */
+static uint64_t rkm__lower_bound(const rkm_graph *g)
+{
+    uint64_t lb = g->input_bytes + 2 * g->tensors[g->loss].bytes;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        uint64_t f = g->input_bytes + rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws +
+                     (rkm__saves_phantom(o) ? o->phantom : 0);
+        if (f > lb) lb = f;
+        if (!o->has_bwd) continue;
+        uint64_t b = g->input_bytes + rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
+                     rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1);
+        if (b > lb) lb = b;
+    }
+    return lb;
+}
+
+rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out)
+{
+    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
+    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_stats_get: the graph is not finalized");
+    rkm_plan *p;
+    rkm_result r = rkm_plan_baseline(g, &p);
+    if (r) return r;
+    memset(out, 0, sizeof *out);
+    out->input_bytes = g->input_bytes;
+    out->baseline_peak = p->stats.baseline_peak;
+    out->baseline_time = p->stats.baseline_time;
+    out->lower_bound = rkm__lower_bound(g);
+    out->blocks = g->n_blocks;
+    out->block_classes = g->n_classes;
+    rkm_plan_destroy(p);
+    return RKM_OK;
+}
+
+/* ===========================================================================
+ * 7. Structure: separators, blocks, classes
+ * ========================================================================= */
+
+/* Relative tolerance for op times within a class of identical blocks. A
+ * class shares its ILP schedules only: every block's option figures come
+ * from replaying the schedule on that block, so the tolerance trades option
+ * quality for fewer solves, never correctness. */
+#define RKM_CLASS_TIME_TOLERANCE 0.20
+
+/* Is the loss reachable from the first ops without passing through tensor
+ * `cut`? Input tensors are left aside (they are live all the time). Ops are
+ * in topological order, so one forward sweep decides it. */
+static int rkm__reaches_loss_without(const rkm_graph *g, int32_t cut, uint8_t *reach)
+{
+    memset(reach, 0, g->n_tensors);
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        int first = 1, live = 0;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            if (g->tensors[t].flags & RKM_TENSOR_INPUT) continue;
+            first = 0;
+            if (reach[t]) live = 1;
+        }
+        if (!first && !live) continue;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (o->out[k] != cut) reach[o->out[k]] = 1;
+    }
+    return reach[g->loss];
+}
+
+/* Separators in op order: tensors with a gradient, other than the loss,
+ * through which every path from the first ops to the loss passes. */
+static rkm_result rkm__separators(const rkm_graph *g, int32_t *seps, int32_t *n_seps)
+{
+    uint8_t *reach = rkm__alloc(g->ctx, g->n_tensors + 1);
+    if (!reach) return rkm__nomem(g->ctx, "structure");
+    *n_seps = 0;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_out; k++) {
+            int32_t t = o->out[k];
+            if (t == g->loss || !g->tensors[t].has_grad) continue;
+            if (!rkm__reaches_loss_without(g, t, reach)) seps[(*n_seps)++] = t;
+        }
+    }
+    rkm__free(g->ctx, reach, g->n_tensors + 1);
+    return RKM_OK;
+}
+
+/* Two blocks are identical when their ops match one to one with the same
+ * lists (tensors named relative to the block), sizes and flags, and times
+ * within the tolerance. */
+static int rkm__close(double a, double b)
+{
+    double m = a > b ? a : b;
+    return fabs(a - b) <= RKM_CLASS_TIME_TOLERANCE * m;
+}
+
+/* A tensor seen from a block: an input tensor (its id), the block input
+ * (-1), or output k of the block's j-th op (-(2 + j * 65536 + k)). */
+static int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t)
+{
+    if (g->tensors[t].flags & RKM_TENSOR_INPUT) return t;
+    if (t == b->in) return -1;
+    int32_t p = g->tensors[t].producer;
+    int32_t j = p - b->ops[0];
+    if (j < 0 || j >= b->n_ops) return INT64_MIN; /* not local: never equal */
+    const rkm__op *o = &g->ops[p];
+    int32_t k = 0;
+    while (o->out[k] != t) k++;
+    return -(2 + (int64_t)j * 65536 + k);
+}
+
+static int rkm__same_list(const rkm_graph *g, const rkm__block *a, const rkm__block *b, const int32_t *la,
+                          const int32_t *lb, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        const rkm__tensor *x = &g->tensors[la[i]], *y = &g->tensors[lb[i]];
+        int64_t ra = rkm__local_ref(g, a, la[i]), rb = rkm__local_ref(g, b, lb[i]);
+        /* The block output's other contributors are outside the block. */
+        int inner = la[i] != a->out;
+        if (ra == INT64_MIN || ra != rb || x->bytes != y->bytes || x->flags != y->flags || x->has_grad != y->has_grad ||
+            (inner && x->n_contrib != y->n_contrib))
+            return 0;
+    }
+    return 1;
+}
+
+static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__block *b)
+{
+    if (a->n_ops != b->n_ops || (a->in < 0) != (b->in < 0) || (a->out == g->loss) != (b->out == g->loss)) return 0;
+    if (rkm__local_ref(g, a, a->out) != rkm__local_ref(g, b, b->out)) return 0;
+    if (a->in >= 0 && g->tensors[a->in].bytes != g->tensors[b->in].bytes) return 0;
+    for (int32_t j = 0; j < a->n_ops; j++) {
+        const rkm__op *x = &g->ops[a->ops[j]], *y = &g->ops[b->ops[j]];
+        if (x->n_in != y->n_in || x->n_out != y->n_out || x->n_saved != y->n_saved || x->phantom != y->phantom ||
+            x->fwd_ws != y->fwd_ws || x->bwd_ws != y->bwd_ws || x->has_bwd != y->has_bwd || !rkm__close(x->fwd, y->fwd) ||
+            !rkm__close(x->bwd, y->bwd))
+            return 0;
+        if (!rkm__same_list(g, a, b, x->in, y->in, x->n_in) || !rkm__same_list(g, a, b, x->out, y->out, x->n_out) ||
+            !rkm__same_list(g, a, b, x->saved, y->saved, x->n_saved))
+            return 0;
+    }
+    return 1;
+}
+
+/* Cut at the separators. Blocks are runs of consecutive ops: an op that is
+ * not an ancestor of a separator is a descendant of it. Consecutive
+ * one-op blocks are merged in pairs so that chains of tiny ops (an MLP's
+ * matmul and activation) do not become a block each. */
+static rkm_result rkm__structure_detect(rkm_graph *g)
+{
+    rkm__graph_free_blocks(g);
+    int32_t *seps = rkm__alloc(g->ctx, (g->n_tensors + 1) * sizeof *seps);
+    int32_t *ends = rkm__alloc(g->ctx, (g->n_ops + 1) * sizeof *ends); /* last op of each block */
+    rkm_result r = seps && ends ? RKM_OK : rkm__nomem(g->ctx, "structure");
+    int32_t n_seps = 0, n = 0;
+    if (!r) r = rkm__separators(g, seps, &n_seps);
+    if (!r) {
+        for (int32_t i = 0; i < n_seps; i++) ends[n++] = g->tensors[seps[i]].producer;
+        ends[n++] = (int32_t)g->n_ops - 1;
+        int32_t m = 0, prev = -1; /* merge pairs of one-op blocks */
+        for (int32_t i = 0; i < n; i++) {
+            int single = ends[i] - prev == 1;
+            int next_single = i + 1 < n && ends[i + 1] - ends[i] == 1;
+            if (single && next_single) i++;
+            prev = ends[i];
+            ends[m] = ends[i];
+            seps[m] = i < n_seps ? seps[i] : g->loss;
+            m++;
+        }
+        n = m;
+        g->blocks = rkm__calloc(g->ctx, (size_t)n, sizeof *g->blocks);
+        g->block_ops = rkm__alloc(g->ctx, g->n_ops * sizeof *g->block_ops);
+        if (!g->blocks || !g->block_ops) {
+            rkm__free(g->ctx, g->blocks, (size_t)n * sizeof *g->blocks);
+            rkm__free(g->ctx, g->block_ops, g->n_ops * sizeof *g->block_ops);
+            g->blocks = NULL;
+            g->block_ops = NULL;
+            r = rkm__nomem(g->ctx, "structure");
+        }
+    }
+    if (!r) {
+        g->n_blocks = n;
+        for (size_t i = 0; i < g->n_ops; i++) g->block_ops[i] = (int32_t)i;
+        for (int32_t b = 0; b < n; b++) {
+            rkm__block *k = &g->blocks[b];
+            int32_t first = b ? ends[b - 1] + 1 : 0;
+            k->ops = g->block_ops + first;
+            k->n_ops = ends[b] - first + 1;
+            k->in = b ? g->blocks[b - 1].out : -1;
+            k->out = b == n - 1 ? g->loss : seps[b];
+            k->cls = -1;
+        }
+        g->n_classes = 0;
+        for (int32_t b = 0; b < n; b++) {
+            for (int32_t a = 0; a < b && g->blocks[b].cls < 0; a++)
+                if (rkm__same_block(g, &g->blocks[a], &g->blocks[b])) g->blocks[b].cls = g->blocks[a].cls;
+            if (g->blocks[b].cls < 0) g->blocks[b].cls = g->n_classes++;
+        }
+    }
+    rkm__free(g->ctx, seps, (g->n_tensors + 1) * sizeof *seps);
+    rkm__free(g->ctx, ends, (g->n_ops + 1) * sizeof *ends);
+    return r;
+}
+
+/* @@SECTION8@@ */
+
+/* @@SECTION11@@ */
+
+/* ===========================================================================
+ * 12. Executor and profiler
+ * ========================================================================= */
+
+static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, int code)
+{
+    char text[RKM_NAME_MAX + 32];
+    rkm__step_text(p->g, &p->steps[i], text, sizeof text);
+    return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "step %zu (%s): the %s callback returned %d", i, text, which, code);
+}
+
+rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
+{
+    if (!p || !cb) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: callbacks are NULL") : RKM_ERROR_ARGUMENT;
+    if (!cb->forward || !cb->backward)
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: the forward and backward callbacks are required");
+    if (!p->checked)
+        return rkm__err(p->ctx, RKM_ERROR_STATE, "rkm_plan_execute: the plan has not been simulated valid (rkm_plan_simulate)");
+    for (size_t i = 0; i < p->n_steps; i++) {
+        const rkm_step *st = &p->steps[i];
+        const uint8_t *fl = p->flags + p->flag_off[i];
+        int rc = 0;
+        const char *which = "";
+        switch (st->kind) {
+        case RKM_STEP_FWD: {
+            rkm_fwd_call c = {(int64_t)i, st->index, st->save, fl[0], fl + 1};
+            rc = cb->forward(cb->user, &c);
+            which = "forward";
+            break;
+        }
+        case RKM_STEP_BWD: {
+            rkm_bwd_call c = {(int64_t)i, st->index, fl};
+            rc = cb->backward(cb->user, &c);
+            which = "backward";
+            break;
+        }
+        case RKM_STEP_LOSS:
+            rc = cb->loss ? cb->loss(cb->user, st->index) : 0;
+            which = "loss";
+            break;
+        case RKM_STEP_FREE:
+            rc = cb->free_tensor ? cb->free_tensor(cb->user, st->index) : 0;
+            which = "free_tensor";
+            break;
+        case RKM_STEP_FREE_SAVED:
+            rc = cb->free_saved ? cb->free_saved(cb->user, st->index) : 0;
+            which = "free_saved";
+            break;
+        case RKM_STEP_FREE_GRAD:
+            rc = cb->free_grad ? cb->free_grad(cb->user, st->index) : 0;
+            which = "free_grad";
+            break;
+        }
+        if (rc) return rkm__cb_fail(p, i, which, rc);
+    }
+    return RKM_OK;
+}
+
+/* Profiling: the host's callbacks wrapped with a clock. */
+typedef struct rkm__prof {
+    const rkm_callbacks *host;
+    double (*clock)(void *);
+    void *clock_user;
+    double *fwd, *bwd; /* [run * n_ops + op] */
+    size_t n_ops;
+    int32_t run;
+} rkm__prof;
+
+static double rkm__default_clock(void *user)
+{
+    (void)user;
+    return rkm__now();
+}
+
+static int rkm__prof_fwd(void *user, const rkm_fwd_call *c)
+{
+    rkm__prof *pr = user;
+    double t0 = pr->clock(pr->clock_user);
+    int rc = pr->host->forward(pr->host->user, c);
+    pr->fwd[(size_t)pr->run * pr->n_ops + (size_t)c->op] = pr->clock(pr->clock_user) - t0;
+    return rc;
+}
+
+static int rkm__prof_bwd(void *user, const rkm_bwd_call *c)
+{
+    rkm__prof *pr = user;
+    double t0 = pr->clock(pr->clock_user);
+    int rc = pr->host->backward(pr->host->user, c);
+    pr->bwd[(size_t)pr->run * pr->n_ops + (size_t)c->op] = pr->clock(pr->clock_user) - t0;
+    return rc;
+}
+
+#define RKM__PROF_FORWARD(name, type)                                            \
+    static int rkm__prof_##name(void *user, type x)                              \
+    {                                                                            \
+        rkm__prof *pr = user;                                                    \
+        return pr->host->name ? pr->host->name(pr->host->user, x) : 0;           \
+    }
+RKM__PROF_FORWARD(loss, int32_t)
+RKM__PROF_FORWARD(free_tensor, int32_t)
+RKM__PROF_FORWARD(free_saved, int32_t)
+RKM__PROF_FORWARD(free_grad, int32_t)
+
+static int rkm__cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mean of samples[0..n) after dropping floor(n * trim) at each end (sorts). */
+static double rkm__trimmed_mean(double *samples, int32_t n, double trim)
+{
+    qsort(samples, (size_t)n, sizeof *samples, rkm__cmp_double);
+    int32_t drop = (int32_t)floor((double)n * trim);
+    if (2 * drop >= n) drop = (n - 1) / 2;
+    double sum = 0;
+    for (int32_t i = drop; i < n - drop; i++) sum += samples[i];
+    return sum / (double)(n - 2 * drop);
+}
+
+rkm_result rkm_graph_profile(rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc)
+{
+    if (!g || !cb) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_profile: callbacks are NULL") : RKM_ERROR_ARGUMENT;
+    rkm_profile_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.runs <= 0) d.runs = 5;
+    if (d.trim <= 0 || d.trim >= 0.5) d.trim = 0.2;
+    if (!d.clock) d.clock = rkm__default_clock;
+    rkm_plan *p;
+    rkm_result r = rkm_plan_baseline(g, &p);
+    if (r) return r;
+    size_t n = (size_t)d.runs * g->n_ops;
+    rkm__prof pr = {cb, d.clock, d.clock_user, NULL, NULL, g->n_ops, 0};
+    pr.fwd = rkm__calloc(g->ctx, 2 * n + (size_t)d.runs, sizeof(double));
+    if (!pr.fwd) {
+        rkm_plan_destroy(p);
+        return rkm__nomem(g->ctx, "rkm_graph_profile");
+    }
+    pr.bwd = pr.fwd + n;
+    double *col = pr.bwd + n; /* one op's samples, sorted in place */
+    rkm_callbacks w = {&pr, rkm__prof_fwd, rkm__prof_bwd, rkm__prof_loss, rkm__prof_free_tensor, rkm__prof_free_saved,
+                       rkm__prof_free_grad};
+    for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm_plan_execute(p, &w);
+    for (size_t i = 0; i < g->n_ops && !r; i++) {
+        for (int32_t k = 0; k < d.runs; k++) col[k] = pr.fwd[(size_t)k * g->n_ops + i];
+        g->ops[i].fwd = rkm__trimmed_mean(col, d.runs, d.trim);
+        for (int32_t k = 0; k < d.runs; k++) col[k] = pr.bwd[(size_t)k * g->n_ops + i];
+        g->ops[i].bwd = g->ops[i].has_bwd ? rkm__trimmed_mean(col, d.runs, d.trim) : 0;
+    }
+    rkm__free(g->ctx, pr.fwd, (2 * n + (size_t)d.runs) * sizeof(double));
+    rkm_plan_destroy(p);
+    return r;
+}
