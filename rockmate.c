@@ -2077,9 +2077,784 @@ static rkm_result rkm__structure_detect(rkm_graph *g)
     return r;
 }
 
-/* @@SECTION8@@ */
+/* ===========================================================================
+ * 8. Block options: extremes, replay, dominance
+ * ========================================================================= */
 
-/* @@SECTION11@@ */
+/* An option of a block: a schedule of the block's own steps (forward part
+ * then backward part, global ids) and its five figures, all measured by
+ * replaying the schedule in the simulator from the block's start state.
+ * Memory figures exclude the input tensors (always live):
+ *   pf   peak of the forward part (counts x_in, x_out and what it keeps)
+ *   kept memory left after the forward part besides x_in and x_out
+ *   pb   peak of the backward part (starts from x_in, x_out, kept, grad(x_out)) */
+typedef struct rkm__option {
+    rkm_step *steps;
+    size_t n_fwd, n_bwd;
+    double tf, tb;
+    uint64_t kept, pf, pb;
+} rkm__option;
+
+/* Per block: the no-save forward (run to reach a checkpoint) and options. */
+typedef struct rkm__bopts {
+    rkm_step *nosave;
+    size_t n_nosave;
+    double tfn;
+    uint64_t pfn;
+    rkm__option *opt;
+    size_t n_opt, cap_opt;
+} rkm__bopts;
+
+static void rkm__option_free(rkm_context *ctx, rkm__option *o)
+{
+    rkm__free(ctx, o->steps, (o->n_fwd + o->n_bwd) * sizeof *o->steps);
+    o->steps = NULL;
+}
+
+static void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b)
+{
+    rkm__free(ctx, b->nosave, b->n_nosave * sizeof *b->nosave);
+    for (size_t i = 0; i < b->n_opt; i++) rkm__option_free(ctx, &b->opt[i]);
+    rkm__free(ctx, b->opt, b->cap_opt * sizeof *b->opt);
+    memset(b, 0, sizeof *b);
+}
+
+/* A growable step list. */
+typedef struct rkm__steps {
+    rkm_context *ctx;
+    rkm_step *s;
+    size_t n, cap;
+} rkm__steps;
+
+static int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
+{
+    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
+    l->s[l->n].kind = kind;
+    l->s[l->n].index = index;
+    l->s[l->n].save = save;
+    l->n++;
+    return 1;
+}
+
+/* Shrink to exactly n steps so that the owner frees with n * size. */
+static rkm_step *rkm__steps_take(rkm__steps *l)
+{
+    rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
+    if (!s) return NULL;
+    if (!l->n) {
+        rkm__free(l->ctx, s, sizeof *s);
+        s = NULL;
+    }
+    l->s = NULL;
+    l->n = l->cap = 0;
+    return s;
+}
+
+/* Is t a tensor of the block (made by one of its ops)? */
+static int rkm__in_block(const rkm_graph *g, const rkm__block *b, int32_t t)
+{
+    int32_t p = g->tensors[t].producer;
+    return p >= b->ops[0] && p <= b->ops[b->n_ops - 1];
+}
+
+/* Does a block op with a backward, from op index `from` down to the block's
+ * first op, save t? (from = last op: any backward of the block.) */
+static int rkm__bwd_needs(const rkm_graph *g, const rkm__block *b, int32_t t, int32_t from)
+{
+    for (int32_t i = from; i >= b->ops[0]; i--) {
+        const rkm__op *o = &g->ops[i];
+        if (o->has_bwd && rkm__list_has(o->saved, o->n_saved, t)) return 1;
+    }
+    return 0;
+}
+
+/* Is t read by a forward of the block after op i? */
+static int rkm__fwd_reads_after(const rkm_graph *g, const rkm__block *b, int32_t t, int32_t i)
+{
+    for (int32_t j = i + 1; j <= b->ops[b->n_ops - 1]; j++)
+        if (rkm__list_has(g->ops[j].in, g->ops[j].n_in, t)) return 1;
+    return 0;
+}
+
+/* The block's forward, every tensor freed after its last use; with `keep`
+ * it saves phantoms and keeps what the backward reads (the block's baseline
+ * forward), without it keeps only x_in and x_out (the no-save forward). */
+static int rkm__gen_forward(const rkm_graph *g, const rkm__block *b, int keep, rkm__steps *l)
+{
+    int32_t last = b->ops[b->n_ops - 1];
+    for (int32_t i = b->ops[0]; i <= last; i++) {
+        const rkm__op *o = &g->ops[i];
+        if (!rkm__steps_push(l, RKM_STEP_FWD, i, keep && rkm__saves_phantom(o))) return 0;
+        for (int32_t k = 0; k < o->n_in + o->n_out; k++) {
+            int32_t t = o->in[k];
+            if (t == b->out || !rkm__in_block(g, b, t) || rkm__fwd_reads_after(g, b, t, i)) continue;
+            if (keep && rkm__bwd_needs(g, b, t, last)) continue;
+            if (!rkm__steps_push(l, RKM_STEP_FREE, t, 0)) return 0;
+        }
+    }
+    return 1;
+}
+
+/* The block's baseline backward, from the state its baseline forward left. */
+static int rkm__gen_backward(const rkm_graph *g, const rkm__block *b, rkm__steps *l)
+{
+    int32_t last = b->ops[b->n_ops - 1];
+    if (b->out == g->loss && !rkm__steps_push(l, RKM_STEP_LOSS, g->loss, 0)) return 0;
+    if (!rkm__bwd_needs(g, b, b->out, last) && !rkm__steps_push(l, RKM_STEP_FREE, b->out, 0)) return 0;
+    for (int32_t i = last; i >= b->ops[0]; i--) {
+        const rkm__op *o = &g->ops[i];
+        if (!o->has_bwd) continue;
+        if (!rkm__steps_push(l, RKM_STEP_BWD, i, 0)) return 0;
+        if (rkm__saves_phantom(o) && !rkm__steps_push(l, RKM_STEP_FREE_SAVED, i, 0)) return 0;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].has_grad && !rkm__steps_push(l, RKM_STEP_FREE_GRAD, o->out[k], 0)) return 0;
+        for (int32_t k = 0; k < o->n_saved; k++) {
+            int32_t t = o->saved[k];
+            if (!rkm__in_block(g, b, t) || rkm__bwd_needs(g, b, t, i - 1)) continue;
+            if (!rkm__steps_push(l, RKM_STEP_FREE, t, 0)) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Replay an option from the block's start state; fill its figures. Returns
+ * 1 when both parts are valid and the backward ends in the block's end
+ * state: x_in live, grad(x_in) live and complete, nothing else of the block. */
+static int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
+{
+    const rkm_graph *g = s->g;
+    rkm_sim_result r;
+    rkm__sim_reset(s);
+    rkm__sim_give_tensor(s, b->in);
+    uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0);
+    if (!rkm__sim_run(s, o->steps, o->n_fwd, &r, NULL) || !s->D[b->out]) return 0;
+    o->tf = r.time;
+    o->pf = r.peak - g->input_bytes;
+    o->kept = s->mem - base - g->tensors[b->out].bytes;
+    if (b->out != g->loss) rkm__sim_give_grad(s, b->out);
+    if (!rkm__sim_run(s, o->steps + o->n_fwd, o->n_bwd, &r, NULL)) return 0;
+    o->tb = r.time;
+    o->pb = r.peak - g->input_bytes;
+    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++)
+        if (s->P[i] || (g->ops[i].has_bwd && !s->bwd_done[i])) return 0;
+    uint64_t end = base + (b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0);
+    if (b->in >= 0 && g->tensors[b->in].has_grad && !rkm__grad_complete(s, b->in)) return 0;
+    return s->mem == end && (b->in < 0 || s->D[b->in]);
+}
+
+/* Replay the no-save forward: it must leave exactly x_in and x_out. */
+static int rkm__nosave_measure(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
+{
+    const rkm_graph *g = s->g;
+    rkm_sim_result r;
+    rkm__sim_reset(s);
+    rkm__sim_give_tensor(s, b->in);
+    if (!rkm__sim_run(s, bo->nosave, bo->n_nosave, &r, NULL) || !s->D[b->out]) return 0;
+    bo->tfn = r.time;
+    bo->pfn = r.peak - g->input_bytes;
+    uint64_t end = g->input_bytes + g->tensors[b->out].bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0);
+    return s->mem == end;
+}
+
+/* Does a dominate b (no worse in every figure)? */
+static int rkm__dominates(const rkm__option *a, const rkm__option *b)
+{
+    return a->tf + a->tb <= b->tf + b->tb && a->kept <= b->kept && a->pf <= b->pf && a->pb <= b->pb;
+}
+
+/* Measure an option and add it unless an option already there dominates
+ * it; drop those it dominates. Takes ownership of o->steps either way.
+ * Returns 0 on allocation failure, else 1; *valid says whether it replayed. */
+static int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid)
+{
+    *valid = rkm__option_measure(s, b, o);
+    if (!*valid) {
+        rkm__option_free(ctx, o);
+        return 1;
+    }
+    for (size_t i = 0; i < bo->n_opt; i++)
+        if (rkm__dominates(&bo->opt[i], o)) {
+            rkm__option_free(ctx, o);
+            return 1;
+        }
+    size_t m = 0;
+    for (size_t i = 0; i < bo->n_opt; i++) {
+        if (rkm__dominates(o, &bo->opt[i])) rkm__option_free(ctx, &bo->opt[i]);
+        else bo->opt[m++] = bo->opt[i];
+    }
+    bo->n_opt = m;
+    if (!rkm__reserve(ctx, (void **)&bo->opt, &bo->cap_opt, bo->n_opt + 1, sizeof *bo->opt)) {
+        rkm__option_free(ctx, o);
+        return 0;
+    }
+    bo->opt[bo->n_opt++] = *o;
+    return 1;
+}
+
+/* Less memory first, then less time: the DP prefers earlier options on ties. */
+static int rkm__option_cmp(const void *x, const void *y)
+{
+    const rkm__option *a = x, *b = y;
+    if (a->kept != b->kept) return a->kept < b->kept ? -1 : 1;
+    if (a->pf != b->pf) return a->pf < b->pf ? -1 : 1;
+    if (a->pb != b->pb) return a->pb < b->pb ? -1 : 1;
+    double ta = a->tf + a->tb, tb = b->tf + b->tb;
+    if (ta != tb) return ta < tb ? -1 : 1;
+    return (a->n_fwd + a->n_bwd < b->n_fwd + b->n_bwd) ? -1 : (a->n_fwd + a->n_bwd > b->n_fwd + b->n_bwd);
+}
+
+/* The two extremes of a block: its own baseline, and the no-save forward. */
+static rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
+{
+    const rkm_graph *g = s->g;
+    rkm__steps l = {g->ctx, NULL, 0, 0};
+    rkm__option o;
+    memset(&o, 0, sizeof o);
+    int ok = rkm__gen_forward(g, b, 0, &l);
+    bo->n_nosave = l.n;
+    if (ok) bo->nosave = rkm__steps_take(&l);
+    if (!ok || !bo->nosave) {
+        rkm__free(g->ctx, l.s, l.cap * sizeof *l.s);
+        bo->n_nosave = 0;
+        return rkm__nomem(g->ctx, "block options");
+    }
+    ok = rkm__gen_forward(g, b, 1, &l);
+    o.n_fwd = l.n;
+    ok = ok && rkm__gen_backward(g, b, &l);
+    o.n_bwd = l.n - o.n_fwd;
+    if (ok) o.steps = rkm__steps_take(&l);
+    if (!ok || !o.steps) {
+        rkm__free(g->ctx, l.s, l.cap * sizeof *l.s);
+        return rkm__nomem(g->ctx, "block options");
+    }
+    int valid;
+    if (!rkm__bopts_add(g->ctx, s, b, bo, &o, &valid)) return rkm__nomem(g->ctx, "block options");
+    if (!valid || !rkm__nosave_measure(s, b, bo))
+        return rkm__err(g->ctx, RKM_ERROR_STATE, "internal error: block %s..%s: its baseline schedule does not replay",
+                        g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name);
+    return RKM_OK;
+}
+
+/* Map a step of block `from` onto the identical block `to`. */
+static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st)
+{
+    int on_tensor = st.kind == RKM_STEP_FREE || st.kind == RKM_STEP_FREE_GRAD;
+    if (st.kind == RKM_STEP_LOSS) return st;
+    if (!on_tensor) {
+        st.index = to->ops[st.index - from->ops[0]];
+        return st;
+    }
+    int64_t ref = rkm__local_ref(g, from, st.index);
+    if (ref >= 0) return st;
+    if (ref == -1) {
+        st.index = to->in;
+        return st;
+    }
+    int64_t code = -ref - 2;
+    st.index = g->ops[to->ops[code / 65536]].out[code % 65536];
+    return st;
+}
+
+/* ===========================================================================
+ * 9. Block ILP (lp_solve)
+ * ========================================================================= */
+#ifndef RKM_OMIT_SOLVER
+#include "wip/ilp.c"
+#endif
+
+#include "wip/dp.c"
+
+/* ===========================================================================
+ * 11. Planner: algorithms, flattening, budgets
+ * ========================================================================= */
+
+#define RKM_DEFAULT_SLOTS 1000
+#define RKM_DEFAULT_TIME_LIMIT 60.0
+#define RKM_DEFAULT_ILP_TIME_LIMIT 1.0
+#define RKM_DEFAULT_PEAK_POINTS 5
+#define RKM_DEFAULT_KEPT_POINTS 6
+
+struct rkm_planner {
+    const rkm_graph *g;
+    rkm_context *ctx;
+    rkm_solve_desc d;
+    uint64_t base_peak;
+    double base_time;
+    uint64_t lower_bound;
+    double t0;               /* planner creation time: the time budget runs from here */
+    rkm__bopts *bo;          /* per block, NULL for checkmate and none */
+    uint64_t q;              /* bytes per DP slot */
+    rkm__dp_block *dpb;      /* the chain in slots */
+    rkm__dp_option *dpo;
+    size_t n_dpo;
+    rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
+    rkm_plan_stats stats;    /* ILP counters and timings */
+#ifndef RKM_OMIT_SOLVER
+    rkm__ilp_stats ilp;
+#endif
+};
+
+static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+/* Slots for a byte count, rounded up (so the DP never under-counts). */
+static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
+{
+    uint64_t s = rkm__ceil_div(bytes, pl->q);
+    return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
+}
+
+/* The DP's view of the chain: every figure converted to slots. */
+static rkm_result rkm__planner_chain(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    size_t n_opt = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) n_opt += pl->bo[b].n_opt;
+    pl->dpb = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->dpb);
+    pl->dpo = rkm__calloc(pl->ctx, n_opt, sizeof *pl->dpo);
+    pl->n_dpo = n_opt;
+    if (!pl->dpb || !pl->dpo) return rkm__nomem(pl->ctx, "planner");
+    size_t at = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) {
+        const rkm__block *k = &g->blocks[b];
+        const rkm__bopts *bo = &pl->bo[b];
+        rkm__dp_block *x = &pl->dpb[b];
+        x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
+        x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
+        x->tfn = bo->tfn;
+        x->pfn = rkm__slots_up(pl, bo->pfn);
+        uint64_t in_bytes = k->in >= 0 ? g->tensors[k->in].bytes : 0;
+        x->opt = pl->dpo + at;
+        x->n_opt = (int32_t)bo->n_opt;
+        for (size_t i = 0; i < bo->n_opt; i++, at++) {
+            const rkm__option *o = &bo->opt[i];
+            rkm__dp_option *y = &pl->dpo[at];
+            y->tf = o->tf;
+            y->tb = o->tb;
+            /* Round x_in and kept up together: the DP subtracts them together. */
+            y->kept = rkm__slots_up(pl, in_bytes + o->kept) - x->in_sz;
+            y->pf = rkm__slots_up(pl, o->pf);
+            y->pb = rkm__slots_up(pl, o->pb);
+        }
+    }
+    return RKM_OK;
+}
+
+/* Turn block-level operations into graph-level steps. */
+static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm_plan *p)
+{
+    const rkm_graph *g = pl->g;
+    rkm_result r = RKM_OK;
+    for (size_t i = 0; i < n && !r; i++) {
+        const rkm__bopts *bo = &pl->bo[ops[i].block];
+        const rkm_step *s = NULL;
+        size_t m = 0;
+        switch (ops[i].kind) {
+        case RKM__DP_FWD_OPT: s = bo->opt[ops[i].option].steps, m = bo->opt[ops[i].option].n_fwd; break;
+        case RKM__DP_BWD_OPT:
+            s = bo->opt[ops[i].option].steps + bo->opt[ops[i].option].n_fwd, m = bo->opt[ops[i].option].n_bwd;
+            break;
+        case RKM__DP_FWD_NOSAVE: s = bo->nosave, m = bo->n_nosave; break;
+        case RKM__DP_FREE_OUT: r = rkm__plan_push(p, RKM_STEP_FREE, g->blocks[ops[i].block].out, 0); break;
+        }
+        for (size_t k = 0; k < m && !r; k++) r = rkm__plan_push(p, s[k].kind, s[k].index, s[k].save);
+    }
+    return r;
+}
+
+static double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
+
+#ifndef RKM_OMIT_SOLVER
+/* Memory a block's ops need at least (relative to the inputs): the block
+ * input stays live throughout, plus the largest single step. */
+static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
+{
+    uint64_t need = 0;
+    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
+        const rkm__op *o = &g->ops[i];
+        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws;
+        uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
+                                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
+                                : 0;
+        if (f > need) need = f;
+        if (k > need) need = k;
+    }
+    return need;
+}
+
+/* ILP options of one class: solve on its first block over a grid of
+ * (peak, kept) budgets, then replay every schedule on every block of the
+ * class (mapped op for op); replay decides what becomes an option. */
+static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
+{
+    const rkm_graph *g = pl->g;
+    int32_t rep = 0;
+    while (g->blocks[rep].cls != cls) rep++;
+    const rkm__block *b = &g->blocks[rep];
+    const rkm__option *all = &pl->bo[rep].opt[0]; /* the block's baseline: the extreme */
+    uint64_t hi = all->pf > all->pb ? all->pf : all->pb;
+    uint64_t lo = rkm__block_floor(g, b);
+    uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    if (lo > hi) lo = hi;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
+    if (r) return r;
+    int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
+    for (int32_t i = 0; i < np && !r; i++) {
+        uint64_t peak = g->input_bytes + lo + (uint64_t)((double)(hi - lo) * (np > 1 ? (double)i / (np - 1) : 1.0));
+        for (int32_t j = 0; j < nk && !r; j++) {
+            double left = pl->d.time_limit - rkm__elapsed(pl);
+            if (left <= 0) break;
+            uint64_t kept = base + (uint64_t)((double)all->kept * (nk > 1 ? (double)j / (nk - 1) : 1.0));
+            rkm_step *steps = NULL;
+            size_t nf = 0, nb = 0;
+            int found = 0;
+            double lim = pl->d.ilp_time_limit < left ? pl->d.ilp_time_limit : left;
+            r = rkm__ilp_block_solve(ib, peak, kept, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            if (r || !found) continue;
+            for (int32_t k = 0; k < g->n_blocks && !r; k++) {
+                if (g->blocks[k].cls != cls) continue;
+                rkm__option o;
+                memset(&o, 0, sizeof o);
+                o.n_fwd = nf;
+                o.n_bwd = nb;
+                o.steps = rkm__alloc(pl->ctx, (nf + nb) * sizeof *o.steps);
+                if (!o.steps) {
+                    r = rkm__nomem(pl->ctx, "block options");
+                    break;
+                }
+                for (size_t t = 0; t < nf + nb; t++) o.steps[t] = rkm__map_step(g, b, &g->blocks[k], steps[t]);
+                int valid;
+                if (!rkm__bopts_add(pl->ctx, s, &g->blocks[k], &pl->bo[k], &o, &valid)) r = rkm__nomem(pl->ctx, "block options");
+            }
+            rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+        }
+    }
+    rkm__ilp_block_destroy(ib);
+    return r;
+}
+#endif
+
+/* Every block's options: the two extremes, and for rockmate the ILP's. */
+static rkm_result rkm__planner_options(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    pl->bo = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->bo);
+    if (!pl->bo) return rkm__nomem(pl->ctx, "planner");
+    rkm__sim s;
+    rkm_result r = rkm__sim_init(g, &s);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
+#ifndef RKM_OMIT_SOLVER
+    if (pl->d.algo == RKM_ALGO_ROCKMATE)
+        for (int32_t c = 0; c < g->n_classes && !r; c++) r = rkm__class_options(pl, &s, c);
+#endif
+    for (int32_t b = 0; b < g->n_blocks && !r; b++)
+        qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
+    if (s.g) rkm__sim_free(&s);
+    return r;
+}
+
+void rkm_planner_destroy(rkm_planner *pl)
+{
+    if (!pl) return;
+    if (pl->bo)
+        for (int32_t b = 0; b < pl->g->n_blocks; b++) rkm__bopts_free(pl->ctx, &pl->bo[b]);
+    rkm__free(pl->ctx, pl->bo, (size_t)pl->g->n_blocks * sizeof *pl->bo);
+    rkm__free(pl->ctx, pl->dpb, (size_t)pl->g->n_blocks * sizeof *pl->dpb);
+    rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
+    rkm__dp_table_free(pl->ctx, &pl->table);
+    rkm__free(pl->ctx, pl, sizeof *pl);
+}
+
+static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    if (desc) *d = *desc;
+    if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve: algorithm %d does not exist", (int)d->algo);
+    if (d->slots < 0 || d->ilp_peak_points < 0 || d->ilp_kept_points < 0 || d->time_limit < 0 || d->ilp_time_limit < 0)
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve: negative option (zero means default)");
+    if (!d->slots) d->slots = RKM_DEFAULT_SLOTS;
+    if (d->time_limit == 0) d->time_limit = RKM_DEFAULT_TIME_LIMIT;
+    if (d->ilp_time_limit == 0) d->ilp_time_limit = RKM_DEFAULT_ILP_TIME_LIMIT;
+    if (!d->ilp_peak_points) d->ilp_peak_points = RKM_DEFAULT_PEAK_POINTS;
+    if (!d->ilp_kept_points) d->ilp_kept_points = RKM_DEFAULT_KEPT_POINTS;
+#ifdef RKM_OMIT_SOLVER
+    if (d->algo == RKM_ALGO_ROCKMATE || d->algo == RKM_ALGO_CHECKMATE)
+        return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
+                        rkm_algo_name(d->algo));
+#endif
+    return RKM_OK;
+}
+
+static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
+
+rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_planner_create: the graph is not finalized");
+    rkm_solve_desc d;
+    rkm_result r = rkm__desc_defaults(g, desc, &d);
+    if (r) return r;
+    rkm_graph_stats gs;
+    if ((r = rkm_graph_stats_get(g, &gs))) return r;
+    rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
+    if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
+    pl->g = g;
+    pl->ctx = g->ctx;
+    pl->d = d;
+    pl->t0 = rkm__now();
+    pl->base_peak = gs.baseline_peak;
+    pl->base_time = gs.baseline_time;
+    pl->lower_bound = gs.lower_bound;
+    uint64_t span = gs.baseline_peak - g->input_bytes;
+    pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
+    if (rkm__uses_chain(d.algo)) {
+        r = rkm__planner_options(pl);
+        if (!r) r = rkm__planner_chain(pl);
+        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__dp_solve(pl->ctx, pl->dpb, g->n_blocks, d.slots, &pl->table);
+    }
+    if (r) {
+        rkm_planner_destroy(pl);
+        return r;
+    }
+    pl->stats.solve_seconds = rkm__elapsed(pl);
+    *out = pl;
+    return RKM_OK;
+}
+
+/* Replay a finished plan, fill its figures; a plan over budget is a bug. */
+static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
+{
+    rkm_sim_result res;
+    rkm_result r = rkm__plan_check(p, &res, NULL);
+    if (r) return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan does not replay: %s",
+                           rkm_algo_name(pl->d.algo), rkm_context_errmsg(pl->ctx));
+    if (res.peak > budget)
+        return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan peaks at %llu bytes, over the budget of %llu",
+                        rkm_algo_name(pl->d.algo), (unsigned long long)res.peak, (unsigned long long)budget);
+    rkm_plan_stats *st = &p->stats;
+    *st = pl->stats;
+    st->algo = pl->d.algo;
+    st->budget = budget;
+    st->peak = res.peak;
+    st->time = res.time;
+    st->baseline_peak = pl->base_peak;
+    st->baseline_time = pl->base_time;
+    st->overhead = pl->base_time > 0 ? res.time / pl->base_time - 1 : 0;
+    st->solve_seconds = pl->stats.solve_seconds + (rkm__now() - t_start);
+    st->blocks = pl->g->n_blocks;
+    st->block_classes = pl->g->n_classes;
+    st->options = (int32_t)pl->n_dpo;
+    return RKM_OK;
+}
+
+static rkm_result rkm__plan_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, rkm_plan **out)
+{
+    rkm_result r = rkm_plan_create(pl->g, out);
+    if (!r) r = rkm__flatten(pl, ops->v, ops->n, *out);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
+static rkm_result rkm__plan_from_steps(rkm_planner *pl, const rkm_step *s, size_t n, rkm_plan **out)
+{
+    rkm_result r = rkm_plan_create(pl->g, out);
+    for (size_t i = 0; i < n && !r; i++) r = rkm__plan_push(*out, s[i].kind, s[i].index, s[i].save);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
+/* The chain DP's plan for `budget`, or *out NULL when it has none. */
+static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    const rkm_graph *g = pl->g;
+    if (budget < g->input_bytes) return RKM_OK;
+    uint64_t m = (budget - g->input_bytes) / pl->q;
+    if (m > (uint64_t)pl->d.slots) m = (uint64_t)pl->d.slots;
+    rkm__dp_ops ops = {NULL, 0, 0};
+    rkm_result r;
+    if (pl->d.algo == RKM_ALGO_SQRT) r = rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, &ops);
+    else {
+        if (!isfinite(rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m))) return RKM_OK;
+        r = rkm__dp_schedule(pl->ctx, pl->dpb, &pl->table, (int32_t)m, &ops);
+    }
+    if (!r) r = rkm__plan_from_ops(pl, &ops, out);
+    rkm__dp_ops_free(pl->ctx, &ops);
+    if (!r && pl->d.algo == RKM_ALGO_SQRT) { /* a fixed schedule: it fits or not */
+        rkm_sim_result res;
+        r = rkm__plan_check(*out, &res, NULL);
+        if (r || res.peak > budget) {
+            rkm_plan_destroy(*out);
+            *out = NULL;
+        }
+    }
+    return r;
+}
+
+#ifndef RKM_OMIT_SOLVER
+/* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
+static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+{
+    *out = NULL;
+    const rkm_graph *g = pl->g;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, &ib);
+    if (r) return r;
+    rkm_step *steps = NULL;
+    size_t nf = 0, nb = 0;
+    int found = 0;
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    if (!r && found) r = rkm__plan_from_steps(pl, steps, nf + nb, out);
+    rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+    rkm__ilp_block_destroy(ib);
+    return r;
+}
+#endif
+
+/* One plan for `budget` from the planner's algorithm, or *out NULL. */
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    rkm_algo a = pl->d.algo;
+    if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
+    if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
+#ifndef RKM_OMIT_SOLVER
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit, out);
+#endif
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    const rkm_graph *g = pl->g;
+    rkm_result r = RKM_OK;
+    *out = pl->base_peak;
+    if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
+        int64_t m = pl->table.lo[rkm__dp_pair(g->n_blocks, 0, g->n_blocks - 1)];
+        if (m <= pl->d.slots && g->input_bytes + (uint64_t)m * pl->q < *out) *out = g->input_bytes + (uint64_t)m * pl->q;
+    } else if (pl->d.algo == RKM_ALGO_SQRT) {
+        rkm_plan *p;
+        if (!(r = rkm__solve_chain(pl, UINT64_MAX, &p)) && p) {
+            rkm_sim_result res;
+            if (!(r = rkm__plan_check(p, &res, NULL))) *out = res.peak;
+            rkm_plan_destroy(p);
+        }
+    } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
+        /* Bisection on bytes: the ILP's feasibility is monotone in the budget. */
+        uint64_t lo = pl->lower_bound, hi = pl->base_peak;
+        for (int it = 0; it < 12 && lo < hi && !r; it++) {
+            uint64_t mid = lo + (hi - lo) / 2;
+            rkm_plan *p;
+            rkm_sim_result res;
+            r = rkm__planner_try(pl, mid, &p);
+            if (!r && p && !(r = rkm__plan_check(p, &res, NULL))) hi = res.peak;
+            else if (!r) lo = mid + 1;
+            rkm_plan_destroy(p);
+        }
+        *out = hi;
+    }
+    return r;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    double t = rkm__now();
+    rkm_plan *p;
+    rkm_result r = rkm__planner_try(pl, budget, &p);
+    if (r) return r;
+    if (!p) {
+        uint64_t min;
+        if ((r = rkm_planner_min_budget(pl, &min))) return r;
+        return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                        rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+    }
+    if ((r = rkm__planner_finish(pl, p, budget, t))) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_plan_stats *out)
+{
+    if (!pl || !out) return RKM_ERROR_ARGUMENT;
+    *out = pl->stats;
+    out->algo = pl->d.algo;
+    out->baseline_peak = pl->base_peak;
+    out->baseline_time = pl->base_time;
+    out->blocks = pl->g->n_blocks;
+    out->block_classes = pl->g->n_classes;
+    out->options = (int32_t)pl->n_dpo;
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    rkm_planner *pl;
+    rkm_result r = rkm_planner_create(g, desc, &pl);
+    if (r) return r;
+    r = rkm_planner_solve(pl, budget, out);
+    rkm_planner_destroy(pl);
+    return r;
+}
+
+rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
+{
+    if (!p || !out) return RKM_ERROR_ARGUMENT;
+    *out = p->stats;
+    return RKM_OK;
+}
+
+static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"rockmate", "rotor", "sqrt", "checkmate", "none"};
+
+const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
+
+rkm_result rkm_algo_from_name(const char *name, rkm_algo *out)
+{
+    for (int a = 0; name && a < RKM_ALGO_COUNT; a++)
+        if (strcmp(name, rkm__algo_names[a]) == 0) {
+            if (out) *out = (rkm_algo)a;
+            return RKM_OK;
+        }
+    return RKM_ERROR_ARGUMENT;
+}
+
+rkm_result rkm_parse_budget(const char *text, uint64_t baseline_peak, uint64_t *out)
+{
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"", 1}};
+    if (!text || !out) return RKM_ERROR_ARGUMENT;
+    if (rkm__parse_u64(text, out)) return RKM_OK; /* plain bytes: exact */
+    char *end;
+    errno = 0;
+    if (!((*text >= '0' && *text <= '9') || *text == '.')) return RKM_ERROR_ARGUMENT;
+    double v = strtod(text, &end);
+    if (errno || end == text || !isfinite(v) || v < 0) return RKM_ERROR_ARGUMENT;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) != 0) continue;
+        double bytes = units[i].mult < 0 ? v / 100.0 * (double)baseline_peak : v * units[i].mult;
+        if (bytes >= 18446744073709551615.0) return RKM_ERROR_ARGUMENT;
+        *out = (uint64_t)bytes;
+        return RKM_OK;
+    }
+    return RKM_ERROR_ARGUMENT;
+}
+
 
 /* ===========================================================================
  * 12. Executor and profiler

@@ -374,7 +374,7 @@ rkm_result rkm_algo_from_name(const char *name, rkm_algo *out);
 /* Zero means default for every field. */
 typedef struct rkm_solve_desc {
     rkm_algo algo;
-    int32_t slots;           /* DP memory slots over the baseline peak; 0: 500 */
+    int32_t slots;           /* DP memory slots over the baseline peak; 0: 1000 */
     double time_limit;       /* seconds for the whole planning; 0: 60 */
     double ilp_time_limit;   /* seconds per ILP solve; 0: 1 */
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */

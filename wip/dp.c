@@ -1,0 +1,573 @@
+/* ===========================================================================
+ * 10. Chain DP
+ * ===========================================================================
+ *
+ * An abstract chain of blocks 0..n-1. Block i reads x_{i-1} (nothing for
+ * block 0) and writes x_i (the loss for the last block, counted inside that
+ * block's own numbers: its output has 0 slots). Memory is in integer slots.
+ * Per block: in_sz (slots of x_{i-1}), g_out (slots of grad(x_i)), a no-save
+ * forward (time tfn, peak pfn counting x_{i-1} and x_i) and options k, each
+ * (tf, tb, kept, pf, pb): F_k leaves x_{i-1}, x_i and `kept` slots live and
+ * peaks at pf (counting them); B_k starts from x_{i-1}, x_i, kept, grad(x_i),
+ * peaks at pb (counting them), and leaves x_{i-1} and grad(x_{i-1}).
+ *
+ * Peaks are raised to the live sets they count (rkm__dp_pf and friends): a
+ * caller rounds each size and peak up to slots on its own, so a rounded peak
+ * can fall below the sum of its rounded parts; the raise keeps the DP from
+ * promising memory that is not there.
+ *
+ * Opt(a, b, m): least time for blocks a..b when x_{a-1} is live (held by the
+ * caller), grad(x_b) is live, and m slots hold everything of the segment,
+ * x_{a-1} and grad(x_b) included. It ends with x_{a-1} and grad(x_{a-1}).
+ *   option k:      F_k(a), Opt(a+1, b, m - in_a - kept_k), B_k(a)
+ *   checkpoint j:  no-save forward a..j-1 (x_{t-1} freed after block t > a),
+ *                  Opt(j, b, m - in_a), free x_{j-1}, Opt(a, j-1, m)
+ * Ties (exactly equal times) go to the first candidate in this order:
+ * options in their given order, then checkpoints by increasing j.
+ * Infeasible cells have cost INFINITY and decision RKM__DP_NONE; a cost of 0
+ * is an ordinary cost.
+ *
+ * Block-level schedules (rkm__dp_ops) are what the planner flattens; the DP's
+ * reconstruction and the sqrt schedule produce them, rkm__dp_eval measures
+ * them with the rules of rkm__dp_apply. */
+#ifndef RKM_DP_INCLUDED
+#define RKM_DP_INCLUDED
+
+typedef struct rkm__dp_option {
+    double tf, tb;   /* forward and backward time */
+    int32_t kept;    /* slots kept from F_k to B_k, besides x_{i-1} and x_i */
+    int32_t pf, pb;  /* peak slots of F_k and B_k (see above) */
+} rkm__dp_option;
+
+typedef struct rkm__dp_block {
+    int32_t in_sz;   /* slots of x_{i-1}; must be 0 for the first block */
+    int32_t g_out;   /* slots of grad(x_i); must be 0 for the last block */
+    int32_t pfn;     /* peak of the no-save forward, counting x_{i-1} and x_i */
+    double tfn;      /* time of the no-save forward */
+    int32_t n_opt;
+    const rkm__dp_option *opt;
+} rkm__dp_block;
+
+enum {
+    RKM__DP_FWD_OPT,    /* F_k of `block`, k = `option` */
+    RKM__DP_BWD_OPT,    /* B_k of `block` (the last block's includes the loss step) */
+    RKM__DP_FWD_NOSAVE, /* no-save forward of `block`: only x_block is left */
+    RKM__DP_FREE_OUT    /* free x_block, the output of `block` */
+};
+
+typedef struct rkm__dp_op {
+    int32_t kind, block, option; /* option: -1 unless FWD_OPT or BWD_OPT */
+} rkm__dp_op;
+
+typedef struct rkm__dp_ops {
+    rkm__dp_op *v;
+    size_t n, cap;
+} rkm__dp_ops;
+
+/* Decisions: an option index, RKM__DP_CKPT + j, or RKM__DP_NONE. */
+#define RKM__DP_CKPT 0x8000u
+#define RKM__DP_NONE 0xFFFFu
+#define RKM__DP_MAX_OPT 0x7FFF
+#define RKM__DP_MAX_BLOCKS 0x7FFE
+/* "No m is enough"; far from overflow when a few slot counts are added. */
+#define RKM__DP_INF_SLOTS (INT64_MAX / 4)
+
+typedef struct rkm__dp_table {
+    int32_t n, M;
+    size_t row;      /* M + 1 cells per pair (a, b) */
+    double *cost;    /* Opt(a, b, m) at [rkm__dp_pair(n, a, b) * row + m] */
+    uint16_t *dec;   /* the decision of the same cell */
+    int64_t *lo;     /* per pair: least feasible m (may exceed M) */
+    int32_t *hi;     /* per pair: cost and decision are constant for m >= hi */
+} rkm__dp_table;
+
+/* ---- the model ---------------------------------------------------------- */
+
+static int64_t rkm__dp_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t rkm__dp_min(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Slots of x_i (0 for the last block's output, the loss). */
+static int64_t rkm__dp_out(const rkm__dp_block *bl, int32_t n, int32_t i)
+{
+    return i + 1 < n ? bl[i + 1].in_sz : 0;
+}
+
+/* Slots of grad(x_{i-1}), which B of block i leaves. */
+static int64_t rkm__dp_gin(const rkm__dp_block *bl, int32_t i) { return i > 0 ? bl[i - 1].g_out : 0; }
+
+static int64_t rkm__dp_pfn(const rkm__dp_block *bl, int32_t n, int32_t i)
+{
+    return rkm__dp_max(bl[i].pfn, bl[i].in_sz + rkm__dp_out(bl, n, i));
+}
+
+static int64_t rkm__dp_pf(const rkm__dp_block *bl, int32_t n, int32_t i, int32_t k)
+{
+    const rkm__dp_option *o = &bl[i].opt[k];
+    return rkm__dp_max(o->pf, bl[i].in_sz + rkm__dp_out(bl, n, i) + o->kept);
+}
+
+static int64_t rkm__dp_pb(const rkm__dp_block *bl, int32_t n, int32_t i, int32_t k)
+{
+    const rkm__dp_option *o = &bl[i].opt[k];
+    int64_t start = bl[i].in_sz + rkm__dp_out(bl, n, i) + o->kept + bl[i].g_out;
+    return rkm__dp_max(o->pb, rkm__dp_max(start, bl[i].in_sz + rkm__dp_gin(bl, i)));
+}
+
+static int rkm__dp_time_ok(double t) { return isfinite(t) && t >= 0; }
+
+static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32_t n)
+{
+    if (!bl || n < 1 || n > RKM__DP_MAX_BLOCKS)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: %d blocks (1 to %d)", (int)n, RKM__DP_MAX_BLOCKS);
+    if (bl[0].in_sz != 0 || bl[n - 1].g_out != 0)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: the first block's input and the last block's "
+                                                 "output gradient must have 0 slots");
+    for (int32_t i = 0; i < n; i++) {
+        const rkm__dp_block *b = &bl[i];
+        int bad = b->in_sz < 0 || b->g_out < 0 || b->pfn < 0 || !rkm__dp_time_ok(b->tfn) || b->n_opt < 0 ||
+                  b->n_opt > RKM__DP_MAX_OPT || (b->n_opt > 0 && !b->opt);
+        for (int32_t k = 0; !bad && k < b->n_opt; k++) {
+            const rkm__dp_option *o = &b->opt[k];
+            bad = o->kept < 0 || o->pf < 0 || o->pb < 0 || !rkm__dp_time_ok(o->tf) || !rkm__dp_time_ok(o->tb);
+        }
+        if (bad) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: block %d: negative, NaN or infinite value, "
+                                                          "or bad option list", (int)i);
+    }
+    return RKM_OK;
+}
+
+/* The state of a block-level schedule being replayed. */
+typedef struct rkm__dp_state {
+    uint8_t *x;      /* x[i]: x_i live */
+    int32_t *kept;   /* kept[i]: 1 + the option whose kept state of block i is live, or 0 */
+    int32_t front;   /* blocks > front have run their backward; grad(x_front) is live */
+    int64_t mem, peak;
+    double time;
+} rkm__dp_state;
+
+/* The start of a step: nothing live (x_{-1} is empty), no backward done. */
+static void rkm__dp_state_reset(rkm__dp_state *s, int32_t n)
+{
+    memset(s->x, 0, (size_t)n);
+    memset(s->kept, 0, (size_t)n * sizeof *s->kept);
+    s->front = n - 1;
+    s->mem = s->peak = 0;
+    s->time = 0;
+}
+
+static int rkm__dp_fwd_ok(const rkm__dp_state *s, int32_t i)
+{
+    /* x_i must not exist twice, and a block with live kept state cannot run
+     * forward again (its kept tensors would be made a second time). Forward
+     * work on a block whose backward is done is useless; refusing it keeps
+     * exhaustive searches small. */
+    return (i == 0 || s->x[i - 1]) && !s->x[i] && !s->kept[i] && s->front >= i;
+}
+
+/* Apply one op to s. Returns NULL and updates s (time, memory, peak), or says
+ * which precondition fails and leaves s unchanged. */
+static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_state *s, const rkm__dp_op *op)
+{
+    int32_t i = op->block, k = op->option;
+    if (i < 0 || i >= n) return "block out of range";
+    int64_t in = bl[i].in_sz, out = rkm__dp_out(bl, n, i), peak, mem;
+    double t;
+    switch (op->kind) {
+    case RKM__DP_FWD_OPT:
+        if (k < 0 || k >= bl[i].n_opt) return "option out of range";
+        /* fall through */
+    case RKM__DP_FWD_NOSAVE: {
+        int save = op->kind == RKM__DP_FWD_OPT;
+        if (!rkm__dp_fwd_ok(s, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
+        peak = s->mem - in + (save ? rkm__dp_pf(bl, n, i, k) : rkm__dp_pfn(bl, n, i));
+        mem = s->mem + out + (save ? bl[i].opt[k].kept : 0);
+        t = save ? bl[i].opt[k].tf : bl[i].tfn;
+        s->x[i] = 1;
+        s->kept[i] = save ? k + 1 : 0;
+        break;
+    }
+    case RKM__DP_BWD_OPT:
+        if (s->front != i || s->kept[i] != k + 1 || k < 0 || (i > 0 && !s->x[i - 1]) || !s->x[i])
+            return "backward needs grad(x_i), x_{i-1}, x_i and the option's kept state";
+        peak = s->mem - (in + out + bl[i].opt[k].kept + bl[i].g_out) + rkm__dp_pb(bl, n, i, k);
+        mem = s->mem - out - bl[i].opt[k].kept - bl[i].g_out + rkm__dp_gin(bl, i);
+        t = bl[i].opt[k].tb;
+        s->x[i] = 0;
+        s->kept[i] = 0;
+        s->front = i - 1;
+        break;
+    case RKM__DP_FREE_OUT:
+        /* x_i is pinned while block i or block i+1 holds kept state: their
+         * backward reads it and no forward may remake it meanwhile. */
+        if (!s->x[i] || s->kept[i] || (i + 1 < n && s->kept[i + 1])) return "free needs x_i live and not pinned";
+        peak = s->mem;
+        mem = s->mem - out;
+        t = 0;
+        s->x[i] = 0;
+        break;
+    default:
+        return "unknown op kind";
+    }
+    s->mem = mem;
+    s->peak = rkm__dp_max(s->peak, peak);
+    s->time += t;
+    return NULL;
+}
+
+static void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o)
+{
+    rkm__free(ctx, o->v, o->cap * sizeof *o->v);
+    o->v = NULL;
+    o->n = o->cap = 0;
+}
+
+static int rkm__dp_ops_push(rkm_context *ctx, rkm__dp_ops *o, int32_t kind, int32_t block, int32_t option)
+{
+    if (!rkm__reserve(ctx, (void **)&o->v, &o->cap, o->n + 1, sizeof *o->v)) return 0;
+    o->v[o->n++] = (rkm__dp_op){kind, block, option};
+    return 1;
+}
+
+/* Replay a whole schedule from the start of a step: *time and *peak (slots).
+ * RKM_ERROR_PLAN names the first op whose preconditions fail, or a schedule
+ * that does not end with every backward done and nothing live. */
+static rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops,
+                               double *time, int64_t *peak)
+{
+    rkm_result r = rkm__dp_check(ctx, bl, n);
+    if (r != RKM_OK) return r;
+    rkm__dp_state s;
+    s.x = rkm__alloc(ctx, (size_t)n);
+    s.kept = rkm__calloc(ctx, (size_t)n, sizeof *s.kept);
+    if (!s.x || !s.kept) {
+        r = rkm__nomem(ctx, "chain DP evaluation");
+        goto done;
+    }
+    rkm__dp_state_reset(&s, n);
+    for (size_t i = 0; i < ops->n; i++) {
+        const char *why = rkm__dp_apply(bl, n, &s, &ops->v[i]);
+        if (why) {
+            r = rkm__err(ctx, RKM_ERROR_PLAN, "block schedule op %zu (kind %d, block %d): %s", i,
+                         (int)ops->v[i].kind, (int)ops->v[i].block, why);
+            goto done;
+        }
+    }
+    if (s.front != -1 || s.mem != 0) {
+        r = rkm__err(ctx, RKM_ERROR_PLAN, "block schedule ends with backward not done or memory live");
+        goto done;
+    }
+    *time = s.time;
+    *peak = s.peak;
+done:
+    rkm__free(ctx, s.x, (size_t)n);
+    rkm__free(ctx, s.kept, (size_t)n * sizeof *s.kept);
+    return r;
+}
+
+/* ---- the table ---------------------------------------------------------- */
+
+static size_t rkm__dp_pair(int32_t n, int32_t a, int32_t b)
+{
+    return (size_t)a * (size_t)n - (size_t)a * (size_t)(a - 1) / 2 + (size_t)(b - a);
+}
+
+static size_t rkm__dp_pairs(int32_t n) { return (size_t)n * (size_t)(n + 1) / 2; }
+
+static int64_t rkm__dp_add(int64_t a, int64_t b) { return rkm__dp_min(a + b, RKM__DP_INF_SLOTS); }
+
+/* Peak requirement of the no-save run a..j-1 of a checkpoint j, given the
+ * requirement `need` up to j-1 (pass 0 for j = a+1). */
+static int64_t rkm__dp_need(const rkm__dp_block *bl, int32_t n, int32_t a, int32_t b, int32_t j, int64_t need)
+{
+    int64_t gb = bl[b].g_out;
+    if (j == a + 1) return rkm__dp_pfn(bl, n, a) + gb;
+    return rkm__dp_max(need, bl[a].in_sz + rkm__dp_pfn(bl, n, j - 1) + gb);
+}
+
+/* Least feasible m of every pair (the same recurrence on feasibility only). */
+static void rkm__dp_fill_lo(const rkm__dp_block *bl, int32_t n, int64_t *lo)
+{
+    for (int32_t a = n - 1; a >= 0; a--) {
+        for (int32_t b = a; b < n; b++) {
+            int64_t gb = bl[b].g_out, ina = bl[a].in_sz, best = RKM__DP_INF_SLOTS, need = 0;
+            for (int32_t k = 0; k < bl[a].n_opt; k++) {
+                int64_t st = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k));
+                if (a < b) st = rkm__dp_max(st, rkm__dp_add(lo[rkm__dp_pair(n, a + 1, b)], ina + bl[a].opt[k].kept));
+                best = rkm__dp_min(best, st);
+            }
+            for (int32_t j = a + 1; j <= b; j++) {
+                need = rkm__dp_need(bl, n, a, b, j, need);
+                int64_t st = rkm__dp_max(need, rkm__dp_add(lo[rkm__dp_pair(n, j, b)], ina));
+                best = rkm__dp_min(best, rkm__dp_max(st, lo[rkm__dp_pair(n, a, j - 1)]));
+            }
+            lo[rkm__dp_pair(n, a, b)] = best;
+        }
+    }
+}
+
+/* The least M with Opt(1, n, M) finite; RKM_ERROR_BUDGET when there is none
+ * (a block without options). */
+static rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min)
+{
+    rkm_result r = rkm__dp_check(ctx, bl, n);
+    if (r != RKM_OK) return r;
+    int64_t *lo = rkm__calloc(ctx, rkm__dp_pairs(n), sizeof *lo);
+    if (!lo) return rkm__nomem(ctx, "chain DP");
+    rkm__dp_fill_lo(bl, n, lo);
+    *min = lo[rkm__dp_pair(n, 0, n - 1)];
+    rkm__free(ctx, lo, rkm__dp_pairs(n) * sizeof *lo);
+    if (*min >= RKM__DP_INF_SLOTS) return rkm__err(ctx, RKM_ERROR_BUDGET, "chain DP: a block has no option");
+    return RKM_OK;
+}
+
+/* One candidate of a cell (a, b, m): cost base + r1[m - sh] (+ r2[m]) for
+ * m >= start, constant for m >= cf. r1 NULL: cost base. */
+typedef struct rkm__dp_cand {
+    int64_t start, cf, sh;
+    double base;
+    const double *r1, *r2;
+    uint16_t dec;
+} rkm__dp_cand;
+
+static const double *rkm__dp_row(const rkm__dp_table *t, int32_t a, int32_t b)
+{
+    return t->cost + rkm__dp_pair(t->n, a, b) * t->row;
+}
+
+/* The feasible candidates of pair (a, b), in tie-breaking order. */
+static size_t rkm__dp_cands(const rkm__dp_block *bl, const rkm__dp_table *t, int32_t a, int32_t b,
+                            rkm__dp_cand *c)
+{
+    int32_t n = t->n;
+    int64_t gb = bl[b].g_out, ina = bl[a].in_sz, need = 0;
+    size_t nc = 0;
+    for (int32_t k = 0; k < bl[a].n_opt; k++) {
+        const rkm__dp_option *o = &bl[a].opt[k];
+        rkm__dp_cand x = {rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), 0, ina + o->kept,
+                          o->tf + o->tb, NULL, NULL, (uint16_t)k};
+        if (a < b) {
+            size_t p = rkm__dp_pair(n, a + 1, b);
+            x.start = rkm__dp_max(x.start, rkm__dp_add(t->lo[p], x.sh));
+            x.cf = rkm__dp_add(t->hi[p], x.sh);
+            x.r1 = rkm__dp_row(t, a + 1, b);
+        }
+        x.cf = rkm__dp_max(x.cf, x.start);
+        if (x.start <= t->M) c[nc++] = x;
+    }
+    double tsum = 0;
+    for (int32_t j = a + 1; j <= b; j++) {
+        need = rkm__dp_need(bl, n, a, b, j, need);
+        tsum += bl[j - 1].tfn;
+        size_t p1 = rkm__dp_pair(n, j, b), p2 = rkm__dp_pair(n, a, j - 1);
+        rkm__dp_cand x = {rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], ina), t->lo[p2])), 0, ina, tsum,
+                          rkm__dp_row(t, j, b), rkm__dp_row(t, a, j - 1), (uint16_t)(RKM__DP_CKPT + (unsigned)j)};
+        x.cf = rkm__dp_max(x.start, rkm__dp_max(rkm__dp_add(t->hi[p1], ina), t->hi[p2]));
+        if (x.start <= t->M) c[nc++] = x;
+    }
+    return nc;
+}
+
+/* best[m] = min(best[m], candidate(m)) for m in [c->start, hi]; a strict
+ * comparison keeps the earlier candidate on ties. Branch-free bodies so
+ * that compilers can use conditional moves or vectors. */
+static void rkm__dp_relax(const rkm__dp_cand *c, int32_t hi, double *best, uint16_t *dec)
+{
+    int32_t m0 = (int32_t)c->start, sh = (int32_t)c->sh;
+    uint16_t d = c->dec;
+    if (!c->r1) {
+        for (int32_t m = m0; m <= hi; m++) {
+            int lt = c->base < best[m];
+            best[m] = lt ? c->base : best[m];
+            dec[m] = lt ? d : dec[m];
+        }
+    } else if (!c->r2) {
+        const double *r1 = c->r1 + (m0 - sh);
+        for (int32_t m = m0; m <= hi; m++) {
+            double v = c->base + r1[m - m0];
+            int lt = v < best[m];
+            best[m] = lt ? v : best[m];
+            dec[m] = lt ? d : dec[m];
+        }
+    } else {
+        const double *r1 = c->r1 + (m0 - sh), *r2 = c->r2;
+        for (int32_t m = m0; m <= hi; m++) {
+            double v = c->base + r1[m - m0] + r2[m];
+            int lt = v < best[m];
+            best[m] = lt ? v : best[m];
+            dec[m] = lt ? d : dec[m];
+        }
+    }
+}
+
+/* Fill the row of pair (a, b); cands is scratch for n_opt + n candidates. */
+static void rkm__dp_solve_pair(const rkm__dp_block *bl, rkm__dp_table *t, int32_t a, int32_t b, rkm__dp_cand *cands)
+{
+    size_t p = rkm__dp_pair(t->n, a, b), nc = rkm__dp_cands(bl, t, a, b, cands);
+    double *best = t->cost + p * t->row;
+    uint16_t *dec = t->dec + p * t->row;
+    /* Past the largest cf every candidate is constant, so the row is. */
+    int64_t h = 0;
+    for (size_t i = 0; i < nc; i++) h = rkm__dp_max(h, cands[i].cf);
+    int32_t hi = (int32_t)rkm__dp_min(h, t->M);
+    for (int32_t m = 0; m <= hi; m++) {
+        best[m] = INFINITY;
+        dec[m] = RKM__DP_NONE;
+    }
+    for (size_t i = 0; i < nc; i++) rkm__dp_relax(&cands[i], hi, best, dec);
+    for (int32_t m = hi + 1; m <= t->M; m++) {
+        best[m] = best[hi];
+        dec[m] = dec[hi];
+    }
+    t->hi[p] = hi;
+}
+
+static void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t)
+{
+    size_t pairs = t->n > 0 ? rkm__dp_pairs(t->n) : 0, cells = pairs * t->row;
+    rkm__free(ctx, t->cost, cells * sizeof *t->cost);
+    rkm__free(ctx, t->dec, cells * sizeof *t->dec);
+    rkm__free(ctx, t->lo, pairs * sizeof *t->lo);
+    rkm__free(ctx, t->hi, pairs * sizeof *t->hi);
+    memset(t, 0, sizeof *t);
+}
+
+/* Opt(a, b, m) for every pair and every m in 0..M (0-based blocks). */
+static rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t)
+{
+    memset(t, 0, sizeof *t);
+    rkm_result r = rkm__dp_check(ctx, bl, n);
+    if (r != RKM_OK) return r;
+    if (M < 0 || M == INT32_MAX) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: %d slots", (int)M);
+    size_t pairs = rkm__dp_pairs(n), row = (size_t)M + 1, max_opt = 0;
+    if (pairs > SIZE_MAX / row / sizeof(double)) return rkm__nomem(ctx, "chain DP table");
+    for (int32_t i = 0; i < n; i++) max_opt = bl[i].n_opt > (int32_t)max_opt ? (size_t)bl[i].n_opt : max_opt;
+    size_t ncand = max_opt + (size_t)n;
+    t->n = n;
+    t->M = M;
+    t->row = row;
+    t->cost = rkm__alloc(ctx, pairs * row * sizeof *t->cost);
+    t->dec = rkm__alloc(ctx, pairs * row * sizeof *t->dec);
+    t->lo = rkm__alloc(ctx, pairs * sizeof *t->lo);
+    t->hi = rkm__alloc(ctx, pairs * sizeof *t->hi);
+    rkm__dp_cand *cands = rkm__alloc(ctx, ncand * sizeof *cands);
+    if (!t->cost || !t->dec || !t->lo || !t->hi || !cands) {
+        rkm__free(ctx, cands, ncand * sizeof *cands);
+        rkm__dp_table_free(ctx, t);
+        return rkm__nomem(ctx, "chain DP table");
+    }
+    rkm__dp_fill_lo(bl, n, t->lo);
+    for (int32_t a = n - 1; a >= 0; a--)
+        for (int32_t b = a; b < n; b++) rkm__dp_solve_pair(bl, t, a, b, cands);
+    rkm__free(ctx, cands, ncand * sizeof *cands);
+    return RKM_OK;
+}
+
+/* Opt(a, b, m); INFINITY when infeasible. */
+static double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
+{
+    return rkm__dp_row(t, a, b)[m];
+}
+
+/* ---- schedules ---------------------------------------------------------- */
+
+/* Reconstruction work item: an op to emit (kind >= 0; a = block, b = option)
+ * or a segment (kind -1; Opt(a, b, m)). */
+typedef struct rkm__dp_task {
+    int32_t kind, a, b, m;
+} rkm__dp_task;
+
+typedef struct rkm__dp_stack {
+    rkm__dp_task *v;
+    size_t n, cap;
+} rkm__dp_stack;
+
+static int rkm__dp_push(rkm_context *ctx, rkm__dp_stack *s, int32_t kind, int32_t a, int32_t b, int32_t m)
+{
+    if (!rkm__reserve(ctx, (void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return 0;
+    s->v[s->n++] = (rkm__dp_task){kind, a, b, m};
+    return 1;
+}
+
+/* Push the work of cell (a, b, m) in reverse order of execution. */
+static int rkm__dp_expand(rkm_context *ctx, const rkm__dp_block *bl, const rkm__dp_table *t, rkm__dp_stack *s,
+                          rkm__dp_task seg)
+{
+    int32_t a = seg.a, b = seg.b, m = seg.m;
+    unsigned d = t->dec[rkm__dp_pair(t->n, a, b) * t->row + (size_t)m];
+    if (d < RKM__DP_CKPT) {
+        int32_t k = (int32_t)d;
+        return rkm__dp_push(ctx, s, RKM__DP_BWD_OPT, a, k, 0) &&
+               (a == b || rkm__dp_push(ctx, s, -1, a + 1, b, m - bl[a].in_sz - bl[a].opt[k].kept)) &&
+               rkm__dp_push(ctx, s, RKM__DP_FWD_OPT, a, k, 0);
+    }
+    int32_t j = (int32_t)(d - RKM__DP_CKPT);
+    if (!rkm__dp_push(ctx, s, -1, a, j - 1, m) || !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, j - 1, -1, 0) ||
+        !rkm__dp_push(ctx, s, -1, j, b, m - bl[a].in_sz))
+        return 0;
+    for (int32_t i = j - 1; i >= a; i--)
+        if ((i > a && !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, i - 1, -1, 0)) ||
+            !rkm__dp_push(ctx, s, RKM__DP_FWD_NOSAVE, i, -1, 0))
+            return 0;
+    return 1;
+}
+
+/* The schedule of Opt(1, n, m) from a table solved with M >= m, appended to
+ * *ops (which the caller frees). RKM_ERROR_BUDGET if infeasible at m. */
+static rkm_result rkm__dp_schedule(rkm_context *ctx, const rkm__dp_block *bl, const rkm__dp_table *t, int32_t m,
+                                   rkm__dp_ops *ops)
+{
+    if (m < 0 || m > t->M) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: %d slots outside the table", (int)m);
+    if (!isfinite(rkm__dp_opt(t, 0, t->n - 1, m)))
+        return rkm__err(ctx, RKM_ERROR_BUDGET, "chain DP: no schedule fits %d slots", (int)m);
+    rkm__dp_stack s = {NULL, 0, 0};
+    rkm_result r = RKM_OK;
+    if (!rkm__dp_push(ctx, &s, -1, 0, t->n - 1, m)) r = rkm__nomem(ctx, "chain DP schedule");
+    while (r == RKM_OK && s.n > 0) {
+        rkm__dp_task x = s.v[--s.n];
+        int ok = x.kind < 0 ? rkm__dp_expand(ctx, bl, t, &s, x) : rkm__dp_ops_push(ctx, ops, x.kind, x.a, x.b);
+        if (!ok) r = rkm__nomem(ctx, "chain DP schedule");
+    }
+    rkm__free(ctx, s.v, s.cap * sizeof *s.v);
+    return r;
+}
+
+/* The option the sqrt schedule uses: least tf + tb, then least kept, then
+ * first (for the planner's option sets, "keep everything"). -1 if none. */
+static int32_t rkm__dp_fastest(const rkm__dp_block *b)
+{
+    int32_t best = -1;
+    for (int32_t k = 0; k < b->n_opt; k++) {
+        const rkm__dp_option *o = &b->opt[k], *p = best >= 0 ? &b->opt[best] : NULL;
+        double t = o->tf + o->tb, tp = p ? p->tf + p->tb : 0;
+        if (!p || t < tp || (t == tp && o->kept < p->kept)) best = k;
+    }
+    return best;
+}
+
+/* Chen et al.'s schedule: segments of ceil(sqrt(n)) blocks; a no-save forward
+ * keeps only segment inputs; then, from the last segment back, forward with
+ * the fastest option through the segment and backward through it. */
+static rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
+{
+    rkm_result r = rkm__dp_check(ctx, bl, n);
+    if (r != RKM_OK) return r;
+    for (int32_t i = 0; i < n; i++)
+        if (bl[i].n_opt == 0) return rkm__err(ctx, RKM_ERROR_BUDGET, "chain DP: block %d has no option", (int)i);
+    int32_t seg = 1;
+    while ((int64_t)seg * seg < n) seg++;
+    int32_t last = (n - 1) / seg * seg; /* first block of the last segment */
+    int ok = 1;
+    for (int32_t i = 0; ok && i < last; i++) {
+        ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FWD_NOSAVE, i, -1);
+        if (ok && i % seg != 0) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FREE_OUT, i - 1, -1);
+    }
+    for (int32_t s0 = last; ok && s0 >= 0; s0 -= seg) {
+        int32_t s1 = s0 + seg < n ? s0 + seg : n;
+        if (s0 < last) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FREE_OUT, s1 - 1, -1);
+        for (int32_t i = s0; ok && i < s1; i++) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FWD_OPT, i, rkm__dp_fastest(&bl[i]));
+        for (int32_t i = s1 - 1; ok && i >= s0; i--) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_BWD_OPT, i, rkm__dp_fastest(&bl[i]));
+    }
+    return ok ? RKM_OK : rkm__nomem(ctx, "sqrt schedule");
+}
+
+#endif /* RKM_DP_INCLUDED */
