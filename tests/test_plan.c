@@ -1,0 +1,219 @@
+/* Planner tests over the bundled graphs: structure, validity, budgets,
+ * monotonicity, and the algorithms against each other. */
+#include "../rockmate.c"
+#include "test.h"
+
+static const char *const graphs[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16", "multi-output",
+                                     "peer-gpt", "random30", "resnet18-like-b32"};
+#define N_GRAPHS (sizeof graphs / sizeof graphs[0])
+
+static rkm_graph *load(rkm_context *ctx, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, name);
+    rkm_graph *g = NULL;
+    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+    return g;
+}
+
+/* On the GPT-2 shaped graphs every transformer layer is two blocks (the
+ * attention half and the MLP half) and all layers share two classes. */
+TEST(gpt2_layers_fall_into_two_classes)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    const char *names[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024"};
+    for (int k = 0; k < 3; k++) {
+        rkm_graph *g = load(ctx, names[k]);
+        CHECK(g != NULL);
+        if (!g) continue;
+        int32_t attn = -1, mlp = -1, layers = 0;
+        for (int32_t b = 0; b < g->n_blocks; b++) {
+            rkm_block_info bi;
+            CHECK(rkm_graph_block_info(g, b, &bi) == RKM_OK);
+            const char *first = g->ops[bi.ops[0]].name;
+            const char *dot = strchr(first, '.');
+            if (first[0] != 'h' || !dot) continue;
+            if (strcmp(dot, ".ln1") == 0) {
+                if (attn < 0) attn = bi.class_id;
+                CHECK(bi.class_id == attn);
+                CHECK(bi.n_ops == 5);
+                layers++;
+            } else if (strcmp(dot, ".ln2") == 0) {
+                if (mlp < 0) mlp = bi.class_id;
+                CHECK(bi.class_id == mlp);
+                CHECK(bi.n_ops == 5);
+            } else
+                CHECK(!"a block starts inside a layer");
+        }
+        CHECK(attn >= 0 && mlp >= 0 && attn != mlp);
+        CHECK(layers == (k == 0 ? 2 : k == 1 ? 12 : 48));
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* Every block boundary is a separator: removing it disconnects the loss. */
+TEST(block_boundaries_are_separators)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    for (size_t k = 0; k < N_GRAPHS; k++) {
+        rkm_graph *g = load(ctx, graphs[k]);
+        CHECK(g != NULL);
+        if (!g) continue;
+        uint8_t *reach = malloc(g->n_tensors + 1);
+        int32_t covered = 0;
+        for (int32_t b = 0; b < g->n_blocks; b++) {
+            const rkm__block *x = &g->blocks[b];
+            covered += x->n_ops;
+            CHECK(b == 0 || x->ops[0] == g->blocks[b - 1].ops[g->blocks[b - 1].n_ops - 1] + 1);
+            if (b + 1 < g->n_blocks) {
+                CHECK(x->out != g->loss && g->tensors[x->out].has_grad);
+                CHECK(!rkm__reaches_loss_without(g, x->out, reach));
+                CHECK(g->tensors[x->out].producer == x->ops[x->n_ops - 1]);
+            } else
+                CHECK(x->out == g->loss);
+        }
+        CHECK(covered == (int32_t)g->n_ops);
+        free(reach);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* A graph with no separator is one block. */
+TEST(no_separator_is_one_block)
+{
+    /* Paths from the first ops f and f2: f-a-g-b-k, f-a-k, f2-a2-g-b-k: no
+     * tensor lies on all of them. */
+    static const char text[] = "rockmate-graph 1\n"
+                               "tensor x 8 input\ntensor a 16\ntensor a2 16\ntensor b 16\ntensor l 4\n"
+                               "op f fwd=1 bwd=1 in=x out=a\nop f2 fwd=1 bwd=1 in=x out=a2\n"
+                               "op g fwd=1 bwd=1 in=a,a2 out=b saved=a,a2\nop k fwd=1 bwd=1 in=b,a out=l saved=b\nloss l\n";
+    rkm_context *ctx;
+    rkm_graph *g;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    CHECK(rkm_graph_read_string(ctx, text, sizeof text - 1, "t", &g) == RKM_OK);
+    rkm_graph_stats st;
+    CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
+    CHECK(st.blocks == 1 && st.block_classes == 1);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+static const rkm_algo chain_algos[] = {RKM_ALGO_NONE, RKM_ALGO_SQRT, RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE};
+
+/* Every plan of every algorithm on every graph at 100..30 % is valid and
+ * within budget, or the budget is refused naming a floor above it; and the
+ * overhead never grows with the budget. */
+TEST(plans_valid_within_budget_and_monotone)
+{
+    static const int pcts[] = {30, 40, 50, 60, 80, 100};
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    for (size_t k = 0; k < N_GRAPHS; k++) {
+        rkm_graph *g = load(ctx, graphs[k]);
+        CHECK(g != NULL);
+        if (!g) continue;
+        rkm_graph_stats gs;
+        CHECK(rkm_graph_stats_get(g, &gs) == RKM_OK);
+        for (size_t a = 0; a < sizeof chain_algos / sizeof chain_algos[0]; a++) {
+            rkm_solve_desc d = {0};
+            d.algo = chain_algos[a];
+            rkm_planner *pl;
+            rkm_result r = rkm_planner_create(g, &d, &pl);
+#ifdef RKM_OMIT_SOLVER
+            if (r == RKM_ERROR_UNSUPPORTED) continue;
+#endif
+            CHECK(r == RKM_OK);
+            if (r) continue;
+            uint64_t min;
+            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK);
+            CHECK(min >= gs.lower_bound && min <= (d.algo == RKM_ALGO_SQRT ? UINT64_MAX : gs.baseline_peak));
+            double prev = INFINITY;
+            for (size_t i = 0; i < sizeof pcts / sizeof pcts[0]; i++) {
+                uint64_t budget = gs.baseline_peak / 100 * (uint64_t)pcts[i];
+                if (pcts[i] == 100) budget = gs.baseline_peak;
+                rkm_plan *p;
+                r = rkm_planner_solve(pl, budget, &p);
+                if (budget < min) {
+                    CHECK(r == RKM_ERROR_BUDGET);
+                    CHECK(strstr(rkm_context_errmsg(ctx), "smallest") != NULL);
+                    continue;
+                }
+                CHECK(r == RKM_OK);
+                if (r) {
+                    fprintf(stderr, "%s %s %d%%: %s\n", graphs[k], rkm_algo_name(d.algo), pcts[i], rkm_context_errmsg(ctx));
+                    continue;
+                }
+                rkm_sim_result res;
+                CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK);
+                CHECK(res.valid && res.peak <= budget);
+                rkm_plan_stats ps;
+                CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+                CHECK(ps.peak == res.peak && ps.time == res.time && ps.algo == d.algo);
+                CHECK(ps.overhead <= prev);
+                prev = ps.overhead;
+                rkm_plan_destroy(p);
+            }
+            /* The smallest budget really is met. */
+            rkm_plan *p;
+            CHECK(rkm_planner_solve(pl, min, &p) == RKM_OK);
+            rkm_plan_destroy(p);
+            rkm_planner_destroy(pl);
+        }
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* rotor never beats rockmate: rockmate's options include rotor's. */
+TEST(rockmate_never_worse_than_rotor)
+{
+#ifndef RKM_OMIT_SOLVER
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    for (size_t k = 0; k < N_GRAPHS; k++) {
+        rkm_graph *g = load(ctx, graphs[k]);
+        CHECK(g != NULL);
+        if (!g) continue;
+        rkm_graph_stats gs;
+        CHECK(rkm_graph_stats_get(g, &gs) == RKM_OK);
+        rkm_solve_desc dr = {0}, dm = {0};
+        dr.algo = RKM_ALGO_ROTOR;
+        dm.algo = RKM_ALGO_ROCKMATE;
+        rkm_planner *pr, *pm;
+        CHECK(rkm_planner_create(g, &dr, &pr) == RKM_OK);
+        CHECK(rkm_planner_create(g, &dm, &pm) == RKM_OK);
+        uint64_t minr, minm;
+        CHECK(rkm_planner_min_budget(pr, &minr) == RKM_OK && rkm_planner_min_budget(pm, &minm) == RKM_OK);
+        CHECK(minm <= minr);
+        for (int pct = 20; pct <= 100; pct += 5) {
+            uint64_t budget = gs.baseline_peak / 100 * (uint64_t)pct;
+            rkm_plan *a = NULL, *b = NULL;
+            rkm_result ra = rkm_planner_solve(pr, budget, &a), rb = rkm_planner_solve(pm, budget, &b);
+            if (ra == RKM_OK) {
+                CHECK(rb == RKM_OK);
+                if (rb == RKM_OK) CHECK(b->stats.time <= a->stats.time);
+            }
+            rkm_plan_destroy(a);
+            rkm_plan_destroy(b);
+        }
+        rkm_planner_destroy(pr);
+        rkm_planner_destroy(pm);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+#endif
+}
+
+int main(void)
+{
+    RUN(gpt2_layers_fall_into_two_classes);
+    RUN(block_boundaries_are_separators);
+    RUN(no_separator_is_one_block);
+    RUN(plans_valid_within_budget_and_monotone);
+    RUN(rockmate_never_worse_than_rotor);
+    TEST_END();
+}
