@@ -2358,8 +2358,17 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
 /* ===========================================================================
  * 9. Block ILP (lp_solve)
  * ========================================================================= */
-#ifndef RKM_OMIT_SOLVER
+/* Until the ILP section is folded in, it is built only with RKM_ILP_READY. */
+#ifdef RKM_ILP_READY
 #include "wip/ilp.c"
+#else
+typedef struct rkm__ilp_stats {
+    int32_t solves, optimal, suboptimal, infeasible, timeout, failed;
+    double seconds;
+} rkm__ilp_stats;
+#endif
+#if !defined(RKM_ILP_READY) && !defined(RKM_OMIT_SOLVER)
+#define RKM__NO_ILP 1
 #endif
 
 #include "wip/dp.c"
@@ -2388,11 +2397,28 @@ struct rkm_planner {
     rkm__dp_option *dpo;
     size_t n_dpo;
     rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
-    rkm_plan_stats stats;    /* ILP counters and timings */
-#ifndef RKM_OMIT_SOLVER
-    rkm__ilp_stats ilp;
-#endif
+    rkm_plan_stats stats;    /* timings */
+    rkm__ilp_stats ilp;      /* ILP counters */
 };
+
+/* The planner's figures so far, ILP counters included. */
+static void rkm__planner_figures(const rkm_planner *pl, rkm_plan_stats *st)
+{
+    *st = pl->stats;
+    st->algo = pl->d.algo;
+    st->baseline_peak = pl->base_peak;
+    st->baseline_time = pl->base_time;
+    st->blocks = pl->g->n_blocks;
+    st->block_classes = pl->g->n_classes;
+    st->options = (int32_t)pl->n_dpo;
+    st->ilp_solves = pl->ilp.solves;
+    st->ilp_optimal = pl->ilp.optimal;
+    st->ilp_suboptimal = pl->ilp.suboptimal;
+    st->ilp_infeasible = pl->ilp.infeasible;
+    st->ilp_timeout = pl->ilp.timeout;
+    st->ilp_failed = pl->ilp.failed;
+    st->ilp_seconds = pl->ilp.seconds;
+}
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
@@ -2463,7 +2489,7 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 static double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-#ifndef RKM_OMIT_SOLVER
+#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
 /* Memory a block's ops need at least (relative to the inputs): the block
  * input stays live throughout, plus the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
@@ -2543,7 +2569,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     rkm__sim s;
     rkm_result r = rkm__sim_init(g, &s);
     for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
-#ifndef RKM_OMIT_SOLVER
+#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
     if (pl->d.algo == RKM_ALGO_ROCKMATE)
         for (int32_t c = 0; c < g->n_classes && !r; c++) r = rkm__class_options(pl, &s, c);
 #endif
@@ -2635,8 +2661,7 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
         return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan peaks at %llu bytes, over the budget of %llu",
                         rkm_algo_name(pl->d.algo), (unsigned long long)res.peak, (unsigned long long)budget);
     rkm_plan_stats *st = &p->stats;
-    *st = pl->stats;
-    st->algo = pl->d.algo;
+    rkm__planner_figures(pl, st);
     st->budget = budget;
     st->peak = res.peak;
     st->time = res.time;
@@ -2644,9 +2669,6 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     st->baseline_time = pl->base_time;
     st->overhead = pl->base_time > 0 ? res.time / pl->base_time - 1 : 0;
     st->solve_seconds = pl->stats.solve_seconds + (rkm__now() - t_start);
-    st->blocks = pl->g->n_blocks;
-    st->block_classes = pl->g->n_classes;
-    st->options = (int32_t)pl->n_dpo;
     return RKM_OK;
 }
 
@@ -2700,7 +2722,7 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     return r;
 }
 
-#ifndef RKM_OMIT_SOLVER
+#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
 static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
@@ -2727,7 +2749,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
     if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
-#ifndef RKM_OMIT_SOLVER
+#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit, out);
 #endif
     return RKM_OK;
@@ -2791,13 +2813,7 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_plan_stats *out)
 {
     if (!pl || !out) return RKM_ERROR_ARGUMENT;
-    *out = pl->stats;
-    out->algo = pl->d.algo;
-    out->baseline_peak = pl->base_peak;
-    out->baseline_time = pl->base_time;
-    out->blocks = pl->g->n_blocks;
-    out->block_classes = pl->g->n_classes;
-    out->options = (int32_t)pl->n_dpo;
+    rkm__planner_figures(pl, out);
     return RKM_OK;
 }
 
