@@ -1175,10 +1175,15 @@ struct rkm_plan {
     uint8_t *flags;
     size_t n_flags;
     rkm_plan_stats stats;
+    rkm_buffer *layout; /* rkm_plan_layout's result, dropped when steps change */
+    size_t n_layout, cap_layout;
 };
+
+static void rkm__plan_drop_layout(rkm_plan *p);
 
 static void rkm__plan_drop_check(rkm_plan *p)
 {
+    rkm__plan_drop_layout(p);
     rkm__free(p->ctx, p->flag_off, p->n_steps * sizeof *p->flag_off);
     rkm__free(p->ctx, p->flags, p->n_flags);
     p->flag_off = NULL;
@@ -1740,6 +1745,203 @@ rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_aft
     if (!p) return RKM_ERROR_ARGUMENT;
     rkm_sim_result tmp;
     return rkm__plan_check(p, res ? res : &tmp, mem_after);
+}
+
+/* Memory layout. Buffers are recorded by replaying the plan, then placed
+ * largest first at the lowest aligned offset that no buffer with an
+ * overlapping lifetime occupies (lifetimes are inclusive step ranges: a
+ * buffer still counts in the step that frees it, as in the contract). */
+
+typedef struct rkm__layout {
+    rkm_context *ctx;
+    rkm_buffer *b;
+    size_t n, cap;
+    int64_t *open_t, *open_g, *open_p; /* per tensor / tensor / op: its open buffer, -1 if none */
+} rkm__layout;
+
+static int rkm__layout_open(rkm__layout *l, int32_t kind, int32_t index, int64_t step, uint64_t bytes)
+{
+    if (!rkm__reserve(l->ctx, (void **)&l->b, &l->cap, l->n + 1, sizeof *l->b)) return 0;
+    rkm_buffer *x = &l->b[l->n];
+    memset(x, 0, sizeof *x);
+    x->kind = kind;
+    x->index = index;
+    x->first_step = x->last_step = step;
+    x->bytes = bytes;
+    if (kind == RKM_BUFFER_TENSOR) l->open_t[index] = (int64_t)l->n;
+    if (kind == RKM_BUFFER_GRAD) l->open_g[index] = (int64_t)l->n;
+    if (kind == RKM_BUFFER_PHANTOM) l->open_p[index] = (int64_t)l->n;
+    l->n++;
+    return 1;
+}
+
+static void rkm__layout_close(rkm__layout *l, int64_t *open, int32_t index, int64_t step)
+{
+    l->b[open[index]].last_step = step;
+    open[index] = -1;
+}
+
+/* Record the buffers one step creates and releases (s: state before it). */
+static int rkm__layout_step(rkm__layout *l, const rkm__sim *s, const rkm_step *st, int64_t i)
+{
+    const rkm_graph *g = s->g;
+    int32_t x = st->index;
+    switch (st->kind) {
+    case RKM_STEP_FWD: {
+        const rkm__op *o = &g->ops[x];
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (!s->D[o->out[k]] && !rkm__layout_open(l, RKM_BUFFER_TENSOR, o->out[k], i, g->tensors[o->out[k]].bytes))
+                return 0;
+        if (st->save && !rkm__layout_open(l, RKM_BUFFER_PHANTOM, x, i, o->phantom)) return 0;
+        return !o->fwd_ws || rkm__layout_open(l, RKM_BUFFER_WORKSPACE, x, i, o->fwd_ws);
+    }
+    case RKM_STEP_BWD: {
+        const rkm__op *o = &g->ops[x];
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            if (g->tensors[t].has_grad && !s->G[t] && l->open_g[t] < 0 &&
+                !rkm__layout_open(l, RKM_BUFFER_GRAD, t, i, g->tensors[t].bytes))
+                return 0;
+        }
+        return !o->bwd_ws || rkm__layout_open(l, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
+    }
+    case RKM_STEP_LOSS: return rkm__layout_open(l, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
+    case RKM_STEP_FREE: rkm__layout_close(l, l->open_t, x, i); return 1;
+    case RKM_STEP_FREE_SAVED: rkm__layout_close(l, l->open_p, x, i); return 1;
+    case RKM_STEP_FREE_GRAD: rkm__layout_close(l, l->open_g, x, i); return 1;
+    }
+    return 1;
+}
+
+static int rkm__overlap(const rkm_buffer *a, const rkm_buffer *b)
+{
+    return a->first_step <= b->last_step && b->first_step <= a->last_step;
+}
+
+static uint64_t rkm__align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+/* A placed buffer's extent, for the gap search. */
+typedef struct rkm__extent {
+    uint64_t lo, hi;
+} rkm__extent;
+
+static int rkm__extent_cmp(const void *x, const void *y)
+{
+    const rkm__extent *a = x, *b = y;
+    return (a->lo > b->lo) - (a->lo < b->lo);
+}
+
+/* Placement order: larger first, then earlier, then list order. */
+typedef struct rkm__order {
+    uint64_t bytes;
+    int64_t first;
+    size_t idx;
+} rkm__order;
+
+static int rkm__order_cmp(const void *x, const void *y)
+{
+    const rkm__order *a = x, *b = y;
+    if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
+    if (a->first != b->first) return a->first < b->first ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* Place every buffer; ext is scratch for n extents. Returns the arena size. */
+static uint64_t rkm__layout_place(rkm_buffer *b, size_t n, rkm__order *ord, rkm__extent *ext, uint64_t align)
+{
+    for (size_t i = 0; i < n; i++) ord[i] = (rkm__order){b[i].bytes, b[i].first_step, i};
+    qsort(ord, n, sizeof *ord, rkm__order_cmp);
+    uint64_t arena = 0;
+    for (size_t i = 0; i < n; i++) {
+        rkm_buffer *x = &b[ord[i].idx];
+        uint64_t size = rkm__align_up(x->bytes, align), off = 0;
+        size_t m = 0;
+        for (size_t k = 0; k < i && size; k++) {
+            const rkm_buffer *o = &b[ord[k].idx];
+            if (o->bytes && rkm__overlap(o, x)) ext[m++] = (rkm__extent){o->offset, o->offset + rkm__align_up(o->bytes, align)};
+        }
+        qsort(ext, m, sizeof *ext, rkm__extent_cmp);
+        for (size_t k = 0; k < m && ext[k].lo < off + size; k++)
+            if (ext[k].hi > off) off = ext[k].hi;
+        x->offset = off;
+        if (off + size > arena) arena = off + size;
+    }
+    return arena;
+}
+
+static void rkm__plan_drop_layout(rkm_plan *p)
+{
+    rkm__free(p->ctx, p->layout, p->cap_layout * sizeof *p->layout);
+    p->layout = NULL;
+    p->n_layout = p->cap_layout = 0;
+}
+
+static rkm_result rkm__layout_record(rkm_plan *p, rkm__layout *l)
+{
+    const rkm_graph *g = p->g;
+    rkm__sim s;
+    rkm_result r = rkm__sim_init(g, &s);
+    if (r) return r;
+    int ok = 1;
+    for (size_t t = 0; t < g->n_tensors && ok; t++)
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
+            ok = rkm__layout_open(l, RKM_BUFFER_TENSOR, (int32_t)t, -1, g->tensors[t].bytes);
+            if (ok) l->b[l->n - 1].last_step = (int64_t)p->n_steps;
+        }
+    for (size_t i = 0; i < p->n_steps && ok; i++) {
+        uint64_t pk;
+        int32_t obj;
+        ok = rkm__layout_step(l, &s, &p->steps[i], (int64_t)i);
+        (void)rkm__sim_step(&s, &p->steps[i], &pk, &obj);
+    }
+    rkm__sim_free(&s);
+    return ok ? RKM_OK : rkm__nomem(p->ctx, "rkm_plan_layout");
+}
+
+rkm_result rkm_plan_layout(rkm_plan *p, uint64_t alignment, const rkm_buffer **buffers, size_t *n_buffers,
+                           uint64_t *arena_bytes)
+{
+    if (!p || !buffers || !n_buffers || !arena_bytes)
+        return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_layout: an output pointer is NULL") : RKM_ERROR_ARGUMENT;
+    if (!alignment) alignment = 256;
+    if (alignment & (alignment - 1))
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_layout: alignment %llu is not a power of two",
+                        (unsigned long long)alignment);
+    rkm_sim_result res;
+    rkm_result r = rkm__plan_check(p, &res, NULL);
+    if (r) return r;
+    rkm__plan_drop_layout(p);
+    const rkm_graph *g = p->g;
+    rkm__layout l;
+    memset(&l, 0, sizeof l);
+    l.ctx = p->ctx;
+    size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
+    l.open_t = rkm__alloc(p->ctx, (2 * nt + no) * sizeof(int64_t));
+    if (!l.open_t) return rkm__nomem(p->ctx, "rkm_plan_layout");
+    l.open_g = l.open_t + nt;
+    l.open_p = l.open_g + nt;
+    for (size_t i = 0; i < 2 * nt + no; i++) l.open_t[i] = -1;
+    r = rkm__layout_record(p, &l);
+    rkm__order *ord = NULL;
+    rkm__extent *ext = NULL;
+    if (!r) {
+        ord = rkm__alloc(p->ctx, (l.n + 1) * sizeof *ord);
+        ext = rkm__alloc(p->ctx, (l.n + 1) * sizeof *ext);
+        if (!ord || !ext) r = rkm__nomem(p->ctx, "rkm_plan_layout");
+    }
+    if (!r) {
+        *arena_bytes = rkm__layout_place(l.b, l.n, ord, ext, alignment);
+        p->layout = l.b;
+        p->n_layout = l.n;
+        p->cap_layout = l.cap;
+        *buffers = l.b;
+        *n_buffers = l.n;
+    } else
+        rkm__free(p->ctx, l.b, l.cap * sizeof *l.b);
+    rkm__free(p->ctx, ord, (l.n + 1) * sizeof *ord);
+    rkm__free(p->ctx, ext, (l.n + 1) * sizeof *ext);
+    rkm__free(p->ctx, l.open_t, (2 * nt + no) * sizeof(int64_t));
+    return r;
 }
 
 /* ===========================================================================

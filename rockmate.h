@@ -355,6 +355,38 @@ typedef struct rkm_sim_result {
 rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_after);
 
 /* ---------------------------------------------------------------------------
+ * Memory layout: one arena, an offset for every buffer
+ * ------------------------------------------------------------------------- */
+
+typedef enum rkm_buffer_kind {
+    RKM_BUFFER_TENSOR = 0, /* index: tensor (input tensors: created at step -1) */
+    RKM_BUFFER_PHANTOM,    /* index: op, from `fwd OP save` to `free_saved OP` */
+    RKM_BUFFER_GRAD,       /* index: tensor whose gradient it holds */
+    RKM_BUFFER_WORKSPACE   /* index: op; lives during its one step */
+} rkm_buffer_kind;
+
+typedef struct rkm_buffer {
+    int32_t kind;        /* rkm_buffer_kind */
+    int32_t index;       /* tensor or op, see rkm_buffer_kind */
+    int64_t first_step;  /* the step that creates it (-1 for inputs) */
+    int64_t last_step;   /* the step that releases it (its own step for a workspace;
+                            num_steps for inputs, which are never released) */
+    uint64_t bytes;
+    uint64_t offset;     /* in the arena; a multiple of the alignment */
+} rkm_buffer;
+
+/* Lay out every buffer of a valid plan in one arena: lifetimes are known
+ * exactly, so buffers whose lifetimes overlap never share bytes and a host
+ * can make one allocation and never fragment. `alignment` is a power of two
+ * (0: 256). Buffers are listed in creation order; within a step: a forward's
+ * new outputs (in out order), its phantom, its workspace; a backward's new
+ * input gradients (in order), its workspace; the loss step's grad(loss).
+ * *arena_bytes >= the plan's peak; the array stays owned by the plan until it
+ * is changed or destroyed. */
+rkm_result rkm_plan_layout(rkm_plan *p, uint64_t alignment, const rkm_buffer **buffers, size_t *n_buffers,
+                           uint64_t *arena_bytes);
+
+/* ---------------------------------------------------------------------------
  * Planning
  * ------------------------------------------------------------------------- */
 

@@ -102,6 +102,30 @@ TEST(no_separator_is_one_block)
     rkm_context_destroy(ctx);
 }
 
+/* The plan's arena layout: buffers with overlapping lifetimes never share a
+ * byte, every buffer the replay creates is there, and the arena is at least
+ * the peak (and, with these graphs, within 10 % of it). */
+static void check_layout(rkm_plan *p, uint64_t peak)
+{
+    const rkm_buffer *b;
+    size_t n;
+    uint64_t arena;
+    CHECK(rkm_plan_layout(p, 64, &b, &n, &arena) == RKM_OK);
+    CHECK(arena >= peak && (double)arena <= 1.1 * (double)peak);
+    uint64_t created = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECK(b[i].offset % 64 == 0 && b[i].offset + b[i].bytes <= arena);
+        CHECK(b[i].first_step <= b[i].last_step);
+        created += b[i].bytes;
+        for (size_t j = i + 1; j < n; j++) {
+            int live = b[i].first_step <= b[j].last_step && b[j].first_step <= b[i].last_step;
+            int share = b[i].offset < b[j].offset + b[j].bytes && b[j].offset < b[i].offset + b[i].bytes;
+            if (b[i].bytes && b[j].bytes) CHECK(!(live && share));
+        }
+    }
+    CHECK(created >= peak);
+}
+
 static const rkm_algo chain_algos[] = {RKM_ALGO_NONE, RKM_ALGO_SQRT, RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE};
 
 /* Every plan of every algorithm on every graph at 100..30 % is valid and
@@ -155,6 +179,7 @@ TEST(plans_valid_within_budget_and_monotone)
                 CHECK(ps.peak == res.peak && ps.time == res.time && ps.algo == d.algo);
                 CHECK(ps.overhead <= prev);
                 prev = ps.overhead;
+                check_layout(p, res.peak);
                 rkm_plan_destroy(p);
             }
             /* The smallest budget really is met. */
