@@ -2841,7 +2841,15 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     if (rkm__uses_chain(d.algo)) {
         r = rkm__planner_options(pl);
         if (!r) r = rkm__planner_chain(pl);
+        if (!r)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options; %d ILP solves in %.3f s",
+                     rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo, (int)pl->ilp.solves,
+                     pl->ilp.seconds);
+        double t = rkm__now();
         if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__dp_solve(pl->ctx, pl->dpb, g->n_blocks, d.slots, &pl->table);
+        if (!r && d.algo != RKM_ALGO_SQRT)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
+                     (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
     }
     if (r) {
         rkm_planner_destroy(pl);
@@ -2909,7 +2917,7 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (pl->d.algo == RKM_ALGO_SQRT) r = rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, &ops);
     else {
         if (!isfinite(rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m))) return RKM_OK;
-        r = rkm__dp_schedule(pl->ctx, pl->dpb, &pl->table, (int32_t)m, &ops);
+        r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, &ops);
     }
     if (!r) r = rkm__plan_from_ops(pl, &ops, out);
     rkm__dp_ops_free(pl->ctx, &ops);
