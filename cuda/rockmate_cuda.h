@@ -1,0 +1,115 @@
+/* rockmate_cuda.h -- what a CUDA host needs to run rockmate plans on a GPU.
+ *
+ * 1. A device activation arena (rkm_cuda_arena): ONE cudaMalloc, sized
+ *    exactly for a plan (rkm_arena_layout: the plan's simulated peak plus the
+ *    alignment and fragmentation slack of the deterministic first-fit
+ *    allocator of rockmate_arena.h), out of which every activation, phantom,
+ *    gradient and workspace of a training step is carved as the executor's
+ *    callbacks ask. The host's own rkm_callbacks run inside; they find their
+ *    device buffers with rkm_cuda_tensor / rkm_cuda_grad / rkm_cuda_saved and
+ *    take workspace with rkm_cuda_scratch. The arena counts requested bytes
+ *    as the contract does, so its measured peak is comparable, byte for
+ *    byte, with the simulator's (and equal to it in plan mode).
+ *
+ *    Stream-ordered release: the host enqueues all its kernels on one
+ *    stream. A free step returns the range to the arena at once, without
+ *    synchronising: every kernel that read the buffer is already queued,
+ *    and any kernel that reuses the range is queued after them on the same
+ *    stream, so it runs after them. A host that uses several streams must
+ *    make them wait for one another (events) before returning from a
+ *    callback.
+ *
+ * 2. A profiler (rkm_cuda_profile): runs the baseline plan a few times
+ *    through a measuring arena, times every forward and backward call with
+ *    cudaEvents recorded on the host's stream around the callback (no
+ *    synchronisation inside the step), takes the trimmed mean per op, takes
+ *    each op's workspace as the arena saw it (peak arena bytes during the
+ *    call minus live bytes before it minus what the call creates), and sets
+ *    the graph's costs with rkm_graph_set_op_costs.
+ *
+ * Errors: every CUDA call is checked; nothing aborts or prints. Functions
+ * return an rkm_result: RKM_ERROR_NOMEM for cudaErrorMemoryAllocation (or an
+ * arena too small), RKM_ERROR_CALLBACK for any other CUDA error or a failing
+ * host callback, with the reason in rkm_cuda_arena_errmsg (or the errmsg
+ * buffer of the create functions, which have no object yet).
+ *
+ * Build: compiled by nvcc (C++17) together with rockmate_arena.c (C11, by a
+ * C compiler) and rockmate.c; link cudart. */
+#ifndef ROCKMATE_CUDA_H
+#define ROCKMATE_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include "rockmate_arena.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rkm_cuda_arena rkm_cuda_arena;
+
+typedef struct rkm_cuda_arena_desc {
+    const rkm_graph *graph;    /* finalized; outlives the arena */
+    uint64_t capacity;         /* device bytes to allocate (not RKM_ARENA_UNBOUNDED) */
+    int measure;               /* 0: plan mode (declared workspaces); 1: measure (profiling) */
+    const rkm_callbacks *host; /* the host's callbacks (copied); forward and backward required */
+    cudaStream_t stream;       /* the one stream the host's kernels run on */
+    rkm_alloc_fn alloc;        /* host-side bookkeeping memory; NULL: realloc/free */
+    void *alloc_user;
+} rkm_cuda_arena_desc;
+
+/* cudaMalloc(capacity) and the bookkeeping; the inputs are carved at once
+ * (fill them through rkm_cuda_tensor before a step). */
+rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out, char *errmsg,
+                                 size_t errmsg_size);
+/* The exact arena for `plan` (simulated here), in plan mode. If layout is
+ * not NULL it receives the plan's peak, capacity and slack. */
+rkm_result rkm_cuda_arena_create_for_plan(rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
+                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout, char *errmsg,
+                                          size_t errmsg_size);
+/* Frees the device memory (cudaFree synchronises with pending work). */
+void rkm_cuda_arena_destroy(rkm_cuda_arena *ca);
+
+/* One training step under `plan` (of the arena's graph, simulated valid).
+ * Asynchronous like the host's kernels: nothing waits for the stream. The
+ * arena's stats then hold the step's peak. */
+rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan);
+
+/* Device pointers of live buffers; NULL when not live. */
+void *rkm_cuda_tensor(const rkm_cuda_arena *ca, int32_t tensor);
+void *rkm_cuda_grad(const rkm_cuda_arena *ca, int32_t tensor);
+void *rkm_cuda_saved(const rkm_cuda_arena *ca, int32_t op);
+/* Workspace inside a forward/backward callback, released when it returns;
+ * counts rounded up to 256 bytes (see rockmate_arena.h). */
+rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr);
+
+void rkm_cuda_arena_stats(const rkm_cuda_arena *ca, rkm_arena_stats *out);
+const char *rkm_cuda_arena_errmsg(const rkm_cuda_arena *ca);
+
+/* cudaSuccess -> RKM_OK, cudaErrorMemoryAllocation -> RKM_ERROR_NOMEM,
+ * anything else -> RKM_ERROR_CALLBACK. */
+rkm_result rkm_cuda_result(cudaError_t e);
+
+typedef struct rkm_cuda_profile_desc {
+    int32_t runs;   /* timed baseline steps; 0: 5 */
+    int32_t warmup; /* untimed steps first (cuBLAS heuristics, caches); 0: 1; < 0: none */
+    double trim;    /* fraction dropped at each end; 0: 0.2 */
+} rkm_cuda_profile_desc;
+
+typedef struct rkm_cuda_profile_result {
+    double step_seconds;    /* trimmed mean of the whole baseline step (events around it) */
+    double sum_op_seconds;  /* sum of the ops' new fwd and bwd: the baseline time now */
+    uint64_t peak;          /* the arena's peak in the last step, measured workspaces included */
+} rkm_cuda_profile_result;
+
+/* Profile through `ca` (measure mode, created on g) and set g's costs:
+ * fwd/bwd seconds (trimmed means of the event times) and fwd_ws/bwd_ws (the
+ * largest workspace the arena saw per call). Plans made before keep their
+ * old costs. out may be NULL. */
+rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, rkm_graph *g, const rkm_cuda_profile_desc *desc,
+                            rkm_cuda_profile_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ROCKMATE_CUDA_H */

@@ -1,0 +1,710 @@
+/* test_cuda_host.c -- the CPU-testable half of rockmate's CUDA support
+ * (cuda/rockmate_arena.c): the offset allocator, running plans with buffers
+ * carved from it, the exact layout, workspace measurement, the statistics.
+ * No GPU needed. */
+#include "../cuda/rockmate_arena.h"
+#include "test.h"
+
+#include <stdint.h>
+
+/* A fixed-seed generator: the random sequences are the same on every run. */
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return rng_state >> 33;
+}
+
+static uint64_t round256(uint64_t b) { return (b + 255) / 256 * 256; }
+
+/* ---------------------------------------------------------------------------
+ * The offset allocator
+ * ------------------------------------------------------------------------- */
+
+TEST(arena_first_fit_and_counts)
+{
+    rkm_arena *a;
+    uint64_t o1, o2, o3, o4;
+    rkm_arena_stats st;
+    CHECK(rkm_arena_create(4096, 8, NULL, NULL, &a) == RKM_OK);
+    CHECK(rkm_arena_alloc(a, 100, &o1) == RKM_OK && o1 == 0);
+    CHECK(rkm_arena_alloc(a, 300, &o2) == RKM_OK && o2 == 256);
+    CHECK(rkm_arena_alloc(a, 1, &o3) == RKM_OK && o3 == 768);
+    rkm_arena_stats_get(a, &st);
+    CHECK_EQ_U64(st.current, 401); /* requested bytes, not aligned ones */
+    CHECK_EQ_U64(st.peak, 401);
+    CHECK_EQ_U64(st.high_water, 769);
+    CHECK_EQ_U64(st.blocks, 3);
+    CHECK(rkm_arena_free(a, o2) == RKM_OK);
+    rkm_arena_stats_get(a, &st);
+    CHECK_EQ_U64(st.current, 101);
+    CHECK_EQ_U64(st.peak, 401);
+    /* The hole at 256 (512 bytes) is the first that fits 200 bytes... */
+    CHECK(rkm_arena_alloc(a, 200, &o4) == RKM_OK && o4 == 256);
+    /* ...and what is left of it (256 bytes at 512) takes the next 256. */
+    CHECK(rkm_arena_alloc(a, 256, &o2) == RKM_OK && o2 == 512);
+    /* 257 bytes do not fit anywhere below 768: after the block at 768. */
+    CHECK(rkm_arena_alloc(a, 257, &o2) == RKM_OK && o2 == 1024);
+    rkm_arena_reset_peak(a);
+    rkm_arena_stats_get(a, &st);
+    CHECK_EQ_U64(st.peak, st.current);
+    rkm_arena_destroy(a);
+}
+
+TEST(arena_rejects_bad_frees_and_sizes)
+{
+    rkm_arena *a;
+    uint64_t o;
+    CHECK(rkm_arena_create(1024, 4, NULL, NULL, &a) == RKM_OK);
+    CHECK(rkm_arena_alloc(a, 0, &o) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_arena_alloc(a, 10, &o) == RKM_OK && o == 0);
+    CHECK(rkm_arena_free(a, 5) == RKM_ERROR_ARGUMENT); /* not a block start */
+    CHECK(rkm_arena_free(a, 256) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_arena_free(a, 0) == RKM_OK);
+    CHECK(rkm_arena_free(a, 0) == RKM_ERROR_ARGUMENT); /* double free */
+    CHECK(rkm_arena_alloc(a, 1025, &o) == RKM_ERROR_NOMEM && o == RKM_ARENA_NONE);
+    CHECK(rkm_arena_alloc(a, UINT64_MAX, &o) == RKM_ERROR_NOMEM);
+    rkm_arena_destroy(a);
+    CHECK(rkm_arena_create(1024, 0, NULL, NULL, &a) == RKM_ERROR_ARGUMENT && a == NULL);
+}
+
+TEST(arena_coalesces_and_limits_blocks)
+{
+    rkm_arena *a;
+    uint64_t o[4], big;
+    CHECK(rkm_arena_create(4096, 4, NULL, NULL, &a) == RKM_OK);
+    for (int i = 0; i < 4; i++) CHECK(rkm_arena_alloc(a, 1024, &o[i]) == RKM_OK && o[i] == (uint64_t)i * 1024);
+    CHECK(rkm_arena_free(a, o[0]) == RKM_OK);
+    CHECK(rkm_arena_free(a, o[2]) == RKM_OK);
+    CHECK(rkm_arena_alloc(a, 2048, &big) == RKM_ERROR_NOMEM); /* two separate 1 KiB holes */
+    CHECK(rkm_arena_free(a, o[1]) == RKM_OK);               /* joins both neighbours */
+    CHECK(rkm_arena_alloc(a, 3072, &big) == RKM_OK && big == 0);
+    CHECK(rkm_arena_free(a, big) == RKM_OK);
+    /* max_blocks: four live blocks, a fifth is refused although bytes remain. */
+    CHECK(rkm_arena_free(a, o[3]) == RKM_OK);
+    for (int i = 0; i < 4; i++) CHECK(rkm_arena_alloc(a, 1, &o[i]) == RKM_OK);
+    CHECK(rkm_arena_alloc(a, 1, &big) == RKM_ERROR_NOMEM);
+    rkm_arena_clear(a);
+    CHECK(rkm_arena_alloc(a, 4096, &big) == RKM_OK && big == 0);
+    rkm_arena_destroy(a);
+}
+
+/* The last block may end short of its aligned size: that is what makes an
+ * arena of exactly the high-water mark enough. */
+TEST(arena_tail_needs_only_requested_bytes)
+{
+    rkm_arena *a;
+    uint64_t o;
+    CHECK(rkm_arena_create(1000, 4, NULL, NULL, &a) == RKM_OK);
+    CHECK(rkm_arena_alloc(a, 256, &o) == RKM_OK && o == 0);
+    CHECK(rkm_arena_alloc(a, 745, &o) == RKM_ERROR_NOMEM);
+    CHECK(rkm_arena_alloc(a, 744, &o) == RKM_OK && o == 256);
+    CHECK(rkm_arena_free(a, 256) == RKM_OK);
+    CHECK(rkm_arena_alloc(a, 500, &o) == RKM_OK && o == 256);
+    CHECK(rkm_arena_alloc(a, 200, &o) == RKM_OK && o == 768); /* 232 bytes left at 768 */
+    rkm_arena_destroy(a);
+}
+
+/* Reference model: a map of 256-byte units. First fit over coalesced free
+ * ranges is the lowest unit where enough free units follow. */
+#define MODEL_UNITS 64
+TEST(arena_matches_reference_model)
+{
+    rkm_arena *a;
+    uint8_t unit_used[MODEL_UNITS];
+    uint64_t live_off[48], live_bytes[48], cur = 0, peak = 0;
+    int n_live = 0;
+    memset(unit_used, 0, sizeof unit_used);
+    rng_state = 12345;
+    CHECK(rkm_arena_create(MODEL_UNITS * 256, 48, NULL, NULL, &a) == RKM_OK);
+    for (int it = 0; it < 4000; it++) {
+        if (n_live < 48 && (n_live == 0 || rnd() % 3 != 0)) {
+            uint64_t bytes = 1 + rnd() % (6 * 256), need = round256(bytes) / 256, o, want = UINT64_MAX;
+            for (uint64_t u = 0; u + need <= MODEL_UNITS && want == UINT64_MAX; u++) {
+                uint64_t k = 0;
+                while (k < need && !unit_used[u + k]) k++;
+                if (k == need) want = u * 256;
+            }
+            rkm_result r = rkm_arena_alloc(a, bytes, &o);
+            if (want == UINT64_MAX) {
+                CHECK(r == RKM_ERROR_NOMEM);
+                continue;
+            }
+            CHECK(r == RKM_OK && o == want);
+            if (r != RKM_OK || o != want) break;
+            for (uint64_t k = 0; k < need; k++) unit_used[o / 256 + k] = 1;
+            live_off[n_live] = o;
+            live_bytes[n_live++] = bytes;
+            cur += bytes;
+            if (cur > peak) peak = cur;
+        } else {
+            int i = (int)(rnd() % (uint64_t)n_live);
+            CHECK(rkm_arena_free(a, live_off[i]) == RKM_OK);
+            for (uint64_t k = 0; k < round256(live_bytes[i]) / 256; k++) unit_used[live_off[i] / 256 + k] = 0;
+            cur -= live_bytes[i];
+            live_off[i] = live_off[--n_live];
+            live_bytes[i] = live_bytes[n_live];
+        }
+        rkm_arena_stats st;
+        rkm_arena_stats_get(a, &st);
+        CHECK_EQ_U64(st.current, cur);
+        CHECK_EQ_U64(st.peak, peak);
+        CHECK_EQ_U64(st.blocks, n_live);
+    }
+    rkm_arena_destroy(a);
+}
+
+/* Replays one random sequence of allocations and frees on an arena of
+ * `capacity`. Returns 0 if every allocation held; fills offs and *high. */
+#define SEQ_LEN 3000
+static int replay_sequence(uint64_t capacity, uint64_t *offs, uint64_t *high)
+{
+    rkm_arena *a;
+    uint64_t live[32];
+    int n_live = 0, ok = 1;
+    if (rkm_arena_create(capacity, 32, NULL, NULL, &a) != RKM_OK) return 0;
+    rng_state = 777;
+    for (int it = 0; it < SEQ_LEN && ok; it++) {
+        offs[it] = RKM_ARENA_NONE;
+        if (n_live < 32 && (n_live == 0 || rnd() % 5 < 3)) {
+            uint64_t bytes = 1 + rnd() % 5000;
+            ok = rkm_arena_alloc(a, bytes, &offs[it]) == RKM_OK;
+            if (ok) live[n_live++] = offs[it];
+        } else {
+            int i = (int)(rnd() % (uint64_t)n_live);
+            ok = rkm_arena_free(a, live[i]) == RKM_OK;
+            live[i] = live[--n_live];
+        }
+    }
+    rkm_arena_stats st;
+    rkm_arena_stats_get(a, &st);
+    *high = st.high_water;
+    rkm_arena_destroy(a);
+    return ok;
+}
+
+TEST(arena_high_water_is_exact_capacity)
+{
+    static uint64_t free_offs[SEQ_LEN], exact_offs[SEQ_LEN], short_offs[SEQ_LEN];
+    uint64_t high, high2, high3;
+    CHECK(replay_sequence(RKM_ARENA_UNBOUNDED, free_offs, &high));
+    CHECK(high % 256 != 0); /* the sequence ends its highest block short */
+    CHECK(replay_sequence(high, exact_offs, &high2));
+    CHECK_EQ_U64(high2, high);
+    CHECK(memcmp(free_offs, exact_offs, sizeof free_offs) == 0);
+    CHECK(!replay_sequence(high - 1, short_offs, &high3));
+}
+
+/* ---------------------------------------------------------------------------
+ * Statistics
+ * ------------------------------------------------------------------------- */
+
+TEST(trimmed_mean_drops_extremes)
+{
+    double s1[] = {5, 1, 3, 2, 100};
+    CHECK(rkm_trimmed_mean(s1, 5, 0.2) == 10.0 / 3.0); /* drops 1 and 100 */
+    CHECK(s1[0] == 1 && s1[4] == 100);                  /* sorted in place */
+    double s2[] = {4, 1, 3, 2};
+    CHECK(rkm_trimmed_mean(s2, 4, 0.5) == 2.5); /* the two middle ones */
+    double s3[] = {7};
+    CHECK(rkm_trimmed_mean(s3, 1, 0.4) == 7.0);
+    double s4[] = {1, 2, 6};
+    CHECK(rkm_trimmed_mean(s4, 3, 0.0) == 3.0);
+    CHECK(rkm_trimmed_mean(s4, 3, -1.0) == 3.0);
+    CHECK(rkm_trimmed_mean(NULL, 0, 0.2) == 0.0);
+    double s5[10] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+    CHECK(rkm_trimmed_mean(s5, 10, 0.2) == 4.5); /* 10 * 0.2 drops exactly 2 each end */
+    double s6[] = {1, 2, 3, 4, 50, 60};
+    CHECK(rkm_trimmed_mean(s6, 6, 0.2) == 14.75); /* floor(1.2) = 1 each end */
+}
+
+/* ---------------------------------------------------------------------------
+ * Running plans with buffers from an arena
+ * ------------------------------------------------------------------------- */
+
+/* A host that checks, in every call, what the arena must guarantee. */
+typedef struct checker {
+    rkm_arena_exec *x;
+    const rkm_graph *g;
+    const uint64_t *mem_after; /* the simulator's live memory after each step */
+    uint64_t capacity;
+    int measure;
+    int problems;
+    int32_t fail_op;           /* forward of this op returns 7; -1: never */
+    int scratch_mode;          /* 0 none; 1 the declared ws exactly; 2 one byte more; 3 op-dependent */
+    uint64_t (*ranges)[2];
+    int recompute_in_place;    /* forwards seen with a live output */
+    uint64_t trace;            /* hash of every offset seen, for determinism */
+} checker;
+
+static int cmp_range(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+static void note(checker *c, uint64_t off) { c->trace = (c->trace ^ off) * 0x100000001b3ull; }
+
+/* Every live buffer lies in the arena and no two overlap. */
+static void check_disjoint(checker *c)
+{
+    int n = 0;
+    for (int32_t t = 0; t < rkm_graph_num_tensors(c->g); t++) {
+        rkm_tensor_info ti;
+        rkm_graph_tensor_info(c->g, t, &ti);
+        uint64_t offs[2] = {rkm_arena_exec_tensor(c->x, t), rkm_arena_exec_grad(c->x, t)};
+        for (int k = 0; k < 2; k++)
+            if (offs[k] != RKM_ARENA_NONE && ti.bytes) {
+                c->ranges[n][0] = offs[k];
+                c->ranges[n++][1] = offs[k] + ti.bytes;
+            }
+    }
+    for (int32_t o = 0; o < rkm_graph_num_ops(c->g); o++) {
+        rkm_op_info oi;
+        rkm_graph_op_info(c->g, o, &oi);
+        uint64_t off = rkm_arena_exec_saved(c->x, o);
+        if (off != RKM_ARENA_NONE && oi.phantom) {
+            c->ranges[n][0] = off;
+            c->ranges[n++][1] = off + oi.phantom;
+        }
+    }
+    qsort(c->ranges, (size_t)n, sizeof c->ranges[0], cmp_range);
+    for (int i = 0; i < n; i++) {
+        if (c->ranges[i][0] % 256 != 0 || c->ranges[i][1] > c->capacity) c->problems++;
+        if (i > 0 && c->ranges[i - 1][1] > c->ranges[i][0]) c->problems++;
+        note(c, c->ranges[i][0]);
+    }
+}
+
+/* The scratch the checker takes in a call with declared workspace ws. */
+static int take_scratch(checker *c, int32_t op, uint64_t ws, int bwd)
+{
+    uint64_t off;
+    if (c->scratch_mode == 1 && ws > 0) {
+        /* two pieces: an aligned first one, the rest exactly */
+        uint64_t first = ws > 256 ? (ws / 2) / 256 * 256 : 0;
+        if (first && rkm_arena_exec_scratch(c->x, first, &off) != RKM_OK) c->problems++;
+        if (rkm_arena_exec_scratch(c->x, ws - first, &off) != RKM_OK) c->problems++;
+    } else if (c->scratch_mode == 2) {
+        if (rkm_arena_exec_scratch(c->x, ws + 1, &off) != RKM_ERROR_NOMEM) c->problems++;
+        return 9;
+    } else if (c->scratch_mode == 3) {
+        uint64_t a = 100u * (uint64_t)op + 1, b = bwd ? 300 : 0;
+        if (rkm_arena_exec_scratch(c->x, a, &off) != RKM_OK) c->problems++;
+        if (b && rkm_arena_exec_scratch(c->x, b, &off) != RKM_OK) c->problems++;
+    }
+    return 0;
+}
+
+/* In plan mode the arena holds exactly what the contract counts for the
+ * step: live memory after it plus its workspace. */
+static void check_current(checker *c, int64_t step, uint64_t ws)
+{
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(c->x, &st);
+    if (!c->measure && st.current != c->mem_after[step] + ws) c->problems++;
+}
+
+static int chk_forward(void *user, const rkm_fwd_call *call)
+{
+    checker *c = user;
+    rkm_op_info oi;
+    rkm_graph_op_info(c->g, call->op, &oi);
+    for (int32_t k = 0; k < oi.n_in; k++)
+        if (rkm_arena_exec_tensor(c->x, oi.in[k]) == RKM_ARENA_NONE) c->problems++;
+    for (int32_t k = 0; k < oi.n_out; k++) {
+        if (rkm_arena_exec_tensor(c->x, oi.out[k]) == RKM_ARENA_NONE) c->problems++;
+        if (!call->out_new[k]) c->recompute_in_place++;
+    }
+    if (call->save && rkm_arena_exec_saved(c->x, call->op) == RKM_ARENA_NONE) c->problems++;
+    check_current(c, call->step, oi.fwd_ws);
+    check_disjoint(c);
+    if (call->op == c->fail_op) return 7;
+    return take_scratch(c, call->op, oi.fwd_ws, 0);
+}
+
+static int chk_backward(void *user, const rkm_bwd_call *call)
+{
+    checker *c = user;
+    rkm_op_info oi;
+    rkm_graph_op_info(c->g, call->op, &oi);
+    for (int32_t k = 0; k < oi.n_saved; k++)
+        if (rkm_arena_exec_tensor(c->x, oi.saved[k]) == RKM_ARENA_NONE) c->problems++;
+    if (oi.phantom && rkm_arena_exec_saved(c->x, call->op) == RKM_ARENA_NONE) c->problems++;
+    for (int32_t k = 0; k < oi.n_out; k++)
+        if (rkm_graph_tensor_has_grad(c->g, oi.out[k]) && rkm_arena_exec_grad(c->x, oi.out[k]) == RKM_ARENA_NONE)
+            c->problems++;
+    for (int32_t k = 0; k < oi.n_in; k++)
+        if ((call->in_grad[k] != RKM_GRAD_NONE) != (rkm_arena_exec_grad(c->x, oi.in[k]) != RKM_ARENA_NONE))
+            c->problems++;
+    check_current(c, call->step, oi.bwd_ws);
+    check_disjoint(c);
+    return take_scratch(c, call->op, oi.bwd_ws, 1);
+}
+
+static int chk_loss(void *user, int32_t t)
+{
+    checker *c = user;
+    if (rkm_arena_exec_grad(c->x, t) == RKM_ARENA_NONE) c->problems++;
+    check_disjoint(c);
+    return 0;
+}
+
+/* A checker for plan p (simulated here), and its exec over `capacity`
+ * (0: the plan's exact layout). */
+typedef struct harness {
+    checker c;
+    rkm_plan *p;
+    rkm_sim_result sim;
+    uint64_t *mem_after;
+    rkm_arena_layout_info lay;
+    rkm_callbacks cb;
+} harness;
+
+static int harness_init(harness *h, rkm_plan *p, uint64_t capacity, int measure)
+{
+    const rkm_graph *g = rkm_plan_graph(p);
+    size_t nb = (size_t)rkm_graph_num_tensors(g) * 2 + (size_t)rkm_graph_num_ops(g);
+    char msg[256];
+    memset(h, 0, sizeof *h);
+    h->p = p;
+    h->mem_after = calloc(rkm_plan_num_steps(p) + 1, sizeof *h->mem_after);
+    h->c.ranges = calloc(nb + 1, sizeof h->c.ranges[0]);
+    if (!h->mem_after || !h->c.ranges) return 0;
+    if (rkm_plan_simulate(p, &h->sim, h->mem_after) != RKM_OK) return 0;
+    if (rkm_arena_layout(p, &h->lay, msg, sizeof msg) != RKM_OK) {
+        fprintf(stderr, "layout: %s\n", msg);
+        return 0;
+    }
+    h->c.g = g;
+    h->c.mem_after = h->mem_after;
+    h->c.capacity = capacity ? capacity : h->lay.capacity;
+    h->c.measure = measure;
+    h->c.fail_op = -1;
+    rkm_callbacks cb = {&h->c, chk_forward, chk_backward, chk_loss, NULL, NULL, NULL};
+    h->cb = cb;
+    rkm_arena_exec_desc d = {g, h->c.capacity, measure, &h->cb, NULL, NULL};
+    return rkm_arena_exec_create(&d, &h->c.x) == RKM_OK;
+}
+
+static void harness_free(harness *h)
+{
+    rkm_arena_exec_destroy(h->c.x);
+    free(h->mem_after);
+    free(h->c.ranges);
+}
+
+static uint64_t input_bytes(const rkm_graph *g)
+{
+    rkm_graph_stats gs;
+    return rkm_graph_stats_get(g, &gs) == RKM_OK ? gs.input_bytes : UINT64_MAX;
+}
+
+static const char *const graph_files[] = {"gpt2-tiny.rkg",     "gpt2-124M-b4-t64.rkg", "gpt2-xl-b4-t1024.rkg",
+                                          "mlp16.rkg",         "multi-output.rkg",     "peer-gpt.rkg",
+                                          "random30.rkg",      "resnet18-like-b32.rkg"};
+
+static rkm_graph *load(rkm_context *ctx, const char *file)
+{
+    char path[512];
+    rkm_graph *g = NULL;
+    snprintf(path, sizeof path, "%s/%s", TEST_GRAPHS_DIR, file);
+    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+    return g;
+}
+
+/* The arena's peak is the simulated peak, to the byte, on every bundled
+ * graph; every call sees exactly the contract's memory and disjoint
+ * buffers; a second step repeats the first offset for offset. */
+TEST(exec_baseline_matches_simulator_on_all_graphs)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    for (size_t i = 0; i < sizeof graph_files / sizeof graph_files[0]; i++) {
+        rkm_graph *g = load(ctx, graph_files[i]);
+        rkm_plan *p = NULL;
+        harness h;
+        CHECK(g != NULL);
+        if (!g) continue;
+        CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+        if (!p || !harness_init(&h, p, 0, 0)) {
+            CHECK(0);
+            rkm_plan_destroy(p);
+            rkm_graph_destroy(g);
+            continue;
+        }
+        h.c.scratch_mode = 1;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+        rkm_arena_stats st;
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.peak, h.sim.peak);
+        CHECK_EQ_U64(h.lay.peak, h.sim.peak);
+        CHECK(h.lay.capacity >= h.lay.peak);
+        CHECK_EQ_U64(st.high_water, h.lay.capacity);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        CHECK(h.c.problems == 0);
+        uint64_t trace = h.c.trace;
+        h.c.trace = 0;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+        CHECK(h.c.trace == trace);
+        CHECK(h.c.problems == 0);
+        if (h.c.problems) fprintf(stderr, "%s: %d problems\n", graph_files[i], h.c.problems);
+        harness_free(&h);
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* A hand-written plan with recomputation: scores runs first without save,
+ * then again with save before the backward; causal recomputes in place. */
+static const char recompute_plan[] =
+    "rockmate-plan 1\n"
+    "fwd embed\nfwd split\nfwd causal\nfwd scores\nfwd attend\nfree s\nfwd dropout save\nfree a\n"
+    "fwd residual\nfree drop\nfwd norm save\nfwd head\nfwd xent\n"
+    "loss\nbwd xent\nfree_grad loss\nfree loss\nfree out\nbwd head\nfree_grad out\nfree n\n"
+    "bwd norm\nfree_saved norm\nfree_grad n\nfree r\nbwd residual\nfree_grad r\n"
+    "bwd dropout\nfree_saved dropout\nfree_grad drop\n"
+    "fwd scores save\nbwd attend\nfree_grad a\nfree s\nfree v\nfwd causal\n"
+    "bwd scores\nfree_saved scores\nfree_grad s\nfree q\nfree k\nfree mask\n"
+    "bwd split\nfree_grad q\nfree_grad k\nfree_grad v\nbwd embed\nfree_grad h\nfree h\n";
+
+static rkm_plan *load_recompute_plan(rkm_graph *g)
+{
+    rkm_plan *p = NULL;
+    if (rkm_plan_read_string(g, recompute_plan, sizeof recompute_plan - 1, "recompute", &p) != RKM_OK)
+        fprintf(stderr, "%s\n", rkm_context_errmsg(rkm_graph_context(g)));
+    return p;
+}
+
+TEST(exec_recompute_plan)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_plan *p = g ? load_recompute_plan(g) : NULL;
+    harness h;
+    CHECK(p != NULL);
+    if (p && harness_init(&h, p, 0, 0)) {
+        h.c.scratch_mode = 1;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+        rkm_arena_stats st;
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.peak, h.sim.peak);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        CHECK(h.c.recompute_in_place == 1);
+        CHECK(h.c.problems == 0);
+        harness_free(&h);
+    } else {
+        CHECK(0);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Plans with recomputation from the planner, at the smallest budget each
+ * algorithm meets (the most recomputation), on small bundled graphs. */
+TEST(exec_planner_plans_at_min_budget)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    const char *files[] = {"gpt2-tiny.rkg", "multi-output.rkg", "mlp16.rkg", "random30.rkg"};
+    const rkm_algo algos[] = {RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE};
+    for (int i = 0; i < 4; i++) {
+        rkm_graph *g = load(ctx, files[i]);
+        CHECK(g != NULL);
+        for (int a = 0; g && a < 2; a++) {
+            rkm_solve_desc sd;
+            rkm_planner *pl = NULL;
+            rkm_plan *p = NULL;
+            uint64_t minb = 0;
+            harness h;
+            memset(&sd, 0, sizeof sd);
+            sd.algo = algos[a];
+            rkm_result r = rkm_planner_create(g, &sd, &pl);
+            if (r == RKM_ERROR_UNSUPPORTED) continue; /* built without the solver */
+            CHECK(r == RKM_OK);
+            CHECK(pl && rkm_planner_min_budget(pl, &minb) == RKM_OK);
+            CHECK(pl && rkm_planner_solve(pl, minb, &p) == RKM_OK);
+            if (p && harness_init(&h, p, 0, 0)) {
+                h.c.scratch_mode = 1;
+                CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+                rkm_arena_stats st;
+                rkm_arena_exec_arena_stats(h.c.x, &st);
+                CHECK_EQ_U64(st.peak, h.sim.peak);
+                CHECK(st.peak <= minb);
+                CHECK_EQ_U64(st.current, input_bytes(g));
+                CHECK(h.c.problems == 0);
+                harness_free(&h);
+            } else {
+                fprintf(stderr, "%s/%s: %s\n", files[i], rkm_algo_name(algos[a]), rkm_context_errmsg(ctx));
+                CHECK(0);
+            }
+            rkm_plan_destroy(p);
+            rkm_planner_destroy(pl);
+        }
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* One byte short of the layout: the run fails as out of memory, names the
+ * buffer, and leaves only the inputs behind; the exec stays usable. */
+TEST(exec_arena_one_byte_short)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    const char *files[] = {"multi-output.rkg", "gpt2-tiny.rkg", "random30.rkg"};
+    for (int i = 0; i < 3; i++) {
+        rkm_graph *g = load(ctx, files[i]);
+        rkm_plan *p = NULL;
+        harness h, probe;
+        CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+        if (!p) continue;
+        if (!harness_init(&probe, p, 0, 0) || !harness_init(&h, p, probe.lay.capacity - 1, 0)) {
+            CHECK(0);
+            break;
+        }
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_NOMEM);
+        CHECK(strstr(rkm_arena_exec_errmsg(h.c.x), "arena full") != NULL);
+        rkm_arena_stats st;
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_NOMEM);
+        CHECK(rkm_arena_exec_run(probe.c.x, p) == RKM_OK);
+        harness_free(&h);
+        harness_free(&probe);
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+TEST(exec_host_failure_and_workspace_overrun)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_plan *p = NULL;
+    harness h;
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    if (p && harness_init(&h, p, 0, 0)) {
+        rkm_arena_stats st;
+        h.c.fail_op = rkm_graph_find_op(g, "attend");
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_CALLBACK);
+        CHECK(strstr(rkm_arena_exec_errmsg(h.c.x), "returned 7") != NULL);
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        /* Plan mode: one byte beyond the declared workspace is refused. */
+        h.c.fail_op = -1;
+        h.c.scratch_mode = 2;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_CALLBACK);
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        CHECK(h.c.problems == 0);
+        /* Outside a call there is no scratch. */
+        uint64_t off;
+        CHECK(rkm_arena_exec_scratch(h.c.x, 16, &off) == RKM_ERROR_STATE);
+        h.c.scratch_mode = 1;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+        harness_free(&h);
+    } else {
+        CHECK(0);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Measure mode: each op's workspace is what its calls took from the arena
+ * (scratch counts in 256-byte units), whatever the graph declares. */
+TEST(exec_measures_workspace)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_plan *p = NULL;
+    harness h;
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    if (p && harness_init(&h, p, 1u << 20, 1)) {
+        h.c.scratch_mode = 3;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+        for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
+            uint64_t f, b;
+            rkm_arena_exec_measured_ws(h.c.x, o, &f, &b);
+            CHECK_EQ_U64(f, round256(100u * (uint64_t)o + 1));
+            CHECK_EQ_U64(b, rkm_graph_op_has_backward(g, o) ? round256(100u * (uint64_t)o + 1) + 256 + 256 : 0);
+        }
+        rkm_arena_stats st;
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        CHECK(h.c.problems == 0);
+        harness_free(&h);
+    } else {
+        CHECK(0);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Measure mode with a host that takes exactly the declared workspaces (all
+ * multiples of 256 here): the measured workspaces are the declared ones and
+ * the step's peak is the simulated peak, so profiling such a host leaves
+ * the graph's memory figures as they are. */
+TEST(exec_measure_mode_agrees_with_declared_workspaces)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    const char *files[] = {"multi-output.rkg", "gpt2-tiny.rkg"};
+    for (int i = 0; i < 2; i++) {
+        rkm_graph *g = load(ctx, files[i]);
+        rkm_plan *p = NULL;
+        harness h;
+        CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+        if (!p || !harness_init(&h, p, 1u << 24, 1)) {
+            CHECK(0);
+            rkm_plan_destroy(p);
+            rkm_graph_destroy(g);
+            continue;
+        }
+        h.c.scratch_mode = 1;
+        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+        for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
+            rkm_op_info oi;
+            uint64_t f, b;
+            rkm_graph_op_info(g, o, &oi);
+            rkm_arena_exec_measured_ws(h.c.x, o, &f, &b);
+            CHECK_EQ_U64(f, oi.fwd_ws);
+            CHECK_EQ_U64(b, oi.has_backward ? oi.bwd_ws : 0);
+        }
+        rkm_arena_stats st;
+        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK_EQ_U64(st.peak, h.sim.peak);
+        CHECK(h.c.problems == 0);
+        harness_free(&h);
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+int main(void)
+{
+    RUN(arena_first_fit_and_counts);
+    RUN(arena_rejects_bad_frees_and_sizes);
+    RUN(arena_coalesces_and_limits_blocks);
+    RUN(arena_tail_needs_only_requested_bytes);
+    RUN(arena_matches_reference_model);
+    RUN(arena_high_water_is_exact_capacity);
+    RUN(trimmed_mean_drops_extremes);
+    RUN(exec_baseline_matches_simulator_on_all_graphs);
+    RUN(exec_recompute_plan);
+    RUN(exec_planner_plans_at_min_budget);
+    RUN(exec_arena_one_byte_short);
+    RUN(exec_host_failure_and_workspace_overrun);
+    RUN(exec_measures_workspace);
+    RUN(exec_measure_mode_agrees_with_declared_workspaces);
+    TEST_END();
+}
