@@ -2560,18 +2560,7 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
 /* ===========================================================================
  * 9. Block ILP (lp_solve)
  * ========================================================================= */
-/* Until the ILP section is folded in, it is built only with RKM_ILP_READY. */
-#ifdef RKM_ILP_READY
 #include "wip/ilp.c"
-#else
-typedef struct rkm__ilp_stats {
-    int32_t solves, optimal, suboptimal, infeasible, timeout, failed;
-    double seconds;
-} rkm__ilp_stats;
-#endif
-#if !defined(RKM_ILP_READY) && !defined(RKM_OMIT_SOLVER)
-#define RKM__NO_ILP 1
-#endif
 
 #include "wip/dp.c"
 
@@ -2691,7 +2680,6 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 static double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
 /* Memory a block's ops need at least (relative to the inputs): the block
  * input stays live throughout, plus the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
@@ -2760,7 +2748,6 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     rkm__ilp_block_destroy(ib);
     return r;
 }
-#endif
 
 /* Every block's options: the two extremes, and for rockmate the ILP's. */
 static rkm_result rkm__planner_options(rkm_planner *pl)
@@ -2771,10 +2758,8 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     rkm__sim s;
     rkm_result r = rkm__sim_init(g, &s);
     for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
-#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
     if (pl->d.algo == RKM_ALGO_ROCKMATE)
         for (int32_t c = 0; c < g->n_classes && !r; c++) r = rkm__class_options(pl, &s, c);
-#endif
     for (int32_t b = 0; b < g->n_blocks && !r; b++)
         qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
     if (s.g) rkm__sim_free(&s);
@@ -2916,8 +2901,15 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_result r;
     if (pl->d.algo == RKM_ALGO_SQRT) r = rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, &ops);
     else {
-        if (!isfinite(rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m))) return RKM_OK;
+        double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
+        int64_t peak = 0;
+        if (!isfinite(opt)) return RKM_OK;
         r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, &ops);
+        /* The block-level schedule must be the DP's own answer. */
+        if (!r) r = rkm__dp_eval(pl->ctx, pl->dpb, g->n_blocks, &ops, &t, &peak);
+        if (!r && (t != opt || peak > (int64_t)m))
+            r = rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: chain DP schedule takes %g s and %lld slots, not %g s in %llu",
+                         t, (long long)peak, opt, (unsigned long long)m);
     }
     if (!r) r = rkm__plan_from_ops(pl, &ops, out);
     rkm__dp_ops_free(pl->ctx, &ops);
@@ -2932,7 +2924,6 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     return r;
 }
 
-#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
 static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
@@ -2950,7 +2941,6 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
     rkm__ilp_block_destroy(ib);
     return r;
 }
-#endif
 
 /* One plan for `budget` from the planner's algorithm, or *out NULL. */
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
@@ -2959,9 +2949,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
     if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
-#if !defined(RKM_OMIT_SOLVER) && !defined(RKM__NO_ILP)
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit, out);
-#endif
     return RKM_OK;
 }
 
@@ -2972,8 +2960,11 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
     rkm_result r = RKM_OK;
     *out = pl->base_peak;
     if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
-        int64_t m = pl->table.lo[rkm__dp_pair(g->n_blocks, 0, g->n_blocks - 1)];
-        if (m <= pl->d.slots && g->input_bytes + (uint64_t)m * pl->q < *out) *out = g->input_bytes + (uint64_t)m * pl->q;
+        int64_t m = 0;
+        r = rkm__dp_min_slots(pl->ctx, pl->dpb, g->n_blocks, &m);
+        if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan: the baseline's peak */
+        else if (!r && m <= pl->d.slots && g->input_bytes + (uint64_t)m * pl->q < *out)
+            *out = g->input_bytes + (uint64_t)m * pl->q;
     } else if (pl->d.algo == RKM_ALGO_SQRT) {
         rkm_plan *p;
         if (!(r = rkm__solve_chain(pl, UINT64_MAX, &p)) && p) {
