@@ -32,6 +32,9 @@
  * them with the rules of rkm__dp_apply. */
 #ifndef RKM_DP_INCLUDED
 #define RKM_DP_INCLUDED
+#if defined(__SSE2__)
+#include <emmintrin.h> /* the lead may move this up to the other includes */
+#endif
 
 typedef struct rkm__dp_option {
     double tf, tb;   /* forward and backward time */
@@ -69,16 +72,42 @@ typedef struct rkm__dp_ops {
 #define RKM__DP_NONE 0xFFFFu
 #define RKM__DP_MAX_OPT 0x7FFF
 #define RKM__DP_MAX_BLOCKS 0x7FFE
+/* Columns solved together (see rkm__dp_solve). */
+#define RKM__DP_TILE 256
 /* "No m is enough"; far from overflow when a few slot counts are added. */
 #define RKM__DP_INF_SLOTS (INT64_MAX / 4)
 
+/* A candidate of a cell (a, b, m), m >= start: its cost is base, plus
+ * Opt of pair p1 at m - sh, plus Opt of pair p2 at m (RKM__DP_NOROW: none). */
+typedef struct rkm__dp_term {
+    double base;
+    int32_t start, sh;
+    uint32_t p1, p2;
+} rkm__dp_term;
+
+#define RKM__DP_NOROW UINT32_MAX
+
+/* The same, while enumerating: constant for m >= cf, decision dec. */
+typedef struct rkm__dp_cand {
+    rkm__dp_term x;
+    int64_t cf;
+    uint16_t dec;
+} rkm__dp_cand;
+
 typedef struct rkm__dp_table {
+    const rkm__dp_block *bl; /* the chain (the caller keeps it alive) */
     int32_t n, M;
     size_t row;      /* M + 1 cells per pair (a, b) */
     double *cost;    /* Opt(a, b, m) at [rkm__dp_pair(n, a, b) * row + m] */
-    uint16_t *dec;   /* the decision of the same cell */
     int64_t *lo;     /* per pair: least feasible m (may exceed M) */
-    int32_t *hi;     /* per pair: cost and decision are constant for m >= hi */
+    int32_t *hi;     /* per pair: the cost is constant for m >= hi */
+    rkm__dp_cand *cands; /* scratch: the candidates of one pair */
+    double *bound;       /* scratch: a bound per candidate of one pair */
+    size_t n_cands;      /* capacity of both: most options of a block + n */
+    rkm__dp_term *terms; /* while solving: every pair's feasible candidates */
+    size_t n_terms, cap_terms;
+    size_t *term_at;     /* per pair: its first term; its last is term_at[p] + term_n[p] */
+    uint32_t *term_n;
 } rkm__dp_table;
 
 /* ---- the model ---------------------------------------------------------- */
@@ -320,118 +349,192 @@ static rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, i
     return RKM_OK;
 }
 
-/* One candidate of a cell (a, b, m): cost base + r1[m - sh] (+ r2[m]) for
- * m >= start, constant for m >= cf. r1 NULL: cost base. */
-typedef struct rkm__dp_cand {
-    int64_t start, cf, sh;
-    double base;
-    const double *r1, *r2;
-    uint16_t dec;
-} rkm__dp_cand;
-
-static const double *rkm__dp_row(const rkm__dp_table *t, int32_t a, int32_t b)
+/* The feasible candidates of pair (a, b) into t->cands, in tie-breaking
+ * order (they read lo and hi of shorter pairs only). */
+static size_t rkm__dp_cands(rkm__dp_table *t, int32_t a, int32_t b)
 {
-    return t->cost + rkm__dp_pair(t->n, a, b) * t->row;
-}
-
-/* The feasible candidates of pair (a, b), in tie-breaking order. */
-static size_t rkm__dp_cands(const rkm__dp_block *bl, const rkm__dp_table *t, int32_t a, int32_t b,
-                            rkm__dp_cand *c)
-{
+    const rkm__dp_block *bl = t->bl;
     int32_t n = t->n;
     int64_t gb = bl[b].g_out, ina = bl[a].in_sz, need = 0;
     size_t nc = 0;
     for (int32_t k = 0; k < bl[a].n_opt; k++) {
-        const rkm__dp_option *o = &bl[a].opt[k];
-        rkm__dp_cand x = {rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), 0, ina + o->kept,
-                          o->tf + o->tb, NULL, NULL, (uint16_t)k};
+        int64_t start = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), cf = 0;
+        int64_t sh = ina + bl[a].opt[k].kept;
+        uint32_t p1 = RKM__DP_NOROW;
         if (a < b) {
-            size_t p = rkm__dp_pair(n, a + 1, b);
-            x.start = rkm__dp_max(x.start, rkm__dp_add(t->lo[p], x.sh));
-            x.cf = rkm__dp_add(t->hi[p], x.sh);
-            x.r1 = rkm__dp_row(t, a + 1, b);
+            p1 = (uint32_t)rkm__dp_pair(n, a + 1, b);
+            start = rkm__dp_max(start, rkm__dp_add(t->lo[p1], sh));
+            cf = rkm__dp_add(t->hi[p1], sh);
         }
-        x.cf = rkm__dp_max(x.cf, x.start);
-        if (x.start <= t->M) c[nc++] = x;
+        if (start > t->M) continue;
+        /* start <= M bounds sh when p1 is used */
+        rkm__dp_term x = {bl[a].opt[k].tf + bl[a].opt[k].tb, (int32_t)start, p1 == RKM__DP_NOROW ? 0 : (int32_t)sh,
+                          p1, RKM__DP_NOROW};
+        t->cands[nc++] = (rkm__dp_cand){x, rkm__dp_max(cf, start), (uint16_t)k};
     }
     double tsum = 0;
     for (int32_t j = a + 1; j <= b; j++) {
         need = rkm__dp_need(bl, n, a, b, j, need);
         tsum += bl[j - 1].tfn;
-        size_t p1 = rkm__dp_pair(n, j, b), p2 = rkm__dp_pair(n, a, j - 1);
-        rkm__dp_cand x = {rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], ina), t->lo[p2])), 0, ina, tsum,
-                          rkm__dp_row(t, j, b), rkm__dp_row(t, a, j - 1), (uint16_t)(RKM__DP_CKPT + (unsigned)j)};
-        x.cf = rkm__dp_max(x.start, rkm__dp_max(rkm__dp_add(t->hi[p1], ina), t->hi[p2]));
-        if (x.start <= t->M) c[nc++] = x;
+        uint32_t p1 = (uint32_t)rkm__dp_pair(n, j, b), p2 = (uint32_t)rkm__dp_pair(n, a, j - 1);
+        int64_t start = rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], ina), t->lo[p2]));
+        if (start > t->M) continue;
+        rkm__dp_term x = {tsum, (int32_t)start, (int32_t)ina, p1, p2};
+        int64_t cf = rkm__dp_max(start, rkm__dp_max(rkm__dp_add(t->hi[p1], ina), t->hi[p2]));
+        t->cands[nc++] = (rkm__dp_cand){x, cf, (uint16_t)(RKM__DP_CKPT + (unsigned)j)};
     }
     return nc;
 }
 
-/* best[m] = min(best[m], candidate(m)) for m in [c->start, hi]; a strict
- * comparison keeps the earlier candidate on ties. Branch-free bodies so
- * that compilers can use conditional moves or vectors. */
-static void rkm__dp_relax(const rkm__dp_cand *c, int32_t hi, double *best, uint16_t *dec)
+/* The cost of candidate x at m >= x->start. The kernels below compute the
+ * same sums in the same order, so decisions can be found again by equality. */
+static double rkm__dp_term_at(const rkm__dp_table *t, const rkm__dp_term *x, int32_t m)
 {
-    int32_t m0 = (int32_t)c->start, sh = (int32_t)c->sh;
-    uint16_t d = c->dec;
-    if (!c->r1) {
-        for (int32_t m = m0; m <= hi; m++) {
-            int lt = c->base < best[m];
-            best[m] = lt ? c->base : best[m];
-            dec[m] = lt ? d : dec[m];
-        }
-    } else if (!c->r2) {
-        const double *r1 = c->r1 + (m0 - sh);
-        for (int32_t m = m0; m <= hi; m++) {
-            double v = c->base + r1[m - m0];
-            int lt = v < best[m];
-            best[m] = lt ? v : best[m];
-            dec[m] = lt ? d : dec[m];
-        }
-    } else {
-        const double *r1 = c->r1 + (m0 - sh), *r2 = c->r2;
-        for (int32_t m = m0; m <= hi; m++) {
-            double v = c->base + r1[m - m0] + r2[m];
-            int lt = v < best[m];
-            best[m] = lt ? v : best[m];
-            dec[m] = lt ? d : dec[m];
-        }
+    double v = x->base;
+    if (x->p1 != RKM__DP_NOROW) v = v + t->cost[x->p1 * t->row + (size_t)(m - x->sh)];
+    if (x->p2 != RKM__DP_NOROW) v = v + t->cost[x->p2 * t->row + (size_t)m];
+    return v;
+}
+
+/* best[i] = min(best[i], base (+ r1[i] (+ r2[i]))) over distinct rows: the
+ * DP's hot loops. With SSE2 (every x86-64), two cells at a time: minpd picks
+ * exactly what the scalar `v < b ? v : b` picks (costs are never NaN). */
+static void rkm__dp_min0(double *restrict best, double base, int32_t len)
+{
+    for (int32_t i = 0; i < len; i++) best[i] = base < best[i] ? base : best[i];
+}
+
+static void rkm__dp_min1(double *restrict best, const double *restrict r1, double base, int32_t len)
+{
+    int32_t i = 0;
+#if defined(__SSE2__)
+    __m128d vb = _mm_set1_pd(base);
+    for (; i + 2 <= len; i += 2)
+        _mm_storeu_pd(best + i, _mm_min_pd(_mm_add_pd(vb, _mm_loadu_pd(r1 + i)), _mm_loadu_pd(best + i)));
+#endif
+    for (; i < len; i++) {
+        double v = base + r1[i];
+        best[i] = v < best[i] ? v : best[i];
     }
 }
 
-/* Fill the row of pair (a, b); cands is scratch for n_opt + n candidates. */
-static void rkm__dp_solve_pair(const rkm__dp_block *bl, rkm__dp_table *t, int32_t a, int32_t b, rkm__dp_cand *cands)
+static void rkm__dp_min2(double *restrict best, const double *restrict r1, const double *restrict r2, double base,
+                         int32_t len)
 {
-    size_t p = rkm__dp_pair(t->n, a, b), nc = rkm__dp_cands(bl, t, a, b, cands);
+    int32_t i = 0;
+#if defined(__SSE2__)
+    __m128d vb = _mm_set1_pd(base);
+    for (; i + 2 <= len; i += 2) {
+        __m128d v = _mm_add_pd(_mm_add_pd(vb, _mm_loadu_pd(r1 + i)), _mm_loadu_pd(r2 + i));
+        _mm_storeu_pd(best + i, _mm_min_pd(v, _mm_loadu_pd(best + i)));
+    }
+#endif
+    for (; i < len; i++) {
+        double v = base + r1[i] + r2[i];
+        best[i] = v < best[i] ? v : best[i];
+    }
+}
+
+/* First m in [lo, hi] with best[m] <= v, or hi + 1 (best is non-increasing). */
+static int32_t rkm__dp_first_le(const double *best, int32_t lo, int32_t hi, double v)
+{
+    if (best[lo] <= v) return lo; /* the common cases first */
+    if (best[hi] > v) return hi + 1;
+    int32_t end = hi;
+    while (lo < end) {
+        int32_t mid = lo + (end - lo) / 2;
+        if (best[mid] <= v) end = mid;
+        else lo = mid + 1;
+    }
+    return end;
+}
+
+/* best = min(best, x) over [m0, e), given x's cost at e-1 (`floor`). Every
+ * candidate is non-increasing in m, so best is too, and where best is
+ * already <= the floor, x cannot win: the loop stops there. */
+static void rkm__dp_relax(const rkm__dp_table *t, const rkm__dp_term *x, int32_t m0, int32_t e, double floor,
+                          double *best)
+{
+    m0 = x->start > m0 ? x->start : m0;
+    int32_t end = m0 < e ? rkm__dp_first_le(best, m0, e - 1, floor) : m0;
+    if (end <= m0) return;
+    if (x->p1 == RKM__DP_NOROW) {
+        rkm__dp_min0(best + m0, x->base, end - m0);
+    } else if (x->p2 == RKM__DP_NOROW) {
+        rkm__dp_min1(best + m0, t->cost + x->p1 * t->row + (m0 - x->sh), x->base, end - m0);
+    } else {
+        rkm__dp_min2(best + m0, t->cost + x->p1 * t->row + (m0 - x->sh), t->cost + x->p2 * t->row + m0, x->base,
+                     end - m0);
+    }
+}
+
+/* Columns [m0, m1) of pair p's row. All shorter pairs have theirs. */
+static void rkm__dp_solve_tile(rkm__dp_table *t, size_t p, int32_t m0, int32_t m1)
+{
     double *best = t->cost + p * t->row;
-    uint16_t *dec = t->dec + p * t->row;
-    /* Past the largest cf every candidate is constant, so the row is. */
-    int64_t h = 0;
-    for (size_t i = 0; i < nc; i++) h = rkm__dp_max(h, cands[i].cf);
-    int32_t hi = (int32_t)rkm__dp_min(h, t->M);
-    for (int32_t m = 0; m <= hi; m++) {
-        best[m] = INFINITY;
-        dec[m] = RKM__DP_NONE;
+    int32_t hi = t->hi[p], e = m1 < hi + 1 ? m1 : hi + 1;
+    const rkm__dp_term *x = t->terms + t->term_at[p];
+    uint32_t nc = t->term_n[p];
+    if (m0 < e) {
+        for (int32_t m = m0; m < e; m++) best[m] = INFINITY;
+        /* Values do not depend on the order (decisions are found again in
+         * the tie-breaking order): the least floor goes first, so that the
+         * others stop early. */
+        uint32_t first = 0;
+        for (uint32_t i = 0; i < nc; i++) {
+            t->bound[i] = x[i].start < e ? rkm__dp_term_at(t, &x[i], e - 1) : INFINITY;
+            if (t->bound[i] < t->bound[first]) first = i;
+        }
+        for (uint32_t i = 0; i < nc; i++) {
+            uint32_t k = i == 0 ? first : i == first ? 0 : i;
+            rkm__dp_relax(t, &x[k], m0, e, t->bound[k], best);
+        }
     }
-    for (size_t i = 0; i < nc; i++) rkm__dp_relax(&cands[i], hi, best, dec);
-    for (int32_t m = hi + 1; m <= t->M; m++) {
-        best[m] = best[hi];
-        dec[m] = dec[hi];
-    }
-    t->hi[p] = hi;
+    for (int32_t m = e > m0 ? e : m0; m < m1; m++) best[m] = best[hi]; /* constant past hi */
 }
 
 static void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t)
 {
-    size_t pairs = t->n > 0 ? rkm__dp_pairs(t->n) : 0, cells = pairs * t->row;
-    rkm__free(ctx, t->cost, cells * sizeof *t->cost);
-    rkm__free(ctx, t->dec, cells * sizeof *t->dec);
+    size_t pairs = t->n > 0 ? rkm__dp_pairs(t->n) : 0;
+    rkm__free(ctx, t->cost, pairs * t->row * sizeof *t->cost);
     rkm__free(ctx, t->lo, pairs * sizeof *t->lo);
     rkm__free(ctx, t->hi, pairs * sizeof *t->hi);
+    rkm__free(ctx, t->cands, t->n_cands * sizeof *t->cands);
+    rkm__free(ctx, t->bound, t->n_cands * sizeof *t->bound);
+    rkm__free(ctx, t->terms, t->cap_terms * sizeof *t->terms);
+    rkm__free(ctx, t->term_at, pairs * sizeof *t->term_at);
+    rkm__free(ctx, t->term_n, pairs * sizeof *t->term_n);
     memset(t, 0, sizeof *t);
 }
 
-/* Opt(a, b, m) for every pair and every m in 0..M (0-based blocks). */
+/* Every pair's candidates and hi (shorter pairs first). 0 on NOMEM. */
+static int rkm__dp_prepare(rkm_context *ctx, rkm__dp_table *t)
+{
+    for (int32_t a = t->n - 1; a >= 0; a--) {
+        for (int32_t b = a; b < t->n; b++) {
+            size_t p = rkm__dp_pair(t->n, a, b), nc = rkm__dp_cands(t, a, b);
+            if (!rkm__reserve(ctx, (void **)&t->terms, &t->cap_terms, t->n_terms + nc, sizeof *t->terms)) return 0;
+            int64_t h = 0;
+            for (size_t i = 0; i < nc; i++) {
+                t->terms[t->n_terms + i] = t->cands[i].x;
+                h = rkm__dp_max(h, t->cands[i].cf);
+            }
+            /* past the largest cf every candidate is constant, so the row is */
+            t->hi[p] = (int32_t)rkm__dp_min(h, t->M);
+            t->term_at[p] = t->n_terms;
+            t->term_n[p] = (uint32_t)nc;
+            t->n_terms += nc;
+        }
+    }
+    return 1;
+}
+
+/* Opt(a, b, m) for every pair and every m in 0..M (0-based blocks). The
+ * table keeps a pointer to bl, which must outlive it. Columns go in tiles of
+ * RKM__DP_TILE, all pairs per tile (a cell needs only cells of shorter pairs
+ * at the same or fewer slots): a candidate's cost at the end of the tile then
+ * bounds it over the tile, which prunes far more than its cost at M, and a
+ * tile reads less memory than whole rows. */
 static rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t)
 {
     memset(t, 0, sizeof *t);
@@ -441,31 +544,53 @@ static rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32
     size_t pairs = rkm__dp_pairs(n), row = (size_t)M + 1, max_opt = 0;
     if (pairs > SIZE_MAX / row / sizeof(double)) return rkm__nomem(ctx, "chain DP table");
     for (int32_t i = 0; i < n; i++) max_opt = bl[i].n_opt > (int32_t)max_opt ? (size_t)bl[i].n_opt : max_opt;
-    size_t ncand = max_opt + (size_t)n;
+    t->bl = bl;
     t->n = n;
     t->M = M;
     t->row = row;
+    t->n_cands = max_opt + (size_t)n;
     t->cost = rkm__alloc(ctx, pairs * row * sizeof *t->cost);
-    t->dec = rkm__alloc(ctx, pairs * row * sizeof *t->dec);
     t->lo = rkm__alloc(ctx, pairs * sizeof *t->lo);
     t->hi = rkm__alloc(ctx, pairs * sizeof *t->hi);
-    rkm__dp_cand *cands = rkm__alloc(ctx, ncand * sizeof *cands);
-    if (!t->cost || !t->dec || !t->lo || !t->hi || !cands) {
-        rkm__free(ctx, cands, ncand * sizeof *cands);
-        rkm__dp_table_free(ctx, t);
-        return rkm__nomem(ctx, "chain DP table");
-    }
+    t->cands = rkm__alloc(ctx, t->n_cands * sizeof *t->cands);
+    t->bound = rkm__alloc(ctx, t->n_cands * sizeof *t->bound);
+    t->term_at = rkm__alloc(ctx, pairs * sizeof *t->term_at);
+    t->term_n = rkm__alloc(ctx, pairs * sizeof *t->term_n);
+    if (!t->cost || !t->lo || !t->hi || !t->cands || !t->bound || !t->term_at || !t->term_n) goto nomem;
     rkm__dp_fill_lo(bl, n, t->lo);
-    for (int32_t a = n - 1; a >= 0; a--)
-        for (int32_t b = a; b < n; b++) rkm__dp_solve_pair(bl, t, a, b, cands);
-    rkm__free(ctx, cands, ncand * sizeof *cands);
+    if (!rkm__dp_prepare(ctx, t)) goto nomem;
+    for (int32_t m0 = 0; m0 <= M; m0 += RKM__DP_TILE) {
+        int32_t m1 = M + 1 - m0 > RKM__DP_TILE ? m0 + RKM__DP_TILE : M + 1;
+        for (int32_t a = n - 1; a >= 0; a--)
+            for (int32_t b = a; b < n; b++) rkm__dp_solve_tile(t, rkm__dp_pair(n, a, b), m0, m1);
+    }
+    /* the terms are only needed while solving */
+    rkm__free(ctx, t->terms, t->cap_terms * sizeof *t->terms);
+    t->terms = NULL;
+    t->n_terms = t->cap_terms = 0;
     return RKM_OK;
+nomem:
+    rkm__dp_table_free(ctx, t);
+    return rkm__nomem(ctx, "chain DP table");
 }
 
 /* Opt(a, b, m); INFINITY when infeasible. */
 static double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
 {
-    return rkm__dp_row(t, a, b)[m];
+    return t->cost[rkm__dp_pair(t->n, a, b) * t->row + (size_t)m];
+}
+
+/* The decision of cell (a, b, m): the first candidate, in tie-breaking order,
+ * whose cost is the cell's (an option k, RKM__DP_CKPT + j), or RKM__DP_NONE
+ * when infeasible. Found again rather than stored: the solve's loops then
+ * only take minima, and a table takes 8 bytes a cell. */
+static unsigned rkm__dp_decision(rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
+{
+    double v = rkm__dp_opt(t, a, b, m);
+    size_t nc = isfinite(v) ? rkm__dp_cands(t, a, b) : 0;
+    for (size_t i = 0; i < nc; i++)
+        if (t->cands[i].x.start <= m && rkm__dp_term_at(t, &t->cands[i].x, m) == v) return t->cands[i].dec;
+    return RKM__DP_NONE;
 }
 
 /* ---- schedules ---------------------------------------------------------- */
@@ -489,11 +614,11 @@ static int rkm__dp_push(rkm_context *ctx, rkm__dp_stack *s, int32_t kind, int32_
 }
 
 /* Push the work of cell (a, b, m) in reverse order of execution. */
-static int rkm__dp_expand(rkm_context *ctx, const rkm__dp_block *bl, const rkm__dp_table *t, rkm__dp_stack *s,
-                          rkm__dp_task seg)
+static int rkm__dp_expand(rkm_context *ctx, rkm__dp_table *t, rkm__dp_stack *s, rkm__dp_task seg)
 {
+    const rkm__dp_block *bl = t->bl;
     int32_t a = seg.a, b = seg.b, m = seg.m;
-    unsigned d = t->dec[rkm__dp_pair(t->n, a, b) * t->row + (size_t)m];
+    unsigned d = rkm__dp_decision(t, a, b, m);
     if (d < RKM__DP_CKPT) {
         int32_t k = (int32_t)d;
         return rkm__dp_push(ctx, s, RKM__DP_BWD_OPT, a, k, 0) &&
@@ -513,8 +638,7 @@ static int rkm__dp_expand(rkm_context *ctx, const rkm__dp_block *bl, const rkm__
 
 /* The schedule of Opt(1, n, m) from a table solved with M >= m, appended to
  * *ops (which the caller frees). RKM_ERROR_BUDGET if infeasible at m. */
-static rkm_result rkm__dp_schedule(rkm_context *ctx, const rkm__dp_block *bl, const rkm__dp_table *t, int32_t m,
-                                   rkm__dp_ops *ops)
+static rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops)
 {
     if (m < 0 || m > t->M) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: %d slots outside the table", (int)m);
     if (!isfinite(rkm__dp_opt(t, 0, t->n - 1, m)))
@@ -524,7 +648,7 @@ static rkm_result rkm__dp_schedule(rkm_context *ctx, const rkm__dp_block *bl, co
     if (!rkm__dp_push(ctx, &s, -1, 0, t->n - 1, m)) r = rkm__nomem(ctx, "chain DP schedule");
     while (r == RKM_OK && s.n > 0) {
         rkm__dp_task x = s.v[--s.n];
-        int ok = x.kind < 0 ? rkm__dp_expand(ctx, bl, t, &s, x) : rkm__dp_ops_push(ctx, ops, x.kind, x.a, x.b);
+        int ok = x.kind < 0 ? rkm__dp_expand(ctx, t, &s, x) : rkm__dp_ops_push(ctx, ops, x.kind, x.a, x.b);
         if (!ok) r = rkm__nomem(ctx, "chain DP schedule");
     }
     rkm__free(ctx, s.v, s.cap * sizeof *s.v);
@@ -564,8 +688,10 @@ static rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_
     for (int32_t s0 = last; ok && s0 >= 0; s0 -= seg) {
         int32_t s1 = s0 + seg < n ? s0 + seg : n;
         if (s0 < last) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FREE_OUT, s1 - 1, -1);
-        for (int32_t i = s0; ok && i < s1; i++) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FWD_OPT, i, rkm__dp_fastest(&bl[i]));
-        for (int32_t i = s1 - 1; ok && i >= s0; i--) ok = rkm__dp_ops_push(ctx, ops, RKM__DP_BWD_OPT, i, rkm__dp_fastest(&bl[i]));
+        for (int32_t i = s0; ok && i < s1; i++)
+            ok = rkm__dp_ops_push(ctx, ops, RKM__DP_FWD_OPT, i, rkm__dp_fastest(&bl[i]));
+        for (int32_t i = s1 - 1; ok && i >= s0; i--)
+            ok = rkm__dp_ops_push(ctx, ops, RKM__DP_BWD_OPT, i, rkm__dp_fastest(&bl[i]));
     }
     return ok ? RKM_OK : rkm__nomem(ctx, "sqrt schedule");
 }
