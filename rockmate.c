@@ -585,6 +585,22 @@ static void rkm__graph_derive(rkm_graph *g)
     }
 }
 
+/* 2 x all tensors + all phantoms + the largest workspace fits in 64 bits,
+ * so that no memory sum anywhere can overflow. */
+static int rkm__bytes_fit(const rkm_graph *g)
+{
+    uint64_t total = 0, ws = 0;
+    int ok = 1;
+    for (size_t t = 0; t < g->n_tensors && ok; t++)
+        ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
+    for (size_t i = 0; i < g->n_ops && ok; i++) {
+        ok = rkm__add_u64(total, g->ops[i].phantom, &total);
+        if (g->ops[i].fwd_ws > ws) ws = g->ops[i].fwd_ws;
+        if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
+    }
+    return ok && rkm__add_u64(total, ws, &total);
+}
+
 static rkm_result rkm__graph_check_whole(rkm_graph *g)
 {
     if (g->loss < 0) return rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "no loss statement (exactly one is required)");
@@ -614,19 +630,8 @@ static rkm_result rkm__graph_check_whole(rkm_graph *g)
                           g->tensors[g->loss].name);
             break;
         }
-    if (r == RKM_OK) {
-        uint64_t total = 0, ws = 0;
-        int ok = 1;
-        for (size_t t = 0; t < g->n_tensors && ok; t++)
-            ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
-        for (size_t i = 0; i < g->n_ops && ok; i++) {
-            ok = rkm__add_u64(total, g->ops[i].phantom, &total);
-            if (g->ops[i].fwd_ws > ws) ws = g->ops[i].fwd_ws;
-            if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
-        }
-        if (!ok || !rkm__add_u64(total, ws, &total))
-            r = rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "byte counts too large: their total must fit in 64 bits");
-    }
+    if (r == RKM_OK && !rkm__bytes_fit(g))
+        r = rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "byte counts too large: their total must fit in 64 bits");
 done:
     rkm__free(g->ctx, anc, g->n_ops + 1);
     rkm__free(g->ctx, need, g->n_tensors + 1);
@@ -658,10 +663,16 @@ rkm_result rkm_graph_set_op_costs(rkm_graph *g, int32_t op, double fwd, double b
     if (!(fwd >= 0) || !(bwd >= 0) || !isfinite(fwd) || !isfinite(bwd))
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_set_op_costs: op %s: times are finite and non-negative",
                         g->ops[op].name);
-    g->ops[op].fwd = fwd;
-    g->ops[op].bwd = bwd;
-    g->ops[op].fwd_ws = fwd_ws;
-    g->ops[op].bwd_ws = bwd_ws;
+    rkm__op *o = &g->ops[op], old = *o;
+    o->fwd = fwd;
+    o->bwd = bwd;
+    o->fwd_ws = fwd_ws;
+    o->bwd_ws = bwd_ws;
+    if (!rkm__bytes_fit(g)) {
+        *o = old;
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_set_op_costs: op %s: byte counts too large: their total must fit in 64 bits",
+                        o->name);
+    }
     return RKM_OK;
 }
 
@@ -863,6 +874,8 @@ static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
 {
     if (r->ntok < 3 || r->ntok > 5)
         return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [nograd]'");
+    if (!rkm__name_ok(r->tok[1]))
+        return rkm__rerr(r, RKM_ERROR_PARSE, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", r->tok[1]);
     uint64_t bytes;
     if (!rkm__parse_u64(r->tok[2], &bytes))
         return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: '%.64s' is not a byte count (unsigned 64-bit decimal)",
@@ -889,6 +902,8 @@ static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
 {
     if (r->ntok < 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'op NAME fwd=S bwd=S ...'");
     const char *name = r->tok[1];
+    if (!rkm__name_ok(name))
+        return rkm__rerr(r, RKM_ERROR_PARSE, "op '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
     int seen[RKM__K_N] = {0};
     rkm__idlist lists[3] = {{0}};
     uint64_t num[3] = {0, 0, 0};
@@ -1184,7 +1199,7 @@ static void rkm__plan_drop_layout(rkm_plan *p);
 static void rkm__plan_drop_check(rkm_plan *p)
 {
     rkm__plan_drop_layout(p);
-    rkm__free(p->ctx, p->flag_off, p->n_steps * sizeof *p->flag_off);
+    rkm__free(p->ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
     rkm__free(p->ctx, p->flags, p->n_flags);
     p->flag_off = NULL;
     p->flags = NULL;
@@ -2706,8 +2721,10 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     int32_t rep = 0;
     while (g->blocks[rep].cls != cls) rep++;
     const rkm__block *b = &g->blocks[rep];
-    const rkm__option *all = &pl->bo[rep].opt[0]; /* the block's baseline: the extreme */
-    uint64_t hi = all->pf > all->pb ? all->pf : all->pb;
+    /* The block's baseline (its only option yet) bounds the grid. Copied:
+     * adding options below may move the array. */
+    const rkm__option all = pl->bo[rep].opt[0];
+    uint64_t hi = all.pf > all.pb ? all.pf : all.pb;
     uint64_t lo = rkm__block_floor(g, b);
     uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
     if (lo > hi) lo = hi;
@@ -2720,7 +2737,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
         for (int32_t j = 0; j < nk && !r; j++) {
             double left = pl->d.time_limit - rkm__elapsed(pl);
             if (left <= 0) break;
-            uint64_t kept = base + (uint64_t)((double)all->kept * (nk > 1 ? (double)j / (nk - 1) : 1.0));
+            uint64_t kept = base + (uint64_t)((double)all.kept * (nk > 1 ? (double)j / (nk - 1) : 1.0));
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;

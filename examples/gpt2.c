@@ -1,0 +1,343 @@
+/* gpt2.c -- train a small GPT-2 on the CPU through rockmate, in the style of
+ * llm.c's train_gpt2.c: byte-level tokens from a bundled text, fp32, AdamW.
+ * Every activation lives only inside rockmate's executor callbacks, under a
+ * memory budget; the plan recomputes what does not fit.
+ *
+ * At the end it checks the promise: one step under the baseline plan and one
+ * under the chosen plan, from the same parameters and batch, must give the
+ * same loss and the same parameter gradients, bit for bit.
+ *
+ * Build (from the repository root):
+ *   gcc -std=c11 -O2 -Wall -Wextra -Wpedantic -ffp-contract=off -I. examples/gpt2.c rockmate.c \
+ *       -o build/gpt2 -llpsolve55 -lcolamd -lm -ldl
+ * (or `make demo`). Run from the repository root (defaults shown):
+ *   build/gpt2 [--layers 4] [--channels 128] [--heads 4] [--seq 64] [--batch 4] [--steps 10]
+ *              [--budget 40%] [--algo rockmate] [--dropout 0] [--lr 1e-3] [--seed 1337]
+ *              [--data examples/data/fables.txt]
+ * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
+ * Exit status: 0 ok, 1 a failure (the check included), 2 bad usage, 3 no
+ * plan of the algorithm fits the budget. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpt2_model.h"
+
+#define GPT2_DEFAULT_DATA "examples/data/fables.txt"
+#ifdef RKM_OMIT_SOLVER
+#define GPT2_DEFAULT_ALGO "rotor" /* rockmate's block ILPs need lp_solve */
+#else
+#define GPT2_DEFAULT_ALGO "rockmate"
+#endif
+
+typedef struct options {
+    gpt2_shape shape;
+    int steps;
+    const char *budget, *algo, *data;
+    rkm_algo algo_id;
+    float dropout, lr;
+    uint64_t seed;
+} options;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int usage(const char *why)
+{
+    fprintf(stderr,
+            "%s\nusage: gpt2 [--layers N] [--channels N] [--heads N] [--seq N] [--batch N] [--steps N]\n"
+            "            [--budget B|N%%|NMiB|min] [--algo rockmate|rotor|sqrt|checkmate|none]\n"
+            "            [--dropout P] [--lr LR] [--seed N] [--data FILE]\n",
+            why);
+    return 2;
+}
+
+static int parse_args(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->shape.L = 4, o->shape.C = 128, o->shape.NH = 4, o->shape.V = 256, o->shape.B = 4, o->shape.T = 64;
+    o->steps = 10, o->budget = "40%", o->algo = GPT2_DEFAULT_ALGO, o->data = GPT2_DEFAULT_DATA;
+    o->lr = 1e-3f, o->seed = 1337;
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int *n = !strcmp(a, "--layers") ? &o->shape.L : !strcmp(a, "--channels") ? &o->shape.C
+               : !strcmp(a, "--heads")  ? &o->shape.NH : !strcmp(a, "--seq") ? &o->shape.T
+               : !strcmp(a, "--batch")  ? &o->shape.B : !strcmp(a, "--steps") ? &o->steps : NULL;
+        if (!v) return usage(strcmp(a, "-h") && strcmp(a, "--help") ? "missing value" : "");
+        if (n) *n = atoi(v);
+        else if (!strcmp(a, "--budget")) o->budget = v;
+        else if (!strcmp(a, "--algo")) o->algo = v;
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--dropout")) o->dropout = strtof(v, NULL);
+        else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
+        else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+        else return usage("unknown option");
+    }
+    o->shape.dropout = o->dropout > 0.0f;
+    if (rkm_algo_from_name(o->algo, &o->algo_id) != RKM_OK) return usage("unknown --algo");
+    if (!gpt2_shape_ok(&o->shape) || o->steps < 0 || !(o->dropout >= 0.0f && o->dropout < 1.0f))
+        return usage("bad configuration (heads must divide channels, 0 <= dropout < 1)");
+    return 0;
+}
+
+/* The bundled text, bytes as tokens. */
+typedef struct dataset {
+    unsigned char *bytes;
+    size_t n, pos;
+    int32_t *tokens, *targets; /* one batch */
+} dataset;
+
+static int data_load(dataset *ds, const char *path, const gpt2_shape *s)
+{
+    FILE *f = fopen(path, "rb");
+    long size;
+    size_t need = (size_t)s->B * (size_t)s->T;
+    memset(ds, 0, sizeof *ds);
+    if (!f) return -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (ds->bytes = (unsigned char *)malloc((size_t)size)) != NULL)
+        ds->n = fread(ds->bytes, 1, (size_t)size, f);
+    fclose(f);
+    ds->tokens = (int32_t *)malloc(need * sizeof(int32_t));
+    ds->targets = (int32_t *)malloc(need * sizeof(int32_t));
+    return ds->bytes && ds->tokens && ds->targets && ds->n > need ? 0 : -1;
+}
+
+static void data_free(dataset *ds)
+{
+    free(ds->bytes);
+    free(ds->tokens);
+    free(ds->targets);
+}
+
+/* The next B rows of T tokens, read on through the text (as llm.c's loader). */
+static void data_next(dataset *ds, const gpt2_shape *s)
+{
+    size_t bt = (size_t)s->B * (size_t)s->T;
+    if (ds->pos + bt + 1 > ds->n) ds->pos = 0;
+    for (size_t i = 0; i < bt; i++) {
+        ds->tokens[i] = ds->bytes[ds->pos + i];
+        ds->targets[i] = ds->bytes[ds->pos + i + 1];
+    }
+    ds->pos += bt;
+}
+
+typedef struct trainer {
+    options opt;
+    rkm_context *ctx;
+    gpt2_graph gg;
+    gpt2_model model;
+    gpt2_step st;
+    dataset ds;
+    rkm_plan *base, *plan;
+    rkm_plan_stats ps;
+    uint64_t budget;
+} trainer;
+
+/* Exit status 1 for a failure, 3 when no plan fits the budget (as the CLI). */
+static int fail_with(trainer *tr, const char *what, int status)
+{
+    printf("demo: FAILED %s: %s%s%s\n", what, tr->st.err, tr->st.err[0] ? "; " : "", rkm_context_errmsg(tr->ctx));
+    return status;
+}
+
+static int fail(trainer *tr, const char *what) { return fail_with(tr, what, 1); }
+
+static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
+
+/* Context, graph, parameters, step buffers, text. */
+static int setup_model(trainer *tr)
+{
+    const options *o = &tr->opt;
+    rkm_graph_stats gs;
+    if (rkm_context_create(NULL, &tr->ctx) != RKM_OK) return fail(tr, "context");
+    if (gpt2_graph_build(tr->ctx, &o->shape, &tr->gg) != RKM_OK) return fail(tr, "graph");
+    if (gpt2_model_init(&tr->model, &o->shape, o->seed) ||
+        gpt2_step_init(&tr->st, &tr->gg, &tr->model, o->dropout, o->seed))
+        return fail(tr, "out of memory");
+    if (data_load(&tr->ds, o->data, &o->shape)) {
+        printf("demo: FAILED cannot read %s (or it is shorter than one batch); run from the repository root or "
+               "pass --data\n", o->data);
+        return 1;
+    }
+    rkm_graph_stats_get(tr->gg.g, &gs);
+    printf("gpt2: L=%d C=%d NH=%d V=%d B=%d T=%d dropout=%g, %zu parameters; %s, %zu bytes of text\n", o->shape.L,
+           o->shape.C, o->shape.NH, o->shape.V, o->shape.B, o->shape.T, (double)o->dropout, tr->model.num_params,
+           o->data, tr->ds.n);
+    printf("graph: %d ops, %d tensors, %d blocks in %d classes, baseline peak %llu bytes\n",
+           (int)rkm_graph_num_ops(tr->gg.g), (int)rkm_graph_num_tensors(tr->gg.g), (int)gs.blocks,
+           (int)gs.block_classes, (unsigned long long)gs.baseline_peak);
+    return 0;
+}
+
+/* The budget in bytes ("min": the least the algorithm can meet), then the plan. */
+static int make_plan(trainer *tr, const rkm_solve_desc *sd, uint64_t baseline_peak)
+{
+    rkm_planner *pl = NULL;
+    rkm_result r = rkm_planner_create(tr->gg.g, sd, &pl);
+    if (r == RKM_OK && !strcmp(tr->opt.budget, "min")) r = rkm_planner_min_budget(pl, &tr->budget);
+    else if (r == RKM_OK && rkm_parse_budget(tr->opt.budget, baseline_peak, &tr->budget) != RKM_OK) {
+        rkm_planner_destroy(pl);
+        return usage("bad --budget");
+    }
+    if (r == RKM_OK) r = rkm_planner_solve(pl, tr->budget, &tr->plan);
+    rkm_planner_destroy(pl);
+    if (r == RKM_ERROR_BUDGET) return fail_with(tr, "no plan fits the budget", 3);
+    return r == RKM_OK ? 0 : fail(tr, "planning");
+}
+
+/* Measured op times replace the graph's first guesses; then the baseline
+ * plan and the chosen algorithm's plan under the budget. */
+static int setup_plans(trainer *tr)
+{
+    rkm_graph_stats gs;
+    rkm_solve_desc sd;
+    rkm_profile_desc pd;
+    rkm_callbacks cb = gpt2_callbacks(&tr->st);
+    int rc;
+    memset(&pd, 0, sizeof pd);
+    memset(&sd, 0, sizeof sd);
+    sd.algo = tr->opt.algo_id;
+    pd.runs = 3;
+    data_next(&tr->ds, &tr->opt.shape);
+    if (gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) return fail(tr, "out of memory");
+    if (rkm_graph_profile(tr->gg.g, &cb, &pd) != RKM_OK) return fail(tr, "profile");
+    rkm_graph_stats_get(tr->gg.g, &gs);
+    if (rkm_plan_baseline(tr->gg.g, &tr->base) != RKM_OK) return fail(tr, "baseline plan");
+    if ((rc = make_plan(tr, &sd, gs.baseline_peak)) != 0) return rc;
+    rkm_plan_stats_get(tr->plan, &tr->ps);
+    printf("baseline: peak %llu bytes, step %.2f ms (profiled)\n", (unsigned long long)gs.baseline_peak,
+           gs.baseline_time * 1e3);
+    printf("budget: %llu bytes (%.1f%% of the baseline peak)\n", (unsigned long long)tr->budget,
+           pct(tr->budget, gs.baseline_peak));
+    printf("plan: %s, predicted peak %llu bytes (%.1f%%), predicted overhead %.2f%%, %zu steps, %d blocks in %d "
+           "classes, solved in %.3f s\n",
+           rkm_algo_name(sd.algo), (unsigned long long)tr->ps.peak, pct(tr->ps.peak, gs.baseline_peak),
+           tr->ps.overhead * 100.0, rkm_plan_num_steps(tr->plan), (int)tr->ps.blocks, (int)tr->ps.block_classes,
+           tr->ps.solve_seconds);
+    return 0;
+}
+
+/* One timed step under `plan`; *ms its wall time. */
+static int timed_step(trainer *tr, const rkm_plan *plan, uint64_t key, double *ms)
+{
+    double t0 = now_seconds();
+    rkm_result r = gpt2_step_run(&tr->st, plan, key);
+    *ms = (now_seconds() - t0) * 1e3;
+    return r == RKM_OK ? 0 : fail(tr, "step");
+}
+
+static int train(trainer *tr)
+{
+    for (int step = 1; step <= tr->opt.steps; step++) {
+        double ms;
+        data_next(&tr->ds, &tr->opt.shape);
+        if (gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) return fail(tr, "out of memory");
+        if (timed_step(tr, tr->plan, (uint64_t)step, &ms)) return 1;
+        gpt2_model_update(&tr->model, tr->opt.lr, 0.0f, step);
+        printf("step %d/%d: loss %.6f, %.1f ms, activation peak %llu bytes\n", step, tr->opt.steps, tr->st.loss, ms,
+               (unsigned long long)tr->st.mem.peak);
+        if (tr->st.mem.peak != tr->ps.peak) return fail(tr, "measured peak differs from the predicted peak");
+    }
+    return 0;
+}
+
+#define CHECK_ROUNDS 3
+
+typedef struct check_state {
+    float *ref_grads;     /* the first baseline run's parameter gradients */
+    double ref_loss;
+    double best_ms[2];    /* fastest baseline run, fastest plan run */
+    uint64_t peak;        /* the plan runs' measured peak (all must agree) */
+    const char *bad;      /* the first thing that went wrong */
+    int same;             /* losses and gradients all identical so far */
+} check_state;
+
+/* Run i of the check: even runs baseline, odd runs the plan. */
+static int check_run(trainer *tr, int i, check_state *cs)
+{
+    size_t gbytes = tr->model.num_params * sizeof(float);
+    uint64_t key = (uint64_t)tr->opt.steps + 1; /* one dropout key for all runs */
+    double ms;
+    if (timed_step(tr, i % 2 ? tr->plan : tr->base, key, &ms)) return 1;
+    if (ms < cs->best_ms[i % 2]) cs->best_ms[i % 2] = ms;
+    if (i == 0) {
+        memcpy(cs->ref_grads, tr->model.grads, gbytes);
+        cs->ref_loss = tr->st.loss;
+    } else if (memcmp(&cs->ref_loss, &tr->st.loss, sizeof cs->ref_loss) ||
+               memcmp(cs->ref_grads, tr->model.grads, gbytes)) {
+        cs->same = 0;
+        cs->bad = "loss or gradients differ from the baseline's";
+    }
+    if (i % 2 && !cs->bad && cs->peak && cs->peak != tr->st.mem.peak) cs->bad = "measured peak varies";
+    if (i % 2) cs->peak = tr->st.mem.peak;
+    return 0;
+}
+
+/* Baseline and plan, alternately, from the same parameters, batch and
+ * dropout key: every run must reproduce the first baseline run exactly.
+ * The fastest run of each gives the measured overhead. */
+static int check(trainer *tr)
+{
+    check_state cs;
+    memset(&cs, 0, sizeof cs);
+    cs.best_ms[0] = cs.best_ms[1] = 1e300;
+    cs.same = 1;
+    tr->ds.pos = 0;
+    data_next(&tr->ds, &tr->opt.shape);
+    if (!(cs.ref_grads = (float *)malloc(tr->model.num_params * sizeof(float))) ||
+        gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) {
+        free(cs.ref_grads);
+        return fail(tr, "out of memory");
+    }
+    for (int i = 0; i < 2 * CHECK_ROUNDS && !cs.bad; i++)
+        if (check_run(tr, i, &cs)) {
+            free(cs.ref_grads);
+            return 1;
+        }
+    free(cs.ref_grads);
+    gpt2_step_unload(&tr->st);
+    if (!cs.bad && cs.peak != tr->ps.peak) cs.bad = "measured peak differs from the predicted peak";
+    if (!cs.bad && cs.peak > tr->budget) cs.bad = "measured peak over the budget";
+    if (!cs.bad && tr->st.mem.cur != 0) cs.bad = "activation memory not back to zero";
+    printf("check: loss %.6f, baseline %.1f ms, plan %.1f ms\n", cs.ref_loss, cs.best_ms[0], cs.best_ms[1]);
+    printf("demo: %s%s%s budget=%llu predicted_peak=%llu measured_peak=%llu overhead_predicted=%.2f%% "
+           "overhead_measured=%.2f%% grads=%s\n",
+           cs.bad ? "FAILED (" : "ok", cs.bad ? cs.bad : "", cs.bad ? ")" : "", (unsigned long long)tr->budget,
+           (unsigned long long)tr->ps.peak, (unsigned long long)cs.peak, tr->ps.overhead * 100.0,
+           (cs.best_ms[1] / cs.best_ms[0] - 1.0) * 100.0, cs.same ? "identical" : "differ");
+    return cs.bad != NULL;
+}
+
+static void teardown(trainer *tr)
+{
+    if (tr->st.act) gpt2_step_unload(&tr->st);
+    rkm_plan_destroy(tr->plan);
+    rkm_plan_destroy(tr->base);
+    gpt2_step_free(&tr->st);
+    gpt2_model_free(&tr->model);
+    data_free(&tr->ds);
+    if (tr->gg.g) gpt2_graph_free(&tr->gg);
+    rkm_context_destroy(tr->ctx);
+}
+
+int main(int argc, char **argv)
+{
+    trainer tr;
+    int rc;
+    memset(&tr, 0, sizeof tr);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows as it happens */
+    if ((rc = parse_args(argc, argv, &tr.opt)) != 0) return rc;
+    rc = setup_model(&tr);
+    if (!rc) rc = setup_plans(&tr);
+    if (!rc) rc = train(&tr);
+    if (!rc) rc = check(&tr);
+    teardown(&tr);
+    return rc;
+}

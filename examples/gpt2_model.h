@@ -1,0 +1,758 @@
+/* gpt2_model.h -- GPT-2 in fp32 on the CPU, run through rockmate: the
+ * kernels (forward and backward of every op, in the spirit of llm.c's
+ * train_gpt2.c), the parameters and AdamW, a counting allocator, and the
+ * rockmate callbacks that own every activation buffer.
+ *
+ * Memory: every activation, activation gradient, phantom and workspace is
+ * allocated and freed in the callbacks, through gpt2_mem, which counts bytes
+ * exactly as rockmate's contract does, so its peak is comparable to the
+ * simulator's. Inputs (tokens, targets) go through it too. Parameters, their
+ * gradients and the AdamW state are plain malloc, outside the budget.
+ *
+ * Determinism: kernels are single-threaded with a fixed summation order, and
+ * dropout masks come from a counter-based generator keyed by (seed, step key,
+ * op, element), so a recomputed forward reproduces its output bit for bit.
+ * Build with -ffp-contract=off so the compiler fuses no multiply-add. */
+#ifndef GPT2_MODEL_H
+#define GPT2_MODEL_H
+
+#include <math.h>
+
+#include "gpt2_graph.h"
+
+/* The model is C11; the CUDA trainer includes it from C++ as its reference. */
+#ifdef __cplusplus
+#define GPT2_RESTRICT __restrict__
+#else
+#define GPT2_RESTRICT restrict
+#endif
+
+/* ---------------------------------------------------------------------------
+ * Counting allocator
+ * ------------------------------------------------------------------------- */
+
+typedef struct gpt2_mem {
+    uint64_t cur, peak; /* bytes live now, most bytes live at once */
+    int64_t blocks;     /* buffers live now */
+} gpt2_mem;
+
+static inline void *gpt2_mem_alloc(gpt2_mem *m, uint64_t bytes, int zero)
+{
+    void *p = zero ? calloc(1, (size_t)bytes) : malloc((size_t)bytes);
+    if (!p) return NULL;
+    m->cur += bytes;
+    m->blocks++;
+    if (m->cur > m->peak) m->peak = m->cur;
+    return p;
+}
+
+static inline void gpt2_mem_free(gpt2_mem *m, void *p, uint64_t bytes)
+{
+    if (!p) return;
+    free(p);
+    m->cur -= bytes;
+    m->blocks--;
+}
+
+/* ---------------------------------------------------------------------------
+ * Random numbers: a counter-based generator (splitmix64's finalizer)
+ * ------------------------------------------------------------------------- */
+
+static inline uint64_t gpt2_mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The key of one op's draws in one training step. */
+static inline uint64_t gpt2_key(uint64_t seed, uint64_t step, uint64_t op)
+{
+    return gpt2_mix(gpt2_mix(seed) ^ gpt2_mix(step * 0x100000001b3ull + op));
+}
+
+/* Uniform in [0, 1) with 24 bits, the i-th draw under `key`. */
+static inline float gpt2_uniform(uint64_t key, uint64_t i)
+{
+    return (float)(gpt2_mix(key ^ gpt2_mix(i)) >> 40) * (1.0f / 16777216.0f);
+}
+
+/* ---------------------------------------------------------------------------
+ * Kernels. N is the number of rows (B*T); a NULL input gradient is skipped.
+ * Backwards accumulate (+=) into every gradient, as in llm.c.
+ * ------------------------------------------------------------------------- */
+
+static inline void encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            const float *e = wte + (size_t)tok[b * T + t] * C, *p = wpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
+        }
+}
+
+static inline void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            float *de = dwte + (size_t)tok[b * T + t] * C, *dp = dwpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) {
+                de[i] += d[i];
+                dp[i] += d[i];
+            }
+        }
+}
+
+/* mean and rstd may be NULL (forward without save). */
+static inline void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                              const float *bias, int N, int C)
+{
+    for (int r = 0; r < N; r++) {
+        const float *x = inp + (size_t)r * C;
+        float *o = out + (size_t)r * C;
+        float m = 0.0f, v = 0.0f;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= (float)C;
+        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        v /= (float)C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        for (int i = 0; i < C; i++) o[i] = (s * (x[i] - m)) * w[i] + bias[i];
+        if (mean) mean[r] = m;
+        if (rstd) rstd[r] = s;
+    }
+}
+
+static inline void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int N, int C)
+{
+    for (int r = 0; r < N; r++) {
+        const float *d = dout + (size_t)r * C, *x = inp + (size_t)r * C;
+        float m = mean[r], s = rstd[r], dmean = 0.0f, dnormmean = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float dn = w[i] * d[i];
+            dmean += dn;
+            dnormmean += dn * ((x[i] - m) * s);
+        }
+        dmean /= (float)C;
+        dnormmean /= (float)C;
+        for (int i = 0; i < C; i++) {
+            float norm = (x[i] - m) * s, dn = w[i] * d[i];
+            db[i] += d[i];
+            dw[i] += norm * d[i];
+            if (dinp) dinp[(size_t)r * C + i] += ((dn - dmean) - norm * dnormmean) * s;
+        }
+    }
+}
+
+/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias. Each output is one sum over i
+ * in order (the same bits as the plain loop), but eight rows go together so
+ * the compiler can run the eight sums side by side: their inputs are first
+ * copied, 64 columns at a time, into a small interleaved stack buffer, and the
+ * partial sums wait in `out` between column chunks. Leftover rows (N % 8)
+ * take the plain loop. */
+#define GPT2_MM_ROWS 8
+#define GPT2_MM_COLS 64
+
+static inline void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                                  int OC)
+{
+    float xt[GPT2_MM_COLS * GPT2_MM_ROWS];
+    int r0 = 0;
+    for (; r0 + GPT2_MM_ROWS <= N; r0 += GPT2_MM_ROWS)
+        for (int i0 = 0; i0 < C; i0 += GPT2_MM_COLS) {
+            int ni = C - i0 < GPT2_MM_COLS ? C - i0 : GPT2_MM_COLS;
+            for (int i = 0; i < ni; i++)
+                for (int k = 0; k < GPT2_MM_ROWS; k++) xt[i * GPT2_MM_ROWS + k] = inp[(size_t)(r0 + k) * C + i0 + i];
+            for (int o = 0; o < OC; o++) {
+                const float *wr = w + (size_t)o * C + i0;
+                float acc[GPT2_MM_ROWS];
+                for (int k = 0; k < GPT2_MM_ROWS; k++)
+                    acc[k] = i0 ? out[(size_t)(r0 + k) * OC + o] : bias ? bias[o] : 0.0f;
+                for (int i = 0; i < ni; i++)
+                    for (int k = 0; k < GPT2_MM_ROWS; k++) acc[k] += xt[i * GPT2_MM_ROWS + k] * wr[i];
+                for (int k = 0; k < GPT2_MM_ROWS; k++) out[(size_t)(r0 + k) * OC + o] = acc[k];
+            }
+        }
+    for (; r0 < N; r0++)
+        for (int o = 0; o < OC; o++) {
+            const float *x = inp + (size_t)r0 * C, *wr = w + (size_t)o * C;
+            float acc = bias ? bias[o] : 0.0f;
+            for (int i = 0; i < C; i++) acc += x[i] * wr[i];
+            out[(size_t)r0 * OC + o] = acc;
+        }
+}
+
+/* a[i] += b[i] * d: independent lanes, so it vectorizes without reordering
+ * any sum (restrict: gradients never alias the values they are made from). */
+static inline void gpt2_axpy(float *GPT2_RESTRICT a, const float *GPT2_RESTRICT b, float d, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) /* a fixed-length body the compiler vectorizes at -O2 */
+        for (int k = 0; k < 8; k++) a[i + k] += b[i + k] * d;
+    for (; i < n; i++) a[i] += b[i] * d;
+}
+
+static inline void matmul_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                   const float *w, int N, int C, int OC)
+{
+    for (int r = 0; r < N && dinp; r++)
+        for (int o = 0; o < OC; o++) gpt2_axpy(dinp + (size_t)r * C, w + (size_t)o * C, dout[(size_t)r * OC + o], C);
+    for (int o = 0; o < OC; o++)
+        for (int r = 0; r < N; r++) {
+            if (db) db[o] += dout[(size_t)r * OC + o];
+            gpt2_axpy(dw + (size_t)o * C, inp + (size_t)r * C, dout[(size_t)r * OC + o], C);
+        }
+}
+
+/* inp (B,T,3C) holds q,k,v; preatt and att are (B,NH,T,T) and may be the
+ * same buffer (the softmax is then computed in place over the scores). */
+static inline void attention_forward(float *out, float *preatt, float *att, const float *inp, int B, int T, int C, int NH)
+{
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                const float *q = inp + ((size_t)b * T + t) * C3 + h * hs;
+                size_t row = (((size_t)b * NH + h) * T + t) * T;
+                float *pre = preatt + row, *a = att + row, maxv = -INFINITY, sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = inp + ((size_t)b * T + t2) * C3 + h * hs + C;
+                    float v = 0.0f;
+                    for (int i = 0; i < hs; i++) v += q[i] * k[i];
+                    pre[t2] = v * scale;
+                    if (pre[t2] > maxv) maxv = pre[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    a[t2] = expf(pre[t2] - maxv);
+                    sum += a[t2];
+                }
+                for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
+                float *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) o[i] = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = inp + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                    for (int i = 0; i < hs; i++) o[i] += a[t2] * v[i];
+                }
+            }
+}
+
+/* dpreatt and datt: zeroed (B,NH,T,T) workspace. */
+static inline void attention_backward(float *dinp, float *dpreatt, float *datt, const float *dout, const float *inp,
+                               const float *att, int B, int T, int C, int NH)
+{
+    int C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                size_t row = (((size_t)b * NH + h) * T + t) * T;
+                const float *a = att + row, *d = dout + ((size_t)b * T + t) * C + h * hs;
+                const float *q = inp + ((size_t)b * T + t) * C3 + h * hs;
+                float *da = datt + row, *dp = dpreatt + row, *dq = dinp + ((size_t)b * T + t) * C3 + h * hs;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = inp + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                    float *dv = dinp + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                    for (int i = 0; i < hs; i++) {
+                        da[t2] += v[i] * d[i];
+                        dv[i] += a[t2] * d[i];
+                    }
+                }
+                for (int t2 = 0; t2 <= t; t2++)
+                    for (int t3 = 0; t3 <= t; t3++)
+                        dp[t3] += a[t2] * ((t2 == t3 ? 1.0f : 0.0f) - a[t3]) * da[t2];
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = inp + ((size_t)b * T + t2) * C3 + h * hs + C;
+                    float *dk = dinp + ((size_t)b * T + t2) * C3 + h * hs + C;
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += k[i] * dp[t2] * scale;
+                        dk[i] += q[i] * dp[t2] * scale;
+                    }
+                }
+            }
+}
+
+static inline void residual_forward(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static inline void residual_backward(float *da, float *db, const float *dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (da) da[i] += dout[i];
+        if (db) db[i] += dout[i];
+    }
+}
+
+#define GPT2_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static inline void gelu_forward(float *out, const float *inp, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GPT2_GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+static inline void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i], u = GPT2_GELU_K * (x + 0.044715f * x * x * x);
+        float th = tanhf(u), ch = coshf(u), sech2 = 1.0f / (ch * ch);
+        float g = 0.5f * (1.0f + th) + x * 0.5f * sech2 * GPT2_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += g * dout[i];
+    }
+}
+
+/* Inverted dropout: keep with probability 1-p, scale kept values by
+ * 1/(1-p). mask (one byte per element) may be NULL (forward without save). */
+static inline void dropout_forward(float *out, uint8_t *mask, const float *inp, size_t n, float p, uint64_t key)
+{
+    float scale = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) {
+        int keep = gpt2_uniform(key, i) >= p;
+        out[i] = keep ? inp[i] * scale : 0.0f;
+        if (mask) mask[i] = (uint8_t)keep;
+    }
+}
+
+static inline void dropout_backward(float *dinp, const float *dout, const uint8_t *mask, size_t n, float p)
+{
+    float scale = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++)
+        if (mask[i]) dinp[i] += dout[i] * scale;
+}
+
+static inline void softmax_forward(float *probs, const float *logits, int N, int V)
+{
+    for (int r = 0; r < N; r++) {
+        const float *x = logits + (size_t)r * V;
+        float *p = probs + (size_t)r * V, maxv = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < V; i++)
+            if (x[i] > maxv) maxv = x[i];
+        for (int i = 0; i < V; i++) {
+            p[i] = expf(x[i] - maxv);
+            sum += p[i];
+        }
+        for (int i = 0; i < V; i++) p[i] /= sum;
+    }
+}
+
+/* dlogits_i += p_i * (dp_i - sum_j dp_j p_j). */
+static inline void softmax_backward(float *dlogits, const float *dprobs, const float *probs, int N, int V)
+{
+    for (int r = 0; r < N; r++) {
+        const float *p = probs + (size_t)r * V, *dp = dprobs + (size_t)r * V;
+        float *dl = dlogits + (size_t)r * V, dot = 0.0f;
+        for (int i = 0; i < V; i++) dot += dp[i] * p[i];
+        for (int i = 0; i < V; i++) dl[i] += p[i] * (dp[i] - dot);
+    }
+}
+
+static inline void xent_forward(float *losses, const float *probs, const int32_t *targets, int N, int V)
+{
+    for (int r = 0; r < N; r++) losses[r] = -logf(probs[(size_t)r * V + targets[r]]);
+}
+
+static inline void xent_backward(float *dprobs, const float *dlosses, const float *probs, const int32_t *targets, int N,
+                          int V)
+{
+    for (int r = 0; r < N; r++) {
+        size_t i = (size_t)r * V + targets[r];
+        dprobs[i] += -dlosses[r] / probs[i];
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Parameters and AdamW (outside the activation budget)
+ * ------------------------------------------------------------------------- */
+
+typedef struct gpt2_model {
+    gpt2_shape shape;
+    size_t sizes[GPT2_NUM_PARAMS], num_params;
+    float *params, *grads, *m, *v; /* one block each, num_params floats */
+    float *p[GPT2_NUM_PARAMS], *g[GPT2_NUM_PARAMS];
+} gpt2_model;
+
+/* Standard normal by Box-Muller from the counter-based generator. */
+static inline float gpt2_normal(uint64_t key, uint64_t i)
+{
+    float u1 = gpt2_uniform(key, 2 * i), u2 = gpt2_uniform(key, 2 * i + 1);
+    return sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853071795864f * u2);
+}
+
+/* GPT-2's initialisation: weights N(0, 0.02), the two residual projections
+ * scaled by 1/sqrt(2L), layernorms 1 and 0, biases 0. */
+static inline void gpt2__init_param(gpt2_model *md, int k, uint64_t seed)
+{
+    static const int ones[] = {GPT2_LN1W, GPT2_LN2W, GPT2_LNFW};
+    static const int normal[] = {GPT2_WTE, GPT2_WPE, GPT2_QKVW, GPT2_ATTPROJW, GPT2_FCW, GPT2_FCPROJW};
+    float std = 0.0f, fill = 0.0f;
+    for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++)
+        if (ones[i] == k) fill = 1.0f;
+    for (size_t i = 0; i < sizeof normal / sizeof normal[0]; i++)
+        if (normal[i] == k) std = 0.02f;
+    if (k == GPT2_ATTPROJW || k == GPT2_FCPROJW) std /= sqrtf(2.0f * (float)md->shape.L);
+    for (size_t i = 0; i < md->sizes[k]; i++)
+        md->p[k][i] = std > 0.0f ? std * gpt2_normal(gpt2_key(seed, 0, (uint64_t)k), i) : fill;
+}
+
+static inline void gpt2_model_free(gpt2_model *md)
+{
+    free(md->params);
+    free(md->grads);
+    free(md->m);
+    free(md->v);
+    memset(md, 0, sizeof *md);
+}
+
+/* 0 on success, -1 when out of memory. */
+static inline int gpt2_model_init(gpt2_model *md, const gpt2_shape *shape, uint64_t seed)
+{
+    size_t off = 0;
+    memset(md, 0, sizeof *md);
+    md->shape = *shape;
+    gpt2_param_sizes(shape, md->sizes);
+    for (int k = 0; k < GPT2_NUM_PARAMS; k++) md->num_params += md->sizes[k];
+    md->params = (float *)malloc(md->num_params * sizeof(float));
+    md->grads = (float *)calloc(md->num_params, sizeof(float));
+    md->m = (float *)calloc(md->num_params, sizeof(float));
+    md->v = (float *)calloc(md->num_params, sizeof(float));
+    if (!md->params || !md->grads || !md->m || !md->v) {
+        gpt2_model_free(md);
+        return -1;
+    }
+    for (int k = 0; k < GPT2_NUM_PARAMS; k++) {
+        md->p[k] = md->params + off;
+        md->g[k] = md->grads + off;
+        off += md->sizes[k];
+        gpt2__init_param(md, k, seed);
+    }
+    return 0;
+}
+
+static inline void gpt2_model_zero_grad(gpt2_model *md) { memset(md->grads, 0, md->num_params * sizeof(float)); }
+
+/* AdamW as in llm.c's gpt2_update; t counts updates from 1. */
+static inline void gpt2_model_update(gpt2_model *md, float lr, float wd, int t)
+{
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    for (size_t i = 0; i < md->num_params; i++) {
+        float g = md->grads[i];
+        md->m[i] = b1 * md->m[i] + (1.0f - b1) * g;
+        md->v[i] = b2 * md->v[i] + (1.0f - b2) * g * g;
+        md->params[i] -= lr * ((md->m[i] / c1) / (sqrtf(md->v[i] / c2) + eps) + wd * md->params[i]);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * One training step's buffers and the rockmate callbacks
+ * ------------------------------------------------------------------------- */
+
+typedef struct gpt2_step {
+    const gpt2_graph *gg;
+    gpt2_model *model;
+    gpt2_mem mem;
+    void **act;      /* per tensor: its buffer while live */
+    void **phantom;  /* per op: its saved state while live */
+    float **grad;    /* per tensor: its gradient while live */
+    float dropout;   /* p */
+    uint64_t seed;   /* dropout seed */
+    uint64_t key;    /* the training step's key for dropout masks */
+    double loss;     /* mean loss, set by the loss callback */
+    char err[160];   /* why a callback failed */
+} gpt2_step;
+
+static inline int gpt2__fail(gpt2_step *st, const char *what, int32_t id)
+{
+    snprintf(st->err, sizeof st->err, "%s (id %d)", what, (int)id);
+    return 1;
+}
+
+static inline uint64_t gpt2__tbytes(const gpt2_step *st, int32_t t)
+{
+    rkm_tensor_info ti;
+    return rkm_graph_tensor_info(st->gg->g, t, &ti) == RKM_OK ? ti.bytes : 0;
+}
+
+/* A parameter's slice for the op's layer (whole outside layers). */
+static inline float *gpt2__w(float *const *base, const gpt2_shape *s, int param, int layer)
+{
+    if (param < 0) return NULL;
+    return base[param] + (layer < 0 ? 0 : (size_t)layer * gpt2_param_slice(s, param));
+}
+
+static inline void gpt2__forward_kernel(gpt2_step *st, const gpt2_opdef *d, int32_t op, int save, float *ws)
+{
+    const gpt2_shape *s = &st->gg->shape;
+    int N = s->B * s->T;
+    float *out = (float *)st->act[d->out], *x = (float *)st->act[d->in[0]];
+    float *ph = save ? (float *)st->phantom[op] : NULL;
+    float *w = gpt2__w(st->model->p, s, d->weight, d->layer), *b = gpt2__w(st->model->p, s, d->bias, d->layer);
+    switch (d->kind) {
+    case GPT2_ENCODER: encoder_forward(out, (const int32_t *)x, w, b, s->B, s->T, s->C); break;
+    case GPT2_LAYERNORM: layernorm_forward(out, ph, ph ? ph + N : NULL, x, w, b, N, s->C); break;
+    case GPT2_MATMUL: matmul_forward(out, x, w, b, N, d->n, d->m); break;
+    case GPT2_ATTENTION: attention_forward(out, ws, ph ? ph : ws, x, s->B, s->T, s->C, s->NH); break;
+    case GPT2_RESIDUAL: residual_forward(out, x, (const float *)st->act[d->in[1]], (size_t)d->n); break;
+    case GPT2_GELU: gelu_forward(out, x, (size_t)d->n); break;
+    case GPT2_DROPOUT:
+        dropout_forward(out, (uint8_t *)ph, x, (size_t)d->n, st->dropout, gpt2_key(st->seed, st->key, (uint64_t)op));
+        break;
+    case GPT2_SOFTMAX: softmax_forward(out, x, N, s->V); break;
+    case GPT2_XENT: xent_forward(out, x, (const int32_t *)st->act[d->in[1]], N, s->V); break;
+    }
+}
+
+static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    const gpt2_opdef *d = &st->gg->ops[c->op];
+    rkm_op_info oi;
+    float *ws = NULL;
+    if (rkm_graph_op_info(st->gg->g, c->op, &oi) != RKM_OK) return gpt2__fail(st, "forward: bad op", c->op);
+    for (int i = 0; i < d->n_in; i++)
+        if (!st->act[d->in[i]]) return gpt2__fail(st, "forward: input not live", d->in[i]);
+    if (c->out_new[0]) {
+        if (st->act[d->out]) return gpt2__fail(st, "forward: new output already live", d->out);
+        st->act[d->out] = gpt2_mem_alloc(&st->mem, gpt2__tbytes(st, d->out), 0);
+    } else if (!st->act[d->out]) {
+        return gpt2__fail(st, "forward: output to recompute in place is not live", d->out);
+    }
+    if (c->save) {
+        if (st->phantom[c->op]) return gpt2__fail(st, "forward: saved state already live", c->op);
+        st->phantom[c->op] = gpt2_mem_alloc(&st->mem, oi.phantom, 0);
+    }
+    if (oi.fwd_ws) ws = (float *)gpt2_mem_alloc(&st->mem, oi.fwd_ws, 0);
+    if (!st->act[d->out] || (c->save && !st->phantom[c->op]) || (oi.fwd_ws && !ws))
+        return gpt2__fail(st, "forward: out of memory", c->op);
+    gpt2__forward_kernel(st, d, c->op, c->save, ws);
+    gpt2_mem_free(&st->mem, ws, oi.fwd_ws);
+    return 0;
+}
+
+/* The buffer of tensor t if the op's backward declares it saved, else NULL:
+ * a backward sees only what its `saved` list promises, so a kernel that
+ * read anything else would crash under the plans that free it. */
+static inline void *gpt2__saved(const gpt2_step *st, const rkm_op_info *oi, int32_t t)
+{
+    for (int i = 0; i < oi->n_saved; i++)
+        if (oi->saved[i] == t) return st->act[t];
+    return NULL;
+}
+
+static inline void gpt2__backward_kernel(gpt2_step *st, const gpt2_opdef *d, const rkm_op_info *oi, int32_t op,
+                                  float *const din[2], float *ws)
+{
+    const gpt2_shape *s = &st->gg->shape;
+    int N = s->B * s->T;
+    float *dout = st->grad[d->out], *x = (float *)gpt2__saved(st, oi, d->in[0]), *ph = (float *)st->phantom[op];
+    const int32_t *targets = d->n_in > 1 ? (const int32_t *)gpt2__saved(st, oi, d->in[1]) : NULL;
+    float *w = gpt2__w(st->model->p, s, d->weight, d->layer);
+    float *dw = gpt2__w(st->model->g, s, d->weight, d->layer), *db = gpt2__w(st->model->g, s, d->bias, d->layer);
+    switch (d->kind) {
+    case GPT2_ENCODER: encoder_backward(dw, db, dout, (const int32_t *)x, s->B, s->T, s->C); break;
+    case GPT2_LAYERNORM: layernorm_backward(din[0], dw, db, dout, x, w, ph, ph + N, N, s->C); break;
+    case GPT2_MATMUL: matmul_backward(din[0], dw, db, dout, x, w, N, d->n, d->m); break;
+    case GPT2_ATTENTION:
+        attention_backward(din[0], ws, ws + oi->bwd_ws / 8, dout, x, ph, s->B, s->T, s->C, s->NH);
+        break;
+    case GPT2_RESIDUAL: residual_backward(din[0], din[1], dout, (size_t)d->n); break;
+    case GPT2_GELU: gelu_backward(din[0], x, dout, (size_t)d->n); break;
+    case GPT2_DROPOUT: dropout_backward(din[0], dout, (const uint8_t *)ph, (size_t)d->n, st->dropout); break;
+    case GPT2_SOFTMAX: softmax_backward(din[0], dout, (const float *)gpt2__saved(st, oi, d->out), N, s->V); break;
+    case GPT2_XENT: xent_backward(din[0], dout, x, targets, N, s->V); break;
+    }
+}
+
+/* Makes din[i] point at grad(in[i]) as the executor asks (new: zeroed). */
+static inline int gpt2__input_grads(gpt2_step *st, const gpt2_opdef *d, const rkm_bwd_call *c, float *din[2])
+{
+    for (int i = 0; i < d->n_in; i++) {
+        int32_t t = d->in[i];
+        din[i] = NULL;
+        if (c->in_grad[i] == RKM_GRAD_NEW) {
+            if (st->grad[t]) return gpt2__fail(st, "backward: new gradient already live", t);
+            st->grad[t] = (float *)gpt2_mem_alloc(&st->mem, gpt2__tbytes(st, t), 1);
+            if (!st->grad[t]) return gpt2__fail(st, "backward: out of memory", t);
+        } else if (c->in_grad[i] == RKM_GRAD_ACCUMULATE && !st->grad[t]) {
+            return gpt2__fail(st, "backward: gradient to accumulate into is not live", t);
+        }
+        if (c->in_grad[i] != RKM_GRAD_NONE) din[i] = st->grad[t];
+    }
+    return 0;
+}
+
+static inline int gpt2_cb_backward(void *user, const rkm_bwd_call *c)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    const gpt2_opdef *d = &st->gg->ops[c->op];
+    rkm_op_info oi;
+    float *din[2], *ws = NULL;
+    if (rkm_graph_op_info(st->gg->g, c->op, &oi) != RKM_OK) return gpt2__fail(st, "backward: bad op", c->op);
+    if (!st->grad[d->out]) return gpt2__fail(st, "backward: output gradient not live", d->out);
+    for (int i = 0; i < oi.n_saved; i++)
+        if (!st->act[oi.saved[i]]) return gpt2__fail(st, "backward: saved tensor not live", oi.saved[i]);
+    if (oi.phantom && !st->phantom[c->op]) return gpt2__fail(st, "backward: saved state not live", c->op);
+    if (gpt2__input_grads(st, d, c, din)) return 1;
+    if (oi.bwd_ws && !(ws = (float *)gpt2_mem_alloc(&st->mem, oi.bwd_ws, 1)))
+        return gpt2__fail(st, "backward: out of memory", c->op);
+    gpt2__backward_kernel(st, d, &oi, c->op, din, ws);
+    gpt2_mem_free(&st->mem, ws, oi.bwd_ws);
+    return 0;
+}
+
+/* grad(loss) = 1/(B*T) everywhere: the loss is the mean over positions. */
+static inline int gpt2_cb_loss(void *user, int32_t t)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    uint64_t bytes = gpt2__tbytes(st, t);
+    size_t n = (size_t)(bytes / sizeof(float));
+    const float *losses = (const float *)st->act[t];
+    double sum = 0.0;
+    if (!losses) return gpt2__fail(st, "loss: tensor not live", t);
+    if (st->grad[t]) return gpt2__fail(st, "loss: gradient already live", t);
+    if (!(st->grad[t] = (float *)gpt2_mem_alloc(&st->mem, bytes, 0))) return gpt2__fail(st, "loss: out of memory", t);
+    for (size_t i = 0; i < n; i++) {
+        st->grad[t][i] = 1.0f / (float)n;
+        sum += losses[i];
+    }
+    st->loss = sum / (double)n;
+    return 0;
+}
+
+static inline int gpt2_cb_free_tensor(void *user, int32_t t)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    if (!st->act[t]) return gpt2__fail(st, "free: tensor not live", t);
+    gpt2_mem_free(&st->mem, st->act[t], gpt2__tbytes(st, t));
+    st->act[t] = NULL;
+    return 0;
+}
+
+static inline int gpt2_cb_free_saved(void *user, int32_t op)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    rkm_op_info oi;
+    if (!st->phantom[op] || rkm_graph_op_info(st->gg->g, op, &oi) != RKM_OK)
+        return gpt2__fail(st, "free_saved: saved state not live", op);
+    gpt2_mem_free(&st->mem, st->phantom[op], oi.phantom);
+    st->phantom[op] = NULL;
+    return 0;
+}
+
+static inline int gpt2_cb_free_grad(void *user, int32_t t)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    if (!st->grad[t]) return gpt2__fail(st, "free_grad: gradient not live", t);
+    gpt2_mem_free(&st->mem, st->grad[t], gpt2__tbytes(st, t));
+    st->grad[t] = NULL;
+    return 0;
+}
+
+static inline rkm_callbacks gpt2_callbacks(gpt2_step *st)
+{
+    rkm_callbacks cb;
+    cb.user = st;
+    cb.forward = gpt2_cb_forward;
+    cb.backward = gpt2_cb_backward;
+    cb.loss = gpt2_cb_loss;
+    cb.free_tensor = gpt2_cb_free_tensor;
+    cb.free_saved = gpt2_cb_free_saved;
+    cb.free_grad = gpt2_cb_free_grad;
+    return cb;
+}
+
+static inline void gpt2_step_free(gpt2_step *st)
+{
+    free(st->act);
+    free(st->phantom);
+    free(st->grad);
+    memset(st, 0, sizeof *st);
+}
+
+/* 0 on success, -1 when out of memory. */
+static inline int gpt2_step_init(gpt2_step *st, const gpt2_graph *gg, gpt2_model *md, float dropout, uint64_t seed)
+{
+    size_t nt = (size_t)rkm_graph_num_tensors(gg->g), no = (size_t)rkm_graph_num_ops(gg->g);
+    memset(st, 0, sizeof *st);
+    st->gg = gg;
+    st->model = md;
+    st->dropout = dropout;
+    st->seed = seed;
+    st->act = (void **)calloc(nt, sizeof *st->act);
+    st->phantom = (void **)calloc(no, sizeof *st->phantom);
+    st->grad = (float **)calloc(nt, sizeof *st->grad);
+    if (!st->act || !st->phantom || !st->grad) {
+        gpt2_step_free(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* Makes the inputs live (counted) with a batch of B*T tokens and targets. */
+static inline int gpt2_step_load(gpt2_step *st, const int32_t *tokens, const int32_t *targets)
+{
+    int32_t ids[2] = {st->gg->tokens, st->gg->targets};
+    const int32_t *src[2] = {tokens, targets};
+    for (int i = 0; i < 2; i++) {
+        uint64_t bytes = gpt2__tbytes(st, ids[i]);
+        if (!st->act[ids[i]] && !(st->act[ids[i]] = gpt2_mem_alloc(&st->mem, bytes, 0))) return -1;
+        memcpy(st->act[ids[i]], src[i], (size_t)bytes);
+    }
+    return 0;
+}
+
+static inline void gpt2_step_unload(gpt2_step *st)
+{
+    int32_t ids[2] = {st->gg->tokens, st->gg->targets};
+    for (int i = 0; i < 2; i++) {
+        gpt2_mem_free(&st->mem, st->act[ids[i]], gpt2__tbytes(st, ids[i]));
+        st->act[ids[i]] = NULL;
+    }
+}
+
+/* Frees whatever a failed step left live, inputs excepted. */
+static inline void gpt2_step_release(gpt2_step *st)
+{
+    int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
+    for (int32_t t = 0; t < nt; t++) {
+        if (st->act[t] && t != st->gg->tokens && t != st->gg->targets) gpt2_cb_free_tensor(st, t);
+        if (st->grad[t]) gpt2_cb_free_grad(st, t);
+    }
+    for (int32_t op = 0; op < no; op++)
+        if (st->phantom[op]) gpt2_cb_free_saved(st, op);
+}
+
+/* Buffers other than the inputs still live: 0 after a complete step. */
+static inline int64_t gpt2_step_leaks(const gpt2_step *st)
+{
+    return st->mem.blocks - (st->act[st->gg->tokens] != NULL) - (st->act[st->gg->targets] != NULL);
+}
+
+/* One training step under `plan` on the loaded batch: parameter gradients
+ * zeroed, then accumulated; dropout masks drawn under `key`. The measured
+ * activation peak of the step is left in st->mem.peak. */
+static inline rkm_result gpt2_step_run(gpt2_step *st, const rkm_plan *plan, uint64_t key)
+{
+    rkm_callbacks cb = gpt2_callbacks(st);
+    rkm_result r;
+    gpt2_model_zero_grad(st->model);
+    st->key = key;
+    st->err[0] = 0;
+    st->mem.peak = st->mem.cur;
+    r = rkm_plan_execute(plan, &cb);
+    if (r == RKM_OK && gpt2_step_leaks(st) != 0) {
+        snprintf(st->err, sizeof st->err, "%lld buffers still live after the step", (long long)gpt2_step_leaks(st));
+        r = RKM_ERROR_STATE;
+    }
+    if (r != RKM_OK) gpt2_step_release(st);
+    return r;
+}
+
+#endif /* GPT2_MODEL_H */

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs the GPT-2 trainer (examples/gpt2.c) end to end in a tiny shape. The
+# trainer checks by itself that every step's counted activation peak is the
+# predicted one and that one step under its plan gives the baseline's loss
+# and gradients bit for bit; here we check its exit status and final line.
+# (tests/test_gpt2.c checks the model and every algorithm in depth.)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+gpt2=${RKM_BUILD:-build}/gpt2
+passed=0
+failed=0
+tiny=(--layers 2 --channels 64 --heads 2 --seq 32 --batch 2 --steps 2)
+
+# expect NAME STATUS PATTERN ARGS...: exit status STATUS and PATTERN in the output.
+expect() {
+    local name=$1 want=$2 pattern=$3 out rc
+    shift 3
+    out=$("$gpt2" "$@" 2>&1)
+    rc=$?
+    if [[ $rc == "$want" ]] && grep -qE -- "$pattern" <<<"$out"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: gpt2 $* -> exit $rc (want $want, output matching '$pattern')"
+        printf '%s\n' "$out" | tail -n 20
+    fi
+}
+
+if [[ ! -x $gpt2 ]]; then
+    echo "test_gpt2.sh: $gpt2 not built"
+    echo "test_gpt2.sh: 0 passed, 1 failed"
+    exit 1
+fi
+
+ok='^demo: ok budget=([0-9]+) predicted_peak=([0-9]+) measured_peak=\2 overhead_predicted=[-0-9.]+% overhead_measured=[-0-9.]+% grads=identical$'
+expect baseline 0 "$ok" "${tiny[@]}" --algo none --budget 100%
+expect rotor_dropout_45 0 "$ok" "${tiny[@]}" --algo rotor --dropout 0.1 --budget 45%
+expect rotor_min 0 "$ok" "${tiny[@]}" --algo rotor --budget min --steps 1
+if grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
+    expect rockmate_omitted 1 'FAILED planning' "${tiny[@]}" --algo rockmate --budget 60% --steps 1
+else
+    expect rockmate_dropout_50 0 "$ok" "${tiny[@]}" --algo rockmate --dropout 0.1 --budget 50%
+fi
+expect too_small 3 '^demo: FAILED no plan fits the budget' "${tiny[@]}" --algo rotor --budget 1%
+expect bad_usage 2 'usage' --heads 3
+expect no_data 1 'cannot read' "${tiny[@]}" --data /nonexistent/text.txt
+
+echo "test_gpt2.sh: $passed passed, $failed failed"
+((failed == 0))

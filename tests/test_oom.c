@@ -1,0 +1,546 @@
+/* test_oom.c -- allocation failure. A context whose allocator fails at the
+ * N-th allocation, for every N up to the number of allocations a clean run
+ * makes: each run either succeeds with the same result as the clean run, or
+ * returns RKM_ERROR_NOMEM with its output NULL; nothing leaks; and the sizes
+ * the library passes back on realloc and free always match what it asked
+ * for (the allocator keeps every block's size in a table). */
+#include "../rockmate.c"
+#include "test.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ------------------------------------------------------ tracking allocator */
+
+typedef struct block {
+    void *p;
+    size_t n;
+} block;
+
+static struct {
+    block *b;
+    size_t n, cap;
+    size_t live;     /* bytes held by the library */
+    long calls;      /* allocations (and growths) so far */
+    long fail_at;    /* the call that fails; 0: none */
+    long bad_sizes;  /* old_size that did not match the block */
+    long unknown;    /* realloc/free of a pointer never handed out */
+} A;
+
+static long find_block(const void *p)
+{
+    for (size_t i = A.n; i-- > 0;)
+        if (A.b[i].p == p) return (long)i;
+    return -1;
+}
+
+static void *track_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
+{
+    (void)user;
+    long i = ptr ? find_block(ptr) : -1;
+    if (ptr && i < 0) {
+        A.unknown++;
+        return NULL;
+    }
+    if (ptr && A.b[i].n != old_size) {
+        fprintf(stderr, "allocator: block of %zu bytes passed back as %zu\n", A.b[i].n, old_size);
+        A.bad_sizes++;
+    }
+    if (!ptr && old_size != 0) A.bad_sizes++;
+    if (new_size == 0) {
+        if (ptr) {
+            A.live -= A.b[i].n;
+            A.b[i] = A.b[--A.n];
+            free(ptr);
+        }
+        return NULL;
+    }
+    if (++A.calls == A.fail_at) return NULL;
+    void *q = realloc(ptr, new_size);
+    if (!q) return NULL;
+    if (ptr) {
+        A.live = A.live - A.b[i].n + new_size;
+        A.b[i].p = q;
+        A.b[i].n = new_size;
+    } else {
+        if (A.n == A.cap) {
+            A.cap = A.cap ? A.cap * 2 : 1024;
+            A.b = realloc(A.b, A.cap * sizeof *A.b);
+            if (!A.b) exit(2);
+        }
+        A.b[A.n].p = q;
+        A.b[A.n].n = new_size;
+        A.n++;
+        A.live += new_size;
+    }
+    return q;
+}
+
+static rkm_context *new_ctx(void)
+{
+    rkm_context_desc d;
+    memset(&d, 0, sizeof d);
+    d.alloc = track_alloc;
+    rkm_context *ctx = NULL;
+    A.fail_at = 0;
+    if (rkm_context_create(&d, &ctx) != RKM_OK) {
+        fprintf(stderr, "rkm_context_create failed\n");
+        exit(2);
+    }
+    return ctx;
+}
+
+/* ------------------------------------------------------------ the driver */
+
+/* One operation under test: run() makes its output (or fails), check()
+ * compares a successful output with the clean run's, drop() destroys it. */
+typedef struct op_under_test {
+    const char *name;
+    rkm_result (*run)(void *env, void **out);
+    int (*check)(void *env, void *out);
+    void (*drop)(void *out);
+} op_under_test;
+
+/* Run op clean, count its allocations, then fail each one in turn; ctx is
+ * the context whose messages tell what went wrong. */
+static void every_failure(const op_under_test *op, void *env, const rkm_context *ctx)
+{
+    size_t live0 = A.live;
+    long bad0 = A.bad_sizes;
+    A.fail_at = 0;
+    long c0 = A.calls;
+    void *out = NULL;
+    rkm_result r = op->run(env, &out);
+    long clean_calls = A.calls - c0;
+    if (r != RKM_OK) fprintf(stderr, "%s: the clean run failed: %s\n", op->name, rkm_context_errmsg(ctx));
+    CHECK(r == RKM_OK && out != NULL);
+    if (out) {
+        CHECK(op->check(env, out));
+        op->drop(out);
+    }
+    CHECK_EQ_U64(A.live, live0);
+    long fails = 0;
+    for (long n = 1; n <= clean_calls; n++) {
+        out = &A; /* a failed run must set it to NULL */
+        A.fail_at = A.calls + n;
+        r = op->run(env, &out);
+        A.fail_at = 0;
+        if (r == RKM_OK) {
+            /* the failure was absorbed (a shrink, say): the result must be whole */
+            CHECK(out != NULL && out != (void *)&A && op->check(env, out));
+        } else {
+            fails++;
+            if (r != RKM_ERROR_NOMEM || out != NULL)
+                fprintf(stderr, "%s: failing allocation %ld of %ld: result %d, out %p: %s\n", op->name, n, clean_calls,
+                        (int)r, out, rkm_context_errmsg(ctx));
+            CHECK(r == RKM_ERROR_NOMEM);
+            CHECK(out == NULL);
+        }
+        if (out && out != (void *)&A) op->drop(out);
+        if (A.live != live0)
+            fprintf(stderr, "%s: failing allocation %ld: %zu bytes leaked\n", op->name, n, A.live - live0);
+        CHECK_EQ_U64(A.live, live0);
+    }
+    CHECK(clean_calls == 0 || fails > 0);
+    if (A.bad_sizes != bad0)
+        fprintf(stderr, "%s: %ld blocks freed or grown with a wrong old size\n", op->name, A.bad_sizes - bad0);
+    CHECK(A.bad_sizes == bad0);
+#ifdef OOM_VERBOSE
+    fprintf(stderr, "%s: %ld allocations, %ld failing runs\n", op->name, clean_calls, fails);
+#endif
+}
+
+/* ---------------------------------------------------------- the operations */
+
+typedef struct graph_env {
+    rkm_context *ctx;
+    const char *text;
+    size_t len;
+    const char *path;
+    int32_t n_tensors, n_ops;
+    uint64_t baseline_peak;
+} graph_env;
+
+static int check_graph(void *env, void *out)
+{
+    graph_env *e = env;
+    rkm_graph_stats st;
+    return rkm_graph_num_tensors(out) == e->n_tensors && rkm_graph_num_ops(out) == e->n_ops &&
+           rkm_graph_stats_get(out, &st) == RKM_OK && st.baseline_peak == e->baseline_peak;
+}
+
+static void drop_graph(void *out) { rkm_graph_destroy(out); }
+
+static rkm_result run_read_string(void *env, void **out)
+{
+    graph_env *e = env;
+    return rkm_graph_read_string(e->ctx, e->text, e->len, "oom.rkg", (rkm_graph **)out);
+}
+
+static rkm_result run_read_file(void *env, void **out)
+{
+    graph_env *e = env;
+    return rkm_graph_read_file(e->ctx, e->path, (rkm_graph **)out);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(1 << 20);
+    *len = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (buf) buf[*len] = 0;
+    return buf;
+}
+
+/* Fill e's expected figures from a clean read. */
+static int graph_env_init(graph_env *e, rkm_context *ctx, const char *name, char *path, size_t path_size)
+{
+    memset(e, 0, sizeof *e);
+    e->ctx = ctx;
+    snprintf(path, path_size, "%s/%s.rkg", TEST_GRAPHS_DIR, name);
+    e->path = path;
+    e->text = slurp(path, &e->len);
+    CHECK(e->text != NULL);
+    rkm_graph *g = NULL;
+    if (!e->text || rkm_graph_read_string(ctx, e->text, e->len, "oom.rkg", &g) != RKM_OK) {
+        CHECK(0);
+        return 0;
+    }
+    rkm_graph_stats st;
+    CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
+    e->n_tensors = rkm_graph_num_tensors(g);
+    e->n_ops = rkm_graph_num_ops(g);
+    e->baseline_peak = st.baseline_peak;
+    rkm_graph_destroy(g);
+    return 1;
+}
+
+TEST(read_graphs)
+{
+    static const char *names[] = {"multi-output", "mlp16", "gpt2-tiny"};
+    rkm_context *ctx = new_ctx();
+    for (size_t k = 0; k < N_OF(names); k++) {
+        graph_env e;
+        char path[256];
+        if (!graph_env_init(&e, ctx, names[k], path, sizeof path)) continue;
+        op_under_test op = {names[k], run_read_string, check_graph, drop_graph};
+        every_failure(&op, &e, ctx);
+        if (k == 0) {
+            op_under_test f = {path, run_read_file, check_graph, drop_graph};
+            every_failure(&f, &e, ctx);
+        }
+        free((char *)e.text);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* A read that breaks a whole-graph rule at its very end (c is never
+ * produced) frees all it built; with an allocation failing before that, the
+ * answer is NOMEM, not the rule. */
+static rkm_result run_read_bad(void *env, void **out)
+{
+    graph_env *e = env;
+    rkm_result r = rkm_graph_read_string(e->ctx, e->text, e->len, "bad.rkg", (rkm_graph **)out);
+    /* the clean run's answer is a GRAPH error: report it as the "success" */
+    if (r == RKM_ERROR_GRAPH && *out == NULL) {
+        *out = e;
+        return RKM_OK;
+    }
+    return r == RKM_OK ? RKM_ERROR_STATE : r;
+}
+
+static int check_bad(void *env, void *out) { return out == env; }
+static void drop_nothing(void *out) { (void)out; }
+
+TEST(read_bad_graph)
+{
+    static const char text[] = "rockmate-graph 1\ntensor x 8 input\ntensor a 16\ntensor b 4\ntensor c 4\n"
+                               "op f fwd=1 bwd=1 in=x out=a saved=x\nop g fwd=1 bwd=1 in=a out=b saved=a\nloss b\n";
+    rkm_context *ctx = new_ctx();
+    graph_env e;
+    memset(&e, 0, sizeof e);
+    e.ctx = ctx;
+    e.text = text;
+    e.len = strlen(text);
+    op_under_test op = {"bad graph", run_read_bad, check_bad, drop_nothing};
+    every_failure(&op, &e, ctx);
+    rkm_context_destroy(ctx);
+}
+
+/* A chain of `layers` (linear, act) pairs with a phantom and a branch that
+ * accumulates, built through the API. */
+static rkm_result build(rkm_context *ctx, int layers, rkm_graph **out)
+{
+    rkm_graph *g = NULL;
+    *out = NULL;
+    rkm_result r = rkm_graph_create(ctx, &g);
+    if (r) return r;
+    int32_t prev, t, skip;
+    char name[32];
+    if ((r = rkm_graph_add_tensor(g, "x", 64, RKM_TENSOR_INPUT, &prev))) goto fail;
+    skip = prev;
+    for (int i = 0; i < layers && !r; i++) {
+        snprintf(name, sizeof name, "h%d", i);
+        if ((r = rkm_graph_add_tensor(g, name, 128 + (uint64_t)i, 0, &t))) break;
+        int32_t in[2] = {prev, skip};
+        rkm_op_desc d;
+        memset(&d, 0, sizeof d);
+        snprintf(name, sizeof name, "op%d", i);
+        d.name = name;
+        d.fwd_seconds = 1e-3 * (i + 1);
+        d.bwd_seconds = 2e-3 * (i + 1);
+        d.in = in;
+        d.n_in = i > 0 && skip != prev ? 2 : 1;
+        d.out = &t;
+        d.n_out = 1;
+        d.saved = in;
+        d.n_saved = 1;
+        d.phantom = (uint64_t)(i % 3) * 16;
+        d.fwd_ws = 32;
+        if ((r = rkm_graph_add_op(g, &d, NULL))) break;
+        if (i % 4 == 0) skip = t;
+        prev = t;
+    }
+    if (r) goto fail;
+    if ((r = rkm_graph_set_loss(g, prev))) goto fail;
+    if ((r = rkm_graph_finalize(g))) goto fail;
+    *out = g;
+    return RKM_OK;
+fail:
+    rkm_graph_destroy(g);
+    return r;
+}
+
+static rkm_result run_build(void *env, void **out) { return build(env, 40, (rkm_graph **)out); }
+
+static int check_built(void *env, void *out)
+{
+    (void)env;
+    return rkm_graph_num_ops(out) == 40 && rkm_graph_is_finalized(out);
+}
+
+TEST(build_through_api)
+{
+    rkm_context *ctx = new_ctx();
+    op_under_test op = {"builder", run_build, check_built, drop_graph};
+    every_failure(&op, ctx, ctx);
+    rkm_context_destroy(ctx);
+}
+
+/* Plans: baseline, simulate, read, write, on a graph loaded beforehand. */
+typedef struct plan_env {
+    rkm_graph *g;
+    rkm_plan *p; /* a baseline, for simulate and write */
+    uint64_t peak;
+    size_t n_steps;
+    char *text;  /* the baseline written as .rkp */
+    size_t len;
+} plan_env;
+
+static void drop_plan(void *out) { rkm_plan_destroy(out); }
+
+static rkm_result run_baseline(void *env, void **out)
+{
+    plan_env *e = env;
+    return rkm_plan_baseline(e->g, (rkm_plan **)out);
+}
+
+static int check_plan(void *env, void *out)
+{
+    plan_env *e = env;
+    rkm_sim_result res;
+    return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_simulate(out, &res, NULL) == RKM_OK && res.peak == e->peak;
+}
+
+/* simulate allocates its state and the executor's annotations; a failed
+ * simulate leaves the plan unchecked (not executable) and checkable later. */
+static int noop_fwd(void *user, const rkm_fwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
+static int noop_bwd(void *user, const rkm_bwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
+static rkm_result run_simulate(void *env, void **out)
+{
+    plan_env *e = env;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm_plan_read_string(e->g, e->text, e->len, "sim.rkp", &p);
+    *out = p;
+    if (r) return r;
+    rkm_sim_result res;
+    r = rkm_plan_simulate(p, &res, NULL);
+    if (r) {
+        A.fail_at = 0;
+        rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+        CHECK(rkm_plan_execute(p, &cb) == RKM_ERROR_STATE);
+        CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK && res.peak == e->peak);
+        CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
+        rkm_plan_destroy(p);
+        *out = NULL;
+    }
+    return r;
+}
+
+static rkm_result run_plan_read(void *env, void **out)
+{
+    plan_env *e = env;
+    return rkm_plan_read_string(e->g, e->text, e->len, "oom.rkp", (rkm_plan **)out);
+}
+
+static int count_write(void *user, const char *data, size_t len)
+{
+    (void)data;
+    *(size_t *)user += len;
+    return 0;
+}
+
+static size_t written;
+
+static rkm_result run_write(void *env, void **out)
+{
+    plan_env *e = env;
+    size_t n = 0;
+    rkm_result r = rkm_graph_write(e->g, count_write, &n);
+    if (!r) r = rkm_plan_write(e->p, count_write, &n);
+    *out = r ? NULL : env;
+    written = n;
+    return r;
+}
+
+static int check_write(void *env, void *out)
+{
+    (void)env;
+    return out == env && written > 0;
+}
+
+static int text_sink(void *user, const char *data, size_t len)
+{
+    plan_env *e = user;
+    char *t = realloc(e->text, e->len + len + 1);
+    if (!t) return 1;
+    memcpy(t + e->len, data, len);
+    e->text = t;
+    e->len += len;
+    t[e->len] = 0;
+    return 0;
+}
+
+TEST(plans)
+{
+    rkm_context *ctx = new_ctx();
+    plan_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(build(ctx, 24, &e.g) == RKM_OK);
+    if (e.g) CHECK(rkm_plan_baseline(e.g, &e.p) == RKM_OK);
+    if (e.p) {
+        rkm_sim_result res;
+        CHECK(rkm_plan_simulate(e.p, &res, NULL) == RKM_OK);
+        e.peak = res.peak;
+        e.n_steps = rkm_plan_num_steps(e.p);
+        CHECK(rkm_plan_write(e.p, text_sink, &e) == RKM_OK);
+    }
+    if (e.p && e.text) {
+        op_under_test ops[] = {
+            {"baseline", run_baseline, check_plan, drop_plan},
+            {"simulate", run_simulate, check_plan, drop_plan},
+            {"plan read", run_plan_read, check_plan, drop_plan},
+            {"write", run_write, check_write, drop_nothing},
+        };
+        for (size_t k = 0; k < N_OF(ops); k++) every_failure(&ops[k], &e, ctx);
+    }
+    free(e.text);
+    rkm_plan_destroy(e.p);
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
+/* The planners that need no ILP, on mlp16 under a budget they can meet. */
+typedef struct solve_env {
+    rkm_graph *g;
+    rkm_solve_desc desc;
+    uint64_t budget;
+    size_t n_steps; /* the clean run's: plans are deterministic */
+} solve_env;
+
+static rkm_result run_solve(void *env, void **out)
+{
+    solve_env *e = env;
+    return rkm_plan_solve(e->g, &e->desc, e->budget, (rkm_plan **)out);
+}
+
+static int check_solve(void *env, void *out)
+{
+    solve_env *e = env;
+    rkm_sim_result res;
+    if (!e->n_steps) e->n_steps = rkm_plan_num_steps(out);
+    return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_simulate(out, &res, NULL) == RKM_OK &&
+           res.peak <= e->budget;
+}
+
+TEST(planners)
+{
+    rkm_context *ctx = new_ctx();
+    solve_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/mlp16.rkg", &e.g) == RKM_OK);
+    rkm_graph_stats st;
+    if (e.g && rkm_graph_stats_get(e.g, &st) == RKM_OK) {
+        static const struct {
+            rkm_algo algo;
+            int percent;
+        } runs[] = {{RKM_ALGO_NONE, 100}, {RKM_ALGO_SQRT, 80}, {RKM_ALGO_ROTOR, 70}};
+        for (size_t k = 0; k < N_OF(runs); k++) {
+            e.desc.algo = runs[k].algo;
+            e.budget = st.baseline_peak - st.baseline_peak / 100 * (uint64_t)(100 - runs[k].percent);
+            e.n_steps = 0;
+            op_under_test op = {rkm_algo_name(runs[k].algo), run_solve, check_solve, drop_plan};
+            every_failure(&op, &e, ctx);
+        }
+    }
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
+TEST(context_create)
+{
+    rkm_context_desc d;
+    memset(&d, 0, sizeof d);
+    d.alloc = track_alloc;
+    rkm_context *ctx = (rkm_context *)&d;
+    A.fail_at = A.calls + 1;
+    CHECK(rkm_context_create(&d, &ctx) == RKM_ERROR_NOMEM);
+    CHECK(ctx == NULL);
+    A.fail_at = 0;
+}
+
+/* Run last: everything is destroyed, nothing is left, and every size
+ * passed back matched. */
+TEST(allocator_totals)
+{
+    CHECK_EQ_U64(A.live, 0);
+    CHECK(A.n == 0);
+    CHECK(A.bad_sizes == 0);
+    CHECK(A.unknown == 0);
+}
+
+int main(void)
+{
+    RUN(context_create);
+    RUN(read_graphs);
+    RUN(read_bad_graph);
+    RUN(build_through_api);
+    RUN(plans);
+    RUN(planners);
+    RUN(allocator_totals);
+    free(A.b);
+    TEST_END();
+}

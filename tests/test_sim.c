@@ -1,0 +1,1488 @@
+/* test_sim.c -- the simulator, the baseline plan and plan files, against
+ * small graphs whose every figure is worked out by hand from docs/formats.md.
+ *
+ * Times are sums of powers of two, exact in doubles (the bundled graph's are
+ * added up in step order, as the simulator does).
+ * Where the contract fixes which tensors are freed at a point but not in
+ * which order (a run of frees), the baseline is compared with each run
+ * sorted by id, and mem_after only where a run ends. */
+#include "../rockmate.c"
+#include "test.h"
+
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static rkm_context *new_ctx(void)
+{
+    rkm_context *ctx = NULL;
+    if (rkm_context_create(NULL, &ctx) != RKM_OK) {
+        fprintf(stderr, "rkm_context_create failed\n");
+        exit(2);
+    }
+    return ctx;
+}
+
+static rkm_graph *load(rkm_context *ctx, const char *text)
+{
+    rkm_graph *g = NULL;
+    rkm_result r = rkm_graph_read_string(ctx, text, strlen(text), "hand.rkg", &g);
+    if (r != RKM_OK) fprintf(stderr, "hand graph rejected: %s\n", rkm_context_errmsg(ctx));
+    CHECK(r == RKM_OK);
+    return g;
+}
+
+static rkm_plan *plan_text(const rkm_graph *g, const char *text)
+{
+    rkm_plan *p = NULL;
+    rkm_result r = rkm_plan_read_string(g, text, strlen(text), "hand.rkp", &p);
+    if (r != RKM_OK) fprintf(stderr, "hand plan rejected: %s\n", rkm_context_errmsg(rkm_graph_context(g)));
+    CHECK(r == RKM_OK);
+    return p;
+}
+
+static int is_free_kind(int32_t k)
+{
+    return k == RKM_STEP_FREE || k == RKM_STEP_FREE_SAVED || k == RKM_STEP_FREE_GRAD;
+}
+
+/* Is step i inside a run of same-kind frees (not its last)? */
+static int inside_free_run(const rkm_step *s, size_t n, size_t i)
+{
+    return is_free_kind(s[i].kind) && i + 1 < n && s[i + 1].kind == s[i].kind;
+}
+
+/* Sort each run of same-kind frees by index (insertion sort: runs are short). */
+static void sort_free_runs(rkm_step *s, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i;
+             j > 0 && is_free_kind(s[j].kind) && s[j - 1].kind == s[j].kind && s[j - 1].index > s[j].index; j--) {
+            rkm_step t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+}
+
+static void print_steps(const char *what, const rkm_plan *p)
+{
+    char buf[300];
+    fprintf(stderr, "  %s:\n", what);
+    for (size_t i = 0; i < rkm_plan_num_steps(p); i++) {
+        rkm__step_text(rkm_plan_graph(p), &rkm_plan_steps(p)[i], buf, sizeof buf);
+        fprintf(stderr, "    %zu %s\n", i, buf);
+    }
+}
+
+/* The graph's stats and its baseline plan equal the hand-worked figures:
+ * the expected steps `text` (a run of frees compared as a set), the peak, its
+ * first step, the time, and mem_after. */
+static void check_baseline(const rkm_graph *g, uint64_t input_bytes, uint64_t peak, int64_t peak_step, double time,
+                           const char *text, const uint64_t *mem, size_t n)
+{
+    rkm_graph_stats st;
+    CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
+    CHECK_EQ_U64(st.input_bytes, input_bytes);
+    CHECK_EQ_U64(st.baseline_peak, peak);
+    CHECK(st.baseline_time == time);
+    CHECK(st.lower_bound >= input_bytes && st.lower_bound <= peak);
+
+    rkm_plan *want = plan_text(g, text);
+    rkm_plan *p = NULL;
+    CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+    if (!p || !want) goto done;
+    CHECK_EQ_U64(rkm_plan_num_steps(p), n);
+    CHECK_EQ_U64(rkm_plan_num_steps(want), n);
+    if (rkm_plan_num_steps(p) != n || rkm_plan_num_steps(want) != n) {
+        print_steps("baseline", p);
+        goto done;
+    }
+    rkm_step *got = malloc(n * sizeof *got), *w = malloc(n * sizeof *w);
+    memcpy(got, rkm_plan_steps(p), n * sizeof *got);
+    memcpy(w, rkm_plan_steps(want), n * sizeof *w);
+    sort_free_runs(got, n);
+    sort_free_runs(w, n);
+    int same = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (got[i].kind != w[i].kind || got[i].index != w[i].index || got[i].save != w[i].save) same = 0;
+    }
+    CHECK(same);
+    if (!same) print_steps("baseline", p);
+
+    uint64_t *after = calloc(n + 1, sizeof *after);
+    after[n] = 12345;
+    rkm_sim_result res;
+    CHECK(rkm_plan_simulate(p, &res, after) == RKM_OK);
+    CHECK(res.valid == 1);
+    CHECK(res.rule == RKM_RULE_NONE);
+    CHECK(res.fail_step == -1);
+    CHECK_EQ_U64(res.peak, peak);
+    CHECK(res.peak_step == peak_step);
+    CHECK(res.time == time);
+    for (size_t i = 0; i < n; i++)
+        if (!inside_free_run(got, n, i)) CHECK_EQ_U64(after[i], mem[i]);
+    CHECK_EQ_U64(after[n], 12345);
+    rkm_plan_stats ps;
+    memset(&ps, 0, sizeof ps);
+    CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK_EQ_U64(ps.peak, peak);
+    CHECK(ps.time == time);
+    free(after);
+    free(got);
+    free(w);
+done:
+    rkm_plan_destroy(p);
+    rkm_plan_destroy(want);
+}
+
+/* A hand-written plan is valid with exactly these figures. */
+static void check_hand(const rkm_graph *g, const char *text, uint64_t peak, int64_t peak_step, double time,
+                       const uint64_t *mem, size_t n)
+{
+    rkm_plan *p = plan_text(g, text);
+    if (!p) return;
+    CHECK_EQ_U64(rkm_plan_num_steps(p), n);
+    uint64_t *after = calloc(rkm_plan_num_steps(p) + 1, sizeof *after);
+    rkm_sim_result res;
+    rkm_result r = rkm_plan_simulate(p, &res, after);
+    if (r != RKM_OK) fprintf(stderr, "hand plan invalid: %s\n", rkm_context_errmsg(rkm_graph_context(g)));
+    CHECK(r == RKM_OK);
+    CHECK(res.valid == 1);
+    CHECK(res.fail_step == -1);
+    CHECK_EQ_U64(res.peak, peak);
+    CHECK(res.peak_step == peak_step);
+    CHECK(res.time == time);
+    if (rkm_plan_num_steps(p) == n)
+        for (size_t i = 0; i < n; i++) CHECK_EQ_U64(after[i], mem[i]);
+    rkm_plan_stats ps;
+    memset(&ps, 0, sizeof ps);
+    CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK_EQ_U64(ps.peak, peak);
+    CHECK(ps.time == time);
+    /* no valid plan peaks below the graph's lower bound */
+    rkm_graph_stats st;
+    CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
+    CHECK(st.lower_bound <= peak);
+    free(after);
+    rkm_plan_destroy(p);
+}
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ------------------------------------------------------- hand-worked graphs */
+
+/* CHAIN2: x(10, input) -f-> a(100) -g-> b(200) = loss. f saves x, g saves a.
+ * Baseline, mem after each step (peak of the step in brackets):
+ *  0 fwd f          110 [110]   a is read by g: kept
+ *  1 fwd g          310 [310]   a saved by g, b the loss: kept
+ *  2 loss           510 [510]   grad(b) +200
+ *  3 free b         310         no backward saves b
+ *  4 bwd g          410 [410]   grad(a) new +100
+ *  5 free_grad b    210
+ *  6 free a         110         only f's backward remains; it saves x
+ *  7 bwd f          110 [110]   x is an input: no gradient
+ *  8 free_grad a     10
+ * Peak 510 at step 2; time 1+4+2+8 = 15. */
+static const char *G_CHAIN2 = "rockmate-graph 1\n"
+                              "tensor x 10 input\n"
+                              "tensor a 100\n"
+                              "tensor b 200\n"
+                              "op f fwd=1 bwd=2 in=x out=a saved=x\n"
+                              "op g fwd=4 bwd=8 in=a out=b saved=a\n"
+                              "loss b\n";
+
+TEST(chain2_baseline)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_CHAIN2);
+    if (g) {
+        static const uint64_t mem[] = {110, 310, 510, 310, 410, 210, 110, 110, 10};
+        check_baseline(g, 10, 510, 2, 15.0,
+                       "rockmate-plan 1\nfwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\nbwd f\n"
+                       "free_grad a\n",
+                       mem, N_OF(mem));
+        rkm_tensor_info ti;
+        CHECK(rkm_graph_tensor_info(g, rkm_graph_find_tensor(g, "x"), &ti) == RKM_OK);
+        CHECK(ti.has_grad == 0 && ti.producer == -1 && ti.flags == RKM_TENSOR_INPUT);
+        CHECK(rkm_graph_tensor_info(g, rkm_graph_find_tensor(g, "b"), &ti) == RKM_OK);
+        CHECK(ti.has_grad == 1 && ti.n_contributors == 1 && ti.producer == rkm_graph_find_op(g, "g"));
+        CHECK(rkm_graph_loss(g) == rkm_graph_find_tensor(g, "b"));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* CHAIN3: x(10,in) -f1-> a(100) -f2-> b(100) -f3-> c(50) = loss; each op saves
+ * its input. Times f1 1/2, f2 4/8, f3 16/32.
+ * Baseline:
+ *  0 fwd f1 110 [110]   1 fwd f2 210 [210]   2 fwd f3 260 [260]
+ *  3 loss 310 [310]     4 free c 260
+ *  5 bwd f3 360 [360] (grad b new)          6 free_grad c 310   7 free b 210
+ *  8 bwd f2 310 [310] (grad a new)          9 free_grad b 210  10 free a 110
+ * 11 bwd f1 110        12 free_grad a 10
+ * Peak 360 at step 5, time 63.
+ * Hand plan with a recompute: free a after f2 and run f1 again before f2's
+ * backward:
+ *  0 fwd f1 110   1 fwd f2 210   2 free a 110   3 fwd f3 160   4 loss 210 [210]
+ *  5 free c 160   6 bwd f3 260 [260]   7 free_grad c 210   8 free b 110
+ *  9 fwd f1 210 [210] (a new again)   10 bwd f2 310 [310]   11 free_grad b 210
+ * 12 free a 110  13 bwd f1 110  14 free_grad a 10
+ * Peak 310 at step 10, time 63 + 1 = 64. */
+static const char *G_CHAIN3 = "rockmate-graph 1\n"
+                              "tensor x 10 input\n"
+                              "tensor a 100\n"
+                              "tensor b 100\n"
+                              "tensor c 50\n"
+                              "op f1 fwd=1 bwd=2 in=x out=a saved=x\n"
+                              "op f2 fwd=4 bwd=8 in=a out=b saved=a\n"
+                              "op f3 fwd=16 bwd=32 in=b out=c saved=b\n"
+                              "loss c\n";
+
+TEST(chain3_recompute)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_CHAIN3);
+    if (g) {
+        static const uint64_t base[] = {110, 210, 260, 310, 260, 360, 310, 210, 310, 210, 110, 110, 10};
+        check_baseline(g, 10, 360, 5, 63.0,
+                       "rockmate-plan 1\nfwd f1\nfwd f2\nfwd f3\nloss\nfree c\nbwd f3\nfree_grad c\nfree b\n"
+                       "bwd f2\nfree_grad b\nfree a\nbwd f1\nfree_grad a\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {110, 210, 110, 160, 210, 160, 260, 210, 110, 210, 310, 210, 110, 110, 10};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd f1\nfwd f2\nfree a\nfwd f3\nloss\nfree c\nbwd f3\nfree_grad c\nfree b\n"
+                   "fwd f1\nbwd f2\nfree_grad b\nfree a\nbwd f1\nfree_grad a\n",
+                   310, 10, 64.0, hand, N_OF(hand));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* PHANTOM: x(8,in) -a-> h(64) -b-> y(32) = loss. a saves x and has phantom 16,
+ * b saves nothing but has phantom 128 (a dropout mask). Times a .5/1,
+ * b .25/.5.
+ * Baseline:
+ *  0 fwd a save  88 [88]  (+64 +16)
+ *  1 fwd b save 248 [248] (+32 +128)
+ *  2 free h     184       no backward saves h
+ *  3 loss       216 [216]  4 free y 184
+ *  5 bwd b      248 [248] (grad h new)   6 free_saved b 120   7 free_grad y 88
+ *  8 bwd a       88        9 free_saved a 72   10 free_grad h 8
+ * Peak 248 first at step 1, time 2.25.
+ * Hand plan: b runs without save first, and with save (a recompute) only
+ * once the loss is done:
+ *  0 fwd a save 88   1 fwd b 120 [120]   2 loss 152 [152]   3 free y 120
+ *  4 fwd b save 280 [280] (y new +32, phantom +128)   5 free y 248
+ *  6 free h 184   7 bwd b 248 [248]   8 free_saved b 120   9 free_grad y 88
+ * 10 bwd a 88   11 free_saved a 72   12 free_grad h 8
+ * Peak 280 at step 4, time .5+.25+.25+.5+1 = 2.5.
+ * Hand plan 2: `fwd b save` while y is still live recomputes y in place and
+ * only adds the phantom:
+ *  0 fwd a save 88  1 fwd b 120  2 loss 152  3 fwd b save 280 [280]
+ *  4 free y 248  5 free h 184  6 bwd b 248  7 free_saved b 120
+ *  8 free_grad y 88  9 bwd a 88  10 free_saved a 72  11 free_grad h 8
+ * Peak 280 at step 3, time 2.5.
+ * Hand plan 3: `fwd a` without save while a's saved state is live is a
+ * recompute that leaves the saved state alone (h is live: nothing new):
+ *  0 fwd a save 88  1 fwd a 88 [88]  2 fwd b save 248 [248]  then as the
+ *  baseline from its step 2: 184 216 184 248 120 88 88 72 8
+ * Peak 248 at step 2, time 2.25 + .5 = 2.75. */
+static const char *G_PHANTOM = "rockmate-graph 1\n"
+                               "tensor x 8 input\n"
+                               "tensor h 64\n"
+                               "tensor y 32\n"
+                               "op a fwd=0.5 bwd=1 in=x out=h saved=x phantom=16\n"
+                               "op b fwd=0.25 bwd=0.5 in=h out=y phantom=128\n"
+                               "loss y\n";
+
+TEST(phantom_save_free_saved)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_PHANTOM);
+    if (g) {
+        static const uint64_t base[] = {88, 248, 184, 216, 184, 248, 120, 88, 88, 72, 8};
+        check_baseline(g, 8, 248, 1, 2.25,
+                       "rockmate-plan 1\nfwd a save\nfwd b save\nfree h\nloss\nfree y\nbwd b\nfree_saved b\n"
+                       "free_grad y\nbwd a\nfree_saved a\nfree_grad h\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {88, 120, 152, 120, 280, 248, 184, 248, 120, 88, 88, 72, 8};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd a save\nfwd b\nloss\nfree y\nfwd b save\nfree y\nfree h\nbwd b\n"
+                   "free_saved b\nfree_grad y\nbwd a\nfree_saved a\nfree_grad h\n",
+                   280, 4, 2.5, hand, N_OF(hand));
+        static const uint64_t hand2[] = {88, 120, 152, 280, 248, 184, 248, 120, 88, 88, 72, 8};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd a save\nfwd b\nloss\nfwd b save\nfree y\nfree h\nbwd b\n"
+                   "free_saved b\nfree_grad y\nbwd a\nfree_saved a\nfree_grad h\n",
+                   280, 3, 2.5, hand2, N_OF(hand2));
+        static const uint64_t hand3[] = {88, 88, 248, 184, 216, 184, 248, 120, 88, 88, 72, 8};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd a save\nfwd a\nfwd b save\nfree h\nloss\nfree y\nbwd b\nfree_saved b\n"
+                   "free_grad y\nbwd a\nfree_saved a\nfree_grad h\n",
+                   248, 2, 2.75, hand3, N_OF(hand3));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* ACCUM: a(40) is read by q and r, so grad(a) has two contributors.
+ * x(4,in) -p-> a; a -q-> b(20); a -r-> c(30); b,c -s-> d(10) = loss.
+ * p saves x, q and r save a, s saves b,c. Times p 1/1, q 2/2, r 4/4, s 8/8.
+ * Baseline:
+ *  0 fwd p 44   1 fwd q 64   2 fwd r 94   3 fwd s 104   4 loss 114 [114]
+ *  5 free d 104   6 bwd s 154 [154] (grads b, c new)   7 free_grad d 144
+ *  8 free b 124   9 free c 94 (only r, q, p remain; they save a and x)
+ * 10 bwd r 134 [134] (grad a new)   11 free_grad c 104
+ * 12 bwd q 104 (grad a accumulated: nothing new)   13 free_grad b 84
+ * 14 free a 44   15 bwd p 44   16 free_grad a 4
+ * Peak 154 at step 6, time 30.
+ * Hand plan, backwards in the other order and frees kept late: q's backward
+ * makes grad(a), r's accumulates into it.
+ *  0..5 as above (44 64 94 104 114 104)   6 bwd s 154 [154]   7 free_grad d 144
+ *  8 bwd q 184 [184] (grad a new)   9 free_grad b 164   10 free b 144
+ * 11 bwd r 144   12 free_grad c 114   13 free c 84   14 free a 44
+ * 15 bwd p 44   16 free_grad a 4
+ * Peak 184 at step 8, time 30. */
+static const char *G_ACCUM = "rockmate-graph 1\n"
+                             "tensor x 4 input\n"
+                             "tensor a 40\n"
+                             "tensor b 20\n"
+                             "tensor c 30\n"
+                             "tensor d 10\n"
+                             "op p fwd=1 bwd=1 in=x out=a saved=x\n"
+                             "op q fwd=2 bwd=2 in=a out=b saved=a\n"
+                             "op r fwd=4 bwd=4 in=a out=c saved=a\n"
+                             "op s fwd=8 bwd=8 in=b,c out=d saved=b,c\n"
+                             "loss d\n";
+
+TEST(accumulation_two_readers)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_ACCUM);
+    if (g) {
+        static const uint64_t base[] = {44, 64, 94, 104, 114, 104, 154, 144, 124, 94, 134, 104, 104, 84, 44, 44, 4};
+        check_baseline(g, 4, 154, 6, 30.0,
+                       "rockmate-plan 1\nfwd p\nfwd q\nfwd r\nfwd s\nloss\nfree d\nbwd s\nfree_grad d\nfree b\nfree c\n"
+                       "bwd r\nfree_grad c\nbwd q\nfree_grad b\nfree a\nbwd p\nfree_grad a\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {44, 64, 94, 104, 114, 104, 154, 144, 184, 164, 144, 144, 114, 84, 44, 44, 4};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd p\nfwd q\nfwd r\nfwd s\nloss\nfree d\nbwd s\nfree_grad d\nbwd q\n"
+                   "free_grad b\nfree b\nbwd r\nfree_grad c\nfree c\nfree a\nbwd p\nfree_grad a\n",
+                   184, 8, 30.0, hand, N_OF(hand));
+        rkm_tensor_info ti;
+        CHECK(rkm_graph_tensor_info(g, rkm_graph_find_tensor(g, "a"), &ti) == RKM_OK);
+        CHECK(ti.has_grad == 1 && ti.n_contributors == 2);
+        CHECK(rkm_graph_tensor_info(g, rkm_graph_find_tensor(g, "d"), &ti) == RKM_OK);
+        CHECK(ti.has_grad == 1 && ti.n_contributors == 1);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* MULTI: a multi-output op with a forward workspace, a reader with a backward
+ * workspace. x(16,in) -split-> u(32), v(64); u,v -join-> w(8) = loss.
+ * split saves x, fwd_ws 100; join saves u only, bwd_ws 50. Times 1/2, 4/8.
+ * Baseline:
+ *  0 fwd split 112 [16+96+100 = 212]   1 fwd join 120 [120]
+ *  2 free v 56 (join saves u only)     3 loss 64 [64]   4 free w 56
+ *  5 bwd join 152 [56+96+50 = 202] (grads u, v new)   6 free_grad w 144
+ *  7 free u 112   8 bwd split 112   9 free_grad u 80   10 free_grad v 16
+ * Peak 212 at step 0, time 15.
+ * Hand plan: before join's backward, split runs again while u is still live:
+ * u is recomputed in place (no new memory), only v is new.
+ *  0..4 as above (112 120 56 64 56)
+ *  5 fwd split 120 [56+64+100 = 220]   6 bwd join 216 [120+96+50 = 266]
+ *  7 free_grad w 208   8 free u 176   9 free v 112   10 bwd split 112
+ * 11 free_grad u 80   12 free_grad v 16
+ * Peak 266 at step 6, time 1+4+1+8+2 = 16. */
+static const char *G_MULTI = "rockmate-graph 1\n"
+                             "tensor x 16 input\n"
+                             "tensor u 32\n"
+                             "tensor v 64\n"
+                             "tensor w 8\n"
+                             "op split fwd=1 bwd=2 in=x out=u,v saved=x fwd_ws=100\n"
+                             "op join fwd=4 bwd=8 in=u,v out=w saved=u bwd_ws=50\n"
+                             "loss w\n";
+
+TEST(multi_output_workspaces_inplace)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_MULTI);
+    if (g) {
+        static const uint64_t base[] = {112, 120, 56, 64, 56, 152, 144, 112, 112, 80, 16};
+        check_baseline(g, 16, 212, 0, 15.0,
+                       "rockmate-plan 1\nfwd split\nfwd join\nfree v\nloss\nfree w\nbwd join\nfree_grad w\nfree u\n"
+                       "bwd split\nfree_grad u\nfree_grad v\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {112, 120, 56, 64, 56, 120, 216, 208, 176, 112, 112, 80, 16};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd split\nfwd join\nfree v\nloss\nfree w\nfwd split\nbwd join\nfree_grad w\n"
+                   "free u\nfree v\nbwd split\nfree_grad u\nfree_grad v\n",
+                   266, 6, 16.0, hand, N_OF(hand));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* NOGRAD: idx(5) is an input marked nograd too; mask makes m(20, nograd) from
+ * it, so mask has no backward (its phantom 4 is never saved); lin makes h(40)
+ * from x(10,in); apply reads h and m, saves only m, makes y(8) = loss.
+ * Times mask 1/1, lin 2/4, apply 8/16. Inputs: 15 bytes.
+ * Baseline:
+ *  0 fwd mask 35   1 fwd lin 75   2 fwd apply 83 [83]   3 free h 43
+ *  4 loss 51 [51]   5 free y 43   6 bwd apply 83 [83] (grad h new, m has none)
+ *  7 free_grad y 75   8 free m 55   9 bwd lin 55   10 free_grad h 15
+ * Peak 83 first at step 2, time 1+2+8+16+4 = 31.
+ * Hand plan: free m and h before the loss, recompute the mask (an op with no
+ * backward) for apply's backward:
+ *  0 fwd mask 35  1 fwd lin 75  2 fwd apply 83 [83]  3 free m 63  4 free h 23
+ *  5 loss 31  6 free y 23  7 fwd mask 43  8 bwd apply 83 [83]
+ *  9 free_grad y 75  10 free m 55  11 bwd lin 55  12 free_grad h 15
+ * Peak 83 first at step 2, time 31 + 1 = 32. */
+static const char *G_NOGRAD = "rockmate-graph 1\n"
+                              "tensor x 10 input\n"
+                              "tensor idx 5 input nograd\n"
+                              "tensor m 20 nograd\n"
+                              "tensor h 40\n"
+                              "tensor y 8\n"
+                              "op mask fwd=1 bwd=1 in=idx out=m phantom=4\n"
+                              "op lin fwd=2 bwd=4 in=x out=h saved=x\n"
+                              "op apply fwd=8 bwd=16 in=h,m out=y saved=m\n"
+                              "loss y\n";
+
+TEST(nograd)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_NOGRAD);
+    if (g) {
+        static const uint64_t base[] = {35, 75, 83, 43, 51, 43, 83, 75, 55, 55, 15};
+        check_baseline(g, 15, 83, 2, 31.0,
+                       "rockmate-plan 1\nfwd mask\nfwd lin\nfwd apply\nfree h\nloss\nfree y\nbwd apply\nfree_grad y\n"
+                       "free m\nbwd lin\nfree_grad h\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {35, 75, 83, 63, 23, 31, 23, 43, 83, 75, 55, 55, 15};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd mask\nfwd lin\nfwd apply\nfree m\nfree h\nloss\nfree y\nfwd mask\n"
+                   "bwd apply\nfree_grad y\nfree m\nbwd lin\nfree_grad h\n",
+                   83, 2, 32.0, hand, N_OF(hand));
+        CHECK(rkm_graph_op_has_backward(g, rkm_graph_find_op(g, "mask")) == 0);
+        CHECK(rkm_graph_op_has_backward(g, rkm_graph_find_op(g, "lin")) == 1);
+        CHECK(rkm_graph_tensor_has_grad(g, rkm_graph_find_tensor(g, "m")) == 0);
+        CHECK(rkm_graph_tensor_has_grad(g, rkm_graph_find_tensor(g, "idx")) == 0);
+        CHECK(rkm_graph_tensor_has_grad(g, rkm_graph_find_tensor(g, "h")) == 1);
+        rkm_tensor_info ti;
+        CHECK(rkm_graph_tensor_info(g, rkm_graph_find_tensor(g, "idx"), &ti) == RKM_OK);
+        CHECK(ti.flags == (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* INPUTS: a big input (1000) read late still counts from the first step; gen
+ * has no `in` at all. gen -> z(10); z,big -f-> a(20), f saves big;
+ * a -g-> b(4) = loss, g saves a. Times gen 1/2, f 4/8, g 16/32.
+ * Baseline:
+ *  0 fwd gen 1010   1 fwd f 1030   2 free z 1020   3 fwd g 1024
+ *  4 loss 1028   5 free b 1024   6 bwd g 1044 [1044] (grad a new)
+ *  7 free_grad b 1040   8 free a 1020   9 bwd f 1030 [1030] (grad z new)
+ * 10 free_grad a 1010  11 bwd gen 1010  12 free_grad z 1000
+ * Peak 1044 at step 6, time 63.
+ * Hand plan, everything freed as early as possible and recomputed:
+ *  0 fwd gen 1010  1 fwd f 1030  2 free z 1020  3 fwd g 1024  4 free a 1004
+ *  5 loss 1008  6 free b 1004  7 fwd gen 1014  8 fwd f 1034  9 free z 1024
+ * 10 bwd g 1044 [1044]  11 free_grad b 1040  12 free a 1020
+ * 13 bwd f 1030 [1030]  14 free_grad a 1010  15 bwd gen 1010  16 free_grad z 1000
+ * Peak 1044 at step 10: the input is never freed. Time 63 + 1 + 4 = 68. */
+static const char *G_INPUTS = "rockmate-graph 1\n"
+                              "tensor big 1000 input\n"
+                              "tensor z 10\n"
+                              "tensor a 20\n"
+                              "tensor b 4\n"
+                              "op gen fwd=1 bwd=2 out=z\n"
+                              "op f fwd=4 bwd=8 in=z,big out=a saved=big\n"
+                              "op g fwd=16 bwd=32 in=a out=b saved=a\n"
+                              "loss b\n";
+
+TEST(inputs_counted_all_the_time)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_INPUTS);
+    if (g) {
+        static const uint64_t base[] = {1010, 1030, 1020, 1024, 1028, 1024, 1044,
+                                        1040, 1020, 1030, 1010, 1010, 1000};
+        check_baseline(g, 1000, 1044, 6, 63.0,
+                       "rockmate-plan 1\nfwd gen\nfwd f\nfree z\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\n"
+                       "bwd f\nfree_grad a\nbwd gen\nfree_grad z\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {1010, 1030, 1020, 1024, 1004, 1008, 1004, 1014, 1034,
+                                        1024, 1044, 1040, 1020, 1030, 1010, 1010, 1000};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd gen\nfwd f\nfree z\nfwd g\nfree a\nloss\nfree b\nfwd gen\nfwd f\nfree z\n"
+                   "bwd g\nfree_grad b\nfree a\nbwd f\nfree_grad a\nbwd gen\nfree_grad z\n",
+                   1044, 10, 68.0, hand, N_OF(hand));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* SAVED_BOTH: a(50) is saved by its producer f and by its reader g.
+ * x(2,in) -f-> a -g-> b(30) = loss. Times f 1/2, g 4/8.
+ * Baseline:
+ *  0 fwd f 52   1 fwd g 82   2 loss 112 [112]   3 free b 82
+ *  4 bwd g 132 [132] (grad a new)   5 free_grad b 102 (f still needs a)
+ *  6 bwd f 102   7 free_grad a 52   8 free a 2
+ * Peak 132 at step 4, time 15.
+ * Hand plan: a freed before the loss, recomputed for g's backward and kept for
+ * f's:
+ *  0 fwd f 52  1 fwd g 82  2 free a 32  3 loss 62  4 free b 32
+ *  5 fwd f 82 [82]  6 bwd g 132 [132]  7 free_grad b 102  8 bwd f 102
+ *  9 free_grad a 52  10 free a 2
+ * Peak 132 at step 6, time 16. */
+static const char *G_SAVED_BOTH = "rockmate-graph 1\n"
+                                  "tensor x 2 input\n"
+                                  "tensor a 50\n"
+                                  "tensor b 30\n"
+                                  "op f fwd=1 bwd=2 in=x out=a saved=a\n"
+                                  "op g fwd=4 bwd=8 in=a out=b saved=a\n"
+                                  "loss b\n";
+
+TEST(saved_by_producer_and_reader)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_SAVED_BOTH);
+    if (g) {
+        static const uint64_t base[] = {52, 82, 112, 82, 132, 102, 102, 52, 2};
+        check_baseline(g, 2, 132, 4, 15.0,
+                       "rockmate-plan 1\nfwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nbwd f\nfree_grad a\nfree a\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {52, 82, 32, 62, 32, 82, 132, 102, 102, 52, 2};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd f\nfwd g\nfree a\nloss\nfree b\nfwd f\nbwd g\nfree_grad b\nbwd f\n"
+                   "free_grad a\nfree a\n",
+                   132, 6, 16.0, hand, N_OF(hand));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* LOSS_SAVED: the loss L(3) is saved by its own producer's backward.
+ * x(6,in) -f-> h(12) -xent-> L; xent saves h and L. Times 1/1, 2/2.
+ * Baseline:
+ *  0 fwd f 18   1 fwd xent 21   2 loss 24 [24] (L kept: xent's backward needs it)
+ *  3 bwd xent 36 [36] (grad h new)   4 free_grad L 33   5 free h 21   6 free L 18
+ *  7 bwd f 18   8 free_grad h 6
+ * Peak 36 at step 3, time 6.
+ * Hand plan: L freed right after the loss step and recomputed:
+ *  0 fwd f 18  1 fwd xent 21  2 loss 24  3 free L 21  4 fwd xent 24 [24]
+ *  5 bwd xent 36 [36]  6 free_grad L 33  7 free L 30  8 free h 18
+ *  9 bwd f 18  10 free_grad h 6
+ * Peak 36 at step 5, time 8. */
+static const char *G_LOSS_SAVED = "rockmate-graph 1\n"
+                                  "tensor x 6 input\n"
+                                  "tensor h 12\n"
+                                  "tensor L 3\n"
+                                  "op f fwd=1 bwd=1 in=x out=h saved=x\n"
+                                  "op xent fwd=2 bwd=2 in=h out=L saved=h,L\n"
+                                  "loss L\n";
+
+TEST(loss_read_by_backward)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_LOSS_SAVED);
+    if (g) {
+        static const uint64_t base[] = {18, 21, 24, 36, 33, 21, 18, 18, 6};
+        check_baseline(g, 6, 36, 3, 6.0,
+                       "rockmate-plan 1\nfwd f\nfwd xent\nloss\nbwd xent\nfree_grad L\nfree h\nfree L\nbwd f\n"
+                       "free_grad h\n",
+                       base, N_OF(base));
+        static const uint64_t hand[] = {18, 21, 24, 21, 24, 36, 33, 30, 18, 18, 6};
+        check_hand(g,
+                   "rockmate-plan 1\nfwd f\nfwd xent\nloss\nfree L\nfwd xent\nbwd xent\nfree_grad L\nfree L\n"
+                   "free h\nbwd f\nfree_grad h\n",
+                   36, 5, 8.0, hand, N_OF(hand));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* POOL: a three-output op: y(40) has a gradient, ix(10) is nograd, spare(7)
+ * is read by nobody (no gradient, freed at once). x(100,in) -pool-> y,ix,spare
+ * (saves ix); y,ix -head-> z(5) = loss (saves y, ix). Times 1/2, 4/8.
+ * Baseline:
+ *  0 fwd pool 157 [157]   1 free spare 150   2 fwd head 155   3 loss 160
+ *  4 free z 155   5 bwd head 195 [195] (grad y new; ix has none)
+ *  6 free_grad z 190   7 free y 150 (pool saves ix only)   8 bwd pool 150
+ *  9 free_grad y 110   10 free ix 100
+ * Peak 195 at step 5, time 15. */
+static const char *G_POOL = "rockmate-graph 1\n"
+                            "tensor x 100 input\n"
+                            "tensor y 40\n"
+                            "tensor ix 10 nograd\n"
+                            "tensor spare 7\n"
+                            "tensor z 5\n"
+                            "op pool fwd=1 bwd=2 in=x out=y,ix,spare saved=ix\n"
+                            "op head fwd=4 bwd=8 in=y,ix out=z saved=y,ix\n"
+                            "loss z\n";
+
+TEST(unread_and_nograd_outputs)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_POOL);
+    if (g) {
+        static const uint64_t base[] = {157, 150, 155, 160, 155, 195, 190, 150, 150, 110, 100};
+        check_baseline(g, 100, 195, 5, 15.0,
+                       "rockmate-plan 1\nfwd pool\nfree spare\nfwd head\nloss\nfree z\nbwd head\nfree_grad z\nfree y\n"
+                       "bwd pool\nfree_grad y\nfree ix\n",
+                       base, N_OF(base));
+        CHECK(rkm_graph_tensor_has_grad(g, rkm_graph_find_tensor(g, "spare")) == 0);
+        CHECK(rkm_graph_tensor_has_grad(g, rkm_graph_find_tensor(g, "ix")) == 0);
+        CHECK(rkm_graph_tensor_has_grad(g, rkm_graph_find_tensor(g, "y")) == 1);
+        CHECK(rkm_graph_op_has_backward(g, rkm_graph_find_op(g, "pool")) == 1);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* NOBWD_SAVED: cmp has a saved= list but no backward (its only output is
+ * nograd), so what it saves keeps nothing alive.
+ * x(10,in) -f-> a(20), f saves x; a -cmp-> m(5, nograd), cmp saves a;
+ * a,m -use-> y(8) = loss, use saves m. Times f 1/2, cmp 4/8, use 16/32.
+ * Baseline:
+ *  0 fwd f 30   1 fwd cmp 35   2 fwd use 43 [43]   3 free a 23 (only cmp,
+ *  which has no backward, saves it)   4 loss 31   5 free y 23
+ *  6 bwd use 43 [43] (grad a new; m has none)   7 free_grad y 35
+ *  8 free m 30   9 bwd f 30   10 free_grad a 10
+ * Peak 43 first at step 2, time 1+4+16+32+2 = 55. */
+static const char *G_NOBWD_SAVED = "rockmate-graph 1\n"
+                                   "tensor x 10 input\n"
+                                   "tensor a 20\n"
+                                   "tensor m 5 nograd\n"
+                                   "tensor y 8\n"
+                                   "op f fwd=1 bwd=2 in=x out=a saved=x\n"
+                                   "op cmp fwd=4 bwd=8 in=a out=m saved=a\n"
+                                   "op use fwd=16 bwd=32 in=a,m out=y saved=m\n"
+                                   "loss y\n";
+
+TEST(saved_by_op_without_backward)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_NOBWD_SAVED);
+    if (g) {
+        static const uint64_t base[] = {30, 35, 43, 23, 31, 23, 43, 35, 30, 30, 10};
+        check_baseline(g, 10, 43, 2, 55.0,
+                       "rockmate-plan 1\nfwd f\nfwd cmp\nfwd use\nfree a\nloss\nfree y\nbwd use\nfree_grad y\n"
+                       "free m\nbwd f\nfree_grad a\n",
+                       base, N_OF(base));
+        CHECK(rkm_graph_op_has_backward(g, rkm_graph_find_op(g, "cmp")) == 0);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* The bundled multi-output.rkg, worked by hand from its text. Inputs x and
+ * pos: 4608 bytes. causal makes the nograd mask: no backward. scores,
+ * dropout and norm keep phantoms (2048, 1024, 256). h is read by split and
+ * residual, r by norm and head: two contributors each.
+ *  0 fwd embed        8704          23 free r           37376
+ *  1 fwd split       20992 [23040]  24 bwd residual     45568 (grads h, drop new)
+ *  2 fwd causal      22016          25 free_grad r      41472
+ *  3 fwd scores save 32256          26 bwd dropout      45568 (grad a new)
+ *  4 fwd attend      36352          27 free_saved dropout 44544
+ *  5 fwd dropout save 41472         28 free_grad drop   40448
+ *  6 free a          37376          29 bwd attend       52736 (grads s, v new)
+ *  7 fwd residual    41472          30 free_grad a      48640
+ *  8 free drop       37376          31 free s           40448
+ *  9 fwd norm save   41728          32 free v           36352
+ * 10 fwd head        43776          33 bwd scores       44544 [+8192 ws = 52736]
+ * 11 fwd xent        43780          34 free_saved scores 42496
+ * 12 loss            43784          35 free_grad s      34304
+ * 13 free loss       43780          36 free q           30208
+ * 14 bwd xent        45828          37 free k           26112
+ * 15 free_grad loss  45824          38 free mask        25088
+ * 16 free out        43776          39 bwd split        25088 (grad h accumulated)
+ * 17 bwd head        51968 (grads n, r new)   40..42 free_grad q k v 20992 16896 12800
+ * 18 free_grad out   49920          43 free h            8704
+ * 19 free n          45824          44 bwd embed         8704
+ * 20 bwd norm        45824 (grad r accumulated)   45 free_grad h 4608
+ * 21 free_saved norm 45568
+ * 22 free_grad n     41472
+ * Peak 52736 first at step 29. Time: the fwd and bwd seconds in step order. */
+TEST(bundled_multi_output_by_hand)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = NULL;
+    CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/multi-output.rkg", &g) == RKM_OK);
+    if (g) {
+        static const uint64_t base[] = {8704,  20992, 22016, 32256, 36352, 41472, 37376, 41472, 37376, 41728,
+                                        43776, 43780, 43784, 43780, 45828, 45824, 43776, 51968, 49920, 45824,
+                                        45824, 45568, 41472, 37376, 45568, 41472, 45568, 44544, 40448, 52736,
+                                        48640, 40448, 36352, 44544, 42496, 34304, 30208, 26112, 25088, 25088,
+                                        20992, 16896, 12800, 8704,  8704,  4608};
+        const double time = 1e-5 + 3e-5 + 1e-6 + 2e-5 + 2e-5 + 5e-6 + 2e-6 + 8e-6 + 1e-5 + 3e-6 + /* forwards */
+                            3e-6 + 2e-5 + 1.6e-5 + 2e-6 + 5e-6 + 4e-5 + 4e-5 + 6e-5 + 2e-5;   /* backwards */
+        check_baseline(g, 4608, 52736, 29, time,
+                       "rockmate-plan 1\nfwd embed\nfwd split\nfwd causal\nfwd scores save\nfwd attend\n"
+                       "fwd dropout save\nfree a\nfwd residual\nfree drop\nfwd norm save\nfwd head\nfwd xent\n"
+                       "loss\nfree loss\nbwd xent\nfree_grad loss\nfree out\nbwd head\nfree_grad out\nfree n\n"
+                       "bwd norm\nfree_saved norm\nfree_grad n\nfree r\nbwd residual\nfree_grad r\nbwd dropout\n"
+                       "free_saved dropout\nfree_grad drop\nbwd attend\nfree_grad a\nfree s\nfree v\nbwd scores\n"
+                       "free_saved scores\nfree_grad s\nfree q\nfree k\nfree mask\nbwd split\nfree_grad q\n"
+                       "free_grad k\nfree_grad v\nfree h\nbwd embed\nfree_grad h\n",
+                       base, N_OF(base));
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* New costs after finalize: the graph's figures follow them (MULTI with
+ * split's fwd_ws 100 -> 300 peaks at step 0 with 16 + 96 + 300 = 412; join's
+ * fwd 4 -> 0.5 makes the time 11.5), a plan made before keeps its figures
+ * until it is simulated again. */
+TEST(costs_changed_after_finalize)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_MULTI);
+    rkm_plan *p = NULL;
+    if (g && rkm_plan_baseline(g, &p) == RKM_OK) {
+        rkm_plan_stats ps;
+        rkm_sim_result res;
+        int32_t split = rkm_graph_find_op(g, "split"), join = rkm_graph_find_op(g, "join");
+        CHECK(rkm_graph_set_op_costs(g, split, 1, 2, 300, 0) == RKM_OK);
+        CHECK(rkm_graph_set_op_costs(g, join, 0.5, 8, 0, 50) == RKM_OK);
+        static const uint64_t base[] = {112, 120, 56, 64, 56, 152, 144, 112, 112, 80, 16};
+        check_baseline(g, 16, 412, 0, 11.5,
+                       "rockmate-plan 1\nfwd split\nfwd join\nfree v\nloss\nfree w\nbwd join\nfree_grad w\nfree u\n"
+                       "bwd split\nfree_grad u\nfree_grad v\n",
+                       base, N_OF(base));
+        memset(&ps, 0, sizeof ps);
+        CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+        CHECK_EQ_U64(ps.peak, 212);
+        CHECK(ps.time == 15.0);
+        CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK);
+        CHECK_EQ_U64(res.peak, 412);
+        CHECK(res.time == 11.5);
+        CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+        CHECK_EQ_U64(ps.peak, 412);
+        CHECK(ps.time == 11.5);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Plans built step by step through rkm_plan_append give the same figures as
+ * the same plan read from text (CHAIN2's baseline, by ids). */
+TEST(plan_append_matches_text)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_CHAIN2);
+    rkm_plan *p = NULL;
+    if (g && rkm_plan_create(g, &p) == RKM_OK) {
+        int32_t f = rkm_graph_find_op(g, "f"), gg = rkm_graph_find_op(g, "g");
+        int32_t a = rkm_graph_find_tensor(g, "a"), b = rkm_graph_find_tensor(g, "b");
+        const rkm_step steps[] = {{RKM_STEP_FWD, f, 0},       {RKM_STEP_FWD, gg, 0},       {RKM_STEP_LOSS, b, 0},
+                                  {RKM_STEP_FREE, b, 0},      {RKM_STEP_BWD, gg, 0},       {RKM_STEP_FREE_GRAD, b, 0},
+                                  {RKM_STEP_FREE, a, 0},      {RKM_STEP_BWD, f, 0},        {RKM_STEP_FREE_GRAD, a, 0}};
+        for (size_t i = 0; i < N_OF(steps); i++) CHECK(rkm_plan_append(p, &steps[i]) == RKM_OK);
+        CHECK(rkm_plan_num_steps(p) == N_OF(steps));
+        CHECK(rkm_plan_graph(p) == g);
+        /* a plan not yet simulated has no figures */
+        rkm_plan_stats ps;
+        memset(&ps, 0xff, sizeof ps);
+        CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+        CHECK(ps.peak == 0 && ps.time == 0 && ps.budget == 0);
+        rkm_sim_result res;
+        CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK);
+        CHECK_EQ_U64(res.peak, 510);
+        CHECK(res.time == 15.0);
+        /* Out-of-range steps are refused by append and leave the plan as it is. */
+        const rkm_step bad[] = {{RKM_STEP_FWD, 2, 0}, {RKM_STEP_FWD, -1, 0}, {RKM_STEP_FREE, 3, 0},
+                                {RKM_STEP_LOSS, a, 0}, {7, 0, 0},            {RKM_STEP_FWD, f, 2}};
+        for (size_t i = 0; i < N_OF(bad); i++) CHECK(rkm_plan_append(p, &bad[i]) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_num_steps(p) == N_OF(steps));
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* -------------------------------------------- every plan rule broken once */
+
+typedef struct bad_plan {
+    const char **graph;
+    const char *plan;     /* steps after the header */
+    rkm_rule rule;
+    int64_t step;         /* fail_step */
+    const char *text;     /* the failing step's text; NULL for end-of-plan rules */
+    const char *object;   /* the op or tensor concerned; NULL for none */
+    int object_is_op;
+} bad_plan;
+
+static const bad_plan bad_plans[] = {
+    {&G_CHAIN2, "fwd g\n", RKM_RULE_FWD_INPUT_MISSING, 0, "fwd g", "a", 0},
+    {&G_CHAIN2, "fwd f save\n", RKM_RULE_SAVE_NOT_ALLOWED, 0, "fwd f save", "f", 1},
+    /* mask has a phantom but no backward */
+    {&G_NOGRAD, "fwd mask save\n", RKM_RULE_SAVE_NOT_ALLOWED, 0, "fwd mask save", "mask", 1},
+    {&G_PHANTOM, "fwd a save\nfwd a save\n", RKM_RULE_SAVE_ALREADY_LIVE, 1, "fwd a save", "a", 1},
+    {&G_CHAIN2, "fwd f\nloss\n", RKM_RULE_LOSS_TENSOR_MISSING, 1, "loss", "b", 0},
+    {&G_CHAIN2, "fwd f\nfwd g\nloss\nloss\n", RKM_RULE_LOSS_TWICE, 3, "loss", NULL, 0},
+    {&G_NOGRAD, "fwd mask\nbwd mask\n", RKM_RULE_BWD_NO_BACKWARD, 1, "bwd mask", "mask", 1},
+    {&G_CHAIN2, "fwd f\nfwd g\nloss\nbwd g\nbwd g\n", RKM_RULE_BWD_TWICE, 4, "bwd g", "g", 1},
+    {&G_CHAIN2, "fwd f\nfwd g\nloss\nfree a\nbwd g\n", RKM_RULE_BWD_SAVED_MISSING, 4, "bwd g", "a", 0},
+    {&G_LOSS_SAVED, "fwd f\nfwd xent\nloss\nfree L\nbwd xent\n", RKM_RULE_BWD_SAVED_MISSING, 4, "bwd xent", "L", 0},
+    {&G_PHANTOM, "fwd a save\nfwd b\nloss\nbwd b\n", RKM_RULE_BWD_PHANTOM_MISSING, 3, "bwd b", "b", 1},
+    {&G_CHAIN2, "fwd f\nfwd g\nbwd g\n", RKM_RULE_BWD_GRAD_MISSING, 2, "bwd g", "b", 0},
+    {&G_ACCUM, "fwd p\nfwd q\nfwd r\nfwd s\nloss\nbwd s\nbwd r\nbwd p\n", RKM_RULE_BWD_GRAD_INCOMPLETE, 7, "bwd p",
+     "a", 0},
+    {&G_CHAIN2, "free a\n", RKM_RULE_FREE_NOT_LIVE, 0, "free a", "a", 0},
+    {&G_CHAIN2, "fwd f\nfree a\nfree a\n", RKM_RULE_FREE_NOT_LIVE, 2, "free a", "a", 0},
+    {&G_CHAIN2, "free x\n", RKM_RULE_FREE_INPUT, 0, "free x", "x", 0},
+    {&G_INPUTS, "fwd gen\nfwd f\nfree big\n", RKM_RULE_FREE_INPUT, 2, "free big", "big", 0},
+    {&G_PHANTOM, "free_saved a\n", RKM_RULE_FREE_SAVED_NOT_LIVE, 0, "free_saved a", "a", 1},
+    {&G_PHANTOM, "fwd a save\nfree_saved a\nfree_saved a\n", RKM_RULE_FREE_SAVED_NOT_LIVE, 2, "free_saved a", "a", 1},
+    {&G_CHAIN2, "free_grad b\n", RKM_RULE_FREE_GRAD_NOT_LIVE, 0, "free_grad b", "b", 0},
+    {&G_ACCUM, "fwd p\nfwd q\nfwd r\nfwd s\nloss\nbwd s\nbwd r\nfree_grad a\n", RKM_RULE_FREE_GRAD_INCOMPLETE, 7,
+     "free_grad a", "a", 0},
+    {&G_CHAIN2, "", RKM_RULE_END_LOSS_MISSING, 0, NULL, NULL, 0},
+    {&G_CHAIN2, "fwd f\nfwd g\nfree a\nfree b\n", RKM_RULE_END_LOSS_MISSING, 4, NULL, NULL, 0},
+    /* everything else is clean: only f's backward is missing */
+    {&G_CHAIN2, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree_grad a\nfree a\n", RKM_RULE_END_BWD_MISSING, 8,
+     NULL, "f", 1},
+    /* CHAIN2's baseline without its `free a` */
+    {&G_CHAIN2, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nbwd f\nfree_grad a\n", RKM_RULE_END_TENSOR_LIVE, 8,
+     NULL, "a", 0},
+    /* PHANTOM's baseline without `free_saved a` */
+    {&G_PHANTOM, "fwd a save\nfwd b save\nfree h\nloss\nfree y\nbwd b\nfree_saved b\nfree_grad y\nbwd a\nfree_grad h\n",
+     RKM_RULE_END_SAVED_LIVE, 10, NULL, "a", 1},
+    /* CHAIN2's baseline without the last `free_grad a` */
+    {&G_CHAIN2, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\nbwd f\n", RKM_RULE_END_GRAD_LIVE, 8, NULL,
+     "a", 0},
+};
+
+static int noop_fwd(void *user, const rkm_fwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
+static int noop_bwd(void *user, const rkm_bwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
+/* The failure is reported with the rule, the step, the object, and a
+ * message naming "step N", the step's text and the rule. */
+static void check_bad_plan(const bad_plan *b, size_t k)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, *b->graph);
+    char text[1024];
+    snprintf(text, sizeof text, "rockmate-plan 1\n%s", b->plan);
+    rkm_plan *p = g ? plan_text(g, text) : NULL;
+    if (p) {
+        rkm_sim_result res;
+        uint64_t after[32];
+        rkm_result r = rkm_plan_simulate(p, &res, after);
+        const char *msg = rkm_context_errmsg(ctx);
+        char want[64];
+        snprintf(want, sizeof want, "step %lld", (long long)b->step);
+        int ok = r == RKM_ERROR_PLAN && res.valid == 0 && res.rule == b->rule && res.fail_step == b->step &&
+                 strstr(msg, want) && strstr(msg, rkm_rule_string(b->rule)) && (!b->text || strstr(msg, b->text));
+        if (b->object) {
+            int32_t id = b->object_is_op ? rkm_graph_find_op(g, b->object) : rkm_graph_find_tensor(g, b->object);
+            ok = ok && res.fail_object == id;
+        }
+        if (!ok)
+            fprintf(stderr, "bad plan %zu (rule %d, step %lld): got result %d rule %d step %lld object %d msg '%s'\n",
+                    k, (int)b->rule, (long long)b->step, (int)r, (int)res.rule, (long long)res.fail_step,
+                    (int)res.fail_object, msg);
+        CHECK(ok);
+        /* A failed check leaves the plan unexecutable. */
+        rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+        CHECK(rkm_plan_execute(p, &cb) == RKM_ERROR_STATE);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+TEST(every_plan_rule)
+{
+    int seen[RKM_RULE_COUNT] = {0};
+    for (size_t k = 0; k < N_OF(bad_plans); k++) {
+        check_bad_plan(&bad_plans[k], k);
+        seen[bad_plans[k].rule] = 1;
+    }
+    /* RKM_RULE_BAD_STEP cannot come through the API (append refuses such
+     * steps): test_sim reaches it through the internal push below. */
+    for (int r = 1; r < RKM_RULE_COUNT; r++)
+        if (r != RKM_RULE_BAD_STEP && !seen[r]) {
+            fprintf(stderr, "rule %d (%s) not covered\n", r, rkm_rule_string((rkm_rule)r));
+            CHECK(0);
+        }
+    for (int r = 0; r < RKM_RULE_COUNT; r++) CHECK(rkm_rule_string((rkm_rule)r)[0] != '\0');
+}
+
+/* A step out of range that got into a plan (internal producers are trusted)
+ * is caught by the simulator. */
+TEST(bad_step_rule)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_CHAIN2);
+    rkm_plan *p = NULL;
+    if (g && rkm_plan_create(g, &p) == RKM_OK) {
+        CHECK(rkm__plan_push(p, RKM_STEP_FWD, 0, 0) == RKM_OK);
+        CHECK(rkm__plan_push(p, RKM_STEP_BWD, 9, 0) == RKM_OK);
+        rkm_sim_result res;
+        CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_ERROR_PLAN);
+        CHECK(res.rule == RKM_RULE_BAD_STEP);
+        CHECK(res.fail_step == 1);
+        CHECK(strstr(rkm_context_errmsg(ctx), "step 1") != NULL);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Results of a failed replay cover the steps before the failure. */
+TEST(partial_figures_on_failure)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_CHAIN2);
+    rkm_plan *p = g ? plan_text(g, "rockmate-plan 1\nfwd f\nfwd g\nloss\nfree a\nbwd g\n") : NULL;
+    if (p) {
+        rkm_sim_result res;
+        uint64_t after[5] = {0};
+        CHECK(rkm_plan_simulate(p, &res, after) == RKM_ERROR_PLAN);
+        CHECK_EQ_U64(res.peak, 510);
+        CHECK(res.peak_step == 2);
+        CHECK(res.time == 5.0);
+        CHECK_EQ_U64(after[0], 110);
+        CHECK_EQ_U64(after[3], 410);
+        /* res may be NULL */
+        CHECK(rkm_plan_simulate(p, NULL, NULL) == RKM_ERROR_PLAN);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* ---------------------------------------- random walks against an oracle */
+
+/* The contract's replay written again, plainly, from docs/formats.md, with
+ * only the public API: random plans replayed by it and by rkm_plan_simulate
+ * must agree on every step's memory, the peak, the time and where a plan
+ * first breaks a rule. */
+typedef struct oracle {
+    const rkm_graph *g;
+    int32_t nt, no;
+    uint8_t *D, *G, *P, *bwd_done;
+    int32_t *recv;
+    int loss_done;
+    uint64_t mem;
+} oracle;
+
+static rkm_tensor_info tinfo(const rkm_graph *g, int32_t t)
+{
+    rkm_tensor_info ti;
+    memset(&ti, 0, sizeof ti);
+    rkm_graph_tensor_info(g, t, &ti);
+    return ti;
+}
+
+static void oracle_init(oracle *o, const rkm_graph *g)
+{
+    memset(o, 0, sizeof *o);
+    o->g = g;
+    o->nt = rkm_graph_num_tensors(g);
+    o->no = rkm_graph_num_ops(g);
+    o->D = calloc((size_t)o->nt, 1);
+    o->G = calloc((size_t)o->nt, 1);
+    o->recv = calloc((size_t)o->nt, sizeof *o->recv);
+    o->P = calloc((size_t)o->no, 1);
+    o->bwd_done = calloc((size_t)o->no, 1);
+    for (int32_t t = 0; t < o->nt; t++) {
+        rkm_tensor_info ti = tinfo(g, t);
+        if (ti.flags & RKM_TENSOR_INPUT) {
+            o->D[t] = 1;
+            o->mem += ti.bytes;
+        }
+    }
+}
+
+static void oracle_free(oracle *o)
+{
+    free(o->D);
+    free(o->G);
+    free(o->recv);
+    free(o->P);
+    free(o->bwd_done);
+}
+
+
+static int grad_complete(const oracle *o, int32_t t)
+{
+    return o->G[t] && o->recv[t] == tinfo(o->g, t).n_contributors;
+}
+
+/* 1 and the step's peak if the step is allowed (and then applied when
+ * `apply`), 0 if it breaks a rule. */
+static int oracle_step(oracle *o, const rkm_step *s, int apply, uint64_t *peak)
+{
+    const rkm_graph *g = o->g;
+    rkm_op_info oi;
+    uint64_t add = 0;
+    if (s->kind == RKM_STEP_FWD) {
+        rkm_graph_op_info(g, s->index, &oi);
+        for (int32_t k = 0; k < oi.n_in; k++)
+            if (!o->D[oi.in[k]]) return 0;
+        if (s->save && (oi.phantom == 0 || !oi.has_backward || o->P[s->index])) return 0;
+        for (int32_t k = 0; k < oi.n_out; k++)
+            if (!o->D[oi.out[k]]) add += tinfo(g, oi.out[k]).bytes;
+        if (s->save) add += oi.phantom;
+        *peak = o->mem + add + oi.fwd_ws;
+        if (!apply) return 1;
+        for (int32_t k = 0; k < oi.n_out; k++) o->D[oi.out[k]] = 1;
+        if (s->save) o->P[s->index] = 1;
+    } else if (s->kind == RKM_STEP_LOSS) {
+        int32_t t = rkm_graph_loss(g);
+        if (o->loss_done || !o->D[t]) return 0;
+        add = tinfo(g, t).bytes;
+        *peak = o->mem + add;
+        if (!apply) return 1;
+        o->loss_done = 1;
+        o->G[t] = 1;
+        o->recv[t] = 1;
+    } else if (s->kind == RKM_STEP_BWD) {
+        rkm_graph_op_info(g, s->index, &oi);
+        if (!oi.has_backward || o->bwd_done[s->index]) return 0;
+        for (int32_t k = 0; k < oi.n_saved; k++)
+            if (!o->D[oi.saved[k]]) return 0;
+        if (oi.phantom > 0 && !o->P[s->index]) return 0;
+        for (int32_t k = 0; k < oi.n_out; k++)
+            if (tinfo(g, oi.out[k]).has_grad && !grad_complete(o, oi.out[k])) return 0;
+        for (int32_t k = 0; k < oi.n_in; k++)
+            if (tinfo(g, oi.in[k]).has_grad && !o->G[oi.in[k]]) add += tinfo(g, oi.in[k]).bytes;
+        *peak = o->mem + add + oi.bwd_ws;
+        if (!apply) return 1;
+        for (int32_t k = 0; k < oi.n_in; k++)
+            if (tinfo(g, oi.in[k]).has_grad) {
+                o->G[oi.in[k]] = 1;
+                o->recv[oi.in[k]]++;
+            }
+        o->bwd_done[s->index] = 1;
+    } else {
+        int ok = s->kind == RKM_STEP_FREE         ? o->D[s->index] && !(tinfo(g, s->index).flags & RKM_TENSOR_INPUT)
+                 : s->kind == RKM_STEP_FREE_SAVED ? o->P[s->index]
+                                                  : grad_complete(o, s->index);
+        if (!ok) return 0;
+        *peak = o->mem;
+        if (!apply) return 1;
+        if (s->kind == RKM_STEP_FREE_SAVED) {
+            rkm_graph_op_info(g, s->index, &oi);
+            o->P[s->index] = 0;
+            o->mem -= oi.phantom;
+        } else {
+            uint8_t *set = s->kind == RKM_STEP_FREE ? o->D : o->G;
+            set[s->index] = 0;
+            o->mem -= tinfo(g, s->index).bytes;
+        }
+        return 1;
+    }
+    o->mem += add;
+    return 1;
+}
+
+/* The end-of-plan rules. */
+static int oracle_end_ok(const oracle *o)
+{
+    if (!o->loss_done) return 0;
+    for (int32_t i = 0; i < o->no; i++)
+        if (o->P[i] || (rkm_graph_op_has_backward(o->g, i) && !o->bwd_done[i])) return 0;
+    for (int32_t t = 0; t < o->nt; t++)
+        if (o->G[t] || (o->D[t] && !(tinfo(o->g, t).flags & RKM_TENSOR_INPUT))) return 0;
+    return 1;
+}
+
+static uint64_t lcg(uint64_t *x)
+{
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return *x >> 33;
+}
+
+/* Every step of the graph: fwd (with and without save), bwd and free_saved
+ * per op, free and free_grad per tensor, loss. */
+static size_t all_steps(const rkm_graph *g, rkm_step *out)
+{
+    size_t n = 0;
+    for (int32_t i = 0; i < rkm_graph_num_ops(g); i++) {
+        out[n++] = (rkm_step){RKM_STEP_FWD, i, 0};
+        out[n++] = (rkm_step){RKM_STEP_FWD, i, 1};
+        out[n++] = (rkm_step){RKM_STEP_BWD, i, 0};
+        out[n++] = (rkm_step){RKM_STEP_FREE_SAVED, i, 0};
+    }
+    for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++) {
+        out[n++] = (rkm_step){RKM_STEP_FREE, t, 0};
+        out[n++] = (rkm_step){RKM_STEP_FREE_GRAD, t, 0};
+    }
+    out[n++] = (rkm_step){RKM_STEP_LOSS, rkm_graph_loss(g), 0};
+    return n;
+}
+
+static double step_time(const rkm_graph *g, const rkm_step *s)
+{
+    rkm_op_info oi;
+    if (s->kind != RKM_STEP_FWD && s->kind != RKM_STEP_BWD) return 0;
+    rkm_graph_op_info(g, s->index, &oi);
+    return s->kind == RKM_STEP_FWD ? oi.fwd_seconds : oi.bwd_seconds;
+}
+
+/* One random walk of up to `len` allowed steps; then the same plan with a
+ * step that breaks a rule put in at a random place. */
+static void random_walk(const rkm_graph *g, uint64_t seed, size_t len)
+{
+    size_t ncand = (size_t)rkm_graph_num_ops(g) * 4 + (size_t)rkm_graph_num_tensors(g) * 2 + 1;
+    rkm_step *cand = malloc(ncand * sizeof *cand), *ok = malloc(ncand * sizeof *ok);
+    rkm_step *walk = malloc((len + 1) * sizeof *walk);
+    uint64_t *mem = malloc((len + 1) * sizeof *mem), *after = malloc((len + 1) * sizeof *after);
+    all_steps(g, cand);
+    oracle o;
+    oracle_init(&o, g);
+    uint64_t peak = 0, pk;
+    int64_t peak_step = -1;
+    double time = 0;
+    size_t n = 0;
+    /* Weights that make walks reach the backward pass: first forwards, loss
+     * and backwards are likely, frees and recomputes less. A walk stops where
+     * the plan could end valid. */
+    uint8_t *ran = calloc((size_t)rkm_graph_num_ops(g), 1);
+    unsigned *wt = malloc(ncand * sizeof *wt);
+    while (n < len && !(n > 0 && oracle_end_ok(&o))) {
+        size_t nok = 0;
+        unsigned total = 0;
+        for (size_t i = 0; i < ncand; i++) {
+            const rkm_step *c = &cand[i];
+            if (!oracle_step(&o, c, 0, &pk)) continue;
+            wt[nok] = c->kind == RKM_STEP_FWD         ? (ran[c->index] ? 3 : 20)
+                      : c->kind == RKM_STEP_LOSS      ? 50
+                      : c->kind == RKM_STEP_BWD       ? 50
+                      : c->kind == RKM_STEP_FREE_GRAD ? 10
+                                                      : 2;
+            total += wt[nok];
+            ok[nok++] = *c;
+        }
+        if (!nok) break;
+        unsigned pick = (unsigned)(lcg(&seed) % total);
+        size_t c = 0;
+        while (pick >= wt[c]) pick -= wt[c++];
+        walk[n] = ok[c];
+        if (walk[n].kind == RKM_STEP_FWD) ran[walk[n].index] = 1;
+        oracle_step(&o, &walk[n], 1, &pk);
+        if (peak_step < 0 || pk > peak) peak = pk, peak_step = (int64_t)n;
+        time += step_time(g, &walk[n]);
+        mem[n++] = o.mem;
+    }
+    rkm_plan *p = NULL;
+    CHECK(rkm_plan_create(g, &p) == RKM_OK);
+    for (size_t i = 0; p && i < n; i++) CHECK(rkm_plan_append(p, &walk[i]) == RKM_OK);
+    if (p) {
+        rkm_sim_result res;
+        rkm_result r = rkm_plan_simulate(p, &res, after);
+        /* valid exactly when the oracle says so; otherwise only an end rule is broken */
+        CHECK(oracle_end_ok(&o) ? r == RKM_OK : r == RKM_ERROR_PLAN && res.fail_step == (int64_t)n);
+        int same = res.peak == peak && res.peak_step == peak_step && res.time == time;
+        for (size_t i = 0; i < n; i++) same = same && after[i] == mem[i];
+        if (!same) fprintf(stderr, "random walk %llu: figures differ from the oracle\n", (unsigned long long)seed);
+        CHECK(same);
+    }
+    rkm_plan_destroy(p);
+    /* A step that breaks a rule, put in at step k, is reported at k. */
+    size_t k = n ? lcg(&seed) % n : 0;
+    oracle_free(&o);
+    oracle_init(&o, g);
+    for (size_t i = 0; i < k; i++) oracle_step(&o, &walk[i], 1, &pk);
+    rkm_step bad = cand[0];
+    for (int tries = 0; tries < 1000; tries++) {
+        bad = cand[lcg(&seed) % ncand];
+        if (!oracle_step(&o, &bad, 0, &pk)) break;
+    }
+    if (!oracle_step(&o, &bad, 0, &pk)) {
+        p = NULL;
+        CHECK(rkm_plan_create(g, &p) == RKM_OK);
+        for (size_t i = 0; p && i <= n; i++)
+            CHECK(rkm_plan_append(p, i < k ? &walk[i] : i == k ? &bad : &walk[i - 1]) == RKM_OK);
+        if (p) {
+            rkm_sim_result res;
+            CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_ERROR_PLAN);
+            if (res.fail_step != (int64_t)k)
+                fprintf(stderr, "random walk %llu: bad step at %zu reported at %lld\n", (unsigned long long)seed, k,
+                        (long long)res.fail_step);
+            CHECK(res.fail_step == (int64_t)k);
+        }
+        rkm_plan_destroy(p);
+    }
+    oracle_free(&o);
+    free(ran);
+    free(wt);
+    free(cand);
+    free(ok);
+    free(walk);
+    free(mem);
+    free(after);
+}
+
+TEST(random_walks)
+{
+    const char *hand[] = {G_CHAIN3, G_PHANTOM, G_ACCUM, G_MULTI, G_NOGRAD, G_INPUTS, G_LOSS_SAVED, G_POOL, G_NOBWD_SAVED};
+    uint64_t seed = 1;
+    for (size_t k = 0; k < N_OF(hand); k++) {
+        rkm_context *ctx = new_ctx();
+        rkm_graph *g = load(ctx, hand[k]);
+        for (int w = 0; g && w < 40; w++) random_walk(g, seed++, 60);
+        rkm_graph_destroy(g);
+        rkm_context_destroy(ctx);
+    }
+    static const char *files[] = {"multi-output", "random30", "gpt2-tiny"};
+    for (size_t k = 0; k < N_OF(files); k++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, files[k]);
+        rkm_context *ctx = new_ctx();
+        rkm_graph *g = NULL;
+        CHECK(rkm_graph_read_file(ctx, path, &g) == RKM_OK);
+        for (int w = 0; g && w < 20; w++) random_walk(g, seed++, 800);
+        rkm_graph_destroy(g);
+        rkm_context_destroy(ctx);
+    }
+}
+
+/* ------------------------------------------------------------- plan files */
+
+typedef struct bad_rkp {
+    const char *text;
+    int line;
+    const char *word; /* a word of the rule the message must hold after source:line; NULL: none */
+} bad_rkp;
+
+static const bad_rkp bad_rkps[] = {
+    {"fwd f\n", 1, "rockmate-plan"},
+    {"rockmate-plan 2\nfwd f\n", 1, "rockmate-plan"},
+    {"rockmate-plan\nfwd f\n", 1, "rockmate-plan"},
+    {"rockmate-plan 1\n# comment\n\nfwdd f\n", 4, "fwdd"},
+    {"rockmate-plan 1\nfwd f\nfwd zz\n", 3, "zz"},
+    {"rockmate-plan 1\nfree zz\n", 2, "zz"},
+    {"rockmate-plan 1\nfree_grad f\n", 2, NULL}, /* f is an op, not a tensor */
+    {"rockmate-plan 1\nbwd a\n", 2, NULL},       /* a is a tensor, not an op */
+    {"rockmate-plan 1\nfree_saved zz\n", 2, "zz"},
+    {"rockmate-plan 1\nfwd f save now\n", 2, "fwd"},
+    {"rockmate-plan 1\nfwd f keep\n", 2, "keep"},
+    {"rockmate-plan 1\nloss b\n", 2, "loss"},
+    {"rockmate-plan 1\nfree a b\n", 2, "free"},
+    {"rockmate-plan 1\nbwd g g\n", 2, "bwd"},
+    {"rockmate-plan 1\nfwd\n", 2, "fwd"},
+    {"rockmate-plan 1\nfree\n", 2, "free"},
+    {"rockmate-plan 1\nfwd f\nrockmate-plan 1\n", 3, "rockmate-plan"},
+};
+
+TEST(plan_file_syntax_errors)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_CHAIN2);
+    for (size_t k = 0; g && k < N_OF(bad_rkps); k++) {
+        rkm_plan dummy, *p = &dummy;
+        const char *t = bad_rkps[k].text;
+        rkm_result r = rkm_plan_read_string(g, t, strlen(t), "bad.rkp", &p);
+        const char *msg = rkm_context_errmsg(ctx);
+        char where[64];
+        snprintf(where, sizeof where, "bad.rkp:%d:", bad_rkps[k].line);
+        const char *at = strstr(msg, where);
+        int ok = r == RKM_ERROR_PARSE && p == NULL && at &&
+                 (!bad_rkps[k].word || strstr(at + strlen(where), bad_rkps[k].word));
+        if (!ok) fprintf(stderr, "bad rkp %zu: result %d msg '%s' (want %s ... %s)\n", k, (int)r, msg, where,
+                         bad_rkps[k].word);
+        CHECK(ok);
+        if (p != &dummy) rkm_plan_destroy(p);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Comments, blank lines and tabs are accepted; steps come out as written. */
+TEST(plan_file_reads)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_PHANTOM);
+    static const char text[] = "# a plan\n\nrockmate-plan 1 # header\n  fwd\ta   save\n"
+                               "fwd b # no save\n\tloss\nfree y\nbwd b\nfree_saved b\nfree_grad y\nfree h\n";
+    rkm_plan *p = g ? plan_text(g, text) : NULL;
+    if (p) {
+        CHECK(rkm_plan_num_steps(p) == 8);
+        const rkm_step *s = rkm_plan_steps(p);
+        CHECK(s[0].kind == RKM_STEP_FWD && s[0].index == rkm_graph_find_op(g, "a") && s[0].save == 1);
+        CHECK(s[1].kind == RKM_STEP_FWD && s[1].index == rkm_graph_find_op(g, "b") && s[1].save == 0);
+        CHECK(s[2].kind == RKM_STEP_LOSS && s[2].index == rkm_graph_find_tensor(g, "y"));
+        CHECK(s[3].kind == RKM_STEP_FREE && s[3].index == rkm_graph_find_tensor(g, "y"));
+        CHECK(s[4].kind == RKM_STEP_BWD && s[4].index == rkm_graph_find_op(g, "b"));
+        CHECK(s[5].kind == RKM_STEP_FREE_SAVED && s[5].index == rkm_graph_find_op(g, "b"));
+        CHECK(s[6].kind == RKM_STEP_FREE_GRAD && s[6].index == rkm_graph_find_tensor(g, "y"));
+        CHECK(s[7].kind == RKM_STEP_FREE && s[7].index == rkm_graph_find_tensor(g, "h"));
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+typedef struct sbuf {
+    char *data;
+    size_t len, cap;
+} sbuf;
+
+static int sbuf_write(void *user, const char *data, size_t len)
+{
+    sbuf *b = user;
+    if (b->len + len + 1 > b->cap) {
+        size_t ncap = (b->len + len + 1) * 2;
+        char *nd = realloc(b->data, ncap);
+        if (!nd) return 1;
+        b->data = nd;
+        b->cap = ncap;
+    }
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+static int fail_write(void *user, const char *data, size_t len)
+{
+    (void)user;
+    (void)data;
+    (void)len;
+    return 1;
+}
+
+/* Writing a plan and reading it back gives the same steps; the text is
+ * the same when written again. */
+static void plan_round_trip(const char *graph_text)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, graph_text);
+    rkm_plan *p = NULL, *q = NULL;
+    sbuf a = {0}, b = {0};
+    if (g && rkm_plan_baseline(g, &p) == RKM_OK) {
+        CHECK(rkm_plan_write(p, sbuf_write, &a) == RKM_OK);
+        CHECK(a.data && strncmp(a.data, "rockmate-plan 1", 15) == 0);
+        CHECK(a.data && rkm_plan_read_string(g, a.data, a.len, "rt.rkp", &q) == RKM_OK);
+        if (q) {
+            CHECK(rkm_plan_num_steps(q) == rkm_plan_num_steps(p));
+            CHECK(rkm_plan_num_steps(q) == rkm_plan_num_steps(p) &&
+                  memcmp(rkm_plan_steps(p), rkm_plan_steps(q), rkm_plan_num_steps(p) * sizeof(rkm_step)) == 0);
+            CHECK(rkm_plan_write(q, sbuf_write, &b) == RKM_OK);
+            CHECK(a.len == b.len && b.data && strcmp(a.data, b.data) == 0);
+        }
+        CHECK(rkm_plan_write(p, fail_write, NULL) == RKM_ERROR_IO);
+    }
+    free(a.data);
+    free(b.data);
+    rkm_plan_destroy(p);
+    rkm_plan_destroy(q);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+TEST(plan_file_round_trip)
+{
+    plan_round_trip(G_PHANTOM);
+    plan_round_trip(G_ACCUM);
+    plan_round_trip(G_POOL);
+}
+
+/* Plan files on disk: written, read back step for step; a missing file or
+ * folder is an I/O error naming the path. */
+TEST(plan_files_on_disk)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, G_MULTI);
+    rkm_plan *p = NULL, *q = (rkm_plan *)&ctx;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/rkm_test_plan_%ld.rkp", (long)getpid());
+    if (g && rkm_plan_baseline(g, &p) == RKM_OK) {
+        CHECK(rkm_plan_write_file(p, path) == RKM_OK);
+        CHECK(rkm_plan_read_file(g, path, &q) == RKM_OK);
+        CHECK(q && rkm_plan_num_steps(q) == rkm_plan_num_steps(p) &&
+              memcmp(rkm_plan_steps(q), rkm_plan_steps(p), rkm_plan_num_steps(p) * sizeof(rkm_step)) == 0);
+        rkm_plan_destroy(q);
+        remove(path);
+        q = (rkm_plan *)&ctx;
+        CHECK(rkm_plan_read_file(g, path, &q) == RKM_ERROR_IO && q == NULL);
+        CHECK(strstr(rkm_context_errmsg(ctx), path) != NULL);
+        CHECK(rkm_plan_write_file(p, "/nonexistent-dir/p.rkp") == RKM_ERROR_IO);
+        CHECK(strstr(rkm_context_errmsg(ctx), "/nonexistent-dir/p.rkp") != NULL);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Every bundled graph's baseline is valid under the simulator, and its
+ * figures agree with the graph's stats. */
+TEST(bundled_baselines)
+{
+    static const char *names[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16", "multi-output",
+                                  "peer-gpt",  "random30",         "resnet18-like-b32"};
+    for (size_t k = 0; k < N_OF(names); k++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, names[k]);
+        rkm_context *ctx = new_ctx();
+        rkm_graph *g = NULL;
+        rkm_plan *p = NULL;
+        rkm_result r = rkm_graph_read_file(ctx, path, &g);
+        if (r != RKM_OK) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+        CHECK(r == RKM_OK);
+        if (g && rkm_plan_baseline(g, &p) == RKM_OK) {
+            rkm_sim_result res;
+            rkm_graph_stats st;
+            r = rkm_plan_simulate(p, &res, NULL);
+            if (r != RKM_OK) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+            CHECK(r == RKM_OK);
+            CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
+            CHECK_EQ_U64(res.peak, st.baseline_peak);
+            CHECK(res.time == st.baseline_time);
+            CHECK(st.lower_bound <= st.baseline_peak && st.lower_bound >= st.input_bytes);
+        }
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+        rkm_context_destroy(ctx);
+    }
+}
+
+int main(void)
+{
+    RUN(chain2_baseline);
+    RUN(chain3_recompute);
+    RUN(phantom_save_free_saved);
+    RUN(accumulation_two_readers);
+    RUN(multi_output_workspaces_inplace);
+    RUN(nograd);
+    RUN(inputs_counted_all_the_time);
+    RUN(saved_by_producer_and_reader);
+    RUN(loss_read_by_backward);
+    RUN(unread_and_nograd_outputs);
+    RUN(saved_by_op_without_backward);
+    RUN(bundled_multi_output_by_hand);
+    RUN(costs_changed_after_finalize);
+    RUN(plan_append_matches_text);
+    RUN(every_plan_rule);
+    RUN(bad_step_rule);
+    RUN(partial_figures_on_failure);
+    RUN(random_walks);
+    RUN(plan_file_syntax_errors);
+    RUN(plan_file_reads);
+    RUN(plan_file_round_trip);
+    RUN(plan_files_on_disk);
+    RUN(bundled_baselines);
+    TEST_END();
+}
