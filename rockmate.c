@@ -2712,9 +2712,33 @@ static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
     return need;
 }
 
+/* Add a schedule found on block `from` to every block of its class. */
+static rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
+                                 size_t nb)
+{
+    const rkm_graph *g = pl->g;
+    for (int32_t k = 0; k < g->n_blocks; k++) {
+        if (g->blocks[k].cls != from->cls) continue;
+        rkm__option o;
+        memset(&o, 0, sizeof o);
+        o.n_fwd = nf;
+        o.n_bwd = nb;
+        o.steps = rkm__alloc(pl->ctx, (nf + nb) * sizeof *o.steps);
+        if (!o.steps) return rkm__nomem(pl->ctx, "block options");
+        for (size_t t = 0; t < nf + nb; t++) o.steps[t] = rkm__map_step(g, from, &g->blocks[k], steps[t]);
+        int valid;
+        if (!rkm__bopts_add(pl->ctx, s, &g->blocks[k], &pl->bo[k], &o, &valid)) return rkm__nomem(pl->ctx, "block options");
+    }
+    return RKM_OK;
+}
+
 /* ILP options of one class: solve on its first block over a grid of
- * (peak, kept) budgets, then replay every schedule on every block of the
- * class (mapped op for op); replay decides what becomes an option. */
+ * (peak, kept) budgets and replay every schedule on every block of the
+ * class (mapped op for op); replay decides what becomes an option. Per peak
+ * the kept budgets go from loose to tight: a schedule that already fits a
+ * tighter kept budget is that budget's answer too (the optimum of a looser
+ * problem that is feasible in a tighter one), and a proven infeasible kept
+ * budget ends the row. */
 static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
 {
     const rkm_graph *g = pl->g;
@@ -2724,8 +2748,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     /* The block's baseline (its only option yet) bounds the grid. Copied:
      * adding options below may move the array. */
     const rkm__option all = pl->bo[rep].opt[0];
-    uint64_t hi = all.pf > all.pb ? all.pf : all.pb;
-    uint64_t lo = rkm__block_floor(g, b);
+    uint64_t hi = all.pf > all.pb ? all.pf : all.pb, lo = rkm__block_floor(g, b);
     uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
     if (lo > hi) lo = hi;
     rkm__ilp_block *ib;
@@ -2734,31 +2757,22 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     for (int32_t i = 0; i < np && !r; i++) {
         uint64_t peak = g->input_bytes + lo + (uint64_t)((double)(hi - lo) * (np > 1 ? (double)i / (np - 1) : 1.0));
-        for (int32_t j = 0; j < nk && !r; j++) {
+        uint64_t have = UINT64_MAX; /* end-of-forward memory of the row's last schedule */
+        for (int32_t j = nk - 1; j >= 0 && !r; j--) {
             double left = pl->d.time_limit - rkm__elapsed(pl);
-            if (left <= 0) break;
             uint64_t kept = base + (uint64_t)((double)all.kept * (nk > 1 ? (double)j / (nk - 1) : 1.0));
+            if (left <= 0) break;
+            if (have <= kept) continue;
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
             double lim = pl->d.ilp_time_limit < left ? pl->d.ilp_time_limit : left;
             r = rkm__ilp_block_solve(ib, peak, kept, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
-            for (int32_t k = 0; k < g->n_blocks && !r; k++) {
-                if (g->blocks[k].cls != cls) continue;
-                rkm__option o;
-                memset(&o, 0, sizeof o);
-                o.n_fwd = nf;
-                o.n_bwd = nb;
-                o.steps = rkm__alloc(pl->ctx, (nf + nb) * sizeof *o.steps);
-                if (!o.steps) {
-                    r = rkm__nomem(pl->ctx, "block options");
-                    break;
-                }
-                for (size_t t = 0; t < nf + nb; t++) o.steps[t] = rkm__map_step(g, b, &g->blocks[k], steps[t]);
-                int valid;
-                if (!rkm__bopts_add(pl->ctx, s, &g->blocks[k], &pl->bo[k], &o, &valid)) r = rkm__nomem(pl->ctx, "block options");
-            }
+            rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0};
+            if (rkm__option_measure(s, b, &o)) have = base + o.kept;
+            r = rkm__class_add(pl, s, b, steps, nf, nb);
             rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         }
     }
