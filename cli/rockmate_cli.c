@@ -1,0 +1,1442 @@
+/* rockmate_cli.c -- the `rockmate` command: info, plan, check and sweep over
+ * graph (.rkg) and plan (.rkp) files.
+ *
+ * It uses only the public API of rockmate.h. Every peak and time it prints
+ * comes from the library's simulator, so the tool and the library agree to the
+ * byte. Exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the
+ * budget (see `rockmate --help`). */
+#include "../rockmate.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { CLI_OK = 0, CLI_INPUT = 1, CLI_USAGE = 2, CLI_BUDGET = 3 };
+
+/* clang-format off */
+static const char cli_usage_text[] =
+    "usage: rockmate COMMAND [OPTIONS]\n"
+    "\n"
+    "Plans activation re-materialization (checkpointing) for one training step.\n"
+    "\n"
+    "commands:\n"
+    "  info  GRAPH [--json] [--algo A,A,...] [--slots N] [--time-limit S]\n"
+    "        size, baseline, lower bound, block structure, and the smallest\n"
+    "        budget each algorithm can meet (default none,sqrt,rotor,rockmate)\n"
+    "  plan  GRAPH --budget B [--algo A] [-o PLAN] [--json] [--svg FILE]\n"
+    "        [--slots N] [--time-limit S]\n"
+    "        a plan that fits budget B; -o writes it (- for standard output),\n"
+    "        --svg draws its memory over the steps beside the baseline's\n"
+    "  check GRAPH PLAN [--budget B] [--json]\n"
+    "        replays a plan file: valid or not, its peak and time\n"
+    "  sweep GRAPH [--algo A,A,...] [--points N] [--json] [--svg FILE]\n"
+    "        [--slots N] [--time-limit S]\n"
+    "        overhead against budget, from the smallest feasible budget to\n"
+    "        100% of the baseline peak (N budgets, default 12)\n"
+    "\n"
+    "options:\n"
+    "  --budget B        bytes, optionally with KiB, MiB, GiB (powers of 1024)\n"
+    "                    or KB, MB, GB (powers of 1000), or N% of the baseline peak\n"
+    "  --algo A          rockmate (default), rotor, sqrt, checkmate or none;\n"
+    "                    info and sweep take a list (sweep's default:\n"
+    "                    rockmate,rotor,sqrt,none); checkmate is slow but for\n"
+    "                    small graphs, so it runs only when named\n"
+    "  --json            print one JSON object (sweep: an array) on standard output\n"
+    "  -o, --output PLAN write the plan file\n"
+    "  --svg FILE        write a chart\n"
+    "  --slots N         memory slots of the chain dynamic program\n"
+    "  --time-limit S    seconds of planning per algorithm\n"
+    "  --points N        budgets in a sweep\n"
+    "  -v, --verbose     show the library's warnings and progress on stderr\n"
+    "  -h, --help        this text\n"
+    "  --version         the library version\n"
+    "\n"
+    "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n";
+/* clang-format on */
+
+/* ===========================================================================
+ * Command line parsing
+ * ========================================================================= */
+
+typedef enum cli_cmd { CMD_INFO, CMD_PLAN, CMD_CHECK, CMD_SWEEP, CMD_COUNT } cli_cmd;
+
+static const char *const cli_cmd_names[CMD_COUNT] = {"info", "plan", "check", "sweep"};
+static const char *const cli_cmd_operands[CMD_COUNT][2] = {
+    {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
+
+enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_SLOTS, OPT_TIME, OPT_POINTS, OPT_VERBOSE, OPT_COUNT };
+
+#define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
+
+/* clang-format off */
+static const struct cli_optdef {
+    const char *name, *alias;
+    int has_value;
+    unsigned cmds; /* bit per cli_cmd that accepts it */
+} cli_optdefs[OPT_COUNT] = {
+    [OPT_JSON] = {"--json", NULL, 0, CMDS(1, 1, 1, 1)},
+    [OPT_BUDGET] = {"--budget", NULL, 1, CMDS(0, 1, 1, 0)},
+    [OPT_ALGO] = {"--algo", NULL, 1, CMDS(1, 1, 0, 1)},
+    [OPT_OUTPUT] = {"--output", "-o", 1, CMDS(0, 1, 0, 0)},
+    [OPT_SVG] = {"--svg", NULL, 1, CMDS(0, 1, 0, 1)},
+    [OPT_SLOTS] = {"--slots", NULL, 1, CMDS(1, 1, 0, 1)},
+    [OPT_TIME] = {"--time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
+    [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1)},
+    [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
+};
+/* clang-format on */
+
+typedef struct cli_opts {
+    cli_cmd cmd;
+    const char *operand[2];
+    const char *value[OPT_COUNT]; /* the option's text; "" for a given flag; NULL if absent */
+    rkm_algo algos[RKM_ALGO_COUNT];
+    int n_algos;
+    int32_t slots;     /* 0: library default */
+    double time_limit; /* 0: library default */
+    int points;
+} cli_opts;
+
+/* One line naming the problem, one line of hint; exit status 2. */
+static int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rockmate: %s%s", cmd ? cmd : "", cmd ? ": " : "");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nTry 'rockmate --help' for usage.\n");
+    return CLI_USAGE;
+}
+
+static int cli_find_option(const char *arg, size_t len)
+{
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const struct cli_optdef *d = &cli_optdefs[i];
+        if ((strlen(d->name) == len && strncmp(arg, d->name, len) == 0) ||
+            (d->alias && strlen(d->alias) == len && strncmp(arg, d->alias, len) == 0))
+            return i;
+    }
+    return -1;
+}
+
+/* Store one option (arg is argv[*i]; a value may be "=..." or the next
+ * argument). Returns -1 when accepted, else the exit status. */
+static int cli_take_option(cli_opts *o, int argc, char **argv, int *i)
+{
+    const char *arg = argv[*i], *cmd = cli_cmd_names[o->cmd];
+    const char *eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    int id = cli_find_option(arg, len);
+    if (id < 0) return cli_usage_error(cmd, "unknown option '%.*s'", (int)len, arg);
+    const struct cli_optdef *d = &cli_optdefs[id];
+    if (!(d->cmds >> o->cmd & 1u)) return cli_usage_error(cmd, "option %s does not apply to '%s'", d->name, cmd);
+    if (o->value[id]) return cli_usage_error(cmd, "option %s is given twice", d->name);
+    if (!d->has_value) {
+        if (eq) return cli_usage_error(cmd, "option %s takes no value", d->name);
+        o->value[id] = "";
+    } else if (eq) {
+        o->value[id] = eq + 1;
+    } else if (*i + 1 < argc) {
+        o->value[id] = argv[++*i];
+    } else {
+        return cli_usage_error(cmd, "option %s needs a value", d->name);
+    }
+    if (d->has_value && !o->value[id][0]) return cli_usage_error(cmd, "option %s has an empty value", d->name);
+    return -1;
+}
+
+/* Parse "rockmate,rotor" into o->algos. */
+static int cli_parse_algos(cli_opts *o, const char *list, int allow_list)
+{
+    const char *cmd = cli_cmd_names[o->cmd];
+    o->n_algos = 0;
+    for (const char *p = list;;) {
+        size_t n = strcspn(p, ",");
+        char name[32];
+        rkm_algo a;
+        if (n == 0 || n >= sizeof name) return cli_usage_error(cmd, "bad --algo list '%s'", list);
+        memcpy(name, p, n);
+        name[n] = 0;
+        if (rkm_algo_from_name(name, &a) != RKM_OK)
+            return cli_usage_error(cmd, "unknown algorithm '%s' (rockmate, rotor, sqrt, checkmate, none)", name);
+        for (int k = 0; k < o->n_algos; k++)
+            if (o->algos[k] == a) return cli_usage_error(cmd, "algorithm '%s' is listed twice", name);
+        if (o->n_algos == RKM_ALGO_COUNT) return cli_usage_error(cmd, "bad --algo list '%s'", list);
+        o->algos[o->n_algos++] = a;
+        if (!p[n]) break;
+        if (!allow_list) return cli_usage_error(cmd, "--algo takes one algorithm here");
+        p += n + 1;
+    }
+    return -1;
+}
+
+/* A whole positive integer in [1, max]. */
+static int cli_parse_count(const char *text, long max, long *out)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (*end || end == text || v < 1 || v > max) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Check and convert the numeric options and the algorithm list. */
+static int cli_convert_options(cli_opts *o)
+{
+    const char *cmd = cli_cmd_names[o->cmd];
+    long v;
+    if (o->value[OPT_SLOTS]) {
+        if (!cli_parse_count(o->value[OPT_SLOTS], INT32_MAX, &v))
+            return cli_usage_error(cmd, "--slots wants a positive integer, not '%s'", o->value[OPT_SLOTS]);
+        o->slots = (int32_t)v;
+    }
+    o->points = 12;
+    if (o->value[OPT_POINTS]) {
+        if (!cli_parse_count(o->value[OPT_POINTS], 10000, &v) || v < 2)
+            return cli_usage_error(cmd, "--points wants an integer from 2 to 10000, not '%s'", o->value[OPT_POINTS]);
+        o->points = (int)v;
+    }
+    if (o->value[OPT_TIME]) {
+        char *end;
+        double t = strtod(o->value[OPT_TIME], &end);
+        if (*end || !(t > 0) || !isfinite(t))
+            return cli_usage_error(cmd, "--time-limit wants a positive number of seconds, not '%s'",
+                                   o->value[OPT_TIME]);
+        o->time_limit = t;
+    }
+    if (o->cmd == CMD_PLAN && !o->value[OPT_BUDGET]) return cli_usage_error(cmd, "--budget is required");
+    if (o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0 && o->value[OPT_JSON])
+        return cli_usage_error(cmd, "-o - and --json both want standard output");
+    /* checkmate (the whole-graph ILP) runs to its time limit on all but tiny
+     * graphs: only on request. */
+    const char *algos = o->value[OPT_ALGO]   ? o->value[OPT_ALGO]
+                        : o->cmd == CMD_PLAN ? "rockmate"
+                        : o->cmd == CMD_INFO ? "none,sqrt,rotor,rockmate"
+                                             : "rockmate,rotor,sqrt,none";
+    return cli_parse_algos(o, algos, o->cmd != CMD_PLAN);
+}
+
+/* Returns -1 to go on, or the exit status (0 after --help or --version). */
+static int cli_parse(int argc, char **argv, cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(cli_usage_text, stdout);
+            return CLI_OK;
+        }
+    if (argc < 2) return cli_usage_error(NULL, "missing command (info, plan, check or sweep)");
+    if (strcmp(argv[1], "--version") == 0) {
+        if (argc > 2) return cli_usage_error(NULL, "--version takes no arguments");
+        printf("rockmate %s\n", rkm_version());
+        return CLI_OK;
+    }
+    int c = 0;
+    while (c < CMD_COUNT && strcmp(argv[1], cli_cmd_names[c]) != 0) c++;
+    if (c == CMD_COUNT) return cli_usage_error(NULL, "unknown command '%s' (info, plan, check or sweep)", argv[1]);
+    o->cmd = (cli_cmd)c;
+    const char *cmd = cli_cmd_names[c];
+    int n_operands = 0, options_done = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!options_done && strcmp(arg, "--") == 0) {
+            options_done = 1;
+        } else if (!options_done && arg[0] == '-' && arg[1]) {
+            int rc = cli_take_option(o, argc, argv, &i);
+            if (rc >= 0) return rc;
+        } else if (n_operands < 2 && cli_cmd_operands[c][n_operands]) {
+            o->operand[n_operands++] = arg;
+        } else {
+            return cli_usage_error(cmd, "unexpected argument '%s'", arg);
+        }
+    }
+    if (n_operands < 2 && cli_cmd_operands[c][n_operands])
+        return cli_usage_error(cmd, "missing %s", cli_cmd_operands[c][n_operands]);
+    return cli_convert_options(o);
+}
+
+/* ===========================================================================
+ * Output helpers: errors, sizes, JSON
+ * ========================================================================= */
+
+/* "rockmate: PREFIX: the library's message" on one line; the exit status for r. */
+static int cli_fail(const rkm_context *ctx, rkm_result r, const char *prefix)
+{
+    const char *msg = rkm_context_errmsg(ctx);
+    fprintf(stderr, "rockmate: %s%s", prefix ? prefix : "", prefix ? ": " : "");
+    if (!*msg) msg = rkm_result_string(r);
+    for (; *msg; msg++) fputc(*msg == '\n' || *msg == '\r' ? ' ' : *msg, stderr);
+    fputc('\n', stderr);
+    return r == RKM_ERROR_BUDGET ? CLI_BUDGET : CLI_INPUT;
+}
+
+/* An error the tool itself finds: one line, exit status 1. */
+static int cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("rockmate: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return CLI_INPUT;
+}
+
+/* "1.23 MiB": a size for people; exact byte counts are printed beside it. */
+static const char *cli_size(char *buf, size_t size, uint64_t bytes)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(buf, size, "%" PRIu64 " B", bytes);
+        return buf;
+    }
+    double v = (double)bytes / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 5) v /= 1024, u++;
+    snprintf(buf, size, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+static double cli_percent(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
+
+/* A JSON writer with indentation, so that the output reads well and parses. */
+typedef struct cli_json {
+    FILE *f;
+    int depth;
+    int first; /* nothing written yet in the current object or array */
+} cli_json;
+
+static void cli_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* Start a member (key) or an element (key NULL). */
+static void cli_json_key(cli_json *j, const char *key)
+{
+    if (j->depth > 0) fprintf(j->f, "%s\n%*s", j->first ? "" : ",", 2 * j->depth, "");
+    j->first = 0;
+    if (key) {
+        cli_json_string(j->f, key);
+        fputs(": ", j->f);
+    }
+}
+
+static void cli_json_open(cli_json *j, const char *key, char bracket)
+{
+    cli_json_key(j, key);
+    fputc(bracket, j->f);
+    j->depth++;
+    j->first = 1;
+}
+
+static void cli_json_close(cli_json *j, char bracket)
+{
+    j->depth--;
+    if (!j->first) fprintf(j->f, "\n%*s", 2 * j->depth, "");
+    fputc(bracket, j->f);
+    j->first = 0;
+    if (j->depth == 0) fputc('\n', j->f);
+}
+
+static void cli_json_u64(cli_json *j, const char *key, uint64_t v)
+{
+    cli_json_key(j, key);
+    fprintf(j->f, "%" PRIu64, v);
+}
+
+static void cli_json_i64(cli_json *j, const char *key, int64_t v)
+{
+    cli_json_key(j, key);
+    fprintf(j->f, "%" PRId64, v);
+}
+
+/* Non-finite numbers have no JSON form: null. */
+static void cli_json_num(cli_json *j, const char *key, double v)
+{
+    cli_json_key(j, key);
+    if (isfinite(v))
+        fprintf(j->f, "%.9g", v);
+    else
+        fputs("null", j->f);
+}
+
+static void cli_json_str(cli_json *j, const char *key, const char *s)
+{
+    cli_json_key(j, key);
+    if (s)
+        cli_json_string(j->f, s);
+    else
+        fputs("null", j->f);
+}
+
+static void cli_json_bool(cli_json *j, const char *key, int v)
+{
+    cli_json_key(j, key);
+    fputs(v ? "true" : "false", j->f);
+}
+
+static void cli_json_null(cli_json *j, const char *key)
+{
+    cli_json_key(j, key);
+    fputs("null", j->f);
+}
+
+/* ===========================================================================
+ * Graphs, planners, plan figures
+ * ========================================================================= */
+
+typedef struct cli_graph {
+    const char *path;
+    char name[128]; /* file name without folder and .rkg: chart titles */
+    rkm_graph *g;
+    rkm_graph_stats st;
+} cli_graph;
+
+static void cli_graph_name(const char *path, char *buf, size_t size)
+{
+    const char *base = path;
+    for (const char *p = path; *p; p++)
+        if (*p == '/' || *p == '\\') base = p + 1;
+    size_t n = strlen(base);
+    if (n > 4 && strcmp(base + n - 4, ".rkg") == 0) n -= 4;
+    if (n >= size) n = size - 1;
+    memcpy(buf, base, n);
+    buf[n] = 0;
+}
+
+static int cli_graph_load(rkm_context *ctx, const char *path, cli_graph *G)
+{
+    memset(G, 0, sizeof *G);
+    G->path = path;
+    cli_graph_name(path, G->name, sizeof G->name);
+    rkm_result r = rkm_graph_read_file(ctx, path, &G->g);
+    if (r) return cli_fail(ctx, r, NULL);
+    r = rkm_graph_stats_get(G->g, &G->st);
+    if (r) return cli_fail(ctx, r, path);
+    return CLI_OK;
+}
+
+/* Budgets are parsed against the graph's baseline peak; bad text is usage. */
+static int cli_budget(const cli_graph *G, const char *text, const char *cmd, uint64_t *out)
+{
+    if (rkm_parse_budget(text, G->st.baseline_peak, out) != RKM_OK)
+        return cli_usage_error(cmd, "bad budget '%s' (bytes, KiB/MiB/GiB, KB/MB/GB or N%%)", text);
+    return CLI_OK;
+}
+
+/* One algorithm's planner. `none` needs no planner: its plan is the baseline,
+ * which fits exactly the budgets from the baseline peak up. */
+typedef struct cli_planner {
+    const cli_graph *G;
+    rkm_algo algo;
+    rkm_planner *pl;
+} cli_planner;
+
+static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_opts *o, cli_planner *cp)
+{
+    cp->G = G;
+    cp->algo = algo;
+    cp->pl = NULL;
+    if (algo == RKM_ALGO_NONE) return RKM_OK;
+    rkm_solve_desc d;
+    memset(&d, 0, sizeof d);
+    d.algo = algo;
+    d.slots = o->slots;
+    d.time_limit = o->time_limit;
+    return rkm_planner_create(G->g, &d, &cp->pl);
+}
+
+static void cli_planner_close(cli_planner *cp)
+{
+    rkm_planner_destroy(cp->pl);
+    cp->pl = NULL;
+}
+
+static rkm_result cli_planner_min(cli_planner *cp, uint64_t *out)
+{
+    if (cp->algo == RKM_ALGO_NONE) {
+        *out = cp->G->st.baseline_peak;
+        return RKM_OK;
+    }
+    return rkm_planner_min_budget(cp->pl, out);
+}
+
+static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    if (cp->algo != RKM_ALGO_NONE) return rkm_planner_solve(cp->pl, budget, out);
+    if (budget < cp->G->st.baseline_peak) return RKM_ERROR_BUDGET;
+    return rkm_plan_baseline(cp->G->g, out);
+}
+
+/* "no rotor plan fits in ...; the smallest budget rotor can meet is ...". */
+static int cli_budget_fail(rkm_context *ctx, cli_planner *cp, uint64_t budget)
+{
+    const char *name = rkm_algo_name(cp->algo);
+    uint64_t peak = cp->G->st.baseline_peak, min;
+    char a[32], b[32];
+    rkm_result r = cli_planner_min(cp, &min);
+    if (r) return cli_fail(ctx, r, cp->G->path);
+    fprintf(stderr,
+            "rockmate: no %s plan fits in %s (%" PRIu64 " bytes, %.1f%% of the baseline peak); "
+            "the smallest budget %s can meet is %s (%" PRIu64 " bytes, %.1f%%)\n",
+            name, cli_size(a, sizeof a, budget), budget, cli_percent((double)budget, (double)peak), name,
+            cli_size(b, sizeof b, min), min, cli_percent((double)min, (double)peak));
+    return CLI_BUDGET;
+}
+
+/* What the tool reports about one plan. */
+typedef struct cli_result {
+    int has_algo, has_budget;
+    rkm_algo algo;
+    uint64_t budget;
+    rkm_plan *plan;
+    rkm_sim_result sim;
+    rkm_result check; /* RKM_OK when the simulator accepts the plan */
+    char message[512];
+    rkm_plan_stats ps;
+    size_t recomputes; /* forward steps of ops whose forward already ran */
+    uint64_t arena;    /* one-allocation layout of a valid plan (default alignment) */
+    size_t n_buffers;
+} cli_result;
+
+#define CLI_ARENA_ALIGNMENT 256 /* rkm_plan_layout's default, printed beside the arena */
+
+/* Replay the plan and gather its figures (the plan stays owned by the caller). */
+static rkm_result cli_result_fill(const cli_graph *G, rkm_plan *plan, cli_result *r)
+{
+    rkm_context *ctx = rkm_graph_context(G->g);
+    r->plan = plan;
+    r->check = rkm_plan_simulate(plan, &r->sim, NULL);
+    snprintf(r->message, sizeof r->message, "%s", r->check ? rkm_context_errmsg(ctx) : "");
+    if (r->check && r->check != RKM_ERROR_PLAN) return r->check;
+    rkm_result e = rkm_plan_stats_get(plan, &r->ps);
+    const rkm_buffer *buffers;
+    if (!e && !r->check) e = rkm_plan_layout(plan, CLI_ARENA_ALIGNMENT, &buffers, &r->n_buffers, &r->arena);
+    if (e) return e;
+    size_t n = rkm_plan_num_steps(plan);
+    const rkm_step *steps = rkm_plan_steps(plan);
+    int32_t n_ops = rkm_graph_num_ops(G->g);
+    unsigned char *ran = calloc((size_t)n_ops + 1, 1);
+    if (!ran) return RKM_ERROR_NOMEM;
+    r->recomputes = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || steps[i].index >= n_ops) continue;
+        r->recomputes += ran[steps[i].index];
+        ran[steps[i].index] = 1;
+    }
+    free(ran);
+    return RKM_OK;
+}
+
+/* "fwd h0.attn save": a step as the plan file spells it. */
+static void cli_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
+{
+    static const char *const words[] = {"fwd", "loss", "bwd", "free", "free_saved", "free_grad"};
+    int is_op = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD || s->kind == RKM_STEP_FREE_SAVED;
+    rkm_op_info oi;
+    rkm_tensor_info ti;
+    const char *name = NULL;
+    if (is_op && rkm_graph_op_info(g, s->index, &oi) == RKM_OK) name = oi.name;
+    if (!is_op && s->kind >= 0 && s->kind <= RKM_STEP_FREE_GRAD && rkm_graph_tensor_info(g, s->index, &ti) == RKM_OK)
+        name = ti.name;
+    if (!name)
+        snprintf(buf, size, "<kind %d index %d>", (int)s->kind, (int)s->index);
+    else if (s->kind == RKM_STEP_LOSS)
+        snprintf(buf, size, "loss");
+    else
+        snprintf(buf, size, "%s %s%s", words[s->kind], name, s->kind == RKM_STEP_FWD && s->save ? " save" : "");
+}
+
+static void cli_json_ilp(cli_json *j, const rkm_plan_stats *ps)
+{
+    cli_json_open(j, "ilp", '{');
+    cli_json_i64(j, "solves", ps->ilp_solves);
+    cli_json_i64(j, "optimal", ps->ilp_optimal);
+    cli_json_i64(j, "suboptimal", ps->ilp_suboptimal);
+    cli_json_i64(j, "infeasible", ps->ilp_infeasible);
+    cli_json_i64(j, "timeout", ps->ilp_timeout);
+    cli_json_i64(j, "failed", ps->ilp_failed);
+    cli_json_num(j, "seconds", ps->ilp_seconds);
+    cli_json_close(j, '}');
+}
+
+/* The members of a plan object (plan, check and sweep share them). */
+static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_result *r)
+{
+    int valid = r->check == RKM_OK;
+    cli_json_str(j, "graph", G->path);
+    cli_json_str(j, "algo", r->has_algo ? rkm_algo_name(r->algo) : NULL);
+    if (r->has_budget)
+        cli_json_u64(j, "budget", r->budget);
+    else
+        cli_json_null(j, "budget");
+    if (valid) {
+        cli_json_u64(j, "peak", r->sim.peak);
+        cli_json_num(j, "time", r->sim.time);
+    } else {
+        cli_json_null(j, "peak");
+        cli_json_null(j, "time");
+    }
+    cli_json_u64(j, "baseline_peak", G->st.baseline_peak);
+    cli_json_num(j, "baseline_time", G->st.baseline_time);
+    if (valid && G->st.baseline_time > 0)
+        cli_json_num(j, "overhead", r->sim.time / G->st.baseline_time - 1);
+    else
+        cli_json_null(j, "overhead");
+    cli_json_num(j, "peak_percent", valid ? cli_percent((double)r->sim.peak, (double)G->st.baseline_peak) : NAN);
+    cli_json_num(j, "solve_seconds", r->ps.solve_seconds);
+    cli_json_i64(j, "blocks", G->st.blocks);
+    cli_json_i64(j, "block_classes", G->st.block_classes);
+    cli_json_i64(j, "options", r->ps.options);
+    cli_json_u64(j, "steps", rkm_plan_num_steps(r->plan));
+    cli_json_u64(j, "recomputes", r->recomputes);
+    if (valid) {
+        cli_json_u64(j, "arena_bytes", r->arena);
+        cli_json_i64(j, "arena_alignment", CLI_ARENA_ALIGNMENT);
+        cli_json_u64(j, "buffers", r->n_buffers);
+    }
+    cli_json_ilp(j, &r->ps);
+    if (r->has_algo && r->algo == RKM_ALGO_CHECKMATE) cli_json_num(j, "gap", r->ps.gap);
+}
+
+/* ===========================================================================
+ * SVG charts
+ * ========================================================================= */
+
+/* Okabe-Ito colours (readable by colour-blind readers), one per algorithm. */
+static const char *const cli_algo_color[RKM_ALGO_COUNT] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#555555"};
+enum { MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS, MARK_NONE };
+
+typedef struct cli_axis {
+    double lo, hi, step;
+    int decimals;
+} cli_axis;
+
+/* Round [lo, hi] out to ticks of 1, 2, 2.5 or 5 times a power of ten: the
+ * finest step that gives at most want + 1 intervals. */
+static void cli_axis_nice(cli_axis *a, double lo, double hi, int want)
+{
+    static const double mult[] = {1, 2, 2.5, 5, 10, 20};
+    if (!(hi > lo)) hi = lo + (lo != 0 ? fabs(lo) : 1.0);
+    double mag = pow(10, floor(log10((hi - lo) / want)));
+    for (int k = 0; k < 6; k++) {
+        a->step = mult[k] * mag;
+        a->lo = floor(lo / a->step + 1e-9) * a->step;
+        a->hi = ceil(hi / a->step - 1e-9) * a->step;
+        if ((a->hi - a->lo) / a->step <= want + 1 + 1e-9) break;
+    }
+    a->decimals = 0;
+    while (a->decimals < 6) {
+        double s = a->step * pow(10, a->decimals);
+        if (fabs(s - floor(s + 0.5)) < 1e-6 * s) break;
+        a->decimals++;
+    }
+}
+
+typedef struct cli_chart {
+    FILE *f;
+    double x0, y0, w, h; /* plot area, pixels, y0 at the top */
+    cli_axis x, y;
+} cli_chart;
+
+static double cli_sx(const cli_chart *c, double v) { return c->x0 + c->w * (v - c->x.lo) / (c->x.hi - c->x.lo); }
+static double cli_sy(const cli_chart *c, double v) { return c->y0 + c->h * (1 - (v - c->y.lo) / (c->y.hi - c->y.lo)); }
+
+static void cli_svg_escaped(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if (*s == '&')
+            fputs("&amp;", f);
+        else if (*s == '"')
+            fputs("&quot;", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+/* Text at (x, y); extra holds attributes such as a size or an anchor. */
+static void cli_svg_text(FILE *f, double x, double y, const char *extra, const char *text)
+{
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" %s>", x, y, extra);
+    cli_svg_escaped(f, text);
+    fputs("</text>\n", f);
+}
+
+static void cli_svg_begin(FILE *f, int width, int height)
+{
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+            "font-family=\"sans-serif\" font-size=\"12\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            width, height, width, height);
+}
+
+static void cli_svg_titles(FILE *f, double x, const char *title, const char *subtitle)
+{
+    cli_svg_text(f, x, 24, "font-size=\"15\" font-weight=\"bold\"", title);
+    if (subtitle) cli_svg_text(f, x, 43, "font-size=\"12\" fill=\"#444444\"", subtitle);
+}
+
+/* Grid lines, frame, tick labels and axis titles. */
+static void cli_chart_axes(const cli_chart *c, const char *xlabel, const char *ylabel)
+{
+    FILE *f = c->f;
+    char label[64];
+    fputs("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n", f);
+    for (double v = c->x.lo; v <= c->x.hi + c->x.step * 1e-6; v += c->x.step)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", cli_sx(c, v), c->y0, cli_sx(c, v),
+                c->y0 + c->h);
+    for (double v = c->y.lo; v <= c->y.hi + c->y.step * 1e-6; v += c->y.step)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", c->x0, cli_sy(c, v), c->x0 + c->w,
+                cli_sy(c, v));
+    fputs("</g>\n", f);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333333\"/>\n", c->x0,
+            c->y0, c->w, c->h);
+    for (double v = c->x.lo; v <= c->x.hi + c->x.step * 1e-6; v += c->x.step) {
+        snprintf(label, sizeof label, "%.*f", c->x.decimals, v);
+        cli_svg_text(f, cli_sx(c, v), c->y0 + c->h + 16, "text-anchor=\"middle\"", label);
+    }
+    for (double v = c->y.lo; v <= c->y.hi + c->y.step * 1e-6; v += c->y.step) {
+        snprintf(label, sizeof label, "%.*f", c->y.decimals, v);
+        cli_svg_text(f, c->x0 - 6, cli_sy(c, v) + 4, "text-anchor=\"end\"", label);
+    }
+    cli_svg_text(f, c->x0 + c->w / 2, c->y0 + c->h + 38, "text-anchor=\"middle\" font-size=\"13\"", xlabel);
+    char rot[96];
+    double ly = c->y0 + c->h / 2, lx = c->x0 - 52;
+    snprintf(rot, sizeof rot, "text-anchor=\"middle\" font-size=\"13\" transform=\"rotate(-90 %.1f %.1f)\"", lx, ly);
+    cli_svg_text(f, lx, ly, rot, ylabel);
+}
+
+static void cli_svg_marker(FILE *f, int mark, double x, double y, const char *color)
+{
+    switch (mark) {
+    case MARK_CIRCLE: fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", x, y, color); break;
+    case MARK_SQUARE:
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"7\" height=\"7\" fill=\"%s\"/>\n", x - 3.5, y - 3.5, color);
+        break;
+    case MARK_TRIANGLE:
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"/>\n", x, y - 4.5, x + 4.2, y + 3, x - 4.2,
+                y + 3, color);
+        break;
+    case MARK_DIAMOND:
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"/>\n", x, y - 4.5, x + 4.5, y, x,
+                y + 4.5, x - 4.5, y, color);
+        break;
+    case MARK_CROSS:
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fM%.1f %.1fL%.1f %.1f\" stroke=\"%s\" stroke-width=\"1.8\"/>\n", x - 4,
+                y - 4, x + 4, y + 4, x - 4, y + 4, x + 4, y - 4, color);
+        break;
+    default: break;
+    }
+}
+
+typedef struct cli_legend_item {
+    const char *label, *color, *dash; /* dash: NULL for a solid line */
+    double width, opacity;
+    int mark;
+} cli_legend_item;
+
+/* A legend column to the right of the plot area. */
+static void cli_svg_legend(FILE *f, double x, double y, const cli_legend_item *items, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const cli_legend_item *it = &items[i];
+        double ly = y + 20.0 * i;
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"%.1f\" "
+                "stroke-opacity=\"%.2f\"%s%s%s/>\n",
+                x, ly, x + 26, ly, it->color, it->width, it->opacity, it->dash ? " stroke-dasharray=\"" : "",
+                it->dash ? it->dash : "", it->dash ? "\"" : "");
+        cli_svg_marker(f, it->mark, x + 13, ly, it->color);
+        cli_svg_text(f, x + 34, ly + 4, "", it->label);
+    }
+}
+
+/* The unit that keeps memory tick labels short. */
+static void cli_mem_unit(uint64_t max, double *scale, const char **name)
+{
+    static const char *const names[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    *scale = 1;
+    while (u < 4 && (double)max / *scale >= 1024 * 1.5) *scale *= 1024, u++;
+    *name = names[u];
+}
+
+/* One memory curve over a plan: live memory after each step and each step's peak. */
+typedef struct cli_series {
+    size_t n;
+    uint64_t *live, *peak;
+    uint64_t max;
+} cli_series;
+
+/* A step's peak from the live memory around it, as in the contract's last
+ * column: forward, loss and backward peak at what they leave live plus their
+ * workspace; the frees peak before they release. */
+static uint64_t cli_step_peak(const rkm_graph *g, const rkm_step *s, uint64_t before, uint64_t after)
+{
+    rkm_op_info oi;
+    if (s->kind == RKM_STEP_FWD && rkm_graph_op_info(g, s->index, &oi) == RKM_OK) return after + oi.fwd_ws;
+    if (s->kind == RKM_STEP_BWD && rkm_graph_op_info(g, s->index, &oi) == RKM_OK) return after + oi.bwd_ws;
+    if (s->kind == RKM_STEP_LOSS) return after;
+    return before;
+}
+
+static rkm_result cli_series_make(const cli_graph *G, rkm_plan *plan, cli_series *s)
+{
+    memset(s, 0, sizeof s[0]);
+    s->n = rkm_plan_num_steps(plan);
+    s->live = malloc((s->n + 1) * sizeof *s->live);
+    s->peak = malloc((s->n + 1) * sizeof *s->peak);
+    if (!s->live || !s->peak) return RKM_ERROR_NOMEM;
+    rkm_sim_result sim;
+    rkm_result r = rkm_plan_simulate(plan, &sim, s->live);
+    if (r) return r;
+    const rkm_step *steps = rkm_plan_steps(plan);
+    uint64_t before = G->st.input_bytes;
+    for (size_t i = 0; i < s->n; i++) {
+        s->peak[i] = cli_step_peak(G->g, &steps[i], before, s->live[i]);
+        if (s->peak[i] > s->max) s->max = s->peak[i];
+        before = s->live[i];
+    }
+    if (s->n && s->max != sim.peak)
+        fprintf(stderr,
+                "rockmate: warning: per-step peaks (max %" PRIu64 ") disagree with the simulator (%" PRIu64 ")\n",
+                s->max, sim.peak);
+    return RKM_OK;
+}
+
+static void cli_series_free(cli_series *s)
+{
+    free(s->live);
+    free(s->peak);
+    memset(s, 0, sizeof *s);
+}
+
+/* A step function over x = fraction of the step sequence, with runs of equal
+ * values merged so that long plans stay small. */
+static void cli_svg_steps(const cli_chart *c, const uint64_t *v, size_t n, double scale, const char *attrs)
+{
+    if (!n) return;
+    fprintf(c->f, "<polyline fill=\"none\" %s points=\"", attrs);
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && v[i] == v[i - 1]) continue;
+        double x = cli_sx(c, 100.0 * (double)i / (double)n);
+        if (i > 0) fprintf(c->f, "%.2f,%.2f ", x, cli_sy(c, (double)v[i - 1] / scale));
+        fprintf(c->f, "%.2f,%.2f ", x, cli_sy(c, (double)v[i] / scale));
+    }
+    fprintf(c->f, "%.2f,%.2f\"/>\n", cli_sx(c, 100.0), cli_sy(c, (double)v[n - 1] / scale));
+}
+
+static int cli_svg_close(FILE *f, const char *path)
+{
+    fputs("</svg>\n", f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "rockmate: %s: could not write the SVG file\n", path);
+        return CLI_INPUT;
+    }
+    return CLI_OK;
+}
+
+static FILE *cli_svg_open(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) fprintf(stderr, "rockmate: %s: cannot open for writing\n", path);
+    return f;
+}
+
+enum { SVG_W = 880, SVG_H = 436, SVG_LEFT = 78, SVG_TOP = 62, SVG_PLOT_W = 580, SVG_PLOT_H = 320 };
+
+/* Draw one plan's two curves (step peaks light, live memory solid) and fill
+ * their two legend entries. */
+static void cli_plan_svg_series(const cli_chart *c, const cli_series *s, double scale, const char *color,
+                                const char *who, char labels[2][96], cli_legend_item items[2])
+{
+    char attrs[128];
+    snprintf(attrs, sizeof attrs, "stroke=\"%s\" stroke-width=\"1\" stroke-opacity=\"0.45\"", color);
+    cli_svg_steps(c, s->peak, s->n, scale, attrs);
+    snprintf(attrs, sizeof attrs, "stroke=\"%s\" stroke-width=\"1.6\"", color);
+    cli_svg_steps(c, s->live, s->n, scale, attrs);
+    snprintf(labels[0], sizeof labels[0], "%s: live memory", who);
+    snprintf(labels[1], sizeof labels[1], "%s: step peaks", who);
+    items[0] = (cli_legend_item){labels[0], color, NULL, 1.6, 1, MARK_NONE};
+    items[1] = (cli_legend_item){labels[1], color, NULL, 1, 0.45, MARK_NONE};
+}
+
+/* The plan's memory over its steps beside the baseline's (x: position in
+ * each step sequence, so both span the same width), and the budget. */
+static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *r, const cli_series *plan,
+                        const cli_series *base)
+{
+    int is_base = r->algo == RKM_ALGO_NONE; /* the plan is the baseline: one series */
+    uint64_t top = plan->max > base->max ? plan->max : base->max;
+    if (r->budget > top && r->budget <= top + top / 4) top = r->budget;
+    double scale;
+    const char *unit, *algo = rkm_algo_name(r->algo);
+    cli_mem_unit(top, &scale, &unit);
+    FILE *f = cli_svg_open(path);
+    if (!f) return CLI_INPUT;
+    cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    cli_axis_nice(&c.x, 0, 100, 5);
+    cli_axis_nice(&c.y, 0, (double)top / scale, 6);
+    char title[256], sub[256], ylabel[64], a[32], b[32], labels[4][96];
+    if (is_base)
+        snprintf(title, sizeof title, "%s: activation memory, baseline plan", G->name);
+    else
+        snprintf(title, sizeof title, "%s: activation memory, %s plan and baseline", G->name, algo);
+    snprintf(sub, sizeof sub, "budget %s (%.1f%% of baseline peak), peak %s, overhead %.2f%%",
+             cli_size(a, sizeof a, r->budget), cli_percent((double)r->budget, (double)G->st.baseline_peak),
+             cli_size(b, sizeof b, r->sim.peak), 100 * (r->sim.time / G->st.baseline_time - 1));
+    snprintf(ylabel, sizeof ylabel, "memory (%s)", unit);
+    cli_svg_begin(f, SVG_W, SVG_H);
+    cli_svg_titles(f, SVG_LEFT, title, sub);
+    cli_chart_axes(&c, "position in the step sequence (%)", ylabel);
+    cli_legend_item items[5];
+    int n = is_base ? 2 : 4;
+    if (!is_base) cli_plan_svg_series(&c, base, scale, "#999999", "baseline", labels + 2, items + 2);
+    cli_plan_svg_series(&c, plan, scale, is_base ? "#555555" : cli_algo_color[r->algo], is_base ? "baseline" : algo,
+                        labels, items);
+    if ((double)r->budget / scale <= c.y.hi) {
+        double y = cli_sy(&c, (double)r->budget / scale);
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#111111\" stroke-width=\"1.2\" "
+                "stroke-dasharray=\"7 4\"/>\n",
+                c.x0, y, c.x0 + c.w, y);
+        items[n++] = (cli_legend_item){"budget", "#111111", "7 4", 1.2, 1, MARK_NONE};
+    }
+    cli_svg_legend(f, SVG_LEFT + SVG_PLOT_W + 22, SVG_TOP + 10, items, n);
+    return cli_svg_close(f, path);
+}
+
+/* ===========================================================================
+ * Commands
+ * ========================================================================= */
+
+static void cli_text_ilp(const rkm_plan_stats *ps)
+{
+    printf("  planning       %.3f s", ps->solve_seconds);
+    if (ps->ilp_solves)
+        printf("; ILP: %d solves (%d optimal, %d suboptimal, %d infeasible, %d timed out, %d failed) in %.3f s",
+               (int)ps->ilp_solves, (int)ps->ilp_optimal, (int)ps->ilp_suboptimal, (int)ps->ilp_infeasible,
+               (int)ps->ilp_timeout, (int)ps->ilp_failed, ps->ilp_seconds);
+    printf("\n");
+}
+
+/* The readable summary of a valid plan. */
+static void cli_text_plan(const cli_graph *G, const cli_result *r)
+{
+    char a[32];
+    double bp = (double)G->st.baseline_peak;
+    if (r->has_budget)
+        printf("  budget         %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
+               cli_size(a, sizeof a, r->budget), r->budget, cli_percent((double)r->budget, bp));
+    printf("  peak           %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
+           cli_size(a, sizeof a, r->sim.peak), r->sim.peak, cli_percent((double)r->sim.peak, bp));
+    printf("  baseline peak  %-12s (%" PRIu64 " bytes)\n", cli_size(a, sizeof a, G->st.baseline_peak),
+           G->st.baseline_peak);
+    printf("  time           %.9g s (baseline %.9g s, overhead %.2f%%)\n", r->sim.time, G->st.baseline_time,
+           G->st.baseline_time > 0 ? 100 * (r->sim.time / G->st.baseline_time - 1) : 0.0);
+    printf("  arena          %-12s (%" PRIu64 " bytes, %.1f%% over the peak: %zu buffers at %d-byte alignment)\n",
+           cli_size(a, sizeof a, r->arena), r->arena,
+           cli_percent((double)(r->arena - r->sim.peak), (double)r->sim.peak), r->n_buffers, CLI_ARENA_ALIGNMENT);
+    printf("  steps          %zu (%zu recomputed forwards)\n", rkm_plan_num_steps(r->plan), r->recomputes);
+    printf("  blocks         %d in %d classes", (int)G->st.blocks, (int)G->st.block_classes);
+    if (r->ps.options) printf(", %d options", (int)r->ps.options);
+    printf("\n");
+}
+
+static int cli_write_stdout(void *user, const char *data, size_t len)
+{
+    (void)user;
+    return fwrite(data, 1, len, stdout) != len;
+}
+
+static int cli_plan_outputs(rkm_context *ctx, const cli_opts *o, const cli_graph *G, cli_result *r)
+{
+    const char *out = o->value[OPT_OUTPUT];
+    rkm_result e = RKM_OK;
+    if (out)
+        e = strcmp(out, "-") == 0 ? rkm_plan_write(r->plan, cli_write_stdout, NULL) : rkm_plan_write_file(r->plan, out);
+    if (e) return cli_fail(ctx, e, NULL); /* the message names the file */
+    if (!o->value[OPT_SVG]) return CLI_OK;
+    cli_series ps, bs;
+    rkm_plan *base = NULL;
+    e = cli_series_make(G, r->plan, &ps);
+    memset(&bs, 0, sizeof bs);
+    if (!e) e = rkm_plan_baseline(G->g, &base);
+    if (!e) e = cli_series_make(G, base, &bs);
+    int rc = e ? cli_fail(ctx, e, o->value[OPT_SVG]) : cli_plan_svg(o->value[OPT_SVG], G, r, &ps, &bs);
+    cli_series_free(&ps);
+    cli_series_free(&bs);
+    rkm_plan_destroy(base);
+    return rc;
+}
+
+static int cmd_plan(rkm_context *ctx, const cli_opts *o)
+{
+    cli_graph G;
+    cli_planner cp = {0};
+    cli_result r;
+    memset(&r, 0, sizeof r);
+    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    if (!rc) rc = cli_budget(&G, o->value[OPT_BUDGET], "plan", &r.budget);
+    rkm_result e = RKM_OK;
+    if (!rc) e = cli_planner_open(&G, o->algos[0], o, &cp);
+    if (!rc && !e) e = cli_planner_solve(&cp, r.budget, &r.plan);
+    if (!rc && e == RKM_ERROR_BUDGET)
+        rc = cli_budget_fail(ctx, &cp, r.budget);
+    else if (!rc && e)
+        rc = cli_fail(ctx, e, G.path);
+    if (!rc) {
+        r.has_algo = r.has_budget = 1;
+        r.algo = o->algos[0];
+        e = cli_result_fill(&G, r.plan, &r);
+        if (e || r.check)
+            rc = cli_fail(ctx, e ? e : r.check, "the planner's plan failed its replay"); /* a library bug */
+        else if (r.sim.peak > r.budget)
+            rc = cli_error("internal error: the %s plan breaks its budget", rkm_algo_name(r.algo));
+    }
+    if (!rc) rc = cli_plan_outputs(ctx, o, &G, &r);
+    if (!rc && o->value[OPT_JSON]) {
+        cli_json j = {stdout, 0, 1};
+        cli_json_open(&j, NULL, '{');
+        cli_json_plan_members(&j, &G, &r);
+        cli_json_close(&j, '}');
+    } else if (!rc && !(o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0)) {
+        printf("%s: %s plan\n", G.path, rkm_algo_name(r.algo));
+        cli_text_plan(&G, &r);
+        cli_text_ilp(&r.ps);
+        if (o->value[OPT_OUTPUT]) printf("  plan file      %s\n", o->value[OPT_OUTPUT]);
+        if (o->value[OPT_SVG]) printf("  chart          %s\n", o->value[OPT_SVG]);
+    }
+    rkm_plan_destroy(r.plan);
+    cli_planner_close(&cp);
+    rkm_graph_destroy(G.g);
+    return rc;
+}
+
+static int cmd_check(rkm_context *ctx, const cli_opts *o)
+{
+    cli_graph G;
+    cli_result r;
+    memset(&r, 0, sizeof r);
+    rkm_plan *plan = NULL;
+    const char *plan_path = o->operand[1];
+    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    if (!rc && o->value[OPT_BUDGET]) {
+        rc = cli_budget(&G, o->value[OPT_BUDGET], "check", &r.budget);
+        r.has_budget = 1;
+    }
+    rkm_result e = RKM_OK;
+    if (!rc) e = rkm_plan_read_file(G.g, plan_path, &plan);
+    if (!rc && e) rc = cli_fail(ctx, e, NULL);
+    if (!rc && (e = cli_result_fill(&G, plan, &r)) != RKM_OK) rc = cli_fail(ctx, e, plan_path);
+    if (rc) {
+        rkm_plan_destroy(plan);
+        rkm_graph_destroy(G.g);
+        return rc;
+    }
+    int valid = r.check == RKM_OK, fits = !r.has_budget || r.sim.peak <= r.budget;
+    char step[320] = "end of plan";
+    if (!valid && r.sim.fail_step >= 0 && (size_t)r.sim.fail_step < rkm_plan_num_steps(plan))
+        cli_step_text(G.g, &rkm_plan_steps(plan)[r.sim.fail_step], step, sizeof step);
+    if (o->value[OPT_JSON]) {
+        cli_json j = {stdout, 0, 1};
+        cli_json_open(&j, NULL, '{');
+        cli_json_str(&j, "plan", plan_path);
+        cli_json_plan_members(&j, &G, &r);
+        cli_json_bool(&j, "valid", valid);
+        if (r.has_budget && valid) cli_json_bool(&j, "fits_budget", fits);
+        if (!valid) {
+            cli_json_i64(&j, "fail_step", r.sim.fail_step);
+            cli_json_str(&j, "step", step);
+            cli_json_str(&j, "rule", rkm_rule_string(r.sim.rule));
+            cli_json_i64(&j, "rule_id", (int64_t)r.sim.rule);
+            cli_json_str(&j, "message", r.message);
+        }
+        cli_json_close(&j, '}');
+    } else if (valid) {
+        printf("%s: valid plan for %s\n", plan_path, G.path);
+        cli_text_plan(&G, &r);
+    }
+    if (!valid) {
+        rc = CLI_INPUT;
+        fprintf(stderr, "rockmate: %s: %s\n", plan_path, r.message);
+    } else if (!fits) {
+        char a[32], b[32];
+        rc = CLI_BUDGET;
+        fprintf(stderr,
+                "rockmate: %s: the plan peaks at %s (%" PRIu64 " bytes), over the budget %s (%" PRIu64 " bytes)\n",
+                plan_path, cli_size(a, sizeof a, r.sim.peak), r.sim.peak, cli_size(b, sizeof b, r.budget), r.budget);
+    }
+    rkm_plan_destroy(plan);
+    rkm_graph_destroy(G.g);
+    return rc;
+}
+
+/* Per algorithm of `info`: its smallest budget, or why there is none. */
+static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, uint64_t min[RKM_ALGO_COUNT],
+                                 char why[RKM_ALGO_COUNT][256])
+{
+    rkm_context *ctx = rkm_graph_context(G->g);
+    for (int a = 0; a < RKM_ALGO_COUNT; a++)
+        snprintf(why[a], sizeof why[a], "not requested (--algo %s)", rkm_algo_name((rkm_algo)a));
+    for (int k = 0; k < o->n_algos; k++) {
+        rkm_algo a = o->algos[k];
+        cli_planner cp;
+        why[a][0] = 0;
+        rkm_result e = cli_planner_open(G, a, o, &cp);
+        if (!e) e = cli_planner_min(&cp, &min[a]);
+        if (e) snprintf(why[a], sizeof why[a], "%s: %s", rkm_result_string(e), rkm_context_errmsg(ctx));
+        cli_planner_close(&cp);
+    }
+}
+
+static void cli_info_json(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT], char why[RKM_ALGO_COUNT][256])
+{
+    cli_json j = {stdout, 0, 1};
+    rkm_tensor_info ti;
+    rkm_op_info oi;
+    cli_json_open(&j, NULL, '{');
+    cli_json_str(&j, "graph", G->path);
+    cli_json_str(&j, "name", G->name);
+    cli_json_i64(&j, "ops", rkm_graph_num_ops(G->g));
+    cli_json_i64(&j, "tensors", rkm_graph_num_tensors(G->g));
+    int32_t loss = rkm_graph_loss(G->g);
+    cli_json_str(&j, "loss", rkm_graph_tensor_info(G->g, loss, &ti) == RKM_OK ? ti.name : NULL);
+    cli_json_u64(&j, "input_bytes", G->st.input_bytes);
+    cli_json_u64(&j, "baseline_peak", G->st.baseline_peak);
+    cli_json_num(&j, "baseline_time", G->st.baseline_time);
+    cli_json_u64(&j, "lower_bound", G->st.lower_bound);
+    cli_json_i64(&j, "blocks", G->st.blocks);
+    cli_json_i64(&j, "block_classes", G->st.block_classes);
+    cli_json_open(&j, "block_list", '[');
+    for (int32_t b = 0; b < G->st.blocks; b++) {
+        rkm_block_info bi;
+        if (rkm_graph_block_info(G->g, b, &bi) != RKM_OK) continue;
+        cli_json_open(&j, NULL, '{');
+        cli_json_i64(&j, "ops", bi.n_ops);
+        cli_json_str(&j, "first_op", bi.n_ops && rkm_graph_op_info(G->g, bi.ops[0], &oi) == RKM_OK ? oi.name : NULL);
+        cli_json_str(&j, "last_op",
+                     bi.n_ops && rkm_graph_op_info(G->g, bi.ops[bi.n_ops - 1], &oi) == RKM_OK ? oi.name : NULL);
+        cli_json_str(&j, "input", rkm_graph_tensor_info(G->g, bi.input, &ti) == RKM_OK ? ti.name : NULL);
+        cli_json_str(&j, "output", rkm_graph_tensor_info(G->g, bi.output, &ti) == RKM_OK ? ti.name : NULL);
+        cli_json_i64(&j, "class", bi.class_id);
+        cli_json_close(&j, '}');
+    }
+    cli_json_close(&j, ']');
+    cli_json_open(&j, "min_budget", '{');
+    for (int a = 0; a < RKM_ALGO_COUNT; a++) {
+        if (why[a][0])
+            cli_json_null(&j, rkm_algo_name((rkm_algo)a));
+        else
+            cli_json_u64(&j, rkm_algo_name((rkm_algo)a), min[a]);
+    }
+    cli_json_close(&j, '}');
+    cli_json_open(&j, "min_budget_reason", '{');
+    for (int a = 0; a < RKM_ALGO_COUNT; a++)
+        if (why[a][0]) cli_json_str(&j, rkm_algo_name((rkm_algo)a), why[a]);
+    cli_json_close(&j, '}');
+    cli_json_close(&j, '}');
+}
+
+static void cli_info_text(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT], char why[RKM_ALGO_COUNT][256])
+{
+    char a[32];
+    double bp = (double)G->st.baseline_peak;
+    printf("%s\n", G->path);
+    printf("  ops            %d\n", (int)rkm_graph_num_ops(G->g));
+    printf("  tensors        %d (inputs: %s, %" PRIu64 " bytes)\n", (int)rkm_graph_num_tensors(G->g),
+           cli_size(a, sizeof a, G->st.input_bytes), G->st.input_bytes);
+    printf("  baseline peak  %-12s (%" PRIu64 " bytes)\n", cli_size(a, sizeof a, G->st.baseline_peak),
+           G->st.baseline_peak);
+    printf("  baseline time  %.9g s\n", G->st.baseline_time);
+    printf("  lower bound    %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
+           cli_size(a, sizeof a, G->st.lower_bound), G->st.lower_bound, cli_percent((double)G->st.lower_bound, bp));
+    printf("  smallest budget per algorithm:\n");
+    for (int k = 0; k < RKM_ALGO_COUNT; k++) {
+        if (why[k][0])
+            printf("    %-10s -            (%s)\n", rkm_algo_name((rkm_algo)k), why[k]);
+        else
+            printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)\n", rkm_algo_name((rkm_algo)k),
+                   cli_size(a, sizeof a, min[k]), min[k], cli_percent((double)min[k], bp));
+    }
+    printf("  blocks         %d in %d classes\n", (int)G->st.blocks, (int)G->st.block_classes);
+    printf("    %5s %5s %6s  %-24s %s\n", "block", "class", "ops", "input", "output");
+    for (int32_t b = 0; b < G->st.blocks; b++) {
+        rkm_block_info bi;
+        rkm_tensor_info in, out;
+        if (rkm_graph_block_info(G->g, b, &bi) != RKM_OK) continue;
+        int has_in = rkm_graph_tensor_info(G->g, bi.input, &in) == RKM_OK;
+        int has_out = rkm_graph_tensor_info(G->g, bi.output, &out) == RKM_OK;
+        printf("    %5d %5d %6d  %-24s %s\n", (int)b, (int)bi.class_id, (int)bi.n_ops, has_in ? in.name : "-",
+               has_out ? out.name : "-");
+    }
+}
+
+static int cmd_info(rkm_context *ctx, const cli_opts *o)
+{
+    cli_graph G;
+    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    if (rc) return rc;
+    uint64_t min[RKM_ALGO_COUNT] = {0};
+    char why[RKM_ALGO_COUNT][256];
+    cli_info_min_budgets(&G, o, min, why);
+    if (o->value[OPT_JSON])
+        cli_info_json(&G, min, why);
+    else
+        cli_info_text(&G, min, why);
+    rkm_graph_destroy(G.g);
+    return CLI_OK;
+}
+
+/* Sweep state: one planner per algorithm, the budgets, the plans' figures. */
+typedef struct cli_sweep {
+    const cli_graph *G;
+    int n_algos;
+    rkm_algo algo[RKM_ALGO_COUNT];
+    cli_planner cp[RKM_ALGO_COUNT];
+    uint64_t min[RKM_ALGO_COUNT];
+    size_t n_budgets;
+    uint64_t *budgets;
+    cli_result *res; /* n_budgets x n_algos; plan NULL where infeasible */
+} cli_sweep;
+
+static int cli_u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Evenly spaced budgets from the smallest algorithm minimum to the baseline
+ * peak, plus each algorithm's own minimum so that every curve starts at it
+ * (even one above the baseline peak: sqrt's fixed checkpoints can need more). */
+static int cli_sweep_budgets(cli_sweep *s, int points)
+{
+    uint64_t hi = s->G->st.baseline_peak, lo = hi;
+    for (int k = 0; k < s->n_algos; k++)
+        if (s->min[k] < lo) lo = s->min[k];
+    s->budgets = malloc(((size_t)points + RKM_ALGO_COUNT) * sizeof *s->budgets);
+    if (!s->budgets) return 0;
+    size_t n = 0;
+    uint64_t span = hi - lo, steps = (uint64_t)points - 1;
+    for (uint64_t i = 0; i <= steps; i++) s->budgets[n++] = lo + span / steps * i + span % steps * i / steps;
+    for (int k = 0; k < s->n_algos; k++) s->budgets[n++] = s->min[k];
+    qsort(s->budgets, n, sizeof *s->budgets, cli_u64_cmp);
+    s->n_budgets = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->n_budgets == 0 || s->budgets[i] != s->budgets[s->n_budgets - 1])
+            s->budgets[s->n_budgets++] = s->budgets[i];
+    return 1;
+}
+
+/* Open every planner and find its minimum; an algorithm that cannot plan
+ * (compiled out, out of time) is left out with a warning. */
+static int cli_sweep_open(rkm_context *ctx, cli_sweep *s, const cli_opts *o)
+{
+    for (int k = 0; k < o->n_algos; k++) {
+        cli_planner *cp = &s->cp[s->n_algos];
+        rkm_result e = cli_planner_open(s->G, o->algos[k], o, cp);
+        if (!e) e = cli_planner_min(cp, &s->min[s->n_algos]);
+        if (e) {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "warning: %s left out of the sweep", rkm_algo_name(o->algos[k]));
+            cli_fail(ctx, e, prefix);
+            cli_planner_close(cp);
+            continue;
+        }
+        s->algo[s->n_algos++] = o->algos[k];
+    }
+    if (s->n_algos == 0) {
+        return cli_error("%s: no algorithm of the sweep could plan", s->G->path);
+    }
+    return CLI_OK;
+}
+
+static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s)
+{
+    s->res = calloc(s->n_budgets * (size_t)s->n_algos, sizeof *s->res);
+    if (!s->res) return cli_fail(ctx, RKM_ERROR_NOMEM, "sweep");
+    for (size_t i = 0; i < s->n_budgets; i++)
+        for (int k = 0; k < s->n_algos; k++) {
+            cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
+            r->has_algo = r->has_budget = 1;
+            r->algo = s->algo[k];
+            r->budget = s->budgets[i];
+            if (r->budget < s->min[k]) continue;
+            rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan);
+            if (!e) e = cli_result_fill(s->G, r->plan, r);
+            if (!e) e = r->check;
+            if (e) return cli_fail(ctx, e, s->G->path);
+            if (r->sim.peak > r->budget)
+                return cli_error("internal error: the %s plan breaks its budget", rkm_algo_name(r->algo));
+        }
+    return CLI_OK;
+}
+
+static void cli_sweep_free(cli_sweep *s)
+{
+    for (size_t i = 0; s->res && i < s->n_budgets * (size_t)s->n_algos; i++) rkm_plan_destroy(s->res[i].plan);
+    for (int k = 0; k < s->n_algos; k++) cli_planner_close(&s->cp[k]);
+    free(s->res);
+    free(s->budgets);
+}
+
+static void cli_sweep_text(const cli_sweep *s)
+{
+    const cli_graph *G = s->G;
+    char a[32];
+    printf("%s: baseline peak %s (%" PRIu64 " bytes), baseline time %.9g s\n", G->path,
+           cli_size(a, sizeof a, G->st.baseline_peak), G->st.baseline_peak, G->st.baseline_time);
+    printf("overhead (%% of the baseline time) per budget (%% of the baseline peak)\n");
+    printf("%12s %8s", "budget", "budget%");
+    for (int k = 0; k < s->n_algos; k++) printf(" %10s", rkm_algo_name(s->algo[k]));
+    printf("\n");
+    for (size_t i = 0; i < s->n_budgets; i++) {
+        printf("%12s %8.2f", cli_size(a, sizeof a, s->budgets[i]),
+               cli_percent((double)s->budgets[i], (double)G->st.baseline_peak));
+        for (int k = 0; k < s->n_algos; k++) {
+            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
+            if (r->plan)
+                printf(" %10.2f", 100 * (r->sim.time / G->st.baseline_time - 1));
+            else
+                printf(" %10s", "-");
+        }
+        printf("\n");
+    }
+}
+
+static void cli_sweep_json(const cli_sweep *s)
+{
+    cli_json j = {stdout, 0, 1};
+    cli_json_open(&j, NULL, '[');
+    for (size_t i = 0; i < s->n_budgets * (size_t)s->n_algos; i++) {
+        if (!s->res[i].plan) continue;
+        cli_json_open(&j, NULL, '{');
+        cli_json_plan_members(&j, s->G, &s->res[i]);
+        cli_json_close(&j, '}');
+    }
+    cli_json_close(&j, ']');
+}
+
+/* Overhead (%) against budget (% of the baseline peak), a line per algorithm. */
+static int cli_sweep_svg(const cli_sweep *s, const char *path)
+{
+    static const int marks[RKM_ALGO_COUNT] = {MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS};
+    const cli_graph *G = s->G;
+    double bp = (double)G->st.baseline_peak, bt = G->st.baseline_time, ymax = 0;
+    for (size_t i = 0; i < s->n_budgets * (size_t)s->n_algos; i++)
+        if (s->res[i].plan && 100 * (s->res[i].sim.time / bt - 1) > ymax) ymax = 100 * (s->res[i].sim.time / bt - 1);
+    FILE *f = cli_svg_open(path);
+    if (!f) return CLI_INPUT;
+    cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    double x_lo = cli_percent((double)s->budgets[0], bp); /* padded so that no marker sits on the frame */
+    cli_axis_nice(&c.x, x_lo - 0.02 * (100 - x_lo), 100, 6);
+    cli_axis_nice(&c.y, 0, ymax > 0 ? ymax : 1, 6);
+    char title[256], sub[160], a[32];
+    snprintf(title, sizeof title, "%s: compute overhead against memory budget", G->name);
+    snprintf(sub, sizeof sub, "baseline: peak %s, time %.4g s; %d ops in %d blocks",
+             cli_size(a, sizeof a, G->st.baseline_peak), bt, (int)rkm_graph_num_ops(G->g), (int)G->st.blocks);
+    cli_svg_begin(f, SVG_W, SVG_H);
+    cli_svg_titles(f, SVG_LEFT, title, sub);
+    cli_chart_axes(&c, "budget (% of the baseline peak)", "overhead (% of the baseline time)");
+    cli_legend_item items[RKM_ALGO_COUNT];
+    for (int k = s->n_algos - 1; k >= 0; k--) { /* the first algorithm listed is drawn on top */
+        const char *color = cli_algo_color[s->algo[k]];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" points=\"", color);
+        for (size_t i = 0; i < s->n_budgets; i++) {
+            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
+            if (r->plan)
+                fprintf(f, "%.2f,%.2f ", cli_sx(&c, cli_percent((double)r->budget, bp)),
+                        cli_sy(&c, 100 * (r->sim.time / bt - 1)));
+        }
+        fputs("\"/>\n", f);
+        for (size_t i = 0; i < s->n_budgets; i++) {
+            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
+            if (r->plan)
+                cli_svg_marker(f, marks[s->algo[k]], cli_sx(&c, cli_percent((double)r->budget, bp)),
+                               cli_sy(&c, 100 * (r->sim.time / bt - 1)), color);
+        }
+        cli_legend_item it = {rkm_algo_name(s->algo[k]), color, NULL, 1.6, 1, marks[s->algo[k]]};
+        items[k] = it;
+    }
+    cli_svg_legend(f, SVG_LEFT + SVG_PLOT_W + 22, SVG_TOP + 10, items, s->n_algos);
+    return cli_svg_close(f, path);
+}
+
+static int cmd_sweep(rkm_context *ctx, const cli_opts *o)
+{
+    cli_graph G;
+    cli_sweep s;
+    memset(&s, 0, sizeof s);
+    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    if (rc) return rc;
+    s.G = &G;
+    rc = cli_sweep_open(ctx, &s, o);
+    if (!rc && !cli_sweep_budgets(&s, o->points)) rc = cli_fail(ctx, RKM_ERROR_NOMEM, "sweep");
+    if (!rc) rc = cli_sweep_solve(ctx, &s);
+    if (!rc && o->value[OPT_SVG]) rc = cli_sweep_svg(&s, o->value[OPT_SVG]);
+    if (!rc && o->value[OPT_JSON])
+        cli_sweep_json(&s);
+    else if (!rc)
+        cli_sweep_text(&s);
+    cli_sweep_free(&s);
+    rkm_graph_destroy(G.g);
+    return rc;
+}
+
+/* Library warnings and progress, with --verbose (errors are printed by the
+ * command that got them, once). */
+static void cli_log(void *user, rkm_log_level level, const char *message)
+{
+    (void)user;
+    if (level == RKM_LOG_ERROR) return;
+    fprintf(stderr, "rockmate: %s: %s\n", level == RKM_LOG_WARN ? "warning" : "info", message);
+}
+
+int main(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = cli_parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    rkm_context_desc cd;
+    memset(&cd, 0, sizeof cd);
+    if (o.value[OPT_VERBOSE]) {
+        cd.log = cli_log;
+        cd.log_level = RKM_LOG_INFO;
+    }
+    rkm_context *ctx;
+    if (rkm_context_create(&cd, &ctx) != RKM_OK) {
+        fprintf(stderr, "rockmate: out of memory\n");
+        return CLI_INPUT;
+    }
+    static int (*const commands[CMD_COUNT])(rkm_context *, const cli_opts *) = {cmd_info, cmd_plan, cmd_check,
+                                                                                cmd_sweep};
+    rc = commands[o.cmd](ctx, &o);
+    rkm_context_destroy(ctx);
+    return rc;
+}

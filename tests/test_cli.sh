@@ -1,0 +1,419 @@
+#!/usr/bin/env bash
+# Tests of the command line tool build/rockmate: every command on every
+# bundled graph, the JSON it prints, the files it writes, and its exit
+# statuses (0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget).
+# Run from anywhere; prints "test_cli.sh: N passed, N failed" and exits
+# non-zero on failure. RKM_BUILD names the build folder (default build);
+# RKM_CLI overrides the binary. Needs python3: the JSON and SVG checks are
+# batched in one python run per group, since python starts slowly.
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+build=${RKM_BUILD:-build}
+cli=${RKM_CLI:-$build/rockmate}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+
+ok() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+}
+# check NAME COMMAND...: one assertion, passes when COMMAND succeeds.
+check() {
+    local name=$1
+    shift
+    if "$@"; then ok; else fail "$name"; fi
+}
+finish() {
+    echo "test_cli.sh: $passed passed, $failed failed"
+    ((failed == 0))
+    exit
+}
+
+# Build the tool if it is missing: through the Makefile, else directly.
+if [[ ! -x $cli ]]; then
+    if ! make -s BUILD="$build" "$build/rockmate" >&2 || [[ ! -x $cli ]]; then
+        cli=$tmp/rockmate
+        gcc -std=c11 -Wall -Wextra -Wpedantic -Werror -O1 -o "$cli" cli/rockmate_cli.c rockmate.c \
+            -llpsolve55 -lcolamd -ldl -lm -pthread >&2 || { fail "build the CLI"; finish; }
+    fi
+fi
+command -v python3 >/dev/null || { fail "python3 is needed for the JSON checks"; finish; }
+
+# run ARGS...: runs the tool; sets rc, stdout in $tmp/out, stderr in $tmp/err.
+run() {
+    "$cli" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+}
+# expect NAME STATUS: the last run's exit status.
+expect() {
+    if [[ $rc == "$2" ]]; then ok; else fail "$1: exit status $rc, expected $2: $(head -c 400 "$tmp/err")"; fi
+}
+# stderr is exactly N lines, the first starting "rockmate: ".
+err_lines() {
+    [[ $(wc -l <"$tmp/err") == "$1" ]] && head -n 1 "$tmp/err" | grep -q '^rockmate: '
+}
+# stderr is one line that matches the extended regular expression.
+err_is() {
+    [[ $(wc -l <"$tmp/err") == 1 ]] && grep -qE "$1" "$tmp/err"
+}
+
+# The JSON and SVG checks. Each group prints "PASS name", "FAIL name: why"
+# or "NOTE text" lines, which pycheck tallies; `values` prints figures.
+cat >"$tmp/checks.py" <<'EOF'
+import json, re, sys, xml.etree.ElementTree as ET
+
+ALGOS = ["rockmate", "rotor", "sqrt", "checkmate", "none"]
+PLAN_KEYS = ["algo", "budget", "peak", "time", "baseline_peak", "baseline_time", "overhead",
+             "solve_seconds", "blocks", "block_classes", "steps", "ilp"]
+ILP_KEYS = ["solves", "optimal", "suboptimal", "infeasible", "timeout", "failed", "seconds"]
+
+def report(name, cond, why=""):
+    print(("PASS " if cond else "FAIL ") + name + ("" if cond or not why else ": " + str(why)))
+
+def load(path, name):
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        report(name + ": JSON parses", True)
+        return d
+    except Exception as e:
+        report(name + ": JSON parses", False, e)
+        return None
+
+def raw(path, key):
+    """A top-level member's value exactly as the tool printed it."""
+    m = re.search(r'^  "%s": (.*?),?$' % re.escape(key), open(path).read(), re.M)
+    return m.group(1) if m else None
+
+def plan_fields(d):
+    return all(k in d for k in PLAN_KEYS) and all(k in d["ilp"] for k in ILP_KEYS)
+
+def values(info):
+    d = json.load(open(info))
+    print(d["baseline_peak"], d["lower_bound"], *[json.dumps(d["min_budget"][a]) for a in ALGOS])
+
+def graph(name, info_p, plan_p, check_p, ops, tensors, inb, file_steps):
+    d = load(info_p, name + ": info")
+    p = load(plan_p, name + ": plan --algo none")
+    c = load(check_p, name + ": check")
+    if d is None or p is None or c is None:
+        return
+    report(name + ": info ops, tensors, input_bytes match the file",
+           [d["ops"], d["tensors"], d["input_bytes"]] == [int(ops), int(tensors), int(inb)])
+    report(name + ": info fields", all(k in d for k in ["ops", "tensors", "baseline_peak", "baseline_time",
+           "lower_bound", "input_bytes", "blocks", "block_classes", "block_list", "min_budget"]))
+    bl = d["block_list"]
+    report(name + ": block list covers every op once, classes in range",
+           len(bl) == d["blocks"] and sum(b["ops"] for b in bl) == d["ops"]
+           and all(0 <= b["class"] < d["block_classes"] for b in bl))
+    report(name + ": blocks chain: each block's input is the previous one's output",
+           bl and bl[0]["input"] is None and all(bl[i]["input"] == bl[i - 1]["output"] for i in range(1, len(bl))))
+    report(name + ": bounds ordered", d["input_bytes"] <= d["lower_bound"] <= d["baseline_peak"] and d["baseline_time"] > 0)
+    mb, why = d["min_budget"], d.get("min_budget_reason", {})
+    # sqrt's fixed checkpoints may need more than the baseline: no upper bound.
+    report(name + ": min budgets: none is the baseline peak, the others at least the lower bound or null with a reason",
+           sorted(mb) == sorted(ALGOS) and mb["none"] == d["baseline_peak"]
+           and all((v is None and why.get(a)) or (v is not None and d["lower_bound"] <= v) for a, v in mb.items()), mb)
+    report(name + ": rotor and sqrt always have a smallest budget", mb["rotor"] is not None and mb["sqrt"] is not None, why)
+    report(name + ": plan fields", plan_fields(p))
+    bp = d["baseline_peak"]
+    report(name + ": the baseline plan: algo none, budget 100% = baseline peak = its peak, no overhead, no recompute",
+           [p["algo"], p["budget"], p["peak"], p["overhead"], p["recomputes"]] == ["none", bp, bp, 0, 0])
+    report(name + ": the plan file holds as many steps as reported", p["steps"] == int(file_steps))
+    report(name + ": check fields, valid", plan_fields(c) and c["valid"] is True and c["steps"] == p["steps"])
+    report(name + ": the arena holds the peak", p["arena_bytes"] >= p["peak"] and p["buffers"] > 0
+           and [c["arena_bytes"], c["buffers"]] == [p["arena_bytes"], p["buffers"]])
+    # Byte for byte: the baseline figures as check and info print them.
+    for key in ["peak", "time"]:
+        a, b = raw(check_p, key), raw(info_p, "baseline_" + key)
+        report(name + ": check's %s equals info's baseline_%s, as printed" % (key, key), a is not None and a == b, (a, b))
+
+def invalid(inv1, tensor, inv2, steps):
+    d = load(inv1, "plan freeing a dead tensor")
+    if d is not None:
+        report("invalid plan: --json prints the object, valid false, step 0 and the rule",
+               d["valid"] is False and d["fail_step"] == 0 and "free" in d["rule"] and d["peak"] is None
+               and d["step"] == "free " + tensor, d)
+    d = load(inv2, "truncated plan")
+    if d is not None:
+        report("truncated plan: fails at the end of the plan", d["valid"] is False and d["fail_step"] == int(steps), d)
+
+def odd(out, path):
+    d = load(out, "info on an odd path")
+    if d is not None:
+        report("odd path: the JSON string gives the path back", d["graph"] == path, d["graph"])
+
+def sweep_none(out):
+    d = load(out, "sweep --algo none")
+    if d is not None:
+        report("sweep --algo none: one plan, at the baseline peak", isinstance(d, list) and len(d) == 1
+               and d[0]["algo"] == "none" and d[0]["peak"] == d[0]["baseline_peak"] == d[0]["budget"], d)
+
+def svg(*paths):
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+            ns = "{http://www.w3.org/2000/svg}"
+            text = " ".join(t.text or "" for t in root.iter(ns + "text"))
+            report(path + ": SVG with curves, axis labels and sans-serif text", root.tag == ns + "svg"
+                   and len(list(root.iter(ns + "polyline"))) > 0 and "%" in text
+                   and root.get("font-family") == "sans-serif", text[:200])
+        except Exception as e:
+            report(path + ": SVG parses", False, e)
+
+def planners(name, info_p, folder, sweep_p):
+    d = json.load(open(info_p))
+    bp = d["baseline_peak"]
+    for a in ["rotor", "sqrt", "rockmate", "checkmate"]:
+        m = d["min_budget"][a]
+        if m is None:
+            if not d["min_budget_reason"][a].startswith("not requested"):
+                print("NOTE %s: %s skipped: %s" % (name, a, d["min_budget_reason"][a]))
+            continue
+        p = load("%s/p-%s.json" % (folder, a), "%s: %s plan" % (name, a))
+        c = load("%s/c-%s.json" % (folder, a), "%s: %s check" % (name, a))
+        if p is None or c is None:
+            continue
+        report("%s: %s plan at its smallest budget: fields, peak within it, time at least the baseline's" % (name, a),
+               plan_fields(p) and p["algo"] == a and p["budget"] == m and p["peak"] <= m and p["overhead"] >= -1e-9, p)
+        report("%s: %s: the written plan re-checks valid with the planner's peak, time and steps" % (name, a),
+               c["valid"] is True and [c["peak"], c["time"], c["steps"]] == [p["peak"], p["time"], p["steps"]])
+    s = load(sweep_p, name + ": sweep")
+    if s is None:
+        return
+    mins = [d["min_budget"][a] for a in ALGOS if d["min_budget"][a] is not None]
+    report(name + ": sweep: every plan within its budget, budgets up to the baseline peak (or a larger minimum), one at it",
+           isinstance(s, list) and s and all(plan_fields(x) and x["peak"] <= x["budget"] <= max(mins) for x in s)
+           and any(x["budget"] == bp for x in s))
+    for a in ALGOS:
+        m = d["min_budget"][a]
+        got = sorted(x["budget"] for x in s if x["algo"] == a)
+        if m is not None:
+            report("%s: sweep: %s's curve starts at its smallest budget" % (name, a), got and got[0] == m, got[:1])
+    # More memory never costs time to an exact chain DP.
+    r = sorted((x["budget"], x["time"]) for x in s if x["algo"] == "rotor")
+    report(name + ": sweep: rotor's time does not grow with the budget",
+           all(r[i][1] >= r[i + 1][1] - 1e-12 for i in range(len(r) - 1)), r)
+
+globals()[sys.argv[1]](*sys.argv[2:])
+EOF
+
+pycheck() {
+    local line
+    while IFS= read -r line; do
+        case $line in
+        PASS\ *) ok ;;
+        FAIL\ *) fail "${line#FAIL }" ;;
+        NOTE\ *) echo "note: ${line#NOTE }" ;;
+        *) fail "python check $1: $line" ;;
+        esac
+    done < <(python3 "$tmp/checks.py" "$@" 2>&1)
+}
+
+# --- usage, version, usage errors (exit 2) ------------------------------------
+g0=tests/graphs/multi-output.rkg
+run --help
+expect "--help" 0
+check "--help prints usage on stdout" grep -q '^usage: rockmate' "$tmp/out"
+run plan -h
+expect "plan -h" 0
+run --version
+expect "--version" 0
+version=$(sed -n 's/^#define RKM_VERSION_STRING "\(.*\)"/\1/p' rockmate.h)
+check "--version prints the header's version" grep -qx "rockmate $version" "$tmp/out"
+
+usage_case() {
+    local name=$1
+    shift
+    run "$@"
+    expect "usage: $name" 2
+    check "usage: $name: one line and a hint on stderr" err_lines 2
+    check "usage: $name: nothing on stdout" test ! -s "$tmp/out"
+}
+usage_case "no command"
+usage_case "unknown command" frobnicate "$g0"
+usage_case "unknown option" info "$g0" --frob
+usage_case "missing GRAPH" info
+usage_case "missing PLAN" check "$g0"
+usage_case "extra operand" info "$g0" "$g0"
+usage_case "plan without --budget" plan "$g0"
+usage_case "option without value" plan "$g0" --budget
+usage_case "option given twice" plan "$g0" --budget 1 --budget 2
+usage_case "option of another command" check "$g0" x.rkp --svg x.svg
+usage_case "unknown algorithm" plan "$g0" --budget 50% --algo magic
+usage_case "list for plan" plan "$g0" --budget 50% --algo rotor,sqrt
+usage_case "algorithm twice" sweep "$g0" --algo rotor,rotor
+usage_case "bad budget" plan "$g0" --budget 12XB
+usage_case "bad --points" sweep "$g0" --points 1
+usage_case "bad --slots" plan "$g0" --budget 50% --slots -3
+usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
+
+# --- bad input (exit 1) ---------------------------------------------------------
+run info "$tmp/absent.rkg"
+expect "missing graph file" 1
+check "missing graph file: one line naming it" err_is 'absent\.rkg'
+printf 'rockmate-graph 1\ntensor x 16 input\nop f fwd=1 bwd=1 in=x,y out=z\ntensor z 16\nloss z\n' >"$tmp/bad.rkg"
+run info "$tmp/bad.rkg" --json
+expect "malformed graph" 1
+check "malformed graph: one line naming file:line" err_is "^rockmate: $tmp/bad\.rkg:3"
+check "malformed graph: nothing on stdout" test ! -s "$tmp/out"
+printf 'not-a-graph 1\n' >"$tmp/bad2.rkg"
+run plan "$tmp/bad2.rkg" --budget 100%
+expect "bad header" 1
+check "bad header: names file:line" err_is 'bad2\.rkg:1'
+
+# --- every bundled graph: info, the baseline plan, check ------------------------
+# Independent figures straight from the file: op and tensor counts, input bytes.
+file_figures() {
+    awk '$1 == "op" { ops++ } $1 == "tensor" { t++; for (i = 4; i <= NF; i++) if ($i == "input") inb += $3 }
+         END { printf "%d %d %d\n", ops, t, inb }' "$1"
+}
+plan_file_steps() { echo $(($(grep -cvE '^[[:space:]]*(#|$)' "$1") - 1)); }
+for g in tests/graphs/*.rkg; do
+    name=$(basename "$g" .rkg)
+    info=$tmp/$name.info.json
+    run info "$g" --json --algo none,sqrt,rotor
+    expect "$name: info --json" 0
+    cp "$tmp/out" "$info"
+    read -r bp lb _ <<<"$(python3 "$tmp/checks.py" values "$info" 2>/dev/null)"
+    if [[ -z ${bp:-} ]]; then
+        fail "$name: info --json gives the baseline peak"
+        continue
+    fi
+
+    run plan "$g" --algo none --budget 100% -o "$tmp/$name.base.rkp" --json
+    expect "$name: plan --algo none" 0
+    cp "$tmp/out" "$tmp/$name.plan.json"
+    check "$name: the plan file starts with its header" grep -q '^rockmate-plan 1' "$tmp/$name.base.rkp"
+    run check "$g" "$tmp/$name.base.rkp" --json
+    expect "$name: check of the baseline plan" 0
+    cp "$tmp/out" "$tmp/$name.check.json"
+    read -r f_ops f_tensors f_inputs <<<"$(file_figures "$g")"
+    pycheck graph "$name" "$info" "$tmp/$name.plan.json" "$tmp/$name.check.json" "$f_ops" "$f_tensors" "$f_inputs" \
+        "$(plan_file_steps "$tmp/$name.base.rkp")"
+
+    run check "$g" "$tmp/$name.base.rkp" --budget "$((bp - 1))"
+    expect "$name: check over --budget" 3
+    check "$name: check over --budget: one line" err_lines 1
+    run check "$g" "$tmp/$name.base.rkp" --budget "$bp"
+    expect "$name: check at its own peak" 0
+    run plan "$g" --algo none --budget "$((lb - 1))"
+    expect "$name: plan --algo none below the lower bound" 3
+    check "$name: exit 3 gives the smallest budget (the baseline peak)" \
+        err_is "smallest budget none can meet is [^(]*\($bp bytes"
+    for cmd in info plan check; do
+        case $cmd in
+        info) run info "$g" --algo none,sqrt,rotor ;;
+        plan) run plan "$g" --algo none --budget 100% ;;
+        check) run check "$g" "$tmp/$name.base.rkp" ;;
+        esac
+        expect "$name: $cmd (text)" 0
+        check "$name: $cmd (text) prints a summary" test -s "$tmp/out"
+    done
+done
+
+# --- invalid plans (exit 1) -------------------------------------------------------
+g=tests/graphs/gpt2-tiny.rkg
+base=$tmp/gpt2-tiny.base.rkp
+tensor=$(awk '$1 == "tensor" && $0 !~ / input/ { print $2; exit }' "$g")
+printf 'rockmate-plan 1\nfree %s\n' "$tensor" >"$tmp/inv1.rkp"
+run check "$g" "$tmp/inv1.rkp" --json
+expect "invalid plan (free of a dead tensor)" 1
+check "invalid plan: one line naming step 0 and the rule" err_is 'step 0.*free'
+cp "$tmp/out" "$tmp/inv1.json"
+sed '$d' "$base" >"$tmp/inv2.rkp"
+run check "$g" "$tmp/inv2.rkp" --json
+expect "invalid plan (last step missing)" 1
+cp "$tmp/out" "$tmp/inv2.json"
+pycheck invalid "$tmp/inv1.json" "$tensor" "$tmp/inv2.json" "$(plan_file_steps "$tmp/inv2.rkp")"
+printf 'rockmate-plan 1\nfwd no_such_op\n' >"$tmp/inv3.rkp"
+run check "$g" "$tmp/inv3.rkp"
+expect "plan naming an unknown op" 1
+check "unknown op: names file:line" err_is 'inv3\.rkp:2'
+run check "$g" "$tmp/absent.rkp"
+expect "missing plan file" 1
+
+# -o - writes the same plan to standard output.
+run plan "$g" --algo none --budget 100% -o -
+expect "plan -o -" 0
+check "plan -o - equals the plan file" cmp -s "$tmp/out" "$base"
+
+# Names in JSON are escaped: a graph path with a quote and a backslash.
+odd="$tmp/we\"ird\\name.rkg"
+cp "$g" "$odd"
+run info "$odd" --json --algo none
+expect "info on an odd path" 0
+pycheck odd "$tmp/out" "$odd"
+
+# --- charts and sweeps ----------------------------------------------------------------
+run plan "$g" --algo none --budget 100% --svg "$tmp/plan.svg"
+expect "plan --svg" 0
+check "plan --svg: the title names the graph" grep -q 'gpt2-tiny' "$tmp/plan.svg"
+run sweep "$g" --algo none --points 4 --json --svg "$tmp/sweep.svg"
+expect "sweep --algo none" 0
+pycheck sweep_none "$tmp/out"
+run plan "$g" --algo rotor --budget 50% --svg "$tmp/plan-rotor.svg"
+expect "plan --algo rotor --svg" 0
+# The chart's per-step peaks are derived from the live memory; the tool warns
+# if their maximum is not the simulator's peak.
+check "plan --svg: the step peaks agree with the simulator (no warning)" test ! -s "$tmp/err"
+run sweep "$g" --algo rotor,sqrt --points 5 --svg "$tmp/sweep2.svg"
+expect "sweep --algo rotor,sqrt --svg" 0
+check "sweep (text) prints a table" grep -q 'budget%' "$tmp/out"
+pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.svg"
+
+# --- planners: every algorithm the library offers for the graph -----------------------
+# On the graphs where each algorithm plans quickly and deterministically: the
+# ILPs of rockmate (and checkmate's, on the smallest graph) solve to
+# optimality well inside their time limits there, so that info, plan and
+# sweep, run apart, find the same options. An algorithm whose min_budget is
+# null (compiled out) is skipped with a note.
+planner_algos() {
+    case $1 in
+    multi-output) echo rotor sqrt rockmate checkmate ;;
+    gpt2-tiny | mlp16 | resnet18-like-b32 | gpt2-124M-b4-t64) echo rotor sqrt rockmate ;;
+    *) echo rotor sqrt ;;
+    esac
+}
+for name in multi-output gpt2-tiny mlp16 random30 peer-gpt resnet18-like-b32 gpt2-124M-b4-t64; do
+    g=tests/graphs/$name.rkg
+    algos=$(planner_algos "$name")
+    list=$(echo $algos none | tr ' ' ,)
+    info=$tmp/$name.planners.json
+    run info "$g" --json --algo "$list"
+    expect "$name: info --algo $list" 0
+    cp "$tmp/out" "$info"
+    declare -A min_of=()
+    read -r bp lb 'min_of[rockmate]' 'min_of[rotor]' 'min_of[sqrt]' 'min_of[checkmate]' _ \
+        <<<"$(python3 "$tmp/checks.py" values "$info" 2>/dev/null)"
+    [[ -n ${bp:-} ]] || continue
+    mkdir -p "$tmp/$name"
+    for algo in $algos; do
+        min=${min_of[$algo]:-null}
+        [[ $min == null ]] && continue
+        run plan "$g" --algo "$algo" --budget "$min" --json -o "$tmp/$name/p-$algo.rkp"
+        expect "$name: $algo plans at its smallest budget" 0
+        cp "$tmp/out" "$tmp/$name/p-$algo.json"
+        run check "$g" "$tmp/$name/p-$algo.rkp" --json --budget "$min"
+        expect "$name: $algo: the written plan re-checks within the budget" 0
+        cp "$tmp/out" "$tmp/$name/c-$algo.json"
+        if ((min > lb)); then
+            run plan "$g" --algo "$algo" --budget "$((min - 1))"
+            expect "$name: $algo one byte under its smallest budget" 3
+            check "$name: $algo: exit 3 names the same smallest budget as info" \
+                err_is "smallest budget $algo can meet is [^(]*\($min bytes"
+        fi
+        run plan "$g" --algo "$algo" --budget "$((lb - 1))"
+        expect "$name: $algo below the lower bound" 3
+    done
+    run sweep "$g" --algo "$list" --points 5 --json
+    expect "$name: sweep --algo $list" 0
+    cp "$tmp/out" "$tmp/$name/sweep.json"
+    pycheck planners "$name" "$info" "$tmp/$name" "$tmp/$name/sweep.json"
+done
+
+finish
