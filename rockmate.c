@@ -1599,7 +1599,8 @@ static rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
 /* Replay steps[0..n) from the current state. Fills res (peak, time, and on
  * failure rule/fail_step/fail_object) and mem_after if given. Returns 1 if
  * every step held. */
-static int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
+static int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
+                              uint64_t *step_peak)
 {
     memset(res, 0, sizeof *res);
     res->fail_step = -1;
@@ -1623,8 +1624,14 @@ static int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_re
         if (steps[i].kind == RKM_STEP_FWD) res->time += s->g->ops[steps[i].index].fwd;
         else if (steps[i].kind == RKM_STEP_BWD) res->time += s->g->ops[steps[i].index].bwd;
         if (mem_after) mem_after[i] = s->mem;
+        if (step_peak) step_peak[i] = pk;
     }
     return 1;
+}
+
+static int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
+{
+    return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL);
 }
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -1752,6 +1759,19 @@ static rkm_result rkm__plan_check(rkm_plan *p, rkm_sim_result *res, uint64_t *me
         if ((r = rkm__plan_annotate(p))) return r;
         p->checked = 1;
     }
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_step_peaks(rkm_plan *p, uint64_t *step_peak)
+{
+    if (!p || !step_peak) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_step_peaks: output is NULL") : RKM_ERROR_ARGUMENT;
+    rkm_sim_result res;
+    rkm_result r = rkm__plan_check(p, &res, NULL);
+    if (r) return r;
+    rkm__sim s;
+    if ((r = rkm__sim_init(p->g, &s))) return r;
+    (void)rkm__sim_run_peaks(&s, p->steps, p->n_steps, &res, NULL, step_peak);
+    rkm__sim_free(&s);
     return RKM_OK;
 }
 

@@ -354,6 +354,10 @@ typedef struct rkm_sim_result {
  * rkm_plan_execute needs, so that execution never allocates. */
 rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_after);
 
+/* The peak during each step of a valid plan (num_steps entries): the
+ * contract's last column, whose maximum is the plan's peak. */
+rkm_result rkm_plan_step_peaks(rkm_plan *p, uint64_t *step_peak);
+
 /* ---------------------------------------------------------------------------
  * Memory layout: one arena, an offset for every buffer
  * ------------------------------------------------------------------------- */

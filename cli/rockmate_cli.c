@@ -793,19 +793,7 @@ typedef struct cli_series {
     uint64_t max;
 } cli_series;
 
-/* A step's peak from the live memory around it, as in the contract's last
- * column: forward, loss and backward peak at what they leave live plus their
- * workspace; the frees peak before they release. */
-static uint64_t cli_step_peak(const rkm_graph *g, const rkm_step *s, uint64_t before, uint64_t after)
-{
-    rkm_op_info oi;
-    if (s->kind == RKM_STEP_FWD && rkm_graph_op_info(g, s->index, &oi) == RKM_OK) return after + oi.fwd_ws;
-    if (s->kind == RKM_STEP_BWD && rkm_graph_op_info(g, s->index, &oi) == RKM_OK) return after + oi.bwd_ws;
-    if (s->kind == RKM_STEP_LOSS) return after;
-    return before;
-}
-
-static rkm_result cli_series_make(const cli_graph *G, rkm_plan *plan, cli_series *s)
+static rkm_result cli_series_make(rkm_plan *plan, cli_series *s)
 {
     memset(s, 0, sizeof s[0]);
     s->n = rkm_plan_num_steps(plan);
@@ -814,18 +802,9 @@ static rkm_result cli_series_make(const cli_graph *G, rkm_plan *plan, cli_series
     if (!s->live || !s->peak) return RKM_ERROR_NOMEM;
     rkm_sim_result sim;
     rkm_result r = rkm_plan_simulate(plan, &sim, s->live);
+    if (!r) r = rkm_plan_step_peaks(plan, s->peak);
     if (r) return r;
-    const rkm_step *steps = rkm_plan_steps(plan);
-    uint64_t before = G->st.input_bytes;
-    for (size_t i = 0; i < s->n; i++) {
-        s->peak[i] = cli_step_peak(G->g, &steps[i], before, s->live[i]);
-        if (s->peak[i] > s->max) s->max = s->peak[i];
-        before = s->live[i];
-    }
-    if (s->n && s->max != sim.peak)
-        fprintf(stderr,
-                "rockmate: warning: per-step peaks (max %" PRIu64 ") disagree with the simulator (%" PRIu64 ")\n",
-                s->max, sim.peak);
+    s->max = sim.peak;
     return RKM_OK;
 }
 
@@ -985,10 +964,10 @@ static int cli_plan_outputs(rkm_context *ctx, const cli_opts *o, const cli_graph
     if (!o->value[OPT_SVG]) return CLI_OK;
     cli_series ps, bs;
     rkm_plan *base = NULL;
-    e = cli_series_make(G, r->plan, &ps);
+    e = cli_series_make(r->plan, &ps);
     memset(&bs, 0, sizeof bs);
     if (!e) e = rkm_plan_baseline(G->g, &base);
-    if (!e) e = cli_series_make(G, base, &bs);
+    if (!e) e = cli_series_make(base, &bs);
     int rc = e ? cli_fail(ctx, e, o->value[OPT_SVG]) : cli_plan_svg(o->value[OPT_SVG], G, r, &ps, &bs);
     cli_series_free(&ps);
     cli_series_free(&bs);
