@@ -794,6 +794,7 @@ static rkm_result rkm__next_stmt(rkm__reader *r)
         size_t n = (size_t)(le - r->p);
         r->line++;
         if (!rkm__reserve(r->ctx, (void **)&r->buf, &r->cap, n + 1, 1)) return rkm__nomem(r->ctx, r->src);
+        if (memchr(r->p, 0, n)) return rkm__rerr(r, RKM_ERROR_PARSE, "a NUL byte is not allowed in the text");
         memcpy(r->buf, r->p, n);
         r->buf[n] = 0;
         r->p = nl ? nl + 1 : r->end;
@@ -2901,8 +2902,13 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
 {
     rkm_sim_result res;
     rkm_result r = rkm__plan_check(p, &res, NULL);
-    if (r) return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan does not replay: %s",
-                           rkm_algo_name(pl->d.algo), rkm_context_errmsg(pl->ctx));
+    if (r == RKM_ERROR_PLAN) {
+        char why[RKM_ERRMSG_SIZE];
+        snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
+        return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan does not replay: %s",
+                        rkm_algo_name(pl->d.algo), why);
+    }
+    if (r) return r;
     if (res.peak > budget)
         return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan peaks at %llu bytes, over the budget of %llu",
                         rkm_algo_name(pl->d.algo), (unsigned long long)res.peak, (unsigned long long)budget);

@@ -773,9 +773,22 @@ TEST(derived_multi_output)
     rkm_context_destroy(ctx);
 }
 
+/* A NUL byte is not text: the line it is on is refused, not cut short. */
+TEST(nul_byte_is_refused)
+{
+    static const char text[] = "rockmate-graph 1\ntensor x 8 input\ntensor y 8\0 junk\nop f fwd=1 bwd=1 in=x out=y\nloss y\n";
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = (rkm_graph *)1;
+    CHECK(rkm_graph_read_string(ctx, text, sizeof text - 1, "nul.rkg", &g) == RKM_ERROR_PARSE);
+    CHECK(g == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "nul.rkg:3:") != NULL && strstr(rkm_context_errmsg(ctx), "NUL") != NULL);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(every_graph_rule_in_files);
+    RUN(nul_byte_is_refused);
     RUN(graph_syntax_accepted);
     RUN(read_file_errors);
     RUN(every_graph_rule_by_api);
