@@ -1784,9 +1784,9 @@ rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_aft
 }
 
 /* Memory layout. Buffers are recorded by replaying the plan, then placed
- * largest first at the lowest aligned offset that no buffer with an
- * overlapping lifetime occupies (lifetimes are inclusive step ranges: a
- * buffer still counts in the step that frees it, as in the contract). */
+ * greedily at the lowest aligned offset that no buffer with an overlapping
+ * lifetime occupies (lifetimes are inclusive step ranges: a buffer still
+ * counts in the step that frees it, as in the contract). */
 
 typedef struct rkm__layout {
     rkm_context *ctx;
@@ -1867,9 +1867,9 @@ static int rkm__extent_cmp(const void *x, const void *y)
     return (a->lo > b->lo) - (a->lo < b->lo);
 }
 
-/* Placement order: larger first, then earlier, then list order. */
+/* A placement order: by key descending, then earlier, then list order. */
 typedef struct rkm__order {
-    uint64_t bytes;
+    uint64_t key;
     int64_t first;
     size_t idx;
 } rkm__order;
@@ -1877,16 +1877,16 @@ typedef struct rkm__order {
 static int rkm__order_cmp(const void *x, const void *y)
 {
     const rkm__order *a = x, *b = y;
-    if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
+    if (a->key != b->key) return a->key > b->key ? -1 : 1;
     if (a->first != b->first) return a->first < b->first ? -1 : 1;
     return (a->idx > b->idx) - (a->idx < b->idx);
 }
 
-/* Place every buffer; ext is scratch for n extents. Returns the arena size. */
-static uint64_t rkm__layout_place(rkm_buffer *b, size_t n, rkm__order *ord, rkm__extent *ext, uint64_t align)
+/* Place buffers in the order given, each at the lowest aligned offset that
+ * no placed buffer with an overlapping lifetime occupies; ext is scratch
+ * for n extents. Returns the arena size. */
+static uint64_t rkm__layout_place(rkm_buffer *b, size_t n, const rkm__order *ord, rkm__extent *ext, uint64_t align)
 {
-    for (size_t i = 0; i < n; i++) ord[i] = (rkm__order){b[i].bytes, b[i].first_step, i};
-    qsort(ord, n, sizeof *ord, rkm__order_cmp);
     uint64_t arena = 0;
     for (size_t i = 0; i < n; i++) {
         rkm_buffer *x = &b[ord[i].idx];
@@ -1902,6 +1902,29 @@ static uint64_t rkm__layout_place(rkm_buffer *b, size_t n, rkm__order *ord, rkm_
         x->offset = off;
         if (off + size > arena) arena = off + size;
     }
+    return arena;
+}
+
+/* Greedy placement in three orders (largest first, largest size x lifetime
+ * first, creation order); the smallest arena wins. best: scratch offsets. */
+static uint64_t rkm__layout_best(rkm_buffer *b, size_t n, rkm__order *ord, rkm__extent *ext, uint64_t *best,
+                                 uint64_t align)
+{
+    uint64_t arena = UINT64_MAX;
+    for (int pass = 0; pass < 3; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            uint64_t life = (uint64_t)(b[i].last_step - b[i].first_step + 1);
+            uint64_t key = pass == 0 ? b[i].bytes : pass == 1 ? b[i].bytes * life : (uint64_t)(INT64_MAX - b[i].first_step);
+            ord[i] = (rkm__order){key, b[i].first_step, i};
+        }
+        qsort(ord, n, sizeof *ord, rkm__order_cmp);
+        uint64_t a = rkm__layout_place(b, n, ord, ext, align);
+        if (a < arena) {
+            arena = a;
+            for (size_t i = 0; i < n; i++) best[i] = b[i].offset;
+        }
+    }
+    for (size_t i = 0; i < n; i++) b[i].offset = best[i];
     return arena;
 }
 
@@ -1960,13 +1983,15 @@ rkm_result rkm_plan_layout(rkm_plan *p, uint64_t alignment, const rkm_buffer **b
     r = rkm__layout_record(p, &l);
     rkm__order *ord = NULL;
     rkm__extent *ext = NULL;
+    uint64_t *best = NULL;
     if (!r) {
         ord = rkm__alloc(p->ctx, (l.n + 1) * sizeof *ord);
         ext = rkm__alloc(p->ctx, (l.n + 1) * sizeof *ext);
-        if (!ord || !ext) r = rkm__nomem(p->ctx, "rkm_plan_layout");
+        best = rkm__alloc(p->ctx, (l.n + 1) * sizeof *best);
+        if (!ord || !ext || !best) r = rkm__nomem(p->ctx, "rkm_plan_layout");
     }
     if (!r) {
-        *arena_bytes = rkm__layout_place(l.b, l.n, ord, ext, alignment);
+        *arena_bytes = rkm__layout_best(l.b, l.n, ord, ext, best, alignment);
         p->layout = l.b;
         p->n_layout = l.n;
         p->cap_layout = l.cap;
@@ -1976,6 +2001,7 @@ rkm_result rkm_plan_layout(rkm_plan *p, uint64_t alignment, const rkm_buffer **b
         rkm__free(p->ctx, l.b, l.cap * sizeof *l.b);
     rkm__free(p->ctx, ord, (l.n + 1) * sizeof *ord);
     rkm__free(p->ctx, ext, (l.n + 1) * sizeof *ext);
+    rkm__free(p->ctx, best, (l.n + 1) * sizeof *best);
     rkm__free(p->ctx, l.open_t, (2 * nt + no) * sizeof(int64_t));
     return r;
 }

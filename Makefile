@@ -1,0 +1,241 @@
+# rockmate -- build, test, install. See README.md.
+#
+#   make              library (static + shared) and the CLI
+#   make lib          the library only
+#   make test         build everything, run the suite (tests/run.sh)
+#   make demo         build and run the demo
+#   make cuda         CUDA sources (needs nvcc)
+#   make bench        build and run the benchmarks
+#   make install      PREFIX=/usr/local DESTDIR=
+#   make OMIT=1 ...   no lp_solve: -DRKM_OMIT_SOLVER, no LGPL code linked
+#   make CC=clang ... any C11 compiler
+
+BUILD ?= build
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+OMIT ?= 0
+
+# -ffp-contract=off: no fused multiply-add behind our back, so that plans
+# (which depend on float sums of costs) are the same on every machine.
+STD_FLAGS = -std=c11 -Wall -Wextra -Wpedantic -ffp-contract=off
+CFLAGS ?= -O2 -g
+ALL_CFLAGS = $(STD_FLAGS) $(CFLAGS) -I.
+TEST_CFLAGS = $(STD_FLAGS) -I. -Werror -O1 -g -fno-omit-frame-pointer \
+	-fsanitize=address,undefined -fno-sanitize-recover=all \
+	-DTEST_GRAPHS_DIR=\"tests/graphs\"
+
+ifeq ($(OMIT),1)
+DEFS = -DRKM_OMIT_SOLVER
+SOLVER_LIBS =
+SO_SOLVER_LIBS =
+DEP_PKGS =
+else
+DEFS =
+SOLVER_LIBS = -llpsolve55 -lcolamd -ldl
+# The shared library takes lp_solve's position-independent archive.
+SO_SOLVER_LIBS = $(shell $(CC) -print-file-name=liblpsolve55_pic.a) -lcolamd -ldl
+# liblpsolve55-dev: <lpsolve/lp_lib.h>, liblpsolve55.a and _pic.a;
+# libsuitesparse-dev: libcolamd (liblpsolve55-dev depends on it too).
+DEP_PKGS = liblpsolve55-dev libsuitesparse-dev
+DEP_HEADERS = lpsolve/lp_lib.h
+DEP_LIBS = liblpsolve55.a liblpsolve55_pic.a libcolamd.so
+endif
+LDLIBS = $(SOLVER_LIBS) -lm -pthread
+
+# stb_ds is needed only if a source uses it.
+ifneq ($(shell grep -ls 'stb/stb_ds.h' rockmate.c cli/*.c),)
+DEP_PKGS += libstb-dev
+DEP_HEADERS += stb/stb_ds.h
+endif
+
+VERSION := $(shell sed -n 's/^\#define RKM_VERSION_STRING "\(.*\)"/\1/p' rockmate.h)
+
+LIB_A = $(BUILD)/librockmate.a
+LIB_SO = $(BUILD)/librockmate.so
+LIB_OBJ = $(BUILD)/rockmate.o
+TEST_LIB = $(BUILD)/tests/librockmate.a
+TEST_CUDA_LIB = $(BUILD)/tests/libcudahelpers.a
+
+CLI_SRCS = $(wildcard cli/*.c)
+CLI_BIN = $(if $(CLI_SRCS),$(BUILD)/rockmate)
+
+# Every examples/*.c with a main() is one program build/NAME.
+EXAMPLE_SRCS := $(shell grep -lE '^[[:space:]]*int[[:space:]]+main\b' examples/*.c 2>/dev/null)
+EXAMPLES = $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
+
+TEST_SRCS = $(wildcard tests/test_*.c)
+TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+
+BENCH_SRCS = $(wildcard bench/*.c)
+BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+
+# The demo: the GPT-2 trainer once it exists, else the MLP example.
+# To swap, change DEMO (the program first, then its arguments).
+ifneq ($(filter examples/gpt2.c,$(EXAMPLE_SRCS)),)
+DEMO = $(BUILD)/gpt2 --budget 40%
+else
+DEMO = $(BUILD)/mlp --budget 50%
+endif
+
+# CUDA: nvcc from PATH, else the toolkit's default place.
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+NVCC_FLAGS = -O2 -g -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
+	-Xcompiler -Wall,-Wextra -I. $(DEFS)
+CUDA_LIBS ?= -lcublas -lcublasLt
+# cuda/*.c are the plain-C halves (no CUDA): also tested on the CPU.
+CUDA_C_SRCS = $(wildcard cuda/*.c)
+CUDA_SRCS = $(wildcard cuda/*.cu)
+CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS)) \
+	$(patsubst cuda/%.c,$(BUILD)/cuda/%.o,$(CUDA_C_SRCS))
+CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
+CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
+
+.PHONY: all lib cli examples tests test demo cuda bench install uninstall clean deps test-deps FORCE
+.DELETE_ON_ERROR:
+
+all: lib cli
+
+lib: $(LIB_A) $(LIB_SO)
+
+cli: $(CLI_BIN)
+	@$(if $(CLI_BIN),:,echo "cli: cli/rockmate_cli.c not there yet, skipping the CLI")
+
+examples: $(EXAMPLES)
+
+tests: $(TESTS)
+
+test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
+	@$(if $(NVCC),:,echo "test: nvcc not found, skipping the CUDA sources")
+	RKM_BUILD=$(BUILD) tests/run.sh $(BUILD)
+
+demo: $(firstword $(DEMO))
+	$(DEMO)
+
+bench: $(BENCHES)
+	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
+
+# Check the Debian packages; install them when root, else say how.
+# Cheap when all is there: a few compiler look-ups, no package manager.
+MISSING_DEPS = $(strip \
+	$(foreach f,$(DEP_LIBS),$(if $(filter /%,$(shell $(CC) -print-file-name=$f)),,$f)) \
+	$(foreach h,$(DEP_HEADERS),$(if $(shell printf '\#include <%s>\n' $h | $(CC) -E -x c - >/dev/null 2>&1 && echo ok),,<$h>)))
+# Tools the test scripts call (test_cli.sh checks JSON with python3).
+TEST_TOOLS = $(if $(shell grep -ls python3 tests/*.sh 2>/dev/null),python3)
+MISSING_TOOLS = $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $t 2>/dev/null),,$t)))
+
+# $(call install_or_tell,MISSING,PACKAGES)
+install_or_tell = if [ -n "$1" ]; then \
+	  echo "missing: $1 (Debian packages: $2)"; \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y $2 || exit 1; \
+	  else \
+	    echo "run: sudo apt-get update && sudo apt-get install -y $2"; exit 1; \
+	  fi; \
+	fi
+
+deps:
+	@$(call install_or_tell,$(MISSING_DEPS),$(DEP_PKGS))
+
+test-deps:
+	@$(call install_or_tell,$(MISSING_TOOLS),$(TEST_TOOLS))
+
+# Rebuild when the compiler or the flags change (CC=clang, OMIT=1).
+$(BUILD)/flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CC) $(ALL_CFLAGS) $(DEFS)' | cmp -s - $@ || echo '$(CC) $(ALL_CFLAGS) $(DEFS)' > $@
+
+# One position-independent object serves both libraries.
+$(LIB_OBJ): rockmate.c rockmate.h $(BUILD)/flags | deps
+	$(CC) $(ALL_CFLAGS) $(DEFS) -fPIC -c -o $@ rockmate.c
+
+$(LIB_A): $(LIB_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+# lp_solve goes inside the .so; --exclude-libs keeps its symbols private so
+# that a host linking its own lp_solve does not clash with ours.
+$(LIB_SO): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,librockmate.so -Wl,-z,defs -Wl,--exclude-libs,ALL \
+		-o $@ $^ $(SO_SOLVER_LIBS) -lm -pthread
+
+$(BUILD)/rockmate: $(CLI_SRCS) $(wildcard cli/*.h) rockmate.h $(LIB_A)
+	$(CC) $(ALL_CFLAGS) $(DEFS) -o $@ $(CLI_SRCS) $(LIB_A) $(LDLIBS)
+
+$(EXAMPLES): $(BUILD)/%: examples/%.c $(wildcard examples/*.h) rockmate.h $(LIB_A)
+	$(CC) $(ALL_CFLAGS) $(DEFS) -o $@ $< $(LIB_A) $(LDLIBS)
+
+$(BENCHES): $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) rockmate.h $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(DEFS) -o $@ $< $(LIB_A) $(LDLIBS)
+
+# Tests are sanitized programs. One that includes ../rockmate.c is whole;
+# the others link the sanitized library. All link the plain-C parts of
+# cuda/ (an archive: a member is linked only when something needs it).
+INCLUDES_LIB = grep -qE '^[[:space:]]*\#[[:space:]]*include[[:space:]]+"\.\./rockmate\.c"'
+
+$(BUILD)/tests/rockmate.o: rockmate.c rockmate.h $(BUILD)/flags | deps
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) $(DEFS) -c -o $@ rockmate.c
+
+$(TEST_LIB): $(BUILD)/tests/rockmate.o
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tests/cuda_%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) $(DEFS) -c -o $@ $<
+
+$(TEST_CUDA_LIB): $(patsubst cuda/%.c,$(BUILD)/tests/cuda_%.o,$(CUDA_C_SRCS))
+	@mkdir -p $(@D)
+	rm -f $@
+	ar rcs $@ $^
+
+$(TESTS): $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h cuda/*.c cuda/*.h) rockmate.c rockmate.h \
+		$(TEST_LIB) $(TEST_CUDA_LIB)
+	$(CC) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(TEST_CUDA_LIB) $$($(INCLUDES_LIB) $< || echo $(TEST_LIB)) $(LDLIBS)
+
+ifeq ($(NVCC),)
+cuda:
+	@echo "cuda: nvcc not found, skipping the CUDA sources"
+else
+cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES)
+	@$(if $(CUDA_SRCS)$(CUDA_EXAMPLE_SRCS),:,echo "cuda: no CUDA sources yet")
+endif
+
+$(BUILD)/cuda/%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(DEFS) -c -o $@ $<
+
+$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+
+$(CUDA_EXAMPLES): $(BUILD)/%: examples/%.cu $(CUDA_OBJS) $(wildcard examples/*.h examples/*.cuh) rockmate.h $(LIB_A)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CUDA_OBJS) $(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LIBS)
+
+$(BUILD)/rockmate.pc: rockmate.h FORCE
+	@mkdir -p $(@D)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$${prefix}/include' '' \
+		'Name: rockmate' \
+		'Description: plan and run activation re-materialization for training steps' \
+		'Version: $(VERSION)' \
+		'Cflags: -I$${includedir}' \
+		'Libs: -L$${libdir} -lrockmate' \
+		'Libs.private: $(LDLIBS)' > $@
+
+install: all $(BUILD)/rockmate.pc
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 rockmate.h $(DESTDIR)$(PREFIX)/include/rockmate.h
+	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/librockmate.a
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librockmate.so
+	install -m 644 $(BUILD)/rockmate.pc $(DESTDIR)$(LIBDIR)/pkgconfig/rockmate.pc
+	$(if $(CLI_BIN),install -m 755 $(CLI_BIN) $(DESTDIR)$(PREFIX)/bin/rockmate)
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/rockmate.h $(DESTDIR)$(LIBDIR)/librockmate.a \
+		$(DESTDIR)$(LIBDIR)/librockmate.so $(DESTDIR)$(LIBDIR)/pkgconfig/rockmate.pc \
+		$(DESTDIR)$(PREFIX)/bin/rockmate
+
+clean:
+	rm -rf $(BUILD)

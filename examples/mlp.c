@@ -1,0 +1,589 @@
+/* mlp.c -- the smallest real rockmate host: a CPU MLP trained under a plan.
+ *
+ * A multilayer perceptron (matmul+bias, ReLU, ..., matmul+bias, softmax
+ * cross-entropy) learns one random batch, written in llm.c's style: plain
+ * kernels named x_forward/x_backward, explicit buffers, parameters in one
+ * block. The host describes its training step to rockmate with the builder
+ * API, then lets a plan drive it. Every activation, saved state (phantom),
+ * activation gradient and workspace is malloc'ed and freed inside the
+ * callbacks through a counting allocator, so the measured peak can be set
+ * against the simulator's, to the byte. Parameters and their gradients are
+ * the host's and outside the count.
+ *
+ *   build/mlp [--budget B] [--algo A] [--steps N] [--layers L]
+ *
+ * Without --budget each step runs the baseline plan. With one ("50%",
+ * "64KiB", a byte count, or "min" for the least the algorithm can do) it
+ * also plans with rkm_plan_solve (--algo, default rotor) and runs both plans
+ * every step: the planned step must give the baseline's loss and gradients
+ * bit for bit, and its measured peak must equal the simulated one.
+ *
+ * Exit status: 0 every check held, 1 a check or a library call failed,
+ * 2 bad usage, 3 no plan fits the budget. */
+#include "rockmate.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BATCH = 16, IN_DIM = 64, HIDDEN = 128, CLASSES = 10, MAX_LAYERS = 64 };
+enum { MAX_TENSORS = 2 * MAX_LAYERS + 2, MAX_OPS = 2 * MAX_LAYERS };
+
+/* ---------------------------------------------------------------------------
+ * Kernels. A backward writes its input gradient when `acc` is 0 and adds
+ * into it when 1 (rockmate says which); parameter gradients always add up.
+ * ------------------------------------------------------------------------- */
+
+/* out[b][o] = bias[o] + sum_i inp[b][i] * w[o][i] */
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int nb,
+                           int c, int oc)
+{
+    for (int b = 0; b < nb; b++)
+        for (int o = 0; o < oc; o++) {
+            float sum = bias[o];
+            for (int i = 0; i < c; i++) sum += inp[b * c + i] * w[o * c + i];
+            out[b * oc + o] = sum;
+        }
+}
+
+/* dinp may be NULL: the input has no gradient (the batch itself). */
+static void matmul_backward(float *dinp, int acc, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int nb, int c, int oc)
+{
+    for (int b = 0; b < nb; b++) {
+        for (int o = 0; o < oc; o++) {
+            float d = dout[b * oc + o];
+            dbias[o] += d;
+            for (int i = 0; i < c; i++) dw[o * c + i] += d * inp[b * c + i];
+        }
+        if (!dinp) continue;
+        for (int i = 0; i < c; i++) {
+            float sum = acc ? dinp[b * c + i] : 0.0f;
+            for (int o = 0; o < oc; o++) sum += dout[b * oc + o] * w[o * c + i];
+            dinp[b * c + i] = sum;
+        }
+    }
+}
+
+static void relu_forward(float *out, const float *inp, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+/* Reads the output, not the input: that is why relu saves its output. */
+static void relu_backward(float *dinp, int acc, const float *dout, const float *out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float d = out[i] > 0.0f ? dout[i] : 0.0f;
+        dinp[i] = acc ? dinp[i] + d : d;
+    }
+}
+
+/* losses[b] = logsumexp(logits[b]) - logits[b][target]. lse is a workspace
+ * of nb floats. probs (the saved state, NULL when not saving) gets softmax. */
+static void crossentropy_forward(float *losses, float *probs, float *lse, const float *logits,
+                                 const int32_t *targets, int nb, int nc)
+{
+    for (int b = 0; b < nb; b++) {
+        const float *row = logits + b * nc;
+        float max = row[0];
+        for (int i = 1; i < nc; i++) max = row[i] > max ? row[i] : max;
+        float sum = 0.0f;
+        for (int i = 0; i < nc; i++) sum += expf(row[i] - max);
+        lse[b] = max + logf(sum);
+    }
+    for (int b = 0; b < nb; b++) {
+        losses[b] = lse[b] - logits[b * nc + targets[b]];
+        if (!probs) continue;
+        for (int i = 0; i < nc; i++) probs[b * nc + i] = expf(logits[b * nc + i] - lse[b]);
+    }
+}
+
+static void crossentropy_backward(float *dlogits, int acc, const float *dlosses, const float *probs,
+                                  const int32_t *targets, int nb, int nc)
+{
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < nc; i++) {
+            float d = (probs[b * nc + i] - (i == targets[b] ? 1.0f : 0.0f)) * dlosses[b];
+            dlogits[b * nc + i] = acc ? dlogits[b * nc + i] + d : d;
+        }
+}
+
+/* ---------------------------------------------------------------------------
+ * Counting allocator: each block remembers its size, so frees are exact.
+ * ------------------------------------------------------------------------- */
+
+typedef struct Counter {
+    size_t cur, peak;
+} Counter;
+
+typedef union Header {
+    size_t bytes;
+    max_align_t align;
+} Header;
+
+static void *counted_alloc(Counter *c, size_t bytes)
+{
+    Header *h = malloc(sizeof(Header) + bytes);
+    if (!h) return NULL;
+    h->bytes = bytes;
+    c->cur += bytes;
+    if (c->cur > c->peak) c->peak = c->cur;
+    return h + 1;
+}
+
+static void counted_free(Counter *c, void *p)
+{
+    if (!p) return;
+    Header *h = (Header *)p - 1;
+    c->cur -= h->bytes;
+    free(h);
+}
+
+/* ---------------------------------------------------------------------------
+ * The model and its graph
+ * ------------------------------------------------------------------------- */
+
+typedef enum OpKind { OP_MATMUL, OP_RELU, OP_LOSS } OpKind;
+
+typedef struct Host {
+    int layers;
+    float *params, *grads; /* host memory: weights then biases of every layer */
+    size_t num_params;
+    float *w[MAX_LAYERS], *b[MAX_LAYERS], *dw[MAX_LAYERS], *db[MAX_LAYERS];
+    rkm_graph *g;
+    OpKind kind[MAX_OPS];
+    int layer[MAX_OPS];
+    size_t bytes[MAX_TENSORS];  /* activation sizes, from the shapes */
+    void *act[MAX_TENSORS];     /* live activations (inputs included) */
+    void *grad[MAX_TENSORS];    /* live activation gradients */
+    void *saved[MAX_OPS];       /* live saved states: the loss keeps its probs */
+    int32_t x, targets, losses; /* tensor ids */
+    Counter mem;
+    double loss;
+} Host;
+
+static int layer_in(int l) { return l == 0 ? IN_DIM : HIDDEN; }
+static int layer_out(const Host *h, int l) { return l == h->layers - 1 ? CLASSES : HIDDEN; }
+static size_t floats(size_t n) { return n * sizeof(float); }
+
+/* Rough costs: 10 GFLOP/s for matmuls, 10 GB/s for the rest. A backward
+ * matmul does twice the forward's work. */
+static double matmul_seconds(int c, int oc) { return 2.0 * BATCH * c * oc / 1e10; }
+static double stream_seconds(size_t bytes) { return (double)bytes / 1e10; }
+
+static uint32_t rng_state = 0x2545f491u;
+static float rng_uniform(void) /* in [-1, 1), xorshift32 */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return (float)(rng_state >> 8) / 8388608.0f - 1.0f;
+}
+
+static int init_params(Host *h)
+{
+    size_t n = 0;
+    for (int l = 0; l < h->layers; l++) n += (size_t)layer_out(h, l) * (layer_in(l) + 1);
+    h->num_params = n;
+    h->params = malloc(floats(n));
+    h->grads = malloc(floats(n));
+    if (!h->params || !h->grads) return 0;
+    float *p = h->params, *d = h->grads;
+    for (int l = 0; l < h->layers; l++) {
+        int c = layer_in(l), oc = layer_out(h, l);
+        h->w[l] = p, h->dw[l] = d, p += c * oc, d += c * oc;
+        h->b[l] = p, h->db[l] = d, p += oc, d += oc;
+        float scale = sqrtf(6.0f / (float)c); /* He init: keeps ReLU signals alive */
+        for (int i = 0; i < c * oc; i++) h->w[l][i] = scale * rng_uniform();
+        for (int i = 0; i < oc; i++) h->b[l][i] = 0.0f;
+    }
+    return 1;
+}
+
+static int32_t add_tensor(Host *h, const char *name, size_t bytes, unsigned flags)
+{
+    int32_t id;
+    if (rkm_graph_add_tensor(h->g, name, bytes, flags, &id) != RKM_OK) return -1;
+    h->bytes[id] = bytes;
+    return id;
+}
+
+static int add_op(Host *h, OpKind kind, int layer, const rkm_op_desc *d)
+{
+    int32_t id;
+    if (rkm_graph_add_op(h->g, d, &id) != RKM_OK) return 0;
+    h->kind[id] = kind;
+    h->layer[id] = layer;
+    return 1;
+}
+
+/* One matmul layer (and its ReLU unless it is the last); returns the tensor
+ * the next layer reads, -1 on error. */
+static int32_t build_layer(Host *h, int l, int32_t inp)
+{
+    char name[32];
+    int c = layer_in(l), oc = layer_out(h, l), last = l == h->layers - 1;
+    size_t bytes = floats((size_t)BATCH * oc);
+    snprintf(name, sizeof name, last ? "logits" : "fc%d", l);
+    int32_t out = add_tensor(h, name, bytes, 0);
+    if (out < 0) return -1;
+    snprintf(name, sizeof name, "fc%d", l);
+    /* The backward reads the input (for dW) and the weights (host's). */
+    rkm_op_desc fc = {.name = name, .fwd_seconds = matmul_seconds(c, oc),
+                      .bwd_seconds = 2 * matmul_seconds(c, oc), .in = &inp, .n_in = 1,
+                      .out = &out, .n_out = 1, .saved = &inp, .n_saved = 1};
+    if (!add_op(h, OP_MATMUL, l, &fc)) return -1;
+    if (last) return out;
+    snprintf(name, sizeof name, "relu%d", l);
+    int32_t act = add_tensor(h, name, bytes, 0);
+    if (act < 0) return -1;
+    rkm_op_desc relu = {.name = name, .fwd_seconds = stream_seconds(2 * bytes),
+                        .bwd_seconds = stream_seconds(3 * bytes), .in = &out, .n_in = 1,
+                        .out = &act, .n_out = 1, .saved = &act, .n_saved = 1};
+    return add_op(h, OP_RELU, l, &relu) ? act : -1;
+}
+
+static int build_graph(Host *h, rkm_context *ctx)
+{
+    if (rkm_graph_create(ctx, &h->g) != RKM_OK) return 0;
+    h->x = add_tensor(h, "x", floats((size_t)BATCH * IN_DIM), RKM_TENSOR_INPUT);
+    h->targets = add_tensor(h, "targets", BATCH * sizeof(int32_t), RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD);
+    if (h->x < 0 || h->targets < 0) return 0;
+    int32_t t = h->x;
+    for (int l = 0; l < h->layers && t >= 0; l++) t = build_layer(h, l, t);
+    if (t < 0 || (h->losses = add_tensor(h, "losses", floats(BATCH), 0)) < 0) return 0;
+    /* Softmax probabilities are kept for the backward only (a phantom);
+     * the forward needs a per-row logsumexp as workspace. */
+    int32_t in[2] = {t, h->targets};
+    size_t probs = floats((size_t)BATCH * CLASSES);
+    rkm_op_desc ce = {.name = "crossentropy", .fwd_seconds = stream_seconds(3 * probs),
+                      .bwd_seconds = stream_seconds(3 * probs), .in = in, .n_in = 2,
+                      .out = &h->losses, .n_out = 1, .saved = &h->targets, .n_saved = 1,
+                      .phantom = probs, .fwd_ws = floats(BATCH)};
+    return add_op(h, OP_LOSS, h->layers, &ce) && rkm_graph_set_loss(h->g, h->losses) == RKM_OK &&
+           rkm_graph_finalize(h->g) == RKM_OK;
+}
+
+/* The batch: random inputs and classes, live for the whole run. */
+static int init_batch(Host *h)
+{
+    float *x = counted_alloc(&h->mem, h->bytes[h->x]);
+    int32_t *targets = counted_alloc(&h->mem, h->bytes[h->targets]);
+    h->act[h->x] = x, h->act[h->targets] = targets;
+    if (!x || !targets) return 0;
+    for (int i = 0; i < BATCH * IN_DIM; i++) x[i] = rng_uniform();
+    for (int b = 0; b < BATCH; b++) targets[b] = (int32_t)(rng_state++ % CLASSES);
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------
+ * Callbacks. Non-zero returns name what went wrong: 1 out of memory, 2 the
+ * executor's flags disagree with the host's buffers (a buffer it should have
+ * kept is missing, or one it calls new is live already).
+ * ------------------------------------------------------------------------- */
+
+static int alloc_new(Host *h, void **slot, size_t bytes)
+{
+    if (*slot) return 2;
+    return (*slot = counted_alloc(&h->mem, bytes)) ? 0 : 1;
+}
+
+static int on_forward(void *user, const rkm_fwd_call *call)
+{
+    Host *h = user;
+    rkm_op_info op;
+    if (rkm_graph_op_info(h->g, call->op, &op) != RKM_OK) return 2;
+    int32_t out = op.out[0];
+    int rc = call->out_new[0] ? alloc_new(h, &h->act[out], h->bytes[out]) : 0;
+    if (rc) return rc;
+    const float *inp = h->act[op.in[0]];
+    if (!inp || !h->act[out]) return 2;
+    int l = h->layer[call->op];
+    switch (h->kind[call->op]) {
+    case OP_MATMUL:
+        matmul_forward(h->act[out], inp, h->w[l], h->b[l], BATCH, layer_in(l), layer_out(h, l));
+        return 0;
+    case OP_RELU:
+        relu_forward(h->act[out], inp, BATCH * HIDDEN);
+        return 0;
+    case OP_LOSS: break;
+    }
+    if (call->save && (rc = alloc_new(h, &h->saved[call->op], floats((size_t)BATCH * CLASSES))))
+        return rc;
+    float *probs = call->save ? h->saved[call->op] : NULL;
+    float *lse = counted_alloc(&h->mem, floats(BATCH));
+    if (!lse) return 1;
+    crossentropy_forward(h->act[out], probs, lse, inp, h->act[h->targets], BATCH, CLASSES);
+    counted_free(&h->mem, lse);
+    return 0;
+}
+
+static int on_backward(void *user, const rkm_bwd_call *call)
+{
+    Host *h = user;
+    rkm_op_info op;
+    if (rkm_graph_op_info(h->g, call->op, &op) != RKM_OK) return 2;
+    int32_t in = op.in[0];
+    int rc = call->in_grad[0] == RKM_GRAD_NEW ? alloc_new(h, &h->grad[in], h->bytes[in]) : 0;
+    if (rc) return rc;
+    float *dinp = call->in_grad[0] == RKM_GRAD_NONE ? NULL : h->grad[in];
+    int acc = call->in_grad[0] == RKM_GRAD_ACCUMULATE;
+    const float *dout = h->grad[op.out[0]];
+    if (!dout || (call->in_grad[0] != RKM_GRAD_NONE && !dinp)) return 2;
+    int l = h->layer[call->op];
+    switch (h->kind[call->op]) {
+    case OP_MATMUL:
+        if (!h->act[in]) return 2;
+        matmul_backward(dinp, acc, h->dw[l], h->db[l], dout, h->act[in], h->w[l], BATCH,
+                        layer_in(l), layer_out(h, l));
+        return 0;
+    case OP_RELU:
+        if (!h->act[op.out[0]] || !dinp) return 2;
+        relu_backward(dinp, acc, dout, h->act[op.out[0]], BATCH * HIDDEN);
+        return 0;
+    case OP_LOSS:
+        if (!h->saved[call->op] || !dinp) return 2;
+        crossentropy_backward(dinp, acc, dout, h->saved[call->op], h->act[h->targets], BATCH, CLASSES);
+        return 0;
+    }
+    return 2;
+}
+
+/* grad(loss) = 1/B for each example: the loss is the batch mean. */
+static int on_loss(void *user, int32_t tensor)
+{
+    Host *h = user;
+    const float *losses = h->act[tensor];
+    int rc = alloc_new(h, &h->grad[tensor], h->bytes[tensor]);
+    if (rc) return rc;
+    if (!losses) return 2;
+    float *d = h->grad[tensor];
+    double sum = 0.0;
+    for (int b = 0; b < BATCH; b++) sum += losses[b], d[b] = 1.0f / BATCH;
+    h->loss = sum / BATCH;
+    return 0;
+}
+
+static int on_free_tensor(void *user, int32_t t)
+{
+    Host *h = user;
+    if (!h->act[t]) return 2;
+    counted_free(&h->mem, h->act[t]);
+    h->act[t] = NULL;
+    return 0;
+}
+
+static int on_free_saved(void *user, int32_t op)
+{
+    Host *h = user;
+    if (!h->saved[op]) return 2;
+    counted_free(&h->mem, h->saved[op]);
+    h->saved[op] = NULL;
+    return 0;
+}
+
+static int on_free_grad(void *user, int32_t t)
+{
+    Host *h = user;
+    if (!h->grad[t]) return 2;
+    counted_free(&h->mem, h->grad[t]);
+    h->grad[t] = NULL;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Training
+ * ------------------------------------------------------------------------- */
+
+typedef struct Measured {
+    double loss;
+    size_t peak;
+} Measured;
+
+/* One forward+backward under `plan`. Afterwards only the batch may be live. */
+static int run_step(Host *h, const rkm_plan *plan, Measured *m)
+{
+    rkm_callbacks cb = {h, on_forward, on_backward, on_loss, on_free_tensor, on_free_saved, on_free_grad};
+    memset(h->grads, 0, floats(h->num_params));
+    h->mem.peak = h->mem.cur;
+    h->loss = NAN;
+    rkm_result r = rkm_plan_execute(plan, &cb);
+    if (r != RKM_OK) {
+        fprintf(stderr, "mlp: %s: %s\n", rkm_result_string(r), rkm_context_errmsg(rkm_graph_context(h->g)));
+        return 0;
+    }
+    size_t batch = h->bytes[h->x] + h->bytes[h->targets];
+    int clean = h->mem.cur == batch;
+    for (int i = 0; i < MAX_TENSORS; i++)
+        clean &= (h->act[i] == NULL || i == h->x || i == h->targets) && h->grad[i] == NULL;
+    for (int i = 0; i < MAX_OPS; i++) clean &= h->saved[i] == NULL;
+    if (!clean) fprintf(stderr, "mlp: buffers left live after the step (%zu bytes)\n", h->mem.cur - batch);
+    m->loss = h->loss;
+    m->peak = h->mem.peak;
+    return clean;
+}
+
+/* Whatever is still live: the batch, or what a failed step left. */
+static void free_buffers(Host *h)
+{
+    for (int i = 0; i < MAX_TENSORS; i++) {
+        counted_free(&h->mem, h->act[i]);
+        counted_free(&h->mem, h->grad[i]);
+    }
+    for (int i = 0; i < MAX_OPS; i++) counted_free(&h->mem, h->saved[i]);
+}
+
+static void sgd_update(Host *h, float lr)
+{
+    for (size_t i = 0; i < h->num_params; i++) h->params[i] -= lr * h->grads[i];
+}
+
+typedef struct Options {
+    const char *budget; /* NULL: baseline only */
+    rkm_algo algo;
+    int steps, layers;
+} Options;
+
+static int usage(FILE *f, int status)
+{
+    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L]\n"
+                    "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
+                    "  A: rotor (default), rockmate, sqrt, checkmate, none\n"
+                    "  N: training steps (default 5); L: 2..%d layers (default 8)\n",
+            MAX_LAYERS);
+    return status;
+}
+
+static int parse_args(int argc, char **argv, Options *o)
+{
+    *o = (Options){NULL, RKM_ALGO_ROTOR, 5, 8};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return 0;
+        i++;
+        if (!strcmp(a, "--budget")) o->budget = v;
+        else if (!strcmp(a, "--algo")) {
+            if (rkm_algo_from_name(v, &o->algo) != RKM_OK) return 0;
+        } else if (!strcmp(a, "--steps")) o->steps = atoi(v);
+        else if (!strcmp(a, "--layers")) o->layers = atoi(v);
+        else return 0;
+    }
+    return o->steps >= 1 && o->layers >= 2 && o->layers <= MAX_LAYERS;
+}
+
+/* A simulated (valid) plan for the options, or NULL with *status set. */
+static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stats *st, int *status)
+{
+    rkm_context *ctx = rkm_graph_context(h->g);
+    rkm_solve_desc sd = {.algo = o->algo};
+    rkm_planner *pl = NULL;
+    rkm_plan *plan = NULL;
+    uint64_t budget;
+    rkm_result r = rkm_planner_create(h->g, &sd, &pl);
+    if (r == RKM_OK) {
+        r = strcmp(o->budget, "min") ? rkm_parse_budget(o->budget, st->baseline_peak, &budget)
+                                     : rkm_planner_min_budget(pl, &budget);
+        if (r == RKM_OK) r = rkm_planner_solve(pl, budget, &plan);
+    }
+    rkm_planner_destroy(pl);
+    rkm_sim_result sim;
+    if (r == RKM_OK) r = rkm_plan_simulate(plan, &sim, NULL);
+    if (r == RKM_OK && sim.peak > budget) {
+        fprintf(stderr, "mlp: the plan peaks at %llu bytes, over the budget %llu\n",
+                (unsigned long long)sim.peak, (unsigned long long)budget);
+        r = RKM_ERROR_PLAN;
+    } else if (r != RKM_OK) {
+        fprintf(stderr, "mlp: %s: %s\n", rkm_result_string(r), rkm_context_errmsg(ctx));
+    }
+    if (r != RKM_OK) {
+        rkm_plan_destroy(plan);
+        *status = r == RKM_ERROR_BUDGET ? 3 : r == RKM_ERROR_ARGUMENT ? 2 : 1;
+        return NULL;
+    }
+    printf("%s plan for budget %s (%llu bytes): %zu steps, peak %.1f%% of the baseline's, "
+           "time overhead %.1f%%\n",
+           rkm_algo_name(o->algo), o->budget, (unsigned long long)budget, rkm_plan_num_steps(plan),
+           100.0 * (double)sim.peak / (double)st->baseline_peak, 100.0 * (sim.time / st->baseline_time - 1.0));
+    return plan;
+}
+
+/* Runs `plan` once and compares the measured peak with the simulated one. */
+static int checked_step(Host *h, rkm_plan *plan, const char *label, Measured *m)
+{
+    rkm_sim_result sim;
+    if (rkm_plan_simulate(plan, &sim, NULL) != RKM_OK || !run_step(h, plan, m)) return 0;
+    int same = m->peak == sim.peak;
+    printf("  %-9s loss %.6f  activation peak: measured %zu, simulated %llu bytes%s  time %.3g s\n",
+           label, m->loss, m->peak, (unsigned long long)sim.peak, same ? "" : "  MISMATCH", sim.time);
+    return same;
+}
+
+/* Warnings (a solver timeout, a fallback). Failed calls are reported by
+ * their callers, with what was being done. */
+static void warn_logger(void *user, rkm_log_level level, const char *msg)
+{
+    (void)user;
+    if (level != RKM_LOG_ERROR) fprintf(stderr, "rockmate: %s\n", msg);
+}
+
+static int train(Host *h, const Options *o, rkm_plan *baseline, rkm_plan *plan)
+{
+    float *ref = plan ? malloc(floats(h->num_params)) : NULL;
+    int ok = !plan || ref;
+    for (int s = 1; s <= o->steps && ok; s++) {
+        Measured mb, mp;
+        printf("step %d\n", s);
+        ok = checked_step(h, baseline, "baseline", &mb);
+        if (ok && plan) {
+            memcpy(ref, h->grads, floats(h->num_params));
+            ok = checked_step(h, plan, rkm_algo_name(o->algo), &mp);
+            int same = ok && memcmp(&mp.loss, &mb.loss, sizeof mb.loss) == 0 &&
+                       memcmp(ref, h->grads, floats(h->num_params)) == 0;
+            printf("  loss and gradients %s the baseline's, bit for bit\n", same ? "equal" : "DIFFER FROM");
+            ok = ok && same;
+        }
+        sgd_update(h, 0.05f);
+    }
+    free(ref);
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    Options o;
+    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout, 0);
+    if (!parse_args(argc, argv, &o)) return usage(stderr, 2);
+    static Host host;
+    Host *h = &host;
+    h->layers = o.layers;
+    rkm_context_desc cd = {.log = warn_logger};
+    rkm_context *ctx = NULL;
+    if (rkm_context_create(&cd, &ctx) != RKM_OK) return 1;
+    int status = 1;
+    rkm_plan *baseline = NULL, *plan = NULL;
+    rkm_graph_stats st;
+    if (!init_params(h) || !build_graph(h, ctx) || !init_batch(h) ||
+        rkm_graph_stats_get(h->g, &st) != RKM_OK || rkm_plan_baseline(h->g, &baseline) != RKM_OK) {
+        fprintf(stderr, "mlp: setup failed: %s\n", rkm_context_errmsg(ctx));
+        goto done;
+    }
+    printf("mlp: %d layers, batch %d, %d ops, %d tensors, %d blocks; baseline peak %llu bytes (batch %llu)\n",
+           h->layers, BATCH, rkm_graph_num_ops(h->g), rkm_graph_num_tensors(h->g), st.blocks,
+           (unsigned long long)st.baseline_peak, (unsigned long long)st.input_bytes);
+    if (o.budget && !(plan = make_plan(h, &o, &st, &status))) goto done;
+    status = train(h, &o, baseline, plan) ? 0 : 1;
+    printf("mlp: %s\n", status ? "FAILED" : "all checks passed");
+done:
+    rkm_plan_destroy(plan);
+    rkm_plan_destroy(baseline);
+    free_buffers(h);
+    rkm_graph_destroy(h->g);
+    rkm_context_destroy(ctx);
+    free(h->params);
+    free(h->grads);
+    return status;
+}
