@@ -191,7 +191,7 @@ $(TEST_CUDA_LIB): $(patsubst cuda/%.c,$(BUILD)/tests/cuda_%.o,$(CUDA_C_SRCS))
 	rm -f $@
 	ar rcs $@ $^
 
-$(TESTS): $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h cuda/*.c cuda/*.h) rockmate.c rockmate.h \
+$(TESTS): $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h cuda/*.c cuda/*.h examples/*.h) rockmate.c rockmate.h \
 		$(TEST_LIB) $(TEST_CUDA_LIB)
 	$(CC) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(TEST_CUDA_LIB) $$($(INCLUDES_LIB) $< || echo $(TEST_LIB)) $(LDLIBS)
 
