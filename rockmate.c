@@ -2632,9 +2632,9 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
 
 #define RKM_DEFAULT_SLOTS 1000
 #define RKM_DEFAULT_TIME_LIMIT 60.0
-#define RKM_DEFAULT_ILP_TIME_LIMIT 1.0
+#define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
 #define RKM_DEFAULT_PEAK_POINTS 5
-#define RKM_DEFAULT_KEPT_POINTS 6
+#define RKM_DEFAULT_KEPT_POINTS 10
 
 struct rkm_planner {
     const rkm_graph *g;
@@ -2652,6 +2652,7 @@ struct rkm_planner {
     rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
     rkm_plan_stats stats;    /* timings */
     rkm__ilp_stats ilp;      /* ILP counters */
+    uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
 };
 
 /* The planner's figures so far, ILP counters included. */
@@ -3033,13 +3034,30 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
     if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit, out);
+    /* One solve may run to twice its limit (lp_solve's wall-clock stop). */
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
     return RKM_OK;
 }
+
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out);
 
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    if (!pl->min_budget) {
+        rkm_result r = rkm__min_budget(pl, &pl->min_budget);
+        if (r) {
+            pl->min_budget = 0;
+            return r;
+        }
+    }
+    *out = pl->min_budget;
+    return RKM_OK;
+}
+
+/* The smallest budget the planner's algorithm meets (it does not change). */
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
+{
     const rkm_graph *g = pl->g;
     rkm_result r = RKM_OK;
     *out = pl->base_peak;
@@ -3057,13 +3075,15 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
             rkm_plan_destroy(p);
         }
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
-        /* Bisection on bytes: the ILP's feasibility is monotone in the budget. */
+        /* Bisection on bytes (feasibility is monotone in the budget), 12
+         * probes sharing the time limit: a probe that times out counts as
+         * infeasible, so this is the least budget the solver could meet. */
         uint64_t lo = pl->lower_bound, hi = pl->base_peak;
         for (int it = 0; it < 12 && lo < hi && !r; it++) {
             uint64_t mid = lo + (hi - lo) / 2;
             rkm_plan *p;
             rkm_sim_result res;
-            r = rkm__planner_try(pl, mid, &p);
+            r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
             if (!r && p && !(r = rkm__plan_check(p, &res, NULL))) hi = res.peak;
             else if (!r) lo = mid + 1;
             rkm_plan_destroy(p);

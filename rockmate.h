@@ -412,9 +412,12 @@ typedef struct rkm_solve_desc {
     rkm_algo algo;
     int32_t slots;           /* DP memory slots over the baseline peak; 0: 1000 */
     double time_limit;       /* seconds for the whole planning; 0: 60 */
-    double ilp_time_limit;   /* seconds per ILP solve; 0: 1 */
+    /* Seconds per ILP solve; 0: 0.03. Enforced as a deterministic amount of
+     * solver work calibrated to about that time (so plans do not depend on
+     * the machine's speed or load), with a wall-clock stop at twice it. */
+    double ilp_time_limit;
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
-    int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 6 */
+    int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 10 */
 } rkm_solve_desc;
 
 typedef struct rkm_plan_stats {
