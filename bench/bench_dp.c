@@ -10,9 +10,6 @@
  * recompute more in their backward; M slots are about half of what keeping
  * everything needs. */
 #include "../rockmate.c"
-#ifndef RKM_DP_INCLUDED
-#include "../wip/dp.c"
-#endif
 
 static uint64_t bench_rng = 88172645463325252ull;
 static double bench_unif(void)

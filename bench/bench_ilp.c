@@ -10,9 +10,6 @@
  */
 #define RKM_ILP_READY 1
 #include "../rockmate.c"
-#ifndef RKM_ILP_INCLUDED
-#include "../wip/ilp.c"
-#endif
 
 #ifndef RKM_OMIT_SOLVER
 

@@ -1,8 +1,5 @@
 /* test_dp.c -- the chain DP (section 10) against exhaustive search. */
 #include "../rockmate.c"
-#ifndef RKM_DP_INCLUDED
-#include "../wip/dp.c"
-#endif
 #include "test.h"
 
 /* ---- helpers ------------------------------------------------------------ */

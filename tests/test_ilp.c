@@ -10,9 +10,6 @@
  * ends their use (never worse), everything else is a free choice. */
 #define RKM_ILP_READY 1
 #include "../rockmate.c"
-#ifndef RKM_ILP_INCLUDED
-#include "../wip/ilp.c"
-#endif
 #include "test.h"
 
 #ifndef RKM_OMIT_SOLVER
