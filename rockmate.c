@@ -1917,7 +1917,7 @@ static uint64_t rkm__layout_best(rkm_buffer *b, size_t n, rkm__order *ord, rkm__
     for (int pass = 0; pass < 3; pass++) {
         for (size_t i = 0; i < n; i++) {
             uint64_t life = (uint64_t)(b[i].last_step - b[i].first_step + 1);
-            uint64_t key = pass == 0 ? b[i].bytes : pass == 1 ? b[i].bytes * life : (uint64_t)(INT64_MAX - b[i].first_step);
+            uint64_t key = pass == 0 ? b[i].bytes : pass == 1 ? b[i].bytes * life : UINT64_MAX - (uint64_t)(b[i].first_step + 1);
             ord[i] = (rkm__order){key, b[i].first_step, i};
         }
         qsort(ord, n, sizeof *ord, rkm__order_cmp);
@@ -2650,8 +2650,8 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  *      time_limit_s (<= 0: 1 s) is turned into work budgets (lp_solve
  *      callbacks, steps replayed by the greedy) worth about that much time,
  *      so that the result is the same on every machine; a wall clock at
- *      twice the limit stops a slow or loaded machine (results may then
- *      differ).
+ *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
+ *      (results may then differ).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -2755,7 +2755,9 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
  * times the limit stops a slow machine anyway. */
 #define RKM__ILP_CALLS_PER_S 2.0e7
 #define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
-#define RKM__ILP_WALL_SAFETY 2.0
+/* 20: only a pathological solve meets the wall clock, so that a slow,
+ * loaded or sanitized build plans the same as any other. */
+#define RKM__ILP_WALL_SAFETY 20.0
 #define RKM__ILP_MAX_COLS 200000 /* beyond, building the model alone takes too long */
 
 enum { RKM__ILP_NODE_FWD, RKM__ILP_NODE_BWD, RKM__ILP_NODE_LOSS };
@@ -3934,6 +3936,16 @@ static rkm_result rkm__ilp_finish(rkm__ilp_block *b, double t0, rkm_step **steps
     return r;
 }
 
+/* A fresh lprec for the block (the old one is deleted). */
+static rkm_result rkm__ilp_rebuild(rkm__ilp_block *b)
+{
+    rkm__ilp_lock();
+    delete_lp(b->lp);
+    b->lp = NULL;
+    rkm__ilp_unlock();
+    return rkm__ilp_build(b);
+}
+
 static rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
                                        double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
                                        rkm__ilp_stats *st, int *found)
@@ -3968,6 +3980,9 @@ static rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, 
         double obj = have ? rkm__ilp_obj(b, &b->best) : -1;
         double cutoff = have ? obj - 1e-9 * (1 + obj) : -1;
         int status = rkm__ilp_run(b, peak_budget, kept_budget, cutoff, &u, &root);
+        /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
+         * last solve was aborted: such a model is rebuilt before reuse. */
+        if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b))) return r;
         if (status == OPTIMAL || status == SUBOPTIMAL) {
             if ((r = rkm__ilp_offer(b, peak_budget, kept_budget, &have, &valid))) return r;
             if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
@@ -5270,7 +5285,8 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
     if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
-    /* One solve may run to twice its limit (lp_solve's wall-clock stop). */
+    /* One solve's work is worth about its limit (on a slow machine it may
+     * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
     return RKM_OK;
 }

@@ -413,8 +413,9 @@ typedef struct rkm_solve_desc {
     int32_t slots;           /* DP memory slots over the baseline peak; 0: 1000 */
     double time_limit;       /* seconds for the whole planning; 0: 60 */
     /* Seconds per ILP solve; 0: 0.03. Enforced as a deterministic amount of
-     * solver work calibrated to about that time (so plans do not depend on
-     * the machine's speed or load), with a wall-clock stop at twice it. */
+     * solver work calibrated to about that time on a current core, so that
+     * plans do not depend on the machine's speed or load; a wall-clock stop
+     * at 20 times it catches only pathological solves. */
     double ilp_time_limit;
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
     int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 10 */
