@@ -137,6 +137,7 @@ int main(int argc, char **argv)
 {
     rkm_context *ctx;
     if (rkm_context_create(NULL, &ctx) != RKM_OK) return 1;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows as they come: checkmate is slow */
     printf("# bench_plan (rockmate %s)\n", rkm_version());
     if (argc > 1)
         for (int i = 1; i < argc; i++) bench_graph(ctx, argv[i]);
