@@ -6,7 +6,8 @@
  * options with their ILPs, chain DP: rkm_planner_create, then one solve),
  * then the overhead (time / baseline time - 1) at budgets from 100 % down,
  * per algorithm, with the arena/peak ratio of the memory layout. Checkmate
- * (the whole-graph ILP) runs only on graphs of at most 40 ops. On
+ * (the whole-graph ILP) runs only on graphs of at most 40 ops, with a 10 s
+ * planning limit (5 s per solve). On
  * peer-gpt.rkg it also prints the original Rockmate's published points
  * (replayed under our accounting) beside ours at the same peaks. */
 #include "../rockmate.h"
@@ -80,6 +81,7 @@ static void bench_graph(rkm_context *ctx, const char *path)
         if (algos[a] == RKM_ALGO_CHECKMATE && rkm_graph_num_ops(g) > 40) continue;
         rkm_solve_desc d = {0};
         d.algo = algos[a];
+        if (d.algo == RKM_ALGO_CHECKMATE) d.time_limit = 10; /* 5 s per solve */
         double t0 = now();
         if (rkm_planner_create(g, &d, &pl[a]) != RKM_OK) {
             printf("| %s | %s | | |\n", rkm_algo_name(algos[a]), rkm_context_errmsg(ctx));
