@@ -55,4 +55,116 @@ static int test_passed, test_failed, test_current_failed;
 #define TEST_GRAPHS_DIR "tests/graphs"
 #endif
 
+/* ------------------------------------------------------ shared helpers
+ * Helpers more than one program uses; static inline, so a program that
+ * uses none of them still builds warning-free. */
+
+#include "../rockmate.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The bundled graphs, by name (no ".rkg"): an initializer list. */
+#define TEST_BUNDLED_GRAPHS                                                                     \
+    "gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16", "multi-output", "peer-gpt", \
+        "random30", "resnet18-like-b32"
+
+/* The path of bundled graph `name` (no ".rkg") into buf. */
+static inline const char *test_graph_path(char *buf, size_t size, const char *name)
+{
+    snprintf(buf, size, "%s/%s.rkg", TEST_GRAPHS_DIR, name);
+    return buf;
+}
+
+/* Read bundled graph `name` (no ".rkg"); NULL, with the reader's message on
+ * stderr, when it fails. */
+static inline rkm_graph *test_load_graph(rkm_context *ctx, const char *name)
+{
+    char path[512];
+    rkm_graph *g = NULL;
+    test_graph_path(path, sizeof path, name);
+    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+    return g;
+}
+
+/* A context with the given allocator (NULL: the default one); the program
+ * exits if it cannot be made. */
+static inline rkm_context *test_new_ctx_alloc(rkm_alloc_fn alloc)
+{
+    rkm_context_desc d;
+    memset(&d, 0, sizeof d);
+    d.alloc = alloc;
+    rkm_context *ctx = NULL;
+    if (rkm_context_create(alloc ? &d : NULL, &ctx) != RKM_OK) {
+        fprintf(stderr, "rkm_context_create failed\n");
+        exit(2);
+    }
+    return ctx;
+}
+
+static inline rkm_context *test_new_ctx(void) { return test_new_ctx_alloc(NULL); }
+
+/* xorshift64*: fixed seeds give the same sequences everywhere. */
+static inline uint64_t *test_rng_state(void)
+{
+    static uint64_t state;
+    return &state;
+}
+static inline void rng_seed(uint64_t s) { *test_rng_state() = s * 2654435761u + 0x9E3779B97F4A7C15u; }
+static inline uint32_t rng_u32(void)
+{
+    uint64_t *x = test_rng_state();
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return (uint32_t)((*x * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static inline int32_t rng_int(int32_t lo, int32_t hi) { return lo + (int32_t)(rng_u32() % (uint32_t)(hi - lo + 1)); }
+
+/* An in-memory write sink: what rkm_graph_write / rkm_plan_write produce,
+ * NUL-terminated. */
+typedef struct sbuf {
+    char *data;
+    size_t len, cap;
+} sbuf;
+
+static inline int sbuf_write(void *user, const char *data, size_t len)
+{
+    sbuf *b = user;
+    if (b->len + len + 1 > b->cap) {
+        size_t ncap = (b->len + len + 1) * 2;
+        char *nd = realloc(b->data, ncap);
+        if (!nd) return 1;
+        b->data = nd;
+        b->cap = ncap;
+    }
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+/* A write sink that always fails. */
+static inline int fail_write(void *user, const char *data, size_t len)
+{
+    (void)user;
+    (void)data;
+    (void)len;
+    return 1;
+}
+
+/* Execution callbacks that do nothing. */
+static inline int noop_fwd(void *user, const rkm_fwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
+static inline int noop_bwd(void *user, const rkm_bwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
 #endif

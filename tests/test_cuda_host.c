@@ -400,18 +400,7 @@ static uint64_t input_bytes(const rkm_graph *g)
     return rkm_graph_stats_get(g, &gs) == RKM_OK ? gs.input_bytes : UINT64_MAX;
 }
 
-static const char *const graph_files[] = {"gpt2-tiny.rkg",     "gpt2-124M-b4-t64.rkg", "gpt2-xl-b4-t1024.rkg",
-                                          "mlp16.rkg",         "multi-output.rkg",     "peer-gpt.rkg",
-                                          "random30.rkg",      "resnet18-like-b32.rkg"};
-
-static rkm_graph *load(rkm_context *ctx, const char *file)
-{
-    char path[512];
-    rkm_graph *g = NULL;
-    snprintf(path, sizeof path, "%s/%s", TEST_GRAPHS_DIR, file);
-    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
-    return g;
-}
+static const char *const graph_files[] = {TEST_BUNDLED_GRAPHS};
 
 /* The arena's peak is the simulated peak, to the byte, on every bundled
  * graph; every call sees exactly the contract's memory and disjoint
@@ -421,7 +410,7 @@ TEST(exec_baseline_matches_simulator_on_all_graphs)
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     for (size_t i = 0; i < sizeof graph_files / sizeof graph_files[0]; i++) {
-        rkm_graph *g = load(ctx, graph_files[i]);
+        rkm_graph *g = test_load_graph(ctx, graph_files[i]);
         rkm_plan *p = NULL;
         harness h;
         CHECK(g != NULL);
@@ -481,7 +470,7 @@ TEST(exec_recompute_plan)
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
     rkm_plan *p = g ? load_recompute_plan(g) : NULL;
     harness h;
     CHECK(p != NULL);
@@ -509,10 +498,10 @@ TEST(exec_planner_plans_at_min_budget)
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    const char *files[] = {"gpt2-tiny.rkg", "multi-output.rkg", "mlp16.rkg", "random30.rkg"};
+    const char *files[] = {"gpt2-tiny", "multi-output", "mlp16", "random30"};
     const rkm_algo algos[] = {RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE};
     for (int i = 0; i < 4; i++) {
-        rkm_graph *g = load(ctx, files[i]);
+        rkm_graph *g = test_load_graph(ctx, files[i]);
         CHECK(g != NULL);
         for (int a = 0; g && a < 2; a++) {
             rkm_solve_desc sd;
@@ -555,9 +544,9 @@ TEST(exec_arena_one_byte_short)
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    const char *files[] = {"multi-output.rkg", "gpt2-tiny.rkg", "random30.rkg"};
+    const char *files[] = {"multi-output", "gpt2-tiny", "random30"};
     for (int i = 0; i < 3; i++) {
-        rkm_graph *g = load(ctx, files[i]);
+        rkm_graph *g = test_load_graph(ctx, files[i]);
         rkm_plan *p = NULL;
         harness h, probe;
         CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
@@ -585,7 +574,7 @@ TEST(exec_host_failure_and_workspace_overrun)
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
     rkm_plan *p = NULL;
     harness h;
     CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
@@ -623,7 +612,7 @@ TEST(exec_measures_workspace)
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
     rkm_plan *p = NULL;
     harness h;
     CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
@@ -657,9 +646,9 @@ TEST(exec_measure_mode_agrees_with_declared_workspaces)
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    const char *files[] = {"multi-output.rkg", "gpt2-tiny.rkg"};
+    const char *files[] = {"multi-output", "gpt2-tiny"};
     for (int i = 0; i < 2; i++) {
-        rkm_graph *g = load(ctx, files[i]);
+        rkm_graph *g = test_load_graph(ctx, files[i]);
         rkm_plan *p = NULL;
         harness h;
         CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);

@@ -4,18 +4,6 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-/* xorshift64*: fixed seeds give the same chains everywhere. */
-static uint64_t rng_state;
-static void rng_seed(uint64_t s) { rng_state = s * 2654435761u + 0x9E3779B97F4A7C15u; }
-static uint32_t rng_u32(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-static int32_t rng_int(int32_t lo, int32_t hi) { return lo + (int32_t)(rng_u32() % (uint32_t)(hi - lo + 1)); }
-
 /* Random chains checked against exhaustive search (-DDP_SEEDS=5000 for a
  * deeper run). */
 #ifndef DP_SEEDS
@@ -59,13 +47,6 @@ static void chain_random(chain *c, int32_t n, int32_t kmax)
         c->b[i].pfn = rng_int(0, 10);
         if (same_grads) c->b[i].g_out = (int32_t)rkm__dp_out(c->b, n, i);
     }
-}
-
-static rkm_context *ctx_new(void)
-{
-    rkm_context *ctx = NULL;
-    rkm_context_create(NULL, &ctx);
-    return ctx;
 }
 
 /* ---- exhaustive search ---------------------------------------------------
@@ -325,7 +306,7 @@ static void check_chain(rkm_context *ctx, const chain *c, int32_t mmax, int brut
 
 TEST(dp_matches_brute_force)
 {
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     for (uint64_t seed = 1; seed <= DP_SEEDS; seed++) {
         chain c;
         rng_seed(seed);
@@ -341,7 +322,7 @@ TEST(dp_matches_brute_force)
  * beat the DP the other way round, and the DP's own schedules are in it. */
 TEST(dp_persistent_gap)
 {
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     for (uint64_t seed = 500; seed < 530; seed++) {
         chain c;
         rng_seed(seed);
@@ -383,7 +364,7 @@ TEST(dp_rotor_hand_worked)
     c.b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0};
     c.b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1};
     c.b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2};
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     int64_t lo = 0;
     CHECK(rkm__dp_solve(ctx, c.b, 3, 14, &t) == RKM_OK);
@@ -412,7 +393,7 @@ TEST(dp_rotor_hand_worked)
 /* The sqrt schedule is valid, and the DP does at least as well at its peak. */
 TEST(dp_sqrt_schedule)
 {
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     for (uint64_t seed = 100; seed < 140; seed++) {
         chain c;
         rng_seed(seed);
@@ -437,7 +418,7 @@ TEST(dp_sqrt_shape)
     static const rkm__dp_option o[2] = {{1, 1, 0, 0, 0}, {0.5, 1, 5, 0, 0}};
     rkm__dp_block b[9];
     for (int i = 0; i < 9; i++) b[i] = (rkm__dp_block){i ? 1 : 0, i < 8 ? 1 : 0, 0, 1, 2, o};
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     rkm__dp_ops ops = {NULL, 0, 0};
     CHECK(rkm__dp_sqrt(ctx, b, 9, &ops) == RKM_OK);
     /* 6 no-save forwards, 4 frees inside segments, 2 boundary frees, 9 F, 9 B */
@@ -462,7 +443,7 @@ TEST(dp_ties)
 {
     static const rkm__dp_option o[3] = {{1, 1, 2, 0, 0}, {1, 1, 1, 0, 0}, {2, 0, 0, 0, 0}};
     rkm__dp_block b[2] = {{0, 1, 0, 0, 3, o}, {1, 0, 0, 0, 3, o}};
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     CHECK(rkm__dp_solve(ctx, b, 2, 20, &t) == RKM_OK);
     /* Every choice costs 4 at m = 20 (no-save forwards are free). */
@@ -519,7 +500,7 @@ TEST(dp_nomem_and_arguments)
         CHECK(f.live == base);
         rkm_context_destroy(ctx);
     }
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     c.b[0].in_sz = 1;
     CHECK(rkm__dp_solve(ctx, c.b, c.n, 10, &t) == RKM_ERROR_ARGUMENT);
@@ -542,7 +523,7 @@ TEST(dp_eval_rejects)
 {
     static const rkm__dp_option o = {1, 1, 1, 0, 0};
     rkm__dp_block b[2] = {{0, 1, 0, 1, 1, &o}, {1, 0, 0, 1, 1, &o}};
-    rkm_context *ctx = ctx_new();
+    rkm_context *ctx = test_new_ctx();
     double time;
     int64_t peak;
     /* backward of block 0 before block 1's */

@@ -5,8 +5,6 @@
 #include "../rockmate.c"
 #include "test.h"
 
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* A context whose allocator counts calls, to show that execution never
  * allocates. */
 static size_t alloc_calls;
@@ -23,18 +21,7 @@ static void *counting_alloc(void *user, void *ptr, size_t old_size, size_t new_s
     return realloc(ptr, new_size);
 }
 
-static rkm_context *new_ctx(void)
-{
-    rkm_context_desc d;
-    memset(&d, 0, sizeof d);
-    d.alloc = counting_alloc;
-    rkm_context *ctx = NULL;
-    if (rkm_context_create(&d, &ctx) != RKM_OK) {
-        fprintf(stderr, "rkm_context_create failed\n");
-        exit(2);
-    }
-    return ctx;
-}
+static rkm_context *new_ctx(void) { return test_new_ctx_alloc(counting_alloc); }
 
 /* ------------------------------------------------------------- the trace */
 
@@ -488,11 +475,10 @@ static void run_counting_host(const rkm_graph *g, rkm_plan *p, const char *what)
 
 TEST(counting_host_bundled_baselines)
 {
-    static const char *names[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16",
-                                  "multi-output", "peer-gpt", "random30", "resnet18-like-b32"};
+    static const char *names[] = {TEST_BUNDLED_GRAPHS};
     for (size_t k = 0; k < N_OF(names); k++) {
         char path[256];
-        snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, names[k]);
+        test_graph_path(path, sizeof path, names[k]);
         rkm_context *ctx = new_ctx();
         rkm_graph *g = NULL;
         rkm_plan *p = NULL;

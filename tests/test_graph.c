@@ -7,18 +7,6 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
-
-static rkm_context *new_ctx(void)
-{
-    rkm_context *ctx = NULL;
-    if (rkm_context_create(NULL, &ctx) != RKM_OK) {
-        fprintf(stderr, "rkm_context_create failed\n");
-        exit(2);
-    }
-    return ctx;
-}
-
 /* -------------------------------------------------- .rkg rules, one by one */
 
 /* Lines 1-4 of most cases; line 3 is blank, so a case's own lines start at 5. */
@@ -154,7 +142,7 @@ static const char *after_location(const char *msg, const char *src, int line)
 
 TEST(every_graph_rule_in_files)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     for (size_t k = 0; k < N_OF(bad_rkgs); k++) {
         const bad_rkg *b = &bad_rkgs[k];
         rkm_graph *g = (rkm_graph *)&ctx; /* must come back NULL */
@@ -184,7 +172,7 @@ TEST(graph_syntax_accepted)
                                "op o.1 fwd=1.5e-4 bwd=0 in=Az09_.:/[]-x,y out=" N255 " fwd_ws=0\n"
                                "op o.2 bwd=2.5E2 fwd=3 out=out in=" N255 " phantom=5 # tail\n"
                                "loss out";
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = NULL;
     rkm_result r = rkm_graph_read_string(ctx, text, strlen(text), "ok.rkg", &g);
     if (r != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
@@ -211,7 +199,7 @@ TEST(graph_syntax_accepted)
 
 TEST(read_file_errors)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = (rkm_graph *)&ctx;
     CHECK(rkm_graph_read_file(ctx, "tests/no/such/file.rkg", &g) == RKM_ERROR_IO);
     CHECK(g == NULL);
@@ -227,7 +215,6 @@ TEST(read_file_errors)
     rkm_context_destroy(ctx);
 }
 
-static int fail_write(void *user, const char *data, size_t len);
 
 /* ------------------------------------------------ the same rules, by API */
 
@@ -274,7 +261,7 @@ static void check_api_error(rkm_context *ctx, const rkm_graph *g, rkm_result got
 
 TEST(every_graph_rule_by_api)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     int32_t t[3], f = -1, id = -1;
     rkm_graph *g = small_builder(ctx, t, &f, 0);
     if (!g) {
@@ -418,7 +405,7 @@ static rkm_result finalize_sized(rkm_context *ctx, uint64_t a_bytes, uint64_t ws
 
 TEST(whole_graph_rules_by_api)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     int32_t t[3], f, c;
     /* the loss may not be nograd */
     rkm_graph *g = small_builder(ctx, t, &f, 1);
@@ -455,7 +442,7 @@ TEST(whole_graph_rules_by_api)
 /* Calls that need a finalized graph say so. */
 TEST(state_errors)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     int32_t t[3], f;
     rkm_graph *g = small_builder(ctx, t, &f, 1);
     if (g) {
@@ -474,7 +461,7 @@ TEST(state_errors)
 /* NULL pointers and ids out of range are argument errors, never crashes. */
 TEST(null_and_range_arguments)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     int32_t t[3], f, id;
     rkm_graph *g = small_builder(ctx, t, &f, 1);
     rkm_op_desc d;
@@ -523,35 +510,6 @@ TEST(null_and_range_arguments)
 }
 
 /* ----------------------------------------------------------- round trips */
-
-typedef struct sbuf {
-    char *data;
-    size_t len, cap;
-} sbuf;
-
-static int sbuf_write(void *user, const char *data, size_t len)
-{
-    sbuf *b = user;
-    if (b->len + len + 1 > b->cap) {
-        size_t ncap = (b->len + len + 1) * 2;
-        char *nd = realloc(b->data, ncap);
-        if (!nd) return 1;
-        b->data = nd;
-        b->cap = ncap;
-    }
-    memcpy(b->data + b->len, data, len);
-    b->len += len;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
-static int fail_write(void *user, const char *data, size_t len)
-{
-    (void)user;
-    (void)data;
-    (void)len;
-    return 1;
-}
 
 static int same_ids(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
 {
@@ -628,7 +586,7 @@ TEST(round_trip_bundled)
     for (size_t k = 0; k < n; k++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", TEST_GRAPHS_DIR, names[k]);
-        rkm_context *ctx = new_ctx();
+        rkm_context *ctx = test_new_ctx();
         rkm_graph *g = NULL;
         rkm_result r = rkm_graph_read_file(ctx, path, &g);
         if (r != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
@@ -643,7 +601,7 @@ TEST(round_trip_bundled)
  * to disk and read back. */
 TEST(round_trip_api_graph)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     int32_t t[3], f, id;
     rkm_graph *g = small_builder(ctx, t, &f, 0);
     if (g) {
@@ -692,7 +650,7 @@ TEST(round_trip_longest_lines)
                                N64 N63 "x out=B" N63 N64 N63 "y,C" N63 N64 N63 "z saved=A" N63 N64 N63
                                "x phantom=18446744073709551000 fwd_ws=583\n"
                                "loss B" N63 N64 N63 "y\n";
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = NULL;
     rkm_result r = rkm_graph_read_string(ctx, text, strlen(text), "long.rkg", &g);
     if (r) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
@@ -713,7 +671,7 @@ TEST(set_op_costs_keeps_the_64_bit_rule)
     static const char text[] = "rockmate-graph 1\ntensor x 1 input\ntensor a 8\n"
                                "op f fwd=1 bwd=1 in=x out=a phantom=18446744073709551000\nloss a\n";
     /* total: 2 x 9 + 18446744073709551000 = 2^64 - 1 - 597 */
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = NULL;
     CHECK(rkm_graph_read_string(ctx, text, strlen(text), "ws.rkg", &g) == RKM_OK);
     if (g) {
@@ -738,7 +696,7 @@ TEST(set_op_costs_keeps_the_64_bit_rule)
  * head (two contributors each); x and pos are inputs. */
 TEST(derived_multi_output)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = NULL;
     CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/multi-output.rkg", &g) == RKM_OK);
     if (g) {
@@ -777,7 +735,7 @@ TEST(derived_multi_output)
 TEST(nul_byte_is_refused)
 {
     static const char text[] = "rockmate-graph 1\ntensor x 8 input\ntensor y 8\0 junk\nop f fwd=1 bwd=1 in=x out=y\nloss y\n";
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = (rkm_graph *)1;
     CHECK(rkm_graph_read_string(ctx, text, sizeof text - 1, "nul.rkg", &g) == RKM_ERROR_PARSE);
     CHECK(g == NULL);

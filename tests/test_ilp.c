@@ -16,17 +16,6 @@
 
 /* ---- tiny graphs --------------------------------------------------------- */
 
-static uint64_t rng_state;
-static void rng_seed(uint64_t s) { rng_state = s * 2654435761u + 0x9E3779B97F4A7C15u; }
-static uint32_t rng_u32(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-static int32_t rng_int(int32_t lo, int32_t hi) { return lo + (int32_t)(rng_u32() % (uint32_t)(hi - lo + 1)); }
-
 /* A random graph of n ops: a chain with skips, some ops with two outputs,
  * nograd outputs, phantoms, workspaces; the last op makes the loss. With
  * 0 < cut < n, op cut-1's first output is a separator: ops from cut on read
@@ -526,12 +515,10 @@ TEST(ilp_blocks_match_brute_force)
     CHECK(found > 20);
 }
 
-static rkm_graph *load(rkm_context *ctx, const char *file)
+static rkm_graph *load(rkm_context *ctx, const char *name)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", TEST_GRAPHS_DIR, file);
-    rkm_graph *g = NULL;
-    CHECK(rkm_graph_read_file(ctx, path, &g) == RKM_OK);
+    rkm_graph *g = test_load_graph(ctx, name);
+    CHECK(g != NULL);
     return g;
 }
 
@@ -540,7 +527,7 @@ static rkm_graph *load(rkm_context *ctx, const char *file)
 TEST(ilp_multi_output_graph_blocks)
 {
     rkm_context *ctx = new_ctx();
-    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_graph *g = load(ctx, "multi-output");
     int found = 0;
     for (int32_t k = 0; g && k < g->n_blocks; k++) {
         rkm_block_info bi;
@@ -558,7 +545,7 @@ TEST(ilp_multi_output_graph_blocks)
 TEST(ilp_gpt2_blocks_replay)
 {
     rkm_context *ctx = new_ctx();
-    rkm_graph *g = load(ctx, "gpt2-tiny.rkg");
+    rkm_graph *g = load(ctx, "gpt2-tiny");
     const char *parts[2][4] = {{"h0.ln1", "h0.res2", "encoded", "h0.res2"}, {"h0.ln2", "h0.res3", "h0.res2", "h0.res3"}};
     for (int p = 0; g && p < 2; p++) {
         int32_t a = rkm_graph_find_op(g, parts[p][0]), z = rkm_graph_find_op(g, parts[p][1]), ops[16], n = 0;
@@ -603,7 +590,7 @@ TEST(ilp_gpt2_blocks_replay)
 TEST(ilp_infeasible_budget)
 {
     rkm_context *ctx = new_ctx();
-    rkm_graph *g = load(ctx, "multi-output.rkg");
+    rkm_graph *g = load(ctx, "multi-output");
     if (g) {
         int32_t ops[16];
         for (int32_t v = 0; v < (int32_t)g->n_ops; v++) ops[v] = v;
@@ -633,7 +620,7 @@ TEST(ilp_infeasible_budget)
 TEST(ilp_time_limit)
 {
     rkm_context *ctx = new_ctx();
-    rkm_graph *g = load(ctx, "gpt2-tiny.rkg");
+    rkm_graph *g = load(ctx, "gpt2-tiny");
     if (g) {
         int32_t ops[64];
         for (int32_t v = 0; v < (int32_t)g->n_ops; v++) ops[v] = v;
@@ -668,7 +655,7 @@ TEST(ilp_time_limit)
 TEST(ilp_bad_blocks)
 {
     rkm_context *ctx = new_ctx();
-    rkm_graph *g = load(ctx, "gpt2-tiny.rkg");
+    rkm_graph *g = load(ctx, "gpt2-tiny");
     if (g) {
         rkm__ilp_block *b = (rkm__ilp_block *)g;
         int32_t ln1 = rkm_graph_find_op(g, "h0.ln1"), qkv = rkm_graph_find_op(g, "h0.qkv");
@@ -704,7 +691,7 @@ TEST(ilp_bad_blocks)
 TEST(ilp_monotone_in_budget)
 {
     rkm_context *ctx = new_ctx();
-    rkm_graph *g = load(ctx, "peer-gpt.rkg");
+    rkm_graph *g = load(ctx, "peer-gpt");
     if (g) {
         int32_t a = rkm_graph_find_op(g, "34_x"), z = rkm_graph_find_op(g, "120_fv"), ops[16], n = 0;
         for (int32_t v = a; v <= z; v++) ops[n++] = v;

@@ -7,8 +7,6 @@
 #include "../rockmate.c"
 #include "test.h"
 
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ------------------------------------------------------ tracking allocator */
 
 typedef struct block {
@@ -77,16 +75,8 @@ static void *track_alloc(void *user, void *ptr, size_t old_size, size_t new_size
 
 static rkm_context *new_ctx(void)
 {
-    rkm_context_desc d;
-    memset(&d, 0, sizeof d);
-    d.alloc = track_alloc;
-    rkm_context *ctx = NULL;
     A.fail_at = 0;
-    if (rkm_context_create(&d, &ctx) != RKM_OK) {
-        fprintf(stderr, "rkm_context_create failed\n");
-        exit(2);
-    }
-    return ctx;
+    return test_new_ctx_alloc(track_alloc);
 }
 
 /* ------------------------------------------------------------ the driver */
@@ -198,7 +188,7 @@ static int graph_env_init(graph_env *e, rkm_context *ctx, const char *name, char
 {
     memset(e, 0, sizeof *e);
     e->ctx = ctx;
-    snprintf(path, path_size, "%s/%s.rkg", TEST_GRAPHS_DIR, name);
+    test_graph_path(path, path_size, name);
     e->path = path;
     e->text = slurp(path, &e->len);
     CHECK(e->text != NULL);
@@ -355,20 +345,6 @@ static int check_plan(void *env, void *out)
 
 /* simulate allocates its state and the executor's annotations; a failed
  * simulate leaves the plan unchecked (not executable) and checkable later. */
-static int noop_fwd(void *user, const rkm_fwd_call *c)
-{
-    (void)user;
-    (void)c;
-    return 0;
-}
-
-static int noop_bwd(void *user, const rkm_bwd_call *c)
-{
-    (void)user;
-    (void)c;
-    return 0;
-}
-
 static rkm_result run_simulate(void *env, void **out)
 {
     plan_env *e = env;

@@ -3,18 +3,8 @@
 #include "../rockmate.c"
 #include "test.h"
 
-static const char *const graphs[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16", "multi-output",
-                                     "peer-gpt", "random30", "resnet18-like-b32"};
+static const char *const graphs[] = {TEST_BUNDLED_GRAPHS};
 #define N_GRAPHS (sizeof graphs / sizeof graphs[0])
-
-static rkm_graph *load(rkm_context *ctx, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, name);
-    rkm_graph *g = NULL;
-    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
-    return g;
-}
 
 /* On the GPT-2 shaped graphs every transformer layer is two blocks (the
  * attention half and the MLP half) and all layers share two classes. */
@@ -24,7 +14,7 @@ TEST(gpt2_layers_fall_into_two_classes)
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     const char *names[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024"};
     for (int k = 0; k < 3; k++) {
-        rkm_graph *g = load(ctx, names[k]);
+        rkm_graph *g = test_load_graph(ctx, names[k]);
         CHECK(g != NULL);
         if (!g) continue;
         int32_t attn = -1, mlp = -1, layers = 0;
@@ -59,7 +49,7 @@ TEST(block_boundaries_are_separators)
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     for (size_t k = 0; k < N_GRAPHS; k++) {
-        rkm_graph *g = load(ctx, graphs[k]);
+        rkm_graph *g = test_load_graph(ctx, graphs[k]);
         CHECK(g != NULL);
         if (!g) continue;
         uint8_t *reach = malloc(g->n_tensors + 1);
@@ -137,7 +127,7 @@ TEST(plans_valid_within_budget_and_monotone)
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     for (size_t k = 0; k < N_GRAPHS; k++) {
-        rkm_graph *g = load(ctx, graphs[k]);
+        rkm_graph *g = test_load_graph(ctx, graphs[k]);
         CHECK(g != NULL);
         if (!g) continue;
         rkm_graph_stats gs;
@@ -200,7 +190,7 @@ TEST(rockmate_never_worse_than_rotor)
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     for (size_t k = 0; k < N_GRAPHS; k++) {
-        rkm_graph *g = load(ctx, graphs[k]);
+        rkm_graph *g = test_load_graph(ctx, graphs[k]);
         CHECK(g != NULL);
         if (!g) continue;
         rkm_graph_stats gs;

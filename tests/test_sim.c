@@ -13,16 +13,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static rkm_context *new_ctx(void)
-{
-    rkm_context *ctx = NULL;
-    if (rkm_context_create(NULL, &ctx) != RKM_OK) {
-        fprintf(stderr, "rkm_context_create failed\n");
-        exit(2);
-    }
-    return ctx;
-}
-
 static rkm_graph *load(rkm_context *ctx, const char *text)
 {
     rkm_graph *g = NULL;
@@ -167,8 +157,6 @@ static void check_hand(const rkm_graph *g, const char *text, uint64_t peak, int6
     rkm_plan_destroy(p);
 }
 
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ------------------------------------------------------- hand-worked graphs */
 
 /* CHAIN2: x(10, input) -f-> a(100) -g-> b(200) = loss. f saves x, g saves a.
@@ -193,7 +181,7 @@ static const char *G_CHAIN2 = "rockmate-graph 1\n"
 
 TEST(chain2_baseline)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_CHAIN2);
     if (g) {
         static const uint64_t mem[] = {110, 310, 510, 310, 410, 210, 110, 110, 10};
@@ -240,7 +228,7 @@ static const char *G_CHAIN3 = "rockmate-graph 1\n"
 
 TEST(chain3_recompute)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_CHAIN3);
     if (g) {
         static const uint64_t base[] = {110, 210, 260, 310, 260, 360, 310, 210, 310, 210, 110, 110, 10};
@@ -297,7 +285,7 @@ static const char *G_PHANTOM = "rockmate-graph 1\n"
 
 TEST(phantom_save_free_saved)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_PHANTOM);
     if (g) {
         static const uint64_t base[] = {88, 248, 184, 216, 184, 248, 120, 88, 88, 72, 8};
@@ -357,7 +345,7 @@ static const char *G_ACCUM = "rockmate-graph 1\n"
 
 TEST(accumulation_two_readers)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_ACCUM);
     if (g) {
         static const uint64_t base[] = {44, 64, 94, 104, 114, 104, 154, 144, 124, 94, 134, 104, 104, 84, 44, 44, 4};
@@ -407,7 +395,7 @@ static const char *G_MULTI = "rockmate-graph 1\n"
 
 TEST(multi_output_workspaces_inplace)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_MULTI);
     if (g) {
         static const uint64_t base[] = {112, 120, 56, 64, 56, 152, 144, 112, 112, 80, 16};
@@ -453,7 +441,7 @@ static const char *G_NOGRAD = "rockmate-graph 1\n"
 
 TEST(nograd)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_NOGRAD);
     if (g) {
         static const uint64_t base[] = {35, 75, 83, 43, 51, 43, 83, 75, 55, 55, 15};
@@ -506,7 +494,7 @@ static const char *G_INPUTS = "rockmate-graph 1\n"
 
 TEST(inputs_counted_all_the_time)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_INPUTS);
     if (g) {
         static const uint64_t base[] = {1010, 1030, 1020, 1024, 1028, 1024, 1044,
@@ -549,7 +537,7 @@ static const char *G_SAVED_BOTH = "rockmate-graph 1\n"
 
 TEST(saved_by_producer_and_reader)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_SAVED_BOTH);
     if (g) {
         static const uint64_t base[] = {52, 82, 112, 82, 132, 102, 102, 52, 2};
@@ -588,7 +576,7 @@ static const char *G_LOSS_SAVED = "rockmate-graph 1\n"
 
 TEST(loss_read_by_backward)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_LOSS_SAVED);
     if (g) {
         static const uint64_t base[] = {18, 21, 24, 36, 33, 21, 18, 18, 6};
@@ -627,7 +615,7 @@ static const char *G_POOL = "rockmate-graph 1\n"
 
 TEST(unread_and_nograd_outputs)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_POOL);
     if (g) {
         static const uint64_t base[] = {157, 150, 155, 160, 155, 195, 190, 150, 150, 110, 100};
@@ -666,7 +654,7 @@ static const char *G_NOBWD_SAVED = "rockmate-graph 1\n"
 
 TEST(saved_by_op_without_backward)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_NOBWD_SAVED);
     if (g) {
         static const uint64_t base[] = {30, 35, 43, 23, 31, 23, 43, 35, 30, 30, 10};
@@ -710,7 +698,7 @@ TEST(saved_by_op_without_backward)
  * Peak 52736 first at step 29. Time: the fwd and bwd seconds in step order. */
 TEST(bundled_multi_output_by_hand)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = NULL;
     CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/multi-output.rkg", &g) == RKM_OK);
     if (g) {
@@ -741,7 +729,7 @@ TEST(bundled_multi_output_by_hand)
  * until it is simulated again. */
 TEST(costs_changed_after_finalize)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_MULTI);
     rkm_plan *p = NULL;
     if (g && rkm_plan_baseline(g, &p) == RKM_OK) {
@@ -775,7 +763,7 @@ TEST(costs_changed_after_finalize)
  * the same plan read from text (CHAIN2's baseline, by ids). */
 TEST(plan_append_matches_text)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_CHAIN2);
     rkm_plan *p = NULL;
     if (g && rkm_plan_create(g, &p) == RKM_OK) {
@@ -860,25 +848,11 @@ static const bad_plan bad_plans[] = {
      "a", 0},
 };
 
-static int noop_fwd(void *user, const rkm_fwd_call *c)
-{
-    (void)user;
-    (void)c;
-    return 0;
-}
-
-static int noop_bwd(void *user, const rkm_bwd_call *c)
-{
-    (void)user;
-    (void)c;
-    return 0;
-}
-
 /* The failure is reported with the rule, the step, the object, and a
  * message naming "step N", the step's text and the rule. */
 static void check_bad_plan(const bad_plan *b, size_t k)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, *b->graph);
     char text[1024];
     snprintf(text, sizeof text, "rockmate-plan 1\n%s", b->plan);
@@ -931,7 +905,7 @@ TEST(every_plan_rule)
  * is caught by the simulator. */
 TEST(bad_step_rule)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_CHAIN2);
     rkm_plan *p = NULL;
     if (g && rkm_plan_create(g, &p) == RKM_OK) {
@@ -951,7 +925,7 @@ TEST(bad_step_rule)
 /* Results of a failed replay cover the steps before the failure. */
 TEST(partial_figures_on_failure)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_CHAIN2);
     rkm_plan *p = g ? plan_text(g, "rockmate-plan 1\nfwd f\nfwd g\nloss\nfree a\nbwd g\n") : NULL;
     if (p) {
@@ -1240,7 +1214,7 @@ TEST(random_walks)
     const char *hand[] = {G_CHAIN3, G_PHANTOM, G_ACCUM, G_MULTI, G_NOGRAD, G_INPUTS, G_LOSS_SAVED, G_POOL, G_NOBWD_SAVED};
     uint64_t seed = 1;
     for (size_t k = 0; k < N_OF(hand); k++) {
-        rkm_context *ctx = new_ctx();
+        rkm_context *ctx = test_new_ctx();
         rkm_graph *g = load(ctx, hand[k]);
         for (int w = 0; g && w < 40; w++) random_walk(g, seed++, 60);
         rkm_graph_destroy(g);
@@ -1250,7 +1224,7 @@ TEST(random_walks)
     for (size_t k = 0; k < N_OF(files); k++) {
         char path[256];
         snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, files[k]);
-        rkm_context *ctx = new_ctx();
+        rkm_context *ctx = test_new_ctx();
         rkm_graph *g = NULL;
         CHECK(rkm_graph_read_file(ctx, path, &g) == RKM_OK);
         for (int w = 0; g && w < 20; w++) random_walk(g, seed++, 800);
@@ -1289,7 +1263,7 @@ static const bad_rkp bad_rkps[] = {
 
 TEST(plan_file_syntax_errors)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_CHAIN2);
     for (size_t k = 0; g && k < N_OF(bad_rkps); k++) {
         rkm_plan dummy, *p = &dummy;
@@ -1313,7 +1287,7 @@ TEST(plan_file_syntax_errors)
 /* Comments, blank lines and tabs are accepted; steps come out as written. */
 TEST(plan_file_reads)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_PHANTOM);
     static const char text[] = "# a plan\n\nrockmate-plan 1 # header\n  fwd\ta   save\n"
                                "fwd b # no save\n\tloss\nfree y\nbwd b\nfree_saved b\nfree_grad y\nfree h\n";
@@ -1335,40 +1309,11 @@ TEST(plan_file_reads)
     rkm_context_destroy(ctx);
 }
 
-typedef struct sbuf {
-    char *data;
-    size_t len, cap;
-} sbuf;
-
-static int sbuf_write(void *user, const char *data, size_t len)
-{
-    sbuf *b = user;
-    if (b->len + len + 1 > b->cap) {
-        size_t ncap = (b->len + len + 1) * 2;
-        char *nd = realloc(b->data, ncap);
-        if (!nd) return 1;
-        b->data = nd;
-        b->cap = ncap;
-    }
-    memcpy(b->data + b->len, data, len);
-    b->len += len;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
-static int fail_write(void *user, const char *data, size_t len)
-{
-    (void)user;
-    (void)data;
-    (void)len;
-    return 1;
-}
-
 /* Writing a plan and reading it back gives the same steps; the text is
  * the same when written again. */
 static void plan_round_trip(const char *graph_text)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, graph_text);
     rkm_plan *p = NULL, *q = NULL;
     sbuf a = {0}, b = {0};
@@ -1404,7 +1349,7 @@ TEST(plan_file_round_trip)
  * folder is an I/O error naming the path. */
 TEST(plan_files_on_disk)
 {
-    rkm_context *ctx = new_ctx();
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = load(ctx, G_MULTI);
     rkm_plan *p = NULL, *q = (rkm_plan *)&ctx;
     char path[64];
@@ -1431,12 +1376,11 @@ TEST(plan_files_on_disk)
  * figures agree with the graph's stats. */
 TEST(bundled_baselines)
 {
-    static const char *names[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16", "multi-output",
-                                  "peer-gpt",  "random30",         "resnet18-like-b32"};
+    static const char *names[] = {TEST_BUNDLED_GRAPHS};
     for (size_t k = 0; k < N_OF(names); k++) {
         char path[256];
-        snprintf(path, sizeof path, "%s/%s.rkg", TEST_GRAPHS_DIR, names[k]);
-        rkm_context *ctx = new_ctx();
+        test_graph_path(path, sizeof path, names[k]);
+        rkm_context *ctx = test_new_ctx();
         rkm_graph *g = NULL;
         rkm_plan *p = NULL;
         rkm_result r = rkm_graph_read_file(ctx, path, &g);
