@@ -2360,6 +2360,7 @@ typedef struct rkm__option {
     size_t n_fwd, n_bwd;
     double tf, tb;
     uint64_t kept, pf, pb;
+    size_t seq; /* order of arrival: the last tie-break, so sorting is total */
 } rkm__option;
 
 /* Per block: the no-save forward (run to reach a checkpoint) and options. */
@@ -2370,6 +2371,7 @@ typedef struct rkm__bopts {
     uint64_t pfn;
     rkm__option *opt;
     size_t n_opt, cap_opt;
+    size_t arrived; /* options offered so far */
 } rkm__bopts;
 
 static void rkm__option_free(rkm_context *ctx, rkm__option *o)
@@ -2554,11 +2556,14 @@ static int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rk
         rkm__option_free(ctx, o);
         return 0;
     }
+    o->seq = bo->arrived++;
     bo->opt[bo->n_opt++] = *o;
     return 1;
 }
 
-/* Less memory first, then less time: the DP prefers earlier options on ties. */
+/* Less memory first, then less time, then fewer steps, then arrival: a
+ * total order, so qsort gives the same result on every C library, and the
+ * DP prefers earlier options on ties. */
 static int rkm__option_cmp(const void *x, const void *y)
 {
     const rkm__option *a = x, *b = y;
@@ -2567,7 +2572,8 @@ static int rkm__option_cmp(const void *x, const void *y)
     if (a->pb != b->pb) return a->pb < b->pb ? -1 : 1;
     double ta = a->tf + a->tb, tb = b->tf + b->tb;
     if (ta != tb) return ta < tb ? -1 : 1;
-    return (a->n_fwd + a->n_bwd < b->n_fwd + b->n_bwd) ? -1 : (a->n_fwd + a->n_bwd > b->n_fwd + b->n_bwd);
+    if (a->n_fwd + a->n_bwd != b->n_fwd + b->n_bwd) return a->n_fwd + a->n_bwd < b->n_fwd + b->n_bwd ? -1 : 1;
+    return (a->seq > b->seq) - (a->seq < b->seq);
 }
 
 /* The two extremes of a block: its own baseline, and the no-save forward. */
@@ -5069,7 +5075,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
             r = rkm__ilp_block_solve(ib, peak, kept, lim, &steps, &nf, &nb, &pl->ilp, &found);
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
-            rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0};
+            rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
             if (rkm__option_measure(s, b, &o)) have = base + o.kept;
             r = rkm__class_add(pl, s, b, steps, nf, nb);
             rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
