@@ -171,6 +171,48 @@ rkm_result rkm_arena_alloc(rkm_arena *a, uint64_t bytes, uint64_t *offset)
     return RKM_OK;
 }
 
+/* Layout mode: a block of `bytes` (> 0) exactly at `off` (256-aligned),
+ * occupying its aligned size (shorter at the region's end, as in first
+ * fit). RKM_ERROR_NOMEM if any of those bytes is not free (a live block
+ * overlaps, or the region ends) or max_blocks are live. */
+static rkm_result rkm__arena_alloc_at(rkm_arena *a, uint64_t off, uint64_t bytes)
+{
+    if (bytes == 0 || off % RKM_ARENA_ALIGN) return RKM_ERROR_ARGUMENT;
+    if (bytes > UINT64_MAX - (RKM_ARENA_ALIGN - 1)) return RKM_ERROR_NOMEM;
+    if (a->n_used == a->max_blocks) return RKM_ERROR_NOMEM;
+    if (off > a->capacity || a->capacity - off < bytes) return RKM_ERROR_NOMEM;
+    uint64_t aligned = (bytes + RKM_ARENA_ALIGN - 1) / RKM_ARENA_ALIGN * RKM_ARENA_ALIGN;
+    uint64_t len = a->capacity - off < aligned ? a->capacity - off : aligned;
+    uint32_t i = 0;
+    while (i < a->n_free && a->freel[i].off + a->freel[i].len <= off) i++;
+    if (i == a->n_free) return RKM_ERROR_NOMEM;
+    rkm__range r = a->freel[i];
+    if (r.off > off || r.off + r.len - off < len) return RKM_ERROR_NOMEM;
+    int before = r.off < off, after = off + len < r.off + r.len;
+    if (before && after) {
+        /* One range becomes two: n live blocks never make more than n + 1. */
+        memmove(&a->freel[i + 1], &a->freel[i], (a->n_free - i) * sizeof *a->freel);
+        a->n_free++;
+        a->freel[i].len = off - r.off;
+        a->freel[i + 1].off = off + len;
+        a->freel[i + 1].len = r.off + r.len - (off + len);
+    } else if (before) {
+        a->freel[i].len = off - r.off;
+    } else if (after) {
+        a->freel[i].off = off + len;
+        a->freel[i].len = r.off + r.len - (off + len);
+    } else {
+        memmove(&a->freel[i], &a->freel[i + 1], (a->n_free - i - 1) * sizeof *a->freel);
+        a->n_free--;
+    }
+    rkm__block b = {off, len, bytes};
+    rkm__used_insert(a, b);
+    a->current += bytes;
+    if (a->current > a->peak) a->peak = a->current;
+    if (off + bytes > a->high_water) a->high_water = off + bytes;
+    return RKM_OK;
+}
+
 /* Give [off, off + len) back to the free list, merged with its neighbours.
  * The list has room: it never holds more than n_used + 1 ranges. */
 static void rkm__free_insert(rkm_arena *a, uint64_t off, uint64_t len)
@@ -241,6 +283,11 @@ struct rkm_arena_exec {
     uint64_t *t_off, *g_off, *p_off; /* offsets of live data, gradients, phantoms */
     uint64_t *fwd_ws, *bwd_ws;       /* measure mode: largest workspace per op */
     uint64_t input_bytes;
+    /* Layout mode (lay != NULL): rkm_plan_layout's buffers, copied; each
+     * buffer the run creates must be the next one, and takes its offset. */
+    rkm_buffer *lay;
+    size_t n_lay, cap_lay, lay_next, lay_inputs;
+    int64_t cur_step;                  /* of the call in progress (or last one) */
     /* The call in progress (in_call = 0 outside forward/backward). */
     int in_call;
     uint64_t ws_off, ws_len, ws_used;  /* plan mode: reserved block and cursor */
@@ -274,12 +321,64 @@ static const char *rkm__tensor_name(const rkm_graph *g, int32_t t)
     return rkm_graph_tensor_info(g, t, &ti) == RKM_OK ? ti.name : "?";
 }
 
-/* Carve `bytes` into *slot (which must not be live). Zero bytes are live at
- * offset 0 and take no block. Returns 0 or a wrapper failure. */
-static int rkm__exec_take(rkm_arena_exec *x, uint64_t *slot, uint64_t bytes, const char *what, const char *name)
+static const char *const rkm__kind_names[] = {"tensor", "phantom", "gradient", "workspace"};
+
+static const char *rkm__kind_name(int32_t kind)
+{
+    return kind >= 0 && kind <= RKM_BUFFER_WORKSPACE ? rkm__kind_names[kind] : "?";
+}
+
+/* Step value for a buffer whose creation step the callback does not know
+ * (the loss): any step from the current one on matches. */
+#define RKM__STEP_ANY INT64_MIN
+
+/* Layout mode: the buffer (kind, index, step, bytes) is the layout's next
+ * one; carve it at the layout's offset. Returns 0 or a wrapper failure. */
+static int rkm__exec_take_layout(rkm_arena_exec *x, uint64_t *slot, int32_t kind, int32_t index, int64_t step,
+                                 uint64_t bytes, const char *what, const char *name)
+{
+    /* The layout lists no workspace of zero bytes. */
+    if (kind == RKM_BUFFER_WORKSPACE && bytes == 0) {
+        *slot = 0;
+        return 0;
+    }
+    if (x->lay_next == x->n_lay)
+        return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s (step %lld) is not in the layout: its %llu buffers are taken",
+                              what, name, (long long)step, (unsigned long long)x->n_lay);
+    const rkm_buffer *b = &x->lay[x->lay_next];
+    int step_ok = step == RKM__STEP_ANY ? b->first_step >= x->cur_step : b->first_step == step;
+    if (b->kind != kind || b->index != index || !step_ok || b->bytes != bytes)
+        return rkm__exec_fail(x, RKM_ERROR_STATE,
+                              "%s %s (step %lld, %llu bytes) is not the layout's buffer %llu: %s %d of step %lld, "
+                              "%llu bytes; was the exec made for another plan?",
+                              what, name, (long long)step, (unsigned long long)bytes, (unsigned long long)x->lay_next,
+                              rkm__kind_name(b->kind), (int)b->index, (long long)b->first_step,
+                              (unsigned long long)b->bytes);
+    if (step == RKM__STEP_ANY) x->cur_step = b->first_step;
+    if (bytes > 0 && rkm__arena_alloc_at(x->arena, b->offset, bytes) != RKM_OK) {
+        rkm_arena_stats st;
+        rkm_arena_stats_get(x->arena, &st);
+        return rkm__exec_fail(x, RKM_ERROR_NOMEM,
+                              "layout: %s %s (%llu bytes) at offset %llu overlaps a live buffer or ends past "
+                              "the arena's %llu bytes",
+                              what, name, (unsigned long long)bytes, (unsigned long long)b->offset,
+                              (unsigned long long)st.capacity);
+    }
+    x->lay_next++;
+    *slot = b->offset;
+    return 0;
+}
+
+/* Carve `bytes` into *slot (which must not be live): buffer `index` of
+ * `kind`, created by step `step`. Zero bytes are live (at offset 0 in first
+ * fit, at the layout's offset in layout mode) and take no block. Returns 0
+ * or a wrapper failure. */
+static int rkm__exec_take(rkm_arena_exec *x, uint64_t *slot, int32_t kind, int32_t index, int64_t step,
+                          uint64_t bytes, const char *what, const char *name)
 {
     if (*slot != RKM_ARENA_NONE)
         return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s is allocated twice", what, name);
+    if (x->lay) return rkm__exec_take_layout(x, slot, kind, index, step, bytes, what, name);
     if (bytes == 0) {
         *slot = 0;
         return 0;
@@ -308,7 +407,8 @@ static int rkm__exec_give(rkm_arena_exec *x, uint64_t *slot, uint64_t bytes, con
 
 /* Before a forward/backward call: reserve the declared workspace (plan
  * mode) or start measuring (measure mode). */
-static int rkm__exec_call_begin(rkm_arena_exec *x, uint64_t declared_ws, const char *opname)
+static int rkm__exec_call_begin(rkm_arena_exec *x, uint64_t declared_ws, int32_t op, int64_t step,
+                                const char *opname)
 {
     x->in_call = 1;
     x->n_scratch = 0;
@@ -320,7 +420,7 @@ static int rkm__exec_call_begin(rkm_arena_exec *x, uint64_t declared_ws, const c
         return 0;
     }
     x->ws_len = declared_ws;
-    return rkm__exec_take(x, &x->ws_off, declared_ws, "workspace of", opname);
+    return rkm__exec_take(x, &x->ws_off, RKM_BUFFER_WORKSPACE, op, step, declared_ws, "workspace of", opname);
 }
 
 /* After the call: release the workspace and return the one measured. */
@@ -351,18 +451,21 @@ static int rkm__exec_forward(void *user, const rkm_fwd_call *call)
         return rkm__exec_fail(x, RKM_ERROR_ARGUMENT, "forward of op %d: no such op", (int)call->op);
     uint64_t live_before = x->arena->current, run_peak = x->arena->peak, created = 0;
     int rc = 0;
+    x->cur_step = call->step;
     for (int32_t k = 0; k < oi.n_out && !rc; k++) {
         if (!call->out_new[k]) continue;
         uint64_t b = rkm__tensor_bytes(x->g, oi.out[k]);
-        rc = rkm__exec_take(x, &x->t_off[oi.out[k]], b, "tensor", rkm__tensor_name(x->g, oi.out[k]));
+        rc = rkm__exec_take(x, &x->t_off[oi.out[k]], RKM_BUFFER_TENSOR, oi.out[k], call->step, b, "tensor",
+                            rkm__tensor_name(x->g, oi.out[k]));
         created += b;
     }
     if (!rc && call->save) {
-        rc = rkm__exec_take(x, &x->p_off[call->op], oi.phantom, "saved state of", oi.name);
+        rc = rkm__exec_take(x, &x->p_off[call->op], RKM_BUFFER_PHANTOM, call->op, call->step, oi.phantom,
+                            "saved state of", oi.name);
         created += oi.phantom;
     }
     if (rc) return rc;
-    if ((rc = rkm__exec_call_begin(x, oi.fwd_ws, oi.name))) return rc;
+    if ((rc = rkm__exec_call_begin(x, oi.fwd_ws, call->op, call->step, oi.name))) return rc;
     if (x->has_host) rc = x->host.forward(x->host.user, call);
     int rc2 = rkm__exec_call_end(x, live_before, created, run_peak, &x->fwd_ws[call->op], oi.name);
     return rc ? rc : rc2;
@@ -376,11 +479,13 @@ static int rkm__exec_backward(void *user, const rkm_bwd_call *call)
         return rkm__exec_fail(x, RKM_ERROR_ARGUMENT, "backward of op %d: no such op", (int)call->op);
     uint64_t live_before = x->arena->current, run_peak = x->arena->peak, created = 0;
     int rc = 0;
+    x->cur_step = call->step;
     for (int32_t k = 0; k < oi.n_in && !rc; k++) {
         int32_t t = oi.in[k];
         if (call->in_grad[k] == RKM_GRAD_NEW) {
             uint64_t b = rkm__tensor_bytes(x->g, t);
-            rc = rkm__exec_take(x, &x->g_off[t], b, "gradient of", rkm__tensor_name(x->g, t));
+            rc = rkm__exec_take(x, &x->g_off[t], RKM_BUFFER_GRAD, t, call->step, b, "gradient of",
+                                rkm__tensor_name(x->g, t));
             created += b;
         } else if (call->in_grad[k] == RKM_GRAD_ACCUMULATE && x->g_off[t] == RKM_ARENA_NONE) {
             rc = rkm__exec_fail(x, RKM_ERROR_STATE, "gradient of %s is accumulated into but not live",
@@ -388,7 +493,7 @@ static int rkm__exec_backward(void *user, const rkm_bwd_call *call)
         }
     }
     if (rc) return rc;
-    if ((rc = rkm__exec_call_begin(x, oi.bwd_ws, oi.name))) return rc;
+    if ((rc = rkm__exec_call_begin(x, oi.bwd_ws, call->op, call->step, oi.name))) return rc;
     if (x->has_host) rc = x->host.backward(x->host.user, call);
     int rc2 = rkm__exec_call_end(x, live_before, created, run_peak, &x->bwd_ws[call->op], oi.name);
     return rc ? rc : rc2;
@@ -397,7 +502,8 @@ static int rkm__exec_backward(void *user, const rkm_bwd_call *call)
 static int rkm__exec_loss(void *user, int32_t t)
 {
     rkm_arena_exec *x = user;
-    int rc = rkm__exec_take(x, &x->g_off[t], rkm__tensor_bytes(x->g, t), "gradient of", rkm__tensor_name(x->g, t));
+    int rc = rkm__exec_take(x, &x->g_off[t], RKM_BUFFER_GRAD, t, RKM__STEP_ANY, rkm__tensor_bytes(x->g, t),
+                            "gradient of", rkm__tensor_name(x->g, t));
     if (!rc && x->has_host && x->host.loss) rc = x->host.loss(x->host.user, t);
     return rc;
 }
@@ -442,6 +548,7 @@ void rkm_arena_exec_destroy(rkm_arena_exec *x)
     if (!x) return;
     rkm_arena_destroy(x->arena);
     rkm__exec_free_tables(x);
+    rkm__mem_free(x->mem, x->lay, x->cap_lay, sizeof *x->lay);
     rkm__mem_free(x->mem, x, 1, sizeof *x);
 }
 
@@ -452,13 +559,17 @@ static rkm_result rkm__exec_take_inputs(rkm_arena_exec *x)
         rkm_tensor_info ti;
         if (rkm_graph_tensor_info(x->g, t, &ti) != RKM_OK) return RKM_ERROR_ARGUMENT;
         if (!(ti.flags & RKM_TENSOR_INPUT)) continue;
-        if (rkm__exec_take(x, &x->t_off[t], ti.bytes, "input", ti.name)) return x->fail_code;
+        if (rkm__exec_take(x, &x->t_off[t], RKM_BUFFER_TENSOR, t, -1, ti.bytes, "input", ti.name))
+            return x->fail_code;
         x->input_bytes += ti.bytes;
     }
     return RKM_OK;
 }
 
-rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **out)
+/* Both modes: layout (lay, n_lay buffers over arena_bytes) or first fit
+ * (lay NULL, over d->capacity). */
+static rkm_result rkm__exec_create(const rkm_arena_exec_desc *d, const rkm_buffer *lay, size_t n_lay,
+                                   uint64_t arena_bytes, rkm_arena_exec **out)
 {
     if (!out) return RKM_ERROR_ARGUMENT;
     *out = NULL;
@@ -468,6 +579,17 @@ rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **
     rkm_arena_exec *x = rkm__mem_calloc(m, 1, sizeof *x);
     if (!x) return RKM_ERROR_NOMEM;
     x->mem = m;
+    x->cur_step = -1;
+    if (lay) {
+        x->lay = rkm__mem_calloc(m, n_lay, sizeof *x->lay);
+        if (!x->lay) {
+            rkm__mem_free(m, x, 1, sizeof *x);
+            return RKM_ERROR_NOMEM;
+        }
+        x->cap_lay = n_lay > 0 ? n_lay : 1;
+        x->n_lay = n_lay;
+        if (n_lay) memcpy(x->lay, lay, n_lay * sizeof *lay);
+    }
     x->g = d->graph;
     x->n_tensors = rkm_graph_num_tensors(d->graph);
     x->n_ops = rkm_graph_num_ops(d->graph);
@@ -481,7 +603,7 @@ rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **
     uint64_t blocks = (uint64_t)nt * 2 + no + RKM_ARENA_MAX_SCRATCH + 1;
     rkm_result r = RKM_ERROR_NOMEM;
     if (blocks < UINT32_MAX && x->t_off)
-        r = rkm_arena_create(d->capacity, (uint32_t)blocks, d->alloc, d->alloc_user, &x->arena);
+        r = rkm_arena_create(lay ? arena_bytes : d->capacity, (uint32_t)blocks, d->alloc, d->alloc_user, &x->arena);
     if (r != RKM_OK) {
         rkm_arena_exec_destroy(x);
         return r;
@@ -495,9 +617,30 @@ rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **
         rkm_arena_exec_destroy(x);
         return r;
     }
+    x->lay_inputs = x->lay_next;
     *out = x;
     return RKM_OK;
 }
+
+rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **out)
+{
+    return rkm__exec_create(d, NULL, 0, 0, out);
+}
+
+rkm_result rkm_arena_exec_create_layout(const rkm_arena_exec_desc *d, rkm_plan *plan, rkm_arena_exec **out)
+{
+    if (!out) return RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!d || !plan || d->measure || rkm_plan_graph(plan) != d->graph) return RKM_ERROR_ARGUMENT;
+    const rkm_buffer *b;
+    size_t n;
+    uint64_t arena_bytes;
+    rkm_result r = rkm_plan_layout(plan, RKM_ARENA_ALIGN, &b, &n, &arena_bytes);
+    if (r != RKM_OK) return r;
+    return rkm__exec_create(d, b, n, arena_bytes, out);
+}
+
+int rkm_arena_exec_is_layout(const rkm_arena_exec *x) { return x && x->lay != NULL; }
 
 /* After a failed step: release everything but the inputs. */
 static void rkm__exec_release(rkm_arena_exec *x)
@@ -538,8 +681,15 @@ rkm_result rkm_arena_exec_run(rkm_arena_exec *x, const rkm_plan *plan)
                         rkm__exec_free_saved, rkm__exec_free_grad};
     x->failed = 0;
     x->errmsg[0] = 0;
+    x->lay_next = x->lay_inputs;
+    x->cur_step = -1;
     rkm_arena_reset_peak(x->arena);
     rkm_result r = rkm_plan_execute(plan, &cb);
+    if (r == RKM_OK && x->lay && x->lay_next != x->n_lay) {
+        (void)rkm__exec_fail(x, RKM_ERROR_STATE, "the plan created %llu of the layout's %llu buffers",
+                             (unsigned long long)x->lay_next, (unsigned long long)x->n_lay);
+        r = RKM_ERROR_STATE;
+    }
     if (r == RKM_OK && x->arena->current != x->input_bytes) {
         (void)rkm__exec_fail(x, RKM_ERROR_STATE, "%llu bytes besides the inputs are live after the plan",
                              (unsigned long long)(x->arena->current - x->input_bytes));

@@ -44,6 +44,15 @@
  * offsets: the free lists agree below the high-water mark, and first fit
  * never looks above it.
  *
+ * Layout mode: rkm_arena_exec_create_layout takes the library's own layout
+ * instead (rkm_plan_layout: an offset per buffer from the plan's exact
+ * lifetimes). The arena's capacity is the layout's arena_bytes, and every
+ * buffer the run creates (inputs at creation, then per step the new outputs,
+ * phantom, workspace, new gradients, grad(loss)) is matched with the
+ * layout's next buffer by kind, index and creation step and placed at its
+ * offset; a mismatch, or a buffer that would overlap a live one, fails the
+ * run. Requested bytes, current and peak are counted as in first fit.
+ *
  * Names: public rkm_arena_* / rkm_trimmed_mean, internal rkm__arena_*. Every
  * fallible call returns an rkm_result; objects keep their own last message
  * (rkm_arena_exec_errmsg) since the library's context cannot be written from
@@ -124,6 +133,18 @@ typedef struct rkm_arena_exec_desc {
  * inputs do not fit. */
 rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *desc, rkm_arena_exec **out);
 void rkm_arena_exec_destroy(rkm_arena_exec *x);
+
+/* Layout mode: an exec that runs `plan` (of desc->graph, valid) with every
+ * buffer at the offset rkm_plan_layout(plan, RKM_ARENA_ALIGN) gives it, in
+ * an arena of the layout's arena_bytes (desc->capacity is ignored; read the
+ * capacity back with rkm_arena_exec_arena_stats). The layout is copied: the
+ * plan may change or go afterwards, but rkm_arena_exec_run must be given a
+ * plan that creates the same buffers in the same order (the plan itself),
+ * else it fails with RKM_ERROR_STATE. desc->measure must be 0
+ * (RKM_ERROR_ARGUMENT); RKM_ERROR_PLAN if the plan is not valid. */
+rkm_result rkm_arena_exec_create_layout(const rkm_arena_exec_desc *desc, rkm_plan *plan, rkm_arena_exec **out);
+/* 1 for an exec made by rkm_arena_exec_create_layout. */
+int rkm_arena_exec_is_layout(const rkm_arena_exec *x);
 
 /* One training step: rkm_plan_execute(plan) with the buffers carved and
  * released around the host's callbacks. The arena's peak is reset to the

@@ -138,9 +138,14 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     if (!out) return RKM_ERROR_ARGUMENT;
     *out = NULL;
     if (!d || !d->graph || !d->host || !d->host->forward || !d->host->backward ||
-        d->capacity == RKM_ARENA_UNBOUNDED) {
+        (!d->layout && d->capacity == RKM_ARENA_UNBOUNDED)) {
         rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: graph, host forward and backward are required, "
-                                         "and a bounded capacity");
+                                         "and a bounded capacity or a layout plan");
+        return RKM_ERROR_ARGUMENT;
+    }
+    if (d->layout && (d->measure || rkm_plan_graph(d->layout) != d->graph)) {
+        rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: a layout plan must be of the graph, "
+                                         "and excludes measure mode");
         return RKM_ERROR_ARGUMENT;
     }
     rkm_alloc_fn fn = d->alloc ? d->alloc : rkm_arena_default_alloc;
@@ -159,17 +164,25 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
                            rkm__cu_free_saved, rkm__cu_free_grad};
     rkm_arena_exec_desc xd = {d->graph, d->capacity, d->measure, &layer, d->alloc, d->alloc_user};
-    rkm_result r = rkm_arena_exec_create(&xd, &ca->x);
+    rkm_result r = d->layout ? rkm_arena_exec_create_layout(&xd, d->layout, &ca->x) : rkm_arena_exec_create(&xd, &ca->x);
     if (r != RKM_OK) {
-        rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: bookkeeping: %s (%llu bytes)",
-                    rkm_result_string(r), (unsigned long long)d->capacity);
+        if (d->layout)
+            rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: layout: %s: %s", rkm_result_string(r),
+                        rkm_context_errmsg(rkm_graph_context(d->graph)));
+        else
+            rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: bookkeeping: %s (%llu bytes)",
+                        rkm_result_string(r), (unsigned long long)d->capacity);
         rkm_cuda_arena_destroy(ca);
         return r;
     }
-    if (d->capacity > 0) {
-        cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)d->capacity);
+    /* Layout mode: the device region is the layout's arena size. */
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(ca->x, &st);
+    ca->capacity = st.capacity;
+    if (ca->capacity > 0) {
+        cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
         if (e != cudaSuccess) {
-            rkm__cu_msg(errmsg, errmsg_size, "cudaMalloc(%llu bytes): %s", (unsigned long long)d->capacity,
+            rkm__cu_msg(errmsg, errmsg_size, "cudaMalloc(%llu bytes): %s", (unsigned long long)ca->capacity,
                         cudaGetErrorString(e));
             ca->base = NULL;
             rkm_cuda_arena_destroy(ca);
@@ -184,19 +197,28 @@ rkm_result rkm_cuda_arena_create_for_plan(rkm_plan *plan, const rkm_callbacks *h
                                           rkm_cuda_arena **out, rkm_arena_layout_info *layout, char *errmsg,
                                           size_t errmsg_size)
 {
-    rkm_arena_layout_info lay;
     if (!out) return RKM_ERROR_ARGUMENT;
     *out = NULL;
-    rkm_result r = rkm_arena_layout(plan, &lay, errmsg, errmsg_size);
-    if (r != RKM_OK) return r;
-    if (layout) *layout = lay;
+    if (!plan) return RKM_ERROR_ARGUMENT;
+    rkm_sim_result sim;
+    rkm_result r = rkm_plan_simulate(plan, &sim, NULL);
+    if (r != RKM_OK) {
+        rkm__cu_msg(errmsg, errmsg_size, "%s", rkm_context_errmsg(rkm_graph_context(rkm_plan_graph(plan))));
+        return r;
+    }
     rkm_cuda_arena_desc d;
     memset(&d, 0, sizeof d);
     d.graph = rkm_plan_graph(plan);
-    d.capacity = lay.capacity;
+    d.layout = plan;
     d.host = host;
     d.stream = stream;
-    return rkm_cuda_arena_create(&d, out, errmsg, errmsg_size);
+    if ((r = rkm_cuda_arena_create(&d, out, errmsg, errmsg_size)) != RKM_OK) return r;
+    if (layout) {
+        layout->peak = sim.peak;
+        layout->capacity = (*out)->capacity;
+        layout->slack = layout->capacity - sim.peak;
+    }
+    return RKM_OK;
 }
 
 void rkm_cuda_arena_destroy(rkm_cuda_arena *ca)

@@ -1,9 +1,11 @@
 /* rockmate_cuda.h -- what a CUDA host needs to run rockmate plans on a GPU.
  *
  * 1. A device activation arena (rkm_cuda_arena): ONE cudaMalloc, sized
- *    exactly for a plan (rkm_arena_layout: the plan's simulated peak plus the
- *    alignment and fragmentation slack of the deterministic first-fit
- *    allocator of rockmate_arena.h), out of which every activation, phantom,
+ *    for a plan either by the library's layout (layout mode, what
+ *    rkm_cuda_arena_create_for_plan uses: rkm_plan_layout's arena_bytes, an
+ *    offset per buffer) or by rkm_arena_layout (the plan's simulated peak
+ *    plus the alignment and fragmentation slack of the deterministic
+ *    first-fit allocator of rockmate_arena.h), out of which every activation, phantom,
  *    gradient and workspace of a training step is carved as the executor's
  *    callbacks ask. The host's own rkm_callbacks run inside; they find their
  *    device buffers with rkm_cuda_tensor / rkm_cuda_grad / rkm_cuda_saved and
@@ -56,14 +58,20 @@ typedef struct rkm_cuda_arena_desc {
     cudaStream_t stream;       /* the one stream the host's kernels run on */
     rkm_alloc_fn alloc;        /* host-side bookkeeping memory; NULL: realloc/free */
     void *alloc_user;
+    rkm_plan *layout;          /* not NULL: layout mode for this plan (of graph, valid; measure 0):
+                                  capacity is ignored, the device region is rkm_plan_layout's
+                                  arena_bytes and every buffer sits at its layout offset; the
+                                  arena then runs this plan only (rkm_arena_exec_create_layout) */
 } rkm_cuda_arena_desc;
 
 /* cudaMalloc(capacity) and the bookkeeping; the inputs are carved at once
  * (fill them through rkm_cuda_tensor before a step). */
 rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out, char *errmsg,
                                  size_t errmsg_size);
-/* The exact arena for `plan` (simulated here), in plan mode. If layout is
- * not NULL it receives the plan's peak, capacity and slack. */
+/* The arena for `plan` (simulated here) in layout mode: one cudaMalloc of
+ * rkm_plan_layout's arena_bytes, every buffer at its layout offset; it runs
+ * this plan. If layout is not NULL it receives the plan's peak, the
+ * capacity (the layout's arena size) and slack (capacity - peak). */
 rkm_result rkm_cuda_arena_create_for_plan(rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
                                           rkm_cuda_arena **out, rkm_arena_layout_info *layout, char *errmsg,
                                           size_t errmsg_size);

@@ -679,6 +679,312 @@ TEST(exec_measure_mode_agrees_with_declared_workspaces)
     rkm_context_destroy(ctx);
 }
 
+/* ---------------------------------------------------------------------------
+ * Layout mode: the library's layout (rkm_plan_layout), offset for offset
+ * ------------------------------------------------------------------------- */
+
+/* A host that follows rkm_plan_layout's buffers on its own: as each call
+ * creates buffers it finds them in the layout (kind, index, creation step),
+ * checks the exec put them at the layout's offset, and checks that no two
+ * buffers it holds live (workspaces included) share a byte. */
+typedef struct lchecker {
+    checker c;                 /* the contract checks of the first-fit tests */
+    const rkm_buffer *b;       /* the layout */
+    size_t n;
+    uint64_t arena;            /* its arena_bytes */
+    uint8_t *live, *seen;      /* per layout buffer */
+    int64_t step;              /* of the last call */
+    size_t matched;
+    int problems;
+} lchecker;
+
+/* The layout's buffer of (kind, index) created at `step` (step < -1: the
+ * first not yet seen after the last call's step, for the loss). */
+static size_t lchk_find(lchecker *l, int32_t kind, int32_t index, int64_t step)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        const rkm_buffer *b = &l->b[i];
+        if (b->kind != kind || b->index != index || l->seen[i]) continue;
+        if (step >= -1 ? b->first_step == step : b->first_step > l->step) return i;
+    }
+    return SIZE_MAX;
+}
+
+/* Buffer (kind, index, step) was just created at offset off: it is the
+ * layout's, at the layout's offset, inside the arena, and overlaps no live
+ * buffer. */
+static void lchk_created(lchecker *l, int32_t kind, int32_t index, int64_t step, uint64_t off)
+{
+    size_t i = lchk_find(l, kind, index, step);
+    if (i == SIZE_MAX) {
+        fprintf(stderr, "layout: no buffer kind %d index %d step %lld\n", (int)kind, (int)index, (long long)step);
+        l->problems++;
+        return;
+    }
+    const rkm_buffer *b = &l->b[i];
+    if (off != b->offset) {
+        fprintf(stderr, "layout: buffer %zu at %llu, layout says %llu\n", i, (unsigned long long)off,
+                (unsigned long long)b->offset);
+        l->problems++;
+    }
+    if (b->offset % 256 || b->offset + b->bytes > l->arena) l->problems++;
+    for (size_t k = 0; k < l->n && b->bytes; k++) {
+        const rkm_buffer *o = &l->b[k];
+        if (!l->live[k] || !o->bytes) continue;
+        if (o->offset < b->offset + b->bytes && b->offset < o->offset + o->bytes) {
+            fprintf(stderr, "layout: buffers %zu and %zu overlap while live\n", k, i);
+            l->problems++;
+        }
+    }
+    l->seen[i] = l->live[i] = 1;
+    l->matched++;
+}
+
+/* The live buffer of (kind, index) is released. */
+static void lchk_released(lchecker *l, int32_t kind, int32_t index)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->live[i] && l->b[i].kind == kind && l->b[i].index == index) {
+            l->live[i] = 0;
+            return;
+        }
+    l->problems++;
+}
+
+/* The call's workspace: a scratch buffer of the declared size sits at the
+ * layout's workspace offset and lives during the call. */
+static void lchk_workspace(lchecker *l, int32_t op, int64_t step, uint64_t ws)
+{
+    if (!ws) return;
+    uint64_t off;
+    if (rkm_arena_exec_scratch(l->c.x, ws, &off) != RKM_OK) {
+        l->problems++;
+        return;
+    }
+    lchk_created(l, RKM_BUFFER_WORKSPACE, op, step, off);
+    lchk_released(l, RKM_BUFFER_WORKSPACE, op);
+}
+
+static int lchk_forward(void *user, const rkm_fwd_call *call)
+{
+    lchecker *l = user;
+    rkm_op_info oi;
+    rkm_graph_op_info(l->c.g, call->op, &oi);
+    for (int32_t k = 0; k < oi.n_out; k++)
+        if (call->out_new[k])
+            lchk_created(l, RKM_BUFFER_TENSOR, oi.out[k], call->step, rkm_arena_exec_tensor(l->c.x, oi.out[k]));
+    if (call->save) lchk_created(l, RKM_BUFFER_PHANTOM, call->op, call->step, rkm_arena_exec_saved(l->c.x, call->op));
+    l->step = call->step;
+    int rc = chk_forward(&l->c, call);
+    lchk_workspace(l, call->op, call->step, oi.fwd_ws);
+    return rc;
+}
+
+static int lchk_backward(void *user, const rkm_bwd_call *call)
+{
+    lchecker *l = user;
+    rkm_op_info oi;
+    rkm_graph_op_info(l->c.g, call->op, &oi);
+    for (int32_t k = 0; k < oi.n_in; k++)
+        if (call->in_grad[k] == RKM_GRAD_NEW)
+            lchk_created(l, RKM_BUFFER_GRAD, oi.in[k], call->step, rkm_arena_exec_grad(l->c.x, oi.in[k]));
+    l->step = call->step;
+    int rc = chk_backward(&l->c, call);
+    lchk_workspace(l, call->op, call->step, oi.bwd_ws);
+    return rc;
+}
+
+static int lchk_loss(void *user, int32_t t)
+{
+    lchecker *l = user;
+    lchk_created(l, RKM_BUFFER_GRAD, t, -2, rkm_arena_exec_grad(l->c.x, t));
+    return chk_loss(&l->c, t);
+}
+
+static int lchk_free_tensor(void *user, int32_t t)
+{
+    lchk_released(user, RKM_BUFFER_TENSOR, t);
+    return 0;
+}
+
+static int lchk_free_saved(void *user, int32_t op)
+{
+    lchk_released(user, RKM_BUFFER_PHANTOM, op);
+    return 0;
+}
+
+static int lchk_free_grad(void *user, int32_t t)
+{
+    lchk_released(user, RKM_BUFFER_GRAD, t);
+    return 0;
+}
+
+/* Run plan p twice in layout mode with the checks above; the arena's
+ * capacity is the layout's arena size and its peak the simulated one. */
+static void check_layout_run(rkm_plan *p, const char *label)
+{
+    const rkm_graph *g = rkm_plan_graph(p);
+    size_t nb = (size_t)rkm_graph_num_tensors(g) * 2 + (size_t)rkm_graph_num_ops(g);
+    rkm_sim_result sim;
+    lchecker l;
+    memset(&l, 0, sizeof l);
+    uint64_t *mem_after = calloc(rkm_plan_num_steps(p) + 1, sizeof *mem_after);
+    l.c.ranges = calloc(nb + 1, sizeof l.c.ranges[0]);
+    CHECK(mem_after && l.c.ranges);
+    CHECK(rkm_plan_simulate(p, &sim, mem_after) == RKM_OK);
+    rkm_callbacks cb = {&l, lchk_forward, lchk_backward, lchk_loss, lchk_free_tensor, lchk_free_saved,
+                        lchk_free_grad};
+    rkm_arena_exec_desc d = {g, 0, 0, &cb, NULL, NULL};
+    CHECK(rkm_arena_exec_create_layout(&d, p, &l.c.x) == RKM_OK);
+    CHECK(rkm_plan_layout(p, RKM_ARENA_ALIGN, &l.b, &l.n, &l.arena) == RKM_OK);
+    l.live = calloc(l.n + 1, 1);
+    l.seen = calloc(l.n + 1, 1);
+    if (!l.c.x || !l.b || !l.live || !l.seen || !mem_after || !l.c.ranges) {
+        CHECK(0);
+        goto done;
+    }
+    CHECK(rkm_arena_exec_is_layout(l.c.x));
+    l.c.g = g;
+    l.c.mem_after = mem_after;
+    l.c.capacity = l.arena;
+    l.c.fail_op = -1;
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(l.c.x, &st);
+    CHECK_EQ_U64(st.capacity, l.arena);
+    for (int run = 0; run < 2; run++) {
+        /* The inputs, carved at creation, are the layout's first buffers. */
+        memset(l.seen, 0, l.n);
+        memset(l.live, 0, l.n);
+        l.matched = 0;
+        l.step = -1;
+        for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++)
+        {
+            rkm_tensor_info ti;
+            rkm_graph_tensor_info(g, t, &ti);
+            if (ti.flags & RKM_TENSOR_INPUT) lchk_created(&l, RKM_BUFFER_TENSOR, t, -1, rkm_arena_exec_tensor(l.c.x, t));
+        }
+        rkm_result r = rkm_arena_exec_run(l.c.x, p);
+        if (r != RKM_OK) fprintf(stderr, "%s: %s\n", label, rkm_arena_exec_errmsg(l.c.x));
+        CHECK(r == RKM_OK);
+        rkm_arena_exec_arena_stats(l.c.x, &st);
+        CHECK_EQ_U64(st.peak, sim.peak);
+        CHECK_EQ_U64(st.capacity, l.arena);
+        CHECK(st.high_water <= l.arena);
+        CHECK(l.arena >= sim.peak);
+        CHECK_EQ_U64(st.current, input_bytes(g));
+        CHECK_EQ_U64(l.matched, l.n);
+        CHECK(l.problems == 0);
+        CHECK(l.c.problems == 0);
+    }
+    rkm_arena_layout_info ff;
+    CHECK(rkm_arena_layout(p, &ff, NULL, 0) == RKM_OK);
+    if (getenv("TEST_VERBOSE"))
+        fprintf(stderr, "  %-28s peak %10llu  layout arena %10llu  (+%.2f%%)  first-fit %10llu\n", label,
+                (unsigned long long)sim.peak, (unsigned long long)l.arena,
+                sim.peak ? 100.0 * (double)(l.arena - sim.peak) / (double)sim.peak : 0.0,
+                (unsigned long long)ff.capacity);
+done:
+    rkm_arena_exec_destroy(l.c.x);
+    free(l.live);
+    free(l.seen);
+    free(mem_after);
+    free(l.c.ranges);
+}
+
+TEST(layout_mode_baselines_on_all_graphs)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    for (size_t i = 0; i < sizeof graph_files / sizeof graph_files[0]; i++) {
+        rkm_graph *g = test_load_graph(ctx, graph_files[i]);
+        rkm_plan *p = NULL;
+        CHECK(g != NULL);
+        if (!g) continue;
+        CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+        if (p) check_layout_run(p, graph_files[i]);
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+TEST(layout_mode_planner_plans_at_min_budget)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    const char *files[] = {"gpt2-tiny", "multi-output", "mlp16", "random30"};
+    const rkm_algo algos[] = {RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE};
+    for (int i = 0; i < 4; i++) {
+        rkm_graph *g = test_load_graph(ctx, files[i]);
+        CHECK(g != NULL);
+        for (int a = 0; g && a < 2; a++) {
+            rkm_solve_desc sd;
+            rkm_planner *pl = NULL;
+            rkm_plan *p = NULL;
+            uint64_t minb = 0;
+            char label[64];
+            memset(&sd, 0, sizeof sd);
+            sd.algo = algos[a];
+            rkm_result r = rkm_planner_create(g, &sd, &pl);
+            if (r == RKM_ERROR_UNSUPPORTED) continue; /* built without the solver */
+            CHECK(r == RKM_OK);
+            CHECK(pl && rkm_planner_min_budget(pl, &minb) == RKM_OK);
+            CHECK(pl && rkm_planner_solve(pl, minb, &p) == RKM_OK);
+            snprintf(label, sizeof label, "%s/%s", files[i], rkm_algo_name(algos[a]));
+            if (p) check_layout_run(p, label);
+            rkm_plan_destroy(p);
+            rkm_planner_destroy(pl);
+        }
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* Layout mode refuses what it cannot honour: measure mode, a plan of
+ * another graph, and a run of a plan whose buffers are not the layout's. */
+TEST(layout_mode_rejects_other_plans)
+{
+    rkm_context *ctx;
+    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny");
+    rkm_graph *g2 = test_load_graph(ctx, "mlp16");
+    rkm_plan *base = NULL, *rec = NULL, *other = NULL;
+    rkm_arena_exec *x = NULL;
+    CHECK(g && g2 && rkm_plan_baseline(g, &base) == RKM_OK && rkm_plan_baseline(g2, &other) == RKM_OK);
+    if (base && other) {
+        rkm_arena_exec_desc d = {g, 0, 1, NULL, NULL, NULL};
+        CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_ERROR_ARGUMENT && !x);
+        d.measure = 0;
+        CHECK(rkm_arena_exec_create_layout(&d, other, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_OK);
+        CHECK(!rkm_arena_exec_is_layout(NULL));
+        rkm_solve_desc sd;
+        rkm_planner *pl = NULL;
+        uint64_t minb = 0;
+        memset(&sd, 0, sizeof sd);
+        sd.algo = RKM_ALGO_ROTOR;
+        if (rkm_planner_create(g, &sd, &pl) == RKM_OK && rkm_planner_min_budget(pl, &minb) == RKM_OK)
+            CHECK(rkm_planner_solve(pl, minb, &rec) == RKM_OK);
+        rkm_planner_destroy(pl);
+        if (x && rec) {
+            rkm_arena_stats st;
+            CHECK(rkm_arena_exec_run(x, rec) == RKM_ERROR_STATE);
+            CHECK(strstr(rkm_arena_exec_errmsg(x), "layout") != NULL);
+            rkm_arena_exec_arena_stats(x, &st);
+            CHECK_EQ_U64(st.current, input_bytes(g));
+            /* The failure left the exec usable for its own plan. */
+            CHECK(rkm_arena_exec_run(x, base) == RKM_OK);
+        }
+    }
+    rkm_arena_exec_destroy(x);
+    rkm_plan_destroy(rec);
+    rkm_plan_destroy(base);
+    rkm_plan_destroy(other);
+    rkm_graph_destroy(g);
+    rkm_graph_destroy(g2);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(arena_first_fit_and_counts);
@@ -695,5 +1001,8 @@ int main(void)
     RUN(exec_host_failure_and_workspace_overrun);
     RUN(exec_measures_workspace);
     RUN(exec_measure_mode_agrees_with_declared_workspaces);
+    RUN(layout_mode_baselines_on_all_graphs);
+    RUN(layout_mode_planner_plans_at_min_budget);
+    RUN(layout_mode_rejects_other_plans);
     TEST_END();
 }
