@@ -74,7 +74,7 @@ BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 ifneq ($(filter examples/gpt2.c,$(EXAMPLE_SRCS)),)
 DEMO = $(BUILD)/gpt2 --budget 40%
 else
-DEMO = $(BUILD)/mlp --budget 50%
+DEMO = $(BUILD)/mlp --budget 60%
 endif
 
 # CUDA: nvcc from PATH, else the toolkit's default place.

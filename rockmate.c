@@ -2285,9 +2285,16 @@ static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__b
 }
 
 /* Cut at the separators. Blocks are runs of consecutive ops: an op that is
- * not an ancestor of a separator is a descendant of it. Consecutive
- * one-op blocks are merged in pairs so that chains of tiny ops (an MLP's
- * matmul and activation) do not become a block each. */
+ * not an ancestor of a separator is a descendant of it. Runs of one-op
+ * blocks are merged, RKM_MERGE_RUN ops at most, so that chains of tiny ops
+ * (an MLP, a GPT's head) do not become a block each: every block boundary is
+ * held from its forward to its block's backward, so boundaries cost memory,
+ * while the block ILP handles what lies inside a block. Measured against
+ * pairs: runs of 4 take rockmate's smallest budget on gpt2-124M from 65 % to
+ * 49 % and its overhead on gpt2-tiny at 41 % from 31 % to 20 %; longer runs
+ * gain little more for rockmate and cost rotor (two options a block) more
+ * of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
+#define RKM_MERGE_RUN 4
 static rkm_result rkm__structure_detect(rkm_graph *g)
 {
     rkm__graph_free_blocks(g);
@@ -2299,11 +2306,10 @@ static rkm_result rkm__structure_detect(rkm_graph *g)
     if (!r) {
         for (int32_t i = 0; i < n_seps; i++) ends[n++] = g->tensors[seps[i]].producer;
         ends[n++] = (int32_t)g->n_ops - 1;
-        int32_t m = 0, prev = -1; /* merge pairs of one-op blocks */
+        int32_t m = 0, prev = -1; /* merge runs of one-op blocks */
         for (int32_t i = 0; i < n; i++) {
             int single = ends[i] - prev == 1;
-            int next_single = i + 1 < n && ends[i + 1] - ends[i] == 1;
-            if (single && next_single) i++;
+            for (int run = 1; single && run < RKM_MERGE_RUN && i + 1 < n && ends[i + 1] - ends[i] == 1; run++) i++;
             prev = ends[i];
             ends[m] = ends[i];
             seps[m] = i < n_seps ? seps[i] : g->loss;

@@ -34,7 +34,7 @@ fi
 expect baseline 0 'all checks passed' --steps 2
 expect baseline_2_layers 0 'all checks passed' --layers 2 --steps 1
 expect rotor_80 0 'equal the baseline' --budget 80%
-expect rotor_50 0 'equal the baseline' --budget 50%
+expect rotor_60 0 'equal the baseline' --budget 60%
 expect rotor_min 0 'equal the baseline' --budget min --steps 2
 expect rotor_deep_40 0 'equal the baseline' --layers 24 --budget 40% --steps 1
 expect sqrt_min 0 'equal the baseline' --algo sqrt --budget min --steps 1
