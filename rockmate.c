@@ -5550,14 +5550,17 @@ static int rkm__cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Mean of samples[0..n) after dropping floor(n * trim) at each end (sorts). */
-static double rkm__trimmed_mean(double *samples, int32_t n, double trim)
+double rkm_trimmed_mean(double *samples, size_t n, double trim)
 {
-    qsort(samples, (size_t)n, sizeof *samples, rkm__cmp_double);
-    int32_t drop = (int32_t)floor((double)n * trim);
-    if (2 * drop >= n) drop = (n - 1) / 2;
-    double sum = 0;
-    for (int32_t i = drop; i < n - drop; i++) sum += samples[i];
+    if (n == 0 || !samples) return 0.0;
+    if (!(trim > 0.0)) trim = 0.0; /* also NaN */
+    if (trim > 0.5) trim = 0.5;
+    qsort(samples, n, sizeof *samples, rkm__cmp_double);
+    /* The epsilon keeps 0.2 * 10 from flooring to 1 on rounding. */
+    size_t drop = (size_t)floor((double)n * trim + 1e-9);
+    if (drop > (n - 1) / 2) drop = (n - 1) / 2;
+    double sum = 0.0;
+    for (size_t i = drop; i < n - drop; i++) sum += samples[i];
     return sum / (double)(n - 2 * drop);
 }
 
@@ -5587,9 +5590,9 @@ rkm_result rkm_graph_profile(rkm_graph *g, const rkm_callbacks *cb, const rkm_pr
     for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm_plan_execute(p, &w);
     for (size_t i = 0; i < g->n_ops && !r; i++) {
         for (int32_t k = 0; k < d.runs; k++) col[k] = pr.fwd[(size_t)k * g->n_ops + i];
-        g->ops[i].fwd = rkm__trimmed_mean(col, d.runs, d.trim);
+        g->ops[i].fwd = rkm_trimmed_mean(col, (size_t)d.runs, d.trim);
         for (int32_t k = 0; k < d.runs; k++) col[k] = pr.bwd[(size_t)k * g->n_ops + i];
-        g->ops[i].bwd = g->ops[i].has_bwd ? rkm__trimmed_mean(col, d.runs, d.trim) : 0;
+        g->ops[i].bwd = g->ops[i].has_bwd ? rkm_trimmed_mean(col, (size_t)d.runs, d.trim) : 0;
     }
     rkm__free(g->ctx, pr.fwd, (2 * n + (size_t)d.runs) * sizeof(double));
     rkm_plan_destroy(p);

@@ -522,6 +522,12 @@ typedef struct rkm_profile_desc {
  * of its samples (workspaces are left as they are). */
 rkm_result rkm_graph_profile(rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc);
 
+/* The profiler's statistic, for hosts that time ops their own way (the CUDA
+ * profiler): sorts samples[0..n) and returns the mean after dropping
+ * floor(n * trim) samples at each end (trim clamped to [0, 0.5], at least
+ * one sample kept); 0 for n == 0. */
+double rkm_trimmed_mean(double *samples, size_t n, double trim);
+
 #ifdef __cplusplus
 }
 #endif

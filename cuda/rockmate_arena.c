@@ -790,22 +790,4 @@ rkm_result rkm_arena_layout(rkm_plan *plan, rkm_arena_layout_info *out, char *er
  * 3. Statistics
  * ========================================================================= */
 
-static int rkm__cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-double rkm_trimmed_mean(double *samples, size_t n, double trim)
-{
-    if (n == 0) return 0.0;
-    if (!(trim > 0.0)) trim = 0.0; /* also NaN */
-    if (trim > 0.5) trim = 0.5;
-    qsort(samples, n, sizeof *samples, rkm__cmp_double);
-    /* The epsilon keeps 0.2 * 10 from flooring to 1 on rounding. */
-    size_t drop = (size_t)floor((double)n * trim + 1e-9);
-    if (drop > (n - 1) / 2) drop = (n - 1) / 2;
-    double sum = 0.0;
-    for (size_t i = drop; i < n - drop; i++) sum += samples[i];
-    return sum / (double)(n - 2 * drop);
-}
+/* rkm_trimmed_mean lives in the library (rockmate.h). */

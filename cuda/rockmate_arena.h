@@ -35,7 +35,7 @@
  *      it) - (the outputs, phantom or gradients the call creates). The
  *      largest value seen per op is kept.
  *
- * 3. rkm_trimmed_mean: the statistic the profiler applies to its samples.
+ * 3. Statistics: rkm_trimmed_mean, in rockmate.h, shared with the library.
  *
  * Layout pass: rkm_arena_layout runs a plan through an rkm_arena_exec over
  * an unbounded arena with no host, so it learns the exact region that the
@@ -53,7 +53,7 @@
  * offset; a mismatch, or a buffer that would overlap a live one, fails the
  * run. Requested bytes, current and peak are counted as in first fit.
  *
- * Names: public rkm_arena_* / rkm_trimmed_mean, internal rkm__arena_*. Every
+ * Names: public rkm_arena_*, internal rkm__arena_*. Every
  * fallible call returns an rkm_result; objects keep their own last message
  * (rkm_arena_exec_errmsg) since the library's context cannot be written from
  * outside it. Nothing here prints or aborts. */
@@ -189,11 +189,7 @@ rkm_result rkm_arena_layout(rkm_plan *plan, rkm_arena_layout_info *out, char *er
  * 3. Statistics
  * ------------------------------------------------------------------------- */
 
-/* Sorts samples[0..n) ascending, drops floor(n * trim) values at each end
- * (fewer if that would leave none: at least one value, or the two middle
- * ones of an even count, remain) and returns the mean of the rest. trim is
- * clamped to [0, 0.5]; n == 0 gives 0. */
-double rkm_trimmed_mean(double *samples, size_t n, double trim);
+/* rkm_trimmed_mean (rockmate.h) is the profiler's statistic. */
 
 #ifdef __cplusplus
 }
