@@ -1043,13 +1043,14 @@ static rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, si
         rkm__free(ctx, buf, cap);
         return res;
     }
-    *data = buf;
-    *len = n;
-    /* Callers free with size `cap`: keep it in len's twin via a shrink. */
+    /* Shrink to n + 1 bytes: callers free with *len + 1. */
     char *fit = rkm__realloc(ctx, buf, cap, n + 1);
-    if (fit) *data = fit;
-    else rkm__free(ctx, buf, cap), *data = NULL;
-    if (!*data) return rkm__nomem(ctx, path);
+    if (!fit) {
+        rkm__free(ctx, buf, cap);
+        return rkm__nomem(ctx, path);
+    }
+    *data = fit;
+    *len = n;
     return RKM_OK;
 }
 
@@ -1141,11 +1142,7 @@ rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn fn, void *user)
 {
     if (!g || !fn) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_write: write function is NULL") : RKM_ERROR_ARGUMENT;
     if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_write: the graph is not finalized");
-    rkm__out o;
-    o.fn = fn;
-    o.user = user;
-    o.n = 0;
-    o.failed = 0;
+    rkm__out o = {fn, user, {0}, 0, 0};
     rkm__write_graph_to(g, &o);
     rkm__out_flush(&o);
     return o.failed ? rkm__err(g->ctx, RKM_ERROR_IO, "rkm_graph_write: the write function failed") : RKM_OK;
@@ -1375,11 +1372,7 @@ rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_plan **o
 rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
 {
     if (!p || !fn) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_write: write function is NULL") : RKM_ERROR_ARGUMENT;
-    rkm__out o;
-    o.fn = fn;
-    o.user = user;
-    o.n = 0;
-    o.failed = 0;
+    rkm__out o = {fn, user, {0}, 0, 0};
     rkm__outf(&o, "rockmate-plan 1\n");
     for (size_t i = 0; i < p->n_steps; i++) {
         char text[RKM_NAME_MAX + 32];

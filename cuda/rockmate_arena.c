@@ -785,9 +785,3 @@ rkm_result rkm_arena_layout(rkm_plan *plan, rkm_arena_layout_info *out, char *er
     out->slack = st.high_water - st.peak;
     return RKM_OK;
 }
-
-/* ===========================================================================
- * 3. Statistics
- * ========================================================================= */
-
-/* rkm_trimmed_mean lives in the library (rockmate.h). */
