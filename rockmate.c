@@ -181,6 +181,7 @@ const char *rkm_result_string(rkm_result r)
         "the ILP solver failed",
         "planning time ran out",
         "feature compiled out",
+        "internal error (a bug in rockmate)",
     };
     if ((int)r < 0 || r >= RKM_RESULT_COUNT) return "unknown result";
     return names[r];
@@ -194,6 +195,7 @@ rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out)
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (!d.alloc) d.alloc = rkm__default_alloc;
+    if (d.log_level < 0 || d.log_level > RKM_LOG_DEBUG) return RKM_ERROR_ARGUMENT;
     if (d.log_level == 0) d.log_level = RKM_LOG_WARN;
     rkm_context *ctx = d.alloc(d.alloc_user, NULL, 0, sizeof *ctx);
     if (!ctx) return RKM_ERROR_NOMEM;
@@ -213,6 +215,27 @@ void rkm_context_destroy(rkm_context *ctx)
 }
 
 const char *rkm_context_errmsg(const rkm_context *ctx) { return ctx ? ctx->errmsg : ""; }
+
+void *rkm_context_realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size)
+{
+    if (!ctx) return NULL;
+    if (new_size == 0) {
+        rkm__free(ctx, ptr, old_size);
+        return NULL;
+    }
+    return rkm__realloc(ctx, ptr, old_size, new_size);
+}
+
+rkm_result rkm_context_fail(rkm_context *ctx, rkm_result code, const char *fmt, ...)
+{
+    if (!ctx || !fmt) return code;
+    char msg[RKM_ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return rkm__err(ctx, code, "%s", msg);
+}
 
 /* A name -> id map: open addressing over FNV-1a hashes, ids index `names`. */
 typedef struct rkm__map {
@@ -320,6 +343,7 @@ struct rkm_graph {
     rkm__block *blocks;
     int32_t n_blocks, n_classes;
     int32_t *block_ops; /* storage for all blocks' op lists (n_ops entries) */
+    rkm_graph_stats stats; /* computed once by finalize */
     /* Set by a reader so that builder errors can name file:line. */
     const char *src_name;
     int32_t src_line;
@@ -642,6 +666,7 @@ done:
 }
 
 static rkm_result rkm__structure_detect(rkm_graph *g); /* section 7 */
+static rkm_result rkm__graph_figures(rkm_graph *g);    /* section 6 */
 
 rkm_result rkm_graph_finalize(rkm_graph *g)
 {
@@ -654,28 +679,55 @@ rkm_result rkm_graph_finalize(rkm_graph *g)
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
     if ((r = rkm__structure_detect(g))) return r;
+    if ((r = rkm__graph_figures(g))) {
+        rkm__graph_free_blocks(g);
+        return r;
+    }
     g->finalized = 1;
     return RKM_OK;
 }
 
-rkm_result rkm_graph_set_op_costs(rkm_graph *g, int32_t op, double fwd, double bwd, uint64_t fwd_ws, uint64_t bwd_ws)
+static rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
 {
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (op < 0 || (size_t)op >= g->n_ops)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_set_op_costs: op id %d does not exist", (int)op);
-    if (!(fwd >= 0) || !(bwd >= 0) || !isfinite(fwd) || !isfinite(bwd))
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_set_op_costs: op %s: times are finite and non-negative",
-                        g->ops[op].name);
-    rkm__op *o = &g->ops[op], old = *o;
-    o->fwd = fwd;
-    o->bwd = bwd;
-    o->fwd_ws = fwd_ws;
-    o->bwd_ws = bwd_ws;
-    if (!rkm__bytes_fit(g)) {
-        *o = old;
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_set_op_costs: op %s: byte counts too large: their total must fit in 64 bits",
-                        o->name);
+    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is not finalized", fn);
+    return RKM_OK;
+}
+
+/* Rebuild g's tensors, ops (with their costs from `costs`) and loss into the
+ * empty graph n, then finalize it: everything derived comes from the new
+ * costs, as when the graph's file is read. */
+static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph *n)
+{
+    rkm_result r = RKM_OK;
+    for (size_t t = 0; t < g->n_tensors && !r; t++)
+        r = rkm_graph_add_tensor(n, g->tensors[t].name, g->tensors[t].bytes, g->tensors[t].flags, NULL);
+    for (size_t i = 0; i < g->n_ops && !r; i++) {
+        const rkm__op *o = &g->ops[i];
+        const rkm_op_costs *c = &costs[i];
+        rkm_op_desc d = {o->name, c->fwd_seconds, c->bwd_seconds, o->in, o->n_in, o->out, o->n_out,
+                         o->saved, o->n_saved, o->phantom, c->fwd_ws, c->bwd_ws};
+        r = rkm_graph_add_op(n, &d, NULL);
     }
+    if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = rkm_graph_finalize(n);
+    return r;
+}
+
+rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!costs) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: costs is NULL");
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_costs");
+    if (r) return r;
+    rkm_graph *n;
+    if ((r = rkm_graph_create(g->ctx, &n))) return r;
+    if ((r = rkm__graph_rebuild(g, costs, n))) {
+        rkm_graph_destroy(n);
+        return r;
+    }
+    *out = n;
     return RKM_OK;
 }
 
@@ -697,7 +749,7 @@ int32_t rkm_graph_find_op(const rkm_graph *g, const char *name)
 
 rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info *out)
 {
-    if (!g || !out) return RKM_ERROR_ARGUMENT;
+    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_tensor_info: out is NULL") : RKM_ERROR_ARGUMENT;
     if (id < 0 || (size_t)id >= g->n_tensors)
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_tensor_info: tensor id %d does not exist", (int)id);
     const rkm__tensor *t = &g->tensors[id];
@@ -710,42 +762,22 @@ rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info
     return RKM_OK;
 }
 
-rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_info *out)
+rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 {
-    if (!g || !out) return RKM_ERROR_ARGUMENT;
+    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_op_info: out is NULL") : RKM_ERROR_ARGUMENT;
     if (id < 0 || (size_t)id >= g->n_ops)
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_op_info: op id %d does not exist", (int)id);
     const rkm__op *o = &g->ops[id];
-    out->name = o->name;
-    out->fwd_seconds = o->fwd;
-    out->bwd_seconds = o->bwd;
-    out->in = o->in;
-    out->n_in = o->n_in;
-    out->out = o->out;
-    out->n_out = o->n_out;
-    out->saved = o->saved;
-    out->n_saved = o->n_saved;
-    out->phantom = o->phantom;
-    out->fwd_ws = o->fwd_ws;
-    out->bwd_ws = o->bwd_ws;
-    out->has_backward = o->has_bwd;
+    *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
+                         o->phantom, o->fwd_ws, o->bwd_ws};
     return RKM_OK;
-}
-
-int rkm_graph_tensor_has_grad(const rkm_graph *g, int32_t t)
-{
-    return g && t >= 0 && (size_t)t < g->n_tensors ? g->tensors[t].has_grad : 0;
-}
-
-int rkm_graph_op_has_backward(const rkm_graph *g, int32_t op)
-{
-    return g && op >= 0 && (size_t)op < g->n_ops ? g->ops[op].has_bwd : 0;
 }
 
 rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *out)
 {
-    if (!g || !out) return RKM_ERROR_ARGUMENT;
-    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_block_info: the graph is not finalized");
+    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_block_info: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_block_info");
+    if (r) return r;
     if (b < 0 || b >= g->n_blocks)
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_block_info: block %d does not exist", (int)b);
     const rkm__block *k = &g->blocks[b];
@@ -1179,56 +1211,72 @@ rkm_result rkm_graph_write_file(const rkm_graph *g, const char *path)
  * 4. Plans: steps, files (.rkp)
  * ========================================================================= */
 
+/* A plan is born checked (rkm__plan_birth, section 5) and never changes. */
 struct rkm_plan {
     const rkm_graph *g;
     rkm_context *ctx;
     rkm_step *steps;
-    size_t n_steps, cap_steps;
-    /* Executor annotations, valid when `checked`: for step i, flag_off[i]
-     * indexes `flags`: fwd -> [recompute, out_new...], bwd -> [in_grad...]. */
-    int checked;
+    size_t n_steps;
+    uint64_t *mem_after, *step_peak; /* [n_steps] */
+    /* Executor annotations: for step i, flag_off[i] indexes `flags`:
+     * fwd -> [recompute, out_new...], bwd -> [in_grad...]. */
     size_t *flag_off;
     uint8_t *flags;
     size_t n_flags;
+    rkm_buffer *buffers; /* lifetimes from the replay; offsets 0 (rkm_plan_layout places them) */
+    size_t n_buffers, cap_buffers;
     rkm_plan_stats stats;
-    rkm_buffer *layout; /* rkm_plan_layout's result, dropped when steps change */
-    size_t n_layout, cap_layout;
 };
-
-static void rkm__plan_drop_layout(rkm_plan *p);
-
-static void rkm__plan_drop_check(rkm_plan *p)
-{
-    rkm__plan_drop_layout(p);
-    rkm__free(p->ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
-    rkm__free(p->ctx, p->flags, p->n_flags);
-    p->flag_off = NULL;
-    p->flags = NULL;
-    p->n_flags = 0;
-    p->checked = 0;
-}
-
-rkm_result rkm_plan_create(const rkm_graph *g, rkm_plan **out)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_create: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_plan_create: the graph is not finalized");
-    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
-    if (!p) return rkm__nomem(g->ctx, "rkm_plan_create");
-    p->g = g;
-    p->ctx = g->ctx;
-    p->stats.algo = RKM_ALGO_NONE;
-    *out = p;
-    return RKM_OK;
-}
 
 void rkm_plan_destroy(rkm_plan *p)
 {
     if (!p) return;
-    rkm__plan_drop_check(p);
-    rkm__free(p->ctx, p->steps, p->cap_steps * sizeof *p->steps);
-    rkm__free(p->ctx, p, sizeof *p);
+    rkm_context *ctx = p->ctx;
+    rkm__free(ctx, p->steps, p->n_steps * sizeof *p->steps);
+    rkm__free(ctx, p->mem_after, (p->n_steps + 1) * sizeof *p->mem_after);
+    rkm__free(ctx, p->step_peak, (p->n_steps + 1) * sizeof *p->step_peak);
+    rkm__free(ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
+    rkm__free(ctx, p->flags, p->n_flags);
+    rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
+    rkm__free(ctx, p, sizeof *p);
+}
+
+/* A growable step list: what producers of plans build, before birth. */
+typedef struct rkm__steps {
+    rkm_context *ctx;
+    rkm_step *s;
+    size_t n, cap;
+} rkm__steps;
+
+static int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
+{
+    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
+    l->s[l->n].kind = kind;
+    l->s[l->n].index = index;
+    l->s[l->n].save = save;
+    l->n++;
+    return 1;
+}
+
+/* Shrink to exactly n steps so that the owner frees with n * size. */
+static rkm_step *rkm__steps_take(rkm__steps *l)
+{
+    rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
+    if (!s) return NULL;
+    if (!l->n) {
+        rkm__free(l->ctx, s, sizeof *s);
+        s = NULL;
+    }
+    l->s = NULL;
+    l->n = l->cap = 0;
+    return s;
+}
+
+static void rkm__steps_free(rkm__steps *l)
+{
+    rkm__free(l->ctx, l->s, l->cap * sizeof *l->s);
+    l->s = NULL;
+    l->n = l->cap = 0;
 }
 
 static int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
@@ -1244,32 +1292,12 @@ static int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
     }
 }
 
-/* Append without checks beyond allocation (internal producers are trusted;
- * the simulator judges every plan anyway). */
-static rkm_result rkm__plan_push(rkm_plan *p, int32_t kind, int32_t index, int32_t save)
-{
-    if (p->checked) rkm__plan_drop_check(p);
-    if (!rkm__reserve(p->ctx, (void **)&p->steps, &p->cap_steps, p->n_steps + 1, sizeof *p->steps))
-        return rkm__nomem(p->ctx, "plan");
-    rkm_step *s = &p->steps[p->n_steps++];
-    s->kind = kind;
-    s->index = index;
-    s->save = save;
-    return RKM_OK;
-}
-
-rkm_result rkm_plan_append(rkm_plan *p, const rkm_step *s)
-{
-    if (!p || !s) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_append: step is NULL") : RKM_ERROR_ARGUMENT;
-    if (!rkm__step_index_ok(p->g, s))
-        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_append: step %zu: kind %d with index %d is out of range",
-                        p->n_steps, (int)s->kind, (int)s->index);
-    return rkm__plan_push(p, s->kind, s->index, s->kind == RKM_STEP_FWD ? s->save : 0);
-}
-
 const rkm_graph *rkm_plan_graph(const rkm_plan *p) { return p ? p->g : NULL; }
 size_t rkm_plan_num_steps(const rkm_plan *p) { return p ? p->n_steps : 0; }
 const rkm_step *rkm_plan_steps(const rkm_plan *p) { return p ? p->steps : NULL; }
+const uint64_t *rkm_plan_mem_after(const rkm_plan *p) { return p ? p->mem_after : NULL; }
+const uint64_t *rkm_plan_step_peaks(const rkm_plan *p) { return p ? p->step_peak : NULL; }
+size_t rkm_plan_num_buffers(const rkm_plan *p) { return p ? p->n_buffers : 0; }
 
 static const char *const rkm__step_words[] = {"fwd", "loss", "bwd", "free", "free_saved", "free_grad"};
 
@@ -1291,9 +1319,28 @@ static void rkm__step_text(const rkm_graph *g, const rkm_step *s, char *buf, siz
     }
 }
 
+static rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+
+rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, rkm_sim_result *res, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!steps && n) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_create: steps is NULL");
+    rkm_result r = rkm__check_finalized(g, "rkm_plan_create");
+    if (r) return r;
+    rkm__steps d = {g->ctx, NULL, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (!rkm__steps_push(&d, steps[i].kind, steps[i].index, steps[i].kind == RKM_STEP_FWD ? steps[i].save : 0)) {
+            rkm__steps_free(&d);
+            return rkm__nomem(g->ctx, "rkm_plan_create");
+        }
+    return rkm__plan_birth(g, &d, res, out);
+}
+
 /* Plan files (.rkp) */
 
-static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm_plan *p)
+static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps *d)
 {
     const char *w = r->tok[0];
     int kind = -1;
@@ -1318,44 +1365,49 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm_plan *p
         if (index < 0)
             return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
     }
-    rkm_result res = rkm__plan_push(p, kind, index, save);
-    return res == RKM_ERROR_NOMEM ? rkm__nomem(r->ctx, r->src) : res;
+    return rkm__steps_push(d, kind, index, save) ? RKM_OK : rkm__nomem(r->ctx, r->src);
 }
 
-rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm_plan **out)
+/* Parse .rkp text into d: syntax and names only. */
+static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm__steps *d)
 {
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (!text && len) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: text is NULL");
-    rkm_plan *p;
-    rkm_result res = rkm_plan_create(g, &p);
-    if (res) return res;
     rkm__reader r;
     memset(&r, 0, sizeof r);
     r.ctx = g->ctx;
     r.src = source_name ? source_name : "<string>";
     r.p = text ? text : "";
     r.end = r.p + len;
-    res = rkm__next_stmt(&r);
+    rkm_result res = rkm__next_stmt(&r);
     if (!res && (r.ntok != 2 || strcmp(r.tok[0], "rockmate-plan") != 0 || strcmp(r.tok[1], "1") != 0)) {
         if (!r.line) r.line = 1;
         res = rkm__rerr(&r, RKM_ERROR_PARSE, "the first statement must be the header 'rockmate-plan 1'");
     }
     while (!res) {
         if ((res = rkm__next_stmt(&r)) || !r.ntok) break;
-        res = rkm__read_step(&r, g, p);
+        res = rkm__read_step(&r, g, d);
     }
     rkm__reader_free(&r);
-    if (res) {
-        rkm_plan_destroy(p);
-        return res;
-    }
-    *out = p;
-    return RKM_OK;
+    return res;
 }
 
-rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_plan **out)
+rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name,
+                                rkm_sim_result *sim, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!text && len) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: text is NULL");
+    rkm_result res = rkm__check_finalized(g, "rkm_plan_read_string");
+    if (res) return res;
+    rkm__steps d = {g->ctx, NULL, 0, 0};
+    if ((res = rkm__read_steps(g, text, len, source_name, &d))) {
+        rkm__steps_free(&d);
+        return res;
+    }
+    return rkm__plan_birth(g, &d, sim, out);
+}
+
+rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *sim, rkm_plan **out)
 {
     if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_file: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = NULL;
@@ -1364,7 +1416,7 @@ rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_plan **o
     size_t len;
     rkm_result res = rkm__slurp(g->ctx, path, &data, &len);
     if (res) return res;
-    res = rkm_plan_read_string(g, data, len, path, out);
+    res = rkm_plan_read_string(g, data, len, path, sim, out);
     rkm__free(g->ctx, data, len + 1);
     return res;
 }
@@ -1593,20 +1645,131 @@ static rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
     return RKM_RULE_NONE;
 }
 
+/* What a plan's birth records besides its figures: the executor's flags
+ * and every buffer's lifetime. open_*: per tensor / tensor / op, its open
+ * buffer (-1 if none). */
+typedef struct rkm__recorder {
+    rkm_plan *p;
+    int64_t *open_t, *open_g, *open_p;
+    size_t n_open;
+    size_t at; /* next free entry of p->flags */
+} rkm__recorder;
+
+static int rkm__buf_open(rkm__recorder *rc, int32_t kind, int32_t index, int64_t step, uint64_t bytes)
+{
+    rkm_plan *p = rc->p;
+    if (!rkm__reserve(p->ctx, (void **)&p->buffers, &p->cap_buffers, p->n_buffers + 1, sizeof *p->buffers)) return 0;
+    rkm_buffer *x = &p->buffers[p->n_buffers];
+    memset(x, 0, sizeof *x);
+    x->kind = kind;
+    x->index = index;
+    x->first_step = x->last_step = step;
+    x->bytes = bytes;
+    if (kind == RKM_BUFFER_TENSOR) rc->open_t[index] = (int64_t)p->n_buffers;
+    if (kind == RKM_BUFFER_GRAD) rc->open_g[index] = (int64_t)p->n_buffers;
+    if (kind == RKM_BUFFER_PHANTOM) rc->open_p[index] = (int64_t)p->n_buffers;
+    p->n_buffers++;
+    return 1;
+}
+
+static void rkm__buf_close(rkm__recorder *rc, int64_t *open, int32_t index, int64_t step)
+{
+    rc->p->buffers[open[index]].last_step = step;
+    open[index] = -1;
+}
+
+static void rkm__recorder_free(rkm__recorder *rc)
+{
+    rkm__free(rc->p->ctx, rc->open_t, rc->n_open * sizeof *rc->open_t);
+    rc->open_t = NULL;
+}
+
+/* Open arrays, and the input tensors' buffers: live from before the first
+ * step to after the last. */
+static rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
+{
+    const rkm_graph *g = p->g;
+    memset(rc, 0, sizeof *rc);
+    rc->p = p;
+    size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
+    rc->n_open = 2 * nt + no;
+    rc->open_t = rkm__alloc(p->ctx, rc->n_open * sizeof *rc->open_t);
+    if (!rc->open_t) return rkm__nomem(p->ctx, "plan");
+    rc->open_g = rc->open_t + nt;
+    rc->open_p = rc->open_g + nt;
+    for (size_t i = 0; i < rc->n_open; i++) rc->open_t[i] = -1;
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        if (!(g->tensors[t].flags & RKM_TENSOR_INPUT)) continue;
+        if (!rkm__buf_open(rc, RKM_BUFFER_TENSOR, (int32_t)t, -1, g->tensors[t].bytes)) {
+            rkm__recorder_free(rc);
+            return rkm__nomem(p->ctx, "plan");
+        }
+        p->buffers[p->n_buffers - 1].last_step = (int64_t)p->n_steps;
+    }
+    return RKM_OK;
+}
+
+/* Before step i (s: the state before it, st's index in range): the flags
+ * the executor passes and the buffers the step creates. */
+static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_step *st, int64_t i)
+{
+    const rkm_graph *g = s->g;
+    uint8_t *fl = rc->p->flags;
+    int32_t x = st->index;
+    rc->p->flag_off[i] = rc->at;
+    switch (st->kind) {
+    case RKM_STEP_FWD: {
+        const rkm__op *o = &g->ops[x];
+        fl[rc->at++] = s->fwd_done[x];
+        for (int32_t k = 0; k < o->n_out; k++) fl[rc->at++] = !s->D[o->out[k]];
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (!s->D[o->out[k]] && !rkm__buf_open(rc, RKM_BUFFER_TENSOR, o->out[k], i, g->tensors[o->out[k]].bytes))
+                return 0;
+        if (st->save && !rkm__buf_open(rc, RKM_BUFFER_PHANTOM, x, i, o->phantom)) return 0;
+        return !o->fwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->fwd_ws);
+    }
+    case RKM_STEP_BWD: {
+        const rkm__op *o = &g->ops[x];
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            int new_grad = g->tensors[t].has_grad && !s->G[t];
+            fl[rc->at++] = !g->tensors[t].has_grad ? RKM_GRAD_NONE : new_grad ? RKM_GRAD_NEW : RKM_GRAD_ACCUMULATE;
+            if (new_grad && rc->open_g[t] < 0 && !rkm__buf_open(rc, RKM_BUFFER_GRAD, t, i, g->tensors[t].bytes)) return 0;
+        }
+        return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
+    }
+    case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
+    }
+    return 1;
+}
+
+/* After step i held: the buffers it releases. */
+static void rkm__record_after(rkm__recorder *rc, const rkm_step *st, int64_t i)
+{
+    switch (st->kind) {
+    case RKM_STEP_FREE: rkm__buf_close(rc, rc->open_t, st->index, i); break;
+    case RKM_STEP_FREE_SAVED: rkm__buf_close(rc, rc->open_p, st->index, i); break;
+    case RKM_STEP_FREE_GRAD: rkm__buf_close(rc, rc->open_g, st->index, i); break;
+    }
+}
+
 /* Replay steps[0..n) from the current state. Fills res (peak, time, and on
- * failure rule/fail_step/fail_object) and mem_after if given. Returns 1 if
- * every step held. */
+ * failure rule/fail_step/fail_object), and when given: mem_after and
+ * step_peak per step, and what a plan's birth records (rc). Returns 1 if
+ * every step held, -1 if recording ran out of memory, 0 otherwise. */
 static int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
-                              uint64_t *step_peak)
+                              uint64_t *step_peak, rkm__recorder *rc)
 {
     memset(res, 0, sizeof *res);
     res->fail_step = -1;
     res->fail_object = -1;
     res->peak = s->mem;
     res->peak_step = -1;
+    res->num_steps = n;
     for (size_t i = 0; i < n; i++) {
         uint64_t pk;
         int32_t obj;
+        if (rc && rkm__step_index_ok(s->g, &steps[i]) && !rkm__record_before(rc, s, &steps[i], (int64_t)i)) return -1;
         rkm_rule rule = rkm__sim_step(s, &steps[i], &pk, &obj);
         if (rule != RKM_RULE_NONE) {
             res->rule = rule;
@@ -1614,6 +1777,7 @@ static int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_
             res->fail_object = obj;
             return 0;
         }
+        if (rc) rkm__record_after(rc, &steps[i], (int64_t)i);
         if (res->peak_step < 0 || pk > res->peak) {
             res->peak = pk;
             res->peak_step = (int64_t)i;
@@ -1628,7 +1792,7 @@ static int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_
 
 static int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
 {
-    return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL);
+    return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL, NULL) == 1;
 }
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -1673,177 +1837,136 @@ static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
     return (size_t)obj < g->n_tensors ? g->tensors[obj].name : "";
 }
 
-/* Record what the executor needs, from a replay of the whole (valid) plan. */
-static rkm_result rkm__plan_annotate(rkm_plan *p)
+/* Forward steps of ops whose forward came earlier in the list. */
+static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *steps, size_t n, size_t *out)
 {
-    const rkm_graph *g = p->g;
-    size_t nf = 0;
-    for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *st = &p->steps[i];
+    uint8_t *ran = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    if (!ran) return rkm__nomem(g->ctx, "plan");
+    *out = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || (size_t)steps[i].index >= g->n_ops) continue;
+        *out += ran[steps[i].index];
+        ran[steps[i].index] = 1;
+    }
+    rkm__free(g->ctx, ran, g->n_ops + 1);
+    return RKM_OK;
+}
+
+/* An empty plan that takes the draft's steps and has room for every
+ * per-step record. The draft is emptied whatever happens. */
+static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+{
+    *out = NULL;
+    size_t n = draft->n, nf = 0;
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *st = &draft->s[i];
+        if (!rkm__step_index_ok(g, st)) continue;
         if (st->kind == RKM_STEP_FWD) nf += 1 + (size_t)g->ops[st->index].n_out;
         if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in;
     }
-    p->flag_off = rkm__alloc(p->ctx, (p->n_steps + 1) * sizeof *p->flag_off);
-    p->flags = rkm__alloc(p->ctx, nf + 1);
-    if (!p->flag_off || !p->flags) {
-        rkm__free(p->ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
-        rkm__free(p->ctx, p->flags, nf + 1);
-        p->flag_off = NULL;
-        p->flags = NULL;
-        return rkm__nomem(p->ctx, "plan annotations");
+    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
+    rkm_step *steps = rkm__steps_take(draft);
+    if (!p || (n && !steps)) {
+        rkm__steps_free(draft);
+        rkm__free(g->ctx, steps, n * sizeof *steps);
+        rkm__free(g->ctx, p, sizeof *p);
+        return rkm__nomem(g->ctx, "plan");
     }
+    p->g = g;
+    p->ctx = g->ctx;
+    p->steps = steps;
+    p->n_steps = n;
     p->n_flags = nf + 1;
+    p->mem_after = rkm__calloc(g->ctx, n + 1, sizeof *p->mem_after);
+    p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
+    p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
+    p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
+    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags) {
+        rkm_plan_destroy(p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+/* Replay the plan once, recording everything a query may later ask. 1:
+ * valid, 0: a rule broke (res says which), -1: out of memory. */
+static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
+{
     rkm__sim s;
-    rkm_result r = rkm__sim_init(g, &s);
+    rkm__recorder rc;
+    if (rkm__recorder_init(&rc, p)) return -1;
+    if (rkm__sim_init(p->g, &s)) {
+        rkm__recorder_free(&rc);
+        return -1;
+    }
+    int ok = rkm__sim_run_peaks(&s, p->steps, p->n_steps, res, p->mem_after, p->step_peak, &rc);
+    int32_t obj = -1;
+    rkm_rule rule = ok == 1 ? rkm__sim_end(&s, &obj) : RKM_RULE_NONE;
+    if (rule != RKM_RULE_NONE) {
+        ok = 0;
+        res->rule = rule;
+        res->fail_step = (int64_t)p->n_steps;
+        res->fail_object = obj;
+    }
+    rkm__sim_free(&s);
+    rkm__recorder_free(&rc);
+    res->valid = ok == 1;
+    return ok;
+}
+
+/* The message of an invalid plan: the step and the rule. */
+static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
+{
+    char text[300] = "end of plan";
+    if (res->fail_step < (int64_t)p->n_steps) rkm__step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
+    const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
+    return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
+                    rkm_rule_string(res->rule), *on ? ": " : "", on);
+}
+
+/* The one way a plan comes to be: the draft's steps (taken) replayed once;
+ * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
+static rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
+{
+    rkm_sim_result tmp;
+    if (!res) res = &tmp;
+    memset(res, 0, sizeof *res);
+    res->fail_step = res->peak_step = -1;
+    res->fail_object = -1;
+    *out = NULL;
+    rkm_plan *p;
+    size_t recomputes = 0;
+    rkm_result r = rkm__count_recomputes(g, draft->s, draft->n, &recomputes);
     if (r) {
-        rkm__plan_drop_check(p);
+        rkm__steps_free(draft);
         return r;
     }
-    size_t at = 0;
-    for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *st = &p->steps[i];
-        p->flag_off[i] = at;
-        if (st->kind == RKM_STEP_FWD) {
-            const rkm__op *o = &g->ops[st->index];
-            p->flags[at++] = s.fwd_done[st->index];
-            for (int32_t k = 0; k < o->n_out; k++) p->flags[at++] = !s.D[o->out[k]];
-        } else if (st->kind == RKM_STEP_BWD) {
-            const rkm__op *o = &g->ops[st->index];
-            for (int32_t k = 0; k < o->n_in; k++) {
-                int32_t t = o->in[k];
-                p->flags[at++] = !g->tensors[t].has_grad ? RKM_GRAD_NONE : s.G[t] ? RKM_GRAD_ACCUMULATE : RKM_GRAD_NEW;
-            }
-        }
-        uint64_t pk;
-        int32_t obj;
-        (void)rkm__sim_step(&s, st, &pk, &obj); /* valid: checked by the caller */
+    if ((r = rkm__plan_alloc(g, draft, &p))) return r;
+    int ok = rkm__plan_replay(p, res);
+    res->recomputes = recomputes;
+    if (ok != 1) {
+        r = ok < 0 ? rkm__nomem(g->ctx, "plan") : rkm__plan_refuse(p, res);
+        rkm_plan_destroy(p);
+        return r;
     }
-    rkm__sim_free(&s);
+    rkm_plan_stats *st = &p->stats;
+    st->algo = RKM_ALGO_NONE;
+    st->peak = res->peak;
+    st->peak_step = res->peak_step;
+    st->time = res->time;
+    st->recomputes = recomputes;
+    st->baseline_peak = g->stats.baseline_peak;
+    st->baseline_time = g->stats.baseline_time;
+    st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
+    *out = p;
     return RKM_OK;
 }
 
-/* Simulate a whole plan, fill res, and on failure set the context message. */
-static rkm_result rkm__plan_check(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_after)
-{
-    rkm__sim s;
-    rkm_result r = rkm__sim_init(p->g, &s);
-    if (r) return r;
-    int ok = rkm__sim_run(&s, p->steps, p->n_steps, res, mem_after);
-    int32_t obj = -1;
-    if (ok) {
-        rkm_rule rule = rkm__sim_end(&s, &obj);
-        if (rule != RKM_RULE_NONE) {
-            ok = 0;
-            res->rule = rule;
-            res->fail_step = (int64_t)p->n_steps;
-            res->fail_object = obj;
-        }
-    }
-    rkm__sim_free(&s);
-    res->valid = ok;
-    if (!ok) {
-        char text[300] = "end of plan";
-        if (res->fail_step < (int64_t)p->n_steps) rkm__step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
-        const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
-        if (p->checked) rkm__plan_drop_check(p);
-        return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
-                        rkm_rule_string(res->rule), *on ? ": " : "", on);
-    }
-    res->fail_step = -1;
-    p->stats.peak = res->peak;
-    p->stats.time = res->time;
-    if (!p->checked) {
-        if ((r = rkm__plan_annotate(p))) return r;
-        p->checked = 1;
-    }
-    return RKM_OK;
-}
-
-rkm_result rkm_plan_step_peaks(rkm_plan *p, uint64_t *step_peak)
-{
-    if (!p || !step_peak) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_step_peaks: output is NULL") : RKM_ERROR_ARGUMENT;
-    rkm_sim_result res;
-    rkm_result r = rkm__plan_check(p, &res, NULL);
-    if (r) return r;
-    rkm__sim s;
-    if ((r = rkm__sim_init(p->g, &s))) return r;
-    (void)rkm__sim_run_peaks(&s, p->steps, p->n_steps, &res, NULL, step_peak);
-    rkm__sim_free(&s);
-    return RKM_OK;
-}
-
-rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_after)
-{
-    if (!p) return RKM_ERROR_ARGUMENT;
-    rkm_sim_result tmp;
-    return rkm__plan_check(p, res ? res : &tmp, mem_after);
-}
-
-/* Memory layout. Buffers are recorded by replaying the plan, then placed
+/* Memory layout. Buffers are recorded at a plan's birth, then placed
  * greedily at the lowest aligned offset that no buffer with an overlapping
  * lifetime occupies (lifetimes are inclusive step ranges: a buffer still
  * counts in the step that frees it, as in the contract). */
-
-typedef struct rkm__layout {
-    rkm_context *ctx;
-    rkm_buffer *b;
-    size_t n, cap;
-    int64_t *open_t, *open_g, *open_p; /* per tensor / tensor / op: its open buffer, -1 if none */
-} rkm__layout;
-
-static int rkm__layout_open(rkm__layout *l, int32_t kind, int32_t index, int64_t step, uint64_t bytes)
-{
-    if (!rkm__reserve(l->ctx, (void **)&l->b, &l->cap, l->n + 1, sizeof *l->b)) return 0;
-    rkm_buffer *x = &l->b[l->n];
-    memset(x, 0, sizeof *x);
-    x->kind = kind;
-    x->index = index;
-    x->first_step = x->last_step = step;
-    x->bytes = bytes;
-    if (kind == RKM_BUFFER_TENSOR) l->open_t[index] = (int64_t)l->n;
-    if (kind == RKM_BUFFER_GRAD) l->open_g[index] = (int64_t)l->n;
-    if (kind == RKM_BUFFER_PHANTOM) l->open_p[index] = (int64_t)l->n;
-    l->n++;
-    return 1;
-}
-
-static void rkm__layout_close(rkm__layout *l, int64_t *open, int32_t index, int64_t step)
-{
-    l->b[open[index]].last_step = step;
-    open[index] = -1;
-}
-
-/* Record the buffers one step creates and releases (s: state before it). */
-static int rkm__layout_step(rkm__layout *l, const rkm__sim *s, const rkm_step *st, int64_t i)
-{
-    const rkm_graph *g = s->g;
-    int32_t x = st->index;
-    switch (st->kind) {
-    case RKM_STEP_FWD: {
-        const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (!s->D[o->out[k]] && !rkm__layout_open(l, RKM_BUFFER_TENSOR, o->out[k], i, g->tensors[o->out[k]].bytes))
-                return 0;
-        if (st->save && !rkm__layout_open(l, RKM_BUFFER_PHANTOM, x, i, o->phantom)) return 0;
-        return !o->fwd_ws || rkm__layout_open(l, RKM_BUFFER_WORKSPACE, x, i, o->fwd_ws);
-    }
-    case RKM_STEP_BWD: {
-        const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_in; k++) {
-            int32_t t = o->in[k];
-            if (g->tensors[t].has_grad && !s->G[t] && l->open_g[t] < 0 &&
-                !rkm__layout_open(l, RKM_BUFFER_GRAD, t, i, g->tensors[t].bytes))
-                return 0;
-        }
-        return !o->bwd_ws || rkm__layout_open(l, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
-    }
-    case RKM_STEP_LOSS: return rkm__layout_open(l, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
-    case RKM_STEP_FREE: rkm__layout_close(l, l->open_t, x, i); return 1;
-    case RKM_STEP_FREE_SAVED: rkm__layout_close(l, l->open_p, x, i); return 1;
-    case RKM_STEP_FREE_GRAD: rkm__layout_close(l, l->open_g, x, i); return 1;
-    }
-    return 1;
-}
 
 static int rkm__overlap(const rkm_buffer *a, const rkm_buffer *b)
 {
@@ -1924,81 +2047,26 @@ static uint64_t rkm__layout_best(rkm_buffer *b, size_t n, rkm__order *ord, rkm__
     return arena;
 }
 
-static void rkm__plan_drop_layout(rkm_plan *p)
+rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes)
 {
-    rkm__free(p->ctx, p->layout, p->cap_layout * sizeof *p->layout);
-    p->layout = NULL;
-    p->n_layout = p->cap_layout = 0;
-}
-
-static rkm_result rkm__layout_record(rkm_plan *p, rkm__layout *l)
-{
-    const rkm_graph *g = p->g;
-    rkm__sim s;
-    rkm_result r = rkm__sim_init(g, &s);
-    if (r) return r;
-    int ok = 1;
-    for (size_t t = 0; t < g->n_tensors && ok; t++)
-        if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
-            ok = rkm__layout_open(l, RKM_BUFFER_TENSOR, (int32_t)t, -1, g->tensors[t].bytes);
-            if (ok) l->b[l->n - 1].last_step = (int64_t)p->n_steps;
-        }
-    for (size_t i = 0; i < p->n_steps && ok; i++) {
-        uint64_t pk;
-        int32_t obj;
-        ok = rkm__layout_step(l, &s, &p->steps[i], (int64_t)i);
-        (void)rkm__sim_step(&s, &p->steps[i], &pk, &obj);
-    }
-    rkm__sim_free(&s);
-    return ok ? RKM_OK : rkm__nomem(p->ctx, "rkm_plan_layout");
-}
-
-rkm_result rkm_plan_layout(rkm_plan *p, uint64_t alignment, const rkm_buffer **buffers, size_t *n_buffers,
-                           uint64_t *arena_bytes)
-{
-    if (!p || !buffers || !n_buffers || !arena_bytes)
+    if (!p || !buffers || !arena_bytes)
         return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_layout: an output pointer is NULL") : RKM_ERROR_ARGUMENT;
     if (!alignment) alignment = 256;
     if (alignment & (alignment - 1))
         return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_layout: alignment %llu is not a power of two",
                         (unsigned long long)alignment);
-    rkm_sim_result res;
-    rkm_result r = rkm__plan_check(p, &res, NULL);
-    if (r) return r;
-    rkm__plan_drop_layout(p);
-    const rkm_graph *g = p->g;
-    rkm__layout l;
-    memset(&l, 0, sizeof l);
-    l.ctx = p->ctx;
-    size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
-    l.open_t = rkm__alloc(p->ctx, (2 * nt + no) * sizeof(int64_t));
-    if (!l.open_t) return rkm__nomem(p->ctx, "rkm_plan_layout");
-    l.open_g = l.open_t + nt;
-    l.open_p = l.open_g + nt;
-    for (size_t i = 0; i < 2 * nt + no; i++) l.open_t[i] = -1;
-    r = rkm__layout_record(p, &l);
-    rkm__order *ord = NULL;
-    rkm__extent *ext = NULL;
-    uint64_t *best = NULL;
+    size_t n = p->n_buffers;
+    rkm__order *ord = rkm__alloc(p->ctx, (n + 1) * sizeof *ord);
+    rkm__extent *ext = rkm__alloc(p->ctx, (n + 1) * sizeof *ext);
+    uint64_t *best = rkm__alloc(p->ctx, (n + 1) * sizeof *best);
+    rkm_result r = ord && ext && best ? RKM_OK : rkm__nomem(p->ctx, "rkm_plan_layout");
     if (!r) {
-        ord = rkm__alloc(p->ctx, (l.n + 1) * sizeof *ord);
-        ext = rkm__alloc(p->ctx, (l.n + 1) * sizeof *ext);
-        best = rkm__alloc(p->ctx, (l.n + 1) * sizeof *best);
-        if (!ord || !ext || !best) r = rkm__nomem(p->ctx, "rkm_plan_layout");
+        if (n) memcpy(buffers, p->buffers, n * sizeof *buffers);
+        *arena_bytes = rkm__layout_best(buffers, n, ord, ext, best, alignment);
     }
-    if (!r) {
-        *arena_bytes = rkm__layout_best(l.b, l.n, ord, ext, best, alignment);
-        p->layout = l.b;
-        p->n_layout = l.n;
-        p->cap_layout = l.cap;
-        *buffers = l.b;
-        *n_buffers = l.n;
-    } else
-        rkm__free(p->ctx, l.b, l.cap * sizeof *l.b);
-    rkm__free(p->ctx, ord, (l.n + 1) * sizeof *ord);
-    rkm__free(p->ctx, ext, (l.n + 1) * sizeof *ext);
-    rkm__free(p->ctx, best, (l.n + 1) * sizeof *best);
-    rkm__free(p->ctx, l.open_t, (2 * nt + no) * sizeof(int64_t));
+    rkm__free(p->ctx, ord, (n + 1) * sizeof *ord);
+    rkm__free(p->ctx, ext, (n + 1) * sizeof *ext);
+    rkm__free(p->ctx, best, (n + 1) * sizeof *best);
     return r;
 }
 
@@ -2034,29 +2102,25 @@ static rkm_result rkm__uses(const rkm_graph *g, int32_t **last_fwd, int32_t **fi
 
 static int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
 
-/* Append `free t` when t is live in the replay state and is not an input. */
-static rkm_result rkm__push_free_live(rkm_plan *p, rkm__sim *s, int32_t t)
-{
-    if (!s->D[t] || (p->g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_OK;
-    uint64_t pk;
-    int32_t obj;
-    rkm_step st = {RKM_STEP_FREE, t, 0};
-    (void)rkm__sim_step(s, &st, &pk, &obj);
-    return rkm__plan_push(p, RKM_STEP_FREE, t, 0);
-}
-
 /* Append a step and apply it to the tracking state. */
-static rkm_result rkm__push_tracked(rkm_plan *p, rkm__sim *s, int32_t kind, int32_t index, int32_t save)
+static rkm_result rkm__push_tracked(rkm__steps *p, rkm__sim *s, int32_t kind, int32_t index, int32_t save)
 {
     rkm_step st = {kind, index, save};
     uint64_t pk;
     int32_t obj;
     (void)rkm__sim_step(s, &st, &pk, &obj);
-    return rkm__plan_push(p, kind, index, save);
+    return rkm__steps_push(p, kind, index, save) ? RKM_OK : rkm__nomem(p->ctx, "baseline");
 }
 
-static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm_plan *p, rkm__sim *s, const int32_t *last_fwd,
-                                      const int32_t *first_bwd)
+/* Append `free t` when t is live in the replay state and is not an input. */
+static rkm_result rkm__push_free_live(rkm__steps *p, rkm__sim *s, int32_t t)
+{
+    if (!s->D[t] || (s->g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_OK;
+    return rkm__push_tracked(p, s, RKM_STEP_FREE, t, 0);
+}
+
+static rkm_result rkm__baseline_fill(const rkm_graph *g, rkm__steps *p, rkm__sim *s, const int32_t *last_fwd,
+                                     const int32_t *first_bwd)
 {
     rkm_result r = RKM_OK;
     for (size_t i = 0; i < g->n_ops && !r; i++) {
@@ -2082,40 +2146,38 @@ static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm_plan *p, rkm__sim 
     return r;
 }
 
+/* The baseline's steps, appended to d. */
+static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm__steps *d)
+{
+    int32_t *last_fwd, *first_bwd;
+    rkm__sim s;
+    rkm_result r = rkm__uses(g, &last_fwd, &first_bwd);
+    if (r) return r;
+    if (!(r = rkm__sim_init(g, &s))) {
+        r = rkm__baseline_fill(g, d, &s, last_fwd, first_bwd);
+        rkm__sim_free(&s);
+    }
+    rkm__free(g->ctx, last_fwd, (g->n_tensors + 1) * sizeof(int32_t));
+    rkm__free(g->ctx, first_bwd, (g->n_tensors + 1) * sizeof(int32_t));
+    return r;
+}
+
 rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out)
 {
     if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_baseline: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = NULL;
     if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_plan *p;
-    rkm_result r = rkm_plan_create(g, &p);
+    rkm_result r = rkm__check_finalized(g, "rkm_plan_baseline");
     if (r) return r;
-    int32_t *last_fwd, *first_bwd;
-    rkm__sim s;
-    if ((r = rkm__uses(g, &last_fwd, &first_bwd))) {
-        rkm_plan_destroy(p);
+    rkm__steps d = {g->ctx, NULL, 0, 0};
+    if ((r = rkm__baseline_steps(g, &d))) {
+        rkm__steps_free(&d);
         return r;
     }
-    if (!(r = rkm__sim_init(g, &s))) {
-        r = rkm__baseline_steps(g, p, &s, last_fwd, first_bwd);
-        rkm__sim_free(&s);
-    }
-    rkm__free(g->ctx, last_fwd, (g->n_tensors + 1) * sizeof(int32_t));
-    rkm__free(g->ctx, first_bwd, (g->n_tensors + 1) * sizeof(int32_t));
-    rkm_sim_result res;
-    if (!r) r = rkm__plan_check(p, &res, NULL);
-    if (r) {
-        rkm_plan_destroy(p);
-        return r;
-    }
-    p->stats.algo = RKM_ALGO_NONE;
-    p->stats.baseline_peak = res.peak;
-    p->stats.baseline_time = res.time;
-    p->stats.budget = res.peak;
-    p->stats.blocks = g->n_blocks;
-    p->stats.block_classes = g->n_classes;
-    *out = p;
-    return RKM_OK;
+    if ((r = rkm__plan_birth(g, &d, NULL, out)) == RKM_ERROR_PLAN)
+        return rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: the baseline plan does not replay");
+    if (!r) (*out)->stats.budget = (*out)->stats.peak;
+    return r;
 }
 
 /* Sum of bytes of the distinct tensors among two id lists (a, then b). */
@@ -2151,22 +2213,37 @@ static uint64_t rkm__lower_bound(const rkm_graph *g)
     return lb;
 }
 
+/* The graph's figures, once, at finalize: the baseline's peak and time come
+ * from replaying its steps (the graph is not finalized yet: no plan). */
+static rkm_result rkm__graph_figures(rkm_graph *g)
+{
+    rkm__steps d = {g->ctx, NULL, 0, 0};
+    rkm__sim s;
+    rkm_result r = rkm__baseline_steps(g, &d);
+    if (!r && !(r = rkm__sim_init(g, &s))) {
+        rkm_sim_result res;
+        int32_t obj;
+        if (!rkm__sim_run(&s, d.s, d.n, &res, NULL) || rkm__sim_end(&s, &obj) != RKM_RULE_NONE)
+            r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: the baseline plan does not replay");
+        rkm__sim_free(&s);
+        rkm_graph_stats *st = &g->stats;
+        st->input_bytes = g->input_bytes;
+        st->baseline_peak = res.peak;
+        st->baseline_time = res.time;
+        st->lower_bound = rkm__lower_bound(g);
+        st->blocks = g->n_blocks;
+        st->block_classes = g->n_classes;
+    }
+    rkm__steps_free(&d);
+    return r;
+}
+
 rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out)
 {
     if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_stats_get: the graph is not finalized");
-    rkm_plan *p;
-    rkm_result r = rkm_plan_baseline(g, &p);
-    if (r) return r;
-    memset(out, 0, sizeof *out);
-    out->input_bytes = g->input_bytes;
-    out->baseline_peak = p->stats.baseline_peak;
-    out->baseline_time = p->stats.baseline_time;
-    out->lower_bound = rkm__lower_bound(g);
-    out->blocks = g->n_blocks;
-    out->block_classes = g->n_classes;
-    rkm_plan_destroy(p);
-    return RKM_OK;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_stats_get");
+    if (!r) *out = g->stats;
+    return r;
 }
 
 /* ===========================================================================
@@ -2385,37 +2462,6 @@ static void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b)
     for (size_t i = 0; i < b->n_opt; i++) rkm__option_free(ctx, &b->opt[i]);
     rkm__free(ctx, b->opt, b->cap_opt * sizeof *b->opt);
     memset(b, 0, sizeof *b);
-}
-
-/* A growable step list. */
-typedef struct rkm__steps {
-    rkm_context *ctx;
-    rkm_step *s;
-    size_t n, cap;
-} rkm__steps;
-
-static int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
-{
-    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
-    l->s[l->n].kind = kind;
-    l->s[l->n].index = index;
-    l->s[l->n].save = save;
-    l->n++;
-    return 1;
-}
-
-/* Shrink to exactly n steps so that the owner frees with n * size. */
-static rkm_step *rkm__steps_take(rkm__steps *l)
-{
-    rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
-    if (!s) return NULL;
-    if (!l->n) {
-        rkm__free(l->ctx, s, sizeof *s);
-        s = NULL;
-    }
-    l->s = NULL;
-    l->n = l->cap = 0;
-    return s;
 }
 
 /* Is t a tensor of the block (made by one of its ops)? */
@@ -4896,7 +4942,7 @@ struct rkm_planner {
     const rkm_graph *g;
     rkm_context *ctx;
     rkm_solve_desc d;
-    uint64_t base_peak;
+    uint64_t base_peak;      /* the graph's figures */
     double base_time;
     uint64_t lower_bound;
     double t0;               /* planner creation time: the time budget runs from here */
@@ -4906,18 +4952,16 @@ struct rkm_planner {
     rkm__dp_option *dpo;
     size_t n_dpo;
     rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
-    rkm_plan_stats stats;    /* timings */
+    double create_seconds;
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
 };
 
 /* The planner's figures so far, ILP counters included. */
-static void rkm__planner_figures(const rkm_planner *pl, rkm_plan_stats *st)
+static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
 {
-    *st = pl->stats;
+    memset(st, 0, sizeof *st);
     st->algo = pl->d.algo;
-    st->baseline_peak = pl->base_peak;
-    st->baseline_time = pl->base_time;
     st->blocks = pl->g->n_blocks;
     st->block_classes = pl->g->n_classes;
     st->options = (int32_t)pl->n_dpo;
@@ -4928,6 +4972,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_plan_stats *st)
     st->ilp_timeout = pl->ilp.timeout;
     st->ilp_failed = pl->ilp.failed;
     st->ilp_seconds = pl->ilp.seconds;
+    st->create_seconds = pl->create_seconds;
 }
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -4976,11 +5021,11 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
 }
 
 /* Turn block-level operations into graph-level steps. */
-static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm_plan *p)
+static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm__steps *p)
 {
     const rkm_graph *g = pl->g;
-    rkm_result r = RKM_OK;
-    for (size_t i = 0; i < n && !r; i++) {
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
         const rkm__bopts *bo = &pl->bo[ops[i].block];
         const rkm_step *s = NULL;
         size_t m = 0;
@@ -4990,11 +5035,11 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
             s = bo->opt[ops[i].option].steps + bo->opt[ops[i].option].n_fwd, m = bo->opt[ops[i].option].n_bwd;
             break;
         case RKM__DP_FWD_NOSAVE: s = bo->nosave, m = bo->n_nosave; break;
-        case RKM__DP_FREE_OUT: r = rkm__plan_push(p, RKM_STEP_FREE, g->blocks[ops[i].block].out, 0); break;
+        case RKM__DP_FREE_OUT: ok = rkm__steps_push(p, RKM_STEP_FREE, g->blocks[ops[i].block].out, 0); break;
         }
-        for (size_t k = 0; k < m && !r; k++) r = rkm__plan_push(p, s[k].kind, s[k].index, s[k].save);
+        for (size_t k = 0; k < m && ok; k++) ok = rkm__steps_push(p, s[k].kind, s[k].index, s[k].save);
     }
-    return r;
+    return ok ? RKM_OK : rkm__nomem(pl->ctx, "plan");
 }
 
 static double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
@@ -5113,22 +5158,47 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm__free(pl->ctx, pl, sizeof *pl);
 }
 
+#ifdef RKM_OMIT_SOLVER
+#define RKM__ALGO_BEST RKM_ALGO_ROTOR
+#else
+#define RKM__ALGO_BEST RKM_ALGO_ROCKMATE
+#endif
+
+/* A count option: 0 means default; negative refused. */
+static rkm_result rkm__desc_count(rkm_context *ctx, const char *what, int32_t *v, int32_t dflt)
+{
+    if (*v < 0) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %d (positive, or 0 for the default)", what, (int)*v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+/* A seconds option: 0 means default; negative, NaN or infinite refused. */
+static rkm_result rkm__desc_seconds(rkm_context *ctx, const char *what, double *v, double dflt)
+{
+    if (!(*v >= 0) || !isfinite(*v))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %g (finite and positive, or 0 for the default)", what, *v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
 static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
 {
     memset(d, 0, sizeof *d);
     if (desc) *d = *desc;
+    rkm_context *ctx = g->ctx;
     if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve: algorithm %d does not exist", (int)d->algo);
-    if (d->slots < 0 || d->ilp_peak_points < 0 || d->ilp_kept_points < 0 || d->time_limit < 0 || d->ilp_time_limit < 0)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve: negative option (zero means default)");
-    if (!d->slots) d->slots = RKM_DEFAULT_SLOTS;
-    if (d->time_limit == 0) d->time_limit = RKM_DEFAULT_TIME_LIMIT;
-    if (d->ilp_time_limit == 0) d->ilp_time_limit = RKM_DEFAULT_ILP_TIME_LIMIT;
-    if (!d->ilp_peak_points) d->ilp_peak_points = RKM_DEFAULT_PEAK_POINTS;
-    if (!d->ilp_kept_points) d->ilp_kept_points = RKM_DEFAULT_KEPT_POINTS;
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
+    if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM__ALGO_BEST;
+    rkm_result r;
+    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
+        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)))
+        return r;
 #ifdef RKM_OMIT_SOLVER
     if (d->algo == RKM_ALGO_ROCKMATE || d->algo == RKM_ALGO_CHECKMATE)
-        return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
+        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
                         rkm_algo_name(d->algo));
 #endif
     return RKM_OK;
@@ -5141,12 +5211,11 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = NULL;
     if (!g) return RKM_ERROR_ARGUMENT;
-    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_planner_create: the graph is not finalized");
-    rkm_solve_desc d;
-    rkm_result r = rkm__desc_defaults(g, desc, &d);
+    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
     if (r) return r;
-    rkm_graph_stats gs;
-    if ((r = rkm_graph_stats_get(g, &gs))) return r;
+    rkm_solve_desc d;
+    if ((r = rkm__desc_defaults(g, desc, &d))) return r;
+    const rkm_graph_stats gs = g->stats;
     rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
     if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
     pl->g = g;
@@ -5175,57 +5244,59 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
         rkm_planner_destroy(pl);
         return r;
     }
-    pl->stats.solve_seconds = rkm__elapsed(pl);
+    pl->create_seconds = rkm__elapsed(pl);
     *out = pl;
     return RKM_OK;
 }
 
-/* Replay a finished plan, fill its figures; a plan over budget is a bug. */
+/* Birth of a draft the planner made (taken): an invalid one is a bug. */
+static rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+{
+    rkm_result r = rkm__plan_birth(pl->g, draft, NULL, out);
+    if (r != RKM_ERROR_PLAN) return r;
+    char why[RKM_ERRMSG_SIZE];
+    snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
+    return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay: %s",
+                    rkm_algo_name(pl->d.algo), why);
+}
+
+/* The planner's figures of a plan it hands out; over budget is a bug. */
 static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
 {
-    rkm_sim_result res;
-    rkm_result r = rkm__plan_check(p, &res, NULL);
-    if (r == RKM_ERROR_PLAN) {
-        char why[RKM_ERRMSG_SIZE];
-        snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
-        return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan does not replay: %s",
-                        rkm_algo_name(pl->d.algo), why);
-    }
-    if (r) return r;
-    if (res.peak > budget)
-        return rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: the %s plan peaks at %llu bytes, over the budget of %llu",
-                        rkm_algo_name(pl->d.algo), (unsigned long long)res.peak, (unsigned long long)budget);
     rkm_plan_stats *st = &p->stats;
-    rkm__planner_figures(pl, st);
+    if (st->peak > budget)
+        return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes, over the budget of %llu",
+                        rkm_algo_name(pl->d.algo), (unsigned long long)st->peak, (unsigned long long)budget);
+    st->algo = pl->d.algo;
     st->budget = budget;
-    st->peak = res.peak;
-    st->time = res.time;
-    st->baseline_peak = pl->base_peak;
-    st->baseline_time = pl->base_time;
-    st->overhead = pl->base_time > 0 ? res.time / pl->base_time - 1 : 0;
-    st->solve_seconds = pl->stats.solve_seconds + (rkm__now() - t_start);
+    st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
     return RKM_OK;
 }
 
-static rkm_result rkm__plan_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, rkm_plan **out)
+/* A draft from a block-level schedule; freed on failure. */
+static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, rkm__steps *d)
 {
-    rkm_result r = rkm_plan_create(pl->g, out);
-    if (!r) r = rkm__flatten(pl, ops->v, ops->n, *out);
-    if (r) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
+    rkm_result r = rkm__flatten(pl, ops->v, ops->n, d);
+    if (r) rkm__steps_free(d);
     return r;
 }
 
-static rkm_result rkm__plan_from_steps(rkm_planner *pl, const rkm_step *s, size_t n, rkm_plan **out)
+/* The chain DP's block-level schedule for m slots into ops, or ops empty
+ * when it has none. */
+static rkm_result rkm__chain_ops(rkm_planner *pl, uint64_t m, rkm__dp_ops *ops)
 {
-    rkm_result r = rkm_plan_create(pl->g, out);
-    for (size_t i = 0; i < n && !r; i++) r = rkm__plan_push(*out, s[i].kind, s[i].index, s[i].save);
-    if (r) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
+    const rkm_graph *g = pl->g;
+    if (pl->d.algo == RKM_ALGO_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
+    int64_t peak = 0;
+    if (!isfinite(opt)) return RKM_OK;
+    rkm_result r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, ops);
+    /* The block-level schedule must be the DP's own answer (its time is
+     * summed in another order, hence the relative tolerance). */
+    if (!r) r = rkm__dp_eval(pl->ctx, pl->dpb, g->n_blocks, ops, &t, &peak);
+    if (!r && (fabs(t - opt) > 1e-9 * opt || peak > (int64_t)m))
+        r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: chain DP schedule takes %g s and %lld slots, not %g s in %llu",
+                     t, (long long)peak, opt, (unsigned long long)m);
     return r;
 }
 
@@ -5238,29 +5309,14 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     uint64_t m = (budget - g->input_bytes) / pl->q;
     if (m > (uint64_t)pl->d.slots) m = (uint64_t)pl->d.slots;
     rkm__dp_ops ops = {NULL, 0, 0};
-    rkm_result r;
-    if (pl->d.algo == RKM_ALGO_SQRT) r = rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, &ops);
-    else {
-        double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
-        int64_t peak = 0;
-        if (!isfinite(opt)) return RKM_OK;
-        r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, &ops);
-        /* The block-level schedule must be the DP's own answer (its time is
-         * summed in another order, hence the relative tolerance). */
-        if (!r) r = rkm__dp_eval(pl->ctx, pl->dpb, g->n_blocks, &ops, &t, &peak);
-        if (!r && (fabs(t - opt) > 1e-9 * opt || peak > (int64_t)m))
-            r = rkm__err(pl->ctx, RKM_ERROR_STATE, "internal error: chain DP schedule takes %g s and %lld slots, not %g s in %llu",
-                         t, (long long)peak, opt, (unsigned long long)m);
-    }
-    if (!r) r = rkm__plan_from_ops(pl, &ops, out);
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    rkm_result r = rkm__chain_ops(pl, m, &ops);
+    if (!r && ops.n) r = rkm__draft_from_ops(pl, &ops, &d);
     rkm__dp_ops_free(pl->ctx, &ops);
-    if (!r && pl->d.algo == RKM_ALGO_SQRT) { /* a fixed schedule: it fits or not */
-        rkm_sim_result res;
-        r = rkm__plan_check(*out, &res, NULL);
-        if (r || res.peak > budget) {
-            rkm_plan_destroy(*out);
-            *out = NULL;
-        }
+    if (!r && d.n) r = rkm__planned_birth(pl, &d, out);
+    if (!r && *out && (*out)->stats.peak > budget) { /* sqrt: a fixed schedule fits or not */
+        rkm_plan_destroy(*out);
+        *out = NULL;
     }
     return r;
 }
@@ -5277,7 +5333,11 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
     size_t nf = 0, nb = 0;
     int found = 0;
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
-    if (!r && found) r = rkm__plan_from_steps(pl, steps, nf + nb, out);
+    if (!r && found) {
+        rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
+        steps = NULL;
+        r = rkm__planned_birth(pl, &d, out);
+    }
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
     return r;
@@ -5312,6 +5372,25 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
+/* Checkmate's smallest budget: bisection on bytes (feasibility is monotone
+ * in the budget), 12 probes sharing the time limit. A probe that times out
+ * counts as infeasible, so this is the least budget the solver could meet. */
+static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
+{
+    rkm_result r = RKM_OK;
+    uint64_t lo = pl->lower_bound, hi = pl->base_peak;
+    for (int it = 0; it < 12 && lo < hi && !r; it++) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        rkm_plan *p;
+        r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
+        if (!r && p) hi = p->stats.peak;
+        else if (!r) lo = mid + 1;
+        rkm_plan_destroy(p);
+    }
+    *out = hi;
+    return r;
+}
+
 /* The smallest budget the planner's algorithm meets (it does not change). */
 static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
 {
@@ -5326,27 +5405,10 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
             *out = g->input_bytes + (uint64_t)m * pl->q;
     } else if (pl->d.algo == RKM_ALGO_SQRT) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, UINT64_MAX, &p)) && p) {
-            rkm_sim_result res;
-            if (!(r = rkm__plan_check(p, &res, NULL))) *out = res.peak;
-            rkm_plan_destroy(p);
-        }
-    } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
-        /* Bisection on bytes (feasibility is monotone in the budget), 12
-         * probes sharing the time limit: a probe that times out counts as
-         * infeasible, so this is the least budget the solver could meet. */
-        uint64_t lo = pl->lower_bound, hi = pl->base_peak;
-        for (int it = 0; it < 12 && lo < hi && !r; it++) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            rkm_plan *p;
-            rkm_sim_result res;
-            r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
-            if (!r && p && !(r = rkm__plan_check(p, &res, NULL))) hi = res.peak;
-            else if (!r) lo = mid + 1;
-            rkm_plan_destroy(p);
-        }
-        *out = hi;
-    }
+        if (!(r = rkm__solve_chain(pl, UINT64_MAX, &p)) && p) *out = p->stats.peak;
+        rkm_plan_destroy(p);
+    } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
+        r = rkm__min_budget_checkmate(pl, out);
     return r;
 }
 
@@ -5372,9 +5434,9 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     return RKM_OK;
 }
 
-rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_plan_stats *out)
+rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
 {
-    if (!pl || !out) return RKM_ERROR_ARGUMENT;
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm__planner_figures(pl, out);
     return RKM_OK;
 }
@@ -5393,46 +5455,57 @@ rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
 {
-    if (!p || !out) return RKM_ERROR_ARGUMENT;
+    if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = p->stats;
     return RKM_OK;
 }
 
-static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"rockmate", "rotor", "sqrt", "checkmate", "none"};
+static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none"};
 
 const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
 
-rkm_result rkm_algo_from_name(const char *name, rkm_algo *out)
+rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
 {
-    for (int a = 0; name && a < RKM_ALGO_COUNT; a++)
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!name || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_algo_from_name: name or out is NULL");
+    for (int a = 0; a < RKM_ALGO_COUNT; a++)
         if (strcmp(name, rkm__algo_names[a]) == 0) {
-            if (out) *out = (rkm_algo)a;
+            *out = (rkm_algo)a;
             return RKM_OK;
         }
-    return RKM_ERROR_ARGUMENT;
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate or none)",
+                    name);
 }
 
-rkm_result rkm_parse_budget(const char *text, uint64_t baseline_peak, uint64_t *out)
+/* The number and unit of a budget; 0 if the text is not one. */
+static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t *out)
 {
     static const struct { const char *suffix; double mult; } units[] = {
         {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"", 1}};
-    if (!text || !out) return RKM_ERROR_ARGUMENT;
-    if (rkm__parse_u64(text, out)) return RKM_OK; /* plain bytes: exact */
+    if (rkm__parse_u64(text, out)) return 1; /* plain bytes: exact */
     char *end;
     errno = 0;
-    if (!((*text >= '0' && *text <= '9') || *text == '.')) return RKM_ERROR_ARGUMENT;
+    if (!((*text >= '0' && *text <= '9') || *text == '.')) return 0;
     double v = strtod(text, &end);
-    if (errno || end == text || !isfinite(v) || v < 0) return RKM_ERROR_ARGUMENT;
+    if (errno || end == text || !isfinite(v) || v < 0) return 0;
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcmp(end, units[i].suffix) != 0) continue;
         double bytes = units[i].mult < 0 ? v / 100.0 * (double)baseline_peak : v * units[i].mult;
-        if (bytes >= 18446744073709551615.0) return RKM_ERROR_ARGUMENT;
+        if (bytes >= 18446744073709551615.0) return 0;
         *out = (uint64_t)bytes;
-        return RKM_OK;
+        return 1;
     }
-    return RKM_ERROR_ARGUMENT;
+    return 0;
 }
 
+rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out)
+{
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!text || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
+    if (rkm__budget_value(text, baseline_peak, out)) return RKM_OK;
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT,
+                    "budget '%.64s': bytes, optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the baseline peak", text);
+}
 
 /* ===========================================================================
  * 12. Executor and profiler
@@ -5450,8 +5523,6 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
     if (!p || !cb) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: callbacks are NULL") : RKM_ERROR_ARGUMENT;
     if (!cb->forward || !cb->backward)
         return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: the forward and backward callbacks are required");
-    if (!p->checked)
-        return rkm__err(p->ctx, RKM_ERROR_STATE, "rkm_plan_execute: the plan has not been simulated valid (rkm_plan_simulate)");
     for (size_t i = 0; i < p->n_steps; i++) {
         const rkm_step *st = &p->steps[i];
         const uint8_t *fl = p->flags + p->flag_off[i];
@@ -5557,37 +5628,64 @@ double rkm_trimmed_mean(double *samples, size_t n, double trim)
     return sum / (double)(n - 2 * drop);
 }
 
-rkm_result rkm_graph_profile(rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc)
+static rkm_result rkm__profile_defaults(const rkm_graph *g, const rkm_profile_desc *desc, rkm_profile_desc *d)
 {
-    if (!g || !cb) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_profile: callbacks are NULL") : RKM_ERROR_ARGUMENT;
+    memset(d, 0, sizeof *d);
+    if (desc) *d = *desc;
+    if (d->runs < 0)
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "profile desc: runs is %d (positive, or 0 for the default)", (int)d->runs);
+    if (!(d->trim >= 0 && d->trim < 0.5))
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "profile desc: trim is %g (in [0, 0.5), 0 for the default)", d->trim);
+    if (d->runs == 0) d->runs = 5;
+    if (d->trim == 0) d->trim = 0.2;
+    if (!d->clock) d->clock = rkm__default_clock;
+    return RKM_OK;
+}
+
+/* Each op's trimmed means over the runs' samples. */
+static void rkm__profile_costs(const rkm_graph *g, const rkm__prof *pr, const rkm_profile_desc *d, double *col,
+                               rkm_op_costs *costs)
+{
+    for (size_t i = 0; i < g->n_ops; i++) {
+        rkm_op_costs *c = &costs[i];
+        c->fwd_ws = g->ops[i].fwd_ws;
+        c->bwd_ws = g->ops[i].bwd_ws;
+        for (int32_t k = 0; k < d->runs; k++) col[k] = pr->fwd[(size_t)k * g->n_ops + i];
+        c->fwd_seconds = rkm_trimmed_mean(col, (size_t)d->runs, d->trim);
+        for (int32_t k = 0; k < d->runs; k++) col[k] = pr->bwd[(size_t)k * g->n_ops + i];
+        c->bwd_seconds = g->ops[i].has_bwd ? rkm_trimmed_mean(col, (size_t)d->runs, d->trim) : 0;
+    }
+}
+
+rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_profile: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!cb || !cb->forward || !cb->backward)
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_profile: the forward and backward callbacks are required");
     rkm_profile_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.runs <= 0) d.runs = 5;
-    if (d.trim <= 0 || d.trim >= 0.5) d.trim = 0.2;
-    if (!d.clock) d.clock = rkm__default_clock;
-    rkm_plan *p;
-    rkm_result r = rkm_plan_baseline(g, &p);
+    rkm_result r = rkm__profile_defaults(g, desc, &d);
+    rkm_plan *p = NULL;
+    if (!r) r = rkm_plan_baseline(g, &p);
     if (r) return r;
-    size_t n = (size_t)d.runs * g->n_ops;
+    size_t n = (size_t)d.runs * g->n_ops, size = (2 * n + (size_t)d.runs) * sizeof(double);
     rkm__prof pr = {cb, d.clock, d.clock_user, NULL, NULL, g->n_ops, 0};
-    pr.fwd = rkm__calloc(g->ctx, 2 * n + (size_t)d.runs, sizeof(double));
-    if (!pr.fwd) {
-        rkm_plan_destroy(p);
-        return rkm__nomem(g->ctx, "rkm_graph_profile");
+    pr.fwd = rkm__calloc(g->ctx, 1, size);
+    rkm_op_costs *costs = rkm__calloc(g->ctx, g->n_ops + 1, sizeof *costs);
+    if (!pr.fwd || !costs) r = rkm__nomem(g->ctx, "rkm_graph_profile");
+    if (!r) {
+        pr.bwd = pr.fwd + n;
+        rkm_callbacks w = {&pr, rkm__prof_fwd, rkm__prof_bwd, rkm__prof_loss, rkm__prof_free_tensor,
+                           rkm__prof_free_saved, rkm__prof_free_grad};
+        for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm_plan_execute(p, &w);
     }
-    pr.bwd = pr.fwd + n;
-    double *col = pr.bwd + n; /* one op's samples, sorted in place */
-    rkm_callbacks w = {&pr, rkm__prof_fwd, rkm__prof_bwd, rkm__prof_loss, rkm__prof_free_tensor, rkm__prof_free_saved,
-                       rkm__prof_free_grad};
-    for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm_plan_execute(p, &w);
-    for (size_t i = 0; i < g->n_ops && !r; i++) {
-        for (int32_t k = 0; k < d.runs; k++) col[k] = pr.fwd[(size_t)k * g->n_ops + i];
-        g->ops[i].fwd = rkm_trimmed_mean(col, (size_t)d.runs, d.trim);
-        for (int32_t k = 0; k < d.runs; k++) col[k] = pr.bwd[(size_t)k * g->n_ops + i];
-        g->ops[i].bwd = g->ops[i].has_bwd ? rkm_trimmed_mean(col, (size_t)d.runs, d.trim) : 0;
+    if (!r) {
+        rkm__profile_costs(g, &pr, &d, pr.bwd + n, costs); /* the last runs doubles: one op's samples */
+        r = rkm_graph_with_costs(g, costs, out);
     }
-    rkm__free(g->ctx, pr.fwd, (2 * n + (size_t)d.runs) * sizeof(double));
+    rkm__free(g->ctx, pr.fwd, size);
+    rkm__free(g->ctx, costs, (g->n_ops + 1) * sizeof *costs);
     rkm_plan_destroy(p);
     return r;
 }

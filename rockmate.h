@@ -17,8 +17,7 @@
  *     rkm_context *ctx;  rkm_graph *g;  rkm_plan *plan;
  *     rkm_context_create(NULL, &ctx);               // NULL desc: malloc, silent
  *     rkm_graph_read_file(ctx, "model.rkg", &g);    // or rkm_graph_create + add_*
- *     rkm_solve_desc sd = {0};                      // zero means defaults
- *     sd.algo = RKM_ALGO_ROCKMATE;
+ *     rkm_solve_desc sd = {0};                      // zero: the best algorithm built in
  *     if (rkm_plan_solve(g, &sd, budget_bytes, &plan) != RKM_OK)
  *         fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
  *     rkm_plan_execute(plan, &callbacks);           // once per training step
@@ -26,10 +25,12 @@
  *
  * CONVENTIONS
  *
- * - Every fallible function returns an rkm_result. On failure the context
- *   keeps a message that names the object (file:line, step, op or tensor) and
- *   the rule that was broken: rkm_context_errmsg(). A failed call leaves its
- *   output pointer NULL and nothing half-built.
+ * - Every fallible function returns an rkm_result. Every failing call made
+ *   through a context writes a message there that names the object
+ *   (file:line, step, op or tensor) and the rule that was broken:
+ *   rkm_context_errmsg(). A failed call leaves its output pointer NULL and
+ *   nothing half-built. RKM_ERROR_INTERNAL is a bug in the library, never a
+ *   consequence of the input; please report it with the message.
  * - Every allocation goes through the context's allocator (Lua style: one
  *   function, user data, the old size on realloc and free).
  * - The library never aborts and never prints; messages go to the optional
@@ -38,6 +39,26 @@
  *   plans and planners made from it; a context must outlive everything made
  *   with it. Objects are not thread-safe; distinct objects may be used from
  *   distinct threads (lp_solve calls are serialised by one internal lock).
+ *
+ * OBJECT LIFETIMES (data flows one way)
+ *
+ *   context  owns the allocator, the logger and the message; mutable only
+ *            through its message.
+ *   graph    a builder until rkm_graph_finalize; from then on immutable,
+ *            costs included: its gradients, block structure, classes and
+ *            baseline figures are derived once, at finalize, from what was
+ *            built. New costs (measured, profiled) make a new graph
+ *            (rkm_graph_with_costs, rkm_graph_profile), which plans exactly
+ *            as the same graph written to .rkg and read back.
+ *   plan     born checked: every plan the library hands out (planner,
+ *            baseline, reader, rkm_plan_create) has been simulated valid
+ *            once, at birth, and keeps its figures (peak, time, per-step
+ *            memory, the executor's annotations, the buffers' lifetimes).
+ *            An invalid step list is refused with the rule it breaks. A
+ *            plan never changes; every query is const and recomputes
+ *            nothing.
+ *   planner  holds what does not depend on the budget (block options, the
+ *            DP table); each solve returns a new plan owned by the caller.
  * - Ids are dense int32 indices: tensors 0..num_tensors-1 in declaration
  *   order, ops 0..num_ops-1 in declaration (topological) order.
  * - Output is deterministic: the same graph and options give the same plan,
@@ -64,12 +85,16 @@
  *   workspace) overflow 64 bits is rejected, so no sum can overflow.
  * - `fwd OP` without `save` on an op whose saved state is live is allowed:
  *   it recomputes outputs and leaves the saved state as it is.
+ * - An op's costs (times, workspaces) are part of the graph: finalize
+ *   derives the block classes from them, so they are never changed on a
+ *   finalized graph.
  *
  * COMPILE-TIME SWITCHES
  *
  *   RKM_OMIT_SOLVER  leave lp_solve out: RKM_ALGO_ROCKMATE and
  *                    RKM_ALGO_CHECKMATE return RKM_ERROR_UNSUPPORTED; rotor,
- *                    sqrt and none still plan; loading, checking and executing
+ *                    sqrt and none still plan, and RKM_ALGO_DEFAULT (a zeroed
+ *                    solve desc) means rotor; loading, checking and executing
  *                    plans is unaffected. No LGPL code is linked.
  */
 #ifndef ROCKMATE_H
@@ -100,7 +125,7 @@ typedef enum rkm_result {
     RKM_OK = 0,
     RKM_ERROR_NOMEM,       /* the allocator returned NULL */
     RKM_ERROR_ARGUMENT,    /* a NULL pointer, an id out of range, a bad option */
-    RKM_ERROR_STATE,       /* not allowed now (graph not finalized, plan not checked...) */
+    RKM_ERROR_STATE,       /* not allowed now (a builder call on a finalized graph...) */
     RKM_ERROR_IO,          /* a file could not be opened, read or written */
     RKM_ERROR_PARSE,       /* text that does not follow the file syntax */
     RKM_ERROR_GRAPH,       /* a graph that breaks a rule of the contract */
@@ -110,6 +135,7 @@ typedef enum rkm_result {
     RKM_ERROR_SOLVER,      /* lp_solve failed in a way that left no usable result */
     RKM_ERROR_TIMEOUT,     /* the planning time budget ran out before any plan */
     RKM_ERROR_UNSUPPORTED, /* compiled out (RKM_OMIT_SOLVER) */
+    RKM_ERROR_INTERNAL,    /* a bug in the library: a check of its own results failed */
     RKM_RESULT_COUNT
 } rkm_result;
 
@@ -145,11 +171,29 @@ typedef struct rkm_context_desc {
     int log_level;      /* messages at or below this level are sent; 0: RKM_LOG_WARN */
 } rkm_context_desc;
 
-/* desc may be NULL (all defaults). On NOMEM *out is NULL (no message exists). */
+/* desc may be NULL (all defaults); a zeroed desc is the same. On failure *out
+ * is NULL and there is no context to hold a message: RKM_ERROR_NOMEM, or
+ * RKM_ERROR_ARGUMENT for a log_level outside 0..RKM_LOG_DEBUG. */
 rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out);
 void rkm_context_destroy(rkm_context *ctx);
-/* The message of the last failed call made through this context ("" if none). */
+/* The message of the most recent failed call made through this context; ""
+ * before the first failure. A successful call leaves it as it is (read it
+ * only after a call has failed): every failing call writes its own message
+ * first, so the message always belongs to the latest failure. A call given a
+ * NULL object has no context to write to: it returns RKM_ERROR_ARGUMENT and
+ * leaves the message alone. */
 const char *rkm_context_errmsg(const rkm_context *ctx);
+
+/* For code built on the library (cuda/ uses them): allocate through the
+ * context's allocator (the rkm_alloc_fn convention), and fail through its
+ * message channel: rkm_context_fail formats the message, logs it at
+ * RKM_LOG_ERROR and returns code. */
+void *rkm_context_realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
+rkm_result rkm_context_fail(rkm_context *ctx, rkm_result code, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 /* ---------------------------------------------------------------------------
  * Graph: build through the API or read a .rkg file, then finalize
@@ -185,9 +229,9 @@ rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, 
                                 int32_t *id);
 rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *desc, int32_t *id);
 rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor);
-/* Checks the whole-graph rules, derives gradients, backwards and contributors,
- * and detects the block structure. After it the graph is read-only except
- * for rkm_graph_set_op_costs. */
+/* Checks the whole-graph rules, derives gradients, backwards and
+ * contributors, detects the block structure and its classes, and computes
+ * the baseline figures. After it the graph is immutable. */
 rkm_result rkm_graph_finalize(rkm_graph *g);
 
 /* Read a .rkg file (or text) into a finalized graph. Errors name
@@ -203,10 +247,17 @@ typedef int (*rkm_write_fn)(void *user, const char *data, size_t len);
 rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn write, void *user);
 rkm_result rkm_graph_write_file(const rkm_graph *g, const char *path);
 
-/* Change an op's measured costs after finalize (the profiler does this).
- * Plans made before keep their old figures. */
-rkm_result rkm_graph_set_op_costs(rkm_graph *g, int32_t op, double fwd_seconds, double bwd_seconds,
-                                  uint64_t fwd_ws, uint64_t bwd_ws);
+/* An op's costs: what profiling measures. */
+typedef struct rkm_op_costs {
+    double fwd_seconds, bwd_seconds;
+    uint64_t fwd_ws, bwd_ws;
+} rkm_op_costs;
+
+/* A new finalized graph: g (finalized) with op i's costs replaced by
+ * costs[i], for every op (num_ops entries). Everything finalize derives is
+ * derived again from the new costs, so the new graph plans exactly as its
+ * .rkg file read back would. g is unchanged. */
+rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out);
 
 rkm_context *rkm_graph_context(const rkm_graph *g);
 int rkm_graph_is_finalized(const rkm_graph *g);
@@ -225,26 +276,14 @@ typedef struct rkm_tensor_info {
     int32_t n_contributors;  /* backwards (and the loss step) that add to grad(T) */
 } rkm_tensor_info;
 
-typedef struct rkm_op_info {
-    const char *name;
-    double fwd_seconds, bwd_seconds;
-    const int32_t *in;
-    int32_t n_in;
-    const int32_t *out;
-    int32_t n_out;
-    const int32_t *saved;
-    int32_t n_saved;
-    uint64_t phantom, fwd_ws, bwd_ws;
-    int has_backward;        /* after finalize */
-} rkm_op_info;
-
-/* Pointers inside the info structs stay valid while the graph lives. */
+/* Pointers inside the filled structs stay valid while the graph lives.
+ * rkm_graph_op_info gives the op as it was added (the desc of
+ * rkm_graph_add_op). An op has a backward when one of its outputs has a
+ * gradient (rkm_tensor_info.has_grad). */
 rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t tensor, rkm_tensor_info *out);
-rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t op, rkm_op_info *out);
-int rkm_graph_tensor_has_grad(const rkm_graph *g, int32_t tensor);
-int rkm_graph_op_has_backward(const rkm_graph *g, int32_t op);
+rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t op, rkm_op_desc *out);
 
-/* Figures of a finalized graph. */
+/* Figures of a finalized graph, computed once by finalize. */
 typedef struct rkm_graph_stats {
     uint64_t input_bytes;   /* bytes of the input tensors: in every step's memory */
     uint64_t baseline_peak; /* the baseline plan's peak */
@@ -287,25 +326,6 @@ typedef struct rkm_step {
     int32_t save;  /* RKM_STEP_FWD only: 1 for `fwd OP save` */
 } rkm_step;
 
-/* An empty plan for a finalized graph, to fill with rkm_plan_append. */
-rkm_result rkm_plan_create(const rkm_graph *g, rkm_plan **out);
-void rkm_plan_destroy(rkm_plan *p);
-rkm_result rkm_plan_append(rkm_plan *p, const rkm_step *step);
-const rkm_graph *rkm_plan_graph(const rkm_plan *p);
-size_t rkm_plan_num_steps(const rkm_plan *p);
-const rkm_step *rkm_plan_steps(const rkm_plan *p);
-
-/* Read .rkp text. Only syntax and names are checked here; whether the steps
- * are valid is the simulator's to say. */
-rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_plan **out);
-rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len,
-                                const char *source_name, rkm_plan **out);
-rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn write, void *user);
-rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path);
-
-/* The "store all" plan of the contract. */
-rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out);
-
 /* The rule a plan broke, as the simulator names it. */
 typedef enum rkm_rule {
     RKM_RULE_NONE = 0,
@@ -345,18 +365,39 @@ typedef struct rkm_sim_result {
     uint64_t peak;      /* max over the steps replayed of the step's peak */
     int64_t peak_step;  /* the first step that reaches the peak */
     double time;        /* sum of fwd/bwd seconds of the steps replayed */
+    size_t num_steps;   /* steps in the step list (all of them, valid or not) */
+    size_t recomputes;  /* fwd steps (all of them) of an op whose fwd came earlier */
 } rkm_sim_result;
 
-/* Replay the plan against its graph. RKM_OK if valid; RKM_ERROR_PLAN if not,
- * with the message naming the step and the rule and *res filled up to the
- * failure. mem_after, if not NULL, receives the live memory after each step
- * (num_steps entries). A valid replay also records in the plan what
- * rkm_plan_execute needs, so that execution never allocates. */
-rkm_result rkm_plan_simulate(rkm_plan *p, rkm_sim_result *res, uint64_t *mem_after);
+/* A plan is born checked: each function below replays the steps against
+ * the graph once and hands out the plan only if every rule of the contract
+ * holds. Otherwise it returns RKM_ERROR_PLAN with the message naming the step
+ * and the rule, *out NULL, and *res (when given) filled up to the failure.
+ * On success *res (when given) has the plan's figures. */
 
-/* The peak during each step of a valid plan (num_steps entries): the
- * contract's last column, whose maximum is the plan's peak. */
-rkm_result rkm_plan_step_peaks(rkm_plan *p, uint64_t *step_peak);
+/* A plan of a finalized graph from a step list (copied): hand-built plans. */
+rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t num_steps, rkm_sim_result *res,
+                           rkm_plan **out);
+/* Read .rkp text: syntax and names (RKM_ERROR_PARSE with source:line), then
+ * the rules as above. */
+rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *res, rkm_plan **out);
+rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name,
+                                rkm_sim_result *res, rkm_plan **out);
+/* The "store all" plan of the contract. */
+rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out);
+void rkm_plan_destroy(rkm_plan *p);
+
+rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn write, void *user);
+rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path);
+
+const rkm_graph *rkm_plan_graph(const rkm_plan *p);
+size_t rkm_plan_num_steps(const rkm_plan *p);
+const rkm_step *rkm_plan_steps(const rkm_plan *p);
+/* Per step (num_steps entries, owned by the plan): the live memory after
+ * the step, and the contract's peak during it (whose maximum is the plan's
+ * peak). */
+const uint64_t *rkm_plan_mem_after(const rkm_plan *p);
+const uint64_t *rkm_plan_step_peaks(const rkm_plan *p);
 
 /* ---------------------------------------------------------------------------
  * Memory layout: one arena, an offset for every buffer
@@ -379,23 +420,26 @@ typedef struct rkm_buffer {
     uint64_t offset;     /* in the arena; a multiple of the alignment */
 } rkm_buffer;
 
-/* Lay out every buffer of a valid plan in one arena: lifetimes are known
+/* The buffers a plan creates, known exactly from its replay at birth. */
+size_t rkm_plan_num_buffers(const rkm_plan *p);
+
+/* Lay out every buffer of the plan in one arena: lifetimes are known
  * exactly, so buffers whose lifetimes overlap never share bytes and a host
  * can make one allocation and never fragment. `alignment` is a power of two
- * (0: 256). Buffers are listed in creation order; within a step: a forward's
- * new outputs (in out order), its phantom, its workspace; a backward's new
- * input gradients (in order), its workspace; the loss step's grad(loss).
- * *arena_bytes >= the plan's peak; the array stays owned by the plan until it
- * is changed or destroyed. */
-rkm_result rkm_plan_layout(rkm_plan *p, uint64_t alignment, const rkm_buffer **buffers, size_t *n_buffers,
-                           uint64_t *arena_bytes);
+ * (0: 256). buffers receives rkm_plan_num_buffers(p) entries in creation
+ * order; within a step: a forward's new outputs (in out order), its
+ * phantom, its workspace; a backward's new input gradients (in order), its
+ * workspace; the loss step's grad(loss). *arena_bytes >= the plan's peak.
+ * Computes into the caller's array; the plan is not changed. */
+rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes);
 
 /* ---------------------------------------------------------------------------
  * Planning
  * ------------------------------------------------------------------------- */
 
 typedef enum rkm_algo {
-    RKM_ALGO_ROCKMATE = 0, /* blocks, ILP options per block class, chain DP */
+    RKM_ALGO_DEFAULT = 0,  /* the best the build has: rockmate, or rotor under RKM_OMIT_SOLVER */
+    RKM_ALGO_ROCKMATE,     /* blocks, ILP options per block class, chain DP */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs) */
@@ -403,11 +447,13 @@ typedef enum rkm_algo {
     RKM_ALGO_COUNT
 } rkm_algo;
 
-const char *rkm_algo_name(rkm_algo algo); /* "rockmate", ... */
-/* RKM_OK and *out set, or RKM_ERROR_ARGUMENT for an unknown name. */
-rkm_result rkm_algo_from_name(const char *name, rkm_algo *out);
+const char *rkm_algo_name(rkm_algo algo); /* "default", "rockmate", ... */
+/* *out set from a name of rkm_algo_name, or RKM_ERROR_ARGUMENT with a
+ * message in ctx listing the names. */
+rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out);
 
-/* Zero means default for every field. */
+/* Zero means default for every field; negative, NaN or infinite values are
+ * refused (RKM_ERROR_ARGUMENT naming the field). */
 typedef struct rkm_solve_desc {
     rkm_algo algo;
     int32_t slots;           /* DP memory slots over the baseline peak; 0: 1000 */
@@ -421,24 +467,22 @@ typedef struct rkm_solve_desc {
     int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 10 */
 } rkm_solve_desc;
 
+/* A plan's own figures, fixed at its birth. */
 typedef struct rkm_plan_stats {
-    rkm_algo algo;
-    uint64_t budget;        /* the budget it was planned for (bytes) */
+    rkm_algo algo;          /* the planner's algorithm; RKM_ALGO_NONE for a plan not
+                               made by a planner (baseline, read, hand-built) */
+    uint64_t budget;        /* the budget it was planned for; 0 if none */
     uint64_t peak;          /* the simulator's peak */
+    int64_t peak_step;      /* the first step that reaches it */
     double time;            /* the simulator's time */
-    uint64_t baseline_peak;
+    uint64_t baseline_peak; /* the graph's */
     double baseline_time;
-    double overhead;        /* time / baseline_time - 1 */
-    double solve_seconds;   /* wall time spent planning */
-    int32_t blocks, block_classes;
-    int32_t options;        /* block options the DP chose among, all blocks */
-    int32_t ilp_solves, ilp_optimal, ilp_suboptimal, ilp_infeasible, ilp_timeout, ilp_failed;
-    double ilp_seconds;
-    double gap;             /* checkmate: relative optimality gap, 0 when proven */
+    double overhead;        /* time / baseline_time - 1 (0 if baseline_time is 0) */
+    size_t recomputes;      /* fwd steps of ops whose forward already ran */
+    double solve_seconds;   /* wall time the planner spent on this plan (create included) */
+    double gap;             /* checkmate: relative gap over the ILP's schedule family; 0 otherwise */
 } rkm_plan_stats;
 
-/* Zero for plans not made by a planner (read or built by hand) except the
- * fields the simulator provides once the plan has been simulated. */
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
 
 /* A planner holds what does not depend on the budget (block options), so
@@ -449,18 +493,30 @@ void rkm_planner_destroy(rkm_planner *pl);
 /* A plan whose simulated peak is at most `budget` bytes, or RKM_ERROR_BUDGET
  * with the message giving the smallest budget this algorithm can meet. */
 rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-/* The smallest budget (bytes) for which rkm_planner_solve succeeds. */
+/* The smallest budget (bytes) for which rkm_planner_solve succeeds. The
+ * first call computes it (for checkmate, a bisection of solves); later calls
+ * return the same value. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
-/* ILP and timing figures accumulated by this planner. */
-rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_plan_stats *out);
+
+/* What a planner did so far: its structure and its ILP work. */
+typedef struct rkm_planner_stats {
+    rkm_algo algo;          /* never RKM_ALGO_DEFAULT: the algorithm it resolved to */
+    int32_t blocks, block_classes;
+    int32_t options;        /* block options the DP chooses among, all blocks */
+    int32_t ilp_solves, ilp_optimal, ilp_suboptimal, ilp_infeasible, ilp_timeout, ilp_failed;
+    double ilp_seconds;
+    double create_seconds;  /* wall time of rkm_planner_create */
+} rkm_planner_stats;
+rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out);
 
 /* planner_create + planner_solve + planner_destroy. */
 rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget,
                           rkm_plan **out);
 
 /* Parse a budget as on the command line: "123", "64MiB", "1.5GB", "40%"
- * (of baseline_peak). Fractional byte counts round down. */
-rkm_result rkm_parse_budget(const char *text, uint64_t baseline_peak, uint64_t *out);
+ * (of baseline_peak). Fractional byte counts round down. RKM_ERROR_ARGUMENT
+ * with a message in ctx for any other text. */
+rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out);
 
 /* ---------------------------------------------------------------------------
  * Execution: the plan calls the host
@@ -499,15 +555,15 @@ typedef struct rkm_callbacks {
     int (*free_grad)(void *user, int32_t tensor);
 } rkm_callbacks;
 
-/* Walk the plan. The plan must have been simulated valid (plans from the
- * planner and rkm_plan_baseline are); otherwise RKM_ERROR_STATE. Never
- * allocates. */
+/* Walk the plan (valid: every plan is). Never allocates. */
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
 
 /* ---------------------------------------------------------------------------
  * Profiling: measure each op's times through the host's callbacks
  * ------------------------------------------------------------------------- */
 
+/* Zero means default; a negative runs or a trim outside [0, 0.5) (NaN
+ * included) is refused with RKM_ERROR_ARGUMENT. */
 typedef struct rkm_profile_desc {
     int32_t runs;     /* baseline steps to time; 0: 5 */
     double trim;      /* fraction dropped at each end before the mean; 0: 0.2 */
@@ -517,10 +573,14 @@ typedef struct rkm_profile_desc {
     void *clock_user;
 } rkm_profile_desc;
 
-/* Runs the baseline plan `runs` times through cb, timing every forward and
- * backward callback, and sets each op's fwd/bwd seconds to the trimmed mean
- * of its samples (workspaces are left as they are). */
-rkm_result rkm_graph_profile(rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc);
+/* Runs the baseline plan of g `runs` times through cb, timing every forward
+ * and backward callback, and makes *out: g with each op's fwd/bwd seconds
+ * set to the trimmed mean of its samples (workspaces as in g), as
+ * rkm_graph_with_costs does. g is unchanged. The callbacks run for real:
+ * each run is a whole training step, so a host that accumulates parameter
+ * gradients gets `runs` steps' worth of them; reset them afterwards. */
+rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc,
+                             rkm_graph **out);
 
 /* The profiler's statistic, for hosts that time ops their own way (the CUDA
  * profiler): sorts samples[0..n) and returns the mean after dropping
