@@ -185,7 +185,7 @@ TEST(graph_syntax_accepted)
         CHECK(strcmp(ti.name, "Az09_.:/[]-x") == 0 && ti.flags == (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD));
         CHECK(rkm_graph_tensor_info(g, 1, &ti) == RKM_OK);
         CHECK(strlen(ti.name) == 255 && ti.bytes == 7 && ti.flags == 0);
-        rkm_op_info oi;
+        rkm_op_desc oi;
         CHECK(rkm_graph_op_info(g, 0, &oi) == RKM_OK);
         CHECK(oi.fwd_seconds == 1.5e-4 && oi.bwd_seconds == 0 && oi.n_in == 2 && oi.n_out == 1);
         CHECK(rkm_graph_op_info(g, 1, &oi) == RKM_OK);
@@ -447,7 +447,14 @@ TEST(state_errors)
     rkm_graph *g = small_builder(ctx, t, &f, 1);
     if (g) {
         rkm_plan *p = (rkm_plan *)&ctx;
-        CHECK(rkm_plan_create(g, &p) == RKM_ERROR_STATE && p == NULL);
+        const rkm_step st0 = {RKM_STEP_FWD, f, 0};
+        CHECK(rkm_plan_create(g, &st0, 1, NULL, &p) == RKM_ERROR_STATE && p == NULL);
+        CHECK(strstr(rkm_context_errmsg(ctx), "not finalized") != NULL);
+        p = (rkm_plan *)&ctx;
+        CHECK(rkm_plan_read_string(g, "rockmate-plan 1\n", 16, "s.rkp", NULL, &p) == RKM_ERROR_STATE && p == NULL);
+        rkm_graph *g2 = (rkm_graph *)&ctx;
+        rkm_op_costs costs[1] = {{1, 1, 0, 0}};
+        CHECK(rkm_graph_with_costs(g, costs, &g2) == RKM_ERROR_STATE && g2 == NULL);
         p = (rkm_plan *)&ctx;
         CHECK(rkm_plan_baseline(g, &p) != RKM_OK && p == NULL);
         rkm_graph_stats st;
@@ -479,25 +486,28 @@ TEST(null_and_range_arguments)
         CHECK(rkm_graph_set_loss(g, t[2]) == RKM_OK);
         CHECK(rkm_graph_finalize(g) == RKM_OK);
         rkm_tensor_info ti;
-        rkm_op_info oi;
+        rkm_op_desc oi;
         CHECK(rkm_graph_tensor_info(g, -1, &ti) == RKM_ERROR_ARGUMENT);
         CHECK(rkm_graph_tensor_info(g, 3, &ti) == RKM_ERROR_ARGUMENT);
         CHECK(rkm_graph_op_info(g, 2, &oi) == RKM_ERROR_ARGUMENT);
         CHECK(rkm_graph_op_info(g, 0, NULL) == RKM_ERROR_ARGUMENT);
-        CHECK(rkm_graph_tensor_has_grad(g, 99) == 0 && rkm_graph_op_has_backward(g, -5) == 0);
         CHECK(rkm_graph_find_tensor(g, NULL) == -1);
         CHECK(rkm_graph_write(g, NULL, NULL) == RKM_ERROR_ARGUMENT);
-        CHECK(rkm_graph_set_op_costs(g, 7, 1, 1, 0, 0) == RKM_ERROR_ARGUMENT);
-        CHECK(rkm_graph_set_op_costs(g, f, -1, 1, 0, 0) == RKM_ERROR_ARGUMENT);
-        CHECK(rkm_graph_set_op_costs(g, f, 1, NAN, 0, 0) == RKM_ERROR_ARGUMENT);
+        rkm_op_costs costs[1] = {{-1, 1, 0, 0}};
+        rkm_graph *g2 = NULL;
+        CHECK(rkm_graph_with_costs(g, costs, &g2) == RKM_ERROR_GRAPH && g2 == NULL);
+        costs[0].fwd_seconds = 1;
+        costs[0].bwd_seconds = NAN;
+        CHECK(rkm_graph_with_costs(g, costs, &g2) == RKM_ERROR_GRAPH && g2 == NULL);
+        CHECK(rkm_graph_with_costs(g, costs, NULL) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_graph_with_costs(NULL, costs, &g2) == RKM_ERROR_ARGUMENT && g2 == NULL);
         rkm_plan *p = NULL;
-        CHECK(rkm_plan_create(g, NULL) == RKM_ERROR_ARGUMENT);
-        CHECK(rkm_plan_read_string(g, "x", 1, "n", NULL) == RKM_ERROR_ARGUMENT);
-        CHECK(rkm_plan_read_string(NULL, "x", 1, "n", &p) == RKM_ERROR_ARGUMENT && p == NULL);
-        CHECK(rkm_plan_simulate(NULL, NULL, NULL) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_create(g, NULL, 0, NULL, NULL) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_read_string(g, "x", 1, "n", NULL, NULL) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_read_string(NULL, "x", 1, "n", NULL, &p) == RKM_ERROR_ARGUMENT && p == NULL);
         CHECK(rkm_plan_baseline(NULL, &p) == RKM_ERROR_ARGUMENT && p == NULL);
-        CHECK(rkm_plan_append(NULL, NULL) == RKM_ERROR_ARGUMENT);
         CHECK(rkm_plan_num_steps(NULL) == 0 && rkm_plan_steps(NULL) == NULL && rkm_plan_graph(NULL) == NULL);
+        CHECK(rkm_plan_mem_after(NULL) == NULL && rkm_plan_step_peaks(NULL) == NULL && rkm_plan_num_buffers(NULL) == 0);
     }
     rkm_graph_destroy(NULL);
     rkm_plan_destroy(NULL);
@@ -530,12 +540,12 @@ static int same_graph(const rkm_graph *a, const rkm_graph *b)
             return 0;
     }
     for (int32_t i = 0; i < rkm_graph_num_ops(a); i++) {
-        rkm_op_info x, y;
+        rkm_op_desc x, y;
         if (rkm_graph_op_info(a, i, &x) || rkm_graph_op_info(b, i, &y)) return 0;
         if (strcmp(x.name, y.name) || x.fwd_seconds != y.fwd_seconds || x.bwd_seconds != y.bwd_seconds ||
             !same_ids(x.in, x.n_in, y.in, y.n_in) || !same_ids(x.out, x.n_out, y.out, y.n_out) ||
             !same_ids(x.saved, x.n_saved, y.saved, y.n_saved) || x.phantom != y.phantom || x.fwd_ws != y.fwd_ws ||
-            x.bwd_ws != y.bwd_ws || x.has_backward != y.has_backward)
+            x.bwd_ws != y.bwd_ws)
             return 0;
     }
     rkm_graph_stats sa, sb;
@@ -597,6 +607,23 @@ TEST(round_trip_bundled)
     }
 }
 
+/* g with op `op`'s costs replaced (the others as they are): a new graph,
+ * or NULL with the result in *r. */
+static rkm_graph *with_op_costs(const rkm_graph *g, int32_t op, rkm_op_costs c, rkm_result *r)
+{
+    int32_t n = rkm_graph_num_ops(g);
+    rkm_op_costs *costs = calloc((size_t)n + 1, sizeof *costs);
+    for (int32_t i = 0; i < n; i++) {
+        rkm_op_desc d;
+        if (rkm_graph_op_info(g, i, &d) == RKM_OK) costs[i] = (rkm_op_costs){d.fwd_seconds, d.bwd_seconds, d.fwd_ws, d.bwd_ws};
+    }
+    if (op >= 0 && op < n) costs[op] = c;
+    rkm_graph *out = NULL;
+    *r = rkm_graph_with_costs(g, costs, &out);
+    free(costs);
+    return out;
+}
+
 /* Times that need all 17 digits, zero sizes and workspaces, a file written
  * to disk and read back. */
 TEST(round_trip_api_graph)
@@ -622,7 +649,12 @@ TEST(round_trip_api_graph)
         CHECK(rkm_graph_add_op(g, &d, &id) == RKM_OK);
         CHECK(rkm_graph_set_loss(g, t[2]) == RKM_OK);
         CHECK(rkm_graph_finalize(g) == RKM_OK);
-        CHECK(rkm_graph_set_op_costs(g, f, 5e-324, 1.7976931348623157e308, 0, 7) == RKM_OK);
+        rkm_result r;
+        rkm_graph *g2 = with_op_costs(g, f, (rkm_op_costs){5e-324, 1.7976931348623157e308, 0, 7}, &r);
+        CHECK(r == RKM_OK && g2);
+        rkm_graph_destroy(g);
+        g = g2;
+        if (!g) goto done;
         round_trip(ctx, g, "api.rkg");
         char path[64];
         snprintf(path, sizeof path, "/tmp/rkm_test_graph_%ld.rkg", (long)getpid());
@@ -634,6 +666,7 @@ TEST(round_trip_api_graph)
         remove(path);
         CHECK(rkm_graph_write_file(g, "/nonexistent-dir/x.rkg") == RKM_ERROR_IO);
     }
+done:
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
 }
@@ -657,36 +690,111 @@ TEST(round_trip_longest_lines)
     CHECK(r == RKM_OK);
     if (g) {
         round_trip(ctx, g, "long.rkg");
-        CHECK(rkm_graph_set_op_costs(g, 0, 0.1 + 0.2, 1.0 / 3.0, 583, 583) == RKM_OK);
-        round_trip(ctx, g, "long.rkg");
+        rkm_graph *g2 = with_op_costs(g, 0, (rkm_op_costs){0.1 + 0.2, 1.0 / 3.0, 583, 583}, &r);
+        CHECK(r == RKM_OK && g2);
+        if (g2) round_trip(ctx, g2, "long.rkg");
+        rkm_graph_destroy(g2);
     }
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
 }
 
-/* Costs changed after finalize keep the 64-bit rule: a workspace that
- * would push the byte total over 2^64 - 1 is refused, and nothing changes. */
-TEST(set_op_costs_keeps_the_64_bit_rule)
+/* New costs keep the 64-bit rule: a workspace that would push the byte
+ * total over 2^64 - 1 is refused, and the old graph stays as it is. */
+TEST(with_costs_keeps_the_64_bit_rule)
 {
     static const char text[] = "rockmate-graph 1\ntensor x 1 input\ntensor a 8\n"
                                "op f fwd=1 bwd=1 in=x out=a phantom=18446744073709551000\nloss a\n";
     /* total: 2 x 9 + 18446744073709551000 = 2^64 - 1 - 597 */
     rkm_context *ctx = test_new_ctx();
-    rkm_graph *g = NULL;
+    rkm_graph *g = NULL, *g2 = NULL, *g3 = NULL;
     CHECK(rkm_graph_read_string(ctx, text, strlen(text), "ws.rkg", &g) == RKM_OK);
     if (g) {
-        CHECK(rkm_graph_set_op_costs(g, 0, 2, 3, 597, 597) == RKM_OK);
-        rkm_result r = rkm_graph_set_op_costs(g, 0, 5, 5, 598, 0);
-        CHECK(r == RKM_ERROR_ARGUMENT || r == RKM_ERROR_GRAPH);
-        r = rkm_graph_set_op_costs(g, 0, 5, 5, 0, UINT64_MAX);
-        CHECK(r == RKM_ERROR_ARGUMENT || r == RKM_ERROR_GRAPH);
-        rkm_op_info oi;
+        rkm_result r;
+        g2 = with_op_costs(g, 0, (rkm_op_costs){2, 3, 597, 597}, &r);
+        CHECK(r == RKM_OK && g2);
+        g3 = with_op_costs(g, 0, (rkm_op_costs){5, 5, 598, 0}, &r);
+        CHECK(r == RKM_ERROR_GRAPH && !g3);
+        CHECK(strstr(rkm_context_errmsg(ctx), "64 bits") != NULL);
+        g3 = with_op_costs(g, 0, (rkm_op_costs){5, 5, 0, UINT64_MAX}, &r);
+        CHECK(r == RKM_ERROR_GRAPH && !g3);
+        rkm_op_desc oi;
         CHECK(rkm_graph_op_info(g, 0, &oi) == RKM_OK);
-        CHECK(oi.fwd_seconds == 2 && oi.bwd_seconds == 3 && oi.fwd_ws == 597 && oi.bwd_ws == 597);
-        round_trip(ctx, g, "ws.rkg");
+        CHECK(oi.fwd_seconds == 1 && oi.bwd_seconds == 1 && oi.fwd_ws == 0 && oi.bwd_ws == 0);
+        if (g2) {
+            CHECK(rkm_graph_op_info(g2, 0, &oi) == RKM_OK);
+            CHECK(oi.fwd_seconds == 2 && oi.bwd_seconds == 3 && oi.fwd_ws == 597 && oi.bwd_ws == 597);
+            round_trip(ctx, g2, "ws.rkg");
+        }
     }
+    rkm_graph_destroy(g2);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
+}
+
+/* A clock whose ticks vary in length: ops get varied measured times. */
+static double uneven_clock(void *user)
+{
+    uint64_t *n = user;
+    ++*n;
+    return (double)(*n * 3 + *n % 7) * 1e-4;
+}
+
+/* Same steps, step for step. */
+static int same_steps(const rkm_plan *a, const rkm_plan *b)
+{
+    size_t n = rkm_plan_num_steps(a);
+    return n == rkm_plan_num_steps(b) && memcmp(rkm_plan_steps(a), rkm_plan_steps(b), n * sizeof(rkm_step)) == 0;
+}
+
+/* A graph profiled in memory and the same graph written to .rkg and read
+ * back are one graph: same classes, and the same plan at every budget. */
+TEST(profiled_graph_plans_as_its_file)
+{
+    static const char *names[] = {"gpt2-tiny", "peer-gpt", "mlp16"};
+    for (size_t k = 0; k < N_OF(names); k++) {
+        rkm_context *ctx = test_new_ctx();
+        rkm_graph *g = test_load_graph(ctx, names[k]), *prof = NULL, *back = NULL;
+        uint64_t ticks = 0;
+        rkm_profile_desc pd = {3, 0, uneven_clock, &ticks};
+        rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+        sbuf text = {0};
+        CHECK(g && rkm_graph_profile(g, &cb, &pd, &prof) == RKM_OK);
+        if (!prof) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+        if (prof) CHECK(rkm_graph_write(prof, sbuf_write, &text) == RKM_OK);
+        if (text.data) CHECK(rkm_graph_read_string(ctx, text.data, text.len, "profiled.rkg", &back) == RKM_OK);
+        if (back) {
+            CHECK(same_graph(prof, back));
+            rkm_graph_stats s0, s1;
+            CHECK(rkm_graph_stats_get(g, &s0) == RKM_OK && rkm_graph_stats_get(prof, &s1) == RKM_OK);
+            CHECK(s0.baseline_time != s1.baseline_time); /* the profile did change the costs */
+            /* and the classes: a graph that kept its old classes would plan differently */
+            CHECK(s0.block_classes != s1.block_classes);
+            static const double pcts[] = {100, 60, 40, 30};
+            rkm_solve_desc sd;
+            memset(&sd, 0, sizeof sd); /* zero: the build's best algorithm */
+            for (size_t i = 0; i < N_OF(pcts); i++) {
+                uint64_t budget = (uint64_t)((double)s1.baseline_peak * pcts[i] / 100);
+                rkm_plan *a = NULL, *b = NULL;
+                rkm_result ra = rkm_plan_solve(prof, &sd, budget, &a), rb = rkm_plan_solve(back, &sd, budget, &b);
+                CHECK(ra == rb);
+                if (a && b) {
+                    rkm_plan_stats pa, pb;
+                    CHECK(same_steps(a, b));
+                    CHECK(rkm_plan_stats_get(a, &pa) == RKM_OK && rkm_plan_stats_get(b, &pb) == RKM_OK);
+                    CHECK(pa.time == pb.time && pa.peak == pb.peak && pa.overhead == pb.overhead);
+                    CHECK(pa.algo == pb.algo && pa.algo != RKM_ALGO_DEFAULT);
+                }
+                rkm_plan_destroy(a);
+                rkm_plan_destroy(b);
+            }
+        }
+        free(text.data);
+        rkm_graph_destroy(back);
+        rkm_graph_destroy(prof);
+        rkm_graph_destroy(g);
+        rkm_context_destroy(ctx);
+    }
 }
 
 /* ----------------------------------------------------- derived by finalize */
@@ -718,9 +826,14 @@ TEST(derived_multi_output)
             CHECK(ti.has_grad == want[i].has_grad && ti.n_contributors == want[i].contributors);
         }
         for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
-            rkm_op_info oi;
+            rkm_op_desc oi;
             CHECK(rkm_graph_op_info(g, o, &oi) == RKM_OK);
-            CHECK(oi.has_backward == (strcmp(oi.name, "causal") != 0));
+            int has_bwd = 0;
+            for (int32_t k = 0; k < oi.n_out; k++) {
+                rkm_tensor_info ti;
+                has_bwd |= rkm_graph_tensor_info(g, oi.out[k], &ti) == RKM_OK && ti.has_grad;
+            }
+            CHECK(has_bwd == (strcmp(oi.name, "causal") != 0));
         }
         rkm_graph_stats st;
         CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
@@ -756,7 +869,8 @@ int main(void)
     RUN(round_trip_bundled);
     RUN(round_trip_api_graph);
     RUN(round_trip_longest_lines);
-    RUN(set_op_costs_keeps_the_64_bit_rule);
+    RUN(with_costs_keeps_the_64_bit_rule);
+    RUN(profiled_graph_plans_as_its_file);
     RUN(derived_multi_output);
     TEST_END();
 }
