@@ -52,7 +52,7 @@ static int trace_push(tracer *t, event e)
 static int tr_forward(void *user, const rkm_fwd_call *c)
 {
     tracer *t = user;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     rkm_graph_op_info(t->g, c->op, &oi);
     event e = {RKM_STEP_FWD, c->step, c->op, c->save, c->recompute, {0}, oi.n_out};
     for (int32_t k = 0; k < oi.n_out && k < 8; k++) e.flags[k] = c->out_new[k];
@@ -62,7 +62,7 @@ static int tr_forward(void *user, const rkm_fwd_call *c)
 static int tr_backward(void *user, const rkm_bwd_call *c)
 {
     tracer *t = user;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     rkm_graph_op_info(t->g, c->op, &oi);
     event e = {RKM_STEP_BWD, c->step, c->op, 0, 0, {0}, oi.n_in};
     for (int32_t k = 0; k < oi.n_in && k < 8; k++) e.flags[k] = c->in_grad[k];
@@ -136,17 +136,16 @@ typedef struct fixture {
     rkm_plan *p;
 } fixture;
 
-static fixture load_exec(int simulate)
+static fixture load_exec(int check_figures)
 {
     fixture f = {new_ctx(), NULL, NULL};
     CHECK(rkm_graph_read_string(f.ctx, G_EXEC, strlen(G_EXEC), "exec.rkg", &f.g) == RKM_OK);
-    if (f.g) CHECK(rkm_plan_read_string(f.g, P_EXEC, strlen(P_EXEC), "exec.rkp", &f.p) == RKM_OK);
-    if (f.p && simulate) {
-        rkm_sim_result res;
+    rkm_sim_result res;
+    if (f.g) CHECK(rkm_plan_read_string(f.g, P_EXEC, strlen(P_EXEC), "exec.rkp", &res, &f.p) == RKM_OK);
+    if (f.p && check_figures) {
         static const uint64_t mem[] = {52, 102, 112, 92, 102, 92, 112, 202, 192, 192, 172, 142, 122, 92, 52, 52, 44, 4};
-        uint64_t after[N_OF(mem)];
+        const uint64_t *after = rkm_plan_mem_after(f.p);
         CHECK(rkm_plan_num_steps(f.p) == N_OF(mem));
-        CHECK(rkm_plan_simulate(f.p, &res, after) == RKM_OK);
         CHECK_EQ_U64(res.peak, 202);
         CHECK(res.peak_step == 7);
         CHECK(res.time == 24.0);
@@ -259,8 +258,8 @@ TEST(callback_errors_stop_the_walk)
     fail_at(17, 8080);  /* free_grad, the last step */
 }
 
-/* Only a plan simulated valid may run. */
-TEST(unchecked_plan_is_refused)
+/* A plan is valid from birth, so it runs at once; bad arguments are refused. */
+TEST(plans_run_from_birth)
 {
     fixture f = load_exec(0);
     if (f.p) {
@@ -269,21 +268,14 @@ TEST(unchecked_plan_is_refused)
         t.g = f.g;
         t.fail_at = -1;
         rkm_callbacks cb = tracer_callbacks(&t);
-        CHECK(rkm_plan_execute(f.p, &cb) == RKM_ERROR_STATE);
-        CHECK(t.n == 0);
-        CHECK(rkm_plan_simulate(f.p, NULL, NULL) == RKM_OK);
         CHECK(rkm_plan_execute(f.p, &cb) == RKM_OK);
-        /* Appending a step makes it unchecked again (here: invalid too). */
-        rkm_step extra = {RKM_STEP_FREE, rkm_graph_find_tensor(f.g, "a"), 0};
-        CHECK(rkm_plan_append(f.p, &extra) == RKM_OK);
-        t.n = 0;
-        CHECK(rkm_plan_execute(f.p, &cb) == RKM_ERROR_STATE);
-        CHECK(t.n == 0);
-        CHECK(rkm_plan_simulate(f.p, NULL, NULL) == RKM_ERROR_PLAN);
-        CHECK(rkm_plan_execute(f.p, &cb) == RKM_ERROR_STATE);
-        CHECK(t.n == 0);
+        CHECK(t.n == (int)rkm_plan_num_steps(f.p));
         CHECK(rkm_plan_execute(f.p, NULL) == RKM_ERROR_ARGUMENT);
         CHECK(rkm_plan_execute(NULL, &cb) == RKM_ERROR_ARGUMENT);
+        rkm_callbacks no_bwd = cb;
+        no_bwd.backward = NULL;
+        CHECK(rkm_plan_execute(f.p, &no_bwd) == RKM_ERROR_ARGUMENT);
+        CHECK(strstr(rkm_context_errmsg(f.ctx), "backward") != NULL);
     }
     unload(&f);
 }
@@ -349,7 +341,7 @@ static int host_error(host *h, const char *what, int64_t step)
 static int h_forward(void *user, const rkm_fwd_call *c)
 {
     host *h = user;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     rkm_graph_op_info(h->g, c->op, &oi);
     for (int32_t k = 0; k < oi.n_in; k++)
         if (!h->live[oi.in[k]]) return host_error(h, "forward input not live", c->step);
@@ -374,14 +366,15 @@ static int h_forward(void *user, const rkm_fwd_call *c)
 static int h_backward(void *user, const rkm_bwd_call *c)
 {
     host *h = user;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     rkm_graph_op_info(h->g, c->op, &oi);
     for (int32_t k = 0; k < oi.n_saved; k++)
         if (!h->live[oi.saved[k]]) return host_error(h, "saved tensor not live", c->step);
     if (oi.phantom && !h->saved[c->op]) return host_error(h, "phantom not live", c->step);
     for (int32_t k = 0; k < oi.n_in; k++) {
         int32_t t = oi.in[k];
-        int has = rkm_graph_tensor_has_grad(h->g, t);
+        rkm_tensor_info ti;
+        int has = rkm_graph_tensor_info(h->g, t, &ti) == RKM_OK && ti.has_grad;
         if (c->in_grad[k] == RKM_GRAD_NONE && has)
             return host_error(h, "GRAD_NONE on a tensor with a gradient", c->step);
         if (c->in_grad[k] == RKM_GRAD_NEW && (!has || h->grad[t])) return host_error(h, "GRAD_NEW flag", c->step);
@@ -418,7 +411,7 @@ static int h_free(void *user, int32_t t)
 static int h_free_saved(void *user, int32_t op)
 {
     host *h = user;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     rkm_graph_op_info(h->g, op, &oi);
     if (!h->saved[op]) return host_error(h, "free_saved of a dead state", -1);
     h->saved[op] = 0;
@@ -436,10 +429,10 @@ static int h_free_grad(void *user, int32_t t)
 }
 
 /* Runs p through the counting host; its peak must be the simulator's. */
-static void run_counting_host(const rkm_graph *g, rkm_plan *p, const char *what)
+static void run_counting_host(const rkm_graph *g, const rkm_plan *p, const char *what)
 {
-    rkm_sim_result res;
-    CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK);
+    rkm_plan_stats res;
+    CHECK(rkm_plan_stats_get(p, &res) == RKM_OK);
     size_t nt = (size_t)rkm_graph_num_tensors(g), no = (size_t)rkm_graph_num_ops(g);
     host h;
     memset(&h, 0, sizeof h);
@@ -512,10 +505,9 @@ TEST(counting_host_workspaces)
     rkm_graph *g = NULL;
     rkm_plan *p = NULL;
     CHECK(rkm_graph_read_string(ctx, graph, strlen(graph), "multi.rkg", &g) == RKM_OK);
-    if (g) CHECK(rkm_plan_read_string(g, plan, strlen(plan), "multi.rkp", &p) == RKM_OK);
+    rkm_sim_result res;
+    if (g) CHECK(rkm_plan_read_string(g, plan, strlen(plan), "multi.rkp", &res, &p) == RKM_OK);
     if (p) {
-        rkm_sim_result res;
-        CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK);
         CHECK_EQ_U64(res.peak, 266);
         run_counting_host(g, p, "multi.rkp");
     }
@@ -528,7 +520,7 @@ int main(void)
 {
     RUN(trace_and_flags);
     RUN(callback_errors_stop_the_walk);
-    RUN(unchecked_plan_is_refused);
+    RUN(plans_run_from_birth);
     RUN(optional_callbacks);
     RUN(counting_host_bundled_baselines);
     RUN(counting_host_hand_plan);

@@ -310,6 +310,43 @@ static int check_built(void *env, void *out)
     return rkm_graph_num_ops(out) == 40 && rkm_graph_is_finalized(out);
 }
 
+/* New costs and profiling make a new graph: every failure leaves none. */
+static rkm_result run_with_costs(void *env, void **out)
+{
+    const rkm_graph *g = env;
+    rkm_op_costs *costs = calloc((size_t)rkm_graph_num_ops(g) + 1, sizeof *costs);
+    for (int32_t i = 0; i < rkm_graph_num_ops(g); i++) costs[i] = (rkm_op_costs){1e-3 * i, 2e-3, 16, 0};
+    rkm_result r = rkm_graph_with_costs(g, costs, (rkm_graph **)out);
+    free(costs);
+    return r;
+}
+
+static rkm_result run_profile(void *env, void **out)
+{
+    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+    rkm_profile_desc d = {2, 0, NULL, NULL};
+    return rkm_graph_profile(env, &cb, &d, (rkm_graph **)out);
+}
+
+static int check_new_graph(void *env, void *out)
+{
+    return out != env && rkm_graph_num_ops(out) == rkm_graph_num_ops(env) && rkm_graph_is_finalized(out);
+}
+
+TEST(new_costs_new_graph)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = NULL;
+    CHECK(build(ctx, 12, &g) == RKM_OK);
+    if (g) {
+        op_under_test ops[] = {{"with_costs", run_with_costs, check_new_graph, drop_graph},
+                               {"profile", run_profile, check_new_graph, drop_graph}};
+        for (size_t k = 0; k < N_OF(ops); k++) every_failure(&ops[k], g, ctx);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 TEST(build_through_api)
 {
     rkm_context *ctx = new_ctx();
@@ -336,40 +373,47 @@ static rkm_result run_baseline(void *env, void **out)
     return rkm_plan_baseline(e->g, (rkm_plan **)out);
 }
 
+/* A whole plan: its steps, its figures, and it runs. */
 static int check_plan(void *env, void *out)
 {
     plan_env *e = env;
-    rkm_sim_result res;
-    return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_simulate(out, &res, NULL) == RKM_OK && res.peak == e->peak;
+    rkm_plan_stats ps;
+    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+    return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_stats_get(out, &ps) == RKM_OK && ps.peak == e->peak &&
+           rkm_plan_execute(out, &cb) == RKM_OK;
 }
 
-/* simulate allocates its state and the executor's annotations; a failed
- * simulate leaves the plan unchecked (not executable) and checkable later. */
-static rkm_result run_simulate(void *env, void **out)
+/* A plan's birth allocates its steps, per-step figures, annotations and
+ * buffers; every failure leaves nothing behind. */
+static rkm_result run_plan_create(void *env, void **out)
 {
     plan_env *e = env;
-    rkm_plan *p = NULL;
-    rkm_result r = rkm_plan_read_string(e->g, e->text, e->len, "sim.rkp", &p);
-    *out = p;
-    if (r) return r;
-    rkm_sim_result res;
-    r = rkm_plan_simulate(p, &res, NULL);
-    if (r) {
-        A.fail_at = 0;
-        rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
-        CHECK(rkm_plan_execute(p, &cb) == RKM_ERROR_STATE);
-        CHECK(rkm_plan_simulate(p, &res, NULL) == RKM_OK && res.peak == e->peak);
-        CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
-        rkm_plan_destroy(p);
-        *out = NULL;
-    }
-    return r;
+    return rkm_plan_create(e->g, rkm_plan_steps(e->p), rkm_plan_num_steps(e->p), NULL, (rkm_plan **)out);
 }
 
 static rkm_result run_plan_read(void *env, void **out)
 {
     plan_env *e = env;
-    return rkm_plan_read_string(e->g, e->text, e->len, "oom.rkp", (rkm_plan **)out);
+    return rkm_plan_read_string(e->g, e->text, e->len, "oom.rkp", NULL, (rkm_plan **)out);
+}
+
+/* The layout's scratch: on failure the caller's array is untouched. */
+static uint64_t layout_arena;
+
+static rkm_result run_layout(void *env, void **out)
+{
+    plan_env *e = env;
+    rkm_buffer *b = calloc(rkm_plan_num_buffers(e->p) + 1, sizeof *b);
+    rkm_result r = rkm_plan_layout(e->p, 0, b, &layout_arena);
+    free(b);
+    *out = r ? NULL : env;
+    return r;
+}
+
+static int check_layout(void *env, void *out)
+{
+    plan_env *e = env;
+    return out == env && layout_arena >= e->peak;
 }
 
 static int count_write(void *user, const char *data, size_t len)
@@ -418,17 +462,18 @@ TEST(plans)
     CHECK(build(ctx, 24, &e.g) == RKM_OK);
     if (e.g) CHECK(rkm_plan_baseline(e.g, &e.p) == RKM_OK);
     if (e.p) {
-        rkm_sim_result res;
-        CHECK(rkm_plan_simulate(e.p, &res, NULL) == RKM_OK);
-        e.peak = res.peak;
+        rkm_plan_stats ps;
+        CHECK(rkm_plan_stats_get(e.p, &ps) == RKM_OK);
+        e.peak = ps.peak;
         e.n_steps = rkm_plan_num_steps(e.p);
         CHECK(rkm_plan_write(e.p, text_sink, &e) == RKM_OK);
     }
     if (e.p && e.text) {
         op_under_test ops[] = {
             {"baseline", run_baseline, check_plan, drop_plan},
-            {"simulate", run_simulate, check_plan, drop_plan},
+            {"plan create", run_plan_create, check_plan, drop_plan},
             {"plan read", run_plan_read, check_plan, drop_plan},
+            {"layout", run_layout, check_layout, drop_nothing},
             {"write", run_write, check_write, drop_nothing},
         };
         for (size_t k = 0; k < N_OF(ops); k++) every_failure(&ops[k], &e, ctx);
@@ -456,10 +501,9 @@ static rkm_result run_solve(void *env, void **out)
 static int check_solve(void *env, void *out)
 {
     solve_env *e = env;
-    rkm_sim_result res;
+    rkm_plan_stats ps;
     if (!e->n_steps) e->n_steps = rkm_plan_num_steps(out);
-    return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_simulate(out, &res, NULL) == RKM_OK &&
-           res.peak <= e->budget;
+    return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_stats_get(out, &ps) == RKM_OK && ps.peak <= e->budget;
 }
 
 TEST(planners)
@@ -514,6 +558,7 @@ int main(void)
     RUN(read_graphs);
     RUN(read_bad_graph);
     RUN(build_through_api);
+    RUN(new_costs_new_graph);
     RUN(plans);
     RUN(planners);
     RUN(allocator_totals);
