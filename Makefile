@@ -42,12 +42,6 @@ DEP_LIBS = liblpsolve55.a liblpsolve55_pic.a libcolamd.so
 endif
 LDLIBS = $(SOLVER_LIBS) -lm -pthread
 
-# stb_ds is needed only if a source uses it.
-ifneq ($(shell grep -ls 'stb/stb_ds.h' rockmate.c cli/*.c),)
-DEP_PKGS += libstb-dev
-DEP_HEADERS += stb/stb_ds.h
-endif
-
 VERSION := $(shell sed -n 's/^\#define RKM_VERSION_STRING "\(.*\)"/\1/p' rockmate.h)
 
 LIB_A = $(BUILD)/librockmate.a
@@ -57,7 +51,7 @@ TEST_LIB = $(BUILD)/tests/librockmate.a
 TEST_CUDA_LIB = $(BUILD)/tests/libcudahelpers.a
 
 CLI_SRCS = $(wildcard cli/*.c)
-CLI_BIN = $(if $(CLI_SRCS),$(BUILD)/rockmate)
+CLI_BIN = $(BUILD)/rockmate
 
 # Every examples/*.c with a main() is one program build/NAME.
 EXAMPLE_SRCS := $(shell grep -lE '^[[:space:]]*int[[:space:]]+main\b' examples/*.c 2>/dev/null)
@@ -69,13 +63,8 @@ TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 BENCH_SRCS = $(wildcard bench/*.c)
 BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
-# The demo: the GPT-2 trainer once it exists, else the MLP example.
-# To swap, change DEMO (the program first, then its arguments).
-ifneq ($(filter examples/gpt2.c,$(EXAMPLE_SRCS)),)
+# The demo: the GPT-2 trainer (the program first, then its arguments).
 DEMO = $(BUILD)/gpt2 --budget 40%
-else
-DEMO = $(BUILD)/mlp --budget 60%
-endif
 
 # CUDA: nvcc from PATH, else the toolkit's default place.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -98,7 +87,6 @@ all: lib cli
 lib: $(LIB_A) $(LIB_SO)
 
 cli: $(CLI_BIN)
-	@$(if $(CLI_BIN),:,echo "cli: cli/rockmate_cli.c not there yet, skipping the CLI")
 
 examples: $(EXAMPLES)
 
@@ -200,7 +188,6 @@ cuda:
 	@echo "cuda: nvcc not found, skipping the CUDA sources"
 else
 cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES)
-	@$(if $(CUDA_SRCS)$(CUDA_EXAMPLE_SRCS),:,echo "cuda: no CUDA sources yet")
 endif
 
 $(BUILD)/cuda/%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
@@ -230,7 +217,7 @@ install: all $(BUILD)/rockmate.pc
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/librockmate.a
 	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librockmate.so
 	install -m 644 $(BUILD)/rockmate.pc $(DESTDIR)$(LIBDIR)/pkgconfig/rockmate.pc
-	$(if $(CLI_BIN),install -m 755 $(CLI_BIN) $(DESTDIR)$(PREFIX)/bin/rockmate)
+	install -m 755 $(CLI_BIN) $(DESTDIR)$(PREFIX)/bin/rockmate
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/rockmate.h $(DESTDIR)$(LIBDIR)/librockmate.a \

@@ -5518,6 +5518,20 @@ static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, i
     return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "step %zu (%s): the %s callback returned %d", i, text, which, code);
 }
 
+/* The callback each step kind calls (by rkm_step_kind), for messages. */
+static const char *const rkm__callback_names[] = {"forward", "loss", "backward", "free_tensor", "free_saved", "free_grad"};
+
+/* The optional callback of a step that is neither fwd nor bwd. */
+static int (*rkm__simple_callback(const rkm_callbacks *cb, int32_t kind))(void *, int32_t)
+{
+    switch (kind) {
+    case RKM_STEP_LOSS: return cb->loss;
+    case RKM_STEP_FREE: return cb->free_tensor;
+    case RKM_STEP_FREE_SAVED: return cb->free_saved;
+    default: return cb->free_grad;
+    }
+}
+
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
 {
     if (!p || !cb) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: callbacks are NULL") : RKM_ERROR_ARGUMENT;
@@ -5527,36 +5541,16 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
         const rkm_step *st = &p->steps[i];
         const uint8_t *fl = p->flags + p->flag_off[i];
         int rc = 0;
-        const char *which = "";
-        switch (st->kind) {
-        case RKM_STEP_FWD: {
+        const char *which = rkm__callback_names[st->kind];
+        if (st->kind == RKM_STEP_FWD) {
             rkm_fwd_call c = {(int64_t)i, st->index, st->save, fl[0], fl + 1};
             rc = cb->forward(cb->user, &c);
-            which = "forward";
-            break;
-        }
-        case RKM_STEP_BWD: {
+        } else if (st->kind == RKM_STEP_BWD) {
             rkm_bwd_call c = {(int64_t)i, st->index, fl};
             rc = cb->backward(cb->user, &c);
-            which = "backward";
-            break;
-        }
-        case RKM_STEP_LOSS:
-            rc = cb->loss ? cb->loss(cb->user, st->index) : 0;
-            which = "loss";
-            break;
-        case RKM_STEP_FREE:
-            rc = cb->free_tensor ? cb->free_tensor(cb->user, st->index) : 0;
-            which = "free_tensor";
-            break;
-        case RKM_STEP_FREE_SAVED:
-            rc = cb->free_saved ? cb->free_saved(cb->user, st->index) : 0;
-            which = "free_saved";
-            break;
-        case RKM_STEP_FREE_GRAD:
-            rc = cb->free_grad ? cb->free_grad(cb->user, st->index) : 0;
-            which = "free_grad";
-            break;
+        } else {
+            int (*fn)(void *, int32_t) = rkm__simple_callback(cb, st->kind);
+            rc = fn ? fn(cb->user, st->index) : 0;
         }
         if (rc) return rkm__cb_fail(p, i, which, rc);
     }

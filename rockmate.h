@@ -77,7 +77,9 @@
  * Readings of the contract where it leaves room (each chosen to keep plans
  * correct):
  * - A budget counts the `input` tensors too: they are part of mem.
- * - An op with no `in` at all counts as a "first op" for structure detection.
+ * - For structure detection an op whose every `in` is an `input` tensor (or
+ *   that has no `in` at all) is a "first op": inputs are live all the time,
+ *   so they never separate blocks.
  * - A name list (in=, out=, saved=) may not name a tensor twice.
  * - A tensor may carry both `input` and `nograd` (nograd is then redundant).
  * - The loss tensor may not be an `input` (it must be produced by an op).
@@ -156,7 +158,8 @@ typedef void *(*rkm_alloc_fn)(void *user, void *ptr, size_t old_size, size_t new
 
 typedef enum rkm_log_level {
     RKM_LOG_ERROR = 1, /* every failed call, with its message */
-    RKM_LOG_WARN = 2,  /* something degraded: a solver timeout, a fallback */
+    RKM_LOG_WARN = 2,  /* something degraded: an odd lp_solve status, a schedule that
+                          failed its replay and was replaced by the fallback */
     RKM_LOG_INFO = 3,  /* planning progress: blocks, options, DP */
     RKM_LOG_DEBUG = 4  /* lp_solve's own messages, per-solve details */
 } rkm_log_level;
@@ -301,7 +304,8 @@ typedef struct rkm_block_info {
     int32_t n_ops;
     int32_t input;       /* separator tensor entering the block, -1 for the first */
     int32_t output;      /* separator leaving it; the loss tensor for the last */
-    int32_t class_id;    /* blocks with the same class_id are identical */
+    int32_t class_id;    /* blocks with the same class_id have the same structure, sizes and
+                            flags, and op times within 20 %: they share ILP schedules */
 } rkm_block_info;
 rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t block, rkm_block_info *out);
 

@@ -61,7 +61,7 @@ static int fixture_init(fixture *f, gpt2_shape s, float p)
  * workspaces, loss. */
 static void check_same_op(const rkm_graph *a, const rkm_graph *b, int32_t op)
 {
-    rkm_op_info x, y;
+    rkm_op_desc x, y;
     rkm_tensor_info tx, ty;
     CHECK(rkm_graph_op_info(a, op, &x) == RKM_OK && rkm_graph_op_info(b, op, &y) == RKM_OK);
     CHECK(!strcmp(x.name, y.name));
@@ -115,7 +115,7 @@ TEST(graph_dropout_ops)
     rkm_context *ctx = NULL;
     gpt2_graph g0, g1;
     gpt2_shape s = tiny_shape(0);
-    rkm_op_info oi;
+    rkm_op_desc oi;
     int32_t op;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     CHECK(gpt2_graph_build(ctx, &s, &g0) == RKM_OK);
@@ -270,7 +270,7 @@ static void run_algo(plan_case *pc, rkm_algo algo, int *recomputed)
     static const int pcts[] = {100, 60, 40, 25};
     rkm_solve_desc sd;
     rkm_planner *pl = NULL;
-    rkm_plan_stats st;
+    rkm_planner_stats st;
     rkm_result r;
     memset(&sd, 0, sizeof sd);
     sd.algo = algo;

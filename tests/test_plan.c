@@ -3,6 +3,8 @@
 #include "../rockmate.c"
 #include "test.h"
 
+#include <math.h>
+
 static const char *const graphs[] = {TEST_BUNDLED_GRAPHS};
 #define N_GRAPHS (sizeof graphs / sizeof graphs[0])
 
@@ -227,6 +229,74 @@ TEST(rockmate_never_worse_than_rotor)
 #endif
 }
 
+/* A zeroed desc is a valid request in every build: the best algorithm the
+ * build has, below the baseline peak too; bad values are refused by name. */
+TEST(zeroed_desc_plans)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny");
+    rkm_graph_stats gs;
+    if (g && rkm_graph_stats_get(g, &gs) == RKM_OK) {
+        rkm_solve_desc sd;
+        memset(&sd, 0, sizeof sd);
+        rkm_plan *p = NULL;
+        CHECK(rkm_plan_solve(g, &sd, gs.baseline_peak / 10 * 6, &p) == RKM_OK);
+        rkm_plan_stats ps;
+        if (p) CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+#ifdef RKM_OMIT_SOLVER
+        CHECK(p && ps.algo == RKM_ALGO_ROTOR);
+#else
+        CHECK(p && ps.algo == RKM_ALGO_ROCKMATE);
+#endif
+        CHECK(p && ps.peak <= gs.baseline_peak / 10 * 6 && ps.overhead > 0);
+        rkm_plan_destroy(p);
+        CHECK(rkm_plan_solve(g, NULL, gs.baseline_peak, &p) == RKM_OK);
+        rkm_plan_destroy(p);
+        static const struct {
+            rkm_solve_desc d;
+            const char *field;
+        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0}, "slots"},
+                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0}, "ilp_peak_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3}, "ilp_kept_points"},
+                   {{(rkm_algo)99, 0, 0, 0, 0, 0}, "algorithm"}};
+        for (size_t i = 0; i < N_OF(bad); i++) {
+            p = (rkm_plan *)1;
+            CHECK(rkm_plan_solve(g, &bad[i].d, gs.baseline_peak, &p) == RKM_ERROR_ARGUMENT && p == NULL);
+            CHECK(strstr(rkm_context_errmsg(ctx), bad[i].field) != NULL);
+        }
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Algorithm names and budgets: unknown text is refused with a message. */
+TEST(names_and_budgets)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_algo a = RKM_ALGO_NONE;
+    for (int k = 0; k < RKM_ALGO_COUNT; k++) {
+        CHECK(rkm_algo_from_name(ctx, rkm_algo_name((rkm_algo)k), &a) == RKM_OK);
+        CHECK(a == (rkm_algo)k);
+    }
+    CHECK(rkm_algo_from_name(ctx, "rotr", &a) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(rkm_context_errmsg(ctx), "rotr") != NULL);
+    CHECK(rkm_algo_from_name(NULL, "rotor", &a) == RKM_ERROR_ARGUMENT);
+    uint64_t b = 0;
+    CHECK(rkm_parse_budget(ctx, "40%", 1000, &b) == RKM_OK && b == 400);
+    CHECK(rkm_parse_budget(ctx, "2KiB", 0, &b) == RKM_OK && b == 2048);
+    CHECK(rkm_parse_budget(ctx, "1.5GB", 0, &b) == RKM_OK && b == 1500000000u);
+    CHECK(rkm_parse_budget(ctx, "12", 0, &b) == RKM_OK && b == 12);
+    CHECK(rkm_parse_budget(ctx, "12 MiB", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(rkm_context_errmsg(ctx), "budget '12 MiB'") != NULL);
+    CHECK(rkm_parse_budget(ctx, "-5", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(ctx, NULL, 0, &b) == RKM_ERROR_ARGUMENT);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(gpt2_layers_fall_into_two_classes);
@@ -234,5 +304,7 @@ int main(void)
     RUN(no_separator_is_one_block);
     RUN(plans_valid_within_budget_and_monotone);
     RUN(rockmate_never_worse_than_rotor);
+    RUN(zeroed_desc_plans);
+    RUN(names_and_budgets);
     TEST_END();
 }
