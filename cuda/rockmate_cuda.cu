@@ -3,17 +3,10 @@
  * cudaEvent timing and the CUDA error handling. */
 #include "rockmate_cuda.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
-/* What the timing layer returns to the executor when a CUDA call failed
- * (the host's own non-zero values pass through unchanged). */
-#define RKM__CU_FAILED (-0x4355)
-
 struct rkm_cuda_arena {
-    rkm_alloc_fn alloc;
-    void *alloc_user;
+    rkm_context *ctx; /* the graph's: allocator and messages */
     const rkm_graph *g;
     int32_t n_ops;
     int measure;
@@ -26,9 +19,6 @@ struct rkm_cuda_arena {
      * events, and whether the call ran in this step. */
     cudaEvent_t *ev;
     uint8_t *ran;
-    int cuda_failed;
-    rkm_result cuda_code;
-    char errmsg[512];
 };
 
 rkm_result rkm_cuda_result(cudaError_t e)
@@ -37,187 +27,142 @@ rkm_result rkm_cuda_result(cudaError_t e)
     return e == cudaErrorMemoryAllocation ? RKM_ERROR_NOMEM : RKM_ERROR_CALLBACK;
 }
 
-static void rkm__cu_msg(char *buf, size_t size, const char *fmt, ...)
-{
-    if (!buf || !size) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, size, fmt, ap);
-    va_end(ap);
-}
-
-/* Record a failed CUDA call on the arena; returns its rkm_result. */
+/* A failed CUDA call outside a step: the message in the context. */
 static rkm_result rkm__cu_fail(rkm_cuda_arena *ca, cudaError_t e, const char *what)
 {
-    ca->cuda_failed = 1;
-    ca->cuda_code = rkm_cuda_result(e);
-    rkm__cu_msg(ca->errmsg, sizeof ca->errmsg, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    return ca->cuda_code;
+    return rkm_context_fail(ca->ctx, rkm_cuda_result(e), "%s: %s (%s)", what, cudaGetErrorString(e),
+                            cudaGetErrorName(e));
 }
 
 /* ---------------------------------------------------------------------------
  * The timing layer between the arena's executor and the host
  * ------------------------------------------------------------------------- */
 
+/* Inside a step: a failed record is the layer's own callback failure, which
+ * the exec reports after the step with the CUDA error's code. */
 static int rkm__cu_record(rkm_cuda_arena *ca, size_t ev_index)
 {
     cudaError_t e = cudaEventRecord(ca->ev[ev_index], ca->stream);
-    if (e != cudaSuccess) {
-        rkm__cu_fail(ca, e, "cudaEventRecord");
-        return RKM__CU_FAILED;
-    }
-    return 0;
+    if (e == cudaSuccess) return 0;
+    return rkm_arena_exec_host_fail(ca->x, rkm_cuda_result(e), "cudaEventRecord around op %d: %s (%s)",
+                                    (int)(ev_index / 4), cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-/* Events around the host's call when profiling; which = 0 fwd, 1 bwd. */
-static int rkm__cu_timed(rkm_cuda_arena *ca, int32_t op, int which, int rc_host_call(rkm_cuda_arena *, const void *),
-                         const void *call)
+/* The host's forward (f) or backward (b) call, between events when
+ * profiling. */
+static int rkm__cu_call(void *user, int32_t op, const rkm_fwd_call *f, const rkm_bwd_call *b)
 {
-    size_t e0 = (size_t)op * 4 + (size_t)which * 2;
+    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
+    size_t which = f ? 0 : 1, e0 = (size_t)op * 4 + which * 2;
     int rc = ca->ev ? rkm__cu_record(ca, e0) : 0;
-    if (rc) return rc;
-    if ((rc = rc_host_call(ca, call))) return rc;
-    if (!ca->ev) return 0;
+    if (!rc) rc = f ? ca->host.forward(ca->host.user, f) : ca->host.backward(ca->host.user, b);
+    if (rc || !ca->ev) return rc;
     if ((rc = rkm__cu_record(ca, e0 + 1))) return rc;
-    ca->ran[(size_t)op * 2 + (size_t)which] = 1;
+    ca->ran[(size_t)op * 2 + which] = 1;
     return 0;
 }
 
-static int rkm__cu_host_fwd(rkm_cuda_arena *ca, const void *c)
+static int rkm__cu_forward(void *user, const rkm_fwd_call *c) { return rkm__cu_call(user, c->op, c, NULL); }
+static int rkm__cu_backward(void *user, const rkm_bwd_call *c) { return rkm__cu_call(user, c->op, NULL, c); }
+
+/* The loss and the frees reach the host's hooks unchanged (only forward and
+ * backward calls are timed); kind picks the hook. */
+enum { RKM__CU_LOSS, RKM__CU_FREE_TENSOR, RKM__CU_FREE_SAVED, RKM__CU_FREE_GRAD };
+
+static int rkm__cu_pass(void *user, int kind, int32_t id)
 {
-    return ca->host.forward(ca->host.user, (const rkm_fwd_call *)c);
+    const rkm_callbacks *h = &((rkm_cuda_arena *)user)->host;
+    int (*hook)(void *, int32_t) = kind == RKM__CU_LOSS          ? h->loss
+                                   : kind == RKM__CU_FREE_TENSOR ? h->free_tensor
+                                   : kind == RKM__CU_FREE_SAVED  ? h->free_saved
+                                                                 : h->free_grad;
+    return hook ? hook(h->user, id) : 0;
 }
 
-static int rkm__cu_host_bwd(rkm_cuda_arena *ca, const void *c)
-{
-    return ca->host.backward(ca->host.user, (const rkm_bwd_call *)c);
-}
-
-static int rkm__cu_forward(void *user, const rkm_fwd_call *c)
-{
-    return rkm__cu_timed((rkm_cuda_arena *)user, c->op, 0, rkm__cu_host_fwd, c);
-}
-
-static int rkm__cu_backward(void *user, const rkm_bwd_call *c)
-{
-    return rkm__cu_timed((rkm_cuda_arena *)user, c->op, 1, rkm__cu_host_bwd, c);
-}
-
-static int rkm__cu_loss(void *user, int32_t t)
-{
-    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
-    return ca->host.loss ? ca->host.loss(ca->host.user, t) : 0;
-}
-
-static int rkm__cu_free_tensor(void *user, int32_t t)
-{
-    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
-    return ca->host.free_tensor ? ca->host.free_tensor(ca->host.user, t) : 0;
-}
-
-static int rkm__cu_free_saved(void *user, int32_t op)
-{
-    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
-    return ca->host.free_saved ? ca->host.free_saved(ca->host.user, op) : 0;
-}
-
-static int rkm__cu_free_grad(void *user, int32_t t)
-{
-    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
-    return ca->host.free_grad ? ca->host.free_grad(ca->host.user, t) : 0;
-}
+static int rkm__cu_loss(void *user, int32_t t) { return rkm__cu_pass(user, RKM__CU_LOSS, t); }
+static int rkm__cu_free_tensor(void *user, int32_t t) { return rkm__cu_pass(user, RKM__CU_FREE_TENSOR, t); }
+static int rkm__cu_free_saved(void *user, int32_t op) { return rkm__cu_pass(user, RKM__CU_FREE_SAVED, op); }
+static int rkm__cu_free_grad(void *user, int32_t t) { return rkm__cu_pass(user, RKM__CU_FREE_GRAD, t); }
 
 /* ---------------------------------------------------------------------------
  * The arena
  * ------------------------------------------------------------------------- */
 
-rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **out, char *errmsg,
-                                 size_t errmsg_size)
+/* The desc's own rules (the exec checks the rest: graph, layout plan). */
+static rkm_result rkm__cu_check_desc(rkm_context *ctx, const rkm_cuda_arena_desc *d)
 {
-    rkm__cu_msg(errmsg, errmsg_size, "%s", "");
-    if (!out) return RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!d || !d->graph || !d->host || !d->host->forward || !d->host->backward ||
-        (!d->layout && d->capacity == RKM_ARENA_UNBOUNDED)) {
-        rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: graph, host forward and backward are required, "
-                                         "and a bounded capacity or a layout plan");
-        return RKM_ERROR_ARGUMENT;
-    }
-    if (d->layout && (d->measure || rkm_plan_graph(d->layout) != d->graph)) {
-        rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: a layout plan must be of the graph, "
-                                         "and excludes measure mode");
-        return RKM_ERROR_ARGUMENT;
-    }
-    rkm_alloc_fn fn = d->alloc ? d->alloc : rkm_arena_default_alloc;
-    void *fu = d->alloc ? d->alloc_user : NULL;
-    rkm_cuda_arena *ca = (rkm_cuda_arena *)fn(fu, NULL, 0, sizeof *ca);
-    if (!ca) return RKM_ERROR_NOMEM;
+    if (!d->host || !d->host->forward || !d->host->backward)
+        return rkm_context_fail(ctx, RKM_ERROR_ARGUMENT,
+                                "rkm_cuda_arena_create: the host's forward and backward callbacks are required");
+    if (!d->layout && d->capacity == RKM_ARENA_UNBOUNDED)
+        return rkm_context_fail(ctx, RKM_ERROR_ARGUMENT,
+                                "rkm_cuda_arena_create: a device arena needs a bounded capacity or a layout plan");
+    return RKM_OK;
+}
+
+/* The device region: the exec's capacity (the layout's arena size in
+ * layout mode). */
+static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca)
+{
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(ca->x, &st);
+    ca->capacity = st.capacity;
+    if (ca->capacity == 0) return RKM_OK;
+    cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
+    if (e == cudaSuccess) return RKM_OK;
+    ca->base = NULL;
+    return rkm_context_fail(ca->ctx, rkm_cuda_result(e), "rkm_cuda_arena_create: cudaMalloc(%llu bytes): %s (%s)",
+                            (unsigned long long)ca->capacity, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **out)
+{
+    if (out) *out = NULL;
+    if (!d || !d->graph) return RKM_ERROR_ARGUMENT; /* no context to tell */
+    rkm_context *ctx = rkm_graph_context(d->graph);
+    if (!out) return rkm_context_fail(ctx, RKM_ERROR_ARGUMENT, "rkm_cuda_arena_create: out is NULL");
+    rkm_result r = rkm__cu_check_desc(ctx, d);
+    if (r != RKM_OK) return r;
+    rkm_cuda_arena *ca = (rkm_cuda_arena *)rkm_context_realloc(ctx, NULL, 0, sizeof *ca);
+    if (!ca) return rkm_context_fail(ctx, RKM_ERROR_NOMEM, "rkm_cuda_arena_create: no memory for the arena");
     memset(ca, 0, sizeof *ca);
-    ca->alloc = fn;
-    ca->alloc_user = fu;
+    ca->ctx = ctx;
     ca->g = d->graph;
     ca->n_ops = rkm_graph_num_ops(d->graph);
     ca->measure = d->measure != 0;
     ca->host = *d->host;
     ca->stream = d->stream;
-    ca->capacity = d->capacity;
     rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
                            rkm__cu_free_saved, rkm__cu_free_grad};
-    rkm_arena_exec_desc xd = {d->graph, d->capacity, d->measure, &layer, d->alloc, d->alloc_user};
-    rkm_result r = d->layout ? rkm_arena_exec_create_layout(&xd, d->layout, &ca->x) : rkm_arena_exec_create(&xd, &ca->x);
+    rkm_arena_exec_desc xd = {d->graph, d->capacity, d->measure, &layer};
+    r = d->layout ? rkm_arena_exec_create_layout(&xd, d->layout, &ca->x) : rkm_arena_exec_create(&xd, &ca->x);
+    if (r == RKM_OK) r = rkm__cu_malloc(ca);
     if (r != RKM_OK) {
-        if (d->layout)
-            rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: layout: %s: %s", rkm_result_string(r),
-                        rkm_context_errmsg(rkm_graph_context(d->graph)));
-        else
-            rkm__cu_msg(errmsg, errmsg_size, "rkm_cuda_arena_create: bookkeeping: %s (%llu bytes)",
-                        rkm_result_string(r), (unsigned long long)d->capacity);
         rkm_cuda_arena_destroy(ca);
         return r;
-    }
-    /* Layout mode: the device region is the layout's arena size. */
-    rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(ca->x, &st);
-    ca->capacity = st.capacity;
-    if (ca->capacity > 0) {
-        cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
-        if (e != cudaSuccess) {
-            rkm__cu_msg(errmsg, errmsg_size, "cudaMalloc(%llu bytes): %s", (unsigned long long)ca->capacity,
-                        cudaGetErrorString(e));
-            ca->base = NULL;
-            rkm_cuda_arena_destroy(ca);
-            return rkm_cuda_result(e);
-        }
     }
     *out = ca;
     return RKM_OK;
 }
 
-rkm_result rkm_cuda_arena_create_for_plan(rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
-                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout, char *errmsg,
-                                          size_t errmsg_size)
+rkm_result rkm_cuda_arena_create_for_plan(const rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
+                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout)
 {
-    if (!out) return RKM_ERROR_ARGUMENT;
-    *out = NULL;
+    if (out) *out = NULL;
     if (!plan) return RKM_ERROR_ARGUMENT;
-    rkm_sim_result sim;
-    rkm_result r = rkm_plan_simulate(plan, &sim, NULL);
-    if (r != RKM_OK) {
-        rkm__cu_msg(errmsg, errmsg_size, "%s", rkm_context_errmsg(rkm_graph_context(rkm_plan_graph(plan))));
-        return r;
-    }
     rkm_cuda_arena_desc d;
     memset(&d, 0, sizeof d);
     d.graph = rkm_plan_graph(plan);
     d.layout = plan;
     d.host = host;
     d.stream = stream;
-    if ((r = rkm_cuda_arena_create(&d, out, errmsg, errmsg_size)) != RKM_OK) return r;
-    if (layout) {
-        layout->peak = sim.peak;
-        layout->capacity = (*out)->capacity;
-        layout->slack = layout->capacity - sim.peak;
-    }
+    rkm_result r = rkm_cuda_arena_create(&d, out);
+    if (r != RKM_OK || !layout) return r;
+    rkm_plan_stats ps;
+    (void)rkm_plan_stats_get(plan, &ps); /* cannot fail: plan is not NULL */
+    layout->peak = ps.peak;
+    layout->capacity = (*out)->capacity;
+    layout->slack = layout->capacity - ps.peak;
     return RKM_OK;
 }
 
@@ -226,23 +171,17 @@ void rkm_cuda_arena_destroy(rkm_cuda_arena *ca)
     if (!ca) return;
     if (ca->base) (void)cudaFree(ca->base);
     rkm_arena_exec_destroy(ca->x);
-    ca->alloc(ca->alloc_user, ca, sizeof *ca, 0);
+    (void)rkm_context_realloc(ca->ctx, ca, sizeof *ca, 0);
 }
 
 rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan)
 {
-    if (!ca || !plan) return RKM_ERROR_ARGUMENT;
-    ca->cuda_failed = 0;
-    ca->errmsg[0] = 0;
+    if (!ca) return RKM_ERROR_ARGUMENT;
     rkm_result r = rkm_arena_exec_run(ca->x, plan);
-    if (r != RKM_OK) {
-        if (ca->cuda_failed) return ca->cuda_code;
-        rkm__cu_msg(ca->errmsg, sizeof ca->errmsg, "%s", rkm_arena_exec_errmsg(ca->x));
-        return r;
-    }
+    if (r != RKM_OK) return r;
     /* Launch errors of the host's kernels (faults show at the next sync). */
     cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? RKM_OK : rkm__cu_fail(ca, e, "after the step");
+    return e == cudaSuccess ? RKM_OK : rkm__cu_fail(ca, e, "rkm_cuda_arena_run: after the step");
 }
 
 static void *rkm__cu_ptr(const rkm_cuda_arena *ca, uint64_t off)
@@ -268,7 +207,8 @@ void *rkm_cuda_saved(const rkm_cuda_arena *ca, int32_t op)
 
 rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr)
 {
-    if (!ca || !ptr) return RKM_ERROR_ARGUMENT;
+    if (!ca) return RKM_ERROR_ARGUMENT;
+    if (!ptr) return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT, "rkm_cuda_scratch: ptr is NULL");
     uint64_t off;
     rkm_result r = rkm_arena_exec_scratch(ca->x, bytes, &off);
     *ptr = r == RKM_OK ? rkm__cu_ptr(ca, off) : NULL;
@@ -277,57 +217,84 @@ rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr)
 
 void rkm_cuda_arena_stats(const rkm_cuda_arena *ca, rkm_arena_stats *out) { rkm_arena_exec_arena_stats(ca->x, out); }
 
-const char *rkm_cuda_arena_errmsg(const rkm_cuda_arena *ca) { return ca ? ca->errmsg : ""; }
+rkm_arena_exec *rkm_cuda_arena_exec(const rkm_cuda_arena *ca) { return ca ? ca->x : NULL; }
 
 /* ---------------------------------------------------------------------------
  * The profiler
  * ------------------------------------------------------------------------- */
 
-/* Events and sample storage of one profile. */
+/* Events, sample storage and the new costs of one profile. */
 typedef struct rkm__cu_prof {
+    int32_t runs, warmup;
+    double trim;
     size_t n_ev, n_samples;
-    cudaEvent_t *ev;   /* 4 per op, then step start and end */
-    uint8_t *ran;      /* 2 per op */
-    double *fwd, *bwd; /* [run * n_ops + op] seconds */
-    double *step;      /* [run] */
-    double *col;       /* one op's samples, sorted in place */
+    cudaEvent_t *ev;     /* 4 per op, then step start and end */
+    uint8_t *ran;        /* 2 per op */
+    double *fwd, *bwd;   /* [run * n_ops + op] seconds */
+    double *step;        /* [run] */
+    double *col;         /* one op's samples, sorted in place */
+    rkm_op_costs *costs; /* n_ops: what the new graph gets */
 } rkm__cu_prof;
+
+/* The desc's values, defaults applied; RKM_ERROR_ARGUMENT as
+ * rkm_graph_profile refuses them. */
+static rkm_result rkm__cu_prof_desc(rkm_cuda_arena *ca, const rkm_cuda_profile_desc *desc, rkm__cu_prof *p)
+{
+    rkm_cuda_profile_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.runs < 0)
+        return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT, "rkm_cuda_profile: runs %d is negative", (int)d.runs);
+    if (!(d.trim >= 0.0 && d.trim < 0.5))
+        return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT, "rkm_cuda_profile: trim %g is not in [0, 0.5)", d.trim);
+    p->runs = d.runs > 0 ? d.runs : 5;
+    p->warmup = d.warmup == 0 ? 1 : d.warmup < 0 ? 0 : d.warmup;
+    p->trim = d.trim > 0.0 ? d.trim : 0.2;
+    return RKM_OK;
+}
 
 static void rkm__cu_prof_free(rkm_cuda_arena *ca, rkm__cu_prof *p)
 {
     for (size_t i = 0; p->ev && i < p->n_ev; i++)
         if (p->ev[i]) (void)cudaEventDestroy(p->ev[i]);
-    if (p->ev) ca->alloc(ca->alloc_user, p->ev, p->n_ev * sizeof *p->ev, 0);
-    if (p->ran) ca->alloc(ca->alloc_user, p->ran, (size_t)ca->n_ops * 2 + 1, 0);
-    if (p->fwd) ca->alloc(ca->alloc_user, p->fwd, p->n_samples * sizeof(double), 0);
+    (void)rkm_context_realloc(ca->ctx, p->ev, p->n_ev * sizeof *p->ev, 0);
+    (void)rkm_context_realloc(ca->ctx, p->ran, (size_t)ca->n_ops * 2 + 1, 0);
+    (void)rkm_context_realloc(ca->ctx, p->fwd, p->n_samples * sizeof(double), 0);
+    (void)rkm_context_realloc(ca->ctx, p->costs, (size_t)ca->n_ops * sizeof *p->costs + 1, 0);
     ca->ev = NULL;
     ca->ran = NULL;
 }
 
-static rkm_result rkm__cu_prof_init(rkm_cuda_arena *ca, rkm__cu_prof *p, int32_t runs)
+/* Zeroed host memory from the context, or NULL. */
+static void *rkm__cu_zalloc(rkm_cuda_arena *ca, size_t bytes)
 {
-    size_t no = (size_t)ca->n_ops;
-    memset(p, 0, sizeof *p);
+    void *m = rkm_context_realloc(ca->ctx, NULL, 0, bytes);
+    if (m) memset(m, 0, bytes);
+    return m;
+}
+
+static rkm_result rkm__cu_prof_init(rkm_cuda_arena *ca, rkm__cu_prof *p)
+{
+    size_t no = (size_t)ca->n_ops, runs = (size_t)p->runs;
     p->n_ev = no * 4 + 2;
-    p->n_samples = no * 2 * (size_t)runs + 2 * (size_t)runs;
-    p->ev = (cudaEvent_t *)ca->alloc(ca->alloc_user, NULL, 0, p->n_ev * sizeof *p->ev);
-    p->ran = (uint8_t *)ca->alloc(ca->alloc_user, NULL, 0, no * 2 + 1);
-    p->fwd = (double *)ca->alloc(ca->alloc_user, NULL, 0, p->n_samples * sizeof(double));
-    if (!p->ev || !p->ran || !p->fwd) {
+    p->n_samples = no * 2 * runs + 2 * runs;
+    p->ev = (cudaEvent_t *)rkm__cu_zalloc(ca, p->n_ev * sizeof *p->ev);
+    p->ran = (uint8_t *)rkm__cu_zalloc(ca, no * 2 + 1);
+    p->fwd = (double *)rkm__cu_zalloc(ca, p->n_samples * sizeof(double));
+    p->costs = (rkm_op_costs *)rkm__cu_zalloc(ca, no * sizeof *p->costs + 1);
+    if (!p->ev || !p->ran || !p->fwd || !p->costs) {
         rkm__cu_prof_free(ca, p);
-        rkm__cu_msg(ca->errmsg, sizeof ca->errmsg, "rkm_cuda_profile: out of host memory");
-        return RKM_ERROR_NOMEM;
+        return rkm_context_fail(ca->ctx, RKM_ERROR_NOMEM, "rkm_cuda_profile: no host memory for %zu samples of %zu ops",
+                                p->n_samples, no);
     }
-    memset(p->ev, 0, p->n_ev * sizeof *p->ev);
-    memset(p->fwd, 0, p->n_samples * sizeof(double));
-    p->bwd = p->fwd + no * (size_t)runs;
-    p->step = p->bwd + no * (size_t)runs;
+    p->bwd = p->fwd + no * runs;
+    p->step = p->bwd + no * runs;
     p->col = p->step + runs;
     for (size_t i = 0; i < p->n_ev; i++) {
         cudaError_t e = cudaEventCreate(&p->ev[i]);
         if (e != cudaSuccess) {
             p->ev[i] = NULL;
-            rkm_result r = rkm__cu_fail(ca, e, "cudaEventCreate");
+            rkm_result r = rkm__cu_fail(ca, e, "rkm_cuda_profile: cudaEventCreate");
             rkm__cu_prof_free(ca, p);
             return r;
         }
@@ -342,7 +309,7 @@ static rkm_result rkm__cu_elapsed(rkm_cuda_arena *ca, cudaEvent_t a, cudaEvent_t
     float ms = 0.0f;
     cudaError_t e = cudaEventElapsedTime(&ms, a, b);
     *seconds = (double)ms * 1e-3;
-    return e == cudaSuccess ? RKM_OK : rkm__cu_fail(ca, e, "cudaEventElapsedTime");
+    return e == cudaSuccess ? RKM_OK : rkm__cu_fail(ca, e, "rkm_cuda_profile: cudaEventElapsedTime");
 }
 
 /* One baseline step with events; run >= 0 stores its samples. */
@@ -352,11 +319,14 @@ static rkm_result rkm__cu_prof_step(rkm_cuda_arena *ca, rkm__cu_prof *p, const r
     cudaEvent_t s0 = p->ev[no * 4], s1 = p->ev[no * 4 + 1];
     cudaError_t e;
     memset(p->ran, 0, no * 2);
-    if ((e = cudaEventRecord(s0, ca->stream)) != cudaSuccess) return rkm__cu_fail(ca, e, "cudaEventRecord");
+    if ((e = cudaEventRecord(s0, ca->stream)) != cudaSuccess)
+        return rkm__cu_fail(ca, e, "rkm_cuda_profile: cudaEventRecord before the step");
     rkm_result r = rkm_cuda_arena_run(ca, plan);
     if (r != RKM_OK) return r;
-    if ((e = cudaEventRecord(s1, ca->stream)) != cudaSuccess) return rkm__cu_fail(ca, e, "cudaEventRecord");
-    if ((e = cudaEventSynchronize(s1)) != cudaSuccess) return rkm__cu_fail(ca, e, "the profiled step");
+    if ((e = cudaEventRecord(s1, ca->stream)) != cudaSuccess)
+        return rkm__cu_fail(ca, e, "rkm_cuda_profile: cudaEventRecord after the step");
+    if ((e = cudaEventSynchronize(s1)) != cudaSuccess)
+        return rkm__cu_fail(ca, e, "rkm_cuda_profile: the profiled step");
     if (run < 0) return RKM_OK;
     size_t base = (size_t)run * no;
     for (size_t op = 0; op < no && r == RKM_OK; op++) {
@@ -367,63 +337,56 @@ static rkm_result rkm__cu_prof_step(rkm_cuda_arena *ca, rkm__cu_prof *p, const r
     return r == RKM_OK ? rkm__cu_elapsed(ca, s0, s1, &p->step[run]) : r;
 }
 
-/* Trimmed means of the samples and the measured workspaces into g. */
-static rkm_result rkm__cu_prof_apply(rkm_cuda_arena *ca, rkm__cu_prof *p, rkm_graph *g, int32_t runs, double trim,
-                                     double *sum)
+/* The new costs: trimmed means of the samples, the measured workspaces.
+ * Returns the sum of the times (the new baseline time). */
+static double rkm__cu_prof_costs(rkm_cuda_arena *ca, rkm__cu_prof *p)
 {
     size_t no = (size_t)ca->n_ops;
-    *sum = 0.0;
+    double sum = 0.0;
     for (size_t op = 0; op < no; op++) {
         double t[2];
         for (int k = 0; k < 2; k++) {
             const double *src = k ? p->bwd : p->fwd;
-            for (int32_t i = 0; i < runs; i++) p->col[i] = src[(size_t)i * no + op];
-            t[k] = rkm_trimmed_mean(p->col, (size_t)runs, trim);
-            *sum += t[k];
+            for (int32_t i = 0; i < p->runs; i++) p->col[i] = src[(size_t)i * no + op];
+            t[k] = rkm_trimmed_mean(p->col, (size_t)p->runs, p->trim);
+            sum += t[k];
         }
-        uint64_t fws, bws;
-        rkm_arena_exec_measured_ws(ca->x, (int32_t)op, &fws, &bws);
-        rkm_result r = rkm_graph_set_op_costs(g, (int32_t)op, t[0], t[1], fws, bws);
-        if (r != RKM_OK) {
-            rkm__cu_msg(ca->errmsg, sizeof ca->errmsg, "rkm_graph_set_op_costs: %s",
-                        rkm_context_errmsg(rkm_graph_context(g)));
-            return r;
-        }
+        rkm_op_costs *c = &p->costs[op];
+        c->fwd_seconds = t[0];
+        c->bwd_seconds = t[1];
+        rkm_arena_exec_measured_ws(ca->x, (int32_t)op, &c->fwd_ws, &c->bwd_ws);
     }
-    return RKM_OK;
+    return sum;
 }
 
-rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, rkm_graph *g, const rkm_cuda_profile_desc *desc,
-                            rkm_cuda_profile_result *out)
+rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, const rkm_cuda_profile_desc *desc, rkm_cuda_profile_result *res,
+                            rkm_graph **out)
 {
-    if (!ca || !g) return RKM_ERROR_ARGUMENT;
-    if (!ca->measure || g != ca->g) {
-        rkm__cu_msg(ca->errmsg, sizeof ca->errmsg, "rkm_cuda_profile: needs a measuring arena made on this graph");
-        return RKM_ERROR_ARGUMENT;
-    }
-    int32_t runs = desc && desc->runs > 0 ? desc->runs : 5;
-    int32_t warmup = !desc || desc->warmup == 0 ? 1 : desc->warmup < 0 ? 0 : desc->warmup;
-    double trim = desc && desc->trim > 0.0 ? desc->trim : 0.2;
-    rkm_plan *plan = NULL;
-    rkm_result r = rkm_plan_baseline(g, &plan);
-    if (r != RKM_OK) {
-        rkm__cu_msg(ca->errmsg, sizeof ca->errmsg, "baseline plan: %s", rkm_context_errmsg(rkm_graph_context(g)));
-        return r;
-    }
+    if (out) *out = NULL;
+    if (!ca) return RKM_ERROR_ARGUMENT;
+    if (!out) return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT, "rkm_cuda_profile: out is NULL");
+    if (!ca->measure)
+        return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT,
+                                "rkm_cuda_profile: the arena does not measure (create it with measure = 1)");
     rkm__cu_prof p;
-    if ((r = rkm__cu_prof_init(ca, &p, runs)) != RKM_OK) {
+    memset(&p, 0, sizeof p);
+    rkm_result r = rkm__cu_prof_desc(ca, desc, &p);
+    rkm_plan *plan = NULL;
+    if (r == RKM_OK) r = rkm_plan_baseline(ca->g, &plan);
+    if (r == RKM_OK) r = rkm__cu_prof_init(ca, &p);
+    if (r != RKM_OK) {
         rkm_plan_destroy(plan);
         return r;
     }
-    for (int32_t i = -warmup; i < runs && r == RKM_OK; i++) r = rkm__cu_prof_step(ca, &p, plan, i);
-    double sum = 0.0;
-    if (r == RKM_OK) r = rkm__cu_prof_apply(ca, &p, g, runs, trim, &sum);
-    if (r == RKM_OK && out) {
+    for (int32_t i = -p.warmup; i < p.runs && r == RKM_OK; i++) r = rkm__cu_prof_step(ca, &p, plan, i);
+    double sum = r == RKM_OK ? rkm__cu_prof_costs(ca, &p) : 0.0;
+    if (r == RKM_OK) r = rkm_graph_with_costs(ca->g, p.costs, out);
+    if (r == RKM_OK && res) {
         rkm_arena_stats st;
         rkm_cuda_arena_stats(ca, &st);
-        out->step_seconds = rkm_trimmed_mean(p.step, (size_t)runs, trim);
-        out->sum_op_seconds = sum;
-        out->peak = st.peak;
+        res->step_seconds = rkm_trimmed_mean(p.step, (size_t)p.runs, p.trim);
+        res->sum_op_seconds = sum;
+        res->peak = st.peak;
     }
     rkm__cu_prof_free(ca, &p);
     rkm_plan_destroy(plan);

@@ -3,15 +3,16 @@
  * 1. A device activation arena (rkm_cuda_arena): ONE cudaMalloc, sized
  *    for a plan either by the library's layout (layout mode, what
  *    rkm_cuda_arena_create_for_plan uses: rkm_plan_layout's arena_bytes, an
- *    offset per buffer) or by rkm_arena_layout (the plan's simulated peak
- *    plus the alignment and fragmentation slack of the deterministic
- *    first-fit allocator of rockmate_arena.h), out of which every activation, phantom,
- *    gradient and workspace of a training step is carved as the executor's
- *    callbacks ask. The host's own rkm_callbacks run inside; they find their
- *    device buffers with rkm_cuda_tensor / rkm_cuda_grad / rkm_cuda_saved and
- *    take workspace with rkm_cuda_scratch. The arena counts requested bytes
- *    as the contract does, so its measured peak is comparable, byte for
- *    byte, with the simulator's (and equal to it in plan mode).
+ *    offset per buffer) or by rkm_arena_layout (the plan's peak plus the
+ *    alignment and fragmentation slack of the deterministic first-fit
+ *    allocator of rockmate_arena.h), out of which every activation,
+ *    phantom, gradient and workspace of a training step is carved as the
+ *    executor's callbacks ask. The host's own rkm_callbacks run inside; they
+ *    find their device buffers with rkm_cuda_tensor / rkm_cuda_grad /
+ *    rkm_cuda_saved and take workspace with rkm_cuda_scratch. The arena
+ *    counts requested bytes as the contract does, so its measured peak is
+ *    comparable, byte for byte, with the plan's (and equal to it in plan
+ *    mode).
  *
  *    Stream-ordered release: the host enqueues all its kernels on one
  *    stream. A free step returns the range to the arena at once, without
@@ -26,14 +27,17 @@
  *    cudaEvents recorded on the host's stream around the callback (no
  *    synchronisation inside the step), takes the trimmed mean per op, takes
  *    each op's workspace as the arena saw it (peak arena bytes during the
- *    call minus live bytes before it minus what the call creates), and sets
- *    the graph's costs with rkm_graph_set_op_costs.
+ *    call minus live bytes before it minus what the call creates), and makes
+ *    a new graph with those costs (rkm_graph_with_costs): graphs are
+ *    immutable, so the host plans on the graph the profiler returns.
  *
  * Errors: every CUDA call is checked; nothing aborts or prints. Functions
- * return an rkm_result: RKM_ERROR_NOMEM for cudaErrorMemoryAllocation (or an
- * arena too small), RKM_ERROR_CALLBACK for any other CUDA error or a failing
- * host callback, with the reason in rkm_cuda_arena_errmsg (or the errmsg
- * buffer of the create functions, which have no object yet).
+ * return an rkm_result and, on failure, write the message to the graph's
+ * context (rkm_context_errmsg(rkm_graph_context(graph))), naming the CUDA
+ * call, the step or the op: RKM_ERROR_NOMEM for cudaErrorMemoryAllocation
+ * (or an arena too small), RKM_ERROR_CALLBACK for any other CUDA error or a
+ * failing host callback, and the codes of rockmate_arena.h. Host-side
+ * bookkeeping memory comes from the context's allocator.
  *
  * Build: compiled by nvcc (C++17) together with rockmate_arena.c (C11, by a
  * C compiler) and rockmate.c; link cudart. */
@@ -51,14 +55,12 @@ extern "C" {
 typedef struct rkm_cuda_arena rkm_cuda_arena;
 
 typedef struct rkm_cuda_arena_desc {
-    const rkm_graph *graph;    /* finalized; outlives the arena */
+    const rkm_graph *graph;    /* finalized; outlives the arena; its context takes the messages */
     uint64_t capacity;         /* device bytes to allocate (not RKM_ARENA_UNBOUNDED) */
     int measure;               /* 0: plan mode (declared workspaces); 1: measure (profiling) */
     const rkm_callbacks *host; /* the host's callbacks (copied); forward and backward required */
     cudaStream_t stream;       /* the one stream the host's kernels run on */
-    rkm_alloc_fn alloc;        /* host-side bookkeeping memory; NULL: realloc/free */
-    void *alloc_user;
-    rkm_plan *layout;          /* not NULL: layout mode for this plan (of graph, valid; measure 0):
+    const rkm_plan *layout;    /* not NULL: layout mode for this plan (of graph; measure 0):
                                   capacity is ignored, the device region is rkm_plan_layout's
                                   arena_bytes and every buffer sits at its layout offset; the
                                   arena then runs this plan only (rkm_arena_exec_create_layout) */
@@ -66,21 +68,20 @@ typedef struct rkm_cuda_arena_desc {
 
 /* cudaMalloc(capacity) and the bookkeeping; the inputs are carved at once
  * (fill them through rkm_cuda_tensor before a step). */
-rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out, char *errmsg,
-                                 size_t errmsg_size);
-/* The arena for `plan` (simulated here) in layout mode: one cudaMalloc of
- * rkm_plan_layout's arena_bytes, every buffer at its layout offset; it runs
- * this plan. If layout is not NULL it receives the plan's peak, the
- * capacity (the layout's arena size) and slack (capacity - peak). */
-rkm_result rkm_cuda_arena_create_for_plan(rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
-                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout, char *errmsg,
-                                          size_t errmsg_size);
+rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out);
+/* The arena for `plan` in layout mode: one cudaMalloc of rkm_plan_layout's
+ * arena_bytes, every buffer at its layout offset; it runs this plan. If
+ * layout is not NULL it receives the plan's peak, the capacity (the
+ * layout's arena size) and slack (capacity - peak). */
+rkm_result rkm_cuda_arena_create_for_plan(const rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
+                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout);
 /* Frees the device memory (cudaFree synchronises with pending work). */
 void rkm_cuda_arena_destroy(rkm_cuda_arena *ca);
 
-/* One training step under `plan` (of the arena's graph, simulated valid).
- * Asynchronous like the host's kernels: nothing waits for the stream. The
- * arena's stats then hold the step's peak. */
+/* One training step under `plan` (of the arena's graph). Asynchronous like
+ * the host's kernels: nothing waits for the stream. The arena's stats then
+ * hold the step's peak. A callback that fails for a CUDA reason of its own
+ * can say so with rkm_arena_exec_host_fail (rkm_cuda_arena_exec). */
 rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan);
 
 /* Device pointers of live buffers; NULL when not live. */
@@ -92,12 +93,15 @@ void *rkm_cuda_saved(const rkm_cuda_arena *ca, int32_t op);
 rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr);
 
 void rkm_cuda_arena_stats(const rkm_cuda_arena *ca, rkm_arena_stats *out);
-const char *rkm_cuda_arena_errmsg(const rkm_cuda_arena *ca);
+/* The bookkeeping underneath (for rkm_arena_exec_host_fail and queries). */
+rkm_arena_exec *rkm_cuda_arena_exec(const rkm_cuda_arena *ca);
 
 /* cudaSuccess -> RKM_OK, cudaErrorMemoryAllocation -> RKM_ERROR_NOMEM,
  * anything else -> RKM_ERROR_CALLBACK. */
 rkm_result rkm_cuda_result(cudaError_t e);
 
+/* Zero means default; negative runs or a trim outside [0, 0.5) (NaN
+ * included) are refused with RKM_ERROR_ARGUMENT, as by rkm_graph_profile. */
 typedef struct rkm_cuda_profile_desc {
     int32_t runs;   /* timed baseline steps; 0: 5 */
     int32_t warmup; /* untimed steps first (cuBLAS heuristics, caches); 0: 1; < 0: none */
@@ -106,16 +110,18 @@ typedef struct rkm_cuda_profile_desc {
 
 typedef struct rkm_cuda_profile_result {
     double step_seconds;    /* trimmed mean of the whole baseline step (events around it) */
-    double sum_op_seconds;  /* sum of the ops' new fwd and bwd: the baseline time now */
+    double sum_op_seconds;  /* sum of the ops' new fwd and bwd: the new graph's baseline time */
     uint64_t peak;          /* the arena's peak in the last step, measured workspaces included */
 } rkm_cuda_profile_result;
 
-/* Profile through `ca` (measure mode, created on g) and set g's costs:
- * fwd/bwd seconds (trimmed means of the event times) and fwd_ws/bwd_ws (the
- * largest workspace the arena saw per call). Plans made before keep their
- * old costs. out may be NULL. */
-rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, rkm_graph *g, const rkm_cuda_profile_desc *desc,
-                            rkm_cuda_profile_result *out);
+/* Profile the arena's graph through `ca` (measure mode) and make *out: that
+ * graph with every op's fwd/bwd seconds set to the trimmed mean of its event
+ * times and fwd_ws/bwd_ws to the largest workspace the arena saw per call,
+ * as rkm_graph_with_costs does (same context, same ids). The arena's graph
+ * is unchanged; plan on *out, and destroy it when done. res may be NULL.
+ * The callbacks run for real: reset what they accumulate afterwards. */
+rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, const rkm_cuda_profile_desc *desc, rkm_cuda_profile_result *res,
+                            rkm_graph **out);
 
 #ifdef __cplusplus
 }

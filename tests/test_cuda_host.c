@@ -17,16 +17,49 @@ static uint64_t rnd(void)
 
 static uint64_t round256(uint64_t b) { return (b + 255) / 256 * 256; }
 
+/* The op as it was added (names, tensors, costs). */
+static rkm_op_desc op_of(const rkm_graph *g, int32_t op)
+{
+    rkm_op_desc od;
+    memset(&od, 0, sizeof od);
+    if (rkm_graph_op_info(g, op, &od) != RKM_OK) fprintf(stderr, "op %d: no such op\n", (int)op);
+    return od;
+}
+
+static int has_grad(const rkm_graph *g, int32_t t)
+{
+    rkm_tensor_info ti;
+    return rkm_graph_tensor_info(g, t, &ti) == RKM_OK && ti.has_grad;
+}
+
+/* An op has a backward iff one of its outputs has a gradient. */
+static int has_backward(const rkm_graph *g, int32_t op)
+{
+    rkm_op_desc od = op_of(g, op);
+    for (int32_t k = 0; k < od.n_out; k++)
+        if (has_grad(g, od.out[k])) return 1;
+    return 0;
+}
+
+static uint64_t plan_peak(const rkm_plan *p)
+{
+    rkm_plan_stats ps;
+    return rkm_plan_stats_get(p, &ps) == RKM_OK ? ps.peak : UINT64_MAX;
+}
+
+static const char *msg_of(const rkm_graph *g) { return rkm_context_errmsg(rkm_graph_context(g)); }
+
 /* ---------------------------------------------------------------------------
  * The offset allocator
  * ------------------------------------------------------------------------- */
 
 TEST(arena_first_fit_and_counts)
 {
+    rkm_context *ctx = test_new_ctx();
     rkm_arena *a;
     uint64_t o1, o2, o3, o4;
     rkm_arena_stats st;
-    CHECK(rkm_arena_create(4096, 8, NULL, NULL, &a) == RKM_OK);
+    CHECK(rkm_arena_create(ctx, 4096, 8, &a) == RKM_OK);
     CHECK(rkm_arena_alloc(a, 100, &o1) == RKM_OK && o1 == 0);
     CHECK(rkm_arena_alloc(a, 300, &o2) == RKM_OK && o2 == 256);
     CHECK(rkm_arena_alloc(a, 1, &o3) == RKM_OK && o3 == 768);
@@ -49,30 +82,44 @@ TEST(arena_first_fit_and_counts)
     rkm_arena_stats_get(a, &st);
     CHECK_EQ_U64(st.peak, st.current);
     rkm_arena_destroy(a);
+    rkm_context_destroy(ctx);
 }
 
+/* Every failure leaves its message, naming the offset or the size, in the
+ * context the arena was made with. */
 TEST(arena_rejects_bad_frees_and_sizes)
 {
+    rkm_context *ctx = test_new_ctx();
     rkm_arena *a;
     uint64_t o;
-    CHECK(rkm_arena_create(1024, 4, NULL, NULL, &a) == RKM_OK);
+    CHECK(rkm_arena_create(ctx, 1024, 4, &a) == RKM_OK);
     CHECK(rkm_arena_alloc(a, 0, &o) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(rkm_context_errmsg(ctx), "0 bytes") != NULL);
     CHECK(rkm_arena_alloc(a, 10, &o) == RKM_OK && o == 0);
     CHECK(rkm_arena_free(a, 5) == RKM_ERROR_ARGUMENT); /* not a block start */
+    CHECK(strstr(rkm_context_errmsg(ctx), "offset 5 ") != NULL);
     CHECK(rkm_arena_free(a, 256) == RKM_ERROR_ARGUMENT);
     CHECK(rkm_arena_free(a, 0) == RKM_OK);
     CHECK(rkm_arena_free(a, 0) == RKM_ERROR_ARGUMENT); /* double free */
+    CHECK(strstr(rkm_context_errmsg(ctx), "rkm_arena_free: no live block starts at offset 0 ") != NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "double free") != NULL);
     CHECK(rkm_arena_alloc(a, 1025, &o) == RKM_ERROR_NOMEM && o == RKM_ARENA_NONE);
+    CHECK(strstr(rkm_context_errmsg(ctx), "1025 bytes") != NULL);
     CHECK(rkm_arena_alloc(a, UINT64_MAX, &o) == RKM_ERROR_NOMEM);
     rkm_arena_destroy(a);
-    CHECK(rkm_arena_create(1024, 0, NULL, NULL, &a) == RKM_ERROR_ARGUMENT && a == NULL);
+    CHECK(rkm_arena_create(ctx, 1024, 0, &a) == RKM_ERROR_ARGUMENT && a == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "max_blocks 0") != NULL);
+    CHECK(rkm_arena_create(NULL, 1024, 4, &a) == RKM_ERROR_ARGUMENT && a == NULL);
+    CHECK(rkm_arena_free(NULL, 0) == RKM_ERROR_ARGUMENT);
+    rkm_context_destroy(ctx);
 }
 
 TEST(arena_coalesces_and_limits_blocks)
 {
     rkm_arena *a;
     uint64_t o[4], big;
-    CHECK(rkm_arena_create(4096, 4, NULL, NULL, &a) == RKM_OK);
+    rkm_context *ctx = test_new_ctx();
+    CHECK(rkm_arena_create(ctx, 4096, 4, &a) == RKM_OK);
     for (int i = 0; i < 4; i++) CHECK(rkm_arena_alloc(a, 1024, &o[i]) == RKM_OK && o[i] == (uint64_t)i * 1024);
     CHECK(rkm_arena_free(a, o[0]) == RKM_OK);
     CHECK(rkm_arena_free(a, o[2]) == RKM_OK);
@@ -87,6 +134,7 @@ TEST(arena_coalesces_and_limits_blocks)
     rkm_arena_clear(a);
     CHECK(rkm_arena_alloc(a, 4096, &big) == RKM_OK && big == 0);
     rkm_arena_destroy(a);
+    rkm_context_destroy(ctx);
 }
 
 /* The last block may end short of its aligned size: that is what makes an
@@ -95,7 +143,8 @@ TEST(arena_tail_needs_only_requested_bytes)
 {
     rkm_arena *a;
     uint64_t o;
-    CHECK(rkm_arena_create(1000, 4, NULL, NULL, &a) == RKM_OK);
+    rkm_context *ctx = test_new_ctx();
+    CHECK(rkm_arena_create(ctx, 1000, 4, &a) == RKM_OK);
     CHECK(rkm_arena_alloc(a, 256, &o) == RKM_OK && o == 0);
     CHECK(rkm_arena_alloc(a, 745, &o) == RKM_ERROR_NOMEM);
     CHECK(rkm_arena_alloc(a, 744, &o) == RKM_OK && o == 256);
@@ -103,6 +152,7 @@ TEST(arena_tail_needs_only_requested_bytes)
     CHECK(rkm_arena_alloc(a, 500, &o) == RKM_OK && o == 256);
     CHECK(rkm_arena_alloc(a, 200, &o) == RKM_OK && o == 768); /* 232 bytes left at 768 */
     rkm_arena_destroy(a);
+    rkm_context_destroy(ctx);
 }
 
 /* Reference model: a map of 256-byte units. First fit over coalesced free
@@ -116,7 +166,8 @@ TEST(arena_matches_reference_model)
     int n_live = 0;
     memset(unit_used, 0, sizeof unit_used);
     rng_state = 12345;
-    CHECK(rkm_arena_create(MODEL_UNITS * 256, 48, NULL, NULL, &a) == RKM_OK);
+    rkm_context *ctx = test_new_ctx();
+    CHECK(rkm_arena_create(ctx, MODEL_UNITS * 256, 48, &a) == RKM_OK);
     for (int it = 0; it < 4000; it++) {
         if (n_live < 48 && (n_live == 0 || rnd() % 3 != 0)) {
             uint64_t bytes = 1 + rnd() % (6 * 256), need = round256(bytes) / 256, o, want = UINT64_MAX;
@@ -152,6 +203,7 @@ TEST(arena_matches_reference_model)
         CHECK_EQ_U64(st.blocks, n_live);
     }
     rkm_arena_destroy(a);
+    rkm_context_destroy(ctx);
 }
 
 /* Replays one random sequence of allocations and frees on an arena of
@@ -162,7 +214,11 @@ static int replay_sequence(uint64_t capacity, uint64_t *offs, uint64_t *high)
     rkm_arena *a;
     uint64_t live[32];
     int n_live = 0, ok = 1;
-    if (rkm_arena_create(capacity, 32, NULL, NULL, &a) != RKM_OK) return 0;
+    rkm_context *ctx = test_new_ctx();
+    if (rkm_arena_create(ctx, capacity, 32, &a) != RKM_OK) {
+        rkm_context_destroy(ctx);
+        return 0;
+    }
     rng_state = 777;
     for (int it = 0; it < SEQ_LEN && ok; it++) {
         offs[it] = RKM_ARENA_NONE;
@@ -180,6 +236,7 @@ static int replay_sequence(uint64_t capacity, uint64_t *offs, uint64_t *high)
     rkm_arena_stats_get(a, &st);
     *high = st.high_water;
     rkm_arena_destroy(a);
+    rkm_context_destroy(ctx);
     return ok;
 }
 
@@ -226,11 +283,12 @@ TEST(trimmed_mean_drops_extremes)
 typedef struct checker {
     rkm_arena_exec *x;
     const rkm_graph *g;
-    const uint64_t *mem_after; /* the simulator's live memory after each step */
+    const uint64_t *mem_after; /* the plan's live memory after each step */
     uint64_t capacity;
     int measure;
     int problems;
     int32_t fail_op;           /* forward of this op returns 7; -1: never */
+    int32_t host_fail_op;      /* forward of this op fails through rkm_arena_exec_host_fail; -1: never */
     int scratch_mode;          /* 0 none; 1 the declared ws exactly; 2 one byte more; 3 op-dependent */
     uint64_t (*ranges)[2];
     int recompute_in_place;    /* forwards seen with a live output */
@@ -260,8 +318,7 @@ static void check_disjoint(checker *c)
             }
     }
     for (int32_t o = 0; o < rkm_graph_num_ops(c->g); o++) {
-        rkm_op_info oi;
-        rkm_graph_op_info(c->g, o, &oi);
+        rkm_op_desc oi = op_of(c->g, o);
         uint64_t off = rkm_arena_exec_saved(c->x, o);
         if (off != RKM_ARENA_NONE && oi.phantom) {
             c->ranges[n][0] = off;
@@ -308,8 +365,7 @@ static void check_current(checker *c, int64_t step, uint64_t ws)
 static int chk_forward(void *user, const rkm_fwd_call *call)
 {
     checker *c = user;
-    rkm_op_info oi;
-    rkm_graph_op_info(c->g, call->op, &oi);
+    rkm_op_desc oi = op_of(c->g, call->op);
     for (int32_t k = 0; k < oi.n_in; k++)
         if (rkm_arena_exec_tensor(c->x, oi.in[k]) == RKM_ARENA_NONE) c->problems++;
     for (int32_t k = 0; k < oi.n_out; k++) {
@@ -320,19 +376,19 @@ static int chk_forward(void *user, const rkm_fwd_call *call)
     check_current(c, call->step, oi.fwd_ws);
     check_disjoint(c);
     if (call->op == c->fail_op) return 7;
+    if (call->op == c->host_fail_op) return rkm_arena_exec_host_fail(c->x, RKM_ERROR_IO, "device %d lost", 42);
     return take_scratch(c, call->op, oi.fwd_ws, 0);
 }
 
 static int chk_backward(void *user, const rkm_bwd_call *call)
 {
     checker *c = user;
-    rkm_op_info oi;
-    rkm_graph_op_info(c->g, call->op, &oi);
+    rkm_op_desc oi = op_of(c->g, call->op);
     for (int32_t k = 0; k < oi.n_saved; k++)
         if (rkm_arena_exec_tensor(c->x, oi.saved[k]) == RKM_ARENA_NONE) c->problems++;
     if (oi.phantom && rkm_arena_exec_saved(c->x, call->op) == RKM_ARENA_NONE) c->problems++;
     for (int32_t k = 0; k < oi.n_out; k++)
-        if (rkm_graph_tensor_has_grad(c->g, oi.out[k]) && rkm_arena_exec_grad(c->x, oi.out[k]) == RKM_ARENA_NONE)
+        if (has_grad(c->g, oi.out[k]) && rkm_arena_exec_grad(c->x, oi.out[k]) == RKM_ARENA_NONE)
             c->problems++;
     for (int32_t k = 0; k < oi.n_in; k++)
         if ((call->in_grad[k] != RKM_GRAD_NONE) != (rkm_arena_exec_grad(c->x, oi.in[k]) != RKM_ARENA_NONE))
@@ -350,13 +406,12 @@ static int chk_loss(void *user, int32_t t)
     return 0;
 }
 
-/* A checker for plan p (simulated here), and its exec over `capacity`
- * (0: the plan's exact layout). */
+/* A checker for plan p, and its exec over `capacity` (0: the plan's exact
+ * first-fit arena). */
 typedef struct harness {
     checker c;
     rkm_plan *p;
-    rkm_sim_result sim;
-    uint64_t *mem_after;
+    uint64_t peak; /* the plan's */
     rkm_arena_layout_info lay;
     rkm_callbacks cb;
 } harness;
@@ -365,32 +420,30 @@ static int harness_init(harness *h, rkm_plan *p, uint64_t capacity, int measure)
 {
     const rkm_graph *g = rkm_plan_graph(p);
     size_t nb = (size_t)rkm_graph_num_tensors(g) * 2 + (size_t)rkm_graph_num_ops(g);
-    char msg[256];
     memset(h, 0, sizeof *h);
     h->p = p;
-    h->mem_after = calloc(rkm_plan_num_steps(p) + 1, sizeof *h->mem_after);
+    h->peak = plan_peak(p);
     h->c.ranges = calloc(nb + 1, sizeof h->c.ranges[0]);
-    if (!h->mem_after || !h->c.ranges) return 0;
-    if (rkm_plan_simulate(p, &h->sim, h->mem_after) != RKM_OK) return 0;
-    if (rkm_arena_layout(p, &h->lay, msg, sizeof msg) != RKM_OK) {
-        fprintf(stderr, "layout: %s\n", msg);
+    if (!h->c.ranges) return 0;
+    if (rkm_arena_layout(p, &h->lay) != RKM_OK) {
+        fprintf(stderr, "layout: %s\n", msg_of(g));
         return 0;
     }
     h->c.g = g;
-    h->c.mem_after = h->mem_after;
+    h->c.mem_after = rkm_plan_mem_after(p);
     h->c.capacity = capacity ? capacity : h->lay.capacity;
     h->c.measure = measure;
     h->c.fail_op = -1;
+    h->c.host_fail_op = -1;
     rkm_callbacks cb = {&h->c, chk_forward, chk_backward, chk_loss, NULL, NULL, NULL};
     h->cb = cb;
-    rkm_arena_exec_desc d = {g, h->c.capacity, measure, &h->cb, NULL, NULL};
+    rkm_arena_exec_desc d = {g, h->c.capacity, measure, &h->cb};
     return rkm_arena_exec_create(&d, &h->c.x) == RKM_OK;
 }
 
 static void harness_free(harness *h)
 {
     rkm_arena_exec_destroy(h->c.x);
-    free(h->mem_after);
     free(h->c.ranges);
 }
 
@@ -402,48 +455,63 @@ static uint64_t input_bytes(const rkm_graph *g)
 
 static const char *const graph_files[] = {TEST_BUNDLED_GRAPHS};
 
-/* The arena's peak is the simulated peak, to the byte, on every bundled
- * graph; every call sees exactly the contract's memory and disjoint
- * buffers; a second step repeats the first offset for offset. */
-TEST(exec_baseline_matches_simulator_on_all_graphs)
+/* Calls fn on the baseline plan of every bundled graph. */
+static void for_baseline_plans(void (*fn)(rkm_plan *p, const char *label))
 {
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_context *ctx = test_new_ctx();
     for (size_t i = 0; i < sizeof graph_files / sizeof graph_files[0]; i++) {
         rkm_graph *g = test_load_graph(ctx, graph_files[i]);
         rkm_plan *p = NULL;
-        harness h;
-        CHECK(g != NULL);
-        if (!g) continue;
-        CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
-        if (!p || !harness_init(&h, p, 0, 0)) {
-            CHECK(0);
-            rkm_plan_destroy(p);
-            rkm_graph_destroy(g);
-            continue;
-        }
-        h.c.scratch_mode = 1;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
-        rkm_arena_stats st;
-        rkm_arena_exec_arena_stats(h.c.x, &st);
-        CHECK_EQ_U64(st.peak, h.sim.peak);
-        CHECK_EQ_U64(h.lay.peak, h.sim.peak);
-        CHECK(h.lay.capacity >= h.lay.peak);
-        CHECK_EQ_U64(st.high_water, h.lay.capacity);
-        CHECK_EQ_U64(st.current, input_bytes(g));
-        CHECK(h.c.problems == 0);
-        uint64_t trace = h.c.trace;
-        h.c.trace = 0;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
-        CHECK(h.c.trace == trace);
-        CHECK(h.c.problems == 0);
-        if (h.c.problems) fprintf(stderr, "%s: %d problems\n", graph_files[i], h.c.problems);
-        harness_free(&h);
+        CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+        if (p) fn(p, graph_files[i]);
         rkm_plan_destroy(p);
         rkm_graph_destroy(g);
     }
     rkm_context_destroy(ctx);
 }
+
+/* Runs p once through a first-fit exec over its exact arena: the arena's
+ * peak is the plan's, to the byte, and every call sees exactly the
+ * contract's memory and disjoint buffers. 0 if the harness could not be
+ * made; otherwise the caller frees it. */
+static int run_exact(harness *h, rkm_plan *p, const char *label)
+{
+    if (!harness_init(h, p, 0, 0)) {
+        fprintf(stderr, "%s: harness\n", label);
+        CHECK(0);
+        return 0;
+    }
+    h->c.scratch_mode = 1;
+    CHECK(rkm_arena_exec_run(h->c.x, p) == RKM_OK);
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK_EQ_U64(st.peak, h->peak);
+    CHECK_EQ_U64(st.current, input_bytes(rkm_plan_graph(p)));
+    CHECK(h->c.problems == 0);
+    if (h->c.problems) fprintf(stderr, "%s: %d problems\n", label, h->c.problems);
+    return 1;
+}
+
+/* The exact arena is the first-fit high water, and a second step repeats
+ * the first offset for offset. */
+static void exec_baseline_plan(rkm_plan *p, const char *label)
+{
+    harness h;
+    if (!run_exact(&h, p, label)) return;
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(h.c.x, &st);
+    CHECK_EQ_U64(h.lay.peak, h.peak);
+    CHECK(h.lay.capacity >= h.lay.peak);
+    CHECK_EQ_U64(st.high_water, h.lay.capacity);
+    uint64_t trace = h.c.trace;
+    h.c.trace = 0;
+    CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+    CHECK(h.c.trace == trace);
+    CHECK(h.c.problems == 0);
+    harness_free(&h);
+}
+
+TEST(exec_baseline_matches_simulator_on_all_graphs) { for_baseline_plans(exec_baseline_plan); }
 
 /* A hand-written plan with recomputation: scores runs first without save,
  * then again with save before the backward; causal recomputes in place. */
@@ -461,31 +529,21 @@ static const char recompute_plan[] =
 static rkm_plan *load_recompute_plan(rkm_graph *g)
 {
     rkm_plan *p = NULL;
-    if (rkm_plan_read_string(g, recompute_plan, sizeof recompute_plan - 1, "recompute", &p) != RKM_OK)
+    if (rkm_plan_read_string(g, recompute_plan, sizeof recompute_plan - 1, "recompute", NULL, &p) != RKM_OK)
         fprintf(stderr, "%s\n", rkm_context_errmsg(rkm_graph_context(g)));
     return p;
 }
 
 TEST(exec_recompute_plan)
 {
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_context *ctx = test_new_ctx();
     rkm_graph *g = test_load_graph(ctx, "multi-output");
     rkm_plan *p = g ? load_recompute_plan(g) : NULL;
     harness h;
     CHECK(p != NULL);
-    if (p && harness_init(&h, p, 0, 0)) {
-        h.c.scratch_mode = 1;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
-        rkm_arena_stats st;
-        rkm_arena_exec_arena_stats(h.c.x, &st);
-        CHECK_EQ_U64(st.peak, h.sim.peak);
-        CHECK_EQ_U64(st.current, input_bytes(g));
+    if (p && run_exact(&h, p, "recompute")) {
         CHECK(h.c.recompute_in_place == 1);
-        CHECK(h.c.problems == 0);
         harness_free(&h);
-    } else {
-        CHECK(0);
     }
     rkm_plan_destroy(p);
     rkm_graph_destroy(g);
@@ -527,34 +585,24 @@ static void for_min_budget_plans(void (*fn)(rkm_plan *p, uint64_t budget, const 
     rkm_context_destroy(ctx);
 }
 
-/* A planner plan through the first-fit arena: its peak is the simulator's. */
+/* A planner plan through the first-fit arena: its peak is the plan's,
+ * within the budget. */
 static void exec_min_budget_plan(rkm_plan *p, uint64_t budget, const char *label)
 {
     harness h;
-    if (!harness_init(&h, p, 0, 0)) {
-        fprintf(stderr, "%s: harness\n", label);
-        CHECK(0);
-        return;
-    }
-    h.c.scratch_mode = 1;
-    CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
-    rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(h.c.x, &st);
-    CHECK_EQ_U64(st.peak, h.sim.peak);
-    CHECK(st.peak <= budget);
-    CHECK_EQ_U64(st.current, input_bytes(rkm_plan_graph(p)));
-    CHECK(h.c.problems == 0);
+    if (!run_exact(&h, p, label)) return;
+    CHECK(h.peak <= budget);
     harness_free(&h);
 }
 
 TEST(exec_planner_plans_at_min_budget) { for_min_budget_plans(exec_min_budget_plan); }
 
 /* One byte short of the layout: the run fails as out of memory, names the
- * buffer, and leaves only the inputs behind; the exec stays usable. */
+ * step and the buffer, and leaves only the inputs behind; the exec stays
+ * usable. */
 TEST(exec_arena_one_byte_short)
 {
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
+    rkm_context *ctx = test_new_ctx();
     const char *files[] = {"multi-output", "gpt2-tiny", "random30"};
     for (int i = 0; i < 3; i++) {
         rkm_graph *g = test_load_graph(ctx, files[i]);
@@ -567,7 +615,8 @@ TEST(exec_arena_one_byte_short)
             break;
         }
         CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_NOMEM);
-        CHECK(strstr(rkm_arena_exec_errmsg(h.c.x), "arena full") != NULL);
+        CHECK(strstr(msg_of(g), "arena full") != NULL);
+        CHECK(strncmp(msg_of(g), "step ", 5) == 0); /* the run names the step */
         rkm_arena_stats st;
         rkm_arena_exec_arena_stats(h.c.x, &st);
         CHECK_EQ_U64(st.current, input_bytes(g));
@@ -581,33 +630,18 @@ TEST(exec_arena_one_byte_short)
     rkm_context_destroy(ctx);
 }
 
-TEST(exec_host_failure_and_workspace_overrun)
+/* Runs body on a harness over the baseline plan of bundled graph `file`
+ * (capacity and measure as for harness_init). */
+static void with_baseline(const char *file, uint64_t capacity, int measure,
+                          void (*body)(harness *h, const rkm_graph *g))
 {
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    rkm_graph *g = test_load_graph(ctx, "multi-output");
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, file);
     rkm_plan *p = NULL;
     harness h;
     CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
-    if (p && harness_init(&h, p, 0, 0)) {
-        rkm_arena_stats st;
-        h.c.fail_op = rkm_graph_find_op(g, "attend");
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_CALLBACK);
-        CHECK(strstr(rkm_arena_exec_errmsg(h.c.x), "returned 7") != NULL);
-        rkm_arena_exec_arena_stats(h.c.x, &st);
-        CHECK_EQ_U64(st.current, input_bytes(g));
-        /* Plan mode: one byte beyond the declared workspace is refused. */
-        h.c.fail_op = -1;
-        h.c.scratch_mode = 2;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_CALLBACK);
-        rkm_arena_exec_arena_stats(h.c.x, &st);
-        CHECK_EQ_U64(st.current, input_bytes(g));
-        CHECK(h.c.problems == 0);
-        /* Outside a call there is no scratch. */
-        uint64_t off;
-        CHECK(rkm_arena_exec_scratch(h.c.x, 16, &off) == RKM_ERROR_STATE);
-        h.c.scratch_mode = 1;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
+    if (p && harness_init(&h, p, capacity, measure)) {
+        body(&h, g);
         harness_free(&h);
     } else {
         CHECK(0);
@@ -616,78 +650,129 @@ TEST(exec_host_failure_and_workspace_overrun)
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
 }
+
+static void host_failure_and_overrun(harness *h, const rkm_graph *g)
+{
+    rkm_arena_stats st;
+    h->c.fail_op = rkm_graph_find_op(g, "attend");
+    CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_ERROR_CALLBACK);
+    CHECK(strstr(msg_of(g), "returned 7") != NULL);
+    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK_EQ_U64(st.current, input_bytes(g));
+    /* Plan mode: one byte beyond the declared workspace is refused. */
+    h->c.fail_op = -1;
+    h->c.scratch_mode = 2;
+    CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_ERROR_CALLBACK);
+    /* The executor names the callback, the exec the refused request. */
+    CHECK(strstr(msg_of(g), "returned 9, after rkm_arena_exec_scratch: forward of ") != NULL);
+    CHECK(strstr(msg_of(g), "declared workspace") != NULL);
+    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK_EQ_U64(st.current, input_bytes(g));
+    CHECK(h->c.problems == 0);
+    /* Outside a call there is no scratch. */
+    uint64_t off;
+    CHECK(rkm_arena_exec_scratch(h->c.x, 16, &off) == RKM_ERROR_STATE);
+    CHECK(strstr(msg_of(g), "outside a forward or backward") != NULL);
+    /* A host's own failure: its code, and its message after the step. */
+    h->c.scratch_mode = 1;
+    h->c.host_fail_op = rkm_graph_find_op(g, "attend");
+    CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_ERROR_IO);
+    CHECK(strncmp(msg_of(g), "step ", 5) == 0 && strstr(msg_of(g), ": device 42 lost") != NULL);
+    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK_EQ_U64(st.current, input_bytes(g));
+    h->c.host_fail_op = -1;
+    CHECK(rkm_arena_exec_run(h->c.x, NULL) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(msg_of(g), "plan is NULL") != NULL);
+    CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_OK);
+}
+
+TEST(exec_host_failure_and_workspace_overrun) { with_baseline("multi-output", 0, 0, host_failure_and_overrun); }
 
 /* Measure mode: each op's workspace is what its calls took from the arena
  * (scratch counts in 256-byte units), whatever the graph declares. */
-TEST(exec_measures_workspace)
+static void measures_workspace(harness *h, const rkm_graph *g)
 {
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    rkm_graph *g = test_load_graph(ctx, "multi-output");
-    rkm_plan *p = NULL;
-    harness h;
-    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
-    if (p && harness_init(&h, p, 1u << 20, 1)) {
-        h.c.scratch_mode = 3;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
-        for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
-            uint64_t f, b;
-            rkm_arena_exec_measured_ws(h.c.x, o, &f, &b);
-            CHECK_EQ_U64(f, round256(100u * (uint64_t)o + 1));
-            CHECK_EQ_U64(b, rkm_graph_op_has_backward(g, o) ? round256(100u * (uint64_t)o + 1) + 256 + 256 : 0);
-        }
-        rkm_arena_stats st;
-        rkm_arena_exec_arena_stats(h.c.x, &st);
-        CHECK_EQ_U64(st.current, input_bytes(g));
-        CHECK(h.c.problems == 0);
-        harness_free(&h);
-    } else {
-        CHECK(0);
+    h->c.scratch_mode = 3;
+    CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_OK);
+    for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
+        uint64_t f, b;
+        rkm_arena_exec_measured_ws(h->c.x, o, &f, &b);
+        CHECK_EQ_U64(f, round256(100u * (uint64_t)o + 1));
+        CHECK_EQ_U64(b, has_backward(g, o) ? round256(100u * (uint64_t)o + 1) + 256 + 256 : 0);
     }
-    rkm_plan_destroy(p);
-    rkm_graph_destroy(g);
-    rkm_context_destroy(ctx);
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK_EQ_U64(st.current, input_bytes(g));
+    CHECK(h->c.problems == 0);
 }
+
+TEST(exec_measures_workspace) { with_baseline("multi-output", 1u << 20, 1, measures_workspace); }
 
 /* Measure mode with a host that takes exactly the declared workspaces (all
  * multiples of 256 here): the measured workspaces are the declared ones and
- * the step's peak is the simulated peak, so profiling such a host leaves
+ * the step's peak is the plan's peak, so profiling such a host leaves
  * the graph's memory figures as they are. */
+static void measure_agrees(harness *h, const rkm_graph *g)
+{
+    h->c.scratch_mode = 1;
+    CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_OK);
+    for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
+        rkm_op_desc oi = op_of(g, o);
+        uint64_t f, b;
+        rkm_arena_exec_measured_ws(h->c.x, o, &f, &b);
+        CHECK_EQ_U64(f, oi.fwd_ws);
+        CHECK_EQ_U64(b, has_backward(g, o) ? oi.bwd_ws : 0);
+    }
+    rkm_arena_stats st;
+    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK_EQ_U64(st.peak, h->peak);
+    CHECK(h->c.problems == 0);
+}
+
 TEST(exec_measure_mode_agrees_with_declared_workspaces)
 {
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    const char *files[] = {"multi-output", "gpt2-tiny"};
-    for (int i = 0; i < 2; i++) {
-        rkm_graph *g = test_load_graph(ctx, files[i]);
-        rkm_plan *p = NULL;
-        harness h;
-        CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
-        if (!p || !harness_init(&h, p, 1u << 24, 1)) {
-            CHECK(0);
-            rkm_plan_destroy(p);
-            rkm_graph_destroy(g);
-            continue;
-        }
-        h.c.scratch_mode = 1;
-        CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_OK);
-        for (int32_t o = 0; o < rkm_graph_num_ops(g); o++) {
-            rkm_op_info oi;
-            uint64_t f, b;
-            rkm_graph_op_info(g, o, &oi);
-            rkm_arena_exec_measured_ws(h.c.x, o, &f, &b);
-            CHECK_EQ_U64(f, oi.fwd_ws);
-            CHECK_EQ_U64(b, oi.has_backward ? oi.bwd_ws : 0);
-        }
-        rkm_arena_stats st;
-        rkm_arena_exec_arena_stats(h.c.x, &st);
-        CHECK_EQ_U64(st.peak, h.sim.peak);
-        CHECK(h.c.problems == 0);
-        harness_free(&h);
-        rkm_plan_destroy(p);
-        rkm_graph_destroy(g);
+    with_baseline("multi-output", 1u << 24, 1, measure_agrees);
+    with_baseline("gpt2-tiny", 1u << 24, 1, measure_agrees);
+}
+
+/* All bookkeeping memory comes from the context's allocator, and all of it
+ * goes back: the counting allocator sees every byte returned. */
+static long long counted_bytes, counted_calls;
+static void *counting_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
+{
+    (void)user;
+    counted_calls++;
+    counted_bytes += (long long)new_size - (long long)(ptr ? old_size : 0);
+    if (new_size == 0) {
+        free(ptr);
+        return NULL;
     }
+    return realloc(ptr, new_size);
+}
+
+TEST(allocation_goes_through_the_context)
+{
+    rkm_context *ctx = test_new_ctx_alloc(counting_alloc);
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
+    rkm_plan *p = NULL;
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    long long bytes = counted_bytes, calls = counted_calls;
+    rkm_arena *a = NULL;
+    CHECK(rkm_arena_create(ctx, 4096, 8, &a) == RKM_OK);
+    CHECK(counted_calls > calls && counted_bytes > bytes);
+    rkm_arena_destroy(a);
+    CHECK(counted_bytes == bytes);
+    rkm_arena_exec *x = NULL, *xl = NULL;
+    rkm_arena_exec_desc d = {g, 1u << 20, 0, NULL};
+    CHECK(p && rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_create_layout(&d, p, &xl) == RKM_OK);
+    CHECK(x && xl && rkm_arena_exec_run(x, p) == RKM_OK && rkm_arena_exec_run(xl, p) == RKM_OK);
+    rkm_arena_exec_destroy(x);
+    rkm_arena_exec_destroy(xl);
+    CHECK(counted_bytes == bytes);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
+    CHECK(counted_bytes == 0);
 }
 
 /* ---------------------------------------------------------------------------
@@ -700,7 +785,7 @@ TEST(exec_measure_mode_agrees_with_declared_workspaces)
  * buffers it holds live (workspaces included) share a byte. */
 typedef struct lchecker {
     checker c;                 /* the contract checks of the first-fit tests */
-    const rkm_buffer *b;       /* the layout */
+    rkm_buffer *b;             /* the layout (rkm_plan_layout's, computed again here) */
     size_t n;
     uint64_t arena;            /* its arena_bytes */
     uint8_t *live, *seen;      /* per layout buffer */
@@ -779,8 +864,7 @@ static void lchk_workspace(lchecker *l, int32_t op, int64_t step, uint64_t ws)
 static int lchk_forward(void *user, const rkm_fwd_call *call)
 {
     lchecker *l = user;
-    rkm_op_info oi;
-    rkm_graph_op_info(l->c.g, call->op, &oi);
+    rkm_op_desc oi = op_of(l->c.g, call->op);
     for (int32_t k = 0; k < oi.n_out; k++)
         if (call->out_new[k])
             lchk_created(l, RKM_BUFFER_TENSOR, oi.out[k], call->step, rkm_arena_exec_tensor(l->c.x, oi.out[k]));
@@ -794,8 +878,7 @@ static int lchk_forward(void *user, const rkm_fwd_call *call)
 static int lchk_backward(void *user, const rkm_bwd_call *call)
 {
     lchecker *l = user;
-    rkm_op_info oi;
-    rkm_graph_op_info(l->c.g, call->op, &oi);
+    rkm_op_desc oi = op_of(l->c.g, call->op);
     for (int32_t k = 0; k < oi.n_in; k++)
         if (call->in_grad[k] == RKM_GRAD_NEW)
             lchk_created(l, RKM_BUFFER_GRAD, oi.in[k], call->step, rkm_arena_exec_grad(l->c.x, oi.in[k]));
@@ -831,34 +914,34 @@ static int lchk_free_grad(void *user, int32_t t)
 }
 
 /* Run plan p twice in layout mode with the checks above; the arena's
- * capacity is the layout's arena size and its peak the simulated one. */
+ * capacity is the layout's arena size and its peak the plan's. */
 static void check_layout_run(rkm_plan *p, const char *label)
 {
     const rkm_graph *g = rkm_plan_graph(p);
     size_t nb = (size_t)rkm_graph_num_tensors(g) * 2 + (size_t)rkm_graph_num_ops(g);
-    rkm_sim_result sim;
+    uint64_t peak = plan_peak(p);
     lchecker l;
     memset(&l, 0, sizeof l);
-    uint64_t *mem_after = calloc(rkm_plan_num_steps(p) + 1, sizeof *mem_after);
     l.c.ranges = calloc(nb + 1, sizeof l.c.ranges[0]);
-    CHECK(mem_after && l.c.ranges);
-    CHECK(rkm_plan_simulate(p, &sim, mem_after) == RKM_OK);
+    l.n = rkm_plan_num_buffers(p);
+    l.b = calloc(l.n + 1, sizeof *l.b);
+    CHECK(l.b && rkm_plan_layout(p, RKM_ARENA_ALIGN, l.b, &l.arena) == RKM_OK);
     rkm_callbacks cb = {&l, lchk_forward, lchk_backward, lchk_loss, lchk_free_tensor, lchk_free_saved,
                         lchk_free_grad};
-    rkm_arena_exec_desc d = {g, 0, 0, &cb, NULL, NULL};
+    rkm_arena_exec_desc d = {g, 0, 0, &cb};
     CHECK(rkm_arena_exec_create_layout(&d, p, &l.c.x) == RKM_OK);
-    CHECK(rkm_plan_layout(p, RKM_ARENA_ALIGN, &l.b, &l.n, &l.arena) == RKM_OK);
     l.live = calloc(l.n + 1, 1);
     l.seen = calloc(l.n + 1, 1);
-    if (!l.c.x || !l.b || !l.live || !l.seen || !mem_after || !l.c.ranges) {
+    if (!l.c.x || !l.b || !l.live || !l.seen || !l.c.ranges) {
         CHECK(0);
         goto done;
     }
     CHECK(rkm_arena_exec_is_layout(l.c.x));
     l.c.g = g;
-    l.c.mem_after = mem_after;
+    l.c.mem_after = rkm_plan_mem_after(p);
     l.c.capacity = l.arena;
     l.c.fail_op = -1;
+    l.c.host_fail_op = -1;
     rkm_arena_stats st;
     rkm_arena_exec_arena_stats(l.c.x, &st);
     CHECK_EQ_U64(st.capacity, l.arena);
@@ -868,56 +951,41 @@ static void check_layout_run(rkm_plan *p, const char *label)
         memset(l.live, 0, l.n);
         l.matched = 0;
         l.step = -1;
-        for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++)
-        {
+        for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++) {
             rkm_tensor_info ti;
             rkm_graph_tensor_info(g, t, &ti);
-            if (ti.flags & RKM_TENSOR_INPUT) lchk_created(&l, RKM_BUFFER_TENSOR, t, -1, rkm_arena_exec_tensor(l.c.x, t));
+            if (ti.flags & RKM_TENSOR_INPUT)
+                lchk_created(&l, RKM_BUFFER_TENSOR, t, -1, rkm_arena_exec_tensor(l.c.x, t));
         }
         rkm_result r = rkm_arena_exec_run(l.c.x, p);
-        if (r != RKM_OK) fprintf(stderr, "%s: %s\n", label, rkm_arena_exec_errmsg(l.c.x));
+        if (r != RKM_OK) fprintf(stderr, "%s: %s\n", label, msg_of(g));
         CHECK(r == RKM_OK);
         rkm_arena_exec_arena_stats(l.c.x, &st);
-        CHECK_EQ_U64(st.peak, sim.peak);
+        CHECK_EQ_U64(st.peak, peak);
         CHECK_EQ_U64(st.capacity, l.arena);
         CHECK(st.high_water <= l.arena);
-        CHECK(l.arena >= sim.peak);
+        CHECK(l.arena >= peak);
         CHECK_EQ_U64(st.current, input_bytes(g));
         CHECK_EQ_U64(l.matched, l.n);
         CHECK(l.problems == 0);
         CHECK(l.c.problems == 0);
     }
     rkm_arena_layout_info ff;
-    CHECK(rkm_arena_layout(p, &ff, NULL, 0) == RKM_OK);
+    CHECK(rkm_arena_layout(p, &ff) == RKM_OK);
     if (getenv("TEST_VERBOSE"))
         fprintf(stderr, "  %-28s peak %10llu  layout arena %10llu  (+%.2f%%)  first-fit %10llu\n", label,
-                (unsigned long long)sim.peak, (unsigned long long)l.arena,
-                sim.peak ? 100.0 * (double)(l.arena - sim.peak) / (double)sim.peak : 0.0,
+                (unsigned long long)peak, (unsigned long long)l.arena,
+                peak ? 100.0 * (double)(l.arena - peak) / (double)peak : 0.0,
                 (unsigned long long)ff.capacity);
 done:
     rkm_arena_exec_destroy(l.c.x);
     free(l.live);
     free(l.seen);
-    free(mem_after);
+    free(l.b);
     free(l.c.ranges);
 }
 
-TEST(layout_mode_baselines_on_all_graphs)
-{
-    rkm_context *ctx;
-    CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    for (size_t i = 0; i < sizeof graph_files / sizeof graph_files[0]; i++) {
-        rkm_graph *g = test_load_graph(ctx, graph_files[i]);
-        rkm_plan *p = NULL;
-        CHECK(g != NULL);
-        if (!g) continue;
-        CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
-        if (p) check_layout_run(p, graph_files[i]);
-        rkm_plan_destroy(p);
-        rkm_graph_destroy(g);
-    }
-    rkm_context_destroy(ctx);
-}
+TEST(layout_mode_baselines_on_all_graphs) { for_baseline_plans(check_layout_run); }
 
 static void layout_min_budget_plan(rkm_plan *p, uint64_t budget, const char *label)
 {
@@ -939,10 +1007,12 @@ TEST(layout_mode_rejects_other_plans)
     rkm_arena_exec *x = NULL;
     CHECK(g && g2 && rkm_plan_baseline(g, &base) == RKM_OK && rkm_plan_baseline(g2, &other) == RKM_OK);
     if (base && other) {
-        rkm_arena_exec_desc d = {g, 0, 1, NULL, NULL, NULL};
+        rkm_arena_exec_desc d = {g, 0, 1, NULL};
         CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(strstr(msg_of(g), "measure") != NULL);
         d.measure = 0;
         CHECK(rkm_arena_exec_create_layout(&d, other, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(strstr(msg_of(g), "not of the desc's graph") != NULL);
         CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_OK);
         CHECK(!rkm_arena_exec_is_layout(NULL));
         rkm_solve_desc sd;
@@ -956,7 +1026,7 @@ TEST(layout_mode_rejects_other_plans)
         if (x && rec) {
             rkm_arena_stats st;
             CHECK(rkm_arena_exec_run(x, rec) == RKM_ERROR_STATE);
-            CHECK(strstr(rkm_arena_exec_errmsg(x), "layout") != NULL);
+            CHECK(strstr(msg_of(g), "layout") != NULL);
             rkm_arena_exec_arena_stats(x, &st);
             CHECK_EQ_U64(st.current, input_bytes(g));
             /* The failure left the exec usable for its own plan. */
@@ -988,6 +1058,7 @@ int main(void)
     RUN(exec_host_failure_and_workspace_overrun);
     RUN(exec_measures_workspace);
     RUN(exec_measure_mode_agrees_with_declared_workspaces);
+    RUN(allocation_goes_through_the_context);
     RUN(layout_mode_baselines_on_all_graphs);
     RUN(layout_mode_planner_plans_at_min_budget);
     RUN(layout_mode_rejects_other_plans);
