@@ -10,6 +10,7 @@
  * planning limit (5 s per solve). On
  * peer-gpt.rkg it also prints the original Rockmate's published points
  * (replayed under our accounting) beside ours at the same peaks. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "../rockmate.h"
 
 #include <stdio.h>
@@ -53,11 +54,12 @@ static void overhead_cell(rkm_planner *pl, uint64_t budget, char *cell, size_t s
     }
     rkm_plan_stats st;
     rkm_plan_stats_get(p, &st);
-    const rkm_buffer *b;
-    size_t n;
+    size_t n = rkm_plan_num_buffers(p);
+    rkm_buffer *b = malloc((n ? n : 1) * sizeof *b);
     uint64_t arena;
-    if (rkm_plan_layout(p, 256, &b, &n, &arena) == RKM_OK && st.peak && (double)arena / (double)st.peak > *arena_ratio)
+    if (b && rkm_plan_layout(p, 256, b, &arena) == RKM_OK && st.peak && (double)arena / (double)st.peak > *arena_ratio)
         *arena_ratio = (double)arena / (double)st.peak;
+    free(b);
     snprintf(cell, size, "%.2f%%", 100.0 * st.overhead);
     rkm_plan_destroy(p);
 }
@@ -93,7 +95,7 @@ static void bench_graph(rkm_context *ctx, const char *path)
         rkm_plan_destroy(p);
         uint64_t min = 0;
         rkm_planner_min_budget(pl[a], &min);
-        rkm_plan_stats st;
+        rkm_planner_stats st;
         rkm_planner_stats_get(pl[a], &st);
         printf("| %s | %.3f | %d (%d/%d/%d/%d) | %.1f%% |\n", rkm_algo_name(algos[a]), t1 - t0, st.ilp_solves,
                st.ilp_optimal, st.ilp_suboptimal, st.ilp_infeasible, st.ilp_timeout,

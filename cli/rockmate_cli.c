@@ -16,6 +16,10 @@
 
 enum { CLI_OK = 0, CLI_INPUT = 1, CLI_USAGE = 2, CLI_BUDGET = 3 };
 
+/* The algorithms the tool names, in rkm_algo order: all but RKM_ALGO_DEFAULT
+ * (the tool's own default is rockmate). */
+#define CLI_FIRST_ALGO RKM_ALGO_ROCKMATE
+
 /* clang-format off */
 static const char cli_usage_text[] =
     "usage: rockmate COMMAND [OPTIONS]\n"
@@ -149,8 +153,9 @@ static int cli_take_option(cli_opts *o, int argc, char **argv, int *i)
     return -1;
 }
 
-/* Parse "rockmate,rotor" into o->algos. */
-static int cli_parse_algos(cli_opts *o, const char *list, int allow_list)
+/* Parse "rockmate,rotor" into o->algos. The library's "default" is not a
+ * name here: the tool's own default is rockmate. */
+static int cli_parse_algo_list(rkm_context *ctx, cli_opts *o, const char *list, int allow_list)
 {
     const char *cmd = cli_cmd_names[o->cmd];
     o->n_algos = 0;
@@ -161,7 +166,7 @@ static int cli_parse_algos(cli_opts *o, const char *list, int allow_list)
         if (n == 0 || n >= sizeof name) return cli_usage_error(cmd, "bad --algo list '%s'", list);
         memcpy(name, p, n);
         name[n] = 0;
-        if (rkm_algo_from_name(name, &a) != RKM_OK)
+        if (rkm_algo_from_name(ctx, name, &a) != RKM_OK || a == RKM_ALGO_DEFAULT)
             return cli_usage_error(cmd, "unknown algorithm '%s' (rockmate, rotor, sqrt, checkmate, none)", name);
         for (int k = 0; k < o->n_algos; k++)
             if (o->algos[k] == a) return cli_usage_error(cmd, "algorithm '%s' is listed twice", name);
@@ -184,7 +189,19 @@ static int cli_parse_count(const char *text, long max, long *out)
     return 1;
 }
 
-/* Check and convert the numeric options and the algorithm list. */
+/* The --algo list, or the command's default: checkmate (the whole-graph
+ * ILP) runs to its time limit on all but tiny graphs, so only on request.
+ * Parsed last, once the context exists. */
+static int cli_parse_algos(rkm_context *ctx, cli_opts *o)
+{
+    const char *algos = o->value[OPT_ALGO]   ? o->value[OPT_ALGO]
+                        : o->cmd == CMD_PLAN ? "rockmate"
+                        : o->cmd == CMD_INFO ? "none,sqrt,rotor,rockmate"
+                                             : "rockmate,rotor,sqrt,none";
+    return cli_parse_algo_list(ctx, o, algos, o->cmd != CMD_PLAN);
+}
+
+/* Check and convert the numeric options. */
 static int cli_convert_options(cli_opts *o)
 {
     const char *cmd = cli_cmd_names[o->cmd];
@@ -211,16 +228,11 @@ static int cli_convert_options(cli_opts *o)
     if (o->cmd == CMD_PLAN && !o->value[OPT_BUDGET]) return cli_usage_error(cmd, "--budget is required");
     if (o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0 && o->value[OPT_JSON])
         return cli_usage_error(cmd, "-o - and --json both want standard output");
-    /* checkmate (the whole-graph ILP) runs to its time limit on all but tiny
-     * graphs: only on request. */
-    const char *algos = o->value[OPT_ALGO]   ? o->value[OPT_ALGO]
-                        : o->cmd == CMD_PLAN ? "rockmate"
-                        : o->cmd == CMD_INFO ? "none,sqrt,rotor,rockmate"
-                                             : "rockmate,rotor,sqrt,none";
-    return cli_parse_algos(o, algos, o->cmd != CMD_PLAN);
+    return -1;
 }
 
-/* Returns -1 to go on, or the exit status (0 after --help or --version). */
+/* Returns -1 to go on, or the exit status (0 after --help or --version).
+ * The algorithm list is left to cli_parse_algos. */
 static int cli_parse(int argc, char **argv, cli_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -437,7 +449,7 @@ static int cli_graph_load(rkm_context *ctx, const char *path, cli_graph *G)
 /* Budgets are parsed against the graph's baseline peak; bad text is usage. */
 static int cli_budget(const cli_graph *G, const char *text, const char *cmd, uint64_t *out)
 {
-    if (rkm_parse_budget(text, G->st.baseline_peak, out) != RKM_OK)
+    if (rkm_parse_budget(rkm_graph_context(G->g), text, G->st.baseline_peak, out) != RKM_OK)
         return cli_usage_error(cmd, "bad budget '%s' (bytes, KiB/MiB/GiB, KB/MB/GB or N%%)", text);
     return CLI_OK;
 }
@@ -479,12 +491,17 @@ static rkm_result cli_planner_min(cli_planner *cp, uint64_t *out)
     return rkm_planner_min_budget(cp->pl, out);
 }
 
-static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan **out)
+/* A plan for the budget, and the planner's counters once it made it (zero
+ * for `none`). */
+static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan **out, rkm_planner_stats *pls)
 {
     *out = NULL;
-    if (cp->algo != RKM_ALGO_NONE) return rkm_planner_solve(cp->pl, budget, out);
-    if (budget < cp->G->st.baseline_peak) return RKM_ERROR_BUDGET;
-    return rkm_plan_baseline(cp->G->g, out);
+    memset(pls, 0, sizeof *pls);
+    if (cp->algo == RKM_ALGO_NONE)
+        return budget < cp->G->st.baseline_peak ? RKM_ERROR_BUDGET : rkm_plan_baseline(cp->G->g, out);
+    rkm_result r = rkm_planner_solve(cp->pl, budget, out);
+    if (!r) r = rkm_planner_stats_get(cp->pl, pls);
+    return r;
 }
 
 /* "no rotor plan fits in ...; the smallest budget rotor can meet is ...". */
@@ -508,81 +525,68 @@ typedef struct cli_result {
     int has_algo, has_budget;
     rkm_algo algo;
     uint64_t budget;
-    rkm_plan *plan;
-    rkm_sim_result sim;
-    rkm_result check; /* RKM_OK when the simulator accepts the plan */
-    char message[512];
-    rkm_plan_stats ps;
-    size_t recomputes; /* forward steps of ops whose forward already ran */
-    uint64_t arena;    /* one-allocation layout of a valid plan (default alignment) */
+    rkm_plan *plan;        /* NULL for a plan file the library refused (check) */
+    rkm_sim_result sim;    /* a refused plan's figures, up to the failure */
+    char message[512];     /* why it was refused */
+    rkm_plan_stats ps;     /* a plan's own figures */
+    rkm_planner_stats pls; /* the planner's counters once it made the plan; zero without one */
+    uint64_t arena;        /* one-allocation layout of the plan (default alignment) */
     size_t n_buffers;
 } cli_result;
 
 #define CLI_ARENA_ALIGNMENT 256 /* rkm_plan_layout's default, printed beside the arena */
 
-/* Replay the plan and gather its figures (the plan stays owned by the caller). */
+/* Gather a plan's figures and its layout (the plan stays owned by the caller). */
 static rkm_result cli_result_fill(const cli_graph *G, rkm_plan *plan, cli_result *r)
 {
-    rkm_context *ctx = rkm_graph_context(G->g);
     r->plan = plan;
-    r->check = rkm_plan_simulate(plan, &r->sim, NULL);
-    snprintf(r->message, sizeof r->message, "%s", r->check ? rkm_context_errmsg(ctx) : "");
-    if (r->check && r->check != RKM_ERROR_PLAN) return r->check;
     rkm_result e = rkm_plan_stats_get(plan, &r->ps);
-    const rkm_buffer *buffers;
-    if (!e && !r->check) e = rkm_plan_layout(plan, CLI_ARENA_ALIGNMENT, &buffers, &r->n_buffers, &r->arena);
     if (e) return e;
-    size_t n = rkm_plan_num_steps(plan);
-    const rkm_step *steps = rkm_plan_steps(plan);
-    int32_t n_ops = rkm_graph_num_ops(G->g);
-    unsigned char *ran = calloc((size_t)n_ops + 1, 1);
-    if (!ran) return RKM_ERROR_NOMEM;
-    r->recomputes = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || steps[i].index >= n_ops) continue;
-        r->recomputes += ran[steps[i].index];
-        ran[steps[i].index] = 1;
-    }
-    free(ran);
-    return RKM_OK;
+    r->n_buffers = rkm_plan_num_buffers(plan);
+    rkm_buffer *buffers = malloc((r->n_buffers ? r->n_buffers : 1) * sizeof *buffers);
+    if (!buffers) return rkm_context_fail(rkm_graph_context(G->g), RKM_ERROR_NOMEM, "out of memory");
+    e = rkm_plan_layout(plan, CLI_ARENA_ALIGNMENT, buffers, &r->arena);
+    free(buffers);
+    return e;
 }
 
-/* "fwd h0.attn save": a step as the plan file spells it. */
-static void cli_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
+/* The refused step as the plan file spells it ("fwd h0.attn save"), taken
+ * from the library's message "step N (STEP): RULE...". */
+static void cli_failed_step(const cli_result *r, char *buf, size_t size)
 {
-    static const char *const words[] = {"fwd", "loss", "bwd", "free", "free_saved", "free_grad"};
-    int is_op = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD || s->kind == RKM_STEP_FREE_SAVED;
-    rkm_op_info oi;
-    rkm_tensor_info ti;
-    const char *name = NULL;
-    if (is_op && rkm_graph_op_info(g, s->index, &oi) == RKM_OK) name = oi.name;
-    if (!is_op && s->kind >= 0 && s->kind <= RKM_STEP_FREE_GRAD && rkm_graph_tensor_info(g, s->index, &ti) == RKM_OK)
-        name = ti.name;
-    if (!name)
-        snprintf(buf, size, "<kind %d index %d>", (int)s->kind, (int)s->index);
-    else if (s->kind == RKM_STEP_LOSS)
-        snprintf(buf, size, "loss");
+    char head[48], tail[160];
+    const char *m = r->message, *end;
+    snprintf(buf, size, "end of plan");
+    if (r->sim.fail_step < 0 || (size_t)r->sim.fail_step >= r->sim.num_steps) return;
+    int n = snprintf(head, sizeof head, "step %" PRId64 " (", r->sim.fail_step);
+    snprintf(tail, sizeof tail, "): %s", rkm_rule_string(r->sim.rule));
+    if (strncmp(m, head, (size_t)n) == 0 && (end = strstr(m + n, tail)) != NULL)
+        snprintf(buf, size, "%.*s", (int)(end - m - n), m + n);
     else
-        snprintf(buf, size, "%s %s%s", words[s->kind], name, s->kind == RKM_STEP_FWD && s->save ? " save" : "");
+        snprintf(buf, size, "step %" PRId64, r->sim.fail_step);
 }
 
-static void cli_json_ilp(cli_json *j, const rkm_plan_stats *ps)
+static void cli_json_ilp(cli_json *j, const rkm_planner_stats *pls)
 {
     cli_json_open(j, "ilp", '{');
-    cli_json_i64(j, "solves", ps->ilp_solves);
-    cli_json_i64(j, "optimal", ps->ilp_optimal);
-    cli_json_i64(j, "suboptimal", ps->ilp_suboptimal);
-    cli_json_i64(j, "infeasible", ps->ilp_infeasible);
-    cli_json_i64(j, "timeout", ps->ilp_timeout);
-    cli_json_i64(j, "failed", ps->ilp_failed);
-    cli_json_num(j, "seconds", ps->ilp_seconds);
+    cli_json_i64(j, "solves", pls->ilp_solves);
+    cli_json_i64(j, "optimal", pls->ilp_optimal);
+    cli_json_i64(j, "suboptimal", pls->ilp_suboptimal);
+    cli_json_i64(j, "infeasible", pls->ilp_infeasible);
+    cli_json_i64(j, "timeout", pls->ilp_timeout);
+    cli_json_i64(j, "failed", pls->ilp_failed);
+    cli_json_num(j, "seconds", pls->ilp_seconds);
     cli_json_close(j, '}');
 }
+
+/* A plan's steps and recomputed forwards, refused or not. */
+static size_t cli_steps(const cli_result *r) { return r->plan ? rkm_plan_num_steps(r->plan) : r->sim.num_steps; }
+static size_t cli_recomputes(const cli_result *r) { return r->plan ? r->ps.recomputes : r->sim.recomputes; }
 
 /* The members of a plan object (plan, check and sweep share them). */
 static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_result *r)
 {
-    int valid = r->check == RKM_OK;
+    int valid = r->plan != NULL;
     cli_json_str(j, "graph", G->path);
     cli_json_str(j, "algo", r->has_algo ? rkm_algo_name(r->algo) : NULL);
     if (r->has_budget)
@@ -590,8 +594,8 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
     else
         cli_json_null(j, "budget");
     if (valid) {
-        cli_json_u64(j, "peak", r->sim.peak);
-        cli_json_num(j, "time", r->sim.time);
+        cli_json_u64(j, "peak", r->ps.peak);
+        cli_json_num(j, "time", r->ps.time);
     } else {
         cli_json_null(j, "peak");
         cli_json_null(j, "time");
@@ -599,22 +603,22 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
     cli_json_u64(j, "baseline_peak", G->st.baseline_peak);
     cli_json_num(j, "baseline_time", G->st.baseline_time);
     if (valid && G->st.baseline_time > 0)
-        cli_json_num(j, "overhead", r->sim.time / G->st.baseline_time - 1);
+        cli_json_num(j, "overhead", r->ps.overhead);
     else
         cli_json_null(j, "overhead");
-    cli_json_num(j, "peak_percent", valid ? cli_percent((double)r->sim.peak, (double)G->st.baseline_peak) : NAN);
+    cli_json_num(j, "peak_percent", valid ? cli_percent((double)r->ps.peak, (double)G->st.baseline_peak) : NAN);
     cli_json_num(j, "solve_seconds", r->ps.solve_seconds);
     cli_json_i64(j, "blocks", G->st.blocks);
     cli_json_i64(j, "block_classes", G->st.block_classes);
-    cli_json_i64(j, "options", r->ps.options);
-    cli_json_u64(j, "steps", rkm_plan_num_steps(r->plan));
-    cli_json_u64(j, "recomputes", r->recomputes);
+    cli_json_i64(j, "options", r->pls.options);
+    cli_json_u64(j, "steps", cli_steps(r));
+    cli_json_u64(j, "recomputes", cli_recomputes(r));
     if (valid) {
         cli_json_u64(j, "arena_bytes", r->arena);
         cli_json_i64(j, "arena_alignment", CLI_ARENA_ALIGNMENT);
         cli_json_u64(j, "buffers", r->n_buffers);
     }
-    cli_json_ilp(j, &r->ps);
+    cli_json_ilp(j, &r->pls);
     if (r->has_algo && r->algo == RKM_ALGO_CHECKMATE) cli_json_num(j, "gap", r->ps.gap);
 }
 
@@ -622,8 +626,11 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
  * SVG charts
  * ========================================================================= */
 
-/* Okabe-Ito colours (readable by colour-blind readers), one per algorithm. */
-static const char *const cli_algo_color[RKM_ALGO_COUNT] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#555555"};
+/* Okabe-Ito colours (readable by colour-blind readers), one per algorithm
+ * (the tool never plans with RKM_ALGO_DEFAULT). */
+static const char *const cli_algo_color[RKM_ALGO_COUNT] = {
+    [RKM_ALGO_ROCKMATE] = "#0072B2", [RKM_ALGO_ROTOR] = "#D55E00", [RKM_ALGO_SQRT] = "#009E73",
+    [RKM_ALGO_CHECKMATE] = "#CC79A7", [RKM_ALGO_NONE] = "#555555"};
 enum { MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS, MARK_NONE };
 
 typedef struct cli_axis {
@@ -786,33 +793,23 @@ static void cli_mem_unit(uint64_t max, double *scale, const char **name)
     *name = names[u];
 }
 
-/* One memory curve over a plan: live memory after each step and each step's peak. */
+/* One memory curve over a plan: live memory after each step and each
+ * step's peak (the plan's own arrays). */
 typedef struct cli_series {
     size_t n;
-    uint64_t *live, *peak;
+    const uint64_t *live, *peak;
     uint64_t max;
 } cli_series;
 
-static rkm_result cli_series_make(rkm_plan *plan, cli_series *s)
+static rkm_result cli_series_make(const rkm_plan *plan, cli_series *s)
 {
-    memset(s, 0, sizeof s[0]);
+    rkm_plan_stats ps;
+    rkm_result r = rkm_plan_stats_get(plan, &ps);
     s->n = rkm_plan_num_steps(plan);
-    s->live = malloc((s->n + 1) * sizeof *s->live);
-    s->peak = malloc((s->n + 1) * sizeof *s->peak);
-    if (!s->live || !s->peak) return RKM_ERROR_NOMEM;
-    rkm_sim_result sim;
-    rkm_result r = rkm_plan_simulate(plan, &sim, s->live);
-    if (!r) r = rkm_plan_step_peaks(plan, s->peak);
-    if (r) return r;
-    s->max = sim.peak;
-    return RKM_OK;
-}
-
-static void cli_series_free(cli_series *s)
-{
-    free(s->live);
-    free(s->peak);
-    memset(s, 0, sizeof *s);
+    s->live = rkm_plan_mem_after(plan);
+    s->peak = rkm_plan_step_peaks(plan);
+    s->max = ps.peak;
+    return r;
 }
 
 /* A step function over x = fraction of the step sequence, with runs of equal
@@ -889,7 +886,7 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
         snprintf(title, sizeof title, "%s: activation memory, %s plan and baseline", G->name, algo);
     snprintf(sub, sizeof sub, "budget %s (%.1f%% of baseline peak), peak %s, overhead %.2f%%",
              cli_size(a, sizeof a, r->budget), cli_percent((double)r->budget, (double)G->st.baseline_peak),
-             cli_size(b, sizeof b, r->sim.peak), 100 * (r->sim.time / G->st.baseline_time - 1));
+             cli_size(b, sizeof b, r->ps.peak), 100 * (r->ps.time / G->st.baseline_time - 1));
     snprintf(ylabel, sizeof ylabel, "memory (%s)", unit);
     cli_svg_begin(f, SVG_W, SVG_H);
     cli_svg_titles(f, SVG_LEFT, title, sub);
@@ -915,13 +912,14 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
  * Commands
  * ========================================================================= */
 
-static void cli_text_ilp(const rkm_plan_stats *ps)
+static void cli_text_ilp(const cli_result *r)
 {
-    printf("  planning       %.3f s", ps->solve_seconds);
-    if (ps->ilp_solves)
+    const rkm_planner_stats *pls = &r->pls;
+    printf("  planning       %.3f s", r->ps.solve_seconds);
+    if (pls->ilp_solves)
         printf("; ILP: %d solves (%d optimal, %d suboptimal, %d infeasible, %d timed out, %d failed) in %.3f s",
-               (int)ps->ilp_solves, (int)ps->ilp_optimal, (int)ps->ilp_suboptimal, (int)ps->ilp_infeasible,
-               (int)ps->ilp_timeout, (int)ps->ilp_failed, ps->ilp_seconds);
+               (int)pls->ilp_solves, (int)pls->ilp_optimal, (int)pls->ilp_suboptimal, (int)pls->ilp_infeasible,
+               (int)pls->ilp_timeout, (int)pls->ilp_failed, pls->ilp_seconds);
     printf("\n");
 }
 
@@ -934,17 +932,17 @@ static void cli_text_plan(const cli_graph *G, const cli_result *r)
         printf("  budget         %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
                cli_size(a, sizeof a, r->budget), r->budget, cli_percent((double)r->budget, bp));
     printf("  peak           %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
-           cli_size(a, sizeof a, r->sim.peak), r->sim.peak, cli_percent((double)r->sim.peak, bp));
+           cli_size(a, sizeof a, r->ps.peak), r->ps.peak, cli_percent((double)r->ps.peak, bp));
     printf("  baseline peak  %-12s (%" PRIu64 " bytes)\n", cli_size(a, sizeof a, G->st.baseline_peak),
            G->st.baseline_peak);
-    printf("  time           %.9g s (baseline %.9g s, overhead %.2f%%)\n", r->sim.time, G->st.baseline_time,
-           G->st.baseline_time > 0 ? 100 * (r->sim.time / G->st.baseline_time - 1) : 0.0);
+    printf("  time           %.9g s (baseline %.9g s, overhead %.2f%%)\n", r->ps.time, G->st.baseline_time,
+           100 * r->ps.overhead);
     printf("  arena          %-12s (%" PRIu64 " bytes, %.1f%% over the peak: %zu buffers at %d-byte alignment)\n",
            cli_size(a, sizeof a, r->arena), r->arena,
-           cli_percent((double)(r->arena - r->sim.peak), (double)r->sim.peak), r->n_buffers, CLI_ARENA_ALIGNMENT);
-    printf("  steps          %zu (%zu recomputed forwards)\n", rkm_plan_num_steps(r->plan), r->recomputes);
+           cli_percent((double)(r->arena - r->ps.peak), (double)r->ps.peak), r->n_buffers, CLI_ARENA_ALIGNMENT);
+    printf("  steps          %zu (%zu recomputed forwards)\n", rkm_plan_num_steps(r->plan), r->ps.recomputes);
     printf("  blocks         %d in %d classes", (int)G->st.blocks, (int)G->st.block_classes);
-    if (r->ps.options) printf(", %d options", (int)r->ps.options);
+    if (r->pls.options) printf(", %d options", (int)r->pls.options);
     printf("\n");
 }
 
@@ -965,12 +963,9 @@ static int cli_plan_outputs(rkm_context *ctx, const cli_opts *o, const cli_graph
     cli_series ps, bs;
     rkm_plan *base = NULL;
     e = cli_series_make(r->plan, &ps);
-    memset(&bs, 0, sizeof bs);
     if (!e) e = rkm_plan_baseline(G->g, &base);
     if (!e) e = cli_series_make(base, &bs);
     int rc = e ? cli_fail(ctx, e, o->value[OPT_SVG]) : cli_plan_svg(o->value[OPT_SVG], G, r, &ps, &bs);
-    cli_series_free(&ps);
-    cli_series_free(&bs);
     rkm_plan_destroy(base);
     return rc;
 }
@@ -985,20 +980,14 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     if (!rc) rc = cli_budget(&G, o->value[OPT_BUDGET], "plan", &r.budget);
     rkm_result e = RKM_OK;
     if (!rc) e = cli_planner_open(&G, o->algos[0], o, &cp);
-    if (!rc && !e) e = cli_planner_solve(&cp, r.budget, &r.plan);
+    if (!rc && !e) e = cli_planner_solve(&cp, r.budget, &r.plan, &r.pls);
+    if (!rc && !e) e = cli_result_fill(&G, r.plan, &r);
     if (!rc && e == RKM_ERROR_BUDGET)
         rc = cli_budget_fail(ctx, &cp, r.budget);
     else if (!rc && e)
         rc = cli_fail(ctx, e, G.path);
-    if (!rc) {
-        r.has_algo = r.has_budget = 1;
-        r.algo = o->algos[0];
-        e = cli_result_fill(&G, r.plan, &r);
-        if (e || r.check)
-            rc = cli_fail(ctx, e ? e : r.check, "the planner's plan failed its replay"); /* a library bug */
-        else if (r.sim.peak > r.budget)
-            rc = cli_error("internal error: the %s plan breaks its budget", rkm_algo_name(r.algo));
-    }
+    r.has_algo = r.has_budget = 1;
+    r.algo = o->algos[0];
     if (!rc) rc = cli_plan_outputs(ctx, o, &G, &r);
     if (!rc && o->value[OPT_JSON]) {
         cli_json j = {stdout, 0, 1};
@@ -1008,7 +997,7 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     } else if (!rc && !(o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0)) {
         printf("%s: %s plan\n", G.path, rkm_algo_name(r.algo));
         cli_text_plan(&G, &r);
-        cli_text_ilp(&r.ps);
+        cli_text_ilp(&r);
         if (o->value[OPT_OUTPUT]) printf("  plan file      %s\n", o->value[OPT_OUTPUT]);
         if (o->value[OPT_SVG]) printf("  chart          %s\n", o->value[OPT_SVG]);
     }
@@ -1018,31 +1007,41 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     return rc;
 }
 
+/* Read the plan file: a plan the library accepts, with its figures, or one
+ * it refuses (RKM_ERROR_PLAN: r->plan NULL, r->sim and r->message say
+ * why). Anything else (unreadable, bad syntax) is an error. */
+static int cli_check_read(rkm_context *ctx, const cli_graph *G, const char *plan_path, cli_result *r)
+{
+    rkm_result e = rkm_plan_read_file(G->g, plan_path, &r->sim, &r->plan);
+    if (e == RKM_ERROR_PLAN) {
+        snprintf(r->message, sizeof r->message, "%s", rkm_context_errmsg(ctx));
+        return CLI_OK;
+    }
+    if (e) return cli_fail(ctx, e, NULL);
+    if ((e = cli_result_fill(G, r->plan, r)) != RKM_OK) return cli_fail(ctx, e, plan_path);
+    return CLI_OK;
+}
+
 static int cmd_check(rkm_context *ctx, const cli_opts *o)
 {
     cli_graph G;
     cli_result r;
     memset(&r, 0, sizeof r);
-    rkm_plan *plan = NULL;
     const char *plan_path = o->operand[1];
     int rc = cli_graph_load(ctx, o->operand[0], &G);
     if (!rc && o->value[OPT_BUDGET]) {
         rc = cli_budget(&G, o->value[OPT_BUDGET], "check", &r.budget);
         r.has_budget = 1;
     }
-    rkm_result e = RKM_OK;
-    if (!rc) e = rkm_plan_read_file(G.g, plan_path, &plan);
-    if (!rc && e) rc = cli_fail(ctx, e, NULL);
-    if (!rc && (e = cli_result_fill(&G, plan, &r)) != RKM_OK) rc = cli_fail(ctx, e, plan_path);
+    rc = rc ? rc : cli_check_read(ctx, &G, plan_path, &r);
     if (rc) {
-        rkm_plan_destroy(plan);
+        rkm_plan_destroy(r.plan);
         rkm_graph_destroy(G.g);
         return rc;
     }
-    int valid = r.check == RKM_OK, fits = !r.has_budget || r.sim.peak <= r.budget;
-    char step[320] = "end of plan";
-    if (!valid && r.sim.fail_step >= 0 && (size_t)r.sim.fail_step < rkm_plan_num_steps(plan))
-        cli_step_text(G.g, &rkm_plan_steps(plan)[r.sim.fail_step], step, sizeof step);
+    int valid = r.plan != NULL, fits = !r.has_budget || r.ps.peak <= r.budget;
+    char step[320];
+    cli_failed_step(&r, step, sizeof step);
     if (o->value[OPT_JSON]) {
         cli_json j = {stdout, 0, 1};
         cli_json_open(&j, NULL, '{');
@@ -1070,9 +1069,9 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
         rc = CLI_BUDGET;
         fprintf(stderr,
                 "rockmate: %s: the plan peaks at %s (%" PRIu64 " bytes), over the budget %s (%" PRIu64 " bytes)\n",
-                plan_path, cli_size(a, sizeof a, r.sim.peak), r.sim.peak, cli_size(b, sizeof b, r.budget), r.budget);
+                plan_path, cli_size(a, sizeof a, r.ps.peak), r.ps.peak, cli_size(b, sizeof b, r.budget), r.budget);
     }
-    rkm_plan_destroy(plan);
+    rkm_plan_destroy(r.plan);
     rkm_graph_destroy(G.g);
     return rc;
 }
@@ -1082,7 +1081,7 @@ static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, uint64_t
                                  char why[RKM_ALGO_COUNT][256])
 {
     rkm_context *ctx = rkm_graph_context(G->g);
-    for (int a = 0; a < RKM_ALGO_COUNT; a++)
+    for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
         snprintf(why[a], sizeof why[a], "not requested (--algo %s)", rkm_algo_name((rkm_algo)a));
     for (int k = 0; k < o->n_algos; k++) {
         rkm_algo a = o->algos[k];
@@ -1099,7 +1098,7 @@ static void cli_info_json(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT]
 {
     cli_json j = {stdout, 0, 1};
     rkm_tensor_info ti;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     cli_json_open(&j, NULL, '{');
     cli_json_str(&j, "graph", G->path);
     cli_json_str(&j, "name", G->name);
@@ -1129,7 +1128,7 @@ static void cli_info_json(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT]
     }
     cli_json_close(&j, ']');
     cli_json_open(&j, "min_budget", '{');
-    for (int a = 0; a < RKM_ALGO_COUNT; a++) {
+    for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++) {
         if (why[a][0])
             cli_json_null(&j, rkm_algo_name((rkm_algo)a));
         else
@@ -1137,7 +1136,7 @@ static void cli_info_json(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT]
     }
     cli_json_close(&j, '}');
     cli_json_open(&j, "min_budget_reason", '{');
-    for (int a = 0; a < RKM_ALGO_COUNT; a++)
+    for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
         if (why[a][0]) cli_json_str(&j, rkm_algo_name((rkm_algo)a), why[a]);
     cli_json_close(&j, '}');
     cli_json_close(&j, '}');
@@ -1157,7 +1156,7 @@ static void cli_info_text(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT]
     printf("  lower bound    %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
            cli_size(a, sizeof a, G->st.lower_bound), G->st.lower_bound, cli_percent((double)G->st.lower_bound, bp));
     printf("  smallest budget per algorithm:\n");
-    for (int k = 0; k < RKM_ALGO_COUNT; k++) {
+    for (int k = CLI_FIRST_ALGO; k < RKM_ALGO_COUNT; k++) {
         if (why[k][0])
             printf("    %-10s -            (%s)\n", rkm_algo_name((rkm_algo)k), why[k]);
         else
@@ -1267,12 +1266,9 @@ static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s)
             r->algo = s->algo[k];
             r->budget = s->budgets[i];
             if (r->budget < s->min[k]) continue;
-            rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan);
+            rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan, &r->pls);
             if (!e) e = cli_result_fill(s->G, r->plan, r);
-            if (!e) e = r->check;
             if (e) return cli_fail(ctx, e, s->G->path);
-            if (r->sim.peak > r->budget)
-                return cli_error("internal error: the %s plan breaks its budget", rkm_algo_name(r->algo));
         }
     return CLI_OK;
 }
@@ -1301,7 +1297,7 @@ static void cli_sweep_text(const cli_sweep *s)
         for (int k = 0; k < s->n_algos; k++) {
             const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
             if (r->plan)
-                printf(" %10.2f", 100 * (r->sim.time / G->st.baseline_time - 1));
+                printf(" %10.2f", 100 * (r->ps.time / G->st.baseline_time - 1));
             else
                 printf(" %10s", "-");
         }
@@ -1325,11 +1321,13 @@ static void cli_sweep_json(const cli_sweep *s)
 /* Overhead (%) against budget (% of the baseline peak), a line per algorithm. */
 static int cli_sweep_svg(const cli_sweep *s, const char *path)
 {
-    static const int marks[RKM_ALGO_COUNT] = {MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS};
+    static const int marks[RKM_ALGO_COUNT] = {[RKM_ALGO_ROCKMATE] = MARK_CIRCLE, [RKM_ALGO_ROTOR] = MARK_SQUARE,
+                                              [RKM_ALGO_SQRT] = MARK_TRIANGLE, [RKM_ALGO_CHECKMATE] = MARK_DIAMOND,
+                                              [RKM_ALGO_NONE] = MARK_CROSS};
     const cli_graph *G = s->G;
     double bp = (double)G->st.baseline_peak, bt = G->st.baseline_time, ymax = 0;
     for (size_t i = 0; i < s->n_budgets * (size_t)s->n_algos; i++)
-        if (s->res[i].plan && 100 * (s->res[i].sim.time / bt - 1) > ymax) ymax = 100 * (s->res[i].sim.time / bt - 1);
+        if (s->res[i].plan && 100 * (s->res[i].ps.time / bt - 1) > ymax) ymax = 100 * (s->res[i].ps.time / bt - 1);
     FILE *f = cli_svg_open(path);
     if (!f) return CLI_INPUT;
     cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0}, {0, 0, 0, 0}};
@@ -1351,14 +1349,14 @@ static int cli_sweep_svg(const cli_sweep *s, const char *path)
             const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
             if (r->plan)
                 fprintf(f, "%.2f,%.2f ", cli_sx(&c, cli_percent((double)r->budget, bp)),
-                        cli_sy(&c, 100 * (r->sim.time / bt - 1)));
+                        cli_sy(&c, 100 * (r->ps.time / bt - 1)));
         }
         fputs("\"/>\n", f);
         for (size_t i = 0; i < s->n_budgets; i++) {
             const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
             if (r->plan)
                 cli_svg_marker(f, marks[s->algo[k]], cli_sx(&c, cli_percent((double)r->budget, bp)),
-                               cli_sy(&c, 100 * (r->sim.time / bt - 1)), color);
+                               cli_sy(&c, 100 * (r->ps.time / bt - 1)), color);
         }
         cli_legend_item it = {rkm_algo_name(s->algo[k]), color, NULL, 1.6, 1, marks[s->algo[k]]};
         items[k] = it;
@@ -1415,7 +1413,8 @@ int main(int argc, char **argv)
     }
     static int (*const commands[CMD_COUNT])(rkm_context *, const cli_opts *) = {cmd_info, cmd_plan, cmd_check,
                                                                                 cmd_sweep};
-    rc = commands[o.cmd](ctx, &o);
+    rc = cli_parse_algos(ctx, &o);
+    if (rc < 0) rc = commands[o.cmd](ctx, &o);
     rkm_context_destroy(ctx);
     return rc;
 }

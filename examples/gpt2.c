@@ -15,6 +15,9 @@
  *              [--budget 40%] [--algo rockmate] [--dropout 0] [--lr 1e-3] [--seed 1337]
  *              [--data examples/data/fables.txt]
  * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
+ * Without --algo the library's default plans: rockmate, or rotor in a build
+ * without lp_solve (make OMIT=1). The op costs are profiled first, and the
+ * profiled graph is the one planned and run.
  * Exit status: 0 ok, 1 a failure (the check included), 2 bad usage, 3 no
  * plan of the algorithm fits the budget. */
 #define _POSIX_C_SOURCE 200809L
@@ -26,16 +29,11 @@
 #include "gpt2_model.h"
 
 #define GPT2_DEFAULT_DATA "examples/data/fables.txt"
-#ifdef RKM_OMIT_SOLVER
-#define GPT2_DEFAULT_ALGO "rotor" /* rockmate's block ILPs need lp_solve */
-#else
-#define GPT2_DEFAULT_ALGO "rockmate"
-#endif
 
 typedef struct options {
     gpt2_shape shape;
     int steps;
-    const char *budget, *algo, *data;
+    const char *budget, *algo, *data; /* algo NULL: the library's default */
     rkm_algo algo_id;
     float dropout, lr;
     uint64_t seed;
@@ -58,11 +56,12 @@ static int usage(const char *why)
     return 2;
 }
 
-static int parse_args(int argc, char **argv, options *o)
+/* ctx names the algorithms. */
+static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
     o->shape.L = 4, o->shape.C = 128, o->shape.NH = 4, o->shape.V = 256, o->shape.B = 4, o->shape.T = 64;
-    o->steps = 10, o->budget = "40%", o->algo = GPT2_DEFAULT_ALGO, o->data = GPT2_DEFAULT_DATA;
+    o->steps = 10, o->budget = "40%", o->data = GPT2_DEFAULT_DATA;
     o->lr = 1e-3f, o->seed = 1337;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -80,7 +79,8 @@ static int parse_args(int argc, char **argv, options *o)
         else return usage("unknown option");
     }
     o->shape.dropout = o->dropout > 0.0f;
-    if (rkm_algo_from_name(o->algo, &o->algo_id) != RKM_OK) return usage("unknown --algo");
+    o->algo_id = RKM_ALGO_DEFAULT;
+    if (o->algo && rkm_algo_from_name(ctx, o->algo, &o->algo_id) != RKM_OK) return usage("unknown --algo");
     if (!gpt2_shape_ok(&o->shape) || o->steps < 0 || !(o->dropout >= 0.0f && o->dropout < 1.0f))
         return usage("bad configuration (heads must divide channels, 0 <= dropout < 1)");
     return 0;
@@ -151,12 +151,11 @@ static int fail(trainer *tr, const char *what) { return fail_with(tr, what, 1); 
 
 static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
 
-/* Context, graph, parameters, step buffers, text. */
+/* Graph, parameters, step buffers, text. */
 static int setup_model(trainer *tr)
 {
     const options *o = &tr->opt;
     rkm_graph_stats gs;
-    if (rkm_context_create(NULL, &tr->ctx) != RKM_OK) return fail(tr, "context");
     if (gpt2_graph_build(tr->ctx, &o->shape, &tr->gg) != RKM_OK) return fail(tr, "graph");
     if (gpt2_model_init(&tr->model, &o->shape, o->seed) ||
         gpt2_step_init(&tr->st, &tr->gg, &tr->model, o->dropout, o->seed))
@@ -182,7 +181,7 @@ static int make_plan(trainer *tr, const rkm_solve_desc *sd, uint64_t baseline_pe
     rkm_planner *pl = NULL;
     rkm_result r = rkm_planner_create(tr->gg.g, sd, &pl);
     if (r == RKM_OK && !strcmp(tr->opt.budget, "min")) r = rkm_planner_min_budget(pl, &tr->budget);
-    else if (r == RKM_OK && rkm_parse_budget(tr->opt.budget, baseline_peak, &tr->budget) != RKM_OK) {
+    else if (r == RKM_OK && rkm_parse_budget(tr->ctx, tr->opt.budget, baseline_peak, &tr->budget) != RKM_OK) {
         rkm_planner_destroy(pl);
         return usage("bad --budget");
     }
@@ -192,22 +191,35 @@ static int make_plan(trainer *tr, const rkm_solve_desc *sd, uint64_t baseline_pe
     return r == RKM_OK ? 0 : fail(tr, "planning");
 }
 
-/* Measured op times replace the graph's first guesses; then the baseline
- * plan and the chosen algorithm's plan under the budget. */
+/* The graph with measured op times in place of its first guesses: it
+ * replaces the built one (same ops and tensors), so the callbacks, the plans
+ * and the teardown all use it. Profiling runs real training steps; the
+ * parameter gradients they leave are zeroed by the next gpt2_step_run. */
+static int profile_graph(trainer *tr)
+{
+    rkm_profile_desc pd;
+    rkm_callbacks cb = gpt2_callbacks(&tr->st);
+    rkm_graph *profiled;
+    memset(&pd, 0, sizeof pd);
+    pd.runs = 3;
+    data_next(&tr->ds, &tr->opt.shape);
+    if (gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) return fail(tr, "out of memory");
+    if (rkm_graph_profile(tr->gg.g, &cb, &pd, &profiled) != RKM_OK) return fail(tr, "profile");
+    rkm_graph_destroy(tr->gg.g);
+    tr->gg.g = profiled;
+    return 0;
+}
+
+/* The profiled graph, its baseline plan and the chosen algorithm's plan
+ * under the budget. */
 static int setup_plans(trainer *tr)
 {
     rkm_graph_stats gs;
     rkm_solve_desc sd;
-    rkm_profile_desc pd;
-    rkm_callbacks cb = gpt2_callbacks(&tr->st);
     int rc;
-    memset(&pd, 0, sizeof pd);
     memset(&sd, 0, sizeof sd);
     sd.algo = tr->opt.algo_id;
-    pd.runs = 3;
-    data_next(&tr->ds, &tr->opt.shape);
-    if (gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) return fail(tr, "out of memory");
-    if (rkm_graph_profile(tr->gg.g, &cb, &pd) != RKM_OK) return fail(tr, "profile");
+    if ((rc = profile_graph(tr)) != 0) return rc;
     rkm_graph_stats_get(tr->gg.g, &gs);
     if (rkm_plan_baseline(tr->gg.g, &tr->base) != RKM_OK) return fail(tr, "baseline plan");
     if ((rc = make_plan(tr, &sd, gs.baseline_peak)) != 0) return rc;
@@ -218,8 +230,8 @@ static int setup_plans(trainer *tr)
            pct(tr->budget, gs.baseline_peak));
     printf("plan: %s, predicted peak %llu bytes (%.1f%%), predicted overhead %.2f%%, %zu steps, %d blocks in %d "
            "classes, solved in %.3f s\n",
-           rkm_algo_name(sd.algo), (unsigned long long)tr->ps.peak, pct(tr->ps.peak, gs.baseline_peak),
-           tr->ps.overhead * 100.0, rkm_plan_num_steps(tr->plan), (int)tr->ps.blocks, (int)tr->ps.block_classes,
+           rkm_algo_name(tr->ps.algo), (unsigned long long)tr->ps.peak, pct(tr->ps.peak, gs.baseline_peak),
+           tr->ps.overhead * 100.0, rkm_plan_num_steps(tr->plan), (int)gs.blocks, (int)gs.block_classes,
            tr->ps.solve_seconds);
     return 0;
 }
@@ -333,8 +345,12 @@ int main(int argc, char **argv)
     int rc;
     memset(&tr, 0, sizeof tr);
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows as it happens */
-    if ((rc = parse_args(argc, argv, &tr.opt)) != 0) return rc;
-    rc = setup_model(&tr);
+    if (rkm_context_create(NULL, &tr.ctx) != RKM_OK) {
+        printf("demo: FAILED context: out of memory\n");
+        return 1;
+    }
+    rc = parse_args(tr.ctx, argc, argv, &tr.opt);
+    if (!rc) rc = setup_model(&tr);
     if (!rc) rc = setup_plans(&tr);
     if (!rc) rc = train(&tr);
     if (!rc) rc = check(&tr);

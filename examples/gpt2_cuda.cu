@@ -4,7 +4,8 @@
  * rockmate device arena (cuda/rockmate_cuda.h).
  *
  * What it does: profile the baseline step on the GPU (event times and
- * workspaces into the graph's costs), run the baseline plan, then for each
+ * workspaces make a new graph, which every plan below is made on), run the
+ * baseline plan, then for each
  * budget plan with rockmate and run the plan, and print per budget the
  * measured peak (the arena's, in the contract's bytes), the simulated peak,
  * the measured step time, the predicted and measured overhead, and the
@@ -378,6 +379,10 @@ static int fail_msg(trainer *tr, const char *fmt, ...)
     va_end(ap);
     return 1;
 }
+
+/* The message of rockmate's last failure (the arena's included): it goes
+ * to the graph's context. */
+static const char *lib_msg(const trainer *tr) { return rkm_context_errmsg(rkm_graph_context(tr->gg.g)); }
 
 static int fail_cuda(trainer *tr, cudaError_t e, const char *what)
 {
@@ -776,7 +781,7 @@ static int step(trainer *tr, const rkm_plan *plan)
     if (r != RKM_OK) {
         char host[sizeof tr->err];
         memcpy(host, tr->err, sizeof host); /* a callback's own reason, if any */
-        return fail_msg(tr, "step: %s: %s%s%s", rkm_result_string(r), rkm_cuda_arena_errmsg(tr->ca),
+        return fail_msg(tr, "step: %s: %s%s%s", rkm_result_string(r), lib_msg(tr),
                         host[0] ? " / " : "", host);
     }
     return 0;
@@ -871,7 +876,8 @@ static int parse_budgets(options *o, const char *s)
     return o->n_budgets > 0;
 }
 
-static int parse(options *o, int argc, char **argv)
+/* ctx: for the library's name look-ups (their messages). */
+static int parse(rkm_context *ctx, options *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
     preset(o, "124M");
@@ -900,7 +906,7 @@ static int parse(options *o, int argc, char **argv)
         else if (strcmp(a, "--steps") == 0) o->steps = atoi(v);
         else if (strcmp(a, "--profile-runs") == 0) o->profile_runs = atoi(v);
         else if (strcmp(a, "--algo") == 0) {
-            if (rkm_algo_from_name(v, &o->algo) != RKM_OK) return usage("unknown --algo");
+            if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return usage(rkm_context_errmsg(ctx));
         } else if (strcmp(a, "--budgets") == 0) {
             if (!parse_budgets(o, v)) return usage("--budgets: percentages or min, comma separated");
         } else {
@@ -915,16 +921,17 @@ static int parse(options *o, int argc, char **argv)
 }
 
 /* Profile the baseline through a measuring arena: event times and
- * workspaces become the graph's costs. */
+ * workspaces make a new graph (graphs are immutable), which replaces
+ * tr->gg.g: same ids, so gg.ops and the callbacks serve it unchanged, and
+ * every plan from here on is made on the measured costs. */
 static int profile(trainer *tr, const options *o)
 {
-    rkm_plan *base;
+    rkm_plan *base = NULL;
     rkm_arena_layout_info lay;
-    char msg[512] = "baseline plan failed";
     rkm_result r = rkm_plan_baseline(tr->gg.g, &base);
-    if (r == RKM_OK) r = rkm_arena_layout(base, &lay, msg, sizeof msg);
+    if (r == RKM_OK) r = rkm_arena_layout(base, &lay);
     rkm_plan_destroy(base);
-    if (r != RKM_OK) return fail_msg(tr, "baseline layout: %s", msg);
+    if (r != RKM_OK) return fail_msg(tr, "baseline layout: %s", lib_msg(tr));
     /* The declared workspaces are a guess: leave room for more. */
     rkm_callbacks cb = trainer_callbacks(tr);
     rkm_cuda_arena_desc d;
@@ -934,19 +941,23 @@ static int profile(trainer *tr, const options *o)
     d.measure = 1;
     d.host = &cb;
     d.stream = tr->stream;
-    if ((r = rkm_cuda_arena_create(&d, &tr->ca, msg, sizeof msg)) != RKM_OK)
-        return fail_msg(tr, "profiling arena: %s", msg);
+    if ((r = rkm_cuda_arena_create(&d, &tr->ca)) != RKM_OK) return fail_msg(tr, "profiling arena: %s", lib_msg(tr));
     int rc = load_batch(tr);
     rkm_cuda_profile_desc pd = {o->profile_runs, 1, 0.2};
     rkm_cuda_profile_result pr;
-    if (!rc && (r = rkm_cuda_profile(tr->ca, tr->gg.g, &pd, &pr)) != RKM_OK)
-        rc = fail_msg(tr, "profile: %s: %s", rkm_result_string(r), rkm_cuda_arena_errmsg(tr->ca));
+    rkm_graph *profiled = NULL;
+    if (!rc && (r = rkm_cuda_profile(tr->ca, &pd, &pr, &profiled)) != RKM_OK)
+        rc = fail_msg(tr, "profile: %s: %s", rkm_result_string(r), lib_msg(tr));
     if (!rc)
         printf("profile: %d runs, baseline step %.3f ms (events around the step), sum of op times %.3f ms, "
                "measured peak %.1f MiB\n",
                o->profile_runs, pr.step_seconds * 1e3, pr.sum_op_seconds * 1e3, (double)pr.peak / 1048576.0);
-    rkm_cuda_arena_destroy(tr->ca);
+    rkm_cuda_arena_destroy(tr->ca); /* before its graph */
     tr->ca = NULL;
+    if (profiled) {
+        rkm_graph_destroy(tr->gg.g);
+        tr->gg.g = profiled;
+    }
     return rc;
 }
 
@@ -963,23 +974,21 @@ typedef struct outcome {
 
 /* Run `plan` on an exact arena: timings, the last step's loss and
  * gradients (into grads/losses). */
-static int run_plan(trainer *tr, rkm_plan *plan, int steps, float *grads, float *losses, outcome *out)
+static int run_plan(trainer *tr, const rkm_plan *plan, int steps, float *grads, float *losses, outcome *out)
 {
     rkm_callbacks cb = trainer_callbacks(tr);
     rkm_arena_layout_info lay;
-    rkm_sim_result sim;
-    char msg[512];
-    rkm_result r = rkm_plan_simulate(plan, &sim, NULL);
-    if (r != RKM_OK) return fail_msg(tr, "plan: %s", rkm_context_errmsg(rkm_graph_context(tr->gg.g)));
-    if ((r = rkm_cuda_arena_create_for_plan(plan, &cb, tr->stream, &tr->ca, &lay, msg, sizeof msg)) != RKM_OK)
-        return fail_msg(tr, "arena: %s", msg);
+    rkm_plan_stats ps; /* the plan's figures, fixed at its birth */
+    if (rkm_plan_stats_get(plan, &ps) != RKM_OK) return fail_msg(tr, "plan: %s", lib_msg(tr));
+    if (rkm_cuda_arena_create_for_plan(plan, &cb, tr->stream, &tr->ca, &lay) != RKM_OK)
+        return fail_msg(tr, "arena: %s", lib_msg(tr));
     int rc = load_batch(tr);
     if (!rc) rc = timed_steps(tr, plan, steps, &out->step_seconds);
     if (!rc) rc = fetch_results(tr, grads, &out->loss, losses);
     rkm_arena_stats st;
     rkm_cuda_arena_stats(tr->ca, &st);
-    out->sim_peak = sim.peak;
-    out->sim_time = sim.time;
+    out->sim_peak = ps.peak;
+    out->sim_time = ps.time;
     out->measured_peak = st.peak;
     out->arena_bytes = lay.capacity;
     rkm_cuda_arena_destroy(tr->ca);
@@ -1029,7 +1038,7 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
     memset(&sd, 0, sizeof sd);
     sd.algo = o->algo;
     rkm_result r = rkm_planner_create(tr->gg.g, &sd, &pl);
-    if (r != RKM_OK) return fail_msg(tr, "planner: %s", rkm_context_errmsg(rkm_graph_context(tr->gg.g)));
+    if (r != RKM_OK) return fail_msg(tr, "planner: %s", lib_msg(tr));
     uint64_t base_peak = 0;
     rkm_graph_stats gs;
     if (rkm_graph_stats_get(tr->gg.g, &gs) == RKM_OK) base_peak = gs.baseline_peak;
@@ -1041,19 +1050,18 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
         snprintf(label, sizeof label, "%g%%", o->budgets[i]);
         if (o->budgets[i] < 0.0) {
             if ((r = rkm_planner_min_budget(pl, &budget)) != RKM_OK) {
-                rc = fail_msg(tr, "smallest budget: %s", rkm_context_errmsg(rkm_graph_context(tr->gg.g)));
+                rc = fail_msg(tr, "smallest budget: %s", lib_msg(tr));
                 break;
             }
             snprintf(label, sizeof label, "min %.0f%%", 100.0 * (double)budget / (double)base_peak);
         }
         r = rkm_planner_solve(pl, budget, &plan);
         if (r == RKM_ERROR_BUDGET) {
-            printf("%-9s no %s plan fits: %s\n", label, rkm_algo_name(o->algo),
-                   rkm_context_errmsg(rkm_graph_context(tr->gg.g)));
+            printf("%-9s no %s plan fits: %s\n", label, rkm_algo_name(o->algo), lib_msg(tr));
             continue;
         }
         if (r != RKM_OK) {
-            rc = fail_msg(tr, "plan at %s: %s", label, rkm_context_errmsg(rkm_graph_context(tr->gg.g)));
+            rc = fail_msg(tr, "plan at %s: %s", label, lib_msg(tr));
             break;
         }
         outcome oc;
@@ -1088,7 +1096,7 @@ static int run_all(trainer *tr, const options *o, int *failed)
     outcome bo;
     memset(&bo, 0, sizeof bo);
     if (!rc && rkm_plan_baseline(tr->gg.g, &base) != RKM_OK)
-        rc = fail_msg(tr, "baseline: %s", rkm_context_errmsg(rkm_graph_context(tr->gg.g)));
+        rc = fail_msg(tr, "baseline: %s", lib_msg(tr));
     if (!rc) rc = run_plan(tr, base, o->steps, ref.grads, ref.losses, &bo);
     if (!rc) {
         ref.loss = bo.loss;
@@ -1114,10 +1122,13 @@ static int run_all(trainer *tr, const options *o, int *failed)
 int main(int argc, char **argv)
 {
     options o;
-    int u = parse(&o, argc, argv);
-    if (u) return u;
     rkm_context *ctx;
     if (rkm_context_create(NULL, &ctx) != RKM_OK) return 3;
+    int u = parse(ctx, &o, argc, argv);
+    if (u) {
+        rkm_context_destroy(ctx);
+        return u;
+    }
     trainer tr;
     int failed = 0;
     printf("gpt2_cuda: L=%d C=%d NH=%d V=%d B=%d T=%d dropout=%g algo=%s\n", o.shape.L, o.shape.C, o.shape.NH,

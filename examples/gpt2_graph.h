@@ -25,9 +25,10 @@
  *
  * Usage: gpt2_graph gg; gpt2_graph_build(ctx, &shape, &gg) -> gg.g finalized;
  * gg.ops[op id] says what to run for each graph op; gpt2_graph_free(&gg).
- * Op costs start as a FLOP-count guess; rkm_graph_profile measures them. A
- * host whose kernels need other workspaces (cuBLAS, a fused attention) sets
- * its own with rkm_graph_set_op_costs before planning. */
+ * Op costs start as a FLOP-count guess; rkm_graph_profile measures them
+ * into a new graph (same ops and tensors) to plan and run with. A host whose
+ * kernels need other workspaces (cuBLAS, a fused attention) makes a graph
+ * with its own costs with rkm_graph_with_costs before planning. */
 #ifndef GPT2_GRAPH_H
 #define GPT2_GRAPH_H
 

@@ -513,7 +513,7 @@ static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     const gpt2_opdef *d = &st->gg->ops[c->op];
-    rkm_op_info oi;
+    rkm_op_desc oi;
     float *ws = NULL;
     if (rkm_graph_op_info(st->gg->g, c->op, &oi) != RKM_OK) return gpt2__fail(st, "forward: bad op", c->op);
     for (int i = 0; i < d->n_in; i++)
@@ -539,14 +539,14 @@ static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
 /* The buffer of tensor t if the op's backward declares it saved, else NULL:
  * a backward sees only what its `saved` list promises, so a kernel that
  * read anything else would crash under the plans that free it. */
-static inline void *gpt2__saved(const gpt2_step *st, const rkm_op_info *oi, int32_t t)
+static inline void *gpt2__saved(const gpt2_step *st, const rkm_op_desc *oi, int32_t t)
 {
     for (int i = 0; i < oi->n_saved; i++)
         if (oi->saved[i] == t) return st->act[t];
     return NULL;
 }
 
-static inline void gpt2__backward_kernel(gpt2_step *st, const gpt2_opdef *d, const rkm_op_info *oi, int32_t op,
+static inline void gpt2__backward_kernel(gpt2_step *st, const gpt2_opdef *d, const rkm_op_desc *oi, int32_t op,
                                   float *const din[2], float *ws)
 {
     const gpt2_shape *s = &st->gg->shape;
@@ -592,7 +592,7 @@ static inline int gpt2_cb_backward(void *user, const rkm_bwd_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     const gpt2_opdef *d = &st->gg->ops[c->op];
-    rkm_op_info oi;
+    rkm_op_desc oi;
     float *din[2], *ws = NULL;
     if (rkm_graph_op_info(st->gg->g, c->op, &oi) != RKM_OK) return gpt2__fail(st, "backward: bad op", c->op);
     if (!st->grad[d->out]) return gpt2__fail(st, "backward: output gradient not live", d->out);
@@ -638,7 +638,7 @@ static inline int gpt2_cb_free_tensor(void *user, int32_t t)
 static inline int gpt2_cb_free_saved(void *user, int32_t op)
 {
     gpt2_step *st = (gpt2_step *)user;
-    rkm_op_info oi;
+    rkm_op_desc oi;
     if (!st->phantom[op] || rkm_graph_op_info(st->gg->g, op, &oi) != RKM_OK)
         return gpt2__fail(st, "free_saved: saved state not live", op);
     gpt2_mem_free(&st->mem, st->phantom[op], oi.phantom);

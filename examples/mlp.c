@@ -295,7 +295,7 @@ static int alloc_new(Host *h, void **slot, size_t bytes)
 static int on_forward(void *user, const rkm_fwd_call *call)
 {
     Host *h = user;
-    rkm_op_info op;
+    rkm_op_desc op;
     if (rkm_graph_op_info(h->g, call->op, &op) != RKM_OK) return 2;
     int32_t out = op.out[0];
     int rc = call->out_new[0] ? alloc_new(h, &h->act[out], h->bytes[out]) : 0;
@@ -325,7 +325,7 @@ static int on_forward(void *user, const rkm_fwd_call *call)
 static int on_backward(void *user, const rkm_bwd_call *call)
 {
     Host *h = user;
-    rkm_op_info op;
+    rkm_op_desc op;
     if (rkm_graph_op_info(h->g, call->op, &op) != RKM_OK) return 2;
     int32_t in = op.in[0];
     int rc = call->in_grad[0] == RKM_GRAD_NEW ? alloc_new(h, &h->grad[in], h->bytes[in]) : 0;
@@ -458,7 +458,8 @@ static int usage(FILE *f, int status)
     return status;
 }
 
-static int parse_args(int argc, char **argv, Options *o)
+/* ctx names the algorithms; its "default" is not one here (rotor is). */
+static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
 {
     *o = (Options){NULL, RKM_ALGO_ROTOR, 5, 8};
     for (int i = 1; i < argc; i++) {
@@ -467,7 +468,7 @@ static int parse_args(int argc, char **argv, Options *o)
         i++;
         if (!strcmp(a, "--budget")) o->budget = v;
         else if (!strcmp(a, "--algo")) {
-            if (rkm_algo_from_name(v, &o->algo) != RKM_OK) return 0;
+            if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK || o->algo == RKM_ALGO_DEFAULT) return 0;
         } else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--layers")) o->layers = atoi(v);
         else return 0;
@@ -475,31 +476,26 @@ static int parse_args(int argc, char **argv, Options *o)
     return o->steps >= 1 && o->layers >= 2 && o->layers <= MAX_LAYERS;
 }
 
-/* A simulated (valid) plan for the options, or NULL with *status set. */
+/* A plan for the options (the planner keeps it within the budget), or NULL
+ * with *status set. */
 static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stats *st, int *status)
 {
     rkm_context *ctx = rkm_graph_context(h->g);
     rkm_solve_desc sd = {.algo = o->algo};
     rkm_planner *pl = NULL;
     rkm_plan *plan = NULL;
+    rkm_plan_stats ps;
     uint64_t budget;
     rkm_result r = rkm_planner_create(h->g, &sd, &pl);
     if (r == RKM_OK) {
-        r = strcmp(o->budget, "min") ? rkm_parse_budget(o->budget, st->baseline_peak, &budget)
+        r = strcmp(o->budget, "min") ? rkm_parse_budget(ctx, o->budget, st->baseline_peak, &budget)
                                      : rkm_planner_min_budget(pl, &budget);
         if (r == RKM_OK) r = rkm_planner_solve(pl, budget, &plan);
     }
     rkm_planner_destroy(pl);
-    rkm_sim_result sim;
-    if (r == RKM_OK) r = rkm_plan_simulate(plan, &sim, NULL);
-    if (r == RKM_OK && sim.peak > budget) {
-        fprintf(stderr, "mlp: the plan peaks at %llu bytes, over the budget %llu\n",
-                (unsigned long long)sim.peak, (unsigned long long)budget);
-        r = RKM_ERROR_PLAN;
-    } else if (r != RKM_OK) {
-        fprintf(stderr, "mlp: %s: %s\n", rkm_result_string(r), rkm_context_errmsg(ctx));
-    }
+    if (r == RKM_OK) r = rkm_plan_stats_get(plan, &ps);
     if (r != RKM_OK) {
+        fprintf(stderr, "mlp: %s: %s\n", rkm_result_string(r), rkm_context_errmsg(ctx));
         rkm_plan_destroy(plan);
         *status = r == RKM_ERROR_BUDGET ? 3 : r == RKM_ERROR_ARGUMENT ? 2 : 1;
         return NULL;
@@ -507,18 +503,19 @@ static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stat
     printf("%s plan for budget %s (%llu bytes): %zu steps, peak %.1f%% of the baseline's, "
            "time overhead %.1f%%\n",
            rkm_algo_name(o->algo), o->budget, (unsigned long long)budget, rkm_plan_num_steps(plan),
-           100.0 * (double)sim.peak / (double)st->baseline_peak, 100.0 * (sim.time / st->baseline_time - 1.0));
+           100.0 * (double)ps.peak / (double)st->baseline_peak, 100.0 * (ps.time / st->baseline_time - 1.0));
     return plan;
 }
 
-/* Runs `plan` once and compares the measured peak with the simulated one. */
+/* Runs `plan` once and compares the measured peak with the simulated one
+ * (the plan's own figure, fixed when it was made). */
 static int checked_step(Host *h, rkm_plan *plan, const char *label, Measured *m)
 {
-    rkm_sim_result sim;
-    if (rkm_plan_simulate(plan, &sim, NULL) != RKM_OK || !run_step(h, plan, m)) return 0;
-    int same = m->peak == sim.peak;
+    rkm_plan_stats ps;
+    if (rkm_plan_stats_get(plan, &ps) != RKM_OK || !run_step(h, plan, m)) return 0;
+    int same = m->peak == ps.peak;
     printf("  %-9s loss %.6f  activation peak: measured %zu, simulated %llu bytes%s  time %.3g s\n",
-           label, m->loss, m->peak, (unsigned long long)sim.peak, same ? "" : "  MISMATCH", sim.time);
+           label, m->loss, m->peak, (unsigned long long)ps.peak, same ? "" : "  MISMATCH", ps.time);
     return same;
 }
 
@@ -556,13 +553,16 @@ int main(int argc, char **argv)
 {
     Options o;
     if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout, 0);
-    if (!parse_args(argc, argv, &o)) return usage(stderr, 2);
-    static Host host;
-    Host *h = &host;
-    h->layers = o.layers;
     rkm_context_desc cd = {.log = warn_logger};
     rkm_context *ctx = NULL;
     if (rkm_context_create(&cd, &ctx) != RKM_OK) return 1;
+    if (!parse_args(ctx, argc, argv, &o)) {
+        rkm_context_destroy(ctx);
+        return usage(stderr, 2);
+    }
+    static Host host;
+    Host *h = &host;
+    h->layers = o.layers;
     int status = 1;
     rkm_plan *baseline = NULL, *plan = NULL;
     rkm_graph_stats st;
