@@ -8,7 +8,6 @@
  *
  *   build/bench/bench_ilp [GRAPHS_DIR] [--quick]
  */
-#define RKM_ILP_READY 1
 #include "../rockmate.c"
 
 #ifndef RKM_OMIT_SOLVER

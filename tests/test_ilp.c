@@ -8,7 +8,6 @@
  * must be equal. In its general form it is the true optimum: never above the
  * ILP's. Gradients and saved states are freed right after the backward that
  * ends their use (never worse), everything else is a free choice. */
-#define RKM_ILP_READY 1
 #include "../rockmate.c"
 #include "test.h"
 
