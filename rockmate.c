@@ -2645,12 +2645,14 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  *   rkm__ilp_block_create(g, ops, n_ops, x_in, x_out, is_last, &b)
  *      builds the budget-independent model (the whole graph: x_in = -1,
  *      x_out = loss, is_last = 1: that is Checkmate's whole-graph form).
- *   rkm__ilp_block_solve(b, peak, kept, time_limit_s, &steps, &n_fwd, &n_bwd,
- *                        &stats, &found)
- *      least-time schedule whose replayed peak (absolute, inputs included) is
- *      <= peak and whose memory at the end of F is <= kept (UINT64_MAX: no
- *      limit). steps[0..n_fwd) is F, then n_bwd steps of B; the caller frees
- *      them with rkm__free(ctx, steps, (n_fwd + n_bwd) * sizeof *steps).
+ *   rkm__ilp_block_solve(b, peak_budget, kept_budget, time_limit_s, &steps,
+ *                        &n_fwd, &n_bwd, &stats, &found)
+ *      least-time schedule whose replayed peak is <= peak_budget and whose
+ *      memory at the end of F ("kept", x_in and x_out included) is <=
+ *      kept_budget (UINT64_MAX: no limit); absolute bytes, inputs included,
+ *      like every memory figure of a block (see section 8).
+ *      steps[0..n_fwd) is F, then n_bwd steps of B; the caller frees them
+ *      with rkm__free(ctx, steps, (n_fwd + n_bwd) * sizeof *steps).
  *      found = 0 (steps NULL) when no schedule fits; that is RKM_OK too.
  *      time_limit_s (<= 0: 1 s) is turned into work budgets (lp_solve
  *      callbacks, steps replayed by the greedy) worth about that much time,
@@ -2661,6 +2663,12 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
  *
+ * A block is four parts, each with one owner and its own init and free:
+ * rkm__ilp_shape (numbering and structure, fixed at create), rkm__ilp_model
+ * (the lprec and its column maps), rkm__ilp_memo (what solves learn: found
+ * schedules, budget pairs proven empty, the floors) and rkm__ilp_scratch
+ * (one solve's working memory, handed explicitly to the functions using it).
+ *
  * Shape of the model (docs: lpsolve.md, formulation `fb`): stage 0 runs the
  * forward ops in order, then stage t = 1..nb runs the recomputations it
  * chooses (topological order) and the t-th backward (reverse order). Stage 1
@@ -2668,8 +2676,8 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  * made by block ops (S: live at a stage start), phantoms (RP: the one stage
  * whose run of the op saves it; it then lives until the op's backward) and
  * gradients (fixed by the backward order: constants). Memory is the chain of
- * Q columns (a node's peak, bounded by the budget); the kept budget is the
- * bound of the loss node's Q. Frees are continuous F columns (disaggregated).
+ * Q columns (a node's peak, bounded by the peak budget); the kept budget
+ * plus grad(x_out) is the bound of the loss node's Q. Frees are continuous F columns (disaggregated).
  * A solution is read out as "who runs where" only; the steps free every
  * tensor right after its last use, which never needs more memory than the
  * model counted. Every schedule is replayed by the simulator before use.
@@ -2720,7 +2728,8 @@ static rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, 
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
-    return RKM_ERROR_UNSUPPORTED;
+    /* No block, so no context for a message: rkm__ilp_block_create refused. */
+    return RKM_ERROR_UNSUPPORTED; /* internal */
 }
 
 static void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
@@ -4171,7 +4180,8 @@ static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t
     for (int32_t v = 0; v < b->n; v++) {
         int32_t x = ops[v];
         if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
-            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op ids must be valid and increasing");
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
+                                                        "and increasing", (int)v, (int)x);
         b->op[v] = x;
         opl[x] = v;
         const rkm__op *o = &g->ops[x];
