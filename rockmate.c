@@ -2345,15 +2345,23 @@ static rkm_result rkm__structure_detect(rkm_graph *g)
 
 /* ===========================================================================
  * 8. Block options: extremes, replay, dominance
- * ========================================================================= */
+ * ===========================================================================
+ *
+ * Bytes: every memory figure of a block and every budget, from the planner
+ * (section 11) through the block options here to the block ILP (section 9),
+ * is absolute bytes, the graph's input tensors included: what the simulator
+ * measures. "peak" is the most live at any point; "kept" is everything live
+ * at the end of a block's forward part (inputs, x_in, x_out and what the
+ * backward keeps); a budget of either is peak_budget / kept_budget. The chain
+ * DP (section 10) alone counts otherwise, in slots above the inputs (its kept
+ * besides x_{i-1} and x_i); rkm__planner_chain is the one conversion. */
 
 /* An option of a block: a schedule of the block's own steps (forward part
  * then backward part, global ids) and its five figures, all measured by
- * replaying the schedule in the simulator from the block's start state.
- * Memory figures exclude the input tensors (always live):
- *   pf   peak of the forward part (counts x_in, x_out and what it keeps)
- *   kept memory left after the forward part besides x_in and x_out
- *   pb   peak of the backward part (starts from x_in, x_out, kept, grad(x_out)) */
+ * replaying the schedule in the simulator from the block's start state:
+ *   pf   peak of the forward part
+ *   kept memory live after the forward part
+ *   pb   peak of the backward part (starts from kept plus grad(x_out)) */
 typedef struct rkm__option {
     rkm_step *steps;
     size_t n_fwd, n_bwd;
@@ -2497,12 +2505,12 @@ static int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
     uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0);
     if (!rkm__sim_run(s, o->steps, o->n_fwd, &r, NULL) || !s->D[b->out]) return 0;
     o->tf = r.time;
-    o->pf = r.peak - g->input_bytes;
-    o->kept = s->mem - base - g->tensors[b->out].bytes;
+    o->pf = r.peak;
+    o->kept = s->mem;
     if (b->out != g->loss) rkm__sim_give_grad(s, b->out);
     if (!rkm__sim_run(s, o->steps + o->n_fwd, o->n_bwd, &r, NULL)) return 0;
     o->tb = r.time;
-    o->pb = r.peak - g->input_bytes;
+    o->pb = r.peak;
     for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++)
         if (s->P[i] || (g->ops[i].has_bwd && !s->bwd_done[i])) return 0;
     uint64_t end = base + (b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0);
@@ -2519,7 +2527,7 @@ static int rkm__nosave_measure(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
     rkm__sim_give_tensor(s, b->in);
     if (!rkm__sim_run(s, bo->nosave, bo->n_nosave, &r, NULL) || !s->D[b->out]) return 0;
     bo->tfn = r.time;
-    bo->pfn = r.peak - g->input_bytes;
+    bo->pfn = r.peak;
     uint64_t end = g->input_bytes + g->tensors[b->out].bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0);
     return s->mem == end;
 }
@@ -3065,7 +3073,8 @@ static int rkm__ilp_freeat_cmp(const void *a, const void *c)
 }
 
 /* Emit the main step of event e. */
-static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e, rkm__ilp_out *o)
+static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e,
+                               rkm__ilp_out *o)
 {
     const rkm_graph *g = b->g;
     if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(b, o, RKM_STEP_LOSS, g->loss, 0) : 1;
@@ -3769,7 +3778,8 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
             double made = (double)o->fwd_ws;
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -made / ms);
-            if (rkm__ilp_phantom(b, v) && t <= b->st[v]) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -(double)o->phantom / ms);
+            if (rkm__ilp_phantom(b, v) && t <= b->st[v])
+                rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -(double)o->phantom / ms);
         }
         rkm__ilp_emit_row(md, w, EQ, 0);
     }
@@ -3786,7 +3796,8 @@ static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md,
         for (int32_t i = 0; i < b->nt; i++) {
             if (rkm__ilp_S(b, md, t, i) <= 0 || rkm__ilp_bwd_reads(b, t, i) || (t == 1 && i == xo)) continue;
             rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), 1);
-            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++) rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
+            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
             rkm__ilp_emit_row(md, w, LE, 0);
         }
@@ -3799,7 +3810,8 @@ static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md,
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), 1);
             for (int32_t k = 0; k < o->n_out; k++) {
                 int32_t i = b->lt[o->out[k]];
-                for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++) rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
+                for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                    rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
                 rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
             }
             rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -1);
@@ -3866,7 +3878,8 @@ static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
     for (int32_t f = 0; f < md->n_fcand; f++) set_upbo(lp, md->fcand[f].col, 1);
     set_add_rowmode(lp, TRUE);
     for (int32_t t = 1; t <= b->nb; t++)
-        for (int32_t v = 0; v < b->n; v++) rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), b->g->ops[b->op[v]].fwd / b->tscale);
+        for (int32_t v = 0; v < b->n; v++)
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), b->g->ops[b->op[v]].fwd / b->tscale);
     int m = 0;
     for (int j = 0; j < w->n; j++) {
         w->col[m] = w->col[j];
@@ -4397,7 +4410,9 @@ static rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, 
  *
  * An abstract chain of blocks 0..n-1. Block i reads x_{i-1} (nothing for
  * block 0) and writes x_i (the loss for the last block, counted inside that
- * block's own numbers: its output has 0 slots). Memory is in integer slots.
+ * block's own numbers: its output has 0 slots). Memory is in integer slots
+ * above the graph's inputs (rkm__planner_chain converts the blocks' bytes,
+ * section 8, to them).
  * Per block: in_sz (slots of x_{i-1}), g_out (slots of grad(x_i)), a no-save
  * forward (time tfn, peak pfn counting x_{i-1} and x_i) and options k, each
  * (tf, tb, kept, pf, pb): F_k leaves x_{i-1}, x_i and `kept` slots live and
@@ -5140,7 +5155,10 @@ static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
     return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
 }
 
-/* The DP's view of the chain: every figure converted to slots. */
+/* The DP's view of the chain: every figure converted to slots, the one
+ * place where block figures (absolute bytes, section 8) become the DP's
+ * (slots above the inputs, section 10): tensor sizes round up on their own,
+ * memory figures round up once the inputs are taken off. */
 static rkm_result rkm__planner_chain(rkm_planner *pl)
 {
     const rkm_graph *g = pl->g;
@@ -5158,8 +5176,8 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
         x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
         x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
         x->tfn = bo->tfn;
-        x->pfn = rkm__slots_up(pl, bo->pfn);
-        uint64_t in_bytes = k->in >= 0 ? g->tensors[k->in].bytes : 0;
+        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
+        uint64_t out_bytes = g->tensors[k->out].bytes;
         x->opt = pl->dpo + at;
         x->n_opt = (int32_t)bo->n_opt;
         for (size_t i = 0; i < bo->n_opt; i++, at++) {
@@ -5167,10 +5185,11 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
             rkm__dp_option *y = &pl->dpo[at];
             y->tf = o->tf;
             y->tb = o->tb;
-            /* Round x_in and kept up together: the DP subtracts them together. */
-            y->kept = rkm__slots_up(pl, in_bytes + o->kept) - x->in_sz;
-            y->pf = rkm__slots_up(pl, o->pf);
-            y->pb = rkm__slots_up(pl, o->pb);
+            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
+             * it, as the DP subtracts them together. */
+            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
+            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
+            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
         }
     }
     return RKM_OK;
@@ -5200,8 +5219,8 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 static double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-/* Memory a block's ops need at least (relative to the inputs): the block
- * input stays live throughout, plus the largest single step. */
+/* Peak a block's ops need at least: the inputs stay live throughout, plus
+ * the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
 {
     uint64_t need = 0;
@@ -5214,7 +5233,7 @@ static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
         if (f > need) need = f;
         if (k > need) need = k;
     }
-    return need;
+    return g->input_bytes + need;
 }
 
 /* Add a schedule found on block `from` to every block of its class. */
@@ -5238,12 +5257,12 @@ static rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block 
 }
 
 /* ILP options of one class: solve on its first block over a grid of
- * (peak, kept) budgets and replay every schedule on every block of the
- * class (mapped op for op); replay decides what becomes an option. Per peak
- * the kept budgets go from loose to tight: a schedule that already fits a
- * tighter kept budget is that budget's answer too (the optimum of a looser
- * problem that is feasible in a tighter one), and a proven infeasible kept
- * budget ends the row. */
+ * (peak_budget, kept_budget) pairs and replay every schedule on every block
+ * of the class (mapped op for op); replay decides what becomes an option.
+ * Per peak budget the kept budgets go from loose to tight: a schedule that
+ * already fits a tighter kept budget is that budget's answer too (the
+ * optimum of a looser problem that is feasible in a tighter one), and a
+ * proven infeasible kept budget ends the row. */
 static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
 {
     const rkm_graph *g = pl->g;
@@ -5253,30 +5272,33 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     /* The block's baseline (its only option yet) bounds the grid. Copied:
      * adding options below may move the array. */
     const rkm__option all = pl->bo[rep].opt[0];
-    uint64_t hi = all.pf > all.pb ? all.pf : all.pb, lo = rkm__block_floor(g, b);
-    uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
-    if (lo > hi) lo = hi;
+    uint64_t peak_hi = all.pf > all.pb ? all.pf : all.pb, peak_lo = rkm__block_floor(g, b);
+    /* kept when nothing but the inputs, x_in and x_out is */
+    uint64_t kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    if (peak_lo > peak_hi) peak_lo = peak_hi;
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     for (int32_t i = 0; i < np && !r; i++) {
-        uint64_t peak = g->input_bytes + lo + (uint64_t)((double)(hi - lo) * (np > 1 ? (double)i / (np - 1) : 1.0));
-        uint64_t have = UINT64_MAX; /* end-of-forward memory of the row's last schedule */
+        double fp = np > 1 ? (double)i / (np - 1) : 1.0;
+        uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
+        uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
             double left = pl->d.time_limit - rkm__elapsed(pl);
-            uint64_t kept = base + (uint64_t)((double)all.kept * (nk > 1 ? (double)j / (nk - 1) : 1.0));
+            double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
+            uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (left <= 0) break;
-            if (have <= kept) continue;
+            if (kept <= kept_budget) continue;
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
             double lim = pl->d.ilp_time_limit < left ? pl->d.ilp_time_limit : left;
-            r = rkm__ilp_block_solve(ib, peak, kept, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
             rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
-            if (rkm__option_measure(s, b, &o)) have = base + o.kept;
+            if (rkm__option_measure(s, b, &o)) kept = o.kept;
             r = rkm__class_add(pl, s, b, steps, nf, nb);
             rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         }
@@ -5466,8 +5488,8 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     return r;
 }
 
-/* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
-static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+/* The whole-graph ILP's plan for a peak budget, or *out NULL when none found. */
+static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t peak_budget, double time_limit, rkm_plan **out)
 {
     *out = NULL;
     const rkm_graph *g = pl->g;
@@ -5477,7 +5499,7 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
     rkm_step *steps = NULL;
     size_t nf = 0, nb = 0;
     int found = 0;
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    r = rkm__ilp_block_solve(ib, peak_budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
     if (!r && found) r = rkm__plan_from_steps(pl, steps, nf + nb, out);
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
