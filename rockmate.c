@@ -3465,14 +3465,13 @@ static void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
     }
 }
 
-/* Gradient bytes along the backward order (fixed, so constants), static
- * bytes, base time and the two scales. */
-static rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+/* Gradient bytes along the backward order (fixed, so constants). */
+static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
 {
     const rkm_graph *g = b->g;
     uint8_t *gl = rkm__calloc(b->ctx, g->n_tensors + 1, 1);
     if (!gl) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the gradient bytes");
-    uint64_t live = g->tensors[b->x_out].bytes, mx = 1;
+    uint64_t live = g->tensors[b->x_out].bytes;
     gl[b->x_out] = 1;
     b->gstart[1] = 0;
     for (int32_t t = 1; t <= b->nb; t++) {
@@ -3493,6 +3492,16 @@ static rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
     }
     b->gstart[b->nb + 1] = live;
     rkm__free(b->ctx, gl, g->n_tensors + 1);
+    return RKM_OK;
+}
+
+/* Gradient bytes, static bytes, base time and the two scales. */
+static rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    uint64_t mx = 1;
+    rkm_result r = rkm__ilp_grad_bytes(b);
+    if (r) return r;
     b->static_bytes = g->input_bytes;
     if (b->x_in >= 0 && !(g->tensors[b->x_in].flags & RKM_TENSOR_INPUT)) b->static_bytes += g->tensors[b->x_in].bytes;
     b->base_time = 0;
@@ -3644,7 +3653,8 @@ static int32_t rkm__ilp_stage_of(const rkm__ilp_model *md, int32_t k)
     return t;
 }
 
-/* Row sets of the model; see the comment at the top of the section. */
+/* Row sets of the model (see the comment at the top of the section).
+ * Dependencies, and recompute only what is not live. */
 static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
 {
     const rkm_graph *g = b->g;
@@ -3675,6 +3685,11 @@ static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm_
             rkm__ilp_emit_row(md, w, LE, 1);
         }
     }
+}
+
+/* Checkpoint continuity and the phantoms' save runs. */
+static void rkm__ilp_rows_carry(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
     for (int32_t i = 0; i < b->nt; i++) /* S[t+1,i] <= S[t,i] + R[t,p] */
         for (int32_t t = 1; t < b->need_t[i]; t++) {
             rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), 1);
@@ -3906,6 +3921,7 @@ static rkm_result rkm__ilp_build(const rkm__ilp_shape *b, rkm__ilp_model *md)
         put_logfunc(md->lp, rkm__ilp_logfn, b->ctx);
         rkm__ilp_set_columns(b, md, &w);
         rkm__ilp_rows_deps(b, md, &w);
+        rkm__ilp_rows_carry(b, md, &w);
         rkm__ilp_rows_frees(b, md, &w);
         rkm__ilp_rows_memory(b, md, &w);
         rkm__ilp_rows_dominance(b, md, &w);
