@@ -5504,8 +5504,8 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **
     return r;
 }
 
-/* The whole-graph ILP's plan for a peak budget, or *out NULL when none found. */
-static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t peak_budget, double time_limit, rkm_plan **out)
+/* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
+static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
     *out = NULL;
     const rkm_graph *g = pl->g;
@@ -5515,7 +5515,7 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t peak_budget, do
     rkm_step *steps = NULL;
     size_t nf = 0, nb = 0;
     int found = 0;
-    r = rkm__ilp_block_solve(ib, peak_budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
     if (!r && found) r = rkm__plan_from_steps(pl, steps, nf + nb, out);
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
