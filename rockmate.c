@@ -2422,15 +2422,23 @@ static rkm_result rkm__structure_detect(rkm_graph *g)
 
 /* ===========================================================================
  * 8. Block options: extremes, replay, dominance
- * ========================================================================= */
+ * ===========================================================================
+ *
+ * Bytes: every memory figure of a block and every budget, from the planner
+ * (section 11) through the block options here to the block ILP (section 9),
+ * is absolute bytes, the graph's input tensors included: what the simulator
+ * measures. "peak" is the most live at any point; "kept" is everything live
+ * at the end of a block's forward part (inputs, x_in, x_out and what the
+ * backward keeps); a budget of either is peak_budget / kept_budget. The chain
+ * DP (section 10) alone counts otherwise, in slots above the inputs (its kept
+ * besides x_{i-1} and x_i); rkm__planner_chain is the one conversion. */
 
 /* An option of a block: a schedule of the block's own steps (forward part
  * then backward part, global ids) and its five figures, all measured by
- * replaying the schedule in the simulator from the block's start state.
- * Memory figures exclude the input tensors (always live):
- *   pf   peak of the forward part (counts x_in, x_out and what it keeps)
- *   kept memory left after the forward part besides x_in and x_out
- *   pb   peak of the backward part (starts from x_in, x_out, kept, grad(x_out)) */
+ * replaying the schedule in the simulator from the block's start state:
+ *   pf   peak of the forward part
+ *   kept memory live after the forward part
+ *   pb   peak of the backward part (starts from kept plus grad(x_out)) */
 typedef struct rkm__option {
     rkm_step *steps;
     size_t n_fwd, n_bwd;
@@ -2543,12 +2551,12 @@ static int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
     uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0);
     if (!rkm__sim_run(s, o->steps, o->n_fwd, &r, NULL) || !s->D[b->out]) return 0;
     o->tf = r.time;
-    o->pf = r.peak - g->input_bytes;
-    o->kept = s->mem - base - g->tensors[b->out].bytes;
+    o->pf = r.peak;
+    o->kept = s->mem;
     if (b->out != g->loss) rkm__sim_give_grad(s, b->out);
     if (!rkm__sim_run(s, o->steps + o->n_fwd, o->n_bwd, &r, NULL)) return 0;
     o->tb = r.time;
-    o->pb = r.peak - g->input_bytes;
+    o->pb = r.peak;
     for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++)
         if (s->P[i] || (g->ops[i].has_bwd && !s->bwd_done[i])) return 0;
     uint64_t end = base + (b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0);
@@ -2565,7 +2573,7 @@ static int rkm__nosave_measure(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
     rkm__sim_give_tensor(s, b->in);
     if (!rkm__sim_run(s, bo->nosave, bo->n_nosave, &r, NULL) || !s->D[b->out]) return 0;
     bo->tfn = r.time;
-    bo->pfn = r.peak - g->input_bytes;
+    bo->pfn = r.peak;
     uint64_t end = g->input_bytes + g->tensors[b->out].bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0);
     return s->mem == end;
 }
@@ -2691,12 +2699,14 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  *   rkm__ilp_block_create(g, ops, n_ops, x_in, x_out, is_last, &b)
  *      builds the budget-independent model (the whole graph: x_in = -1,
  *      x_out = loss, is_last = 1: that is Checkmate's whole-graph form).
- *   rkm__ilp_block_solve(b, peak, kept, time_limit_s, &steps, &n_fwd, &n_bwd,
- *                        &stats, &found)
- *      least-time schedule whose replayed peak (absolute, inputs included) is
- *      <= peak and whose memory at the end of F is <= kept (UINT64_MAX: no
- *      limit). steps[0..n_fwd) is F, then n_bwd steps of B; the caller frees
- *      them with rkm__free(ctx, steps, (n_fwd + n_bwd) * sizeof *steps).
+ *   rkm__ilp_block_solve(b, peak_budget, kept_budget, time_limit_s, &steps,
+ *                        &n_fwd, &n_bwd, &stats, &found)
+ *      least-time schedule whose replayed peak is <= peak_budget and whose
+ *      memory at the end of F ("kept", x_in and x_out included) is <=
+ *      kept_budget (UINT64_MAX: no limit); absolute bytes, inputs included,
+ *      like every memory figure of a block (see section 8).
+ *      steps[0..n_fwd) is F, then n_bwd steps of B; the caller frees them
+ *      with rkm__free(ctx, steps, (n_fwd + n_bwd) * sizeof *steps).
  *      found = 0 (steps NULL) when no schedule fits; that is RKM_OK too.
  *      time_limit_s (<= 0: 1 s) is turned into work budgets (lp_solve
  *      callbacks, steps replayed by the greedy) worth about that much time,
@@ -2707,6 +2717,12 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
  *
+ * A block is four parts, each with one owner and its own init and free:
+ * rkm__ilp_shape (numbering and structure, fixed at create), rkm__ilp_model
+ * (the lprec and its column maps), rkm__ilp_memo (what solves learn: found
+ * schedules, budget pairs proven empty, the floors) and rkm__ilp_scratch
+ * (one solve's working memory, handed explicitly to the functions using it).
+ *
  * Shape of the model (docs: lpsolve.md, formulation `fb`): stage 0 runs the
  * forward ops in order, then stage t = 1..nb runs the recomputations it
  * chooses (topological order) and the t-th backward (reverse order). Stage 1
@@ -2714,8 +2730,8 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
  * made by block ops (S: live at a stage start), phantoms (RP: the one stage
  * whose run of the op saves it; it then lives until the op's backward) and
  * gradients (fixed by the backward order: constants). Memory is the chain of
- * Q columns (a node's peak, bounded by the budget); the kept budget is the
- * bound of the loss node's Q. Frees are continuous F columns (disaggregated).
+ * Q columns (a node's peak, bounded by the peak budget); the kept budget
+ * plus grad(x_out) is the bound of the loss node's Q. Frees are continuous F columns (disaggregated).
  * A solution is read out as "who runs where" only; the steps free every
  * tensor right after its last use, which never needs more memory than the
  * model counted. Every schedule is replayed by the simulator before use.
@@ -2766,7 +2782,8 @@ static rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, 
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
-    return RKM_ERROR_UNSUPPORTED;
+    /* No block, so no context for a message: rkm__ilp_block_create refused. */
+    return RKM_ERROR_UNSUPPORTED; /* internal */
 }
 
 static void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
@@ -2826,36 +2843,69 @@ typedef struct rkm__ilp_free {
 } rkm__ilp_free;
 
 /* A schedule as the model sees it: who runs in which stage, where each
- * phantom is saved; and its replayed figures. */
+ * phantom is saved; and its replayed figures (absolute bytes, like every
+ * memory figure and budget of the block ILP). */
 typedef struct rkm__ilp_sched {
     uint8_t *r;    /* [(nb+1)*n]: r[t*n+v], op v runs in stage t (row 0 all 1) */
     int32_t *save; /* [n]: stage of v's save run, -1 if none */
+    size_t r_bytes, n_save; /* allocated */
     uint64_t peak, kept;
     double time;
-    /* in the cache: proven optimal for every budget up to (bpeak, bkept) */
+    /* in the cache: proven optimal for every budget pair up to these */
     int proven;
-    uint64_t bpeak, bkept;
+    uint64_t peak_budget, kept_budget;
 } rkm__ilp_sched;
 
-/* Budgets proven to admit no schedule (nor does any smaller pair). */
+/* A budget pair proven to admit no schedule (nor does any smaller pair). */
 typedef struct rkm__ilp_none {
-    uint64_t peak, kept;
+    uint64_t peak_budget, kept_budget;
 } rkm__ilp_none;
 
 /* What a solve may spend: work units (deterministic) and a wall clock. */
-typedef struct rkm__ilp_budget {
+typedef struct rkm__ilp_work {
     double calls, max_calls; /* lp_solve abort-callback calls */
     double evals, max_evals; /* steps of the schedules the greedy replayed */
     double deadline;         /* rkm__now() past which everything stops */
-} rkm__ilp_budget;
+} rkm__ilp_work;
 
-static int rkm__ilp_spent(const rkm__ilp_budget *u, int greedy)
+static int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
     return rkm__now() > u->deadline;
 }
 
-struct rkm__ilp_block {
+/* The arrays of one part of a block, each recorded with its size when it
+ * is allocated, so that the part frees exactly what it took. */
+#define RKM__ILP_MAX_ARRAYS 16
+typedef struct rkm__ilp_arrays {
+    void **at[RKM__ILP_MAX_ARRAYS];
+    size_t bytes[RKM__ILP_MAX_ARRAYS];
+    int n;
+} rkm__ilp_arrays;
+
+/* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
+static int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
+{
+    void **p = where;
+    if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
+    *p = rkm__calloc(ctx, count, elem);
+    if (!*p) return 0;
+    a->at[a->n] = p;
+    a->bytes[a->n++] = count * elem;
+    return 1;
+}
+
+static void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
+{
+    for (int k = 0; k < a->n; k++) {
+        rkm__free(ctx, *a->at[k], a->bytes[k]);
+        *a->at[k] = NULL;
+    }
+    a->n = 0;
+}
+
+/* (a) The block: its numbering and structure, fixed once created. */
+typedef struct rkm__ilp_shape {
     const rkm_graph *g;
     rkm_context *ctx;
     int32_t n, nt, nb;        /* forward ops, block tensors, backward stages */
@@ -2865,17 +2915,22 @@ struct rkm__ilp_block {
     int32_t *tg;              /* [nt] global id of local tensor i */
     int32_t *tprod;           /* [nt] local producer of i */
     int32_t *rd_off, *rd;     /* readers of i among the block ops: rd[rd_off[i] .. rd_off[i+1]) */
-    int32_t n_rd;             /* rd's allocated length */
     int32_t *st;              /* [n] stage of v's backward, 0 if it has none */
     int32_t *bop;             /* [nb+1] local op whose backward is stage t */
     int32_t *need_o, *need_t; /* last stage where an op's run / a tensor can be useful */
     int32_t *last0;           /* [nt] last stage-0 node that touches i */
+    int32_t max_list;         /* longest in or saved list of an op, plus one */
     uint64_t static_bytes;    /* inputs + x_in: live all along */
     uint64_t *gstart;         /* [nb+2] gradient bytes live at the start of stage t */
     uint64_t *gnew, *gfree;   /* [nb+1] gradient bytes made / freed by stage t's backward */
     double base_time;         /* every forward once and every backward */
     double tscale, mscale;    /* objective and byte divisors */
-    /* the model */
+    rkm__ilp_arrays arrays;
+} rkm__ilp_shape;
+
+/* (b) The LP model of the block, budget-independent: budgets are bounds
+ * that each solve sets. */
+typedef struct rkm__ilp_model {
     lprec *lp;
     int32_t ncols, nrows;
     int32_t *colR, *colRP;    /* [(nb+1)*n], 0: no column */
@@ -2887,45 +2942,75 @@ struct rkm__ilp_block {
     int32_t n_fcand;
     int bad;                  /* a row that never holds: no schedule at any budget */
     double *x;                /* [ncols] solution */
-    /* schedules found so far (ring), and scratch */
-    rkm__ilp_sched cache[RKM__ILP_CACHE];
+    rkm__ilp_arrays arrays;
+} rkm__ilp_model;
+
+/* (c) What solves of the block learn and later solves use. */
+typedef struct rkm__ilp_memo {
+    rkm__ilp_sched cache[RKM__ILP_CACHE]; /* schedules found so far (ring) */
     int32_t n_cache, cache_next;
-    rkm__ilp_none none[RKM__ILP_CACHE];
+    rkm__ilp_none none[RKM__ILP_CACHE];   /* budget pairs proven empty (ring) */
     int32_t n_none, none_next;
-    uint64_t min_peak, min_kept; /* no schedule has a lower peak / kept memory */
-    rkm__ilp_sched tmp, best, alt, cand; /* scratch: a trial, the best, the greedy's two */
-    uint8_t *greedy_x;        /* [n] the greedy's recompute set: 0 keep, 1 always, 2 once */
-    uint8_t *seen2;           /* [n] greedy scratch */
-    int32_t *live;            /* [nt] emit scratch */
-    int32_t *rbuf;            /* [max_list] emit scratch: one op's in or saved list */
-    int32_t max_list;
-    size_t last_steps;        /* steps of the last schedule measured (work count) */
+    uint64_t min_peak, min_kept;          /* no schedule has a lower peak / kept memory */
+} rkm__ilp_memo;
+
+/* (d) Scratch of one solve, in three parts with one user each. Emitting and
+ * replaying a schedule (rkm__ilp_measure): */
+typedef struct rkm__ilp_replayer {
+    int32_t *live;     /* [nt] last event that touched a tensor */
+    int32_t *rbuf;     /* [max_list] one op's in or saved list */
+    size_t last_steps; /* steps of the last schedule measured (work count) */
     rkm__sim sim;
+} rkm__ilp_replayer;
+
+/* The greedy (rkm__ilp_greedy) and its two trial schedules: */
+typedef struct rkm__ilp_greedy_ws {
+    uint8_t *x;     /* [n] the recompute set: 0 keep, 1 always, 2 once */
+    uint8_t *seen2; /* [n] ops with x = 2 that have run again */
+    rkm__ilp_sched trial, alt;
+} rkm__ilp_greedy_ws;
+
+/* And rkm__ilp_block_solve's own two schedules. */
+typedef struct rkm__ilp_scratch {
+    rkm__ilp_replayer rp;
+    rkm__ilp_greedy_ws gr;
+    rkm__ilp_sched best;  /* the incumbent */
+    rkm__ilp_sched found; /* the greedy's result, then lp_solve's solution */
+    rkm__ilp_arrays arrays;
+} rkm__ilp_scratch;
+
+struct rkm__ilp_block {
+    rkm__ilp_shape shape;
+    rkm__ilp_model model;
+    rkm__ilp_memo memo;
+    rkm__ilp_scratch scratch;
 };
 
-static size_t rkm__ilp_rsize(const rkm__ilp_block *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
+static size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
-static rkm__ilp_free *rkm__ilp_fend(const rkm__ilp_block *b, int32_t k)
+static rkm__ilp_free *rkm__ilp_fend(const rkm__ilp_model *md, int32_t k)
 {
-    return b->fcand + (k + 1 < b->n_nodes ? b->node[k + 1].f0 : b->n_fcand);
+    return md->fcand + (k + 1 < md->n_nodes ? md->node[k + 1].f0 : md->n_fcand);
 }
 
-static int rkm__ilp_sched_alloc(rkm__ilp_block *b, rkm__ilp_sched *s)
+static int rkm__ilp_sched_alloc(const rkm__ilp_shape *b, rkm__ilp_sched *s)
 {
-    s->r = rkm__calloc(b->ctx, rkm__ilp_rsize(b) + 1, 1);
-    s->save = rkm__calloc(b->ctx, (size_t)b->n + 1, sizeof *s->save);
+    s->r_bytes = rkm__ilp_rsize(b) + 1;
+    s->n_save = (size_t)b->n + 1;
+    s->r = rkm__calloc(b->ctx, s->r_bytes, 1);
+    s->save = rkm__calloc(b->ctx, s->n_save, sizeof *s->save);
     return s->r && s->save;
 }
 
-static void rkm__ilp_sched_free(rkm__ilp_block *b, rkm__ilp_sched *s)
+static void rkm__ilp_sched_free(rkm_context *ctx, rkm__ilp_sched *s)
 {
-    rkm__free(b->ctx, s->r, rkm__ilp_rsize(b) + 1);
-    rkm__free(b->ctx, s->save, ((size_t)b->n + 1) * sizeof *s->save);
+    rkm__free(ctx, s->r, s->r_bytes);
+    rkm__free(ctx, s->save, s->n_save * sizeof *s->save);
     s->r = NULL;
     s->save = NULL;
 }
 
-static void rkm__ilp_sched_copy(const rkm__ilp_block *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
+static void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
 {
     memcpy(dst->r, src->r, rkm__ilp_rsize(b));
     memcpy(dst->save, src->save, (size_t)b->n * sizeof *dst->save);
@@ -2933,21 +3018,33 @@ static void rkm__ilp_sched_copy(const rkm__ilp_block *b, rkm__ilp_sched *dst, co
     dst->kept = src->kept;
     dst->time = src->time;
     dst->proven = src->proven;
-    dst->bpeak = src->bpeak;
-    dst->bkept = src->bkept;
+    dst->peak_budget = src->peak_budget;
+    dst->kept_budget = src->kept_budget;
 }
 
-static int rkm__ilp_phantom(const rkm__ilp_block *b, int32_t v)
+/* Report an error of block b: "block ILP: first..last: why". */
+static rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
+{
+    char why[RKM_ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return rkm__err(b->ctx, code, "block ILP: %s..%s: %s", b->g->ops[b->op[0]].name, b->g->ops[b->op[b->n - 1]].name,
+                    why);
+}
+
+static int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
 {
     const rkm__op *o = &b->g->ops[b->op[v]];
     return o->phantom > 0 && o->has_bwd;
 }
 
 /* Local tensor of global t if it is a block tensor, else -1. */
-static int32_t rkm__ilp_loc(const rkm__ilp_block *b, int32_t t) { return b->lt[t]; }
+static int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
 
 /* Does stage t's backward read block tensor i (saved)? */
-static int rkm__ilp_bwd_reads(const rkm__ilp_block *b, int32_t t, int32_t i)
+static int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
 {
     if (t < 1 || t > b->nb) return 0;
     const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
@@ -2962,7 +3059,7 @@ typedef struct rkm__ilp_out {
     size_t n_fwd;
 } rkm__ilp_out;
 
-static int rkm__ilp_push(rkm__ilp_block *b, rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
+static int rkm__ilp_push(const rkm__ilp_shape *b, rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
 {
     if (!rkm__reserve(b->ctx, (void **)&o->s, &o->cap, o->n + 1, sizeof *o->s)) return 0;
     o->s[o->n].kind = kind;
@@ -2979,7 +3076,7 @@ typedef struct rkm__ilp_event {
 
 /* Events of a schedule in order: stage 0's forwards, the loss node, then per
  * stage its recomputations and its backward. Returns the count. */
-static size_t rkm__ilp_events(const rkm__ilp_block *b, const rkm__ilp_sched *s, rkm__ilp_event *ev)
+static size_t rkm__ilp_events(const rkm__ilp_shape *b, const rkm__ilp_sched *s, rkm__ilp_event *ev)
 {
     size_t m = 0;
     for (int32_t v = 0; v < b->n; v++) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, 0};
@@ -2994,7 +3091,7 @@ static size_t rkm__ilp_events(const rkm__ilp_block *b, const rkm__ilp_sched *s, 
 
 /* Block tensors an event reads, through a callback-free list: fills buf
  * (capacity enough for any op's in/saved list) and returns the count. */
-static int32_t rkm__ilp_reads(const rkm__ilp_block *b, const rkm__ilp_event *e, int32_t *buf)
+static int32_t rkm__ilp_reads(const rkm__ilp_shape *b, const rkm__ilp_event *e, int32_t *buf)
 {
     int32_t k = 0;
     if (e->kind == RKM__ILP_NODE_LOSS) {
@@ -3022,7 +3119,8 @@ static int rkm__ilp_freeat_cmp(const void *a, const void *c)
 }
 
 /* Emit the main step of event e. */
-static int rkm__ilp_emit_event(rkm__ilp_block *b, const rkm__ilp_sched *s, const rkm__ilp_event *e, rkm__ilp_out *o)
+static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e,
+                               rkm__ilp_out *o)
 {
     const rkm_graph *g = b->g;
     if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(b, o, RKM_STEP_LOSS, g->loss, 0) : 1;
@@ -3033,7 +3131,7 @@ static int rkm__ilp_emit_event(rkm__ilp_block *b, const rkm__ilp_sched *s, const
 }
 
 /* After a backward: its saved state and its outputs' gradients are dead. */
-static int rkm__ilp_emit_bwd_frees(rkm__ilp_block *b, int32_t v, rkm__ilp_out *o)
+static int rkm__ilp_emit_bwd_frees(const rkm__ilp_shape *b, int32_t v, rkm__ilp_out *o)
 {
     const rkm__op *op = &b->g->ops[b->op[v]];
     if (op->phantom > 0 && !rkm__ilp_push(b, o, RKM_STEP_FREE_SAVED, b->op[v], 0)) return 0;
@@ -3042,42 +3140,54 @@ static int rkm__ilp_emit_bwd_frees(rkm__ilp_block *b, int32_t v, rkm__ilp_out *o
     return 1;
 }
 
-/* The steps of schedule s: events in order, each block tensor freed right
- * after its last use before it is made again (or right after it is made if
- * nothing reads it). o->s is allocated through the context (o->cap items). */
-static rkm_result rkm__ilp_emit(rkm__ilp_block *b, const rkm__ilp_sched *s, rkm__ilp_out *o)
+/* Free points of schedule s's block tensors, sorted: each right after its
+ * last use before it is made again, or right after it is made if nothing
+ * reads it. *fr is allocated through the context (*cap items). 0: no memory. */
+static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_event *ev, size_t m,
+                                rkm__ilp_freeat **fr, size_t *n_fr, size_t *cap)
+{
+    int32_t *live = rp->live;
+    int ok = 1;
+    for (int32_t i = 0; i < b->nt; i++) live[i] = -1;
+    /* Lifetimes: live[i] is the last event that touched i since it was made. */
+    for (size_t e = 0; e < m && ok; e++) {
+        int32_t nr = rkm__ilp_reads(b, &ev[e], rp->rbuf);
+        for (int32_t j = 0; j < nr; j++) live[rp->rbuf[j]] = (int32_t)e;
+        if (ev[e].kind != RKM__ILP_NODE_FWD) continue;
+        const rkm__op *op = &b->g->ops[b->op[ev[e].v]];
+        for (int32_t k = 0; k < op->n_out && ok; k++) {
+            int32_t i = rkm__ilp_loc(b, op->out[k]);
+            if (live[i] >= 0) {
+                ok = rkm__reserve(b->ctx, (void **)fr, cap, *n_fr + 1, sizeof **fr);
+                if (ok) (*fr)[(*n_fr)++] = (rkm__ilp_freeat){(size_t)live[i], i};
+            }
+            live[i] = (int32_t)e;
+        }
+    }
+    for (int32_t i = 0; i < b->nt && ok; i++)
+        if (live[i] >= 0) {
+            ok = rkm__reserve(b->ctx, (void **)fr, cap, *n_fr + 1, sizeof **fr);
+            if (ok) (*fr)[(*n_fr)++] = (rkm__ilp_freeat){(size_t)live[i], i};
+        }
+    if (ok && *n_fr) qsort(*fr, *n_fr, sizeof **fr, rkm__ilp_freeat_cmp);
+    return ok;
+}
+
+/* The steps of schedule s: events in order, each followed by the frees
+ * rkm__ilp_free_points puts there. o->s is allocated through the context
+ * (o->cap items). */
+static rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+                                rkm__ilp_out *o)
 {
     rkm_context *ctx = b->ctx;
     size_t cap_ev = (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
     rkm__ilp_event *ev = rkm__alloc(ctx, cap_ev * sizeof *ev);
     rkm__ilp_freeat *fr = NULL;
-    size_t n_fr = 0, cap_fr_now = 0;
-    int32_t *buf = b->rbuf;
+    size_t n_fr = 0, cap_fr = 0;
     int ok = ev != NULL;
     memset(o, 0, sizeof *o);
     size_t m = ok ? rkm__ilp_events(b, s, ev) : 0;
-    for (int32_t i = 0; i < b->nt; i++) b->live[i] = -1;
-    /* Lifetimes: live[i] is the last event that touched i since it was made. */
-    for (size_t e = 0; e < m && ok; e++) {
-        int32_t nr = rkm__ilp_reads(b, &ev[e], buf);
-        for (int32_t j = 0; j < nr; j++) b->live[buf[j]] = (int32_t)e;
-        if (ev[e].kind != RKM__ILP_NODE_FWD) continue;
-        const rkm__op *op = &b->g->ops[b->op[ev[e].v]];
-        for (int32_t k = 0; k < op->n_out && ok; k++) {
-            int32_t i = rkm__ilp_loc(b, op->out[k]);
-            if (b->live[i] >= 0) {
-                ok = rkm__reserve(ctx, (void **)&fr, &cap_fr_now, n_fr + 1, sizeof *fr);
-                if (ok) fr[n_fr++] = (rkm__ilp_freeat){(size_t)b->live[i], i};
-            }
-            b->live[i] = (int32_t)e;
-        }
-    }
-    for (int32_t i = 0; i < b->nt && ok; i++)
-        if (b->live[i] >= 0) {
-            ok = rkm__reserve(ctx, (void **)&fr, &cap_fr_now, n_fr + 1, sizeof *fr);
-            if (ok) fr[n_fr++] = (rkm__ilp_freeat){(size_t)b->live[i], i};
-        }
-    if (ok && n_fr) qsort(fr, n_fr, sizeof *fr, rkm__ilp_freeat_cmp);
+    ok = ok && rkm__ilp_free_points(b, rp, ev, m, &fr, &n_fr, &cap_fr);
     size_t f = 0;
     for (size_t e = 0; e < m && ok; e++) {
         ok = rkm__ilp_emit_event(b, s, &ev[e], o);
@@ -3086,19 +3196,18 @@ static rkm_result rkm__ilp_emit(rkm__ilp_block *b, const rkm__ilp_sched *s, rkm_
         if (ok && e + 1 < m && ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->n;
     }
     rkm__free(ctx, ev, cap_ev * sizeof *ev);
-    rkm__free(ctx, fr, cap_fr_now * sizeof *fr);
+    rkm__free(ctx, fr, cap_fr * sizeof *fr);
     if (!ok) {
         rkm__free(ctx, o->s, o->cap * sizeof *o->s);
         memset(o, 0, sizeof *o);
-        return rkm__nomem(ctx, "block ILP schedule");
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
     }
     return RKM_OK;
 }
 
 /* Does the simulator's state hold exactly the block's end state? */
-static int rkm__ilp_end_ok(const rkm__ilp_block *b)
+static int rkm__ilp_end_ok(const rkm__ilp_shape *b, const rkm__sim *s)
 {
-    const rkm__sim *s = &b->sim;
     const rkm_graph *g = b->g;
     for (int32_t v = 0; v < b->n; v++) {
         int32_t x = b->op[v];
@@ -3115,161 +3224,181 @@ static int rkm__ilp_end_ok(const rkm__ilp_block *b)
     return 1;
 }
 
-/* Replay a block schedule from the block's start state; fills the figures.
- * Returns 1 if it is valid and ends in the block's end state. */
-static int rkm__ilp_replay(rkm__ilp_block *b, const rkm_step *steps, size_t n_fwd, size_t n, uint64_t *peak,
-                           uint64_t *kept, double *time)
+/* Replay a block schedule from the block's start state; fills the figures
+ * of s (absolute bytes; kept: all that is live at the end of F). Returns 1
+ * if it is valid and ends in the block's end state. */
+static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__ilp_out *o, rkm__ilp_sched *s)
 {
-    rkm__sim *s = &b->sim;
     rkm_sim_result r1, r2;
-    rkm__sim_reset(s);
-    rkm__sim_give_tensor(s, b->x_in);
-    if (!rkm__sim_run(s, steps, n_fwd, &r1, NULL)) return 0;
-    *kept = s->mem;
-    if (!b->is_last) rkm__sim_give_grad(s, b->x_out);
-    if (!rkm__sim_run(s, steps + n_fwd, n - n_fwd, &r2, NULL)) return 0;
-    *peak = r1.peak > r2.peak ? r1.peak : r2.peak;
-    *time = r1.time + r2.time;
-    return rkm__ilp_end_ok(b);
+    rkm__sim_reset(sim);
+    rkm__sim_give_tensor(sim, b->x_in);
+    if (!rkm__sim_run(sim, o->s, o->n_fwd, &r1, NULL)) return 0;
+    s->kept = sim->mem;
+    if (!b->is_last) rkm__sim_give_grad(sim, b->x_out);
+    if (!rkm__sim_run(sim, o->s + o->n_fwd, o->n - o->n_fwd, &r2, NULL)) return 0;
+    s->peak = r1.peak > r2.peak ? r1.peak : r2.peak;
+    s->time = r1.time + r2.time;
+    return rkm__ilp_end_ok(b, sim);
 }
 
 /* Emit and replay schedule s, setting its figures. Returns 1 if valid;
  * RKM_ERROR_NOMEM is reported through *res. */
-static int rkm__ilp_measure(rkm__ilp_block *b, rkm__ilp_sched *s, rkm_result *res)
+static int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
 {
     rkm__ilp_out o;
-    *res = rkm__ilp_emit(b, s, &o);
+    *res = rkm__ilp_emit(b, rp, s, &o);
     if (*res) return 0;
-    int ok = rkm__ilp_replay(b, o.s, o.n_fwd, o.n, &s->peak, &s->kept, &s->time);
-    b->last_steps = o.n;
+    int ok = rkm__ilp_replay(b, &rp->sim, &o, s);
+    rp->last_steps = o.n;
     rkm__free(b->ctx, o.s, o.cap * sizeof *o.s);
     return ok;
 }
 
-static int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak, uint64_t kept)
+static int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
 {
-    return s->peak <= peak && s->kept <= kept;
+    return s->peak <= peak_budget && s->kept <= kept_budget;
 }
 
 /* ---- greedy: a recompute set -------------------------------------------- */
 
-/* Mark op v to run in stage row r when x says it does not keep its outputs
- * from earlier: 1, recompute in every stage that reads them; 2, recompute
- * in the first such stage and keep them (and the phantom) from there. */
-static void rkm__ilp_greedy_need(rkm__ilp_block *b, const uint8_t *x, uint8_t *r, int32_t v)
+/* Mark op v to run in stage row r when the recompute set says it does not
+ * keep its outputs from earlier: 1, recompute in every stage that reads
+ * them; 2, recompute in the first such stage and keep them (and the
+ * phantom) from there. */
+static void rkm__ilp_greedy_need(const rkm__ilp_greedy_ws *gw, uint8_t *r, int32_t v)
 {
-    if (x[v] == 1 || (x[v] == 2 && !b->seen2[v])) r[v] = 1;
+    if (gw->x[v] == 1 || (gw->x[v] == 2 && !gw->seen2[v])) r[v] = 1;
 }
 
-/* The schedule that recompute set x (greedy_x) describes: each stage
+/* The schedule that the recompute set gw->x describes: each stage
  * recomputes, from what is live, what its backward reads (the phantom of an
  * op with x != 0 included). */
-static void rkm__ilp_greedy_sched(rkm__ilp_block *b, const uint8_t *x, rkm__ilp_sched *s)
+static void rkm__ilp_greedy_sched(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_sched *s)
 {
     const rkm_graph *g = b->g;
+    const uint8_t *x = gw->x;
     size_t n = (size_t)b->n;
     memset(s->r, 0, rkm__ilp_rsize(b));
     memset(s->r, 1, n);
-    memset(b->seen2, 0, n);
+    memset(gw->seen2, 0, n);
     for (int32_t v = 0; v < b->n; v++) s->save[v] = !rkm__ilp_phantom(b, v) ? -1 : x[v] ? b->st[v] : 0;
     for (int32_t t = 1; t <= b->nb; t++) {
         uint8_t *r = s->r + (size_t)t * n;
         int32_t o = b->bop[t];
         const rkm__op *bo = &g->ops[b->op[o]];
-        if (rkm__ilp_phantom(b, o)) rkm__ilp_greedy_need(b, x, r, o);
+        if (rkm__ilp_phantom(b, o)) rkm__ilp_greedy_need(gw, r, o);
         for (int32_t k = 0; k < bo->n_saved; k++) {
             int32_t i = rkm__ilp_loc(b, bo->saved[k]);
-            if (i >= 0) rkm__ilp_greedy_need(b, x, r, b->tprod[i]);
+            if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
         }
         for (int32_t v = b->n; v-- > 0;) {
             if (!r[v]) continue;
             const rkm__op *op = &g->ops[b->op[v]];
             for (int32_t k = 0; k < op->n_in; k++) {
                 int32_t i = rkm__ilp_loc(b, op->in[k]);
-                if (i >= 0) rkm__ilp_greedy_need(b, x, r, b->tprod[i]);
+                if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
             }
         }
         for (int32_t v = 0; v < b->n; v++)
             if (r[v] && x[v] == 2) {
-                b->seen2[v] = 1;
+                gw->seen2[v] = 1;
                 if (rkm__ilp_phantom(b, v)) s->save[v] = t;
             }
     }
 }
 
 /* How far s is over the budgets (0: fits). */
-static uint64_t rkm__ilp_excess(const rkm__ilp_sched *s, uint64_t peak, uint64_t kept)
+static uint64_t rkm__ilp_excess(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
 {
-    uint64_t e = s->peak > peak ? s->peak - peak : 0;
-    uint64_t f = s->kept > kept ? s->kept - kept : 0;
+    uint64_t e = s->peak > peak_budget ? s->peak - peak_budget : 0;
+    uint64_t f = s->kept > kept_budget ? s->kept - kept_budget : 0;
     return e > UINT64_MAX - f ? UINT64_MAX : e + f;
 }
 
 /* Is a better than c: fitting first, then less excess, then less time? */
-static int rkm__ilp_better(const rkm__ilp_sched *a, const rkm__ilp_sched *c, uint64_t peak, uint64_t kept)
+static int rkm__ilp_better(const rkm__ilp_sched *a, const rkm__ilp_sched *c, uint64_t peak_budget,
+                           uint64_t kept_budget)
 {
-    uint64_t ea = rkm__ilp_excess(a, peak, kept), ec = rkm__ilp_excess(c, peak, kept);
+    uint64_t ea = rkm__ilp_excess(a, peak_budget, kept_budget), ec = rkm__ilp_excess(c, peak_budget, kept_budget);
     if (ea != ec) return ea < ec;
     return a->time < c->time;
 }
 
-/* Evaluate x with op v set to `val` into b->tmp. Returns 1 if valid. */
-static int rkm__ilp_greedy_try(rkm__ilp_block *b, int32_t v, uint8_t val, rkm_result *res)
+/* Evaluate the recompute set with op v set to `val` into gw->trial.
+ * Returns 1 if valid. */
+static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, int32_t v,
+                               uint8_t val, rkm_result *res)
 {
-    uint8_t keep = b->greedy_x[v];
-    b->greedy_x[v] = val;
-    rkm__ilp_greedy_sched(b, b->greedy_x, &b->tmp);
-    int ok = rkm__ilp_measure(b, &b->tmp, res);
-    b->greedy_x[v] = keep;
+    uint8_t keep = gw->x[v];
+    gw->x[v] = val;
+    rkm__ilp_greedy_sched(b, gw, &gw->trial);
+    int ok = rkm__ilp_measure(b, rp, &gw->trial, res);
+    gw->x[v] = keep;
     return ok;
 }
 
-/* Local search over recompute sets from x (greedy_x): take the change of one
- * op's mode that gives the best (excess, time) while it improves. Leaves the
- * best schedule in *out. */
-static rkm_result rkm__ilp_descend(rkm__ilp_block *b, uint64_t peak, uint64_t kept, rkm__ilp_budget *u,
+/* One round of the local search: every change of one op's mode, the best
+ * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
+ * *to its new mode. */
+static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                        uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                        rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
+{
+    rkm_result res = RKM_OK;
+    int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
+    *pick = -1;
+    for (int32_t v = 0; v < b->n; v++)
+        for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
+            if (val == gw->x[v]) continue;
+            int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);
+            work->evals += (double)rp->last_steps;
+            if (!ok) {
+                if (res) return res;
+                continue;
+            }
+            if (rkm__ilp_better(&gw->trial, out, peak_budget, kept_budget)) {
+                *pick = v;
+                *to = val;
+                rkm__ilp_sched_copy(b, out, &gw->trial);
+            }
+        }
+    return RKM_OK;
+}
+
+/* Local search over recompute sets from gw->x: take the change of one op's
+ * mode that gives the best (excess, time) while it improves. Leaves the
+ * best schedule in *out (not gw->trial or gw->alt). */
+static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                   uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
                                    rkm__ilp_sched *out)
 {
     rkm_result res = RKM_OK;
-    rkm__ilp_greedy_sched(b, b->greedy_x, out);
-    if (!rkm__ilp_measure(b, out, &res)) return res ? res : RKM_ERROR_SOLVER;
-    int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
-    for (int32_t round = 0; round < 4 * b->n && !rkm__ilp_spent(u, 1); round++) {
-        int32_t pick = -1;
+    rkm__ilp_greedy_sched(b, gw, out);
+    if (!rkm__ilp_measure(b, rp, out, &res)) {
+        if (res) return res;
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "the greedy's first schedule does not replay"); /* internal */
+    }
+    for (int32_t round = 0; round < 4 * b->n && !rkm__ilp_spent(work, 1); round++) {
+        int32_t pick;
         uint8_t to = 0;
-        for (int32_t v = 0; v < b->n; v++)
-            for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
-                if (val == b->greedy_x[v]) continue;
-                int ok = rkm__ilp_greedy_try(b, v, val, &res);
-                u->evals += (double)b->last_steps;
-                if (!ok) {
-                    if (res) return res;
-                    continue;
-                }
-                if (rkm__ilp_better(&b->tmp, out, peak, kept)) {
-                    pick = v;
-                    to = val;
-                    rkm__ilp_sched_copy(b, out, &b->tmp);
-                }
-            }
+        if ((res = rkm__ilp_greedy_round(b, gw, rp, peak_budget, kept_budget, work, out, &pick, &to))) return res;
         if (pick < 0) break;
-        b->greedy_x[pick] = to;
+        gw->x[pick] = to;
     }
     return RKM_OK;
 }
 
 /* Greedy: the local search from "recompute nothing" and from "recompute
- * everything", the better of the two in *out (valid, maybe not fitting;
- * not b->tmp or b->alt, which it uses). */
-static rkm_result rkm__ilp_greedy(rkm__ilp_block *b, uint64_t peak, uint64_t kept, rkm__ilp_budget *u,
-                                  rkm__ilp_sched *out)
+ * everything", the better of the two in *out (valid, maybe not fitting). */
+static rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                  uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out)
 {
-    memset(b->greedy_x, 1, (size_t)b->n);
-    rkm_result r = rkm__ilp_descend(b, peak, kept, u, &b->alt);
+    memset(gw->x, 1, (size_t)b->n);
+    rkm_result r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, &gw->alt);
     if (r) return r;
-    memset(b->greedy_x, 0, (size_t)b->n);
-    if ((r = rkm__ilp_descend(b, peak, kept, u, out))) return r;
-    if (rkm__ilp_better(&b->alt, out, peak, kept)) rkm__ilp_sched_copy(b, out, &b->alt);
+    memset(gw->x, 0, (size_t)b->n);
+    if ((r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, out))) return r;
+    if (rkm__ilp_better(&gw->alt, out, peak_budget, kept_budget)) rkm__ilp_sched_copy(b, out, &gw->alt);
     return RKM_OK;
 }
 
@@ -3277,7 +3406,7 @@ static rkm_result rkm__ilp_greedy(rkm__ilp_block *b, uint64_t peak, uint64_t kep
 
 /* Check the block against the graph: ops in topological order, reads only
  * inputs, x_in and block tensors, block tensors read outside only if x_out. */
-static rkm_result rkm__ilp_check(const rkm__ilp_block *b, const int32_t *opl)
+static rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
 {
     const rkm_graph *g = b->g;
     for (int32_t v = 0; v < b->n; v++) {
@@ -3286,11 +3415,11 @@ static rkm_result rkm__ilp_check(const rkm__ilp_block *b, const int32_t *opl)
             int32_t t = o->in[k];
             if (b->lt[t] >= 0 || t == b->x_in || (g->tensors[t].flags & RKM_TENSOR_INPUT)) {
                 if (t != b->x_out || b->is_last) continue;
-                return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %s reads the block's output %s", o->name,
-                                g->tensors[t].name);
+                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads the block's output %s", o->name,
+                                    g->tensors[t].name);
             }
-            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %s reads %s, made outside the block", o->name,
-                            g->tensors[t].name);
+            return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads %s, made outside the block", o->name,
+                                g->tensors[t].name);
         }
     }
     for (size_t x = 0; x < g->n_ops; x++) {
@@ -3298,20 +3427,20 @@ static rkm_result rkm__ilp_check(const rkm__ilp_block *b, const int32_t *opl)
         const rkm__op *o = &g->ops[x];
         for (int32_t k = 0; k < o->n_in; k++)
             if (b->lt[o->in[k]] >= 0 && o->in[k] != b->x_out)
-                return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: %s is read by op %s outside the block",
-                                g->tensors[o->in[k]].name, o->name);
+                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "%s is read by op %s outside the block",
+                                    g->tensors[o->in[k]].name, o->name);
     }
     if (b->x_in >= 0 && b->lt[b->x_in] >= 0)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: x_in %s is made inside the block", g->tensors[b->x_in].name);
-    if (b->lt[b->x_out] < 0) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: no block op makes x_out");
+        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_in %s is made inside the block", g->tensors[b->x_in].name);
+    if (b->lt[b->x_out] < 0) return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "no block op makes x_out");
     if (!g->tensors[b->x_out].has_grad)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: x_out %s has no gradient", g->tensors[b->x_out].name);
+        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_out %s has no gradient", g->tensors[b->x_out].name);
     return RKM_OK;
 }
 
 /* Stages (backwards in reverse order), readers, and how late each op and
- * tensor can be useful (need). */
-static void rkm__ilp_derive(rkm__ilp_block *b)
+ * tensor can be useful (need). fill: [nt] zeroed counters. */
+static void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
 {
     const rkm_graph *g = b->g;
     int32_t t = 0;
@@ -3332,7 +3461,7 @@ static void rkm__ilp_derive(rkm__ilp_block *b)
         for (int32_t k = 0; k < o->n_in; k++) {
             int32_t i = b->lt[o->in[k]];
             if (i < 0) continue;
-            b->rd[b->rd_off[i] + b->live[i]++] = v; /* live[]: fill counters, zeroed by the caller */
+            b->rd[b->rd_off[i] + fill[i]++] = v;
             b->last0[i] = v;
         }
     }
@@ -3353,7 +3482,7 @@ static void rkm__ilp_derive(rkm__ilp_block *b)
 }
 
 /* Sum of bytes of the block tensors in a list. */
-static uint64_t rkm__ilp_list_bytes(const rkm__ilp_block *b, const int32_t *list, int32_t n)
+static uint64_t rkm__ilp_list_bytes(const rkm__ilp_shape *b, const int32_t *list, int32_t n)
 {
     uint64_t m = 0;
     for (int32_t k = 0; k < n; k++)
@@ -3364,32 +3493,31 @@ static uint64_t rkm__ilp_list_bytes(const rkm__ilp_block *b, const int32_t *list
 /* What must be live at some node of every schedule: x_out (and its
  * gradient) at the boundary, an op's inputs and outputs in the forward pass,
  * a backward's saved tensors, phantom and gradients. */
-static void rkm__ilp_floors(rkm__ilp_block *b)
+static void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
 {
     const rkm_graph *g = b->g;
     uint64_t xo = g->tensors[b->x_out].bytes;
-    b->min_kept = b->static_bytes + xo;
-    b->min_peak = b->min_kept + xo;
+    memo->min_kept = b->static_bytes + xo;
+    memo->min_peak = memo->min_kept + xo;
     for (int32_t v = 0; v < b->n; v++) {
         const rkm__op *o = &g->ops[b->op[v]];
         uint64_t m = b->static_bytes + rkm__ilp_list_bytes(b, o->in, o->n_in) + rkm__ilp_list_bytes(b, o->out, o->n_out);
-        if (m + o->fwd_ws > b->min_peak) b->min_peak = m + o->fwd_ws;
+        if (m + o->fwd_ws > memo->min_peak) memo->min_peak = m + o->fwd_ws;
         int32_t t = b->st[v];
         if (!t) continue;
         m = b->static_bytes + (t == 1 ? xo : b->gstart[t]) + b->gnew[t] + o->bwd_ws + o->phantom +
             rkm__ilp_list_bytes(b, o->saved, o->n_saved);
-        if (m > b->min_peak) b->min_peak = m;
+        if (m > memo->min_peak) memo->min_peak = m;
     }
 }
 
-/* Gradient bytes along the backward order (fixed, so constants), static
- * bytes, base time and the two scales. */
-static rkm_result rkm__ilp_constants(rkm__ilp_block *b)
+/* Gradient bytes along the backward order (fixed, so constants). */
+static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
 {
     const rkm_graph *g = b->g;
     uint8_t *gl = rkm__calloc(b->ctx, g->n_tensors + 1, 1);
-    if (!gl) return rkm__nomem(b->ctx, "block ILP");
-    uint64_t live = g->tensors[b->x_out].bytes, mx = 1;
+    if (!gl) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the gradient bytes");
+    uint64_t live = g->tensors[b->x_out].bytes;
     gl[b->x_out] = 1;
     b->gstart[1] = 0;
     for (int32_t t = 1; t <= b->nb; t++) {
@@ -3410,6 +3538,16 @@ static rkm_result rkm__ilp_constants(rkm__ilp_block *b)
     }
     b->gstart[b->nb + 1] = live;
     rkm__free(b->ctx, gl, g->n_tensors + 1);
+    return RKM_OK;
+}
+
+/* Gradient bytes, static bytes, base time and the two scales. */
+static rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    uint64_t mx = 1;
+    rkm_result r = rkm__ilp_grad_bytes(b);
+    if (r) return r;
     b->static_bytes = g->input_bytes;
     if (b->x_in >= 0 && !(g->tensors[b->x_in].flags & RKM_TENSOR_INPUT)) b->static_bytes += g->tensors[b->x_in].bytes;
     b->base_time = 0;
@@ -3425,7 +3563,6 @@ static rkm_result rkm__ilp_constants(rkm__ilp_block *b)
         if (m > mx) mx = m;
     }
     if (!(b->tscale > 0)) b->tscale = 1;
-    rkm__ilp_floors(b);
     /* A power of two: bytes / mscale is exact in a double. */
     b->mscale = 1;
     while (b->mscale * 2 <= (double)mx) b->mscale *= 2;
@@ -3434,28 +3571,29 @@ static rkm_result rkm__ilp_constants(rkm__ilp_block *b)
 
 /* ---- the model ----------------------------------------------------------- */
 
-static int32_t rkm__ilp_R(const rkm__ilp_block *b, int32_t t, int32_t v)
+static int32_t rkm__ilp_R(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t t, int32_t v)
 {
-    return t == 0 ? RKM__ILP_ONE : b->colR[(size_t)t * (size_t)b->n + (size_t)v];
+    return t == 0 ? RKM__ILP_ONE : md->colR[(size_t)t * (size_t)b->n + (size_t)v];
 }
 
-static int32_t rkm__ilp_RP(const rkm__ilp_block *b, int32_t t, int32_t v)
+static int32_t rkm__ilp_RP(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t t, int32_t v)
 {
-    return b->colRP[(size_t)t * (size_t)b->n + (size_t)v];
+    return md->colRP[(size_t)t * (size_t)b->n + (size_t)v];
 }
 
-static int32_t rkm__ilp_S(const rkm__ilp_block *b, int32_t t, int32_t i)
+static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t t, int32_t i)
 {
-    return t >= 1 && t <= b->nb + 1 ? b->colS[(size_t)t * (size_t)b->nt + (size_t)i] : 0;
+    return t >= 1 && t <= b->nb + 1 ? md->colS[(size_t)t * (size_t)b->nt + (size_t)i] : 0;
 }
 
 /* Append a node (and its free candidates: block tensors it reads or makes,
  * unless the stage's backward is sure to read them later). */
-static void rkm__ilp_add_node(rkm__ilp_block *b, int32_t t, int kind, int32_t v, int32_t *c, int32_t *nn, int32_t *nf)
+static void rkm__ilp_add_node(const rkm__ilp_shape *b, rkm__ilp_model *md, int32_t t, int kind, int32_t v, int32_t *c,
+                              int32_t *nn, int32_t *nf)
 {
     const rkm_graph *g = b->g;
     int32_t q = ++*c;
-    if (b->node) b->node[*nn] = (rkm__ilp_node){kind, v, q, *nf};
+    if (md->node) md->node[*nn] = (rkm__ilp_node){kind, v, q, *nf};
     ++*nn;
     if (t == 0) return; /* stage 0 frees are fixed by S[1] */
     const rkm__op *o = v >= 0 ? &g->ops[b->op[v]] : NULL;
@@ -3472,38 +3610,38 @@ static void rkm__ilp_add_node(rkm__ilp_block *b, int32_t t, int kind, int32_t v,
             int32_t i = b->lt[list[k]];
             if (i < 0 || (kind == RKM__ILP_NODE_FWD && rkm__ilp_bwd_reads(b, t, i))) continue;
             int32_t f = ++*c;
-            if (b->node) b->fcand[*nf] = (rkm__ilp_free){i, f};
+            if (md->node) md->fcand[*nf] = (rkm__ilp_free){i, f};
             ++*nf;
         }
     }
 }
 
 /* Give every variable its column; list each stage's nodes. Counting pass
- * when b->node is NULL (column numbers are the same in both passes). */
-static void rkm__ilp_columns(rkm__ilp_block *b)
+ * when md->node is NULL (column numbers are the same in both passes). */
+static void rkm__ilp_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
 {
     int32_t c = 0, nn = 0, nf = 0, xo = b->lt[b->x_out];
     for (int32_t t = 1; t <= b->nb; t++)
         for (int32_t v = 0; v < b->n; v++)
-            if (b->need_o[v] >= t) b->colR[(size_t)t * (size_t)b->n + (size_t)v] = ++c;
+            if (b->need_o[v] >= t) md->colR[(size_t)t * (size_t)b->n + (size_t)v] = ++c;
     for (int32_t t = 0; t <= b->nb; t++)
         for (int32_t v = 0; v < b->n; v++)
-            if (rkm__ilp_phantom(b, v) && t <= b->st[v]) b->colRP[(size_t)t * (size_t)b->n + (size_t)v] = ++c;
+            if (rkm__ilp_phantom(b, v) && t <= b->st[v]) md->colRP[(size_t)t * (size_t)b->n + (size_t)v] = ++c;
     for (int32_t t = 1; t <= b->nb; t++)
         for (int32_t i = 0; i < b->nt; i++)
             if (t <= b->need_t[i])
-                b->colS[(size_t)t * (size_t)b->nt + (size_t)i] = t == 1 && i == xo ? RKM__ILP_ONE : ++c;
+                md->colS[(size_t)t * (size_t)b->nt + (size_t)i] = t == 1 && i == xo ? RKM__ILP_ONE : ++c;
     for (int32_t t = 0; t <= b->nb; t++) {
-        if (b->node) b->node_off[t] = nn;
-        if (t == 1) rkm__ilp_add_node(b, t, RKM__ILP_NODE_LOSS, -1, &c, &nn, &nf);
+        if (md->node) md->node_off[t] = nn;
+        if (t == 1) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_LOSS, -1, &c, &nn, &nf);
         for (int32_t v = 0; v < b->n; v++)
-            if (rkm__ilp_R(b, t, v)) rkm__ilp_add_node(b, t, RKM__ILP_NODE_FWD, v, &c, &nn, &nf);
-        if (t >= 1) rkm__ilp_add_node(b, t, RKM__ILP_NODE_BWD, b->bop[t], &c, &nn, &nf);
+            if (rkm__ilp_R(b, md, t, v)) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_FWD, v, &c, &nn, &nf);
+        if (t >= 1) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_BWD, b->bop[t], &c, &nn, &nf);
     }
-    if (b->node) b->node_off[b->nb + 1] = nn;
-    b->ncols = c;
-    b->n_nodes = nn;
-    b->n_fcand = nf;
+    if (md->node) md->node_off[b->nb + 1] = nn;
+    md->ncols = c;
+    md->n_nodes = nn;
+    md->n_fcand = nf;
 }
 
 /* A row being built: coefficients merged per column, constants apart. */
@@ -3531,7 +3669,7 @@ static void rkm__ilp_term(rkm__ilp_row *w, int32_t ref, double coef)
 }
 
 /* Send the row `lhs type rhs` to lp_solve and reset the builder. */
-static void rkm__ilp_emit_row(rkm__ilp_block *b, rkm__ilp_row *w, int type, double rhs)
+static void rkm__ilp_emit_row(rkm__ilp_model *md, rkm__ilp_row *w, int type, double rhs)
 {
     int m = 0;
     for (int j = 0; j < w->n; j++) {
@@ -3546,7 +3684,7 @@ static void rkm__ilp_emit_row(rkm__ilp_block *b, rkm__ilp_row *w, int type, doub
     rhs -= w->k;
     if (m == 0) {
         if ((type == LE && rhs < -1e-9) || (type == GE && rhs > 1e-9) || (type == EQ && fabs(rhs) > 1e-9)) w->bad = 1;
-    } else if (!add_constraintex(b->lp, m, w->val, w->col, type, rhs)) {
+    } else if (!add_constraintex(md->lp, m, w->val, w->col, type, rhs)) {
         w->failed = 1;
     }
     w->n = 0;
@@ -3554,21 +3692,22 @@ static void rkm__ilp_emit_row(rkm__ilp_block *b, rkm__ilp_row *w, int type, doub
 }
 
 /* Stage of node k. */
-static int32_t rkm__ilp_stage_of(const rkm__ilp_block *b, int32_t k)
+static int32_t rkm__ilp_stage_of(const rkm__ilp_model *md, int32_t k)
 {
     int32_t t = 0;
-    while (k >= b->node_off[t + 1]) t++;
+    while (k >= md->node_off[t + 1]) t++;
     return t;
 }
 
-/* Row sets of the model; see the comment at the top of the section. */
-static void rkm__ilp_rows_deps(rkm__ilp_block *b, rkm__ilp_row *w)
+/* Row sets of the model (see the comment at the top of the section).
+ * Dependencies, and recompute only what is not live. */
+static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
 {
     const rkm_graph *g = b->g;
-    for (int32_t k = b->node_off[1]; k < b->n_nodes; k++) {
-        const rkm__ilp_node *nd = &b->node[k];
+    for (int32_t k = md->node_off[1]; k < md->n_nodes; k++) {
+        const rkm__ilp_node *nd = &md->node[k];
         if (nd->kind == RKM__ILP_NODE_LOSS) continue;
-        int32_t t = rkm__ilp_stage_of(b, k);
+        int32_t t = rkm__ilp_stage_of(md, k);
         const rkm__op *o = &g->ops[b->op[nd->v]];
         int fwd = nd->kind == RKM__ILP_NODE_FWD;
         const int32_t *list = fwd ? o->in : o->saved;
@@ -3576,10 +3715,10 @@ static void rkm__ilp_rows_deps(rkm__ilp_block *b, rkm__ilp_row *w)
             int32_t i = b->lt[list[j]];
             if (i < 0) continue;
             /* fwd: R[t,v] <= R[t,p] + S[t,i];  bwd: R[t,p] + S[t,i] >= 1 */
-            if (fwd) rkm__ilp_term(w, rkm__ilp_R(b, t, nd->v), 1);
-            rkm__ilp_term(w, rkm__ilp_R(b, t, b->tprod[i]), fwd ? -1 : 1);
-            rkm__ilp_term(w, rkm__ilp_S(b, t, i), fwd ? -1 : 1);
-            rkm__ilp_emit_row(b, w, fwd ? LE : GE, fwd ? 0 : 1);
+            if (fwd) rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), fwd ? -1 : 1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), fwd ? -1 : 1);
+            rkm__ilp_emit_row(md, w, fwd ? LE : GE, fwd ? 0 : 1);
         }
         if (!fwd) continue;
         for (int32_t j = 0; j < o->n_out; j++) {
@@ -3587,36 +3726,41 @@ static void rkm__ilp_rows_deps(rkm__ilp_block *b, rkm__ilp_row *w)
              * loss node may free x_out before stage 1 recomputes it (counted
              * as new memory: exact or more) */
             if (t == 1 && o->out[j] == b->x_out) continue;
-            rkm__ilp_term(w, rkm__ilp_R(b, t, nd->v), 1);
-            rkm__ilp_term(w, rkm__ilp_S(b, t, b->lt[o->out[j]]), 1);
-            rkm__ilp_emit_row(b, w, LE, 1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, b->lt[o->out[j]]), 1);
+            rkm__ilp_emit_row(md, w, LE, 1);
         }
     }
+}
+
+/* Checkpoint continuity and the phantoms' save runs. */
+static void rkm__ilp_rows_carry(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
     for (int32_t i = 0; i < b->nt; i++) /* S[t+1,i] <= S[t,i] + R[t,p] */
         for (int32_t t = 1; t < b->need_t[i]; t++) {
-            rkm__ilp_term(w, rkm__ilp_S(b, t + 1, i), 1);
-            rkm__ilp_term(w, rkm__ilp_S(b, t, i), -1);
-            rkm__ilp_term(w, rkm__ilp_R(b, t, b->tprod[i]), -1);
-            rkm__ilp_emit_row(b, w, LE, 0);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), 1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), -1);
+            rkm__ilp_emit_row(md, w, LE, 0);
         }
     for (int32_t v = 0; v < b->n; v++) { /* one save run, on a run: sum_t RP[t,v] = 1, RP <= R */
         if (!rkm__ilp_phantom(b, v)) continue;
-        for (int32_t t = 0; t <= b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, t, v), 1);
-        rkm__ilp_emit_row(b, w, EQ, 1);
+        for (int32_t t = 0; t <= b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
+        rkm__ilp_emit_row(md, w, EQ, 1);
         for (int32_t t = 1; t <= b->st[v]; t++) {
-            rkm__ilp_term(w, rkm__ilp_RP(b, t, v), 1);
-            rkm__ilp_term(w, rkm__ilp_R(b, t, v), -1);
-            rkm__ilp_emit_row(b, w, LE, 0);
+            rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -1);
+            rkm__ilp_emit_row(md, w, LE, 0);
         }
         /* dominance: an op recomputed in its own backward's stage saves there */
-        for (int32_t t = 0; t < b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, t, v), 1);
-        rkm__ilp_term(w, rkm__ilp_R(b, b->st[v], v), 1);
-        rkm__ilp_emit_row(b, w, LE, 1);
+        for (int32_t t = 0; t < b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
+        rkm__ilp_term(w, rkm__ilp_R(b, md, b->st[v], v), 1);
+        rkm__ilp_emit_row(md, w, LE, 1);
     }
 }
 
 /* Is later node j (same stage) a recomputation reading block tensor i? */
-static int rkm__ilp_node_reads(const rkm__ilp_block *b, const rkm__ilp_node *nd, int32_t i)
+static int rkm__ilp_node_reads(const rkm__ilp_shape *b, const rkm__ilp_node *nd, int32_t i)
 {
     if (nd->kind != RKM__ILP_NODE_FWD) return 0;
     const rkm__op *o = &b->g->ops[b->op[nd->v]];
@@ -3626,30 +3770,30 @@ static int rkm__ilp_node_reads(const rkm__ilp_block *b, const rkm__ilp_node *nd,
 /* F[t,i,k] <= R[t,k];  F + S[t+1,i] <= 1;  F + R[t,j] <= 1 for later readers j.
  * The loss node may free x_out only if stage 1 makes it again before the
  * backward reads it or stage 2 keeps it: there the hazards allow R[1,p]. */
-static void rkm__ilp_rows_frees(rkm__ilp_block *b, rkm__ilp_row *w)
+static void rkm__ilp_rows_frees(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
 {
-    for (int32_t k = b->node_off[1]; k < b->n_nodes; k++) {
-        const rkm__ilp_node *nd = &b->node[k];
-        int32_t t = rkm__ilp_stage_of(b, k), end = b->node_off[t + 1];
+    for (int32_t k = md->node_off[1]; k < md->n_nodes; k++) {
+        const rkm__ilp_node *nd = &md->node[k];
+        int32_t t = rkm__ilp_stage_of(md, k), end = md->node_off[t + 1];
         int loss = nd->kind == RKM__ILP_NODE_LOSS;
-        int32_t remake = loss ? rkm__ilp_R(b, 1, b->tprod[b->lt[b->x_out]]) : 0;
-        for (const rkm__ilp_free *f = b->fcand + nd->f0; f < rkm__ilp_fend(b, k); f++) {
+        int32_t remake = loss ? rkm__ilp_R(b, md, 1, b->tprod[b->lt[b->x_out]]) : 0;
+        for (const rkm__ilp_free *f = md->fcand + nd->f0; f < rkm__ilp_fend(md, k); f++) {
             if (nd->kind == RKM__ILP_NODE_FWD || (loss && rkm__ilp_bwd_reads(b, 1, f->i))) {
                 rkm__ilp_term(w, f->col, 1);
-                rkm__ilp_term(w, loss ? remake : rkm__ilp_R(b, t, nd->v), -1);
-                rkm__ilp_emit_row(b, w, LE, 0);
+                rkm__ilp_term(w, loss ? remake : rkm__ilp_R(b, md, t, nd->v), -1);
+                rkm__ilp_emit_row(md, w, LE, 0);
             }
-            if (rkm__ilp_S(b, t + 1, f->i)) {
+            if (rkm__ilp_S(b, md, t + 1, f->i)) {
                 rkm__ilp_term(w, f->col, 1);
-                rkm__ilp_term(w, rkm__ilp_S(b, t + 1, f->i), 1);
+                rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, f->i), 1);
                 rkm__ilp_term(w, remake, -1);
-                rkm__ilp_emit_row(b, w, LE, 1);
+                rkm__ilp_emit_row(md, w, LE, 1);
             }
             for (int32_t j = k + 1; j < end; j++)
-                if (rkm__ilp_node_reads(b, &b->node[j], f->i)) {
+                if (rkm__ilp_node_reads(b, &md->node[j], f->i)) {
                     rkm__ilp_term(w, f->col, 1);
-                    rkm__ilp_term(w, rkm__ilp_R(b, t, b->node[j].v), 1);
-                    rkm__ilp_emit_row(b, w, LE, 1);
+                    rkm__ilp_term(w, rkm__ilp_R(b, md, t, md->node[j].v), 1);
+                    rkm__ilp_emit_row(md, w, LE, 1);
                 }
         }
     }
@@ -3658,87 +3802,90 @@ static void rkm__ilp_rows_frees(rkm__ilp_block *b, rkm__ilp_row *w)
 /* Memory: Q[k] = what the previous node left + what node k makes + its
  * workspace. Stage 0 frees each tensor after its last stage-0 use unless
  * kept (S[1]); later stages start from what is kept. In mscale units. */
-static void rkm__ilp_rows_memory(rkm__ilp_block *b, rkm__ilp_row *w)
+static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
 {
     const rkm_graph *g = b->g;
     double ms = b->mscale;
-    for (int32_t k = 0; k < b->n_nodes; k++) {
-        const rkm__ilp_node *nd = &b->node[k];
-        int32_t t = rkm__ilp_stage_of(b, k), v = nd->v;
+    for (int32_t k = 0; k < md->n_nodes; k++) {
+        const rkm__ilp_node *nd = &md->node[k];
+        int32_t t = rkm__ilp_stage_of(md, k), v = nd->v;
         const rkm__op *o = v >= 0 ? &g->ops[b->op[v]] : NULL;
         rkm__ilp_term(w, nd->q, 1);
-        if (k > b->node_off[t]) { /* what node k-1 left */
-            const rkm__ilp_node *pv = &b->node[k - 1];
+        if (k > md->node_off[t]) { /* what node k-1 left */
+            const rkm__ilp_node *pv = &md->node[k - 1];
             const rkm__op *po = pv->v >= 0 ? &g->ops[b->op[pv->v]] : NULL;
             rkm__ilp_term(w, pv->q, -1);
-            if (pv->kind == RKM__ILP_NODE_FWD) rkm__ilp_term(w, rkm__ilp_R(b, t, pv->v), (double)po->fwd_ws / ms);
+            if (pv->kind == RKM__ILP_NODE_FWD) rkm__ilp_term(w, rkm__ilp_R(b, md, t, pv->v), (double)po->fwd_ws / ms);
             if (pv->kind == RKM__ILP_NODE_BWD)
                 rkm__ilp_term(w, RKM__ILP_ONE, ((double)po->bwd_ws + (double)b->gfree[t] + (double)po->phantom) / ms);
-            for (const rkm__ilp_free *f = b->fcand + pv->f0; t > 0 && f < rkm__ilp_fend(b, k - 1); f++)
+            for (const rkm__ilp_free *f = md->fcand + pv->f0; t > 0 && f < rkm__ilp_fend(md, k - 1); f++)
                 rkm__ilp_term(w, f->col, (double)g->tensors[b->tg[f->i]].bytes / ms);
             for (int32_t i = 0; t == 0 && i < b->nt; i++)
                 if (b->last0[i] == pv->v) {
                     rkm__ilp_term(w, RKM__ILP_ONE, (double)g->tensors[b->tg[i]].bytes / ms);
-                    rkm__ilp_term(w, rkm__ilp_S(b, 1, i), -(double)g->tensors[b->tg[i]].bytes / ms);
+                    rkm__ilp_term(w, rkm__ilp_S(b, md, 1, i), -(double)g->tensors[b->tg[i]].bytes / ms);
                 }
         } else { /* the stage start */
             rkm__ilp_term(w, RKM__ILP_ONE, -(double)(b->static_bytes + b->gstart[t]) / ms);
             for (int32_t i = 0; i < b->nt; i++)
-                rkm__ilp_term(w, rkm__ilp_S(b, t, i), -(double)g->tensors[b->tg[i]].bytes / ms);
+                rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -(double)g->tensors[b->tg[i]].bytes / ms);
             for (int32_t u = 0; u < b->n; u++)
                 for (int32_t t0 = 0; t0 < t && rkm__ilp_phantom(b, u) && t <= b->st[u]; t0++)
-                    rkm__ilp_term(w, rkm__ilp_RP(b, t0, u), -(double)g->ops[b->op[u]].phantom / ms);
+                    rkm__ilp_term(w, rkm__ilp_RP(b, md, t0, u), -(double)g->ops[b->op[u]].phantom / ms);
         }
         if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
         if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
         if (nd->kind == RKM__ILP_NODE_FWD) {
             double made = (double)o->fwd_ws;
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
-            rkm__ilp_term(w, rkm__ilp_R(b, t, v), -made / ms);
-            if (rkm__ilp_phantom(b, v) && t <= b->st[v]) rkm__ilp_term(w, rkm__ilp_RP(b, t, v), -(double)o->phantom / ms);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -made / ms);
+            if (rkm__ilp_phantom(b, v) && t <= b->st[v])
+                rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -(double)o->phantom / ms);
         }
-        rkm__ilp_emit_row(b, w, EQ, 0);
+        rkm__ilp_emit_row(md, w, EQ, 0);
     }
 }
 
 /* Dominance: keep a tensor only if a stage reads or carries it; recompute an
  * op only if something later in the stage reads it, carries it or its
  * phantom is saved. They cut equivalent schedules, not the optimum. */
-static void rkm__ilp_rows_dominance(rkm__ilp_block *b, rkm__ilp_row *w)
+static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
 {
     const rkm_graph *g = b->g;
     int32_t xo = b->lt[b->x_out];
     for (int32_t t = 1; t <= b->nb; t++) {
         for (int32_t i = 0; i < b->nt; i++) {
-            if (rkm__ilp_S(b, t, i) <= 0 || rkm__ilp_bwd_reads(b, t, i) || (t == 1 && i == xo)) continue;
-            rkm__ilp_term(w, rkm__ilp_S(b, t, i), 1);
-            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++) rkm__ilp_term(w, rkm__ilp_R(b, t, b->rd[j]), -1);
-            rkm__ilp_term(w, rkm__ilp_S(b, t + 1, i), -1);
-            rkm__ilp_emit_row(b, w, LE, 0);
+            if (rkm__ilp_S(b, md, t, i) <= 0 || rkm__ilp_bwd_reads(b, t, i) || (t == 1 && i == xo)) continue;
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), 1);
+            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
+            rkm__ilp_emit_row(md, w, LE, 0);
         }
         for (int32_t v = 0; v < b->n; v++) {
-            if (!rkm__ilp_R(b, t, v)) continue;
+            if (!rkm__ilp_R(b, md, t, v)) continue;
             const rkm__op *o = &g->ops[b->op[v]];
             int sure = 0;
             for (int32_t k = 0; k < o->n_out; k++) sure |= rkm__ilp_bwd_reads(b, t, b->lt[o->out[k]]);
             if (sure) continue;
-            rkm__ilp_term(w, rkm__ilp_R(b, t, v), 1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), 1);
             for (int32_t k = 0; k < o->n_out; k++) {
                 int32_t i = b->lt[o->out[k]];
-                for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++) rkm__ilp_term(w, rkm__ilp_R(b, t, b->rd[j]), -1);
-                rkm__ilp_term(w, rkm__ilp_S(b, t + 1, i), -1);
+                for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                    rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
+                rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
             }
-            rkm__ilp_term(w, rkm__ilp_RP(b, t, v), -1);
-            rkm__ilp_emit_row(b, w, LE, 0);
+            rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -1);
+            rkm__ilp_emit_row(md, w, LE, 0);
         }
     }
 }
 
 /* ---- lp_solve ------------------------------------------------------------ */
 
-static int __WINAPI rkm__ilp_abortfn(lprec *lp, void *budget)
+static int __WINAPI rkm__ilp_abortfn(lprec *lp, void *work)
 {
-    rkm__ilp_budget *u = budget;
+    rkm__ilp_work *u = work;
     (void)lp;
     u->calls++;
     return rkm__ilp_spent(u, 0) ? TRUE : FALSE;
@@ -3751,7 +3898,7 @@ static void __WINAPI rkm__ilp_logfn(lprec *lp, void *ctx, char *buf)
 }
 
 /* The objective of a schedule: recomputation time in tscale units. */
-static double rkm__ilp_obj(const rkm__ilp_block *b, const rkm__ilp_sched *s)
+static double rkm__ilp_obj(const rkm__ilp_shape *b, const rkm__ilp_sched *s)
 {
     double z = 0;
     for (int32_t t = 1; t <= b->nb; t++)
@@ -3760,99 +3907,123 @@ static double rkm__ilp_obj(const rkm__ilp_block *b, const rkm__ilp_sched *s)
     return z;
 }
 
-/* Build the lprec (under the lock): columns, objective, rows, settings. */
-static rkm_result rkm__ilp_build(rkm__ilp_block *b)
+/* The row builder's arrays, for nc - 1 columns. 0: no memory. */
+static int rkm__ilp_row_init(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
 {
-    rkm_context *ctx = b->ctx;
-    size_t nc = (size_t)b->ncols + 1;
-    rkm__ilp_row w = {0};
-    w.col = rkm__alloc(ctx, nc * sizeof *w.col);
-    w.val = rkm__alloc(ctx, nc * sizeof *w.val);
-    w.dense = rkm__calloc(ctx, nc, sizeof *w.dense);
-    w.seen = rkm__calloc(ctx, nc, 1);
+    memset(w, 0, sizeof *w);
+    w->col = rkm__alloc(ctx, nc * sizeof *w->col);
+    w->val = rkm__alloc(ctx, nc * sizeof *w->val);
+    w->dense = rkm__calloc(ctx, nc, sizeof *w->dense);
+    w->seen = rkm__calloc(ctx, nc, 1);
+    return w->col && w->val && w->dense && w->seen;
+}
+
+static void rkm__ilp_row_free(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
+{
+    rkm__free(ctx, w->col, nc * sizeof *w->col);
+    rkm__free(ctx, w->val, nc * sizeof *w->val);
+    rkm__free(ctx, w->dense, nc * sizeof *w->dense);
+    rkm__free(ctx, w->seen, nc);
+}
+
+/* Binary columns, bounds of the F columns, and the objective. */
+static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    lprec *lp = md->lp;
+    for (size_t j = 0; j < (size_t)(b->nb + 1) * (size_t)b->n; j++) {
+        if (md->colR[j] > 0) set_binary(lp, md->colR[j], TRUE);
+        if (md->colRP[j] > 0) set_binary(lp, md->colRP[j], TRUE);
+    }
+    for (size_t j = 0; j < (size_t)(b->nb + 2) * (size_t)b->nt; j++)
+        if (md->colS[j] > 0) set_binary(lp, md->colS[j], TRUE);
+    for (int32_t f = 0; f < md->n_fcand; f++) set_upbo(lp, md->fcand[f].col, 1);
+    set_add_rowmode(lp, TRUE);
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++)
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), b->g->ops[b->op[v]].fwd / b->tscale);
+    int m = 0;
+    for (int j = 0; j < w->n; j++) {
+        w->col[m] = w->col[j];
+        w->val[m++] = w->dense[w->col[j]];
+        w->dense[w->col[j]] = 0;
+        w->seen[w->col[j]] = 0;
+    }
+    w->n = 0;
+    if (m && !set_obj_fnex(lp, m, w->val, w->col)) w->failed = 1;
+}
+
+/* Build the lprec (under the lock): columns, objective, rows, settings. */
+static rkm_result rkm__ilp_build(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    size_t nc = (size_t)md->ncols + 1;
+    rkm__ilp_row w;
     rkm_result r = RKM_OK;
-    if (!w.col || !w.val || !w.dense || !w.seen) r = rkm__nomem(ctx, "block ILP");
+    if (!rkm__ilp_row_init(b->ctx, &w, nc)) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a row");
     rkm__ilp_lock();
-    if (!r && !(b->lp = make_lp(0, b->ncols))) r = rkm__nomem(ctx, "block ILP: lp_solve");
+    if (!r && !(md->lp = make_lp(0, md->ncols))) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "lp_solve: out of memory");
     if (!r) {
-        lprec *lp = b->lp;
-        set_outputfile(lp, "");
-        set_verbose(lp, NEUTRAL);
-        put_logfunc(lp, rkm__ilp_logfn, ctx);
-        for (size_t j = 0; j < (size_t)(b->nb + 1) * (size_t)b->n; j++) {
-            if (b->colR[j] > 0) set_binary(lp, b->colR[j], TRUE);
-            if (b->colRP[j] > 0) set_binary(lp, b->colRP[j], TRUE);
-        }
-        for (size_t j = 0; j < (size_t)(b->nb + 2) * (size_t)b->nt; j++)
-            if (b->colS[j] > 0) set_binary(lp, b->colS[j], TRUE);
-        for (int32_t f = 0; f < b->n_fcand; f++) set_upbo(lp, b->fcand[f].col, 1);
-        set_add_rowmode(lp, TRUE);
-        for (int32_t t = 1; t <= b->nb; t++)
-            for (int32_t v = 0; v < b->n; v++) rkm__ilp_term(&w, rkm__ilp_R(b, t, v), b->g->ops[b->op[v]].fwd / b->tscale);
-        int m = 0;
-        for (int j = 0; j < w.n; j++) {
-            w.col[m] = w.col[j];
-            w.val[m++] = w.dense[w.col[j]];
-            w.dense[w.col[j]] = 0;
-            w.seen[w.col[j]] = 0;
-        }
-        w.n = 0;
-        if (m && !set_obj_fnex(lp, m, w.val, w.col)) w.failed = 1;
-        rkm__ilp_rows_deps(b, &w);
-        rkm__ilp_rows_frees(b, &w);
-        rkm__ilp_rows_memory(b, &w);
-        rkm__ilp_rows_dominance(b, &w);
-        set_add_rowmode(lp, FALSE);
-        set_minim(lp);
-        set_bb_floorfirst(lp, BRANCH_FLOOR);
-        b->nrows = get_Nrows(lp);
-        b->bad = w.bad;
-        if (w.failed) r = rkm__err(ctx, RKM_ERROR_SOLVER, "block ILP: lp_solve refused the model");
+        set_outputfile(md->lp, "");
+        set_verbose(md->lp, NEUTRAL);
+        put_logfunc(md->lp, rkm__ilp_logfn, b->ctx);
+        rkm__ilp_set_columns(b, md, &w);
+        rkm__ilp_rows_deps(b, md, &w);
+        rkm__ilp_rows_carry(b, md, &w);
+        rkm__ilp_rows_frees(b, md, &w);
+        rkm__ilp_rows_memory(b, md, &w);
+        rkm__ilp_rows_dominance(b, md, &w);
+        set_add_rowmode(md->lp, FALSE);
+        set_minim(md->lp);
+        set_bb_floorfirst(md->lp, BRANCH_FLOOR);
+        md->nrows = get_Nrows(md->lp);
+        md->bad = w.bad;
+        if (w.failed) r = rkm__ilp_err(b, RKM_ERROR_SOLVER, "lp_solve refused the model");
     }
     rkm__ilp_unlock();
-    rkm__free(ctx, w.col, nc * sizeof *w.col);
-    rkm__free(ctx, w.val, nc * sizeof *w.val);
-    rkm__free(ctx, w.dense, nc * sizeof *w.dense);
-    rkm__free(ctx, w.seen, nc);
+    rkm__ilp_row_free(b->ctx, &w, nc);
     return r;
 }
 
-/* Solve under the budgets (under the lock). cutoff < 0: none. Reads a
- * solution into b->tmp (r, save) when lp_solve has one. *root: the LP bound
- * lp_solve found at the root (objective units), or -1. */
-static int rkm__ilp_run(rkm__ilp_block *b, uint64_t peak, uint64_t kept, double cutoff, rkm__ilp_budget *u,
-                        double *root)
+/* lp_solve's solution as a schedule: r and save of *s. */
+static void rkm__ilp_read_solution(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_sched *s)
+{
+    get_variables(md->lp, md->x);
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++) {
+            int32_t c = rkm__ilp_R(b, md, t, v);
+            s->r[(size_t)t * (size_t)b->n + (size_t)v] = c > 0 && md->x[c - 1] > 0.5;
+        }
+    for (int32_t v = 0; v < b->n; v++) {
+        s->save[v] = -1;
+        for (int32_t t = 0; t <= b->nb && rkm__ilp_phantom(b, v); t++) {
+            int32_t c = rkm__ilp_RP(b, md, t, v);
+            if (c > 0 && md->x[c - 1] > 0.5) s->save[v] = t;
+        }
+    }
+    memset(s->r, 1, (size_t)b->n);
+}
+
+/* Solve under the budgets (under the lock): the peak budget bounds every
+ * node's Q, the kept budget (memory at the end of F) plus grad(x_out) the
+ * loss node's. cutoff < 0: none. Reads a solution into *out (r, save) when
+ * lp_solve has one. *root: the LP bound lp_solve found at the root
+ * (objective units), or -1. */
+static int rkm__ilp_run(const rkm__ilp_shape *b, rkm__ilp_model *md, uint64_t peak_budget, uint64_t kept_budget,
+                        double cutoff, rkm__ilp_work *work, rkm__ilp_sched *out, double *root)
 {
     const double lim = 9007199254740992.0; /* 2^53: exact as a double */
-    uint64_t xb = b->g->tensors[b->x_out].bytes;
+    double xb = (double)b->g->tensors[b->x_out].bytes;
     rkm__ilp_lock();
-    lprec *lp = b->lp;
+    lprec *lp = md->lp;
     double inf = get_infinite(lp);
-    double bp = (double)peak >= lim ? inf : (double)peak / b->mscale;
-    double bk = (double)kept >= lim - (double)xb ? inf : ((double)kept + (double)xb) / b->mscale;
-    for (int32_t k = 0; k < b->n_nodes; k++) set_upbo(lp, b->node[k].q, bp);
-    set_upbo(lp, b->node[b->node_off[1]].q, bk < bp ? bk : bp);
+    double q_peak = (double)peak_budget >= lim ? inf : (double)peak_budget / b->mscale;
+    double q_loss = (double)kept_budget >= lim - xb ? inf : ((double)kept_budget + xb) / b->mscale;
+    for (int32_t k = 0; k < md->n_nodes; k++) set_upbo(lp, md->node[k].q, q_peak);
+    set_upbo(lp, md->node[md->node_off[1]].q, q_loss < q_peak ? q_loss : q_peak);
     set_obj_bound(lp, cutoff >= 0 ? cutoff : inf);
-    put_abortfunc(lp, rkm__ilp_abortfn, u);
+    put_abortfunc(lp, rkm__ilp_abortfn, work);
     int status = solve(lp);
     *root = lp->real_solution < inf && lp->real_solution > -inf ? lp->real_solution : -1;
-    if (status == OPTIMAL || status == SUBOPTIMAL) {
-        get_variables(lp, b->x);
-        rkm__ilp_sched *s = &b->tmp;
-        for (int32_t t = 1; t <= b->nb; t++)
-            for (int32_t v = 0; v < b->n; v++) {
-                int32_t c = rkm__ilp_R(b, t, v);
-                s->r[(size_t)t * (size_t)b->n + (size_t)v] = c > 0 && b->x[c - 1] > 0.5;
-            }
-        for (int32_t v = 0; v < b->n; v++) {
-            s->save[v] = -1;
-            for (int32_t t = 0; t <= b->nb && rkm__ilp_phantom(b, v); t++) {
-                int32_t c = rkm__ilp_RP(b, t, v);
-                if (c > 0 && b->x[c - 1] > 0.5) s->save[v] = t;
-            }
-        }
-        memset(s->r, 1, (size_t)b->n);
-    }
+    if (status == OPTIMAL || status == SUBOPTIMAL) rkm__ilp_read_solution(b, md, out);
     put_abortfunc(lp, NULL, NULL);
     rkm__ilp_unlock();
     return status;
@@ -3862,91 +4033,100 @@ static int rkm__ilp_run(rkm__ilp_block *b, uint64_t peak, uint64_t kept, double 
 
 /* Remember a found schedule (ring of RKM__ILP_CACHE, no duplicates), with
  * the budgets it is proven optimal for, if it is. */
-static void rkm__ilp_remember(rkm__ilp_block *b, rkm__ilp_sched *s, uint64_t peak, uint64_t kept, int proven)
+static void rkm__ilp_remember(const rkm__ilp_shape *b, rkm__ilp_memo *memo, rkm__ilp_sched *s, uint64_t peak_budget,
+                              uint64_t kept_budget, int proven)
 {
     s->proven = proven;
-    s->bpeak = peak;
-    s->bkept = kept;
-    for (int32_t c = 0; c < b->n_cache; c++) {
-        rkm__ilp_sched *e = &b->cache[c];
+    s->peak_budget = peak_budget;
+    s->kept_budget = kept_budget;
+    for (int32_t c = 0; c < memo->n_cache; c++) {
+        rkm__ilp_sched *e = &memo->cache[c];
         if (memcmp(e->r, s->r, rkm__ilp_rsize(b)) || memcmp(e->save, s->save, (size_t)b->n * sizeof *s->save)) continue;
-        if (proven && (!e->proven || (peak >= e->bpeak && kept >= e->bkept))) {
+        if (proven && (!e->proven || (peak_budget >= e->peak_budget && kept_budget >= e->kept_budget))) {
             e->proven = 1;
-            e->bpeak = peak;
-            e->bkept = kept;
+            e->peak_budget = peak_budget;
+            e->kept_budget = kept_budget;
         }
         return;
     }
-    rkm__ilp_sched_copy(b, &b->cache[b->cache_next], s);
-    b->cache_next = (b->cache_next + 1) % RKM__ILP_CACHE;
-    if (b->n_cache < RKM__ILP_CACHE) b->n_cache++;
+    rkm__ilp_sched_copy(b, &memo->cache[memo->cache_next], s);
+    memo->cache_next = (memo->cache_next + 1) % RKM__ILP_CACHE;
+    if (memo->n_cache < RKM__ILP_CACHE) memo->n_cache++;
 }
 
 /* Remember budgets that admit nothing. */
-static void rkm__ilp_remember_none(rkm__ilp_block *b, uint64_t peak, uint64_t kept)
+static void rkm__ilp_remember_none(rkm__ilp_memo *memo, uint64_t peak_budget, uint64_t kept_budget)
 {
-    b->none[b->none_next] = (rkm__ilp_none){peak, kept};
-    b->none_next = (b->none_next + 1) % RKM__ILP_CACHE;
-    if (b->n_none < RKM__ILP_CACHE) b->n_none++;
+    memo->none[memo->none_next] = (rkm__ilp_none){peak_budget, kept_budget};
+    memo->none_next = (memo->none_next + 1) % RKM__ILP_CACHE;
+    if (memo->n_none < RKM__ILP_CACHE) memo->n_none++;
 }
 
-/* What earlier solves settle: 1 if nothing fits (proven), 2 if b->best is
- * proven optimal; else 0, with b->best the fastest fitting schedule seen
+/* Take schedule s as the incumbent *best if it fits and is faster (or there
+ * is none yet: *have = 0). */
+static void rkm__ilp_consider(const rkm__ilp_shape *b, const rkm__ilp_sched *s, rkm__ilp_sched *best,
+                              uint64_t peak_budget, uint64_t kept_budget, int *have)
+{
+    if (!rkm__ilp_fits(s, peak_budget, kept_budget) || (*have && !(s->time < best->time))) return;
+    rkm__ilp_sched_copy(b, best, s);
+    *have = 1;
+}
+
+/* What earlier solves settle: 1 if nothing fits (proven), 2 if *best is
+ * proven optimal; else 0, with *best the fastest fitting schedule seen
  * (*have). */
-static int rkm__ilp_recall(rkm__ilp_block *b, uint64_t peak, uint64_t kept, int *have)
+static int rkm__ilp_recall(const rkm__ilp_shape *b, const rkm__ilp_memo *memo, uint64_t peak_budget,
+                           uint64_t kept_budget, rkm__ilp_sched *best, int *have)
 {
     *have = 0;
-    if (peak < b->min_peak || kept < b->min_kept) return 1;
-    for (int32_t c = 0; c < b->n_none; c++)
-        if (peak <= b->none[c].peak && kept <= b->none[c].kept) return 1;
-    for (int32_t c = 0; c < b->n_cache; c++) {
-        const rkm__ilp_sched *s = &b->cache[c];
-        if (!rkm__ilp_fits(s, peak, kept)) continue;
-        if (s->proven && peak <= s->bpeak && kept <= s->bkept) {
-            rkm__ilp_sched_copy(b, &b->best, s);
+    if (peak_budget < memo->min_peak || kept_budget < memo->min_kept) return 1;
+    for (int32_t c = 0; c < memo->n_none; c++)
+        if (peak_budget <= memo->none[c].peak_budget && kept_budget <= memo->none[c].kept_budget) return 1;
+    for (int32_t c = 0; c < memo->n_cache; c++) {
+        const rkm__ilp_sched *s = &memo->cache[c];
+        if (!rkm__ilp_fits(s, peak_budget, kept_budget)) continue;
+        if (s->proven && peak_budget <= s->peak_budget && kept_budget <= s->kept_budget) {
+            rkm__ilp_sched_copy(b, best, s);
             *have = 1;
             return 2;
         }
-        if (!*have || s->time < b->best.time) {
-            rkm__ilp_sched_copy(b, &b->best, s);
-            *have = 1;
-        }
+        rkm__ilp_consider(b, s, best, peak_budget, kept_budget, have);
     }
     return 0;
 }
 
-/* The steps of b->best, in an allocation of exactly their size. */
-static rkm_result rkm__ilp_output(rkm__ilp_block *b, rkm_step **steps, size_t *n_fwd, size_t *n_bwd)
+/* The steps of schedule s, in an allocation of exactly their size. */
+static rkm_result rkm__ilp_output(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+                                  rkm_step **steps, size_t *n_fwd, size_t *n_bwd)
 {
     rkm__ilp_out o;
-    rkm_result r = rkm__ilp_emit(b, &b->best, &o);
+    rkm_result r = rkm__ilp_emit(b, rp, s, &o);
     if (r) return r;
-    rkm_step *s = rkm__realloc(b->ctx, o.s, o.cap * sizeof *o.s, o.n * sizeof *o.s);
-    if (!s) {
+    rkm_step *out = rkm__realloc(b->ctx, o.s, o.cap * sizeof *o.s, o.n * sizeof *o.s);
+    if (!out) {
         rkm__free(b->ctx, o.s, o.cap * sizeof *o.s);
-        return rkm__nomem(b->ctx, "block ILP schedule");
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
     }
-    *steps = s;
+    *steps = out;
     *n_fwd = o.n_fwd;
     *n_bwd = o.n - o.n_fwd;
     return RKM_OK;
 }
 
-/* Take b->tmp as the best if it is valid, fits and is faster. */
-static rkm_result rkm__ilp_offer(rkm__ilp_block *b, uint64_t peak, uint64_t kept, int *have, int *valid)
+/* Measure lp_solve's solution s (*valid: it replays) and consider it. */
+static rkm_result rkm__ilp_offer(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s,
+                                 rkm__ilp_sched *best, uint64_t peak_budget, uint64_t kept_budget, int *have,
+                                 int *valid)
 {
     rkm_result r = RKM_OK;
-    *valid = rkm__ilp_measure(b, &b->tmp, &r);
-    if (*valid && rkm__ilp_fits(&b->tmp, peak, kept) && (!*have || b->tmp.time < b->best.time)) {
-        rkm__ilp_sched_copy(b, &b->best, &b->tmp);
-        *have = 1;
-    }
+    *valid = rkm__ilp_measure(b, rp, s, &r);
+    if (*valid) rkm__ilp_consider(b, s, best, peak_budget, kept_budget, have);
     return r;
 }
 
 /* lp_solve's verdict into the stats; returns whether the best (or "none")
  * is proven optimal. */
-static int rkm__ilp_verdict(rkm__ilp_block *b, int status, int cutoff, int have, int valid, rkm__ilp_stats *st)
+static int rkm__ilp_verdict(const rkm__ilp_shape *b, int status, int cutoff, int have, int valid, rkm__ilp_stats *st)
 {
     st->solves++;
     switch (status) {
@@ -3975,129 +4155,99 @@ static int rkm__ilp_verdict(rkm__ilp_block *b, int status, int cutoff, int have,
     return 0;
 }
 
-/* Hand b->best out: its steps, time and bound. */
-static rkm_result rkm__ilp_finish(rkm__ilp_block *b, double t0, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
-                                  rkm__ilp_stats *st, int *found)
+/* Hand the incumbent out: its steps, time and bound. */
+static rkm_result rkm__ilp_finish(const rkm__ilp_shape *b, rkm__ilp_scratch *sc, double t0, rkm_step **steps,
+                                  size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found)
 {
-    st->time = b->best.time;
+    st->time = sc->best.time;
     if (st->proven || st->bound > st->time) st->bound = st->time;
-    rkm_result r = rkm__ilp_output(b, steps, n_fwd, n_bwd);
+    rkm_result r = rkm__ilp_output(b, &sc->rp, &sc->best, steps, n_fwd, n_bwd);
     *found = r == RKM_OK;
     st->seconds += rkm__now() - t0;
     return r;
 }
 
 /* A fresh lprec for the block (the old one is deleted). */
-static rkm_result rkm__ilp_rebuild(rkm__ilp_block *b)
+static rkm_result rkm__ilp_rebuild(const rkm__ilp_shape *b, rkm__ilp_model *md)
 {
     rkm__ilp_lock();
-    delete_lp(b->lp);
-    b->lp = NULL;
+    delete_lp(md->lp);
+    md->lp = NULL;
     rkm__ilp_unlock();
-    return rkm__ilp_build(b);
+    return rkm__ilp_build(b, md);
 }
 
-static rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
+/* lp_solve on the model, with the incumbent's objective (if *have) as a
+ * cutoff; its solution, if valid and better, becomes the incumbent. Sets
+ * *proven and *root (see rkm__ilp_run). */
+static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                 int *have, int *proven, double *root, rkm__ilp_stats *st)
+{
+    const rkm__ilp_shape *b = &bk->shape;
+    rkm__ilp_scratch *sc = &bk->scratch;
+    rkm_result r;
+    int valid = 0;
+    double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
+    double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
+    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
+    /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
+     * last solve was aborted: such a model is rebuilt before reuse. */
+    if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    if (status == OPTIMAL || status == SUBOPTIMAL) {
+        if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
+        if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
+    }
+    *proven = rkm__ilp_verdict(b, status, cutoff >= 0, *have, valid, st);
+    return RKM_OK;
+}
+
+static rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
                                        double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
                                        rkm__ilp_stats *st, int *found)
 {
+    const rkm__ilp_shape *b = &bk->shape;
+    rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
-    rkm__ilp_budget u = {0, lim * RKM__ILP_CALLS_PER_S / (b->ncols + b->nrows), 0, lim * RKM__ILP_STEPS_PER_S / 2,
-                         t0 + lim * RKM__ILP_WALL_SAFETY};
+    rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
+                          lim * RKM__ILP_STEPS_PER_S / 2, t0 + lim * RKM__ILP_WALL_SAFETY};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
     st->proven = 0;
     st->time = st->bound = 0;
-    int have = 0, valid = 0, known = rkm__ilp_recall(b, peak_budget, kept_budget, &have);
+    int have = 0, known = rkm__ilp_recall(b, &bk->memo, peak_budget, kept_budget, &sc->best, &have);
     if (known) {
         st->proven = 1;
         if (known == 1) {
             st->seconds += rkm__now() - t0;
             return RKM_OK;
         }
-        return rkm__ilp_finish(b, t0, steps, n_fwd, n_bwd, st, found);
+        return rkm__ilp_finish(b, sc, t0, steps, n_fwd, n_bwd, st, found);
     }
-    rkm_result r = rkm__ilp_greedy(b, peak_budget, kept_budget, &u, &b->cand);
+    rkm_result r = rkm__ilp_greedy(b, &sc->gr, &sc->rp, peak_budget, kept_budget, &work, &sc->found);
     if (r) return r;
-    if (rkm__ilp_fits(&b->cand, peak_budget, kept_budget) && (!have || b->cand.time < b->best.time)) {
-        rkm__ilp_sched_copy(b, &b->best, &b->cand);
-        have = 1;
-    }
+    rkm__ilp_consider(b, &sc->found, &sc->best, peak_budget, kept_budget, &have);
     /* Nothing recomputed: no schedule is faster. */
-    int proven = have && rkm__ilp_obj(b, &b->best) == 0;
+    int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    if (!proven && !b->bad) {
-        double obj = have ? rkm__ilp_obj(b, &b->best) : -1;
-        double cutoff = have ? obj - 1e-9 * (1 + obj) : -1;
-        int status = rkm__ilp_run(b, peak_budget, kept_budget, cutoff, &u, &root);
-        /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
-         * last solve was aborted: such a model is rebuilt before reuse. */
-        if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b))) return r;
-        if (status == OPTIMAL || status == SUBOPTIMAL) {
-            if ((r = rkm__ilp_offer(b, peak_budget, kept_budget, &have, &valid))) return r;
-            if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
-        }
-        proven = rkm__ilp_verdict(b, status, cutoff >= 0, have, valid, st);
-    }
-    if (!have && proven) rkm__ilp_remember_none(b, peak_budget, kept_budget);
+    if (!proven && !bk->model.bad &&
+        (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
+        return r;
+    if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
     st->proven = proven;
     if (!have) {
         st->seconds += rkm__now() - t0;
         return RKM_OK;
     }
-    st->bound = proven ? b->best.time : b->base_time + (root > 0 ? root * b->tscale : 0);
-    rkm__ilp_remember(b, &b->best, peak_budget, kept_budget, proven);
-    return rkm__ilp_finish(b, t0, steps, n_fwd, n_bwd, st, found);
+    st->bound = proven ? sc->best.time : b->base_time + (root > 0 ? root * b->tscale : 0);
+    rkm__ilp_remember(b, &bk->memo, &sc->best, peak_budget, kept_budget, proven);
+    return rkm__ilp_finish(b, sc, t0, steps, n_fwd, n_bwd, st, found);
 }
 
-static void rkm__ilp_block_destroy(rkm__ilp_block *b)
-{
-    if (!b) return;
-    rkm_context *ctx = b->ctx;
-    const rkm_graph *g = b->g;
-    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
-    if (b->lp) {
-        rkm__ilp_lock();
-        delete_lp(b->lp);
-        rkm__ilp_unlock();
-    }
-    rkm__sim_free(&b->sim);
-    for (int c = 0; c < RKM__ILP_CACHE; c++) rkm__ilp_sched_free(b, &b->cache[c]);
-    rkm__ilp_sched_free(b, &b->tmp);
-    rkm__ilp_sched_free(b, &b->best);
-    rkm__ilp_sched_free(b, &b->alt);
-    rkm__ilp_sched_free(b, &b->cand);
-    rkm__free(ctx, b->op, n * sizeof *b->op);
-    rkm__free(ctx, b->lt, (g->n_tensors + 1) * sizeof *b->lt);
-    rkm__free(ctx, b->tg, nt * sizeof *b->tg);
-    rkm__free(ctx, b->tprod, nt * sizeof *b->tprod);
-    rkm__free(ctx, b->rd_off, (nt + 1) * sizeof *b->rd_off);
-    rkm__free(ctx, b->rd, (size_t)b->n_rd * sizeof *b->rd);
-    rkm__free(ctx, b->st, n * sizeof *b->st);
-    rkm__free(ctx, b->bop, (nb + 1) * sizeof *b->bop);
-    rkm__free(ctx, b->need_o, n * sizeof *b->need_o);
-    rkm__free(ctx, b->need_t, nt * sizeof *b->need_t);
-    rkm__free(ctx, b->last0, nt * sizeof *b->last0);
-    rkm__free(ctx, b->gstart, (nb + 2) * sizeof *b->gstart);
-    rkm__free(ctx, b->gnew, (nb + 1) * sizeof *b->gnew);
-    rkm__free(ctx, b->gfree, (nb + 1) * sizeof *b->gfree);
-    rkm__free(ctx, b->colR, (nb + 1) * n * sizeof *b->colR);
-    rkm__free(ctx, b->colRP, (nb + 1) * n * sizeof *b->colRP);
-    rkm__free(ctx, b->colS, (nb + 2) * nt * sizeof *b->colS);
-    rkm__free(ctx, b->node, (size_t)b->n_nodes * sizeof *b->node);
-    rkm__free(ctx, b->node_off, (nb + 2) * sizeof *b->node_off);
-    rkm__free(ctx, b->fcand, (size_t)b->n_fcand * sizeof *b->fcand);
-    rkm__free(ctx, b->x, ((size_t)b->ncols + 1) * sizeof *b->x);
-    rkm__free(ctx, b->greedy_x, n);
-    rkm__free(ctx, b->seen2, n);
-    rkm__free(ctx, b->live, nt * sizeof *b->live);
-    rkm__free(ctx, b->rbuf, (size_t)b->max_list * sizeof *b->rbuf);
-    rkm__free(ctx, b, sizeof *b);
-}
+/* ---- the parts: init and free -------------------------------------------- */
 
 /* Local ids: ops (checked topological), block tensors and their producers. */
-static rkm_result rkm__ilp_locals(rkm__ilp_block *b, const int32_t *ops, int32_t *opl)
+static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t *opl)
 {
     const rkm_graph *g = b->g;
     b->nt = 0;
@@ -4105,7 +4255,8 @@ static rkm_result rkm__ilp_locals(rkm__ilp_block *b, const int32_t *ops, int32_t
     for (int32_t v = 0; v < b->n; v++) {
         int32_t x = ops[v];
         if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
-            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op ids must be valid and increasing");
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
+                                                        "and increasing", (int)v, (int)x);
         b->op[v] = x;
         opl[x] = v;
         const rkm__op *o = &g->ops[x];
@@ -4116,40 +4267,25 @@ static rkm_result rkm__ilp_locals(rkm__ilp_block *b, const int32_t *ops, int32_t
     return RKM_OK;
 }
 
-/* Allocate every array whose size is known once n, nt, nb are. */
-static int rkm__ilp_alloc_arrays(rkm__ilp_block *b)
+/* The shape's arrays whose size is known once n, nt, nb are. 0: no memory. */
+static int rkm__ilp_shape_arrays(rkm__ilp_shape *b)
 {
     rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &b->arrays;
     size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
-    b->tg = rkm__calloc(ctx, nt, sizeof *b->tg);
-    b->tprod = rkm__calloc(ctx, nt, sizeof *b->tprod);
-    b->rd_off = rkm__calloc(ctx, nt + 1, sizeof *b->rd_off);
-    b->st = rkm__calloc(ctx, n, sizeof *b->st);
-    b->bop = rkm__calloc(ctx, nb + 1, sizeof *b->bop);
-    b->need_o = rkm__calloc(ctx, n, sizeof *b->need_o);
-    b->need_t = rkm__calloc(ctx, nt, sizeof *b->need_t);
-    b->last0 = rkm__calloc(ctx, nt, sizeof *b->last0);
-    b->gstart = rkm__calloc(ctx, nb + 2, sizeof *b->gstart);
-    b->gnew = rkm__calloc(ctx, nb + 1, sizeof *b->gnew);
-    b->gfree = rkm__calloc(ctx, nb + 1, sizeof *b->gfree);
-    b->colR = rkm__calloc(ctx, (nb + 1) * n, sizeof *b->colR);
-    b->colRP = rkm__calloc(ctx, (nb + 1) * n, sizeof *b->colRP);
-    b->colS = rkm__calloc(ctx, (nb + 2) * nt, sizeof *b->colS);
-    b->node_off = rkm__calloc(ctx, nb + 2, sizeof *b->node_off);
-    b->greedy_x = rkm__calloc(ctx, n, 1);
-    b->seen2 = rkm__calloc(ctx, n, 1);
-    b->live = rkm__calloc(ctx, nt, sizeof *b->live);
-    b->rbuf = rkm__calloc(ctx, (size_t)b->max_list, sizeof *b->rbuf);
-    int ok = b->tg && b->tprod && b->rd_off && b->st && b->bop && b->need_o && b->need_t && b->last0 && b->gstart &&
-             b->gnew && b->gfree && b->colR && b->colRP && b->colS && b->node_off && b->greedy_x && b->seen2 && b->live && b->rbuf;
-    ok = ok && rkm__ilp_sched_alloc(b, &b->tmp) && rkm__ilp_sched_alloc(b, &b->best) && rkm__ilp_sched_alloc(b, &b->alt) &&
-              rkm__ilp_sched_alloc(b, &b->cand);
-    for (int c = 0; c < RKM__ILP_CACHE && ok; c++) ok = rkm__ilp_sched_alloc(b, &b->cache[c]);
-    return ok;
+    return rkm__ilp_take(ctx, a, &b->tg, nt, sizeof *b->tg) && rkm__ilp_take(ctx, a, &b->tprod, nt, sizeof *b->tprod) &&
+           rkm__ilp_take(ctx, a, &b->rd_off, nt + 1, sizeof *b->rd_off) &&
+           rkm__ilp_take(ctx, a, &b->st, n, sizeof *b->st) && rkm__ilp_take(ctx, a, &b->bop, nb + 1, sizeof *b->bop) &&
+           rkm__ilp_take(ctx, a, &b->need_o, n, sizeof *b->need_o) &&
+           rkm__ilp_take(ctx, a, &b->need_t, nt, sizeof *b->need_t) &&
+           rkm__ilp_take(ctx, a, &b->last0, nt, sizeof *b->last0) &&
+           rkm__ilp_take(ctx, a, &b->gstart, nb + 2, sizeof *b->gstart) &&
+           rkm__ilp_take(ctx, a, &b->gnew, nb + 1, sizeof *b->gnew) &&
+           rkm__ilp_take(ctx, a, &b->gfree, nb + 1, sizeof *b->gfree);
 }
 
-/* Number block tensors, fill readers, stages, needs, constants, columns. */
-static rkm_result rkm__ilp_prepare(rkm__ilp_block *b, const int32_t *opl)
+/* Number block tensors and stages; allocate the shape's arrays. */
+static rkm_result rkm__ilp_number(rkm__ilp_shape *b)
 {
     const rkm_graph *g = b->g;
     int32_t i = 0;
@@ -4157,38 +4293,152 @@ static rkm_result rkm__ilp_prepare(rkm__ilp_block *b, const int32_t *opl)
     for (int32_t v = 0; v < b->n; v++) {
         const rkm__op *o = &g->ops[b->op[v]];
         b->nb += o->has_bwd ? 1 : 0;
-        for (int32_t k = 0; k < o->n_out; k++) {
-            b->lt[o->out[k]] = i;
-            i++;
-        }
+        for (int32_t k = 0; k < o->n_out; k++) b->lt[o->out[k]] = i++;
     }
     if ((double)(b->nb + 1) * b->n > 20.0 * RKM__ILP_MAX_COLS)
-        return rkm__err(b->ctx, RKM_ERROR_SOLVER, "block ILP: %d ops are too many for one model", (int)b->n);
-    if (!rkm__ilp_alloc_arrays(b)) return rkm__nomem(b->ctx, "block ILP");
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops are too many for one model", (int)b->n);
+    if (!rkm__ilp_shape_arrays(b)) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the block's structure");
     for (int32_t v = 0; v < b->n; v++) {
         const rkm__op *o = &g->ops[b->op[v]];
         for (int32_t k = 0; k < o->n_out; k++) {
             b->tg[b->lt[o->out[k]]] = o->out[k];
             b->tprod[b->lt[o->out[k]]] = v;
         }
-        for (int32_t k = 0; k < o->n_in; k++) b->n_rd += b->lt[o->in[k]] >= 0;
     }
-    rkm_result r = rkm__ilp_check(b, opl);
-    if (r) return r;
-    if (!(b->rd = rkm__calloc(b->ctx, (size_t)b->n_rd + 1, sizeof *b->rd))) return rkm__nomem(b->ctx, "block ILP");
-    b->n_rd += 1;
-    rkm__ilp_derive(b);
-    if ((r = rkm__ilp_constants(b))) return r;
-    rkm__ilp_columns(b); /* count */
-    if (b->ncols > RKM__ILP_MAX_COLS)
-        return rkm__err(b->ctx, RKM_ERROR_SOLVER, "block ILP: %d ops make %d columns, more than lp_solve can take (%d)",
-                        (int)b->n, (int)b->ncols, RKM__ILP_MAX_COLS);
-    b->node = rkm__calloc(b->ctx, (size_t)b->n_nodes, sizeof *b->node);
-    b->fcand = rkm__calloc(b->ctx, (size_t)b->n_fcand, sizeof *b->fcand);
-    b->x = rkm__calloc(b->ctx, (size_t)b->ncols + 1, sizeof *b->x);
-    if (!b->node || !b->fcand || !b->x) return rkm__nomem(b->ctx, "block ILP");
-    rkm__ilp_columns(b);
     return RKM_OK;
+}
+
+/* Readers, stages, needs (see rkm__ilp_derive) and constants. */
+static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    size_t n_rd = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) n_rd += b->lt[o->in[k]] >= 0;
+    }
+    int32_t *fill = rkm__calloc(b->ctx, (size_t)b->nt + 1, sizeof *fill);
+    if (!fill || !rkm__ilp_take(b->ctx, &b->arrays, &b->rd, n_rd + 1, sizeof *b->rd)) {
+        rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the readers");
+    }
+    rkm__ilp_derive(b, fill);
+    rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+    return rkm__ilp_constants(b);
+}
+
+/* (a) The block's shape: checked against the graph, numbered, derived. */
+static rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                      int32_t x_out, int is_last, rkm__ilp_shape *b)
+{
+    rkm_context *ctx = g->ctx;
+    b->g = g;
+    b->ctx = ctx;
+    b->n = n_ops;
+    b->x_in = x_in;
+    b->x_out = x_out;
+    b->is_last = is_last ? 1 : 0;
+    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
+    rkm_result r = RKM_OK;
+    if (!opl || !rkm__ilp_take(ctx, &b->arrays, &b->lt, g->n_tensors + 1, sizeof *b->lt) ||
+        !rkm__ilp_take(ctx, &b->arrays, &b->op, (size_t)n_ops, sizeof *b->op))
+        r = rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    if (!r) {
+        for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
+        for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
+        r = rkm__ilp_locals(b, ops, opl);
+    }
+    if (!r) r = rkm__ilp_number(b);
+    if (!r) r = rkm__ilp_check(b, opl);
+    if (!r) r = rkm__ilp_structure(b);
+    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
+    return r;
+}
+
+/* (b) The model: columns, nodes, free candidates, and the lprec. */
+static rkm_result rkm__ilp_model_init(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &md->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
+    if (!rkm__ilp_take(ctx, a, &md->colR, (nb + 1) * n, sizeof *md->colR) ||
+        !rkm__ilp_take(ctx, a, &md->colRP, (nb + 1) * n, sizeof *md->colRP) ||
+        !rkm__ilp_take(ctx, a, &md->colS, (nb + 2) * nt, sizeof *md->colS) ||
+        !rkm__ilp_take(ctx, a, &md->node_off, nb + 2, sizeof *md->node_off))
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's columns");
+    rkm__ilp_columns(b, md); /* count */
+    if (md->ncols > RKM__ILP_MAX_COLS)
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops make %d columns, more than lp_solve can take (%d)", (int)b->n,
+                            (int)md->ncols, RKM__ILP_MAX_COLS);
+    if (!rkm__ilp_take(ctx, a, &md->node, (size_t)md->n_nodes, sizeof *md->node) ||
+        !rkm__ilp_take(ctx, a, &md->fcand, (size_t)md->n_fcand, sizeof *md->fcand) ||
+        !rkm__ilp_take(ctx, a, &md->x, (size_t)md->ncols + 1, sizeof *md->x))
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's nodes");
+    rkm__ilp_columns(b, md);
+    return rkm__ilp_build(b, md);
+}
+
+static void rkm__ilp_model_free(rkm_context *ctx, rkm__ilp_model *md)
+{
+    if (md->lp) {
+        rkm__ilp_lock();
+        delete_lp(md->lp);
+        rkm__ilp_unlock();
+        md->lp = NULL;
+    }
+    rkm__ilp_drop(ctx, &md->arrays);
+}
+
+/* (c) The memo: the floors, and room for the cache's schedules. */
+static rkm_result rkm__ilp_memo_init(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
+{
+    rkm__ilp_floors(b, memo);
+    for (int c = 0; c < RKM__ILP_CACHE; c++)
+        if (!rkm__ilp_sched_alloc(b, &memo->cache[c]))
+            return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the schedule cache");
+    return RKM_OK;
+}
+
+static void rkm__ilp_memo_free(rkm_context *ctx, rkm__ilp_memo *memo)
+{
+    for (int c = 0; c < RKM__ILP_CACHE; c++) rkm__ilp_sched_free(ctx, &memo->cache[c]);
+}
+
+/* (d) The scratch of a solve. */
+static rkm_result rkm__ilp_scratch_init(const rkm__ilp_shape *b, rkm__ilp_scratch *sc)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &sc->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt;
+    if (!rkm__ilp_take(ctx, a, &sc->gr.x, n, 1) || !rkm__ilp_take(ctx, a, &sc->gr.seen2, n, 1) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.live, nt, sizeof *sc->rp.live) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.rbuf, (size_t)b->max_list, sizeof *sc->rp.rbuf) ||
+        !rkm__ilp_sched_alloc(b, &sc->gr.trial) || !rkm__ilp_sched_alloc(b, &sc->gr.alt) ||
+        !rkm__ilp_sched_alloc(b, &sc->best) || !rkm__ilp_sched_alloc(b, &sc->found))
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a solve's scratch");
+    rkm_result r = rkm__sim_init(b->g, &sc->rp.sim);
+    return r ? rkm__ilp_err(b, r, "out of memory for the simulator") : RKM_OK;
+}
+
+static void rkm__ilp_scratch_free(rkm_context *ctx, rkm__ilp_scratch *sc)
+{
+    rkm__sim_free(&sc->rp.sim);
+    rkm__ilp_sched_free(ctx, &sc->gr.trial);
+    rkm__ilp_sched_free(ctx, &sc->gr.alt);
+    rkm__ilp_sched_free(ctx, &sc->best);
+    rkm__ilp_sched_free(ctx, &sc->found);
+    rkm__ilp_drop(ctx, &sc->arrays);
+}
+
+static void rkm__ilp_block_destroy(rkm__ilp_block *bk)
+{
+    if (!bk) return;
+    rkm_context *ctx = bk->shape.ctx;
+    rkm__ilp_model_free(ctx, &bk->model);
+    rkm__ilp_memo_free(ctx, &bk->memo);
+    rkm__ilp_scratch_free(ctx, &bk->scratch);
+    rkm__ilp_drop(ctx, &bk->shape.arrays);
+    rkm__free(ctx, bk, sizeof *bk);
 }
 
 static rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
@@ -4200,37 +4450,17 @@ static rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, 
     if (!ops || n_ops < 1 || (size_t)n_ops > g->n_ops || x_out < 0 || (size_t)x_out >= g->n_tensors ||
         x_in < -1 || (x_in >= 0 && (size_t)x_in >= g->n_tensors) || (is_last && x_out != g->loss))
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "block ILP: bad block (ops, x_in, x_out or is_last)");
-    rkm__ilp_block *b = rkm__calloc(ctx, 1, sizeof *b);
-    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
-    if (b) b->lt = rkm__alloc(ctx, (g->n_tensors + 1) * sizeof *b->lt);
-    if (b) b->op = rkm__alloc(ctx, (size_t)n_ops * sizeof *b->op);
-    if (!b || !opl || !b->lt || !b->op) {
-        if (b) {
-            rkm__free(ctx, b->lt, (g->n_tensors + 1) * sizeof *b->lt);
-            rkm__free(ctx, b->op, (size_t)n_ops * sizeof *b->op);
-            rkm__free(ctx, b, sizeof *b);
-        }
-        rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
-        return rkm__nomem(ctx, "block ILP");
-    }
-    b->g = g;
-    b->ctx = ctx;
-    b->n = n_ops;
-    b->x_in = x_in;
-    b->x_out = x_out;
-    b->is_last = is_last ? 1 : 0;
-    for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
-    for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
-    rkm_result r = rkm__ilp_locals(b, ops, opl);
-    if (!r) r = rkm__ilp_prepare(b, opl);
-    if (!r) r = rkm__ilp_build(b);
-    if (!r) r = rkm__sim_init(g, &b->sim);
-    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
+    rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
+    if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
+    if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
+    if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);
+    if (!r) r = rkm__ilp_scratch_init(&bk->shape, &bk->scratch);
     if (r) {
-        rkm__ilp_block_destroy(b);
+        rkm__ilp_block_destroy(bk);
         return r;
     }
-    *out = b;
+    *out = bk;
     return RKM_OK;
 }
 
@@ -4242,7 +4472,9 @@ static rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, 
  *
  * An abstract chain of blocks 0..n-1. Block i reads x_{i-1} (nothing for
  * block 0) and writes x_i (the loss for the last block, counted inside that
- * block's own numbers: its output has 0 slots). Memory is in integer slots.
+ * block's own numbers: its output has 0 slots). Memory is in integer slots
+ * above the graph's inputs (rkm__planner_chain converts the blocks' bytes,
+ * section 8, to them).
  * Per block: in_sz (slots of x_{i-1}), g_out (slots of grad(x_i)), a no-save
  * forward (time tfn, peak pfn counting x_{i-1} and x_i) and options k, each
  * (tf, tb, kept, pf, pb): F_k leaves x_{i-1}, x_i and `kept` slots live and
@@ -4984,7 +5216,10 @@ static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
     return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
 }
 
-/* The DP's view of the chain: every figure converted to slots. */
+/* The DP's view of the chain: every figure converted to slots, the one
+ * place where block figures (absolute bytes, section 8) become the DP's
+ * (slots above the inputs, section 10): tensor sizes round up on their own,
+ * memory figures round up once the inputs are taken off. */
 static rkm_result rkm__planner_chain(rkm_planner *pl)
 {
     const rkm_graph *g = pl->g;
@@ -5002,8 +5237,8 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
         x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
         x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
         x->tfn = bo->tfn;
-        x->pfn = rkm__slots_up(pl, bo->pfn);
-        uint64_t in_bytes = k->in >= 0 ? g->tensors[k->in].bytes : 0;
+        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
+        uint64_t out_bytes = g->tensors[k->out].bytes;
         x->opt = pl->dpo + at;
         x->n_opt = (int32_t)bo->n_opt;
         for (size_t i = 0; i < bo->n_opt; i++, at++) {
@@ -5011,10 +5246,11 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
             rkm__dp_option *y = &pl->dpo[at];
             y->tf = o->tf;
             y->tb = o->tb;
-            /* Round x_in and kept up together: the DP subtracts them together. */
-            y->kept = rkm__slots_up(pl, in_bytes + o->kept) - x->in_sz;
-            y->pf = rkm__slots_up(pl, o->pf);
-            y->pb = rkm__slots_up(pl, o->pb);
+            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
+             * it, as the DP subtracts them together. */
+            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
+            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
+            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
         }
     }
     return RKM_OK;
@@ -5044,8 +5280,8 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 static double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-/* Memory a block's ops need at least (relative to the inputs): the block
- * input stays live throughout, plus the largest single step. */
+/* Peak a block's ops need at least: the inputs stay live throughout, plus
+ * the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
 {
     uint64_t need = 0;
@@ -5058,7 +5294,7 @@ static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
         if (f > need) need = f;
         if (k > need) need = k;
     }
-    return need;
+    return g->input_bytes + need;
 }
 
 /* Add a schedule found on block `from` to every block of its class. */
@@ -5082,12 +5318,12 @@ static rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block 
 }
 
 /* ILP options of one class: solve on its first block over a grid of
- * (peak, kept) budgets and replay every schedule on every block of the
- * class (mapped op for op); replay decides what becomes an option. Per peak
- * the kept budgets go from loose to tight: a schedule that already fits a
- * tighter kept budget is that budget's answer too (the optimum of a looser
- * problem that is feasible in a tighter one), and a proven infeasible kept
- * budget ends the row. */
+ * (peak_budget, kept_budget) pairs and replay every schedule on every block
+ * of the class (mapped op for op); replay decides what becomes an option.
+ * Per peak budget the kept budgets go from loose to tight: a schedule that
+ * already fits a tighter kept budget is that budget's answer too (the
+ * optimum of a looser problem that is feasible in a tighter one), and a
+ * proven infeasible kept budget ends the row. */
 static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
 {
     const rkm_graph *g = pl->g;
@@ -5097,30 +5333,33 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     /* The block's baseline (its only option yet) bounds the grid. Copied:
      * adding options below may move the array. */
     const rkm__option all = pl->bo[rep].opt[0];
-    uint64_t hi = all.pf > all.pb ? all.pf : all.pb, lo = rkm__block_floor(g, b);
-    uint64_t base = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
-    if (lo > hi) lo = hi;
+    uint64_t peak_hi = all.pf > all.pb ? all.pf : all.pb, peak_lo = rkm__block_floor(g, b);
+    /* kept when nothing but the inputs, x_in and x_out is */
+    uint64_t kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    if (peak_lo > peak_hi) peak_lo = peak_hi;
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     for (int32_t i = 0; i < np && !r; i++) {
-        uint64_t peak = g->input_bytes + lo + (uint64_t)((double)(hi - lo) * (np > 1 ? (double)i / (np - 1) : 1.0));
-        uint64_t have = UINT64_MAX; /* end-of-forward memory of the row's last schedule */
+        double fp = np > 1 ? (double)i / (np - 1) : 1.0;
+        uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
+        uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
             double left = pl->d.time_limit - rkm__elapsed(pl);
-            uint64_t kept = base + (uint64_t)((double)all.kept * (nk > 1 ? (double)j / (nk - 1) : 1.0));
+            double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
+            uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (left <= 0) break;
-            if (have <= kept) continue;
+            if (kept <= kept_budget) continue;
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
             double lim = pl->d.ilp_time_limit < left ? pl->d.ilp_time_limit : left;
-            r = rkm__ilp_block_solve(ib, peak, kept, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
             rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
-            if (rkm__option_measure(s, b, &o)) have = base + o.kept;
+            if (rkm__option_measure(s, b, &o)) kept = o.kept;
             r = rkm__class_add(pl, s, b, steps, nf, nb);
             rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         }

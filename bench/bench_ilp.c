@@ -8,7 +8,6 @@
  *
  *   build/bench/bench_ilp [GRAPHS_DIR] [--quick]
  */
-#define RKM_ILP_READY 1
 #include "../rockmate.c"
 
 #ifndef RKM_OMIT_SOLVER
@@ -31,14 +30,14 @@ static void store_all(rkm__ilp_block *b, uint64_t *peak, uint64_t *kept)
     rkm__ilp_sched s;
     rkm_result r;
     *peak = *kept = 0;
-    if (!rkm__ilp_sched_alloc(b, &s)) return;
-    memset(b->greedy_x, 0, (size_t)b->n);
-    rkm__ilp_greedy_sched(b, b->greedy_x, &s);
-    if (rkm__ilp_measure(b, &s, &r)) {
+    if (!rkm__ilp_sched_alloc(&b->shape, &s)) return;
+    memset(b->scratch.gr.x, 0, (size_t)b->shape.n);
+    rkm__ilp_greedy_sched(&b->shape, &b->scratch.gr, &s);
+    if (rkm__ilp_measure(&b->shape, &b->scratch.rp, &s, &r)) {
         *peak = s.peak;
         *kept = s.kept;
     }
-    rkm__ilp_sched_free(b, &s);
+    rkm__ilp_sched_free(b->shape.ctx, &s);
 }
 
 /* One block over an np x nk grid; prints one line. */
@@ -52,7 +51,7 @@ static void bench_block(const char *label, rkm_graph *g, const int32_t *ops, int
         return;
     }
     double t_create = rkm__now() - t0;
-    uint64_t p0, k0, lo = b->min_peak, lk = b->min_kept;
+    uint64_t p0, k0, lo = b->memo.min_peak, lk = b->memo.min_kept;
     store_all(b, &p0, &k0);
     rkm__ilp_stats st;
     memset(&st, 0, sizeof st);
@@ -78,7 +77,8 @@ static void bench_block(const char *label, rkm_graph *g, const int32_t *ops, int
         }
     printf("%-30s %3d ops %4d cols %4d rows create %5.1f ms | %2d solves %7.1f ms, mean %5.1f, max %6.1f | "
            "found %2d proven %2d | lp opt %2d sub %2d inf %d timeout %2d fail %d | worst gap %4.1f%%\n",
-           label, n, b->ncols, b->nrows, 1e3 * t_create, solves, 1e3 * tsum, 1e3 * tsum / (solves ? solves : 1),
+           label, n, b->model.ncols, b->model.nrows, 1e3 * t_create, solves, 1e3 * tsum,
+           1e3 * tsum / (solves ? solves : 1),
            1e3 * worst, found, proven, st.optimal, st.suboptimal, st.infeasible, st.timeout, st.failed, 100 * gap);
     rkm__ilp_block_destroy(b);
 }
@@ -124,8 +124,8 @@ static void whole_graph(rkm_graph *g, const char *name, double limit)
     }
     uint64_t p0, k0;
     store_all(b, &p0, &k0);
-    printf("%s whole graph: %zu ops, %d cols, %d rows, store-all peak %llu time %.6g\n", name, g->n_ops, b->ncols,
-           b->nrows, (unsigned long long)p0, b->base_time);
+    printf("%s whole graph: %zu ops, %d cols, %d rows, store-all peak %llu time %.6g\n", name, g->n_ops, b->model.ncols,
+           b->model.nrows, (unsigned long long)p0, b->shape.base_time);
     const double frac[] = {0.9, 0.7, 0.5};
     for (int i = 0; i < 3; i++) {
         uint64_t peak = (uint64_t)((double)p0 * frac[i]);
@@ -138,7 +138,7 @@ static void whole_graph(rkm_graph *g, const char *name, double limit)
         if (rkm__ilp_block_solve(b, peak, UINT64_MAX, limit, &s, &nf, &nb, &st, &f) != RKM_OK) break;
         double dt = rkm__now() - t1;
         printf("  peak <= %3.0f%%: %s  time %.6g (overhead %5.2f%%)  %s  gap %5.2f%%  %.2f s\n", 100 * frac[i],
-               f ? "found" : "none ", st.time, f ? 100 * (st.time / b->base_time - 1) : 0,
+               f ? "found" : "none ", st.time, f ? 100 * (st.time / b->shape.base_time - 1) : 0,
                st.proven ? "proven" : "      ", f ? 100 * (st.time - st.bound) / st.time : 0, dt);
         rkm__free(g->ctx, s, (nf + nb) * sizeof *s);
     }

@@ -8,7 +8,6 @@
  * must be equal. In its general form it is the true optimum: never above the
  * ILP's. Gradients and saved states are freed right after the backward that
  * ends their use (never worse), everything else is a free choice. */
-#define RKM_ILP_READY 1
 #include "../rockmate.c"
 #include "test.h"
 
@@ -402,7 +401,7 @@ static int close_to(double a, double b) { return fabs(a - b) <= 1e-9 * (fabs(a) 
 static int check_solve2(rkm__ilp_block *b, const int32_t *ops, int32_t n, int32_t x_in, int32_t x_out, uint64_t peak,
                         uint64_t kept, int general_too, int *differs)
 {
-    const rkm_graph *g = b->g;
+    const rkm_graph *g = b->shape.g;
     rkm__ilp_stats st = {0};
     rkm_step *s = NULL;
     size_t nf = 0, nbw = 0;
@@ -436,13 +435,13 @@ static void store_all(rkm__ilp_block *b, uint64_t *peak, uint64_t *kept)
 {
     rkm__ilp_sched s;
     rkm_result r;
-    CHECK(rkm__ilp_sched_alloc(b, &s));
-    memset(b->greedy_x, 0, (size_t)b->n);
-    rkm__ilp_greedy_sched(b, b->greedy_x, &s);
-    CHECK(rkm__ilp_measure(b, &s, &r));
+    CHECK(rkm__ilp_sched_alloc(&b->shape, &s));
+    memset(b->scratch.gr.x, 0, (size_t)b->shape.n);
+    rkm__ilp_greedy_sched(&b->shape, &b->scratch.gr, &s);
+    CHECK(rkm__ilp_measure(&b->shape, &b->scratch.rp, &s, &r));
     *peak = s.peak;
     *kept = s.kept;
-    rkm__ilp_sched_free(b, &s);
+    rkm__ilp_sched_free(b->shape.ctx, &s);
 }
 
 /* Solve block (ops[0..n), x_in, x_out) over a grid of budgets against the
@@ -454,7 +453,7 @@ static void check_block(const rkm_graph *g, const int32_t *ops, int32_t n, int32
     rkm__ilp_block *b = NULL;
     CHECK(rkm__ilp_block_create(g, ops, n, x_in, x_out, x_out == g->loss, &b) == RKM_OK);
     if (!b) return;
-    uint64_t p0, k0, lo = b->static_bytes;
+    uint64_t p0, k0, lo = b->shape.static_bytes;
     store_all(b, &p0, &k0);
     for (int i = 0; i <= 6; i++) {
         uint64_t peak = lo + (p0 - lo) * (uint64_t)i / 6;
@@ -554,10 +553,10 @@ TEST(ilp_gpt2_blocks_replay)
         rkm__ilp_block *b = NULL;
         CHECK(rkm__ilp_block_create(g, ops, n, x_in, x_out, 0, &b) == RKM_OK);
         if (!b) continue;
-        uint64_t p0, k0, lp = b->min_peak, lk = b->min_kept;
+        uint64_t p0, k0, lp = b->memo.min_peak, lk = b->memo.min_kept;
         store_all(b, &p0, &k0);
         int found_any = 0;
-        double base = b->base_time;
+        double base = b->shape.base_time;
         for (int i = 0; i <= 5; i++)
             for (int j = 0; j <= 5; j++) {
                 uint64_t peak = lp + (p0 - lp) * (uint64_t)i / 5, kept = lk + (k0 - lk) * (uint64_t)j / 5;
