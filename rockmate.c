@@ -1301,9 +1301,13 @@ size_t rkm_plan_num_buffers(const rkm_plan *p) { return p ? p->n_buffers : 0; }
 
 static const char *const rkm__step_words[] = {"fwd", "loss", "bwd", "free", "free_saved", "free_grad"};
 
-/* "fwd h0.attn save", for messages and files. */
-static void rkm__step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
+void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
 {
+    if (!buf || !size) return;
+    if (!g || !s) {
+        buf[0] = '\0';
+        return;
+    }
     if (!rkm__step_index_ok(g, s)) {
         snprintf(buf, size, "<kind %d index %d>", (int)s->kind, (int)s->index);
         return;
@@ -1428,7 +1432,7 @@ rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
     rkm__outf(&o, "rockmate-plan 1\n");
     for (size_t i = 0; i < p->n_steps; i++) {
         char text[RKM_NAME_MAX + 32];
-        rkm__step_text(p->g, &p->steps[i], text, sizeof text);
+        rkm_step_text(p->g, &p->steps[i], text, sizeof text);
         rkm__outf(&o, "%s\n", text);
     }
     rkm__out_flush(&o);
@@ -1775,6 +1779,7 @@ static int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_
             res->rule = rule;
             res->fail_step = (int64_t)i;
             res->fail_object = obj;
+            res->failed = steps[i];
             return 0;
         }
         if (rc) rkm__record_after(rc, &steps[i], (int64_t)i);
@@ -1919,7 +1924,7 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
 static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
 {
     char text[300] = "end of plan";
-    if (res->fail_step < (int64_t)p->n_steps) rkm__step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
+    if (res->fail_step < (int64_t)p->n_steps) rkm_step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
     const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
     return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
                     rkm_rule_string(res->rule), *on ? ": " : "", on);
@@ -2656,7 +2661,7 @@ static rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bop
     int valid;
     if (!rkm__bopts_add(g->ctx, s, b, bo, &o, &valid)) return rkm__nomem(g->ctx, "block options");
     if (!valid || !rkm__nosave_measure(s, b, bo))
-        return rkm__err(g->ctx, RKM_ERROR_STATE, "internal error: block %s..%s: its baseline schedule does not replay",
+        return rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s: its baseline schedule does not replay",
                         g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name);
     return RKM_OK;
 }
@@ -2783,7 +2788,7 @@ static rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, 
     *n_fwd = *n_bwd = 0;
     *found = 0;
     /* No block, so no context for a message: rkm__ilp_block_create refused. */
-    return RKM_ERROR_UNSUPPORTED; /* internal */
+    return RKM_ERROR_INTERNAL;
 }
 
 static void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
@@ -3376,7 +3381,7 @@ static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *
     rkm__ilp_greedy_sched(b, gw, out);
     if (!rkm__ilp_measure(b, rp, out, &res)) {
         if (res) return res;
-        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "the greedy's first schedule does not replay"); /* internal */
+        return rkm__ilp_err(b, RKM_ERROR_INTERNAL, "internal error: the greedy's first schedule does not replay");
     }
     for (int32_t round = 0; round < 4 * b->n && !rkm__ilp_spent(work, 1); round++) {
         int32_t pick;
@@ -5577,6 +5582,8 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
         steps = NULL;
         r = rkm__planned_birth(pl, &d, out);
     }
+    /* The gap to the LP bound: over the ILP's schedule family only. */
+    if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
     return r;
@@ -5753,7 +5760,7 @@ rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baselin
 static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, int code)
 {
     char text[RKM_NAME_MAX + 32];
-    rkm__step_text(p->g, &p->steps[i], text, sizeof text);
+    rkm_step_text(p->g, &p->steps[i], text, sizeof text);
     return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "step %zu (%s): the %s callback returned %d", i, text, which, code);
 }
 

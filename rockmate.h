@@ -366,12 +366,17 @@ typedef struct rkm_sim_result {
     rkm_rule rule;      /* the first broken rule */
     int64_t fail_step;  /* its step index; num_steps for end-of-plan rules; -1 if valid */
     int32_t fail_object;/* the op or tensor concerned, -1 if none */
+    rkm_step failed;    /* the step at fail_step, as given (zeros for end-of-plan rules) */
     uint64_t peak;      /* max over the steps replayed of the step's peak */
     int64_t peak_step;  /* the first step that reaches the peak */
     double time;        /* sum of fwd/bwd seconds of the steps replayed */
     size_t num_steps;   /* steps in the step list (all of them, valid or not) */
     size_t recomputes;  /* fwd steps (all of them) of an op whose fwd came earlier */
 } rkm_sim_result;
+
+/* A step as a plan file spells it ("fwd h0.attn save"), NUL-terminated and
+ * cut to fit size bytes; "<kind K index I>" for a step out of range. */
+void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size);
 
 /* A plan is born checked: each function below replays the steps against
  * the graph once and hands out the plan only if every rule of the contract
@@ -484,7 +489,10 @@ typedef struct rkm_plan_stats {
     double overhead;        /* time / baseline_time - 1 (0 if baseline_time is 0) */
     size_t recomputes;      /* fwd steps of ops whose forward already ran */
     double solve_seconds;   /* wall time the planner spent on this plan (create included) */
-    double gap;             /* checkmate: relative gap over the ILP's schedule family; 0 otherwise */
+    double gap;             /* checkmate: (time - bound) / time, bound being the LP relaxation's
+                               lower bound over the ILP's schedule family (not over every
+                               plan); 0 when the solve proved its schedule optimal in that
+                               family, and for the other algorithms */
 } rkm_plan_stats;
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);

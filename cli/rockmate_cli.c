@@ -550,22 +550,6 @@ static rkm_result cli_result_fill(const cli_graph *G, rkm_plan *plan, cli_result
     return e;
 }
 
-/* The refused step as the plan file spells it ("fwd h0.attn save"), taken
- * from the library's message "step N (STEP): RULE...". */
-static void cli_failed_step(const cli_result *r, char *buf, size_t size)
-{
-    char head[48], tail[160];
-    const char *m = r->message, *end;
-    snprintf(buf, size, "end of plan");
-    if (r->sim.fail_step < 0 || (size_t)r->sim.fail_step >= r->sim.num_steps) return;
-    int n = snprintf(head, sizeof head, "step %" PRId64 " (", r->sim.fail_step);
-    snprintf(tail, sizeof tail, "): %s", rkm_rule_string(r->sim.rule));
-    if (strncmp(m, head, (size_t)n) == 0 && (end = strstr(m + n, tail)) != NULL)
-        snprintf(buf, size, "%.*s", (int)(end - m - n), m + n);
-    else
-        snprintf(buf, size, "step %" PRId64, r->sim.fail_step);
-}
-
 static void cli_json_ilp(cli_json *j, const rkm_planner_stats *pls)
 {
     cli_json_open(j, "ilp", '{');
@@ -1040,8 +1024,9 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
         return rc;
     }
     int valid = r.plan != NULL, fits = !r.has_budget || r.ps.peak <= r.budget;
-    char step[320];
-    cli_failed_step(&r, step, sizeof step);
+    char step[320] = "end of plan";
+    if (!valid && r.sim.fail_step >= 0 && (size_t)r.sim.fail_step < r.sim.num_steps)
+        rkm_step_text(G.g, &r.sim.failed, step, sizeof step);
     if (o->value[OPT_JSON]) {
         cli_json j = {stdout, 0, 1};
         cli_json_open(&j, NULL, '{');

@@ -80,7 +80,7 @@ static void print_steps(const char *what, const rkm_plan *p)
     char buf[300];
     fprintf(stderr, "  %s:\n", what);
     for (size_t i = 0; i < rkm_plan_num_steps(p); i++) {
-        rkm__step_text(rkm_plan_graph(p), &rkm_plan_steps(p)[i], buf, sizeof buf);
+        rkm_step_text(rkm_plan_graph(p), &rkm_plan_steps(p)[i], buf, sizeof buf);
         fprintf(stderr, "    %zu %s\n", i, buf);
     }
 }
@@ -904,6 +904,9 @@ static void check_bad_plan(const bad_plan *b, size_t k)
             int32_t id = b->object_is_op ? rkm_graph_find_op(g, b->object) : rkm_graph_find_tensor(g, b->object);
             ok = ok && res.fail_object == id;
         }
+        char failed[300];
+        rkm_step_text(g, &res.failed, failed, sizeof failed);
+        if (b->text) ok = ok && strcmp(failed, b->text) == 0;
         if (!ok)
             fprintf(stderr, "bad plan %zu (rule %d, step %lld): got result %d rule %d step %lld object %d msg '%s'\n",
                     k, (int)b->rule, (long long)b->step, (int)r, (int)res.rule, (long long)res.fail_step,
