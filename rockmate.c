@@ -540,20 +540,12 @@ rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
         rkm__free(g->ctx, o->in, nl * sizeof(int32_t));
         return rkm__nomem(g->ctx, "rkm_graph_add_op");
     }
-    o->out = o->in + d->n_in;
-    o->saved = o->out + d->n_out;
+    int32_t *in = o->in;
+    *o = (rkm__op){o->name, d->fwd_seconds, d->bwd_seconds, in, in + d->n_in, in + d->n_in + d->n_out, d->n_in,
+                   d->n_out, d->n_saved, d->phantom, d->fwd_ws, d->bwd_ws, line, 0};
     if (d->n_in) memcpy(o->in, d->in, (size_t)d->n_in * sizeof(int32_t));
     memcpy(o->out, d->out, (size_t)d->n_out * sizeof(int32_t));
     if (d->n_saved) memcpy(o->saved, d->saved, (size_t)d->n_saved * sizeof(int32_t));
-    o->n_in = d->n_in;
-    o->n_out = d->n_out;
-    o->n_saved = d->n_saved;
-    o->fwd = d->fwd_seconds;
-    o->bwd = d->bwd_seconds;
-    o->phantom = d->phantom;
-    o->fwd_ws = d->fwd_ws;
-    o->bwd_ws = d->bwd_ws;
-    o->line = line;
     if (!rkm__map_insert(g->ctx, &g->op_map, (int32_t)g->n_ops, rkm__op_name_of, g)) {
         rkm__strfree(g->ctx, o->name);
         rkm__free(g->ctx, o->in, nl * sizeof(int32_t));
@@ -747,26 +739,29 @@ int32_t rkm_graph_find_op(const rkm_graph *g, const char *name)
     return g && name ? rkm__map_find(&g->op_map, name, rkm__op_name_of, g) : -1;
 }
 
+/* What every info query checks: a graph, an output, an id in [0, n). */
+static rkm_result rkm__info_args(const rkm_graph *g, const void *out, int32_t id, size_t n, const char *fn,
+                                 const char *what)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
+    if (id < 0 || (size_t)id >= n) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s %d does not exist", fn, what, (int)id);
+    return RKM_OK;
+}
+
 rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info *out)
 {
-    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_tensor_info: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (id < 0 || (size_t)id >= g->n_tensors)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_tensor_info: tensor id %d does not exist", (int)id);
+    rkm_result r = rkm__info_args(g, out, id, g ? g->n_tensors : 0, "rkm_graph_tensor_info", "tensor id");
+    if (r) return r;
     const rkm__tensor *t = &g->tensors[id];
-    out->name = t->name;
-    out->bytes = t->bytes;
-    out->flags = t->flags;
-    out->producer = t->producer;
-    out->has_grad = t->has_grad;
-    out->n_contributors = t->n_contrib;
+    *out = (rkm_tensor_info){t->name, t->bytes, t->flags, t->producer, t->has_grad, t->n_contrib};
     return RKM_OK;
 }
 
 rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 {
-    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_op_info: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (id < 0 || (size_t)id >= g->n_ops)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_op_info: op id %d does not exist", (int)id);
+    rkm_result r = rkm__info_args(g, out, id, g ? g->n_ops : 0, "rkm_graph_op_info", "op id");
+    if (r) return r;
     const rkm__op *o = &g->ops[id];
     *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
                          o->phantom, o->fwd_ws, o->bwd_ws};
@@ -775,17 +770,11 @@ rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 
 rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *out)
 {
-    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_block_info: out is NULL") : RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_finalized(g, "rkm_graph_block_info");
+    rkm_result r = g ? rkm__check_finalized(g, "rkm_graph_block_info") : RKM_ERROR_ARGUMENT;
+    if (!r) r = rkm__info_args(g, out, b, (size_t)g->n_blocks, "rkm_graph_block_info", "block");
     if (r) return r;
-    if (b < 0 || b >= g->n_blocks)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_block_info: block %d does not exist", (int)b);
     const rkm__block *k = &g->blocks[b];
-    out->ops = k->ops;
-    out->n_ops = k->n_ops;
-    out->input = k->in;
-    out->output = k->out;
-    out->class_id = k->cls;
+    *out = (rkm_block_info){k->ops, k->n_ops, k->in, k->out, k->cls};
     return RKM_OK;
 }
 
@@ -1325,13 +1314,20 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
 
 static rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
 
-rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, rkm_sim_result *res, rkm_plan **out)
+/* What every function that makes a plan of g checks first: *out cleared,
+ * g given and finalized, its input (`what`) given when input_ok is 0. */
+static rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
 {
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn) : RKM_ERROR_ARGUMENT;
     *out = NULL;
     if (!g) return RKM_ERROR_ARGUMENT;
-    if (!steps && n) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_create: steps is NULL");
-    rkm_result r = rkm__check_finalized(g, "rkm_plan_create");
+    if (!input_ok) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s is NULL", fn, what);
+    return rkm__check_finalized(g, fn);
+}
+
+rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, rkm_sim_result *res, rkm_plan **out)
+{
+    rkm_result r = rkm__plan_args(g, out, steps || !n, "rkm_plan_create", "steps");
     if (r) return r;
     rkm__steps d = {g->ctx, NULL, 0, 0};
     for (size_t i = 0; i < n; i++)
@@ -1397,11 +1393,7 @@ static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t l
 rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name,
                                 rkm_sim_result *sim, rkm_plan **out)
 {
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (!text && len) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_string: text is NULL");
-    rkm_result res = rkm__check_finalized(g, "rkm_plan_read_string");
+    rkm_result res = rkm__plan_args(g, out, text || !len, "rkm_plan_read_string", "text");
     if (res) return res;
     rkm__steps d = {g->ctx, NULL, 0, 0};
     if ((res = rkm__read_steps(g, text, len, source_name, &d))) {
@@ -1413,12 +1405,11 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
 
 rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *sim, rkm_plan **out)
 {
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_file: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g || !path) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_read_file: path is NULL") : RKM_ERROR_ARGUMENT;
+    rkm_result res = rkm__plan_args(g, out, path != NULL, "rkm_plan_read_file", "path");
+    if (res) return res;
     char *data;
     size_t len;
-    rkm_result res = rkm__slurp(g->ctx, path, &data, &len);
+    res = rkm__slurp(g->ctx, path, &data, &len);
     if (res) return res;
     res = rkm_plan_read_string(g, data, len, path, sim, out);
     rkm__free(g->ctx, data, len + 1);
@@ -1800,45 +1791,47 @@ static int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_re
     return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL, NULL) == 1;
 }
 
+/* Each rule: its text, and whether the object it names is an op (else a
+ * tensor). */
+static const struct rkm__rule_info {
+    const char *text;
+    int on_op;
+} rkm__rules[RKM_RULE_COUNT] = {
+    [RKM_RULE_NONE] = {"no rule broken", 0},
+    [RKM_RULE_FWD_INPUT_MISSING] = {"fwd: every in tensor must be live", 0},
+    [RKM_RULE_SAVE_NOT_ALLOWED] = {"fwd save: the op must have phantom > 0 and a backward", 1},
+    [RKM_RULE_SAVE_ALREADY_LIVE] = {"fwd save: the op's saved state must not be live already", 1},
+    [RKM_RULE_LOSS_TENSOR_MISSING] = {"loss: the loss tensor must be live", 0},
+    [RKM_RULE_LOSS_TWICE] = {"loss: runs exactly once", 0},
+    [RKM_RULE_BWD_NO_BACKWARD] = {"bwd: the op must have a backward", 1},
+    [RKM_RULE_BWD_TWICE] = {"bwd: each backward runs exactly once", 1},
+    [RKM_RULE_BWD_SAVED_MISSING] = {"bwd: every saved tensor must be live", 0},
+    [RKM_RULE_BWD_PHANTOM_MISSING] = {"bwd: the op's saved state (phantom) must be live", 1},
+    [RKM_RULE_BWD_GRAD_MISSING] = {"bwd: the gradient of every output with a gradient must be live", 0},
+    [RKM_RULE_BWD_GRAD_INCOMPLETE] = {"bwd: the gradient of every output must be complete (all contributors ran)", 0},
+    [RKM_RULE_FREE_NOT_LIVE] = {"free: the tensor must be live", 0},
+    [RKM_RULE_FREE_INPUT] = {"free: an input tensor is never freed", 0},
+    [RKM_RULE_FREE_SAVED_NOT_LIVE] = {"free_saved: the op's saved state must be live", 1},
+    [RKM_RULE_FREE_GRAD_NOT_LIVE] = {"free_grad: the gradient must be live", 0},
+    [RKM_RULE_FREE_GRAD_INCOMPLETE] = {"free_grad: the gradient must be complete (all contributors ran)", 0},
+    [RKM_RULE_END_LOSS_MISSING] = {"end: the loss step must have run", 0},
+    [RKM_RULE_END_BWD_MISSING] = {"end: every op with a backward must run it", 1},
+    [RKM_RULE_END_TENSOR_LIVE] = {"end: only input tensors may be live", 0},
+    [RKM_RULE_END_SAVED_LIVE] = {"end: no saved state may be live", 1},
+    [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live", 0},
+    [RKM_RULE_BAD_STEP] = {"step kind or index out of range", 0},
+};
+
 const char *rkm_rule_string(rkm_rule rule)
 {
-    static const char *const text[RKM_RULE_COUNT] = {
-        "no rule broken",
-        "fwd: every in tensor must be live",
-        "fwd save: the op must have phantom > 0 and a backward",
-        "fwd save: the op's saved state must not be live already",
-        "loss: the loss tensor must be live",
-        "loss: runs exactly once",
-        "bwd: the op must have a backward",
-        "bwd: each backward runs exactly once",
-        "bwd: every saved tensor must be live",
-        "bwd: the op's saved state (phantom) must be live",
-        "bwd: the gradient of every output with a gradient must be live",
-        "bwd: the gradient of every output must be complete (all contributors ran)",
-        "free: the tensor must be live",
-        "free: an input tensor is never freed",
-        "free_saved: the op's saved state must be live",
-        "free_grad: the gradient must be live",
-        "free_grad: the gradient must be complete (all contributors ran)",
-        "end: the loss step must have run",
-        "end: every op with a backward must run it",
-        "end: only input tensors may be live",
-        "end: no saved state may be live",
-        "end: no gradient may be live",
-        "step kind or index out of range",
-    };
     if ((int)rule < 0 || rule >= RKM_RULE_COUNT) return "unknown rule";
-    return text[rule];
+    return rkm__rules[rule].text;
 }
 
 static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
 {
     if (obj < 0) return "";
-    int is_op = rule == RKM_RULE_SAVE_NOT_ALLOWED || rule == RKM_RULE_SAVE_ALREADY_LIVE ||
-                rule == RKM_RULE_BWD_NO_BACKWARD || rule == RKM_RULE_BWD_TWICE || rule == RKM_RULE_BWD_PHANTOM_MISSING ||
-                rule == RKM_RULE_FREE_SAVED_NOT_LIVE || rule == RKM_RULE_END_BWD_MISSING ||
-                rule == RKM_RULE_END_SAVED_LIVE;
-    if (is_op) return (size_t)obj < g->n_ops ? g->ops[obj].name : "";
+    if (rkm__rules[rule].on_op) return (size_t)obj < g->n_ops ? g->ops[obj].name : "";
     return (size_t)obj < g->n_tensors ? g->tensors[obj].name : "";
 }
 
@@ -2169,10 +2162,7 @@ static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm__steps *d)
 
 rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out)
 {
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_baseline: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_finalized(g, "rkm_plan_baseline");
+    rkm_result r = rkm__plan_args(g, out, 1, "rkm_plan_baseline", "");
     if (r) return r;
     rkm__steps d = {g->ctx, NULL, 0, 0};
     if ((r = rkm__baseline_steps(g, &d))) {
@@ -3015,16 +3005,17 @@ static void rkm__ilp_sched_free(rkm_context *ctx, rkm__ilp_sched *s)
     s->save = NULL;
 }
 
+/* Copy src's contents and figures into dst, which keeps its own arrays. */
 static void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
 {
-    memcpy(dst->r, src->r, rkm__ilp_rsize(b));
-    memcpy(dst->save, src->save, (size_t)b->n * sizeof *dst->save);
-    dst->peak = src->peak;
-    dst->kept = src->kept;
-    dst->time = src->time;
-    dst->proven = src->proven;
-    dst->peak_budget = src->peak_budget;
-    dst->kept_budget = src->kept_budget;
+    rkm__ilp_sched own = *dst;
+    memcpy(own.r, src->r, rkm__ilp_rsize(b));
+    memcpy(own.save, src->save, (size_t)b->n * sizeof *own.save);
+    *dst = *src;
+    dst->r = own.r;
+    dst->save = own.save;
+    dst->r_bytes = own.r_bytes;
+    dst->n_save = own.n_save;
 }
 
 /* Report an error of block b: "block ILP: first..last: why". */
@@ -3058,20 +3049,15 @@ static int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
 
 /* ---- schedules: steps, replay ------------------------------------------- */
 
+/* A schedule's steps, and where its forward part ends. */
 typedef struct rkm__ilp_out {
-    rkm_step *s;
-    size_t n, cap;
+    rkm__steps l;
     size_t n_fwd;
 } rkm__ilp_out;
 
-static int rkm__ilp_push(const rkm__ilp_shape *b, rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
+static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
 {
-    if (!rkm__reserve(b->ctx, (void **)&o->s, &o->cap, o->n + 1, sizeof *o->s)) return 0;
-    o->s[o->n].kind = kind;
-    o->s[o->n].index = index;
-    o->s[o->n].save = save;
-    o->n++;
-    return 1;
+    return rkm__steps_push(&o->l, kind, index, save);
 }
 
 /* One compute event of a schedule. */
@@ -3128,20 +3114,20 @@ static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s,
                                rkm__ilp_out *o)
 {
     const rkm_graph *g = b->g;
-    if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(b, o, RKM_STEP_LOSS, g->loss, 0) : 1;
+    if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(o, RKM_STEP_LOSS, g->loss, 0) : 1;
     int32_t gop = b->op[e->v];
     if (e->kind == RKM__ILP_NODE_FWD)
-        return rkm__ilp_push(b, o, RKM_STEP_FWD, gop, rkm__ilp_phantom(b, e->v) && s->save[e->v] == e->t);
-    return rkm__ilp_push(b, o, RKM_STEP_BWD, gop, 0);
+        return rkm__ilp_push(o, RKM_STEP_FWD, gop, rkm__ilp_phantom(b, e->v) && s->save[e->v] == e->t);
+    return rkm__ilp_push(o, RKM_STEP_BWD, gop, 0);
 }
 
 /* After a backward: its saved state and its outputs' gradients are dead. */
 static int rkm__ilp_emit_bwd_frees(const rkm__ilp_shape *b, int32_t v, rkm__ilp_out *o)
 {
     const rkm__op *op = &b->g->ops[b->op[v]];
-    if (op->phantom > 0 && !rkm__ilp_push(b, o, RKM_STEP_FREE_SAVED, b->op[v], 0)) return 0;
+    if (op->phantom > 0 && !rkm__ilp_push(o, RKM_STEP_FREE_SAVED, b->op[v], 0)) return 0;
     for (int32_t k = 0; k < op->n_out; k++)
-        if (b->g->tensors[op->out[k]].has_grad && !rkm__ilp_push(b, o, RKM_STEP_FREE_GRAD, op->out[k], 0)) return 0;
+        if (b->g->tensors[op->out[k]].has_grad && !rkm__ilp_push(o, RKM_STEP_FREE_GRAD, op->out[k], 0)) return 0;
     return 1;
 }
 
@@ -3179,8 +3165,7 @@ static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, 
 }
 
 /* The steps of schedule s: events in order, each followed by the frees
- * rkm__ilp_free_points puts there. o->s is allocated through the context
- * (o->cap items). */
+ * rkm__ilp_free_points puts there, in o->l (the context's allocation). */
 static rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
                                 rkm__ilp_out *o)
 {
@@ -3191,20 +3176,21 @@ static rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, 
     size_t n_fr = 0, cap_fr = 0;
     int ok = ev != NULL;
     memset(o, 0, sizeof *o);
+    o->l.ctx = ctx;
     size_t m = ok ? rkm__ilp_events(b, s, ev) : 0;
     ok = ok && rkm__ilp_free_points(b, rp, ev, m, &fr, &n_fr, &cap_fr);
     size_t f = 0;
     for (size_t e = 0; e < m && ok; e++) {
         ok = rkm__ilp_emit_event(b, s, &ev[e], o);
         if (ok && ev[e].kind == RKM__ILP_NODE_BWD) ok = rkm__ilp_emit_bwd_frees(b, ev[e].v, o);
-        for (; ok && f < n_fr && fr[f].e == e; f++) ok = rkm__ilp_push(b, o, RKM_STEP_FREE, b->tg[fr[f].i], 0);
-        if (ok && e + 1 < m && ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->n;
+        for (; ok && f < n_fr && fr[f].e == e; f++) ok = rkm__ilp_push(o, RKM_STEP_FREE, b->tg[fr[f].i], 0);
+        if (ok && e + 1 < m && ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->l.n;
     }
     rkm__free(ctx, ev, cap_ev * sizeof *ev);
     rkm__free(ctx, fr, cap_fr * sizeof *fr);
     if (!ok) {
-        rkm__free(ctx, o->s, o->cap * sizeof *o->s);
-        memset(o, 0, sizeof *o);
+        rkm__steps_free(&o->l);
+        o->n_fwd = 0;
         return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
     }
     return RKM_OK;
@@ -3237,10 +3223,10 @@ static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__il
     rkm_sim_result r1, r2;
     rkm__sim_reset(sim);
     rkm__sim_give_tensor(sim, b->x_in);
-    if (!rkm__sim_run(sim, o->s, o->n_fwd, &r1, NULL)) return 0;
+    if (!rkm__sim_run(sim, o->l.s, o->n_fwd, &r1, NULL)) return 0;
     s->kept = sim->mem;
     if (!b->is_last) rkm__sim_give_grad(sim, b->x_out);
-    if (!rkm__sim_run(sim, o->s + o->n_fwd, o->n - o->n_fwd, &r2, NULL)) return 0;
+    if (!rkm__sim_run(sim, o->l.s + o->n_fwd, o->l.n - o->n_fwd, &r2, NULL)) return 0;
     s->peak = r1.peak > r2.peak ? r1.peak : r2.peak;
     s->time = r1.time + r2.time;
     return rkm__ilp_end_ok(b, sim);
@@ -3254,8 +3240,8 @@ static int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm_
     *res = rkm__ilp_emit(b, rp, s, &o);
     if (*res) return 0;
     int ok = rkm__ilp_replay(b, &rp->sim, &o, s);
-    rp->last_steps = o.n;
-    rkm__free(b->ctx, o.s, o.cap * sizeof *o.s);
+    rp->last_steps = o.l.n;
+    rkm__steps_free(&o.l);
     return ok;
 }
 
@@ -4107,14 +4093,15 @@ static rkm_result rkm__ilp_output(const rkm__ilp_shape *b, rkm__ilp_replayer *rp
     rkm__ilp_out o;
     rkm_result r = rkm__ilp_emit(b, rp, s, &o);
     if (r) return r;
-    rkm_step *out = rkm__realloc(b->ctx, o.s, o.cap * sizeof *o.s, o.n * sizeof *o.s);
-    if (!out) {
-        rkm__free(b->ctx, o.s, o.cap * sizeof *o.s);
+    size_t n = o.l.n;
+    rkm_step *out = rkm__steps_take(&o.l);
+    if (!out && n) {
+        rkm__steps_free(&o.l);
         return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
     }
     *steps = out;
     *n_fwd = o.n_fwd;
-    *n_bwd = o.n - o.n_fwd;
+    *n_bwd = n - o.n_fwd;
     return RKM_OK;
 }
 
@@ -5778,16 +5765,24 @@ static int (*rkm__simple_callback(const rkm_callbacks *cb, int32_t kind))(void *
     }
 }
 
-rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
+/* Profiling: the walk times every forward and backward call with a clock. */
+typedef struct rkm__prof {
+    double (*clock)(void *);
+    void *clock_user;
+    double *fwd, *bwd; /* [run * n_ops + op] */
+    size_t n_ops;
+    int32_t run;
+} rkm__prof;
+
+/* Walk the plan calling the host; with pr, time its forwards and backwards. */
+static rkm_result rkm__walk(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
 {
-    if (!p || !cb) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: callbacks are NULL") : RKM_ERROR_ARGUMENT;
-    if (!cb->forward || !cb->backward)
-        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute: the forward and backward callbacks are required");
     for (size_t i = 0; i < p->n_steps; i++) {
         const rkm_step *st = &p->steps[i];
         const uint8_t *fl = p->flags + p->flag_off[i];
-        int rc = 0;
+        int rc = 0, timed = pr && (st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD);
         const char *which = rkm__callback_names[st->kind];
+        double t0 = timed ? pr->clock(pr->clock_user) : 0;
         if (st->kind == RKM_STEP_FWD) {
             rkm_fwd_call c = {(int64_t)i, st->index, st->save, fl[0], fl + 1};
             rc = cb->forward(cb->user, &c);
@@ -5798,55 +5793,37 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
             int (*fn)(void *, int32_t) = rkm__simple_callback(cb, st->kind);
             rc = fn ? fn(cb->user, st->index) : 0;
         }
+        if (timed) {
+            double *samples = st->kind == RKM_STEP_FWD ? pr->fwd : pr->bwd;
+            samples[(size_t)pr->run * pr->n_ops + (size_t)st->index] = pr->clock(pr->clock_user) - t0;
+        }
         if (rc) return rkm__cb_fail(p, i, which, rc);
     }
     return RKM_OK;
 }
 
-/* Profiling: the host's callbacks wrapped with a clock. */
-typedef struct rkm__prof {
-    const rkm_callbacks *host;
-    double (*clock)(void *);
-    void *clock_user;
-    double *fwd, *bwd; /* [run * n_ops + op] */
-    size_t n_ops;
-    int32_t run;
-} rkm__prof;
+/* The callbacks every walk needs. */
+static rkm_result rkm__callbacks_ok(rkm_context *ctx, const rkm_callbacks *cb, const char *fn)
+{
+    if (!cb) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: callbacks are NULL", fn);
+    if (!cb->forward || !cb->backward)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the forward and backward callbacks are required", fn);
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
+{
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__callbacks_ok(p->ctx, cb, "rkm_plan_execute");
+    return r ? r : rkm__walk(p, cb, NULL);
+}
+
 
 static double rkm__default_clock(void *user)
 {
     (void)user;
     return rkm__now();
 }
-
-static int rkm__prof_fwd(void *user, const rkm_fwd_call *c)
-{
-    rkm__prof *pr = user;
-    double t0 = pr->clock(pr->clock_user);
-    int rc = pr->host->forward(pr->host->user, c);
-    pr->fwd[(size_t)pr->run * pr->n_ops + (size_t)c->op] = pr->clock(pr->clock_user) - t0;
-    return rc;
-}
-
-static int rkm__prof_bwd(void *user, const rkm_bwd_call *c)
-{
-    rkm__prof *pr = user;
-    double t0 = pr->clock(pr->clock_user);
-    int rc = pr->host->backward(pr->host->user, c);
-    pr->bwd[(size_t)pr->run * pr->n_ops + (size_t)c->op] = pr->clock(pr->clock_user) - t0;
-    return rc;
-}
-
-#define RKM__PROF_FORWARD(name, type)                                            \
-    static int rkm__prof_##name(void *user, type x)                              \
-    {                                                                            \
-        rkm__prof *pr = user;                                                    \
-        return pr->host->name ? pr->host->name(pr->host->user, x) : 0;           \
-    }
-RKM__PROF_FORWARD(loss, int32_t)
-RKM__PROF_FORWARD(free_tensor, int32_t)
-RKM__PROF_FORWARD(free_saved, int32_t)
-RKM__PROF_FORWARD(free_grad, int32_t)
 
 static int rkm__cmp_double(const void *a, const void *b)
 {
@@ -5902,23 +5879,20 @@ rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const 
     if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_profile: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = NULL;
     if (!g) return RKM_ERROR_ARGUMENT;
-    if (!cb || !cb->forward || !cb->backward)
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_profile: the forward and backward callbacks are required");
     rkm_profile_desc d;
-    rkm_result r = rkm__profile_defaults(g, desc, &d);
+    rkm_result r = rkm__callbacks_ok(g->ctx, cb, "rkm_graph_profile");
+    if (!r) r = rkm__profile_defaults(g, desc, &d);
     rkm_plan *p = NULL;
     if (!r) r = rkm_plan_baseline(g, &p);
     if (r) return r;
     size_t n = (size_t)d.runs * g->n_ops, size = (2 * n + (size_t)d.runs) * sizeof(double);
-    rkm__prof pr = {cb, d.clock, d.clock_user, NULL, NULL, g->n_ops, 0};
+    rkm__prof pr = {d.clock, d.clock_user, NULL, NULL, g->n_ops, 0};
     pr.fwd = rkm__calloc(g->ctx, 1, size);
     rkm_op_costs *costs = rkm__calloc(g->ctx, g->n_ops + 1, sizeof *costs);
     if (!pr.fwd || !costs) r = rkm__nomem(g->ctx, "rkm_graph_profile");
     if (!r) {
         pr.bwd = pr.fwd + n;
-        rkm_callbacks w = {&pr, rkm__prof_fwd, rkm__prof_bwd, rkm__prof_loss, rkm__prof_free_tensor,
-                           rkm__prof_free_saved, rkm__prof_free_grad};
-        for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm_plan_execute(p, &w);
+        for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm__walk(p, cb, &pr);
     }
     if (!r) {
         rkm__profile_costs(g, &pr, &d, pr.bwd + n, costs); /* the last runs doubles: one op's samples */
