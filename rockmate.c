@@ -5201,12 +5201,27 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
+/* Bytes and DP slots: the planner's only conversions. A slot is pl->q
+ * bytes above the input tensors (always live). */
+
 /* Slots for a byte count, rounded up (so the DP never under-counts). */
 static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
 {
     uint64_t s = rkm__ceil_div(bytes, pl->q);
     return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
 }
+
+/* The slots a budget (absolute bytes) affords, rounded down and at most the
+ * table's; -1 when the inputs alone do not fit. */
+static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
+{
+    if (budget < pl->g->input_bytes) return -1;
+    uint64_t m = (budget - pl->g->input_bytes) / pl->q;
+    return m > (uint64_t)pl->d.slots ? pl->d.slots : (int64_t)m;
+}
+
+/* The absolute bytes of m slots: the budget they stand for. */
+static uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
 
 /* The DP's view of the chain: every figure converted to slots, the one
  * place where block figures (absolute bytes, section 8) become the DP's
@@ -5514,7 +5529,7 @@ static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, r
 
 /* The chain DP's block-level schedule for m slots into ops, or ops empty
  * when it has none. */
-static rkm_result rkm__chain_ops(rkm_planner *pl, uint64_t m, rkm__dp_ops *ops)
+static rkm_result rkm__chain_ops(rkm_planner *pl, int64_t m, rkm__dp_ops *ops)
 {
     const rkm_graph *g = pl->g;
     if (pl->d.algo == RKM_ALGO_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
@@ -5535,10 +5550,8 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, uint64_t m, rkm__dp_ops *ops)
 static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
-    const rkm_graph *g = pl->g;
-    if (budget < g->input_bytes) return RKM_OK;
-    uint64_t m = (budget - g->input_bytes) / pl->q;
-    if (m > (uint64_t)pl->d.slots) m = (uint64_t)pl->d.slots;
+    int64_t m = rkm__budget_slots(pl, budget);
+    if (m < 0) return RKM_OK;
     rkm__dp_ops ops = {NULL, 0, 0};
     rkm__steps d = {pl->ctx, NULL, 0, 0};
     rkm_result r = rkm__chain_ops(pl, m, &ops);
@@ -5634,8 +5647,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
         int64_t m = 0;
         r = rkm__dp_min_slots(pl->ctx, pl->dpb, g->n_blocks, &m);
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan: the baseline's peak */
-        else if (!r && m <= pl->d.slots && g->input_bytes + (uint64_t)m * pl->q < *out)
-            *out = g->input_bytes + (uint64_t)m * pl->q;
+        else if (!r && m <= pl->d.slots && rkm__slots_budget(pl, m) < *out)
+            *out = rkm__slots_budget(pl, m);
     } else if (pl->d.algo == RKM_ALGO_SQRT) {
         rkm_plan *p;
         if (!(r = rkm__solve_chain(pl, UINT64_MAX, &p)) && p) *out = p->stats.peak;
