@@ -39,6 +39,10 @@
  *   plans and planners made from it; a context must outlive everything made
  *   with it. Objects are not thread-safe; distinct objects may be used from
  *   distinct threads (lp_solve calls are serialised by one internal lock).
+ * - Ids are dense int32 indices: tensors 0..num_tensors-1 in declaration
+ *   order, ops 0..num_ops-1 in declaration (topological) order.
+ * - Output is deterministic: the same graph and options give the same plan,
+ *   byte for byte, on every machine.
  *
  * OBJECT LIFETIMES (data flows one way)
  *
@@ -58,11 +62,10 @@
  *            plan never changes; every query is const and recomputes
  *            nothing.
  *   planner  holds what does not depend on the budget (block options, the
- *            DP table); each solve returns a new plan owned by the caller.
- * - Ids are dense int32 indices: tensors 0..num_tensors-1 in declaration
- *   order, ops 0..num_ops-1 in declaration (topological) order.
- * - Output is deterministic: the same graph and options give the same plan,
- *   byte for byte, on every machine.
+ *            DP table); each solve returns a new plan owned by the caller. It
+ *            is the one object that changes after creation: its ILP
+ *            counters grow, and its smallest budget is computed at the first
+ *            rkm_planner_min_budget and kept.
  *
  * MEMORY AND TIME ACCOUNTING (see docs/formats.md, the contract)
  *
@@ -293,7 +296,7 @@ typedef struct rkm_graph_stats {
     double baseline_time;   /* the baseline plan's time */
     uint64_t lower_bound;   /* no valid plan can peak below this (largest single step) */
     int32_t blocks;         /* blocks of the sequence */
-    int32_t block_classes;  /* classes of identical blocks */
+    int32_t block_classes;  /* classes of blocks (rkm_block_info.class_id) */
 } rkm_graph_stats;
 rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out);
 
