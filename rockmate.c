@@ -10,8 +10,9 @@
  *   8. Block options: extremes, replay, dominance
  *   9. Block ILP (lp_solve)
  *  10. Chain DP
- *  11. Planner: algorithms, flattening, budgets
- *  12. Executor and profiler
+ *  11. DTR: dynamic tensor rematerialization, simulated offline
+ *  12. Planner: algorithms, flattening, budgets
+ *  13. Executor and profiler
  *
  * See rockmate.h for the public API and docs/formats.md for the contract. */
 #if !defined(_POSIX_C_SOURCE) && !defined(_WIN32)
@@ -5153,7 +5154,276 @@ static rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_
 }
 
 /* ===========================================================================
- * 11. Planner: algorithms, flattening, budgets
+ * 11. DTR: dynamic tensor rematerialization, simulated offline
+ * ========================================================================= */
+
+/* Kirisame et al. (ICLR 2021), run ahead of time on the contract instead of
+ * at run time: the baseline's program (every forward in file order, the
+ * loss, every backward in reverse) is replayed under the budget; before a
+ * step that would not fit, the live activation or saved state with the
+ * least cost / (bytes x staleness) is evicted, and whatever a step needs
+ * that is not live is recomputed on demand (recursively). Gradients are
+ * never evicted. A tensor is freed as soon as nothing in the program reads
+ * it any more. Works on any DAG, at any budget it can meet; it is the
+ * fallback and a competitor of the chain DP, and `--algo dtr` on its own. */
+
+typedef struct rkm__dtr {
+    const rkm_graph *g;
+    rkm__sim s;
+    rkm__steps out;
+    uint64_t budget;
+    size_t max_steps;      /* a plan longer than this is thrashing: give up */
+    int32_t *lock_t;       /* per tensor: pinned by steps in progress */
+    int32_t *lock_p;       /* per op: its saved state pinned */
+    int64_t *last_t;       /* per tensor: the step that last touched it */
+    int64_t *last_p;       /* per op: the same for its saved state */
+    int32_t *uses;         /* per tensor: program steps still to read it */
+    int32_t depth;         /* of rkm__dtr_ensure's recursion */
+    int failed;            /* 1: the budget cannot be met; -1: out of memory */
+} rkm__dtr;
+
+/* The least of the (live, unpinned, non-empty) activations and saved
+ * states to evict: cost / (bytes x staleness), ties to the lower id, a
+ * tensor before a saved state. Returns 0 if there is none. */
+static int rkm__dtr_victim(const rkm__dtr *d, int *is_op, int32_t *id)
+{
+    const rkm_graph *g = d->g;
+    double best = 0;
+    int found = 0;
+    int64_t now = (int64_t)d->out.n;
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        if (!d->s.D[t] || (x->flags & RKM_TENSOR_INPUT) || d->lock_t[t] || !x->bytes) continue;
+        double h = g->ops[x->producer].fwd / ((double)x->bytes * (double)(now - d->last_t[t] + 1));
+        if (!found || h < best) best = h, found = 1, *is_op = 0, *id = (int32_t)t;
+    }
+    for (size_t i = 0; i < g->n_ops; i++) {
+        if (!d->s.P[i] || d->lock_p[i]) continue;
+        double h = g->ops[i].fwd / ((double)g->ops[i].phantom * (double)(now - d->last_p[i] + 1));
+        if (!found || h < best) best = h, found = 1, *is_op = 1, *id = (int32_t)i;
+    }
+    return found;
+}
+
+/* Append a step and apply it (it is valid by construction: a rule broken
+ * here is a bug, caught again at the plan's birth). */
+static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t save)
+{
+    rkm_step st = {kind, index, save};
+    uint64_t pk;
+    int32_t obj;
+    if (d->failed) return;
+    if (!rkm__steps_push(&d->out, kind, index, save)) {
+        d->failed = -1;
+        return;
+    }
+    if (rkm__sim_step(&d->s, &st, &pk, &obj) != RKM_RULE_NONE || pk > d->budget || d->out.n > d->max_steps)
+        d->failed = 1;
+}
+
+/* Evict until `need` more bytes fit under the budget. */
+static int rkm__dtr_room(rkm__dtr *d, uint64_t need)
+{
+    while (!d->failed && d->s.mem + need > d->budget) {
+        int is_op = 0;
+        int32_t id = -1;
+        if (!rkm__dtr_victim(d, &is_op, &id)) d->failed = 1;
+        else rkm__dtr_apply(d, is_op ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, id, 0);
+    }
+    return !d->failed;
+}
+
+/* Free t if it is a live activation that nothing pins or will read. */
+static void rkm__dtr_release(rkm__dtr *d, int32_t t)
+{
+    const rkm__tensor *x = &d->g->tensors[t];
+    int needed = d->uses[t] > 0 || (t == d->g->loss && !d->s.loss_done);
+    if (d->s.D[t] && !(x->flags & RKM_TENSOR_INPUT) && !d->lock_t[t] && !needed)
+        rkm__dtr_apply(d, RKM_STEP_FREE, t, 0);
+}
+
+/* What a forward of op o adds: outputs not live, the saved state. */
+static uint64_t rkm__dtr_fwd_need(const rkm__dtr *d, const rkm__op *o, int save)
+{
+    uint64_t need = o->fwd_ws + (save ? o->phantom : 0);
+    for (int32_t k = 0; k < o->n_out; k++)
+        if (!d->s.D[o->out[k]]) need += d->g->tensors[o->out[k]].bytes;
+    return need;
+}
+
+static void rkm__dtr_lock(rkm__dtr *d, const int32_t *list, int32_t n, int32_t by)
+{
+    for (int32_t k = 0; k < n; k++) d->lock_t[list[k]] += by;
+}
+
+static void rkm__dtr_touch(rkm__dtr *d, const int32_t *list, int32_t n)
+{
+    for (int32_t k = 0; k < n; k++) d->last_t[list[k]] = (int64_t)d->out.n;
+}
+
+static int rkm__dtr_ensure(rkm__dtr *d, int32_t t);
+
+/* Run op i's forward (save: with its saved state), making its inputs live
+ * first; its outputs are left for the caller to use or release. */
+static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
+{
+    const rkm__op *o = &d->g->ops[i];
+    int ok = 1;
+    int32_t k = 0;
+    for (; k < o->n_in && ok; k++) {
+        ok = rkm__dtr_ensure(d, o->in[k]);
+        d->lock_t[o->in[k]]++;
+    }
+    if (ok && rkm__dtr_room(d, rkm__dtr_fwd_need(d, o, save))) rkm__dtr_apply(d, RKM_STEP_FWD, i, save);
+    rkm__dtr_lock(d, o->in, k, -1);
+    rkm__dtr_touch(d, o->in, o->n_in);
+    rkm__dtr_touch(d, o->out, o->n_out);
+    if (save) d->last_p[i] = (int64_t)d->out.n;
+    return !d->failed;
+}
+
+/* Make t live, recomputing its producer (and what that needs). */
+static int rkm__dtr_ensure(rkm__dtr *d, int32_t t)
+{
+    if (d->failed) return 0;
+    if (d->s.D[t]) return 1;
+    if (d->depth > (int32_t)d->g->n_ops) return !(d->failed = 1);
+    d->depth++;
+    int32_t p = d->g->tensors[t].producer;
+    int ok = rkm__dtr_forward(d, p, 0);
+    d->depth--;
+    if (ok) {
+        const rkm__op *o = &d->g->ops[p];
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (o->out[k] != t) rkm__dtr_release(d, o->out[k]);
+    }
+    return ok;
+}
+
+/* One op of the forward pass: run with its saved state if its backward
+ * wants one, then drop what no later step reads. */
+static void rkm__dtr_fwd_step(rkm__dtr *d, int32_t i)
+{
+    const rkm__op *o = &d->g->ops[i];
+    if (!rkm__dtr_forward(d, i, rkm__saves_phantom(o))) return;
+    for (int32_t k = 0; k < o->n_in; k++) d->uses[o->in[k]]--;
+    for (int32_t k = 0; k < o->n_in + o->n_out; k++) rkm__dtr_release(d, o->in[k]);
+}
+
+static void rkm__dtr_loss(rkm__dtr *d)
+{
+    int32_t l = d->g->loss;
+    if (!rkm__dtr_ensure(d, l)) return;
+    d->lock_t[l]++;
+    if (rkm__dtr_room(d, d->g->tensors[l].bytes)) rkm__dtr_apply(d, RKM_STEP_LOSS, l, 0);
+    d->lock_t[l]--;
+    rkm__dtr_release(d, l);
+}
+
+/* One backward: its saved state and saved tensors made live and pinned,
+ * room for the new gradients, then everything it alone needed freed. */
+static void rkm__dtr_bwd_step(rkm__dtr *d, int32_t i)
+{
+    const rkm_graph *g = d->g;
+    const rkm__op *o = &g->ops[i];
+    if (o->phantom > 0 && !d->s.P[i] && !rkm__dtr_forward(d, i, 1)) return;
+    d->lock_p[i]++;
+    int32_t k = 0;
+    for (; k < o->n_saved && !d->failed; k++) {
+        rkm__dtr_ensure(d, o->saved[k]);
+        d->lock_t[o->saved[k]]++;
+    }
+    uint64_t need = o->bwd_ws;
+    for (int32_t j = 0; j < o->n_in; j++)
+        if (g->tensors[o->in[j]].has_grad && !d->s.G[o->in[j]] && !rkm__list_has(o->in, j, o->in[j]))
+            need += g->tensors[o->in[j]].bytes;
+    if (!d->failed && rkm__dtr_room(d, need)) rkm__dtr_apply(d, RKM_STEP_BWD, i, 0);
+    d->lock_p[i]--;
+    rkm__dtr_lock(d, o->saved, k, -1);
+    if (d->failed) return;
+    if (d->s.P[i]) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, i, 0);
+    for (int32_t j = 0; j < o->n_out; j++)
+        if (g->tensors[o->out[j]].has_grad) rkm__dtr_apply(d, RKM_STEP_FREE_GRAD, o->out[j], 0);
+    for (int32_t j = 0; j < o->n_saved; j++) d->uses[o->saved[j]]--;
+    for (int32_t j = 0; j < o->n_saved; j++) rkm__dtr_release(d, o->saved[j]);
+    for (int32_t j = 0; j < o->n_in + o->n_out; j++) rkm__dtr_release(d, o->in[j]);
+}
+
+/* Whatever is still live at the end that the contract wants gone. */
+static void rkm__dtr_end(rkm__dtr *d)
+{
+    const rkm_graph *g = d->g;
+    for (size_t i = 0; i < g->n_ops && !d->failed; i++)
+        if (d->s.P[i]) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, (int32_t)i, 0);
+    for (size_t t = 0; t < g->n_tensors && !d->failed; t++)
+        if (d->s.D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) rkm__dtr_apply(d, RKM_STEP_FREE, (int32_t)t, 0);
+}
+
+static void rkm__dtr_free(rkm__dtr *d)
+{
+    rkm_context *ctx = d->g->ctx;
+    size_t nt = d->g->n_tensors + 1, no = d->g->n_ops + 1;
+    rkm__free(ctx, d->lock_t, (2 * nt + 2 * no) * sizeof(int64_t));
+    rkm__sim_free(&d->s);
+    rkm__steps_free(&d->out);
+}
+
+/* Per tensor, the program's reads: forwards reading it, backwards saving it. */
+static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget)
+{
+    memset(d, 0, sizeof *d);
+    d->g = g;
+    d->budget = budget;
+    d->out.ctx = g->ctx;
+    d->max_steps = 16 * (2 * g->n_ops + g->n_tensors) + 64;
+    size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
+    int64_t *mem = rkm__calloc(g->ctx, 2 * nt + 2 * no, sizeof(int64_t));
+    if (!mem) return rkm__nomem(g->ctx, "dtr");
+    /* int32 arrays share the int64 allocation's first half */
+    d->lock_t = (int32_t *)mem;
+    d->lock_p = d->lock_t + nt;
+    d->uses = d->lock_p + no;
+    d->last_t = mem + nt + no;
+    d->last_p = d->last_t + nt;
+    rkm_result r = rkm__sim_init(g, &d->s);
+    if (r) {
+        rkm__free(g->ctx, mem, (2 * nt + 2 * no) * sizeof(int64_t));
+        d->lock_t = NULL;
+        return r;
+    }
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_in; k++) d->uses[o->in[k]]++;
+        if (o->has_bwd)
+            for (int32_t k = 0; k < o->n_saved; k++) d->uses[o->saved[k]]++;
+    }
+    return RKM_OK;
+}
+
+/* DTR's steps for `budget` into *draft; draft->n == 0 when DTR cannot meet
+ * the budget. */
+static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, rkm__steps *draft)
+{
+    rkm__dtr d;
+    rkm_result r = rkm__dtr_init(&d, g, budget);
+    if (r) return r;
+    for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
+    if (!d.failed) rkm__dtr_loss(&d);
+    for (size_t i = g->n_ops; i-- > 0 && !d.failed;)
+        if (g->ops[i].has_bwd) rkm__dtr_bwd_step(&d, (int32_t)i);
+    if (!d.failed) rkm__dtr_end(&d);
+    if (d.failed < 0) r = rkm__nomem(g->ctx, "dtr");
+    if (!d.failed) {
+        *draft = d.out;
+        d.out.s = NULL;
+        d.out.n = d.out.cap = 0;
+    }
+    rkm__dtr_free(&d);
+    return r;
+}
+
+/* ===========================================================================
+ * 12. Planner: algorithms, flattening, budgets
  * ========================================================================= */
 
 #define RKM_DEFAULT_SLOTS 1000
@@ -5179,6 +5449,7 @@ struct rkm_planner {
     double create_seconds;
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
+    uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
 };
 
 /* The planner's figures so far, ILP counters included. */
@@ -5589,12 +5860,63 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
     return r;
 }
 
+/* DTR's own plan for exactly `budget`, or *out NULL where it cannot meet it. */
+static rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    rkm_result r = rkm__dtr_steps(pl->g, budget, &d);
+    if (!r && d.n) r = rkm__planned_birth(pl, &d, out);
+    return r;
+}
+
+static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+
+/* DTR's plan for `budget`, or *out NULL. Its success is not monotone in the
+ * budget: where it fails, the plan made for its smallest budget (which fits
+ * any larger one) stands in. */
+static rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_result r = rkm__dtr_plan(pl, budget, out);
+    if (r || *out) return r;
+    uint64_t min;
+    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
+    return rkm__dtr_plan(pl, min, out);
+}
+
+/* The faster of two plans (a on a tie); the other is destroyed. */
+static rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
+{
+    if (!a || !b) return a ? a : b;
+    int keep_a = a->stats.time <= b->stats.time;
+    rkm_plan_destroy(keep_a ? b : a);
+    return keep_a ? a : b;
+}
+
+/* Rockmate's plan: the chain DP's, or DTR's where it is faster or the
+ * chain DP has none. */
+static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_plan *chain = NULL, *dtr = NULL;
+    rkm_result r = rkm__solve_chain(pl, budget, &chain);
+    if (!r) r = rkm__solve_dtr(pl, budget, &dtr);
+    if (r) {
+        rkm_plan_destroy(chain);
+        rkm_plan_destroy(dtr);
+        return r;
+    }
+    *out = rkm__faster(chain, dtr);
+    return RKM_OK;
+}
+
 /* One plan for `budget` from the planner's algorithm, or *out NULL. */
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out);
     if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
     /* One solve's work is worth about its limit (on a slow machine it may
      * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
@@ -5637,6 +5959,27 @@ static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
     return r;
 }
 
+/* DTR's smallest budget: bisection between the lower bound and the baseline
+ * peak (which the baseline meets) on the peaks of the plans it makes. DTR's
+ * success is not monotone, so this is the least the bisection found. Kept
+ * after the first call. */
+static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    rkm_result r = RKM_OK;
+    uint64_t lo = pl->lower_bound, hi = pl->base_peak;
+    for (int it = 0; it < 40 && lo < hi && !pl->dtr_min && !r; it++) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        rkm_plan *p;
+        r = rkm__dtr_plan(pl, mid, &p);
+        if (!r && p) hi = p->stats.peak;
+        else if (!r) lo = mid + 1;
+        rkm_plan_destroy(p);
+    }
+    if (!r && !pl->dtr_min) pl->dtr_min = hi;
+    *out = pl->dtr_min;
+    return r;
+}
+
 /* The smallest budget the planner's algorithm meets (it does not change). */
 static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
 {
@@ -5655,6 +5998,10 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(p);
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
         r = rkm__min_budget_checkmate(pl, out);
+    if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE)) {
+        uint64_t dtr;
+        if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr;
+    }
     return r;
 }
 
@@ -5706,7 +6053,7 @@ rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
     return RKM_OK;
 }
 
-static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none"};
+static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"};
 
 const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
 
@@ -5719,7 +6066,7 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
             *out = (rkm_algo)a;
             return RKM_OK;
         }
-    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate or none)",
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none or dtr)",
                     name);
 }
 
@@ -5754,7 +6101,7 @@ rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baselin
 }
 
 /* ===========================================================================
- * 12. Executor and profiler
+ * 13. Executor and profiler
  * ========================================================================= */
 
 static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, int code)

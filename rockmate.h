@@ -456,6 +456,7 @@ typedef enum rkm_algo {
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs) */
     RKM_ALGO_NONE,         /* the baseline plan */
+    RKM_ALGO_DTR,          /* DTR (Kirisame et al.) simulated offline: any graph, any budget it meets */
     RKM_ALGO_COUNT
 } rkm_algo;
 

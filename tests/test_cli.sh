@@ -66,7 +66,7 @@ err_is() {
 cat >"$tmp/checks.py" <<'EOF'
 import json, re, sys, xml.etree.ElementTree as ET
 
-ALGOS = ["rockmate", "rotor", "sqrt", "checkmate", "none"]
+ALGOS = ["rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"]
 PLAN_KEYS = ["algo", "budget", "peak", "time", "baseline_peak", "baseline_time", "overhead",
              "solve_seconds", "blocks", "block_classes", "steps", "ilp"]
 ILP_KEYS = ["solves", "optimal", "suboptimal", "infeasible", "timeout", "failed", "seconds"]
