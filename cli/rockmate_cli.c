@@ -44,7 +44,7 @@ static const char cli_usage_text[] =
     "options:\n"
     "  --budget B        bytes, optionally with KiB, MiB, GiB (powers of 1024)\n"
     "                    or KB, MB, GB (powers of 1000), or N% of the baseline peak\n"
-    "  --algo A          rockmate (default), rotor, sqrt, checkmate or none;\n"
+    "  --algo A          rockmate (default), rotor, sqrt, checkmate, dtr or none;\n"
     "                    info and sweep take a list (sweep's default:\n"
     "                    rockmate,rotor,sqrt,none); checkmate is slow but for\n"
     "                    small graphs, so it runs only when named\n"
@@ -614,7 +614,7 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
  * (the tool never plans with RKM_ALGO_DEFAULT). */
 static const char *const cli_algo_color[RKM_ALGO_COUNT] = {
     [RKM_ALGO_ROCKMATE] = "#0072B2", [RKM_ALGO_ROTOR] = "#D55E00", [RKM_ALGO_SQRT] = "#009E73",
-    [RKM_ALGO_CHECKMATE] = "#CC79A7", [RKM_ALGO_NONE] = "#555555"};
+    [RKM_ALGO_CHECKMATE] = "#CC79A7", [RKM_ALGO_NONE] = "#555555", [RKM_ALGO_DTR] = "#E69F00"};
 enum { MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS, MARK_NONE };
 
 typedef struct cli_axis {
@@ -1308,7 +1308,7 @@ static int cli_sweep_svg(const cli_sweep *s, const char *path)
 {
     static const int marks[RKM_ALGO_COUNT] = {[RKM_ALGO_ROCKMATE] = MARK_CIRCLE, [RKM_ALGO_ROTOR] = MARK_SQUARE,
                                               [RKM_ALGO_SQRT] = MARK_TRIANGLE, [RKM_ALGO_CHECKMATE] = MARK_DIAMOND,
-                                              [RKM_ALGO_NONE] = MARK_CROSS};
+                                              [RKM_ALGO_NONE] = MARK_CROSS, [RKM_ALGO_DTR] = MARK_SQUARE};
     const cli_graph *G = s->G;
     double bp = (double)G->st.baseline_peak, bt = G->st.baseline_time, ymax = 0;
     for (size_t i = 0; i < s->n_budgets * (size_t)s->n_algos; i++)
