@@ -5838,10 +5838,10 @@ static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, r
 
 /* The chain DP's block-level schedule for m slots into ops, or ops empty
  * when it has none. */
-static rkm_result rkm__chain_ops(rkm_planner *pl, int64_t m, rkm__dp_ops *ops)
+static rkm_result rkm__chain_ops(rkm_planner *pl, int sqrt_rule, int64_t m, rkm__dp_ops *ops)
 {
     const rkm_graph *g = pl->g;
-    if (pl->d.algo == RKM_ALGO_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    if (sqrt_rule) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
     double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
     int64_t peak = 0;
     if (!isfinite(opt)) return RKM_OK;
@@ -5855,15 +5855,16 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, int64_t m, rkm__dp_ops *ops)
     return r;
 }
 
-/* The chain DP's plan for `budget`, or *out NULL when it has none. */
-static rkm_result rkm__solve_chain(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* The chain's plan for `budget` (sqrt_rule: sqrt's fixed checkpoints, else
+ * the DP's), or *out NULL when it has none. */
+static rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
     if (m < 0) return RKM_OK;
     rkm__dp_ops ops = {NULL, 0, 0};
     rkm__steps d = {pl->ctx, NULL, 0, 0};
-    rkm_result r = rkm__chain_ops(pl, m, &ops);
+    rkm_result r = rkm__chain_ops(pl, sqrt_rule, m, &ops);
     if (!r && ops.n) r = rkm__draft_from_ops(pl, &ops, &d);
     rkm__dp_ops_free(pl->ctx, &ops);
     if (!r && d.n) r = rkm__planned_birth(pl, &d, out);
@@ -5953,19 +5954,21 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
 #define RKM_WHOLE_GRAPH_OPS 64
 #define RKM_WHOLE_GRAPH_SECONDS 0.5
 
-/* Rockmate's plan: the fastest of the chain DP's, DTR's, and for small
- * graphs the whole-graph ILP's; any of them may have none. */
+/* Rockmate's plan: the fastest of the chain DP's, sqrt's, DTR's, and for
+ * small graphs the whole-graph ILP's; any of them may have none. */
 static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    rkm_plan *p[3] = {NULL, NULL, NULL};
-    rkm_result r = rkm__solve_chain(pl, budget, &p[0]);
-    if (!r) r = rkm__solve_dtr(pl, budget, &p[1]);
-    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[2]);
+    rkm_plan *p[4] = {NULL, NULL, NULL, NULL};
+    rkm_result r = rkm__solve_chain(pl, 0, budget, &p[0]);
+    if (!r) r = rkm__solve_chain(pl, 1, budget, &p[1]);
+    if (!r) r = rkm__solve_dtr(pl, budget, &p[2]);
+    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[3]);
+    for (int k = 1; k < 4; k++) p[0] = rkm__faster(p[0], p[k]);
     if (r) {
-        for (int k = 0; k < 3; k++) rkm_plan_destroy(p[k]);
+        rkm_plan_destroy(p[0]);
         return r;
     }
-    *out = rkm__faster(rkm__faster(p[0], p[1]), p[2]);
+    *out = p[0];
     return RKM_OK;
 }
 
@@ -5977,7 +5980,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
     if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out);
-    if (rkm__uses_chain(a)) return rkm__solve_chain(pl, budget, out);
+    if (rkm__uses_chain(a)) return rkm__solve_chain(pl, a == RKM_ALGO_SQRT, budget, out);
     /* One solve's work is worth about its limit (on a slow machine it may
      * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
@@ -6054,7 +6057,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
             *out = rkm__slots_budget(pl, m);
     } else if (pl->d.algo == RKM_ALGO_SQRT) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, UINT64_MAX, &p)) && p) *out = p->stats.peak;
+        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p) *out = p->stats.peak;
         rkm_plan_destroy(p);
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
         r = rkm__min_budget_checkmate(pl, out);

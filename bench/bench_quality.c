@@ -1,0 +1,209 @@
+/* bench_quality: rockmate's plans against the best plans known, side by side.
+ *
+ *   build/bench/bench_quality [--checkmate S]
+ *
+ * For every bundled graph at 90, 80, ..., 20 % of the baseline peak and at
+ * the budget of every reference plan of that graph (bench/reference/): the
+ * overhead (time / baseline time - 1, in %) of rockmate, rotor, sqrt and dtr
+ * with default settings, beside the best known: the reference plan replayed
+ * by our simulator (an exact MILP's plan, or the original Rockmate's), and
+ * `checkmate --time-limit 30` as measured at c03973e
+ * (bench/reference/checkmate-vs-rockmate.tsv; the ILP has not changed
+ * since). With --checkmate S it also runs our checkmate with S seconds of
+ * planning. Each row ends with rockmate / best (1.00: as good) and
+ * rockmate's planning time (create + solve, median of 3 runs). The last
+ * lines count the rows where rockmate has no plan although a reference
+ * does, and where it is more than 1 % above the best. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "../rockmate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define REF "bench/reference/"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *const graphs[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16",
+                                     "multi-output", "peer-gpt", "random30", "resnet18-like-b32"};
+static const int pcts[] = {90, 80, 70, 60, 50, 40, 30, 25, 20};
+
+/* The reference plans of a graph: files named GRAPH__*.rkp, and peer-gpt's. */
+static const char *const ref_plans[][2] = {
+    {"gpt2-tiny", REF "plans/gpt2-tiny__30pct.rkp"}, {"gpt2-tiny", REF "plans/gpt2-tiny__40pct.rkp"},
+    {"gpt2-tiny", REF "plans/gpt2-tiny__60pct.rkp"}, {"gpt2-tiny", REF "plans/gpt2-tiny__80pct.rkp"},
+    {"gpt2-tiny", REF "plans/gpt2-tiny__atmin.rkp"}, {"mlp16", REF "plans/mlp16__40pct.rkp"},
+    {"mlp16", REF "plans/mlp16__60pct.rkp"},         {"mlp16", REF "plans/mlp16__80pct.rkp"},
+    {"mlp16", REF "plans/mlp16__atmin.rkp"},         {"peer-gpt", REF "peer-gpt/peer-0.800.rkp"},
+    {"peer-gpt", REF "peer-gpt/peer-0.600.rkp"},     {"peer-gpt", REF "peer-gpt/peer-0.500.rkp"},
+    {"peer-gpt", REF "peer-gpt/peer-0.400.rkp"},     {"peer-gpt", REF "peer-gpt/peer-0.300.rkp"}};
+#define N_REFS (sizeof ref_plans / sizeof ref_plans[0])
+
+static const rkm_algo algos[] = {RKM_ALGO_ROCKMATE, RKM_ALGO_ROTOR, RKM_ALGO_SQRT, RKM_ALGO_DTR};
+#define N_ALGOS 4
+
+/* One row: a budget, and the overheads in % (NAN: no plan). */
+typedef struct row {
+    uint64_t budget;
+    char label[48];
+    double algo[N_ALGOS];
+    double ref;       /* the reference plan at this budget (NAN: none) */
+    double cm30;      /* checkmate --time-limit 30 at c03973e (NAN: none or not measured) */
+    double cm_now;    /* our checkmate with --checkmate S (NAN: not run or none) */
+    double seconds;   /* rockmate: create + solve, median of 3 */
+} row;
+
+/* checkmate_overhead_pct from the tsv for graph at pct, NAN if absent. */
+static double tsv_checkmate(const char *graph, int pct)
+{
+    FILE *f = fopen(REF "checkmate-vs-rockmate.tsv", "r");
+    char line[256], g[64], cm[32];
+    int p;
+    double v = NAN;
+    if (!f) return NAN;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%63s %d %31s", g, &p, cm) == 3 && strcmp(g, graph) == 0 && p == pct && strcmp(cm, "-") != 0)
+            v = atof(cm);
+    fclose(f);
+    return v;
+}
+
+/* Overhead in % of the plan of `algo` at `budget`; NAN when there is none.
+ * *seconds: create + solve. */
+static double plan_overhead(const rkm_graph *g, rkm_algo algo, double limit, uint64_t budget, double *seconds)
+{
+    rkm_solve_desc d;
+    memset(&d, 0, sizeof d);
+    d.algo = algo;
+    d.time_limit = limit;
+    rkm_plan *p = NULL;
+    double t0 = now();
+    rkm_result r = rkm_plan_solve(g, &d, budget, &p);
+    if (seconds) *seconds = now() - t0;
+    if (r) return NAN;
+    rkm_plan_stats st;
+    rkm_plan_stats_get(p, &st);
+    rkm_plan_destroy(p);
+    return 100 * st.overhead;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void fill_row(const rkm_graph *g, row *w, double cm_limit)
+{
+    for (int a = 0; a < N_ALGOS; a++) w->algo[a] = plan_overhead(g, algos[a], 0, w->budget, NULL);
+    double t[3];
+    for (int k = 0; k < 3; k++) plan_overhead(g, RKM_ALGO_ROCKMATE, 0, w->budget, &t[k]);
+    qsort(t, 3, sizeof t[0], cmp_double);
+    w->seconds = t[1];
+    w->cm_now = cm_limit > 0 ? plan_overhead(g, RKM_ALGO_CHECKMATE, cm_limit, w->budget, NULL) : NAN;
+}
+
+static void cell(double v)
+{
+    if (isnan(v)) printf(" %9s", "-");
+    else printf(" %9.2f", v);
+}
+
+/* The best of the references (lower is better); NAN when none has a plan. */
+static double best_known(const row *w)
+{
+    double b = NAN;
+    const double v[3] = {w->ref, w->cm30, w->cm_now};
+    for (int k = 0; k < 3; k++)
+        if (!isnan(v[k]) && (isnan(b) || v[k] < b)) b = v[k];
+    return b;
+}
+
+static int missing, worse, rows;
+
+static void print_row(const char *graph, const row *w)
+{
+    printf("%-18s %-14s", graph, w->label);
+    for (int a = 0; a < N_ALGOS; a++) cell(w->algo[a]);
+    cell(w->ref);
+    cell(w->cm30);
+    cell(w->cm_now);
+    double best = best_known(w), ours = w->algo[0];
+    /* overheads compare as times: (1 + ours) / (1 + best) */
+    if (isnan(best) || isnan(ours)) printf(" %7s", "-");
+    else printf(" %7.4f", (100 + ours) / (100 + best));
+    printf(" %8.3f\n", w->seconds);
+    rows++;
+    if (!isnan(best) && isnan(ours)) missing++;
+    if (!isnan(best) && !isnan(ours) && (100 + ours) > 1.01 * (100 + best)) worse++;
+}
+
+static void bench_graph(rkm_context *ctx, const char *name, double cm_limit)
+{
+    char path[256];
+    snprintf(path, sizeof path, "tests/graphs/%s.rkg", name);
+    rkm_graph *g = NULL;
+    rkm_graph_stats gs;
+    if (rkm_graph_read_file(ctx, path, &g) || rkm_graph_stats_get(g, &gs)) {
+        fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+        rkm_graph_destroy(g);
+        return;
+    }
+    for (size_t i = 0; i < sizeof pcts / sizeof pcts[0]; i++) {
+        row w;
+        memset(&w, 0, sizeof w);
+        w.budget = (uint64_t)((double)gs.baseline_peak * pcts[i] / 100.0);
+        snprintf(w.label, sizeof w.label, "%d%%", pcts[i]);
+        w.ref = NAN;
+        w.cm30 = tsv_checkmate(name, pcts[i]);
+        fill_row(g, &w, cm_limit);
+        print_row(name, &w);
+    }
+    for (size_t k = 0; k < N_REFS; k++) {
+        if (strcmp(ref_plans[k][0], name) != 0) continue;
+        rkm_plan *p = NULL;
+        rkm_plan_stats st;
+        if (rkm_plan_read_file(g, ref_plans[k][1], NULL, &p) || rkm_plan_stats_get(p, &st)) {
+            fprintf(stderr, "%s: %s\n", ref_plans[k][1], rkm_context_errmsg(ctx));
+            continue;
+        }
+        row w;
+        memset(&w, 0, sizeof w);
+        w.budget = st.peak;
+        snprintf(w.label, sizeof w.label, "%.2f%% ref", 100.0 * (double)st.peak / (double)gs.baseline_peak);
+        w.ref = 100 * st.overhead;
+        w.cm30 = NAN;
+        rkm_plan_destroy(p);
+        fill_row(g, &w, cm_limit);
+        print_row(name, &w);
+    }
+    rkm_graph_destroy(g);
+}
+
+int main(int argc, char **argv)
+{
+    double cm_limit = 0;
+    if (argc == 3 && strcmp(argv[1], "--checkmate") == 0) cm_limit = atof(argv[2]);
+    else if (argc != 1) {
+        fprintf(stderr, "usage: bench_quality [--checkmate SECONDS]\n");
+        return 2;
+    }
+    rkm_context *ctx;
+    if (rkm_context_create(NULL, &ctx)) return 1;
+    printf("overhead in %% of the baseline time; budget in %% of the baseline peak; '-': no plan\n");
+    printf("%-18s %-14s %9s %9s %9s %9s %9s %9s %9s %7s %8s\n", "graph", "budget", "rockmate", "rotor", "sqrt", "dtr",
+           "reference", "cm30", "cm-now", "ours/best", "plan s");
+    for (size_t k = 0; k < sizeof graphs / sizeof graphs[0]; k++) bench_graph(ctx, graphs[k], cm_limit);
+    printf("%d rows; rockmate has no plan where a reference does: %d; more than 1 %% slower than the best: %d\n", rows,
+           missing, worse);
+    rkm_context_destroy(ctx);
+    return 0;
+}
