@@ -59,6 +59,11 @@ EXAMPLES = $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 
 TEST_SRCS = $(wildcard tests/test_*.c)
 TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+# The whole-library tests again under clang's sanitizers, which catch what
+# gcc's miss (pointer arithmetic on NULL); skipped when clang is not there.
+CLANG ?= $(shell command -v clang 2>/dev/null)
+CLANG_TEST_NAMES = test_dp test_exec test_graph test_oom test_sim
+CLANG_TESTS = $(if $(CLANG),$(patsubst %,$(BUILD)/tests/%-clang,$(CLANG_TEST_NAMES)))
 
 BENCH_SRCS = $(wildcard bench/*.c)
 BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
@@ -90,7 +95,8 @@ cli: $(CLI_BIN)
 
 examples: $(EXAMPLES)
 
-tests: $(TESTS)
+tests: $(TESTS) $(CLANG_TESTS)
+	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
 
 test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
 	@$(if $(NVCC),:,echo "test: nvcc not found, skipping the CUDA sources")
@@ -169,6 +175,10 @@ $(BUILD)/tests/rockmate.o: rockmate.c rockmate.h $(BUILD)/flags | deps
 $(TEST_LIB): $(BUILD)/tests/rockmate.o
 	rm -f $@
 	ar rcs $@ $^
+
+$(CLANG_TESTS): $(BUILD)/tests/%-clang: tests/%.c tests/test.h rockmate.c rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CLANG) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/tests/cuda_%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)

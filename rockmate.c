@@ -4930,8 +4930,8 @@ static void rkm__dp_solve_tile(rkm__dp_table *t, size_t p, int32_t m0, int32_t m
 {
     double *best = t->cost + p * t->row;
     int32_t hi = t->hi[p], e = m1 < hi + 1 ? m1 : hi + 1;
-    const rkm__dp_term *x = t->terms + t->term_at[p];
     uint32_t nc = t->term_n[p];
+    const rkm__dp_term *x = nc ? t->terms + t->term_at[p] : NULL; /* no terms: t->terms may be NULL */
     if (m0 < e) {
         for (int32_t m = m0; m < e; m++) best[m] = INFINITY;
         /* Values do not depend on the order (decisions are found again in

@@ -547,8 +547,38 @@ TEST(dp_eval_rejects)
     rkm_context_destroy(ctx);
 }
 
+/* Tiny slot counts: a table row can have no candidate terms at all (clang's
+ * UBSan once caught arithmetic on their NULL array there). Every budget
+ * then either plans within it or names its floor. */
+TEST(dp_few_slots)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny");
+    for (int32_t slots = 1; g && slots <= 3; slots++) {
+        rkm_solve_desc d = {0};
+        d.algo = RKM_ALGO_ROTOR;
+        d.slots = slots;
+        rkm_planner *pl = NULL;
+        CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
+        rkm_graph_stats gs;
+        CHECK(rkm_graph_stats_get(g, &gs) == RKM_OK);
+        for (int pct = 40; pl && pct <= 100; pct += 20) {
+            rkm_plan *p = NULL;
+            uint64_t budget = gs.baseline_peak / 100 * (uint64_t)pct;
+            rkm_result r = rkm_planner_solve(pl, budget, &p);
+            CHECK(r == RKM_OK || r == RKM_ERROR_BUDGET);
+            if (p) CHECK(p->stats.peak <= budget);
+            rkm_plan_destroy(p);
+        }
+        rkm_planner_destroy(pl);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
+    RUN(dp_few_slots);
     RUN(dp_matches_brute_force);
     RUN(dp_persistent_gap);
     RUN(dp_rotor_hand_worked);
