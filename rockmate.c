@@ -2055,6 +2055,15 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
         return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_layout: alignment %llu is not a power of two",
                         (unsigned long long)alignment);
     size_t n = p->n_buffers;
+    /* Every offset is at most the sum of the aligned sizes: if that sum fits
+     * in 64 bits, so does every offset + size. */
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (p->buffers[i].bytes > UINT64_MAX - (alignment - 1) ||
+            !rkm__add_u64(total, rkm__align_up(p->buffers[i].bytes, alignment), &total))
+            return rkm__err(p->ctx, RKM_ERROR_ARGUMENT,
+                            "rkm_plan_layout: the buffers rounded up to %llu bytes add up to more than 64 bits: "
+                            "no arena offsets can hold them", (unsigned long long)alignment);
     rkm__order *ord = rkm__alloc(p->ctx, (n + 1) * sizeof *ord);
     rkm__extent *ext = rkm__alloc(p->ctx, (n + 1) * sizeof *ext);
     uint64_t *best = rkm__alloc(p->ctx, (n + 1) * sizeof *best);

@@ -361,8 +361,44 @@ TEST(dtr_hand_worked)
     rkm_context_destroy(ctx);
 }
 
+/* Layouts near 2^64 bytes: offsets never wrap. A tensor of 2^63 - 1 bytes
+ * and its gradient, both live at once, round up past 2^64 in total: the
+ * layout is refused (it once returned an arena of 2^63, below the peak).
+ * At 2^62 it fits, and the arena holds the peak. */
+TEST(layout_never_wraps)
+{
+    static const char *sizes[] = {"9223372036854775807", "4611686018427387904"};
+    for (int k = 0; k < 2; k++) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "rockmate-graph 1\ntensor x 0 input\ntensor a %s\nop f fwd=1 bwd=1 in=x out=a saved=x\nloss a\n",
+                 sizes[k]);
+        rkm_context *ctx = test_new_ctx();
+        rkm_graph *g = NULL;
+        rkm_plan *p = NULL;
+        CHECK(rkm_graph_read_string(ctx, text, strlen(text), "huge.rkg", &g) == RKM_OK);
+        if (g) CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+        if (p) {
+            rkm_buffer b[8];
+            uint64_t arena = 0;
+            CHECK(rkm_plan_num_buffers(p) <= 8);
+            rkm_result r = rkm_plan_layout(p, 256, b, &arena);
+            if (k == 0) {
+                CHECK(r == RKM_ERROR_ARGUMENT && strstr(rkm_context_errmsg(ctx), "64 bits") != NULL);
+            } else {
+                CHECK(r == RKM_OK);
+                check_layout(p, p->stats.peak);
+            }
+        }
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+        rkm_context_destroy(ctx);
+    }
+}
+
 int main(void)
 {
+    RUN(layout_never_wraps);
     RUN(gpt2_layers_fall_into_two_classes);
     RUN(block_boundaries_are_separators);
     RUN(no_separator_is_one_block);
