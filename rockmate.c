@@ -5989,7 +5989,11 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm_plan_baseline(pl->g, out); /* nothing is faster */
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
     if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out);
-    if (rkm__uses_chain(a)) return rkm__solve_chain(pl, a == RKM_ALGO_SQRT, budget, out);
+    if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
+        rkm_result r = rkm__solve_chain(pl, 1, budget, out);
+        return r || *out || budget < pl->base_peak ? r : rkm_plan_baseline(pl->g, out);
+    }
+    if (rkm__uses_chain(a)) return rkm__solve_chain(pl, 0, budget, out);
     /* One solve's work is worth about its limit (on a slow machine it may
      * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
@@ -6066,7 +6070,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
             *out = rkm__slots_budget(pl, m);
     } else if (pl->d.algo == RKM_ALGO_SQRT) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p) *out = p->stats.peak;
+        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = p->stats.peak;
         rkm_plan_destroy(p);
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
         r = rkm__min_budget_checkmate(pl, out);
