@@ -4995,6 +4995,22 @@ static int rkm__dp_prepare(rkm_context *ctx, rkm__dp_table *t)
     return 1;
 }
 
+/* About the most memory the DP's table for n blocks and M slots takes: its
+ * rows (n^2/2 x M), and its candidate terms (every option and every
+ * checkpoint position of every pair: n^3/6, twice over for the growth of
+ * their array). The planner checks it against RKM_DP_MAX_BYTES before
+ * anything is allocated, so that a long chain is refused at once, with the
+ * figure, instead of taking the process down. */
+#define RKM_DP_MAX_BYTES (1024.0 * 1024 * 1024)
+static double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
+{
+    int32_t max_opt = 0;
+    for (int32_t i = 0; i < n; i++) max_opt = bl[i].n_opt > max_opt ? bl[i].n_opt : max_opt;
+    double dn = (double)n, pairs = dn * (dn + 1) / 2;
+    double terms = pairs * max_opt + dn * (dn * dn - 1) / 6;
+    return pairs * ((double)(M + 1) * sizeof(double) + 24) + 2 * terms * sizeof(rkm__dp_term);
+}
+
 /* Opt(a, b, m) for every pair and every m in 0..M (0-based blocks). The
  * table keeps a pointer to bl, which must outlive it. Columns go in tiles of
  * RKM__DP_TILE, all pairs per tile (a cell needs only cells of shorter pairs
@@ -5768,6 +5784,8 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
     return RKM_OK;
 }
 
+static rkm_result rkm__planner_dp(rkm_planner *pl);
+
 static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
 
 rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
@@ -5799,7 +5817,7 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
                      rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo, (int)pl->ilp.solves,
                      pl->ilp.seconds);
         double t = rkm__now();
-        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__dp_solve(pl->ctx, pl->dpb, g->n_blocks, d.slots, &pl->table);
+        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
         if (!r && d.algo != RKM_ALGO_SQRT)
             rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
                      (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
@@ -5811,6 +5829,32 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     pl->create_seconds = rkm__elapsed(pl);
     *out = pl;
     return RKM_OK;
+}
+
+/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
+ * has nothing to plan with: refused, with the figure and the knob. Rockmate
+ * goes on without the chain DP (sqrt, DTR), with a warning. */
+static rkm_result rkm__planner_dp(rkm_planner *pl)
+{
+    int32_t n = pl->g->n_blocks, M = pl->d.slots;
+    double need = rkm__dp_bytes(pl->dpb, n, M);
+    if (need <= RKM_DP_MAX_BYTES) return rkm__dp_solve(pl->ctx, pl->dpb, n, M, &pl->table);
+    if (pl->d.algo == RKM_ALGO_ROCKMATE) {
+        rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
+                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
+        return RKM_OK;
+    }
+    int32_t fit = M;
+    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
+    char hint[96];
+    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
+        snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
+    else
+        snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
+    return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
+                    "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
+                    "plan with rockmate or dtr",
+                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
 }
 
 /* Birth of a draft the planner made (taken): an invalid one is a bug. */
@@ -5851,6 +5895,7 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, int sqrt_rule, int64_t m, rkm_
 {
     const rkm_graph *g = pl->g;
     if (sqrt_rule) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    if (!pl->table.n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
     double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
     int64_t peak = 0;
     if (!isfinite(opt)) return RKM_OK;
@@ -6062,7 +6107,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
     const rkm_graph *g = pl->g;
     rkm_result r = RKM_OK;
     *out = pl->base_peak;
-    if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
+    if ((pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) && pl->table.n) {
         int64_t m = 0;
         r = rkm__dp_min_slots(pl->ctx, pl->dpb, g->n_blocks, &m);
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan: the baseline's peak */

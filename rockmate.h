@@ -128,7 +128,9 @@ int rkm_version_number(void);
 
 typedef enum rkm_result {
     RKM_OK = 0,
-    RKM_ERROR_NOMEM,       /* the allocator returned NULL */
+    RKM_ERROR_NOMEM,       /* the allocator returned NULL, or the chain DP's tables would pass
+                              the planner's cap of 1 GiB (the message gives the figure and
+                              what to change; rockmate then plans without the chain DP) */
     RKM_ERROR_ARGUMENT,    /* a NULL pointer, an id out of range, a bad option */
     RKM_ERROR_STATE,       /* not allowed now (a builder call on a finalized graph...) */
     RKM_ERROR_IO,          /* a file could not be opened, read or written */

@@ -397,8 +397,50 @@ TEST(layout_never_wraps)
     }
 }
 
+/* A long chain (4000 ops, 1000 blocks): the chain DP's tables would take
+ * far more than the planner's cap, so rotor is refused at once, naming the
+ * figure and what to do, and rockmate plans without the DP. */
+TEST(long_chain_is_bounded)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL;
+    CHECK(rkm_graph_create(ctx, &g) == RKM_OK);
+    int32_t prev = -1, t = -1;
+    rkm_result r = rkm_graph_add_tensor(g, "x", 4096, RKM_TENSOR_INPUT, &prev);
+    for (int i = 0; i < 4000 && !r; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%d", i);
+        r = rkm_graph_add_tensor(g, name, 4096, 0, &t);
+        rkm_op_desc d = {name, 1e-5, 2e-5, &prev, 1, &t, 1, &prev, 1, 0, 0, 0};
+        if (!r) r = rkm_graph_add_op(g, &d, NULL);
+        prev = t;
+    }
+    if (!r) r = rkm_graph_set_loss(g, t);
+    if (!r) r = rkm_graph_finalize(g);
+    CHECK(r == RKM_OK);
+    rkm_graph_stats gs;
+    if (!r && rkm_graph_stats_get(g, &gs) == RKM_OK) {
+        rkm_solve_desc d = {0};
+        d.algo = RKM_ALGO_ROTOR;
+        rkm_planner *pl = NULL;
+        CHECK(rkm_planner_create(g, &d, &pl) == RKM_ERROR_NOMEM && pl == NULL);
+        CHECK(strstr(rkm_context_errmsg(ctx), "cap") != NULL && strstr(rkm_context_errmsg(ctx), "GiB") != NULL);
+#ifndef RKM_OMIT_SOLVER
+        d.algo = RKM_ALGO_ROCKMATE;
+        rkm_plan *p = NULL;
+        uint64_t budget = gs.baseline_peak / 2;
+        CHECK(rkm_plan_solve(g, &d, budget, &p) == RKM_OK);
+        CHECK(p && p->stats.peak <= budget);
+        rkm_plan_destroy(p);
+#endif
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
+    RUN(long_chain_is_bounded);
     RUN(layout_never_wraps);
     RUN(gpt2_layers_fall_into_two_classes);
     RUN(block_boundaries_are_separators);
