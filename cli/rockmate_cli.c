@@ -7,6 +7,7 @@
  * budget (see `rockmate --help`). */
 #include "../rockmate.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -1401,5 +1402,10 @@ int main(int argc, char **argv)
     rc = cli_parse_algos(ctx, &o);
     if (rc < 0) rc = commands[o.cmd](ctx, &o);
     rkm_context_destroy(ctx);
+    /* What went to standard output must have arrived (a full disk, a closed pipe). */
+    if ((fflush(stdout) != 0 || ferror(stdout)) && rc == CLI_OK) {
+        fprintf(stderr, "rockmate: writing standard output failed: %s\n", strerror(errno));
+        rc = CLI_INPUT;
+    }
     return rc;
 }

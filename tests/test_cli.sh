@@ -253,6 +253,16 @@ usage_case "bad --slots" plan "$g0" --budget 50% --slots -3
 usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
 
 # --- bad input (exit 1) ---------------------------------------------------------
+# Standard output that cannot be written is an error, not a success.
+if [[ -w /dev/full ]]; then
+    for cmd in "info $g0" "info $g0 --json" "plan $g0 --budget 100% -o -" "plan $g0 --budget 100% --json"; do
+        # shellcheck disable=SC2086
+        "$cli" $cmd >/dev/full 2>"$tmp/err"
+        rc=$?
+        expect "$cmd into a full device" 1
+        check "$cmd into a full device: one line saying so" err_is 'standard output|write'
+    done
+fi
 run info "$tmp/absent.rkg"
 expect "missing graph file" 1
 check "missing graph file: one line naming it" err_is 'absent\.rkg'
