@@ -855,8 +855,10 @@ static int rkm__parse_u64(const char *s, uint64_t *out)
     return 1;
 }
 
-/* Non-negative decimal float: [0-9]*[.[0-9]*][(e|E)[+-][0-9]+], finite. */
-static int rkm__parse_time(const char *s, double *out)
+/* The length of the decimal number s starts with,
+ * [0-9]*[.[0-9]*][(e|E)[+-][0-9]+] with a digit somewhere; 0 if none. No
+ * hex, no inf or nan: what strtod also takes is not the documented syntax. */
+static size_t rkm__decimal_len(const char *s)
 {
     const char *p = s;
     int digits = 0;
@@ -867,16 +869,34 @@ static int rkm__parse_time(const char *s, double *out)
     }
     if (!digits) return 0;
     if (*p == 'e' || *p == 'E') {
-        p++;
-        if (*p == '+' || *p == '-') p++;
-        if (!(*p >= '0' && *p <= '9')) return 0;
-        while (*p >= '0' && *p <= '9') p++;
+        const char *e = p + 1;
+        if (*e == '+' || *e == '-') e++;
+        if (*e >= '0' && *e <= '9') {
+            while (*e >= '0' && *e <= '9') e++;
+            p = e;
+        }
     }
-    if (*p) return 0;
-    double v = strtod(s, NULL);
+    return (size_t)(p - s);
+}
+
+/* The value of the decimal number s[0..n), finite and non-negative; 0 if not. */
+static int rkm__decimal_value(const char *s, size_t n, double *out)
+{
+    char buf[64];
+    if (!n || n >= sizeof buf) return 0;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    double v = strtod(buf, NULL);
     if (!isfinite(v) || v < 0) return 0;
     *out = v;
     return 1;
+}
+
+/* Non-negative decimal float, the whole of s. */
+static int rkm__parse_time(const char *s, double *out)
+{
+    size_t n = rkm__decimal_len(s);
+    return n && !s[n] && rkm__decimal_value(s, n, out);
 }
 
 /* Split "a,b,c" into tensor ids appended to *ids. */
@@ -6197,11 +6217,10 @@ static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t 
     static const struct { const char *suffix; double mult; } units[] = {
         {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"", 1}};
     if (rkm__parse_u64(text, out)) return 1; /* plain bytes: exact */
-    char *end;
-    errno = 0;
-    if (!((*text >= '0' && *text <= '9') || *text == '.')) return 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || !isfinite(v) || v < 0) return 0;
+    size_t n = rkm__decimal_len(text);
+    const char *end = text + n;
+    double v;
+    if (!rkm__decimal_value(text, n, &v)) return 0;
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcmp(end, units[i].suffix) != 0) continue;
         double bytes = units[i].mult < 0 ? v / 100.0 * (double)baseline_peak : v * units[i].mult;

@@ -531,9 +531,12 @@ rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out);
 rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget,
                           rkm_plan **out);
 
-/* Parse a budget as on the command line: "123", "64MiB", "1.5GB", "40%"
- * (of baseline_peak). Fractional byte counts round down. RKM_ERROR_ARGUMENT
- * with a message in ctx for any other text. */
+/* Parse a budget as on the command line: a decimal number
+ * ([0-9]*[.[0-9]*][(e|E)[+-]N], a digit somewhere), then nothing (bytes),
+ * KiB, MiB, GiB (powers of 1024), KB, MB, GB (powers of 1000) or % (of
+ * baseline_peak): "123", "64MiB", "1.5GB", "1e6", "40%". Fractional byte
+ * counts round down. Anything else (hex, inf, spaces) is RKM_ERROR_ARGUMENT
+ * with a message in ctx. */
 rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out);
 
 /* ---------------------------------------------------------------------------

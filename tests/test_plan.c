@@ -310,6 +310,12 @@ TEST(names_and_budgets)
     CHECK(rkm_parse_budget(ctx, "12 MiB", 0, &b) == RKM_ERROR_ARGUMENT);
     CHECK(strstr(rkm_context_errmsg(ctx), "budget '12 MiB'") != NULL);
     CHECK(rkm_parse_budget(ctx, "-5", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(ctx, "1e6", 0, &b) == RKM_OK && b == 1000000);
+    CHECK(rkm_parse_budget(ctx, "5e-1KiB", 0, &b) == RKM_OK && b == 512);
+    CHECK(rkm_parse_budget(ctx, "2e1%", 1000, &b) == RKM_OK && b == 200);
+    /* only the documented syntax: no hex (strtod's), no inf, no dangling exponent */
+    static const char *bad[] = {"0x100", "0x1p16", "0x30KiB", "inf", "nan", "1e", "1e+", ".", "1.5 GB", "12kib"};
+    for (size_t i = 0; i < N_OF(bad); i++) CHECK(rkm_parse_budget(ctx, bad[i], 1000, &b) == RKM_ERROR_ARGUMENT);
     CHECK(rkm_parse_budget(ctx, NULL, 0, &b) == RKM_ERROR_ARGUMENT);
     rkm_context_destroy(ctx);
 }
