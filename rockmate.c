@@ -1073,10 +1073,13 @@ static rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, si
             res = rkm__nomem(ctx, path);
             break;
         }
+        errno = 0;
         size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
         if (got == 0) {
-            if (ferror(f)) res = rkm__err(ctx, RKM_ERROR_IO, "%s: read error", path);
+            /* errno names the cause (EISDIR: a folder given as a file) */
+            if (ferror(f))
+                res = rkm__err(ctx, RKM_ERROR_IO, "%s: cannot read: %s", path, errno ? strerror(errno) : "read error");
             break;
         }
     }

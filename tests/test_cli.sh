@@ -263,6 +263,12 @@ if [[ -w /dev/full ]]; then
         check "$cmd into a full device: one line saying so" err_is 'standard output|write'
     done
 fi
+run info tests/graphs
+expect "a folder given as a graph" 1
+check "a folder given as a graph: says it is a directory" err_is 'tests/graphs: .*[Ii]s a directory'
+run check "$g0" tests/graphs
+expect "a folder given as a plan" 1
+check "a folder given as a plan: says it is a directory" err_is 'tests/graphs: .*[Ii]s a directory'
 run info "$tmp/absent.rkg"
 expect "missing graph file" 1
 check "missing graph file: one line naming it" err_is 'absent\.rkg'
