@@ -570,7 +570,10 @@ rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
         return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "loss: tensor id %d does not exist", (int)tensor);
     const rkm__tensor *t = &g->tensors[tensor];
     if (t->producer < 0)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is not produced by an op", t->name);
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                         "loss: %s is not produced by an op declared before it (the loss statement comes after the op "
+                         "that writes the loss tensor, at the end)",
+                         t->name);
     if (t->flags & RKM_TENSOR_NOGRAD)
         return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is nograd (the loss must have a gradient)", t->name);
     g->loss = tensor;

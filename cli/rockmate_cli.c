@@ -210,7 +210,8 @@ static int cli_convert_options(cli_opts *o)
     long v;
     if (o->value[OPT_SLOTS]) {
         if (!cli_parse_count(o->value[OPT_SLOTS], INT32_MAX, &v))
-            return cli_usage_error(cmd, "--slots wants a positive integer, not '%s'", o->value[OPT_SLOTS]);
+            return cli_usage_error(cmd, "--slots wants an integer from 1 to %ld, not '%s'", (long)INT32_MAX,
+                                   o->value[OPT_SLOTS]);
         o->slots = (int32_t)v;
     }
     o->points = 12;

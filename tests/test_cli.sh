@@ -263,6 +263,13 @@ if [[ -w /dev/full ]]; then
         check "$cmd into a full device: one line saying so" err_is 'standard output|write'
     done
 fi
+printf 'rockmate-graph 1\ntensor x 4 input\ntensor y 4\nloss y\nop f fwd=1 bwd=1 in=x out=y\n' >"$tmp/lossfirst.rkg"
+run info "$tmp/lossfirst.rkg"
+expect "a loss statement before its op" 1
+check "a loss statement before its op: says it comes after" err_is 'lossfirst\.rkg:4: loss: .*comes after'
+run plan "$g0" --budget 100% --slots 99999999999
+expect "--slots out of range" 2
+check "--slots out of range: names the range" grep -q 'from 1 to 2147483647' "$tmp/err"
 run info tests/graphs
 expect "a folder given as a graph" 1
 check "a folder given as a graph: says it is a directory" err_is 'tests/graphs: .*[Ii]s a directory'
