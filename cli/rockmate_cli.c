@@ -817,9 +817,9 @@ static void cli_svg_steps(const cli_chart *c, const uint64_t *v, size_t n, doubl
 static int cli_svg_close(FILE *f, const char *path)
 {
     fputs("</svg>\n", f);
-    int bad = ferror(f);
+    int bad = ferror(f), err = errno;
     if (fclose(f) != 0 || bad) {
-        fprintf(stderr, "rockmate: %s: could not write the SVG file\n", path);
+        fprintf(stderr, "rockmate: %s: could not write the SVG file: %s\n", path, strerror(bad ? err : errno));
         return CLI_INPUT;
     }
     return CLI_OK;
@@ -828,7 +828,7 @@ static int cli_svg_close(FILE *f, const char *path)
 static FILE *cli_svg_open(const char *path)
 {
     FILE *f = fopen(path, "w");
-    if (!f) fprintf(stderr, "rockmate: %s: cannot open for writing\n", path);
+    if (!f) fprintf(stderr, "rockmate: %s: cannot open for writing: %s\n", path, strerror(errno));
     return f;
 }
 

@@ -270,6 +270,14 @@ check "a loss statement before its op: says it comes after" err_is 'lossfirst\.r
 run plan "$g0" --budget 100% --slots 99999999999
 expect "--slots out of range" 2
 check "--slots out of range: names the range" grep -q 'from 1 to 2147483647' "$tmp/err"
+run plan "$g0" --budget 100% --svg /nonexistent-dir/x.svg
+expect "--svg into a missing folder" 1
+check "--svg into a missing folder: gives the reason" err_is 'x\.svg: cannot open for writing: No such file'
+if [[ -w /dev/full ]]; then
+    run plan "$g0" --budget 100% --svg /dev/full
+    expect "--svg into a full device" 1
+    check "--svg into a full device: gives the reason" err_is 'could not write the SVG file: No space'
+fi
 run info tests/graphs
 expect "a folder given as a graph" 1
 check "a folder given as a graph: says it is a directory" err_is 'tests/graphs: .*[Ii]s a directory'
