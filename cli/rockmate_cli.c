@@ -41,6 +41,7 @@ static const char cli_usage_text[] =
     "        [--slots N] [--time-limit S]\n"
     "        overhead against budget, from the smallest feasible budget to\n"
     "        100% of the baseline peak (N budgets, default 12)\n"
+    "  GRAPH may be - to read the graph from standard input\n"
     "\n"
     "options:\n"
     "  --budget B        bytes (a decimal number: 4096, 1.5e6), optionally with\n"
@@ -437,12 +438,49 @@ static void cli_graph_name(const char *path, char *buf, size_t size)
     buf[n] = 0;
 }
 
+/* All of standard input, NUL-terminated (malloc'd); NULL on failure. */
+static char *cli_read_stdin(size_t *len)
+{
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, stdin);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            char *nb = cap < SIZE_MAX / 4 ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!nb) free(buf);
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf && ferror(stdin)) {
+        free(buf);
+        return NULL;
+    }
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* A graph from a file, or from standard input for "-". */
+static rkm_result cli_graph_read(rkm_context *ctx, const char *path, rkm_graph **g)
+{
+    if (strcmp(path, "-") != 0) return rkm_graph_read_file(ctx, path, g);
+    size_t len;
+    char *text = cli_read_stdin(&len);
+    if (!text) return rkm_context_fail(ctx, RKM_ERROR_IO, "<stdin>: cannot read: %s", strerror(errno));
+    rkm_result r = rkm_graph_read_string(ctx, text, len, "<stdin>", g);
+    free(text);
+    return r;
+}
+
 static int cli_graph_load(rkm_context *ctx, const char *path, cli_graph *G)
 {
     memset(G, 0, sizeof *G);
     G->path = path;
     cli_graph_name(path, G->name, sizeof G->name);
-    rkm_result r = rkm_graph_read_file(ctx, path, &G->g);
+    rkm_result r = cli_graph_read(ctx, path, &G->g);
     if (r) return cli_fail(ctx, r, NULL);
     r = rkm_graph_stats_get(G->g, &G->st);
     if (r) return cli_fail(ctx, r, path);

@@ -278,6 +278,16 @@ if [[ -w /dev/full ]]; then
     expect "--svg into a full device" 1
     check "--svg into a full device: gives the reason" err_is 'could not write the SVG file: No space'
 fi
+"$cli" info - --json <"$g0" >"$tmp/stdin.json" 2>"$tmp/err"
+rc=$?
+expect "a graph on standard input" 0
+"$cli" info "$g0" --json >"$tmp/file.json" 2>/dev/null
+check "a graph on standard input: the same figures as from its file" \
+    cmp -s <(grep -v '"graph"\|"name"\|seconds' "$tmp/stdin.json") <(grep -v '"graph"\|"name"\|seconds' "$tmp/file.json")
+echo junk | "$cli" info - >/dev/null 2>"$tmp/err"
+rc=$?
+expect "junk on standard input" 1
+check "junk on standard input: names <stdin>:1" err_is '<stdin>:1:'
 run info tests/graphs
 expect "a folder given as a graph" 1
 check "a folder given as a graph: says it is a directory" err_is 'tests/graphs: .*[Ii]s a directory'
