@@ -64,6 +64,8 @@ TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 CLANG ?= $(shell command -v clang 2>/dev/null)
 CLANG_TEST_NAMES = test_dp test_exec test_graph test_oom test_sim
 CLANG_TESTS = $(if $(CLANG),$(patsubst %,$(BUILD)/tests/%-clang,$(CLANG_TEST_NAMES)))
+# The threads test again under ThreadSanitizer, the library compiled with it.
+TSAN_TESTS = $(BUILD)/tests/test_threads-tsan
 
 BENCH_SRCS = $(wildcard bench/*.c)
 BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
@@ -95,7 +97,7 @@ cli: $(CLI_BIN)
 
 examples: $(EXAMPLES)
 
-tests: $(TESTS) $(CLANG_TESTS)
+tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS)
 	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
 
 test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
@@ -179,6 +181,11 @@ $(TEST_LIB): $(BUILD)/tests/rockmate.o
 $(CLANG_TESTS): $(BUILD)/tests/%-clang: tests/%.c tests/test.h rockmate.c rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
 	$(CLANG) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(LDLIBS)
+
+$(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c tests/test.h rockmate.c rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CC) $(STD_FLAGS) -I. -Werror -O1 -g -fsanitize=thread -DTEST_GRAPHS_DIR=\"tests/graphs\" $(DEFS) \
+		-o $@ $< rockmate.c $(LDLIBS)
 
 $(BUILD)/tests/cuda_%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
