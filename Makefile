@@ -6,6 +6,7 @@
 #   make demo         build and run the demo
 #   make cuda         CUDA sources (needs nvcc)
 #   make bench        build and run the benchmarks
+#   make fuzz         libFuzzer on each harness for FUZZ_SECONDS (default 60; clang)
 #   make install      PREFIX=/usr/local DESTDIR=
 #   make OMIT=1 ...   no lp_solve: -DRKM_OMIT_SOLVER, no LGPL code linked
 #   make CC=clang ... any C11 compiler
@@ -66,6 +67,12 @@ CLANG_TEST_NAMES = test_dp test_exec test_graph test_oom test_sim
 CLANG_TESTS = $(if $(CLANG),$(patsubst %,$(BUILD)/tests/%-clang,$(CLANG_TEST_NAMES)))
 # The threads test again under ThreadSanitizer, the library compiled with it.
 TSAN_TESTS = $(BUILD)/tests/test_threads-tsan
+# Fuzz harnesses (tests/fuzz): `make test` replays each one's corpus under
+# the sanitizers (deterministic, no mutation); `make fuzz` runs libFuzzer
+# (clang) on each for FUZZ_SECONDS, adding what it finds to the corpus.
+FUZZERS = graph plan planner
+FUZZ_REPLAYS = $(patsubst %,$(BUILD)/tests/test_fuzz_%,$(FUZZERS))
+FUZZ_SECONDS ?= 60
 
 BENCH_SRCS = $(wildcard bench/*.c)
 BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
@@ -86,7 +93,7 @@ CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS)) \
 CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
 CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
 
-.PHONY: all lib cli examples tests test demo cuda bench install uninstall clean deps test-deps FORCE
+.PHONY: all lib cli examples tests test demo cuda bench fuzz install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
 
 all: lib cli
@@ -97,7 +104,7 @@ cli: $(CLI_BIN)
 
 examples: $(EXAMPLES)
 
-tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS)
+tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS)
 	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
 
 test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
@@ -186,6 +193,25 @@ $(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c tests/test.h rockmate.c rockmate
 	@mkdir -p $(@D)
 	$(CC) $(STD_FLAGS) -I. -Werror -O1 -g -fsanitize=thread -DTEST_GRAPHS_DIR=\"tests/graphs\" $(DEFS) \
 		-o $@ $< rockmate.c $(LDLIBS)
+
+$(FUZZ_REPLAYS): $(BUILD)/tests/test_fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h rockmate.c rockmate.h \
+		$(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CC) $(TEST_CFLAGS) $(DEFS) -DFUZZ_NAME=\"$*\" -o $@ $< tests/fuzz/replay.c rockmate.c $(LDLIBS)
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h rockmate.c rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CLANG) $(STD_FLAGS) -I. -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(DEFS) \
+		-o $@ $< rockmate.c $(LDLIBS)
+
+ifeq ($(CLANG),)
+fuzz:
+	@echo "fuzz: clang not found (apt-get install -y clang); libFuzzer comes with it"
+else
+fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
+	@for f in $(FUZZERS); do echo "== fuzz_$$f for $(FUZZ_SECONDS) s"; \
+	  $(BUILD)/fuzz/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 tests/fuzz/corpus/$$f || exit 1; done
+endif
 
 $(BUILD)/tests/cuda_%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
