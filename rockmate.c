@@ -569,6 +569,9 @@ rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
     if (tensor < 0 || (size_t)tensor >= g->n_tensors)
         return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "loss: tensor id %d does not exist", (int)tensor);
     const rkm__tensor *t = &g->tensors[tensor];
+    if (t->flags & RKM_TENSOR_INPUT)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is an input tensor (the loss must be written by an op)",
+                         t->name);
     if (t->producer < 0)
         return rkm__gerr(g, RKM_ERROR_GRAPH, line,
                          "loss: %s is not produced by an op declared before it (the loss statement comes after the op "
