@@ -255,7 +255,7 @@ usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
 # --- bad input (exit 1) ---------------------------------------------------------
 # Standard output that cannot be written is an error, not a success.
 if [[ -w /dev/full ]]; then
-    for cmd in "info $g0" "info $g0 --json" "plan $g0 --budget 100% -o -" "plan $g0 --budget 100% --json"; do
+    for cmd in "info $g0" "info $g0 --json" "plan $g0 --algo none --budget 100% -o -" "plan $g0 --algo none --budget 100% --json"; do
         # shellcheck disable=SC2086
         "$cli" $cmd >/dev/full 2>"$tmp/err"
         rc=$?
@@ -267,14 +267,14 @@ printf 'rockmate-graph 1\ntensor x 4 input\ntensor y 4\nloss y\nop f fwd=1 bwd=1
 run info "$tmp/lossfirst.rkg"
 expect "a loss statement before its op" 1
 check "a loss statement before its op: says it comes after" err_is 'lossfirst\.rkg:4: loss: .*comes after'
-run plan "$g0" --budget 100% --slots 99999999999
+run plan "$g0" --algo none --budget 100% --slots 99999999999
 expect "--slots out of range" 2
 check "--slots out of range: names the range" grep -q 'from 1 to 2147483647' "$tmp/err"
-run plan "$g0" --budget 100% --svg /nonexistent-dir/x.svg
+run plan "$g0" --algo none --budget 100% --svg /nonexistent-dir/x.svg
 expect "--svg into a missing folder" 1
 check "--svg into a missing folder: gives the reason" err_is 'x\.svg: cannot open for writing: No such file'
 if [[ -w /dev/full ]]; then
-    run plan "$g0" --budget 100% --svg /dev/full
+    run plan "$g0" --algo none --budget 100% --svg /dev/full
     expect "--svg into a full device" 1
     check "--svg into a full device: gives the reason" err_is 'could not write the SVG file: No space'
 fi
