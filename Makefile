@@ -7,6 +7,7 @@
 #   make cuda         CUDA sources (needs nvcc)
 #   make bench        build and run the benchmarks
 #   make fuzz         libFuzzer on each harness for FUZZ_SECONDS (default 60; clang)
+#   make valgrind     the whole-library tests under valgrind (minutes)
 #   make install      PREFIX=/usr/local DESTDIR=
 #   make OMIT=1 ...   no lp_solve: -DRKM_OMIT_SOLVER, no LGPL code linked
 #   make CC=clang ... any C11 compiler
@@ -93,7 +94,7 @@ CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS)) \
 CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
 CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
 
-.PHONY: all lib cli examples tests test demo cuda bench fuzz install uninstall clean deps test-deps FORCE
+.PHONY: all lib cli examples tests test demo cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
 
 all: lib cli
@@ -203,6 +204,18 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h rockmate.c rockmate.
 	@mkdir -p $(@D)
 	$(CLANG) $(STD_FLAGS) -I. -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(DEFS) \
 		-o $@ $< rockmate.c $(LDLIBS)
+
+# The whole-library tests, unsanitized, under valgrind (lp_solve's own
+# uninitialised reads suppressed: tests/valgrind.supp). Slow: minutes.
+VALGRIND_TESTS = test_dp test_exec test_graph test_ilp test_oom test_sim
+valgrind: | deps
+	@command -v valgrind >/dev/null || { echo "valgrind: not found (apt-get install -y valgrind)"; exit 1; }
+	@mkdir -p $(BUILD)/valgrind
+	@for t in $(VALGRIND_TESTS); do \
+	  $(CC) $(STD_FLAGS) -I. -O1 -g -DTEST_GRAPHS_DIR=\"tests/graphs\" $(DEFS) -o $(BUILD)/valgrind/$$t tests/$$t.c $(LDLIBS) || exit 1; \
+	  echo "== valgrind $$t"; \
+	  valgrind -q --error-exitcode=9 --leak-check=full --suppressions=tests/valgrind.supp $(BUILD)/valgrind/$$t || exit 1; \
+	done
 
 ifeq ($(CLANG),)
 fuzz:
