@@ -6045,7 +6045,14 @@ static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan
     rkm_result r = rkm__solve_chain(pl, 0, budget, &p[0]);
     if (!r) r = rkm__solve_chain(pl, 1, budget, &p[1]);
     if (!r) r = rkm__solve_dtr(pl, budget, &p[2]);
-    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[3]);
+    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
+        /* one candidate among four: if lp_solve fails on it, the others stand */
+        r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[3]);
+        if (r == RKM_ERROR_SOLVER) {
+            rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
+            r = RKM_OK;
+        }
+    }
     for (int k = 1; k < 4; k++) p[0] = rkm__faster(p[0], p[k]);
     if (r) {
         rkm_plan_destroy(p[0]);
