@@ -1,6 +1,6 @@
 # rockmate -- build, test, install. See README.md.
 #
-#   make              library (static + shared) and the CLI
+#   make              libraries (static + shared), the CLI and the examples
 #   make lib          the library only
 #   make test         build everything, run the suite (tests/run.sh)
 #   make demo         build and run the demo
@@ -43,11 +43,17 @@ DEP_HEADERS = lpsolve/lp_lib.h
 DEP_LIBS = liblpsolve55.a liblpsolve55_pic.a libcolamd.so
 endif
 LDLIBS = $(SOLVER_LIBS) -lm -pthread
+# A fully static link also needs what libcolamd needs.
+STATIC_LIBS = $(SOLVER_LIBS) $(if $(SOLVER_LIBS),-lsuitesparseconfig) -lm -pthread
 
 VERSION := $(shell sed -n 's/^\#define RKM_VERSION_STRING "\(.*\)"/\1/p' rockmate.h)
 
 LIB_A = $(BUILD)/librockmate.a
-LIB_SO = $(BUILD)/librockmate.so
+# The shared library carries a versioned soname (ABI major = the version's
+# major): librockmate.so.0 -> librockmate.so.0.1.0, and librockmate.so for
+# the linker.
+SO_MAJOR = $(firstword $(subst ., ,$(VERSION)))
+LIB_SO = $(BUILD)/librockmate.so.$(VERSION)
 LIB_OBJ = $(BUILD)/rockmate.o
 TEST_LIB = $(BUILD)/tests/librockmate.a
 TEST_CUDA_LIB = $(BUILD)/tests/libcudahelpers.a
@@ -97,7 +103,7 @@ CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
 .PHONY: all lib cli examples tests test demo cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
 
-all: lib cli
+all: lib cli examples
 
 lib: $(LIB_A) $(LIB_SO)
 
@@ -123,8 +129,10 @@ bench: $(BENCHES)
 MISSING_DEPS = $(strip \
 	$(foreach f,$(DEP_LIBS),$(if $(filter /%,$(shell $(CC) -print-file-name=$f)),,$f)) \
 	$(foreach h,$(DEP_HEADERS),$(if $(shell printf '\#include <%s>\n' $h | $(CC) -E -x c - >/dev/null 2>&1 && echo ok),,<$h>)))
-# Tools the test scripts call (test_cli.sh checks JSON with python3).
-TEST_TOOLS = $(if $(shell grep -ls python3 tests/*.sh 2>/dev/null),python3)
+# Tools the test scripts call (test_cli.sh checks JSON with python3,
+# test_install.sh links through pkg-config); Debian packages of those names.
+TEST_TOOLS = $(if $(shell grep -ls python3 tests/*.sh 2>/dev/null),python3) \
+	$(if $(shell grep -ls pkg-config tests/*.sh 2>/dev/null),pkg-config)
 MISSING_TOOLS = $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $t 2>/dev/null),,$t)))
 
 # $(call install_or_tell,MISSING,PACKAGES)
@@ -160,8 +168,10 @@ $(LIB_A): $(LIB_OBJ)
 # lp_solve goes inside the .so; --exclude-libs keeps its symbols private so
 # that a host linking its own lp_solve does not clash with ours.
 $(LIB_SO): $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,librockmate.so -Wl,-z,defs -Wl,--exclude-libs,ALL \
+	$(CC) -shared -Wl,-soname,librockmate.so.$(SO_MAJOR) -Wl,-z,defs -Wl,--exclude-libs,ALL \
 		-o $@ $^ $(SO_SOLVER_LIBS) -lm -pthread
+	ln -sf librockmate.so.$(VERSION) $(BUILD)/librockmate.so.$(SO_MAJOR)
+	ln -sf librockmate.so.$(VERSION) $(BUILD)/librockmate.so
 
 $(BUILD)/rockmate: $(CLI_SRCS) $(wildcard cli/*.h) rockmate.h $(LIB_A)
 	$(CC) $(ALL_CFLAGS) $(DEFS) -o $@ $(CLI_SRCS) $(LIB_A) $(LDLIBS)
@@ -265,20 +275,26 @@ $(BUILD)/rockmate.pc: rockmate.h FORCE
 		'Version: $(VERSION)' \
 		'Cflags: -I$${includedir}' \
 		'Libs: -L$${libdir} -lrockmate' \
-		'Libs.private: $(LDLIBS)' > $@
+		'Libs.private: $(STATIC_LIBS)' > $@
 
 install: all $(BUILD)/rockmate.pc
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 rockmate.h $(DESTDIR)$(PREFIX)/include/rockmate.h
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/librockmate.a
-	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librockmate.so
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librockmate.so.$(VERSION)
+	ln -sf librockmate.so.$(VERSION) $(DESTDIR)$(LIBDIR)/librockmate.so.$(SO_MAJOR)
+	ln -sf librockmate.so.$(VERSION) $(DESTDIR)$(LIBDIR)/librockmate.so
 	install -m 644 $(BUILD)/rockmate.pc $(DESTDIR)$(LIBDIR)/pkgconfig/rockmate.pc
 	install -m 755 $(CLI_BIN) $(DESTDIR)$(PREFIX)/bin/rockmate
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/rockmate.h $(DESTDIR)$(LIBDIR)/librockmate.a \
-		$(DESTDIR)$(LIBDIR)/librockmate.so $(DESTDIR)$(LIBDIR)/pkgconfig/rockmate.pc \
+		$(DESTDIR)$(LIBDIR)/librockmate.so $(DESTDIR)$(LIBDIR)/librockmate.so.$(SO_MAJOR) \
+		$(DESTDIR)$(LIBDIR)/librockmate.so.$(VERSION) $(DESTDIR)$(LIBDIR)/pkgconfig/rockmate.pc \
 		$(DESTDIR)$(PREFIX)/bin/rockmate
+	@# the folders install made, where nothing else is left in them
+	-rmdir $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PREFIX)/include \
+		$(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX) 2>/dev/null || true
 
 clean:
 	rm -rf $(BUILD)

@@ -14,7 +14,7 @@
  *
  * Without --budget each step runs the baseline plan. With one ("50%",
  * "64KiB", a byte count, or "min" for the least the algorithm can do) it
- * also plans with rkm_plan_solve (--algo, default rotor) and runs both plans
+ * also plans with rkm_plan_solve (--algo, default: the build's best) and runs both plans
  * every step: the planned step must give the baseline's loss and gradients
  * bit for bit, and its measured peak must equal the simulated one.
  *
@@ -452,23 +452,24 @@ static int usage(FILE *f, int status)
 {
     fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L]\n"
                     "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
-                    "  A: rotor (default), rockmate, sqrt, checkmate, none\n"
+                    "  A: default (rockmate; rotor without lp_solve), rockmate, rotor, sqrt, dtr,\n"
+                    "     checkmate, none\n"
                     "  N: training steps (default 5); L: 2..%d layers (default 8)\n",
             MAX_LAYERS);
     return status;
 }
 
-/* ctx names the algorithms; its "default" is not one here (rotor is). */
+/* ctx names the algorithms ("default": the best the build has). */
 static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
 {
-    *o = (Options){NULL, RKM_ALGO_ROTOR, 5, 8};
+    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return 0;
         i++;
         if (!strcmp(a, "--budget")) o->budget = v;
         else if (!strcmp(a, "--algo")) {
-            if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK || o->algo == RKM_ALGO_DEFAULT) return 0;
+            if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return 0;
         } else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--layers")) o->layers = atoi(v);
         else return 0;
