@@ -205,12 +205,12 @@ $(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c tests/test.h rockmate.c rockmate
 	$(CC) $(STD_FLAGS) -I. -Werror -O1 -g -fsanitize=thread -DTEST_GRAPHS_DIR=\"tests/graphs\" $(DEFS) \
 		-o $@ $< rockmate.c $(LDLIBS)
 
-$(FUZZ_REPLAYS): $(BUILD)/tests/test_fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h rockmate.c rockmate.h \
+$(FUZZ_REPLAYS): $(BUILD)/tests/test_fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h tests/test.h rockmate.c rockmate.h \
 		$(BUILD)/flags
 	@mkdir -p $(@D)
 	$(CC) $(TEST_CFLAGS) $(DEFS) -DFUZZ_NAME=\"$*\" -o $@ $< tests/fuzz/replay.c rockmate.c $(LDLIBS)
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h rockmate.c rockmate.h $(BUILD)/flags
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h tests/test.h rockmate.c rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
 	$(CLANG) $(STD_FLAGS) -I. -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(DEFS) \
 		-o $@ $< rockmate.c $(LDLIBS)

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* TEST_HELPERS_ONLY: just the shared helpers below (the fuzz harnesses). */
+#ifndef TEST_HELPERS_ONLY
 static int test_passed, test_failed, test_current_failed;
 
 #define CHECK(cond)                                                                  \
@@ -49,6 +51,8 @@ static int test_passed, test_failed, test_current_failed;
         printf("%s: %d passed, %d failed\n", __FILE__, test_passed, test_failed); \
         return test_failed != 0;                                               \
     } while (0)
+
+#endif /* TEST_HELPERS_ONLY */
 
 /* Where the bundled graphs are (the Makefile passes -DTEST_GRAPHS_DIR). */
 #ifndef TEST_GRAPHS_DIR

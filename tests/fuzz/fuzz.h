@@ -1,5 +1,6 @@
-/* fuzz.h -- what the libFuzzer harnesses share: a silent context, a
- * write sink, and the checks every plan must pass.
+/* fuzz.h -- what the libFuzzer harnesses share: the suite's helpers
+ * (tests/test.h: a write sink, no-op callbacks) and the checks every plan
+ * must pass.
  *
  * Each harness defines LLVMFuzzerTestOneInput. Under `make fuzz` it is
  * linked with clang's libFuzzer; under `make test` with replay.c, which
@@ -7,11 +8,8 @@
  * failed check aborts, which is how libFuzzer knows it found something. */
 #ifndef RKM_FUZZ_H
 #define RKM_FUZZ_H
-#include "../../rockmate.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define TEST_HELPERS_ONLY /* sbuf, the no-op callbacks, contexts */
+#include "../test.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -22,41 +20,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
             abort();                                                                      \
         }                                                                                 \
     } while (0)
-
-typedef struct fuzz_buf {
-    char *data;
-    size_t len, cap;
-} fuzz_buf;
-
-static inline int fuzz_write(void *user, const char *data, size_t len)
-{
-    fuzz_buf *b = user;
-    if (b->len + len + 1 > b->cap) {
-        size_t ncap = (b->len + len + 1) * 2;
-        char *nd = realloc(b->data, ncap);
-        if (!nd) return 1;
-        b->data = nd;
-        b->cap = ncap;
-    }
-    memcpy(b->data + b->len, data, len);
-    b->len += len;
-    b->data[b->len] = 0;
-    return 0;
-}
-
-static inline int fuzz_noop_fwd(void *u, const rkm_fwd_call *c)
-{
-    (void)u;
-    (void)c;
-    return 0;
-}
-
-static inline int fuzz_noop_bwd(void *u, const rkm_bwd_call *c)
-{
-    (void)u;
-    (void)c;
-    return 0;
-}
 
 /* A valid plan: its layout never overlaps live buffers and holds the peak,
  * its step peaks reach the peak, and it runs. */
@@ -86,7 +49,7 @@ static inline void fuzz_check_plan(const rkm_plan *p)
         }
     }
     free(b);
-    rkm_callbacks cb = {NULL, fuzz_noop_fwd, fuzz_noop_bwd, NULL, NULL, NULL, NULL};
+    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
     FUZZ_CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
 }
 

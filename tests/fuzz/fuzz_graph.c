@@ -11,10 +11,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK((r == RKM_OK) == (g != NULL));
     if (r) FUZZ_CHECK(rkm_context_errmsg(ctx)[0] != '\0');
     if (g) {
-        fuzz_buf a = {0}, b = {0};
-        FUZZ_CHECK(rkm_graph_write(g, fuzz_write, &a) == RKM_OK);
+        sbuf a = {0}, b = {0};
+        FUZZ_CHECK(rkm_graph_write(g, sbuf_write, &a) == RKM_OK);
         FUZZ_CHECK(rkm_graph_read_string(ctx, a.data, a.len, "again.rkg", &h) == RKM_OK);
-        FUZZ_CHECK(rkm_graph_write(h, fuzz_write, &b) == RKM_OK);
+        FUZZ_CHECK(rkm_graph_write(h, sbuf_write, &b) == RKM_OK);
         FUZZ_CHECK(a.len == b.len && memcmp(a.data, b.data, a.len) == 0);
         rkm_graph_stats s1, s2;
         FUZZ_CHECK(rkm_graph_stats_get(g, &s1) == RKM_OK && rkm_graph_stats_get(h, &s2) == RKM_OK);

@@ -22,8 +22,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (p) {
         FUZZ_CHECK(res.valid);
         fuzz_check_plan(p);
-        fuzz_buf a = {0};
-        FUZZ_CHECK(rkm_plan_write(p, fuzz_write, &a) == RKM_OK);
+        sbuf a = {0};
+        FUZZ_CHECK(rkm_plan_write(p, sbuf_write, &a) == RKM_OK);
         FUZZ_CHECK(rkm_plan_read_string(graph, a.data, a.len, "again.rkp", NULL, &q) == RKM_OK);
         FUZZ_CHECK(rkm_plan_num_steps(q) == rkm_plan_num_steps(p));
         FUZZ_CHECK(memcmp(rkm_plan_steps(p), rkm_plan_steps(q), rkm_plan_num_steps(p) * sizeof(rkm_step)) == 0);
