@@ -1554,6 +1554,27 @@ static int rkm__grad_complete(const rkm__sim *s, int32_t t)
     return s->G[t] && s->recv[t] == s->g->tensors[t].n_contrib;
 }
 
+/* What a forward of o adds to the live memory: its outputs not live yet,
+ * its saved state when run with save. */
+static uint64_t rkm__sim_fwd_adds(const rkm__sim *s, const rkm__op *o, int save)
+{
+    uint64_t add = save ? o->phantom : 0;
+    for (int32_t k = 0; k < o->n_out; k++)
+        if (!s->D[o->out[k]]) add += s->g->tensors[o->out[k]].bytes;
+    return add;
+}
+
+/* What a backward of o adds: the gradients of its inputs not live yet. */
+static uint64_t rkm__sim_bwd_adds(const rkm__sim *s, const rkm__op *o)
+{
+    uint64_t add = 0;
+    for (int32_t k = 0; k < o->n_in; k++) {
+        const rkm__tensor *t = &s->g->tensors[o->in[k]];
+        if (t->has_grad && !s->G[o->in[k]]) add += t->bytes;
+    }
+    return add;
+}
+
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
@@ -1575,10 +1596,7 @@ static rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, i
             }
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
-        uint64_t add = 0;
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (!s->D[o->out[k]]) add += g->tensors[o->out[k]].bytes;
-        if (st->save) add += o->phantom;
+        uint64_t add = rkm__sim_fwd_adds(s, o, st->save);
         *peak = s->mem + add + o->fwd_ws;
         for (int32_t k = 0; k < o->n_out; k++) s->D[o->out[k]] = 1;
         if (st->save) s->P[x] = 1;
@@ -1613,11 +1631,7 @@ static rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, i
             if (!rkm__grad_complete(s, t)) return RKM_RULE_BWD_GRAD_INCOMPLETE;
         }
         *obj = x;
-        uint64_t add = 0;
-        for (int32_t k = 0; k < o->n_in; k++) {
-            int32_t t = o->in[k];
-            if (g->tensors[t].has_grad && !s->G[t]) add += g->tensors[t].bytes;
-        }
+        uint64_t add = rkm__sim_bwd_adds(s, o);
         *peak = s->mem + add + o->bwd_ws;
         for (int32_t k = 0; k < o->n_in; k++) {
             int32_t t = o->in[k];
@@ -5333,15 +5347,6 @@ static void rkm__dtr_release(rkm__dtr *d, int32_t t)
         rkm__dtr_apply(d, RKM_STEP_FREE, t, 0);
 }
 
-/* What a forward of op o adds: outputs not live, the saved state. */
-static uint64_t rkm__dtr_fwd_need(const rkm__dtr *d, const rkm__op *o, int save)
-{
-    uint64_t need = o->fwd_ws + (save ? o->phantom : 0);
-    for (int32_t k = 0; k < o->n_out; k++)
-        if (!d->s.D[o->out[k]]) need += d->g->tensors[o->out[k]].bytes;
-    return need;
-}
-
 static void rkm__dtr_lock(rkm__dtr *d, const int32_t *list, int32_t n, int32_t by)
 {
     for (int32_t k = 0; k < n; k++) d->lock_t[list[k]] += by;
@@ -5354,18 +5359,26 @@ static void rkm__dtr_touch(rkm__dtr *d, const int32_t *list, int32_t n)
 
 static int rkm__dtr_ensure(rkm__dtr *d, int32_t t);
 
+/* Make each tensor of list live and pin it, in order, until one cannot be;
+ * returns how many were pinned (the caller unpins them with rkm__dtr_lock). */
+static int32_t rkm__dtr_pin(rkm__dtr *d, const int32_t *list, int32_t n)
+{
+    int32_t k = 0;
+    for (; k < n && !d->failed; k++) {
+        rkm__dtr_ensure(d, list[k]);
+        d->lock_t[list[k]]++;
+    }
+    return k;
+}
+
 /* Run op i's forward (save: with its saved state), making its inputs live
  * first; its outputs are left for the caller to use or release. */
 static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
 {
     const rkm__op *o = &d->g->ops[i];
-    int ok = 1;
-    int32_t k = 0;
-    for (; k < o->n_in && ok; k++) {
-        ok = rkm__dtr_ensure(d, o->in[k]);
-        d->lock_t[o->in[k]]++;
-    }
-    if (ok && rkm__dtr_room(d, rkm__dtr_fwd_need(d, o, save))) rkm__dtr_apply(d, RKM_STEP_FWD, i, save);
+    int32_t k = rkm__dtr_pin(d, o->in, o->n_in);
+    if (!d->failed && rkm__dtr_room(d, rkm__sim_fwd_adds(&d->s, o, save) + o->fwd_ws))
+        rkm__dtr_apply(d, RKM_STEP_FWD, i, save);
     rkm__dtr_lock(d, o->in, k, -1);
     rkm__dtr_touch(d, o->in, o->n_in);
     rkm__dtr_touch(d, o->out, o->n_out);
@@ -5419,16 +5432,8 @@ static void rkm__dtr_bwd_step(rkm__dtr *d, int32_t i)
     const rkm__op *o = &g->ops[i];
     if (o->phantom > 0 && !d->s.P[i] && !rkm__dtr_forward(d, i, 1)) return;
     d->lock_p[i]++;
-    int32_t k = 0;
-    for (; k < o->n_saved && !d->failed; k++) {
-        rkm__dtr_ensure(d, o->saved[k]);
-        d->lock_t[o->saved[k]]++;
-    }
-    uint64_t need = o->bwd_ws;
-    for (int32_t j = 0; j < o->n_in; j++)
-        if (g->tensors[o->in[j]].has_grad && !d->s.G[o->in[j]] && !rkm__list_has(o->in, j, o->in[j]))
-            need += g->tensors[o->in[j]].bytes;
-    if (!d->failed && rkm__dtr_room(d, need)) rkm__dtr_apply(d, RKM_STEP_BWD, i, 0);
+    int32_t k = rkm__dtr_pin(d, o->saved, o->n_saved);
+    if (!d->failed && rkm__dtr_room(d, rkm__sim_bwd_adds(&d->s, o) + o->bwd_ws)) rkm__dtr_apply(d, RKM_STEP_BWD, i, 0);
     d->lock_p[i]--;
     rkm__dtr_lock(d, o->saved, k, -1);
     if (d->failed) return;
@@ -6122,9 +6127,13 @@ static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
  * after the first call. */
 static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
+    if (pl->dtr_min) {
+        *out = pl->dtr_min;
+        return RKM_OK;
+    }
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound, hi = pl->base_peak;
-    for (int it = 0; it < 40 && lo < hi && !pl->dtr_min && !r; it++) {
+    for (int it = 0; it < 40 && lo < hi && !r; it++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *p;
         r = rkm__dtr_plan(pl, mid, 1, &p);
@@ -6132,8 +6141,8 @@ static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
-    if (!r && !pl->dtr_min) pl->dtr_min = hi;
-    *out = pl->dtr_min;
+    if (!r) pl->dtr_min = hi;
+    *out = hi;
     return r;
 }
 
