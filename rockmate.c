@@ -1775,6 +1775,7 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
             fl[rc->at++] = !g->tensors[t].has_grad ? RKM_GRAD_NONE : new_grad ? RKM_GRAD_NEW : RKM_GRAD_ACCUMULATE;
             if (new_grad && rc->open_g[t] < 0 && !rkm__buf_open(rc, RKM_BUFFER_GRAD, t, i, g->tensors[t].bytes)) return 0;
         }
+        for (int32_t k = 0; k < o->n_out; k++) fl[rc->at++] = (uint8_t)g->tensors[o->out[k]].has_grad;
         return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
     }
     case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
@@ -1904,7 +1905,7 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
         const rkm_step *st = &draft->s[i];
         if (!rkm__step_index_ok(g, st)) continue;
         if (st->kind == RKM_STEP_FWD) nf += 1 + (size_t)g->ops[st->index].n_out;
-        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in;
+        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
     }
     rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
     rkm_step *steps = rkm__steps_take(draft);
@@ -6280,7 +6281,7 @@ static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, i
 static const char *const rkm__callback_names[] = {"forward", "loss", "backward", "free_tensor", "free_saved", "free_grad"};
 
 /* The optional callback of a step that is neither fwd nor bwd. */
-static int (*rkm__simple_callback(const rkm_callbacks *cb, int32_t kind))(void *, int32_t)
+static int (*rkm__buffer_callback(const rkm_callbacks *cb, int32_t kind))(void *, const rkm_buffer_call *)
 {
     switch (kind) {
     case RKM_STEP_LOSS: return cb->loss;
@@ -6290,10 +6291,33 @@ static int (*rkm__simple_callback(const rkm_callbacks *cb, int32_t kind))(void *
     }
 }
 
+/* Call the host for step i. */
+static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
+{
+    const rkm_step *st = &p->steps[i];
+    const uint8_t *fl = p->flags + p->flag_off[i];
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &p->g->ops[st->index] : NULL;
+    if (st->kind == RKM_STEP_FWD) {
+        rkm_fwd_call c = {(int64_t)i, st->index, st->save, fl[0], o->in, o->n_in, o->out, o->n_out, fl + 1, o->phantom,
+                          o->fwd_ws};
+        return cb->forward(cb->user, &c);
+    }
+    if (st->kind == RKM_STEP_BWD) {
+        rkm_bwd_call c = {(int64_t)i, st->index, o->in,  o->n_in,     o->out,     o->n_out,
+                          fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws};
+        return cb->backward(cb->user, &c);
+    }
+    int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);
+    uint64_t bytes = st->kind == RKM_STEP_FREE_SAVED ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
+    rkm_buffer_call c = {(int64_t)i, st->index, bytes};
+    return fn ? fn(cb->user, &c) : 0;
+}
+
 /* Profiling: the walk times every forward and backward call with a clock. */
 typedef struct rkm__prof {
     double (*clock)(void *);
-    void *clock_user;
+    void *user; /* the desc's, for clock and after_run */
+    int (*after_run)(void *, int32_t);
     double *fwd, *bwd; /* [run * n_ops + op] */
     size_t n_ops;
     int32_t run;
@@ -6303,28 +6327,28 @@ typedef struct rkm__prof {
 static rkm_result rkm__walk(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
 {
     for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *st = &p->steps[i];
-        const uint8_t *fl = p->flags + p->flag_off[i];
-        int rc = 0, timed = pr && (st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD);
-        const char *which = rkm__callback_names[st->kind];
-        double t0 = timed ? pr->clock(pr->clock_user) : 0;
-        if (st->kind == RKM_STEP_FWD) {
-            rkm_fwd_call c = {(int64_t)i, st->index, st->save, fl[0], fl + 1};
-            rc = cb->forward(cb->user, &c);
-        } else if (st->kind == RKM_STEP_BWD) {
-            rkm_bwd_call c = {(int64_t)i, st->index, fl};
-            rc = cb->backward(cb->user, &c);
-        } else {
-            int (*fn)(void *, int32_t) = rkm__simple_callback(cb, st->kind);
-            rc = fn ? fn(cb->user, st->index) : 0;
-        }
+        int32_t kind = p->steps[i].kind;
+        int timed = pr && (kind == RKM_STEP_FWD || kind == RKM_STEP_BWD);
+        double t0 = timed ? pr->clock(pr->user) : 0;
+        int rc = rkm__call_step(p, cb, i);
         if (timed) {
-            double *samples = st->kind == RKM_STEP_FWD ? pr->fwd : pr->bwd;
-            samples[(size_t)pr->run * pr->n_ops + (size_t)st->index] = pr->clock(pr->clock_user) - t0;
+            double *samples = kind == RKM_STEP_FWD ? pr->fwd : pr->bwd;
+            samples[(size_t)pr->run * pr->n_ops + (size_t)p->steps[i].index] = pr->clock(pr->user) - t0;
         }
-        if (rc) return rkm__cb_fail(p, i, which, rc);
+        if (rc) return rkm__cb_fail(p, i, rkm__callback_names[kind], rc);
     }
     return RKM_OK;
+}
+
+/* One profiling run, then the host's after_run hook. */
+static rkm_result rkm__profile_run(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
+{
+    rkm_result r = rkm__walk(p, cb, pr);
+    int rc = r || !pr->after_run ? 0 : pr->after_run(pr->user, pr->run);
+    if (rc)
+        return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "rkm_graph_profile: the after_run callback returned %d after run %d",
+                        rc, (int)pr->run);
+    return r;
 }
 
 /* The callbacks every walk needs. */
@@ -6411,13 +6435,13 @@ rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const 
     if (!r) r = rkm_plan_baseline(g, &p);
     if (r) return r;
     size_t n = (size_t)d.runs * g->n_ops, size = (2 * n + (size_t)d.runs) * sizeof(double);
-    rkm__prof pr = {d.clock, d.clock_user, NULL, NULL, g->n_ops, 0};
+    rkm__prof pr = {d.clock, d.user, d.after_run, NULL, NULL, g->n_ops, 0};
     pr.fwd = rkm__calloc(g->ctx, 1, size);
     rkm_op_costs *costs = rkm__calloc(g->ctx, g->n_ops + 1, sizeof *costs);
     if (!pr.fwd || !costs) r = rkm__nomem(g->ctx, "rkm_graph_profile");
     if (!r) {
         pr.bwd = pr.fwd + n;
-        for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm__walk(p, cb, &pr);
+        for (pr.run = 0; pr.run < d.runs && !r; pr.run++) r = rkm__profile_run(p, cb, &pr);
     }
     if (!r) {
         rkm__profile_costs(g, &pr, &d, pr.bwd + n, costs); /* the last runs doubles: one op's samples */

@@ -543,13 +543,29 @@ rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baselin
  * Execution: the plan calls the host
  * ------------------------------------------------------------------------- */
 
+/* Each call carries what the host needs to run the step without asking the
+ * graph: the op's tensors, which buffers are new, the workspace it may use.
+ * Pointers point into the plan or the graph and are valid during the call.
+ *
+ * New buffers are never zeroed by the library (it touches no data): a new
+ * output (out_new 1), a new gradient (RKM_GRAD_NEW) and the workspace come
+ * as the host allocated them. A kernel that accumulates (llm.c's backwards
+ * all do `+=`) wants its new gradients and its scratch (dpreatt) zeroed:
+ * the host zeroes exactly the buffers these flags mark new, and only those,
+ * since an ACCUMULATE gradient already holds earlier contributions. */
 typedef struct rkm_fwd_call {
     int64_t step;          /* index in the plan */
     int32_t op;
     int save;              /* keep the phantom (saved state) for the backward */
     int recompute;         /* this op's forward already ran earlier in the plan */
-    const uint8_t *out_new;/* per output (op's out order): 1 = not live, allocate
-                              it; 0 = live already, recompute into it in place */
+    const int32_t *in;     /* the op's `in` tensors (n_in), in the op's order */
+    int32_t n_in;
+    const int32_t *out;    /* the op's `out` tensors (n_out) */
+    int32_t n_out;
+    const uint8_t *out_new;/* per output: 1 = not live, allocate it; 0 = live
+                              already, recompute into it in place */
+    uint64_t phantom;      /* the op's phantom: with save, the saved state to allocate */
+    uint64_t ws_bytes;     /* the op's declared fwd workspace: what the call may use */
 } rkm_fwd_call;
 
 /* Per input gradient of a backward call. */
@@ -560,8 +576,27 @@ typedef struct rkm_fwd_call {
 typedef struct rkm_bwd_call {
     int64_t step;
     int32_t op;
-    const uint8_t *in_grad; /* per input (op's in order): RKM_GRAD_* */
+    const int32_t *in;      /* the op's `in` tensors (n_in) */
+    int32_t n_in;
+    const int32_t *out;     /* the op's `out` tensors (n_out) */
+    int32_t n_out;
+    const uint8_t *in_grad; /* per input: RKM_GRAD_* */
+    const uint8_t *out_grad;/* per output: 1 = grad(out) is live and complete,
+                               read it; 0 = the output has no gradient (treat
+                               it as zero) */
+    const int32_t *saved;   /* the op's `saved` tensors (n_saved): live now */
+    int32_t n_saved;
+    uint64_t phantom;       /* the op's phantom: its saved state, live now when > 0 */
+    uint64_t ws_bytes;      /* the op's declared bwd workspace */
 } rkm_bwd_call;
+
+/* The loss step and the three free steps: one buffer each. */
+typedef struct rkm_buffer_call {
+    int64_t step;   /* index in the plan */
+    int32_t index;  /* loss, free_tensor, free_grad: the tensor; free_saved: the op */
+    uint64_t bytes; /* of the buffer made (loss: grad(loss)) or released
+                       (free_saved: the op's phantom) */
+} rkm_buffer_call;
 
 /* Callbacks return 0 on success; any other value stops the walk and
  * rkm_plan_execute returns RKM_ERROR_CALLBACK naming the step and the value.
@@ -570,10 +605,10 @@ typedef struct rkm_callbacks {
     void *user;
     int (*forward)(void *user, const rkm_fwd_call *call);
     int (*backward)(void *user, const rkm_bwd_call *call);
-    int (*loss)(void *user, int32_t loss_tensor);  /* allocate and seed grad(loss) */
-    int (*free_tensor)(void *user, int32_t tensor);
-    int (*free_saved)(void *user, int32_t op);
-    int (*free_grad)(void *user, int32_t tensor);
+    int (*loss)(void *user, const rkm_buffer_call *call); /* allocate and seed grad(loss) */
+    int (*free_tensor)(void *user, const rkm_buffer_call *call);
+    int (*free_saved)(void *user, const rkm_buffer_call *call);
+    int (*free_grad)(void *user, const rkm_buffer_call *call);
 } rkm_callbacks;
 
 /* Walk the plan (valid: every plan is). Never allocates. */
@@ -591,7 +626,11 @@ typedef struct rkm_profile_desc {
     /* A clock in seconds; NULL: a monotonic wall clock. A GPU host gives one
      * that synchronises its stream first. */
     double (*clock)(void *user);
-    void *clock_user;
+    /* Called after each run (0..runs-1), e.g. to zero the parameter
+     * gradients that run's backwards accumulated; non-zero stops profiling
+     * with RKM_ERROR_CALLBACK. NULL: nothing is called. */
+    int (*after_run)(void *user, int32_t run);
+    void *user;       /* given to clock and after_run */
 } rkm_profile_desc;
 
 /* Runs the baseline plan of g `runs` times through cb, timing every forward
@@ -599,7 +638,10 @@ typedef struct rkm_profile_desc {
  * set to the trimmed mean of its samples (workspaces as in g), as
  * rkm_graph_with_costs does. g is unchanged. The callbacks run for real:
  * each run is a whole training step, so a host that accumulates parameter
- * gradients gets `runs` steps' worth of them; reset them afterwards. */
+ * gradients (the backward callbacks add into them) ends with `runs` steps'
+ * worth of them, unless desc->after_run resets them after every run. The
+ * host's activations are left as after a training step: every buffer the
+ * plan made is freed by its own free steps. */
 rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const rkm_profile_desc *desc,
                              rkm_graph **out);
 

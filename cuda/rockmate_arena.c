@@ -537,13 +537,13 @@ static int rkm__exec_backward(void *user, const rkm_bwd_call *call)
     return rkm__exec_call(user, call->op, call->step, NULL, call);
 }
 
-static int rkm__exec_loss(void *user, int32_t t)
+static int rkm__exec_loss(void *user, const rkm_buffer_call *call)
 {
     rkm_arena_exec *x = user;
-    rkm__exec_enter(x, x->step + 1);
-    int rc = rkm__exec_take(x, &x->g_off[t], RKM_BUFFER_GRAD, t, rkm__tensor_bytes(x->g, t), "gradient of",
-                            rkm__tensor_name(x->g, t));
-    if (!rc && x->has_host && x->host.loss) rc = x->host.loss(x->host.user, t);
+    int32_t t = call->index;
+    rkm__exec_enter(x, call->step);
+    int rc = rkm__exec_take(x, &x->g_off[t], RKM_BUFFER_GRAD, t, call->bytes, "gradient of", rkm__tensor_name(x->g, t));
+    if (!rc && x->has_host && x->host.loss) rc = x->host.loss(x->host.user, call);
     return rc;
 }
 
@@ -552,28 +552,28 @@ static int rkm__exec_loss(void *user, int32_t t)
  * any kernel that later reuses the range is queued after those readers, so
  * releasing at once is safe in stream order: no synchronisation needed.
  * kind: the buffer kind, which says the slot table and the host's hook. */
-static int rkm__exec_free(rkm_arena_exec *x, int32_t kind, int32_t id)
+static int rkm__exec_free(rkm_arena_exec *x, int32_t kind, const rkm_buffer_call *call)
 {
-    int (*hook)(void *, int32_t) = kind == RKM_BUFFER_TENSOR ? x->host.free_tensor
-                                   : kind == RKM_BUFFER_GRAD ? x->host.free_grad
-                                                             : x->host.free_saved;
-    rkm__exec_enter(x, x->step + 1);
-    int rc = x->has_host && hook ? hook(x->host.user, id) : 0;
+    int (*hook)(void *, const rkm_buffer_call *) = kind == RKM_BUFFER_TENSOR ? x->host.free_tensor
+                                                   : kind == RKM_BUFFER_GRAD ? x->host.free_grad
+                                                                             : x->host.free_saved;
+    int32_t id = call->index;
+    rkm__exec_enter(x, call->step);
+    int rc = x->has_host && hook ? hook(x->host.user, call) : 0;
     if (rc) return rc;
     if (kind == RKM_BUFFER_TENSOR)
-        return rkm__exec_give(x, &x->t_off[id], rkm__tensor_bytes(x->g, id), "tensor", rkm__tensor_name(x->g, id));
+        return rkm__exec_give(x, &x->t_off[id], call->bytes, "tensor", rkm__tensor_name(x->g, id));
     if (kind == RKM_BUFFER_GRAD)
-        return rkm__exec_give(x, &x->g_off[id], rkm__tensor_bytes(x->g, id), "gradient of",
-                              rkm__tensor_name(x->g, id));
+        return rkm__exec_give(x, &x->g_off[id], call->bytes, "gradient of", rkm__tensor_name(x->g, id));
     rkm_op_desc od;
     if (rkm_graph_op_info(x->g, id, &od) != RKM_OK)
         return rkm__exec_fail(x, RKM_ERROR_INTERNAL, "free_saved of op %d: no such op", (int)id);
-    return rkm__exec_give(x, &x->p_off[id], od.phantom, "saved state of", od.name);
+    return rkm__exec_give(x, &x->p_off[id], call->bytes, "saved state of", od.name);
 }
 
-static int rkm__exec_free_tensor(void *user, int32_t t) { return rkm__exec_free(user, RKM_BUFFER_TENSOR, t); }
-static int rkm__exec_free_saved(void *user, int32_t op) { return rkm__exec_free(user, RKM_BUFFER_PHANTOM, op); }
-static int rkm__exec_free_grad(void *user, int32_t t) { return rkm__exec_free(user, RKM_BUFFER_GRAD, t); }
+static int rkm__exec_free_tensor(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_TENSOR, c); }
+static int rkm__exec_free_saved(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_PHANTOM, c); }
+static int rkm__exec_free_grad(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_GRAD, c); }
 
 void rkm_arena_exec_destroy(rkm_arena_exec *x)
 {

@@ -69,20 +69,20 @@ static int rkm__cu_backward(void *user, const rkm_bwd_call *c) { return rkm__cu_
  * backward calls are timed); kind picks the hook. */
 enum { RKM__CU_LOSS, RKM__CU_FREE_TENSOR, RKM__CU_FREE_SAVED, RKM__CU_FREE_GRAD };
 
-static int rkm__cu_pass(void *user, int kind, int32_t id)
+static int rkm__cu_pass(void *user, int kind, const rkm_buffer_call *call)
 {
     const rkm_callbacks *h = &((rkm_cuda_arena *)user)->host;
-    int (*hook)(void *, int32_t) = kind == RKM__CU_LOSS          ? h->loss
-                                   : kind == RKM__CU_FREE_TENSOR ? h->free_tensor
-                                   : kind == RKM__CU_FREE_SAVED  ? h->free_saved
-                                                                 : h->free_grad;
-    return hook ? hook(h->user, id) : 0;
+    int (*hook)(void *, const rkm_buffer_call *) = kind == RKM__CU_LOSS          ? h->loss
+                                                   : kind == RKM__CU_FREE_TENSOR ? h->free_tensor
+                                                   : kind == RKM__CU_FREE_SAVED  ? h->free_saved
+                                                                                 : h->free_grad;
+    return hook ? hook(h->user, call) : 0;
 }
 
-static int rkm__cu_loss(void *user, int32_t t) { return rkm__cu_pass(user, RKM__CU_LOSS, t); }
-static int rkm__cu_free_tensor(void *user, int32_t t) { return rkm__cu_pass(user, RKM__CU_FREE_TENSOR, t); }
-static int rkm__cu_free_saved(void *user, int32_t op) { return rkm__cu_pass(user, RKM__CU_FREE_SAVED, op); }
-static int rkm__cu_free_grad(void *user, int32_t t) { return rkm__cu_pass(user, RKM__CU_FREE_GRAD, t); }
+static int rkm__cu_loss(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_LOSS, c); }
+static int rkm__cu_free_tensor(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_FREE_TENSOR, c); }
+static int rkm__cu_free_saved(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_FREE_SAVED, c); }
+static int rkm__cu_free_grad(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_FREE_GRAD, c); }
 
 /* ---------------------------------------------------------------------------
  * The arena

@@ -634,9 +634,10 @@ static int cb_backward(void *user, const rkm_bwd_call *c)
 
 /* grad(loss) = 1/(B*T) everywhere (the loss is the mean), and a copy of
  * the per-position losses for the report. */
-static int cb_loss(void *user, int32_t t)
+static int cb_loss(void *user, const rkm_buffer_call *call)
 {
     trainer *tr = (trainer *)user;
+    int32_t t = call->index;
     size_t n = (size_t)tr->s.B * tr->s.T;
     fill_k<<<blocks_for(n, TPB), TPB, 0, tr->stream>>>(G_(tr, t), 1.0f / (float)n, n);
     if (launched(tr, "loss gradient")) return 1;

@@ -513,9 +513,7 @@ static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     const gpt2_opdef *d = &st->gg->ops[c->op];
-    rkm_op_desc oi;
     float *ws = NULL;
-    if (rkm_graph_op_info(st->gg->g, c->op, &oi) != RKM_OK) return gpt2__fail(st, "forward: bad op", c->op);
     for (int i = 0; i < d->n_in; i++)
         if (!st->act[d->in[i]]) return gpt2__fail(st, "forward: input not live", d->in[i]);
     if (c->out_new[0]) {
@@ -526,33 +524,33 @@ static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
     }
     if (c->save) {
         if (st->phantom[c->op]) return gpt2__fail(st, "forward: saved state already live", c->op);
-        st->phantom[c->op] = gpt2_mem_alloc(&st->mem, oi.phantom, 0);
+        st->phantom[c->op] = gpt2_mem_alloc(&st->mem, c->phantom, 0);
     }
-    if (oi.fwd_ws) ws = (float *)gpt2_mem_alloc(&st->mem, oi.fwd_ws, 0);
-    if (!st->act[d->out] || (c->save && !st->phantom[c->op]) || (oi.fwd_ws && !ws))
+    if (c->ws_bytes) ws = (float *)gpt2_mem_alloc(&st->mem, c->ws_bytes, 0);
+    if (!st->act[d->out] || (c->save && !st->phantom[c->op]) || (c->ws_bytes && !ws))
         return gpt2__fail(st, "forward: out of memory", c->op);
     gpt2__forward_kernel(st, d, c->op, c->save, ws);
-    gpt2_mem_free(&st->mem, ws, oi.fwd_ws);
+    gpt2_mem_free(&st->mem, ws, c->ws_bytes);
     return 0;
 }
 
 /* The buffer of tensor t if the op's backward declares it saved, else NULL:
  * a backward sees only what its `saved` list promises, so a kernel that
  * read anything else would crash under the plans that free it. */
-static inline void *gpt2__saved(const gpt2_step *st, const rkm_op_desc *oi, int32_t t)
+static inline void *gpt2__saved(const gpt2_step *st, const rkm_bwd_call *c, int32_t t)
 {
-    for (int i = 0; i < oi->n_saved; i++)
-        if (oi->saved[i] == t) return st->act[t];
+    for (int i = 0; i < c->n_saved; i++)
+        if (c->saved[i] == t) return st->act[t];
     return NULL;
 }
 
-static inline void gpt2__backward_kernel(gpt2_step *st, const gpt2_opdef *d, const rkm_op_desc *oi, int32_t op,
+static inline void gpt2__backward_kernel(gpt2_step *st, const gpt2_opdef *d, const rkm_bwd_call *c, int32_t op,
                                   float *const din[2], float *ws)
 {
     const gpt2_shape *s = &st->gg->shape;
     int N = s->B * s->T;
-    float *dout = st->grad[d->out], *x = (float *)gpt2__saved(st, oi, d->in[0]), *ph = (float *)st->phantom[op];
-    const int32_t *targets = d->n_in > 1 ? (const int32_t *)gpt2__saved(st, oi, d->in[1]) : NULL;
+    float *dout = st->grad[d->out], *x = (float *)gpt2__saved(st, c, d->in[0]), *ph = (float *)st->phantom[op];
+    const int32_t *targets = d->n_in > 1 ? (const int32_t *)gpt2__saved(st, c, d->in[1]) : NULL;
     float *w = gpt2__w(st->model->p, s, d->weight, d->layer);
     float *dw = gpt2__w(st->model->g, s, d->weight, d->layer), *db = gpt2__w(st->model->g, s, d->bias, d->layer);
     switch (d->kind) {
@@ -560,12 +558,12 @@ static inline void gpt2__backward_kernel(gpt2_step *st, const gpt2_opdef *d, con
     case GPT2_LAYERNORM: layernorm_backward(din[0], dw, db, dout, x, w, ph, ph + N, N, s->C); break;
     case GPT2_MATMUL: matmul_backward(din[0], dw, db, dout, x, w, N, d->n, d->m); break;
     case GPT2_ATTENTION:
-        attention_backward(din[0], ws, ws + oi->bwd_ws / 8, dout, x, ph, s->B, s->T, s->C, s->NH);
+        attention_backward(din[0], ws, ws + c->ws_bytes / 8, dout, x, ph, s->B, s->T, s->C, s->NH);
         break;
     case GPT2_RESIDUAL: residual_backward(din[0], din[1], dout, (size_t)d->n); break;
     case GPT2_GELU: gelu_backward(din[0], x, dout, (size_t)d->n); break;
     case GPT2_DROPOUT: dropout_backward(din[0], dout, (const uint8_t *)ph, (size_t)d->n, st->dropout); break;
-    case GPT2_SOFTMAX: softmax_backward(din[0], dout, (const float *)gpt2__saved(st, oi, d->out), N, s->V); break;
+    case GPT2_SOFTMAX: softmax_backward(din[0], dout, (const float *)gpt2__saved(st, c, d->out), N, s->V); break;
     case GPT2_XENT: xent_backward(din[0], dout, x, targets, N, s->V); break;
     }
 }
@@ -592,26 +590,25 @@ static inline int gpt2_cb_backward(void *user, const rkm_bwd_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     const gpt2_opdef *d = &st->gg->ops[c->op];
-    rkm_op_desc oi;
     float *din[2], *ws = NULL;
-    if (rkm_graph_op_info(st->gg->g, c->op, &oi) != RKM_OK) return gpt2__fail(st, "backward: bad op", c->op);
     if (!st->grad[d->out]) return gpt2__fail(st, "backward: output gradient not live", d->out);
-    for (int i = 0; i < oi.n_saved; i++)
-        if (!st->act[oi.saved[i]]) return gpt2__fail(st, "backward: saved tensor not live", oi.saved[i]);
-    if (oi.phantom && !st->phantom[c->op]) return gpt2__fail(st, "backward: saved state not live", c->op);
+    for (int i = 0; i < c->n_saved; i++)
+        if (!st->act[c->saved[i]]) return gpt2__fail(st, "backward: saved tensor not live", c->saved[i]);
+    if (c->phantom && !st->phantom[c->op]) return gpt2__fail(st, "backward: saved state not live", c->op);
     if (gpt2__input_grads(st, d, c, din)) return 1;
-    if (oi.bwd_ws && !(ws = (float *)gpt2_mem_alloc(&st->mem, oi.bwd_ws, 1)))
+    if (c->ws_bytes && !(ws = (float *)gpt2_mem_alloc(&st->mem, c->ws_bytes, 1)))
         return gpt2__fail(st, "backward: out of memory", c->op);
-    gpt2__backward_kernel(st, d, &oi, c->op, din, ws);
-    gpt2_mem_free(&st->mem, ws, oi.bwd_ws);
+    gpt2__backward_kernel(st, d, c, c->op, din, ws);
+    gpt2_mem_free(&st->mem, ws, c->ws_bytes);
     return 0;
 }
 
 /* grad(loss) = 1/(B*T) everywhere: the loss is the mean over positions. */
-static inline int gpt2_cb_loss(void *user, int32_t t)
+static inline int gpt2_cb_loss(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
-    uint64_t bytes = gpt2__tbytes(st, t);
+    int32_t t = c->index;
+    uint64_t bytes = c->bytes;
     size_t n = (size_t)(bytes / sizeof(float));
     const float *losses = (const float *)st->act[t];
     double sum = 0.0;
@@ -626,32 +623,30 @@ static inline int gpt2_cb_loss(void *user, int32_t t)
     return 0;
 }
 
-static inline int gpt2_cb_free_tensor(void *user, int32_t t)
+static inline int gpt2_cb_free_tensor(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
-    if (!st->act[t]) return gpt2__fail(st, "free: tensor not live", t);
-    gpt2_mem_free(&st->mem, st->act[t], gpt2__tbytes(st, t));
-    st->act[t] = NULL;
+    if (!st->act[c->index]) return gpt2__fail(st, "free: tensor not live", c->index);
+    gpt2_mem_free(&st->mem, st->act[c->index], c->bytes);
+    st->act[c->index] = NULL;
     return 0;
 }
 
-static inline int gpt2_cb_free_saved(void *user, int32_t op)
+static inline int gpt2_cb_free_saved(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
-    rkm_op_desc oi;
-    if (!st->phantom[op] || rkm_graph_op_info(st->gg->g, op, &oi) != RKM_OK)
-        return gpt2__fail(st, "free_saved: saved state not live", op);
-    gpt2_mem_free(&st->mem, st->phantom[op], oi.phantom);
-    st->phantom[op] = NULL;
+    if (!st->phantom[c->index]) return gpt2__fail(st, "free_saved: saved state not live", c->index);
+    gpt2_mem_free(&st->mem, st->phantom[c->index], c->bytes);
+    st->phantom[c->index] = NULL;
     return 0;
 }
 
-static inline int gpt2_cb_free_grad(void *user, int32_t t)
+static inline int gpt2_cb_free_grad(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
-    if (!st->grad[t]) return gpt2__fail(st, "free_grad: gradient not live", t);
-    gpt2_mem_free(&st->mem, st->grad[t], gpt2__tbytes(st, t));
-    st->grad[t] = NULL;
+    if (!st->grad[c->index]) return gpt2__fail(st, "free_grad: gradient not live", c->index);
+    gpt2_mem_free(&st->mem, st->grad[c->index], c->bytes);
+    st->grad[c->index] = NULL;
     return 0;
 }
 
@@ -722,11 +717,16 @@ static inline void gpt2_step_release(gpt2_step *st)
 {
     int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
     for (int32_t t = 0; t < nt; t++) {
-        if (st->act[t] && t != st->gg->tokens && t != st->gg->targets) gpt2_cb_free_tensor(st, t);
-        if (st->grad[t]) gpt2_cb_free_grad(st, t);
+        rkm_buffer_call c = {-1, t, gpt2__tbytes(st, t)};
+        if (st->act[t] && t != st->gg->tokens && t != st->gg->targets) gpt2_cb_free_tensor(st, &c);
+        if (st->grad[t]) gpt2_cb_free_grad(st, &c);
     }
-    for (int32_t op = 0; op < no; op++)
-        if (st->phantom[op]) gpt2_cb_free_saved(st, op);
+    for (int32_t op = 0; op < no; op++) {
+        rkm_op_desc oi;
+        if (!st->phantom[op] || rkm_graph_op_info(st->gg->g, op, &oi) != RKM_OK) continue;
+        rkm_buffer_call c = {-1, op, oi.phantom};
+        gpt2_cb_free_saved(st, &c);
+    }
 }
 
 /* Buffers other than the inputs still live: 0 after a complete step. */

@@ -295,12 +295,10 @@ static int alloc_new(Host *h, void **slot, size_t bytes)
 static int on_forward(void *user, const rkm_fwd_call *call)
 {
     Host *h = user;
-    rkm_op_desc op;
-    if (rkm_graph_op_info(h->g, call->op, &op) != RKM_OK) return 2;
-    int32_t out = op.out[0];
+    int32_t out = call->out[0];
     int rc = call->out_new[0] ? alloc_new(h, &h->act[out], h->bytes[out]) : 0;
     if (rc) return rc;
-    const float *inp = h->act[op.in[0]];
+    const float *inp = h->act[call->in[0]];
     if (!inp || !h->act[out]) return 2;
     int l = h->layer[call->op];
     switch (h->kind[call->op]) {
@@ -315,7 +313,7 @@ static int on_forward(void *user, const rkm_fwd_call *call)
     if (call->save && (rc = alloc_new(h, &h->saved[call->op], floats((size_t)BATCH * CLASSES))))
         return rc;
     float *probs = call->save ? h->saved[call->op] : NULL;
-    float *lse = counted_alloc(&h->mem, floats(BATCH));
+    float *lse = counted_alloc(&h->mem, call->ws_bytes); /* the declared workspace: B floats */
     if (!lse) return 1;
     crossentropy_forward(h->act[out], probs, lse, inp, h->act[h->targets], BATCH, CLASSES);
     counted_free(&h->mem, lse);
@@ -325,14 +323,12 @@ static int on_forward(void *user, const rkm_fwd_call *call)
 static int on_backward(void *user, const rkm_bwd_call *call)
 {
     Host *h = user;
-    rkm_op_desc op;
-    if (rkm_graph_op_info(h->g, call->op, &op) != RKM_OK) return 2;
-    int32_t in = op.in[0];
+    int32_t in = call->in[0], out = call->out[0];
     int rc = call->in_grad[0] == RKM_GRAD_NEW ? alloc_new(h, &h->grad[in], h->bytes[in]) : 0;
     if (rc) return rc;
     float *dinp = call->in_grad[0] == RKM_GRAD_NONE ? NULL : h->grad[in];
     int acc = call->in_grad[0] == RKM_GRAD_ACCUMULATE;
-    const float *dout = h->grad[op.out[0]];
+    const float *dout = h->grad[out];
     if (!dout || (call->in_grad[0] != RKM_GRAD_NONE && !dinp)) return 2;
     int l = h->layer[call->op];
     switch (h->kind[call->op]) {
@@ -342,8 +338,8 @@ static int on_backward(void *user, const rkm_bwd_call *call)
                         layer_in(l), layer_out(h, l));
         return 0;
     case OP_RELU:
-        if (!h->act[op.out[0]] || !dinp) return 2;
-        relu_backward(dinp, acc, dout, h->act[op.out[0]], BATCH * HIDDEN);
+        if (!h->act[out] || !dinp) return 2;
+        relu_backward(dinp, acc, dout, h->act[out], BATCH * HIDDEN);
         return 0;
     case OP_LOSS:
         if (!h->saved[call->op] || !dinp) return 2;
@@ -354,9 +350,10 @@ static int on_backward(void *user, const rkm_bwd_call *call)
 }
 
 /* grad(loss) = 1/B for each example: the loss is the batch mean. */
-static int on_loss(void *user, int32_t tensor)
+static int on_loss(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
+    int32_t tensor = call->index;
     const float *losses = h->act[tensor];
     int rc = alloc_new(h, &h->grad[tensor], h->bytes[tensor]);
     if (rc) return rc;
@@ -368,27 +365,30 @@ static int on_loss(void *user, int32_t tensor)
     return 0;
 }
 
-static int on_free_tensor(void *user, int32_t t)
+static int on_free_tensor(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
+    int32_t t = call->index;
     if (!h->act[t]) return 2;
     counted_free(&h->mem, h->act[t]);
     h->act[t] = NULL;
     return 0;
 }
 
-static int on_free_saved(void *user, int32_t op)
+static int on_free_saved(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
+    int32_t op = call->index;
     if (!h->saved[op]) return 2;
     counted_free(&h->mem, h->saved[op]);
     h->saved[op] = NULL;
     return 0;
 }
 
-static int on_free_grad(void *user, int32_t t)
+static int on_free_grad(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
+    int32_t t = call->index;
     if (!h->grad[t]) return 2;
     counted_free(&h->mem, h->grad[t]);
     h->grad[t] = NULL;

@@ -148,7 +148,7 @@ TEST(api_misuse_is_refused_by_name)
     rkm_op_desc d = {"h", 1, 1, &id, 1, &id, 1, NULL, 0, 0, 0, 0};
     rkm_tensor_info ti;
     rkm_graph_stats gs;
-    rkm_profile_desc pd = {-1, 0, NULL, NULL};
+    rkm_profile_desc pd = {.runs = -1};
     rkm_callbacks cb = {NULL, noop_fwd, NULL, NULL, NULL, NULL, NULL};
     CALL(rkm_graph_add_tensor(g, "y", 4, 0, NULL), RKM_ERROR_STATE, "finalized and read-only");
     CALL(rkm_graph_add_op(g, &d, NULL), RKM_ERROR_STATE, "finalized and read-only");

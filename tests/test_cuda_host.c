@@ -398,9 +398,10 @@ static int chk_backward(void *user, const rkm_bwd_call *call)
     return take_scratch(c, call->op, oi.bwd_ws, 1);
 }
 
-static int chk_loss(void *user, int32_t t)
+static int chk_loss(void *user, const rkm_buffer_call *call)
 {
     checker *c = user;
+    int32_t t = call->index;
     if (rkm_arena_exec_grad(c->x, t) == RKM_ARENA_NONE) c->problems++;
     check_disjoint(c);
     return 0;
@@ -888,28 +889,28 @@ static int lchk_backward(void *user, const rkm_bwd_call *call)
     return rc;
 }
 
-static int lchk_loss(void *user, int32_t t)
+static int lchk_loss(void *user, const rkm_buffer_call *call)
 {
     lchecker *l = user;
-    lchk_created(l, RKM_BUFFER_GRAD, t, -2, rkm_arena_exec_grad(l->c.x, t));
-    return chk_loss(&l->c, t);
+    lchk_created(l, RKM_BUFFER_GRAD, call->index, -2, rkm_arena_exec_grad(l->c.x, call->index));
+    return chk_loss(&l->c, call);
 }
 
-static int lchk_free_tensor(void *user, int32_t t)
+static int lchk_free_tensor(void *user, const rkm_buffer_call *call)
 {
-    lchk_released(user, RKM_BUFFER_TENSOR, t);
+    lchk_released(user, RKM_BUFFER_TENSOR, call->index);
     return 0;
 }
 
-static int lchk_free_saved(void *user, int32_t op)
+static int lchk_free_saved(void *user, const rkm_buffer_call *call)
 {
-    lchk_released(user, RKM_BUFFER_PHANTOM, op);
+    lchk_released(user, RKM_BUFFER_PHANTOM, call->index);
     return 0;
 }
 
-static int lchk_free_grad(void *user, int32_t t)
+static int lchk_free_grad(void *user, const rkm_buffer_call *call)
 {
-    lchk_released(user, RKM_BUFFER_GRAD, t);
+    lchk_released(user, RKM_BUFFER_GRAD, call->index);
     return 0;
 }
 

@@ -52,33 +52,29 @@ static int trace_push(tracer *t, event e)
 static int tr_forward(void *user, const rkm_fwd_call *c)
 {
     tracer *t = user;
-    rkm_op_desc oi;
-    rkm_graph_op_info(t->g, c->op, &oi);
-    event e = {RKM_STEP_FWD, c->step, c->op, c->save, c->recompute, {0}, oi.n_out};
-    for (int32_t k = 0; k < oi.n_out && k < 8; k++) e.flags[k] = c->out_new[k];
+    event e = {RKM_STEP_FWD, c->step, c->op, c->save, c->recompute, {0}, c->n_out};
+    for (int32_t k = 0; k < c->n_out && k < 8; k++) e.flags[k] = c->out_new[k];
     return trace_push(t, e);
 }
 
 static int tr_backward(void *user, const rkm_bwd_call *c)
 {
     tracer *t = user;
-    rkm_op_desc oi;
-    rkm_graph_op_info(t->g, c->op, &oi);
-    event e = {RKM_STEP_BWD, c->step, c->op, 0, 0, {0}, oi.n_in};
-    for (int32_t k = 0; k < oi.n_in && k < 8; k++) e.flags[k] = c->in_grad[k];
+    event e = {RKM_STEP_BWD, c->step, c->op, 0, 0, {0}, c->n_in};
+    for (int32_t k = 0; k < c->n_in && k < 8; k++) e.flags[k] = c->in_grad[k];
     return trace_push(t, e);
 }
 
-static int tr_simple(tracer *t, int kind, int32_t index)
+static int tr_simple(tracer *t, int kind, const rkm_buffer_call *c)
 {
-    event e = {kind, -1, index, 0, 0, {0}, 0};
+    event e = {kind, c->step, c->index, 0, 0, {0}, 0};
     return trace_push(t, e);
 }
 
-static int tr_loss(void *user, int32_t x) { return tr_simple(user, RKM_STEP_LOSS, x); }
-static int tr_free(void *user, int32_t x) { return tr_simple(user, RKM_STEP_FREE, x); }
-static int tr_free_saved(void *user, int32_t x) { return tr_simple(user, RKM_STEP_FREE_SAVED, x); }
-static int tr_free_grad(void *user, int32_t x) { return tr_simple(user, RKM_STEP_FREE_GRAD, x); }
+static int tr_loss(void *user, const rkm_buffer_call *c) { return tr_simple(user, RKM_STEP_LOSS, c); }
+static int tr_free(void *user, const rkm_buffer_call *c) { return tr_simple(user, RKM_STEP_FREE, c); }
+static int tr_free_saved(void *user, const rkm_buffer_call *c) { return tr_simple(user, RKM_STEP_FREE_SAVED, c); }
+static int tr_free_grad(void *user, const rkm_buffer_call *c) { return tr_simple(user, RKM_STEP_FREE_GRAD, c); }
 
 static int same_event(const event *a, const event *b)
 {
@@ -186,8 +182,8 @@ static void check_trace(const tracer *t, const rkm_plan *p, size_t upto)
         const rkm_step *s = &rkm_plan_steps(p)[i];
         const event *e = &t->ev[i];
         CHECK(e->kind == s->kind && e->index == s->index);
+        CHECK(e->step == (int64_t)i);
         if (s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD) {
-            CHECK(e->step == (int64_t)i);
             CHECK(e->recompute == want[i].recompute);
             CHECK(e->save == s->save);
             for (int k = 0; k < e->n_flags; k++) CHECK(e->flags[k] == want[i].flags[k]);
@@ -316,6 +312,7 @@ typedef struct host {
     const rkm_graph *g;
     uint8_t *live, *grad, *saved, *ran;
     uint64_t cur, peak;
+    int64_t step; /* the step the next call must carry */
     int errors;
 } host;
 
@@ -338,11 +335,22 @@ static int host_error(host *h, const char *what, int64_t step)
     return 1;
 }
 
+/* The call's own view of the op must be the graph's. */
+static int same_op(const rkm_op_desc *oi, const int32_t *in, int32_t n_in, const int32_t *out, int32_t n_out)
+{
+    return n_in == oi->n_in && n_out == oi->n_out && (!n_in || !memcmp(in, oi->in, (size_t)n_in * sizeof *in)) &&
+           !memcmp(out, oi->out, (size_t)n_out * sizeof *out);
+}
+
 static int h_forward(void *user, const rkm_fwd_call *c)
 {
     host *h = user;
     rkm_op_desc oi;
     rkm_graph_op_info(h->g, c->op, &oi);
+    if (!same_op(&oi, c->in, c->n_in, c->out, c->n_out) || c->ws_bytes != oi.fwd_ws)
+        return host_error(h, "forward call disagrees with the op", c->step);
+    if (c->step != h->step) return host_error(h, "forward step index", c->step);
+    h->step++;
     for (int32_t k = 0; k < oi.n_in; k++)
         if (!h->live[oi.in[k]]) return host_error(h, "forward input not live", c->step);
     if (c->recompute != h->ran[c->op]) return host_error(h, "recompute flag", c->step);
@@ -368,6 +376,16 @@ static int h_backward(void *user, const rkm_bwd_call *c)
     host *h = user;
     rkm_op_desc oi;
     rkm_graph_op_info(h->g, c->op, &oi);
+    if (!same_op(&oi, c->in, c->n_in, c->out, c->n_out) || c->ws_bytes != oi.bwd_ws)
+        return host_error(h, "backward call disagrees with the op", c->step);
+    if (c->step != h->step) return host_error(h, "backward step index", c->step);
+    h->step++;
+    for (int32_t k = 0; k < oi.n_out; k++) {
+        rkm_tensor_info ti;
+        rkm_graph_tensor_info(h->g, oi.out[k], &ti);
+        if (c->out_grad[k] != ti.has_grad || (ti.has_grad && !h->grad[oi.out[k]]))
+            return host_error(h, "out_grad flag", c->step);
+    }
     for (int32_t k = 0; k < oi.n_saved; k++)
         if (!h->live[oi.saved[k]]) return host_error(h, "saved tensor not live", c->step);
     if (oi.phantom && !h->saved[c->op]) return host_error(h, "phantom not live", c->step);
@@ -389,9 +407,19 @@ static int h_backward(void *user, const rkm_bwd_call *c)
     return 0;
 }
 
-static int h_loss(void *user, int32_t t)
+/* A buffer call: its step comes next, and its bytes are the host's own. */
+static int h_buffer_call(host *h, const rkm_buffer_call *c, uint64_t bytes)
+{
+    if (c->step != h->step || c->bytes != bytes) return host_error(h, "buffer call step or bytes", c->step);
+    h->step++;
+    return 0;
+}
+
+static int h_loss(void *user, const rkm_buffer_call *c)
 {
     host *h = user;
+    int32_t t = c->index;
+    if (h_buffer_call(h, c, tbytes(h, t))) return 1;
     if (!h->live[t] || h->grad[t]) return host_error(h, "loss", -1);
     h->grad[t] = 1;
     h->cur += tbytes(h, t);
@@ -399,29 +427,35 @@ static int h_loss(void *user, int32_t t)
     return 0;
 }
 
-static int h_free(void *user, int32_t t)
+static int h_free(void *user, const rkm_buffer_call *c)
 {
     host *h = user;
+    int32_t t = c->index;
+    if (h_buffer_call(h, c, tbytes(h, t))) return 1;
     if (!h->live[t]) return host_error(h, "free of a dead tensor", -1);
     h->live[t] = 0;
     h->cur -= tbytes(h, t);
     return 0;
 }
 
-static int h_free_saved(void *user, int32_t op)
+static int h_free_saved(void *user, const rkm_buffer_call *c)
 {
     host *h = user;
+    int32_t op = c->index;
     rkm_op_desc oi;
     rkm_graph_op_info(h->g, op, &oi);
+    if (h_buffer_call(h, c, oi.phantom)) return 1;
     if (!h->saved[op]) return host_error(h, "free_saved of a dead state", -1);
     h->saved[op] = 0;
     h->cur -= oi.phantom;
     return 0;
 }
 
-static int h_free_grad(void *user, int32_t t)
+static int h_free_grad(void *user, const rkm_buffer_call *c)
 {
     host *h = user;
+    int32_t t = c->index;
+    if (h_buffer_call(h, c, tbytes(h, t))) return 1;
     if (!h->grad[t]) return host_error(h, "free_grad of a dead gradient", -1);
     h->grad[t] = 0;
     h->cur -= tbytes(h, t);

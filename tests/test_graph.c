@@ -740,6 +740,61 @@ static double uneven_clock(void *user)
     return (double)(*n * 3 + *n % 7) * 1e-4;
 }
 
+/* PROFILE HOOK: after_run is called once after each run, after that run's
+ * last backward, with the run's number; a failing hook stops profiling
+ * with RKM_ERROR_CALLBACK and no graph. The backwards stand for a host
+ * accumulating parameter gradients: the hook sees exactly one run's worth. */
+typedef struct hook_log {
+    int bwd_since_reset, runs_seen, bad, fail_at;
+} hook_log;
+
+static int hook_bwd(void *user, const rkm_bwd_call *c)
+{
+    (void)c;
+    ((hook_log *)user)->bwd_since_reset++;
+    return 0;
+}
+
+static int hook_fwd(void *user, const rkm_fwd_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
+static int hook_after_run(void *user, int32_t run)
+{
+    hook_log *h = user;
+    if (run != h->runs_seen || h->bwd_since_reset != 3) h->bad++; /* EXEC_GRAPH-like: 3 backwards per step */
+    h->bwd_since_reset = 0;
+    h->runs_seen++;
+    return run == h->fail_at ? 77 : 0;
+}
+
+TEST(profile_after_run_hook)
+{
+    static const char *G = "rockmate-graph 1\ntensor x 4 input\ntensor a 8\ntensor b 8\ntensor c 4\n"
+                           "op f fwd=1 bwd=1 in=x out=a saved=x\nop g fwd=1 bwd=1 in=a out=b saved=a\n"
+                           "op h fwd=1 bwd=1 in=b out=c saved=b\nloss c\n";
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL, *prof = NULL;
+    CHECK(rkm_graph_read_string(ctx, G, strlen(G), "hook.rkg", &g) == RKM_OK);
+    hook_log h = {0, 0, 0, -1};
+    rkm_callbacks cb = {&h, hook_fwd, hook_bwd, NULL, NULL, NULL, NULL};
+    rkm_profile_desc pd = {.runs = 4, .after_run = hook_after_run, .user = &h};
+    CHECK(g && rkm_graph_profile(g, &cb, &pd, &prof) == RKM_OK);
+    CHECK(prof != NULL && h.runs_seen == 4 && h.bad == 0);
+    rkm_graph_destroy(prof);
+    prof = NULL;
+    hook_log f = {0, 0, 0, 1};
+    cb.user = pd.user = &f;
+    CHECK(g && rkm_graph_profile(g, &cb, &pd, &prof) == RKM_ERROR_CALLBACK);
+    CHECK(prof == NULL && f.runs_seen == 2 && f.bad == 0);
+    CHECK(strstr(rkm_context_errmsg(ctx), "after_run callback returned 77 after run 1") != NULL);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* Same steps, step for step. */
 static int same_steps(const rkm_plan *a, const rkm_plan *b)
 {
@@ -756,7 +811,7 @@ TEST(profiled_graph_plans_as_its_file)
         rkm_context *ctx = test_new_ctx();
         rkm_graph *g = test_load_graph(ctx, names[k]), *prof = NULL, *back = NULL;
         uint64_t ticks = 0;
-        rkm_profile_desc pd = {3, 0, uneven_clock, &ticks};
+        rkm_profile_desc pd = {.runs = 3, .clock = uneven_clock, .user = &ticks};
         rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
         sbuf text = {0};
         CHECK(g && rkm_graph_profile(g, &cb, &pd, &prof) == RKM_OK);
@@ -871,6 +926,7 @@ int main(void)
     RUN(round_trip_longest_lines);
     RUN(with_costs_keeps_the_64_bit_rule);
     RUN(profiled_graph_plans_as_its_file);
+    RUN(profile_after_run_hook);
     RUN(derived_multi_output);
     TEST_END();
 }

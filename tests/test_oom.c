@@ -324,7 +324,7 @@ static rkm_result run_with_costs(void *env, void **out)
 static rkm_result run_profile(void *env, void **out)
 {
     rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
-    rkm_profile_desc d = {2, 0, NULL, NULL};
+    rkm_profile_desc d = {.runs = 2};
     return rkm_graph_profile(env, &cb, &d, (rkm_graph **)out);
 }
 
