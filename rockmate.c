@@ -5548,6 +5548,7 @@ struct rkm_planner {
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
+    int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
 };
 
 /* The planner's figures so far, ILP counters included. */
@@ -5564,6 +5565,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->ilp_infeasible = pl->ilp.infeasible;
     st->ilp_timeout = pl->ilp.timeout;
     st->ilp_failed = pl->ilp.failed;
+    st->ilp_skipped = pl->ilp_skipped;
     st->ilp_seconds = pl->ilp.seconds;
     st->create_seconds = pl->create_seconds;
 }
@@ -5725,8 +5727,11 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
             double left = pl->d.time_limit - rkm__elapsed(pl);
             double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
             uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
-            if (left <= 0) break;
             if (kept <= kept_budget) continue;
+            if (left <= 0) {
+                pl->ilp_skipped++;
+                continue;
+            }
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
@@ -5755,6 +5760,9 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
     if (pl->d.algo == RKM_ALGO_ROCKMATE)
         for (int32_t c = 0; c < g->n_classes && !r; c++) r = rkm__class_options(pl, &s, c);
+    if (pl->ilp_skipped)
+        rkm__log(pl->ctx, RKM_LOG_WARN, "time limit %g s ran out: %d block ILP solves left out; plans may be worse",
+                 pl->d.time_limit, (int)pl->ilp_skipped);
     for (int32_t b = 0; b < g->n_blocks && !r; b++)
         qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
     if (s.g) rkm__sim_free(&s);

@@ -522,6 +522,11 @@ typedef struct rkm_planner_stats {
     int32_t blocks, block_classes;
     int32_t options;        /* block options the DP chooses among, all blocks */
     int32_t ilp_solves, ilp_optimal, ilp_suboptimal, ilp_infeasible, ilp_timeout, ilp_failed;
+    /* Block ILP solves left out because desc.time_limit ran out (wall
+     * clock): the options, the plans and the smallest budget may then be
+     * worse than with more time, and depend on the machine's speed. 0 when
+     * the limit was not reached. */
+    int32_t ilp_skipped;
     double ilp_seconds;
     double create_seconds;  /* wall time of rkm_planner_create */
 } rkm_planner_stats;

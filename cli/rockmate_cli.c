@@ -600,6 +600,7 @@ static void cli_json_ilp(cli_json *j, const rkm_planner_stats *pls)
     cli_json_i64(j, "infeasible", pls->ilp_infeasible);
     cli_json_i64(j, "timeout", pls->ilp_timeout);
     cli_json_i64(j, "failed", pls->ilp_failed);
+    cli_json_i64(j, "skipped", pls->ilp_skipped);
     cli_json_num(j, "seconds", pls->ilp_seconds);
     cli_json_close(j, '}');
 }
@@ -945,6 +946,8 @@ static void cli_text_ilp(const cli_result *r)
         printf("; ILP: %d solves (%d optimal, %d suboptimal, %d infeasible, %d timed out, %d failed) in %.3f s",
                (int)pls->ilp_solves, (int)pls->ilp_optimal, (int)pls->ilp_suboptimal, (int)pls->ilp_infeasible,
                (int)pls->ilp_timeout, (int)pls->ilp_failed, pls->ilp_seconds);
+    if (pls->ilp_skipped)
+        printf("; %d ILP solves skipped: the time limit ran out, the plan may be worse", (int)pls->ilp_skipped);
     printf("\n");
 }
 
@@ -1103,24 +1106,33 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
 }
 
 /* Per algorithm of `info`: its smallest budget, or why there is none. */
-static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, uint64_t min[RKM_ALGO_COUNT],
-                                 char why[RKM_ALGO_COUNT][256])
+/* An algorithm's smallest budget for info: bytes, or why there is none;
+ * skipped: ILP solves the time limit left out (the figure may be higher). */
+typedef struct cli_floor {
+    uint64_t bytes;
+    int32_t skipped;
+    char why[256];
+} cli_floor;
+
+static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floor fl[RKM_ALGO_COUNT])
 {
     rkm_context *ctx = rkm_graph_context(G->g);
     for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
-        snprintf(why[a], sizeof why[a], "not requested (--algo %s)", rkm_algo_name((rkm_algo)a));
+        snprintf(fl[a].why, sizeof fl[a].why, "not requested (--algo %s)", rkm_algo_name((rkm_algo)a));
     for (int k = 0; k < o->n_algos; k++) {
         rkm_algo a = o->algos[k];
         cli_planner cp;
-        why[a][0] = 0;
+        rkm_planner_stats pls;
+        fl[a].why[0] = 0;
         rkm_result e = cli_planner_open(G, a, o, &cp);
-        if (!e) e = cli_planner_min(&cp, &min[a]);
-        if (e) snprintf(why[a], sizeof why[a], "%s: %s", rkm_result_string(e), rkm_context_errmsg(ctx));
+        if (!e) e = cli_planner_min(&cp, &fl[a].bytes);
+        if (e) snprintf(fl[a].why, sizeof fl[a].why, "%s: %s", rkm_result_string(e), rkm_context_errmsg(ctx));
+        if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl[a].skipped = pls.ilp_skipped;
         cli_planner_close(&cp);
     }
 }
 
-static void cli_info_json(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT], char why[RKM_ALGO_COUNT][256])
+static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT])
 {
     cli_json j = {stdout, 0, 1};
     rkm_tensor_info ti;
@@ -1155,20 +1167,24 @@ static void cli_info_json(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT]
     cli_json_close(&j, ']');
     cli_json_open(&j, "min_budget", '{');
     for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++) {
-        if (why[a][0])
+        if (fl[a].why[0])
             cli_json_null(&j, rkm_algo_name((rkm_algo)a));
         else
-            cli_json_u64(&j, rkm_algo_name((rkm_algo)a), min[a]);
+            cli_json_u64(&j, rkm_algo_name((rkm_algo)a), fl[a].bytes);
     }
     cli_json_close(&j, '}');
     cli_json_open(&j, "min_budget_reason", '{');
     for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
-        if (why[a][0]) cli_json_str(&j, rkm_algo_name((rkm_algo)a), why[a]);
+        if (fl[a].why[0]) cli_json_str(&j, rkm_algo_name((rkm_algo)a), fl[a].why);
+    cli_json_close(&j, '}');
+    cli_json_open(&j, "ilp_skipped", '{');
+    for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
+        if (fl[a].skipped) cli_json_i64(&j, rkm_algo_name((rkm_algo)a), fl[a].skipped);
     cli_json_close(&j, '}');
     cli_json_close(&j, '}');
 }
 
-static void cli_info_text(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT], char why[RKM_ALGO_COUNT][256])
+static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT])
 {
     char a[32];
     double bp = (double)G->st.baseline_peak;
@@ -1183,11 +1199,12 @@ static void cli_info_text(const cli_graph *G, const uint64_t min[RKM_ALGO_COUNT]
            cli_size(a, sizeof a, G->st.lower_bound), G->st.lower_bound, cli_percent((double)G->st.lower_bound, bp));
     printf("  smallest budget per algorithm:\n");
     for (int k = CLI_FIRST_ALGO; k < RKM_ALGO_COUNT; k++) {
-        if (why[k][0])
-            printf("    %-10s -            (%s)\n", rkm_algo_name((rkm_algo)k), why[k]);
+        if (fl[k].why[0])
+            printf("    %-10s -            (%s)\n", rkm_algo_name((rkm_algo)k), fl[k].why);
         else
-            printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)\n", rkm_algo_name((rkm_algo)k),
-                   cli_size(a, sizeof a, min[k]), min[k], cli_percent((double)min[k], bp));
+            printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)%s\n", rkm_algo_name((rkm_algo)k),
+                   cli_size(a, sizeof a, fl[k].bytes), fl[k].bytes, cli_percent((double)fl[k].bytes, bp),
+                   fl[k].skipped ? " -- the time limit ran out, ILP solves were skipped: may be lower with more" : "");
     }
     printf("  blocks         %d in %d classes\n", (int)G->st.blocks, (int)G->st.block_classes);
     printf("    %5s %5s %6s  %-24s %s\n", "block", "class", "ops", "input", "output");
@@ -1207,13 +1224,13 @@ static int cmd_info(rkm_context *ctx, const cli_opts *o)
     cli_graph G;
     int rc = cli_graph_load(ctx, o->operand[0], &G);
     if (rc) return rc;
-    uint64_t min[RKM_ALGO_COUNT] = {0};
-    char why[RKM_ALGO_COUNT][256];
-    cli_info_min_budgets(&G, o, min, why);
+    cli_floor fl[RKM_ALGO_COUNT];
+    memset(fl, 0, sizeof fl);
+    cli_info_min_budgets(&G, o, fl);
     if (o->value[OPT_JSON])
-        cli_info_json(&G, min, why);
+        cli_info_json(&G, fl);
     else
-        cli_info_text(&G, min, why);
+        cli_info_text(&G, fl);
     rkm_graph_destroy(G.g);
     return CLI_OK;
 }

@@ -650,6 +650,40 @@ TEST(ilp_time_limit)
     CHECK(live_bytes == 0);
 }
 
+/* A planning time limit that runs out says so: the skipped block ILP
+ * solves are counted and a warning is logged, where an ample limit skips
+ * nothing. (No timing is measured: 1e-9 s is over before the first solve.) */
+static int warnings;
+static void count_warnings(void *user, rkm_log_level level, const char *msg)
+{
+    (void)user;
+    warnings += level == RKM_LOG_WARN && strstr(msg, "block ILP solves left out") != NULL;
+}
+
+TEST(planner_time_limit_is_reported)
+{
+    rkm_context_desc cd = {0};
+    cd.log = count_warnings;
+    rkm_context *ctx = NULL;
+    CHECK(rkm_context_create(&cd, &ctx) == RKM_OK);
+    rkm_graph *g = ctx ? load(ctx, "peer-gpt") : NULL;
+    static const double limits[] = {1e-9, 0};
+    for (size_t i = 0; i < 2 && g; i++) {
+        rkm_solve_desc d = {0};
+        d.algo = RKM_ALGO_ROCKMATE;
+        d.time_limit = limits[i];
+        rkm_planner *pl = NULL;
+        rkm_planner_stats st;
+        warnings = 0;
+        CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
+        CHECK(pl && rkm_planner_stats_get(pl, &st) == RKM_OK);
+        if (pl) CHECK(i == 0 ? st.ilp_skipped > 0 && warnings == 1 : st.ilp_skipped == 0 && warnings == 0);
+        rkm_planner_destroy(pl);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* Blocks that are not blocks are refused with a message. */
 TEST(ilp_bad_blocks)
 {
@@ -749,6 +783,7 @@ int main(void)
     RUN(ilp_gpt2_blocks_replay);
     RUN(ilp_time_limit);
     RUN(ilp_monotone_in_budget);
+    RUN(planner_time_limit_is_reported);
 #else
     RUN(ilp_omitted);
 #endif
