@@ -1398,8 +1398,10 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
     return rkm__steps_push(d, kind, index, save) ? RKM_OK : rkm__nomem(r->ctx, r->src);
 }
 
-/* Parse .rkp text into d: syntax and names only. */
-static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm__steps *d)
+/* Parse .rkp text into d: syntax and names only. *lines (capacity *cap)
+ * receives each step's line, for the messages of the rules. */
+static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm__steps *d,
+                                  int32_t **lines, size_t *cap)
 {
     rkm__reader r;
     memset(&r, 0, sizeof r);
@@ -1415,6 +1417,8 @@ static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t l
     while (!res) {
         if ((res = rkm__next_stmt(&r)) || !r.ntok) break;
         res = rkm__read_step(&r, g, d);
+        if (!res && !rkm__reserve(g->ctx, (void **)lines, cap, d->n, sizeof **lines)) res = rkm__nomem(g->ctx, r.src);
+        if (!res) (*lines)[d->n - 1] = (int32_t)r.line;
     }
     rkm__reader_free(&r);
     return res;
@@ -1426,11 +1430,24 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
     rkm_result res = rkm__plan_args(g, out, text || !len, "rkm_plan_read_string", "text");
     if (res) return res;
     rkm__steps d = {g->ctx, NULL, 0, 0};
-    if ((res = rkm__read_steps(g, text, len, source_name, &d))) {
+    int32_t *lines = NULL;
+    size_t cap = 0;
+    rkm_sim_result tmp;
+    if (!sim) sim = &tmp;
+    if ((res = rkm__read_steps(g, text, len, source_name, &d, &lines, &cap))) {
         rkm__steps_free(&d);
-        return res;
+    } else if ((res = rkm__plan_birth(g, &d, sim, out)) == RKM_ERROR_PLAN) {
+        /* The rule's message, led by the file and the step's line. */
+        char msg[RKM_ERRMSG_SIZE];
+        snprintf(msg, sizeof msg, "%s", g->ctx->errmsg);
+        const char *src = source_name ? source_name : "<string>";
+        if (sim->fail_step >= 0 && (size_t)sim->fail_step < sim->num_steps)
+            rkm__err(g->ctx, res, "%s:%d: %s", src, (int)lines[sim->fail_step], msg);
+        else
+            rkm__err(g->ctx, res, "%s: %s", src, msg);
     }
-    return rkm__plan_birth(g, &d, sim, out);
+    rkm__free(g->ctx, lines, cap * sizeof *lines);
+    return res;
 }
 
 rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *sim, rkm_plan **out)

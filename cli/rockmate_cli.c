@@ -1092,7 +1092,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
     }
     if (!valid) {
         rc = CLI_INPUT;
-        fprintf(stderr, "rockmate: %s: %s\n", plan_path, r.message);
+        fprintf(stderr, "rockmate: %s\n", r.message); /* the message leads with file:line */
     } else if (!fits) {
         char a[32], b[32];
         rc = CLI_BUDGET;
