@@ -6266,9 +6266,16 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
 static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t *out)
 {
     static const struct { const char *suffix; double mult; } units[] = {
-        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"", 1}};
-    if (rkm__parse_u64(text, out)) return 1; /* plain bytes: exact */
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"B", 1}, {"", 1}};
     size_t n = rkm__decimal_len(text);
+    if (n && (text[n] == 0 || (text[n] == 'B' && text[n + 1] == 0))) { /* bytes: exact when an integer */
+        char digits[32];
+        if (n < sizeof digits) {
+            memcpy(digits, text, n);
+            digits[n] = 0;
+            if (rkm__parse_u64(digits, out)) return 1;
+        }
+    }
     const char *end = text + n;
     double v;
     if (!rkm__decimal_value(text, n, &v)) return 0;
@@ -6288,7 +6295,7 @@ rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baselin
     if (!text || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
     if (rkm__budget_value(text, baseline_peak, out)) return RKM_OK;
     return rkm__err(ctx, RKM_ERROR_ARGUMENT,
-                    "budget '%.64s': bytes, optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the baseline peak", text);
+                    "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the baseline peak", text);
 }
 
 /* ===========================================================================

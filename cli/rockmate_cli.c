@@ -7,6 +7,7 @@
  * budget (see `rockmate --help`). */
 #include "../rockmate.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,6 +21,7 @@ enum { CLI_OK = 0, CLI_INPUT = 1, CLI_USAGE = 2, CLI_BUDGET = 3 };
 /* The algorithms the tool names, in rkm_algo order: all but RKM_ALGO_DEFAULT
  * (the tool's own default is rockmate). */
 #define CLI_FIRST_ALGO RKM_ALGO_ROCKMATE
+#define CLI_BARE_BUDGET_MIN 4096 /* bytes: a bare budget below it is refused (a forgotten %) */
 
 /* clang-format off */
 static const char cli_usage_text[] =
@@ -44,9 +46,10 @@ static const char cli_usage_text[] =
     "  GRAPH may be - to read the graph from standard input\n"
     "\n"
     "options:\n"
-    "  --budget B        bytes (a decimal number: 4096, 1.5e6), optionally with\n"
-    "                    KiB, MiB, GiB (powers of 1024) or KB, MB, GB (powers of\n"
-    "                    1000), or N% of the baseline peak\n"
+    "  --budget B        bytes (a decimal number: 4096, 1.5e6, or 512B), optionally\n"
+    "                    with KiB, MiB, GiB (powers of 1024) or KB, MB, GB (powers\n"
+    "                    of 1000), or N% of the baseline peak; a bare number below\n"
+    "                    4096 is refused as a likely forgotten % (write 512B)\n"
     "  --algo A          rockmate (default), rotor, sqrt, checkmate, dtr or none;\n"
     "                    info and sweep take a list (sweep's default:\n"
     "                    rockmate,rotor,sqrt,none); checkmate is slow but for\n"
@@ -492,6 +495,13 @@ static int cli_budget(const cli_graph *G, const char *text, const char *cmd, uin
 {
     if (rkm_parse_budget(rkm_graph_context(G->g), text, G->st.baseline_peak, out) != RKM_OK)
         return cli_usage_error(cmd, "bad budget '%s' (bytes, KiB/MiB/GiB, KB/MB/GB or N%%)", text);
+    /* A bare number is bytes; a small one is almost surely a forgotten %. */
+    size_t n = strlen(text);
+    if (n && isdigit((unsigned char)text[n - 1]) && *out < CLI_BARE_BUDGET_MIN)
+        return cli_usage_error(cmd,
+                               "budget '%s' is %" PRIu64 " bytes, below 4 KiB: write '%s%%' for a share of the "
+                               "baseline peak, or '%sB' if bytes are meant",
+                               text, *out, text, text);
     return CLI_OK;
 }
 

@@ -249,6 +249,10 @@ usage_case "list for plan" plan "$g0" --budget 50% --algo rotor,sqrt
 usage_case "algorithm twice" sweep "$g0" --algo rotor,rotor
 usage_case "bad budget" plan "$g0" --budget 12XB
 usage_case "bad --points" sweep "$g0" --points 1
+usage_case "bare budget below 4 KiB" plan "$g0" --budget 50
+check "bare budget below 4 KiB: the hint says 50% or 50B" grep -qE "'50%'.*'50B'" "$tmp/err"
+run plan "$g0" --budget 50B
+expect "explicit bytes below 4 KiB: planned or refused as a budget, not as usage" 3
 usage_case "bad --slots" plan "$g0" --budget 50% --slots -3
 usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
 

@@ -307,6 +307,12 @@ TEST(names_and_budgets)
     CHECK(rkm_parse_budget(ctx, "2KiB", 0, &b) == RKM_OK && b == 2048);
     CHECK(rkm_parse_budget(ctx, "1.5GB", 0, &b) == RKM_OK && b == 1500000000u);
     CHECK(rkm_parse_budget(ctx, "12", 0, &b) == RKM_OK && b == 12);
+    CHECK(rkm_parse_budget(ctx, "12B", 0, &b) == RKM_OK && b == 12);
+    CHECK(rkm_parse_budget(ctx, "18446744073709551615B", 0, &b) == RKM_OK && b == UINT64_MAX);
+    CHECK(rkm_parse_budget(ctx, "2.5e1B", 0, &b) == RKM_OK && b == 25);
+    CHECK(rkm_parse_budget(ctx, "12BB", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(ctx, "B", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(ctx, "12%B", 0, &b) == RKM_ERROR_ARGUMENT);
     CHECK(rkm_parse_budget(ctx, "12 MiB", 0, &b) == RKM_ERROR_ARGUMENT);
     CHECK(strstr(rkm_context_errmsg(ctx), "budget '12 MiB'") != NULL);
     CHECK(rkm_parse_budget(ctx, "-5", 0, &b) == RKM_ERROR_ARGUMENT);
