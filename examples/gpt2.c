@@ -319,6 +319,11 @@ static int check(trainer *tr)
     if (!cs.bad && cs.peak > tr->budget) cs.bad = "measured peak over the budget";
     if (!cs.bad && tr->st.mem.cur != 0) cs.bad = "activation memory not back to zero";
     printf("check: loss %.6f, baseline %.1f ms, plan %.1f ms\n", cs.ref_loss, cs.best_ms[0], cs.best_ms[1]);
+    if (!cs.bad)
+        printf("in words: the training step ran in %.1f%% of the baseline's activation memory for %.1f%% more time "
+               "(%.1f%% predicted), with %s gradients and loss\n",
+               100.0 * (double)cs.peak / (double)tr->ps.baseline_peak, (cs.best_ms[1] / cs.best_ms[0] - 1.0) * 100.0,
+               tr->ps.overhead * 100.0, cs.same ? "bit-identical" : "DIFFERENT");
     printf("demo: %s%s%s budget=%llu predicted_peak=%llu measured_peak=%llu overhead_predicted=%.2f%% "
            "overhead_measured=%.2f%% grads=%s\n",
            cs.bad ? "FAILED (" : "ok", cs.bad ? cs.bad : "", cs.bad ? ")" : "", (unsigned long long)tr->budget,
