@@ -5780,6 +5780,11 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     if (pl->ilp_skipped)
         rkm__log(pl->ctx, RKM_LOG_WARN, "time limit %g s ran out: %d block ILP solves left out; plans may be worse",
                  pl->d.time_limit, (int)pl->ilp_skipped);
+    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
+                 "solver's best within it; a larger ilp_time_limit may find better ones",
+                 (int)pl->ilp.solves, pl->d.ilp_time_limit);
     for (int32_t b = 0; b < g->n_blocks && !r; b++)
         qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
     if (s.g) rkm__sim_free(&s);

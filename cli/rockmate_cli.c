@@ -59,6 +59,9 @@ static const char cli_usage_text[] =
     "  --svg FILE        write a chart\n"
     "  --slots N         memory slots of the chain dynamic program\n"
     "  --time-limit S    seconds of planning per algorithm\n"
+    "  --ilp-time-limit S  effort per block ILP solve, in seconds of a current\n"
+    "                    core (a deterministic amount of solver work; default\n"
+    "                    0.03): more finds better block options, slower\n"
     "  --points N        budgets in a sweep\n"
     "  -v, --verbose     show the library's warnings and progress on stderr\n"
     "  -h, --help        this text\n"
@@ -77,7 +80,7 @@ static const char *const cli_cmd_names[CMD_COUNT] = {"info", "plan", "check", "s
 static const char *const cli_cmd_operands[CMD_COUNT][2] = {
     {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
 
-enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_SLOTS, OPT_TIME, OPT_POINTS, OPT_VERBOSE, OPT_COUNT };
+enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_POINTS, OPT_VERBOSE, OPT_COUNT };
 
 #define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
 
@@ -94,6 +97,7 @@ static const struct cli_optdef {
     [OPT_SVG] = {"--svg", NULL, 1, CMDS(0, 1, 0, 1)},
     [OPT_SLOTS] = {"--slots", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_TIME] = {"--time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
+    [OPT_ILP_TIME] = {"--ilp-time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1)},
     [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
 };
@@ -106,7 +110,8 @@ typedef struct cli_opts {
     rkm_algo algos[RKM_ALGO_COUNT];
     int n_algos;
     int32_t slots;     /* 0: library default */
-    double time_limit; /* 0: library default */
+    double time_limit;     /* 0: library default */
+    double ilp_time_limit; /* 0: library default */
     int points;
 } cli_opts;
 
@@ -207,6 +212,20 @@ static int cli_parse_algos(rkm_context *ctx, cli_opts *o)
     return cli_parse_algo_list(ctx, o, algos, o->cmd != CMD_PLAN);
 }
 
+/* A seconds option into *out (unchanged when absent); non-zero: the usage error's status. */
+static int cli_seconds(const cli_opts *o, int opt, double *out)
+{
+    const char *text = o->value[opt];
+    if (!text) return 0;
+    char *end;
+    double t = strtod(text, &end);
+    if (end == text || *end || !(t > 0) || !isfinite(t))
+        return cli_usage_error(cli_cmd_names[o->cmd], "%s wants a positive number of seconds, not '%s'",
+                               cli_optdefs[opt].name, text);
+    *out = t;
+    return 0;
+}
+
 /* Check and convert the numeric options. */
 static int cli_convert_options(cli_opts *o)
 {
@@ -224,14 +243,9 @@ static int cli_convert_options(cli_opts *o)
             return cli_usage_error(cmd, "--points wants an integer from 2 to 10000, not '%s'", o->value[OPT_POINTS]);
         o->points = (int)v;
     }
-    if (o->value[OPT_TIME]) {
-        char *end;
-        double t = strtod(o->value[OPT_TIME], &end);
-        if (*end || !(t > 0) || !isfinite(t))
-            return cli_usage_error(cmd, "--time-limit wants a positive number of seconds, not '%s'",
-                                   o->value[OPT_TIME]);
-        o->time_limit = t;
-    }
+    int rc;
+    if ((rc = cli_seconds(o, OPT_TIME, &o->time_limit)) || (rc = cli_seconds(o, OPT_ILP_TIME, &o->ilp_time_limit)))
+        return rc;
     if (o->cmd == CMD_PLAN && !o->value[OPT_BUDGET]) return cli_usage_error(cmd, "--budget is required");
     if (o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0 && o->value[OPT_JSON])
         return cli_usage_error(cmd, "-o - and --json both want standard output");
@@ -524,6 +538,7 @@ static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_
     d.algo = algo;
     d.slots = o->slots;
     d.time_limit = o->time_limit;
+    d.ilp_time_limit = o->ilp_time_limit;
     return rkm_planner_create(G->g, &d, &cp->pl);
 }
 

@@ -251,9 +251,19 @@ usage_case "bad budget" plan "$g0" --budget 12XB
 usage_case "bad --points" sweep "$g0" --points 1
 usage_case "bare budget below 4 KiB" plan "$g0" --budget 50
 check "bare budget below 4 KiB: the hint says 50% or 50B" grep -qE "'50%'.*'50B'" "$tmp/err"
-run plan "$g0" --budget 50B
+run plan "$g0" --budget 50B --algo rotor
 expect "explicit bytes below 4 KiB: planned or refused as a budget, not as usage" 3
 usage_case "bad --slots" plan "$g0" --budget 50% --slots -3
+usage_case "bad --ilp-time-limit" plan "$g0" --budget 50% --ilp-time-limit 0
+run plan "$g0" --budget 90% -o /dev/null
+if [[ $rc == 0 ]]; then # rockmate is built in (not under OMIT=1)
+    run plan tests/graphs/peer-gpt.rkg --budget 50% --ilp-time-limit 1e-6 -v -o /dev/null
+    expect "--ilp-time-limit 1e-6 still plans" 0
+    check "-v warns when every block ILP solve reaches its work limit" grep -q "every block ILP solve" "$tmp/err"
+    run plan tests/graphs/peer-gpt.rkg --budget 50% --time-limit 1e-9 -o /dev/null
+    expect "--time-limit 1e-9 still plans" 0
+    check "a time limit that ran out is said" grep -q "ILP solves skipped: the time limit ran out" "$tmp/out"
+fi
 usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
 
 # --- bad input (exit 1) ---------------------------------------------------------
