@@ -318,6 +318,7 @@ typedef struct rkm__op {
     int32_t *in, *out, *saved; /* one allocation: in, then out, then saved */
     int32_t n_in, n_out, n_saved;
     uint64_t phantom, fwd_ws, bwd_ws;
+    uint64_t scratch; /* of the phantom, written by every forward (transient without save) */
     int32_t line;
     int has_bwd;
 } rkm__op;
@@ -518,6 +519,11 @@ static rkm_result rkm__check_op_desc(const rkm_graph *g, const rkm_op_desc *d, i
         if (!rkm__list_has(d->in, d->n_in, d->saved[i]) && !rkm__list_has(d->out, d->n_out, d->saved[i]))
             return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: saved tensor %s is neither in in= nor in out=", nm,
                              g->tensors[d->saved[i]].name);
+    if (d->scratch > d->phantom)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                         "op %s: scratch=%llu is more than phantom=%llu (the scratch is the part of the phantom "
+                         "written on every run)",
+                         nm, (unsigned long long)d->scratch, (unsigned long long)d->phantom);
     return RKM_OK;
 }
 
@@ -543,7 +549,7 @@ rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
     }
     int32_t *in = o->in;
     *o = (rkm__op){o->name, d->fwd_seconds, d->bwd_seconds, in, in + d->n_in, in + d->n_in + d->n_out, d->n_in,
-                   d->n_out, d->n_saved, d->phantom, d->fwd_ws, d->bwd_ws, line, 0};
+                   d->n_out, d->n_saved, d->phantom, d->fwd_ws, d->bwd_ws, d->scratch, line, 0};
     if (d->n_in) memcpy(o->in, d->in, (size_t)d->n_in * sizeof(int32_t));
     memcpy(o->out, d->out, (size_t)d->n_out * sizeof(int32_t));
     if (d->n_saved) memcpy(o->saved, d->saved, (size_t)d->n_saved * sizeof(int32_t));
@@ -622,6 +628,7 @@ static int rkm__bytes_fit(const rkm_graph *g)
     for (size_t i = 0; i < g->n_ops && ok; i++) {
         ok = rkm__add_u64(total, g->ops[i].phantom, &total);
         if (g->ops[i].fwd_ws > ws) ws = g->ops[i].fwd_ws;
+        if (g->ops[i].fwd_ws + g->ops[i].scratch > ws) ws = g->ops[i].fwd_ws + g->ops[i].scratch; /* scratch <= phantom */
         if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
     }
     return ok && rkm__add_u64(total, ws, &total);
@@ -704,7 +711,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
         const rkm__op *o = &g->ops[i];
         const rkm_op_costs *c = &costs[i];
         rkm_op_desc d = {o->name, c->fwd_seconds, c->bwd_seconds, o->in, o->n_in, o->out, o->n_out,
-                         o->saved, o->n_saved, o->phantom, c->fwd_ws, c->bwd_ws};
+                         o->saved, o->n_saved, o->phantom, c->fwd_ws, c->bwd_ws, o->scratch};
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = rkm_graph_set_loss(n, g->loss);
@@ -771,7 +778,7 @@ rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
     if (r) return r;
     const rkm__op *o = &g->ops[id];
     *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
-                         o->phantom, o->fwd_ws, o->bwd_ws};
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch};
     return RKM_OK;
 }
 
@@ -942,8 +949,9 @@ static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
     return rkm_graph_add_tensor(g, r->tok[1], bytes, flags, NULL);
 }
 
-static const char *const rkm__op_keys[] = {"fwd", "bwd", "in", "out", "saved", "phantom", "fwd_ws", "bwd_ws"};
-enum { RKM__K_FWD, RKM__K_BWD, RKM__K_IN, RKM__K_OUT, RKM__K_SAVED, RKM__K_PHANTOM, RKM__K_FWS, RKM__K_BWS, RKM__K_N };
+static const char *const rkm__op_keys[] = {"fwd", "bwd", "in", "out", "saved", "phantom", "fwd_ws", "bwd_ws", "scratch"};
+enum { RKM__K_FWD, RKM__K_BWD, RKM__K_IN, RKM__K_OUT, RKM__K_SAVED, RKM__K_PHANTOM, RKM__K_FWS, RKM__K_BWS, RKM__K_SCRATCH,
+       RKM__K_N };
 
 typedef struct rkm__idlist {
     int32_t *ids;
@@ -958,7 +966,7 @@ static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
         return rkm__rerr(r, RKM_ERROR_PARSE, "op '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
     int seen[RKM__K_N] = {0};
     rkm__idlist lists[3] = {{0}};
-    uint64_t num[3] = {0, 0, 0};
+    uint64_t num[4] = {0, 0, 0, 0};
     rkm_op_desc d;
     memset(&d, 0, sizeof d);
     d.name = name;
@@ -1002,6 +1010,7 @@ static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
         d.phantom = num[0];
         d.fwd_ws = num[1];
         d.bwd_ws = num[2];
+        d.scratch = num[3];
         res = rkm_graph_add_op(g, &d, NULL);
     }
     for (int i = 0; i < 3; i++) rkm__free(r->ctx, lists[i].ids, lists[i].cap * sizeof(int32_t));
@@ -1183,6 +1192,7 @@ static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
         rkm__out_list(o, g, "saved", op->saved, op->n_saved);
         if (op->phantom) rkm__outf(o, " phantom=%llu", (unsigned long long)op->phantom);
         if (op->fwd_ws) rkm__outf(o, " fwd_ws=%llu", (unsigned long long)op->fwd_ws);
+        if (op->scratch) rkm__outf(o, " scratch=%llu", (unsigned long long)op->scratch);
         if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
         rkm__outf(o, "\n");
     }
@@ -1573,6 +1583,14 @@ static int rkm__grad_complete(const rkm__sim *s, int32_t t)
 
 /* What a forward of o adds to the live memory: its outputs not live yet,
  * its saved state when run with save. */
+/* The transient bytes of a forward of op x: its workspace, and its scratch
+ * when the run keeps no saved state (with save, or with the saved state
+ * live already, the scratch is written into the saved state). */
+static uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save)
+{
+    return o->fwd_ws + (!save && !s->P[x] ? o->scratch : 0);
+}
+
 static uint64_t rkm__sim_fwd_adds(const rkm__sim *s, const rkm__op *o, int save)
 {
     uint64_t add = save ? o->phantom : 0;
@@ -1614,7 +1632,7 @@ static rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, i
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         uint64_t add = rkm__sim_fwd_adds(s, o, st->save);
-        *peak = s->mem + add + o->fwd_ws;
+        *peak = s->mem + add + rkm__sim_fwd_ws(s, o, x, st->save);
         for (int32_t k = 0; k < o->n_out; k++) s->D[o->out[k]] = 1;
         if (st->save) s->P[x] = 1;
         s->fwd_done[x] = 1;
@@ -1776,13 +1794,15 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
     switch (st->kind) {
     case RKM_STEP_FWD: {
         const rkm__op *o = &g->ops[x];
+        uint64_t ws = rkm__sim_fwd_ws(s, o, x, st->save);
         fl[rc->at++] = s->fwd_done[x];
+        fl[rc->at++] = ws != o->fwd_ws; /* the call's workspace holds the scratch */
         for (int32_t k = 0; k < o->n_out; k++) fl[rc->at++] = !s->D[o->out[k]];
         for (int32_t k = 0; k < o->n_out; k++)
             if (!s->D[o->out[k]] && !rkm__buf_open(rc, RKM_BUFFER_TENSOR, o->out[k], i, g->tensors[o->out[k]].bytes))
                 return 0;
         if (st->save && !rkm__buf_open(rc, RKM_BUFFER_PHANTOM, x, i, o->phantom)) return 0;
-        return !o->fwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->fwd_ws);
+        return !ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, ws);
     }
     case RKM_STEP_BWD: {
         const rkm__op *o = &g->ops[x];
@@ -1921,7 +1941,7 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
     for (size_t i = 0; i < n; i++) {
         const rkm_step *st = &draft->s[i];
         if (!rkm__step_index_ok(g, st)) continue;
-        if (st->kind == RKM_STEP_FWD) nf += 1 + (size_t)g->ops[st->index].n_out;
+        if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
         if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
     }
     rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
@@ -2269,7 +2289,7 @@ static uint64_t rkm__lower_bound(const rkm_graph *g)
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *o = &g->ops[i];
         uint64_t f = g->input_bytes + rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws +
-                     (rkm__saves_phantom(o) ? o->phantom : 0);
+                     (rkm__saves_phantom(o) ? o->phantom : o->scratch); /* each run holds at least the scratch */
         if (f > lb) lb = f;
         if (!o->has_bwd) continue;
         uint64_t b = g->input_bytes + rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
@@ -2410,8 +2430,8 @@ static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__b
     for (int32_t j = 0; j < a->n_ops; j++) {
         const rkm__op *x = &g->ops[a->ops[j]], *y = &g->ops[b->ops[j]];
         if (x->n_in != y->n_in || x->n_out != y->n_out || x->n_saved != y->n_saved || x->phantom != y->phantom ||
-            x->fwd_ws != y->fwd_ws || x->bwd_ws != y->bwd_ws || x->has_bwd != y->has_bwd || !rkm__close(x->fwd, y->fwd) ||
-            !rkm__close(x->bwd, y->bwd))
+            x->fwd_ws != y->fwd_ws || x->scratch != y->scratch || x->bwd_ws != y->bwd_ws || x->has_bwd != y->has_bwd ||
+            !rkm__close(x->fwd, y->fwd) || !rkm__close(x->bwd, y->bwd))
             return 0;
         if (!rkm__same_list(g, a, b, x->in, y->in, x->n_in) || !rkm__same_list(g, a, b, x->out, y->out, x->n_out) ||
             !rkm__same_list(g, a, b, x->saved, y->saved, x->n_saved))
@@ -2969,6 +2989,12 @@ static void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
     }
     a->n = 0;
 }
+
+/* A forward's transient bytes as the ILP counts them: its workspace and its
+ * scratch, on every run. The simulator counts the scratch only on runs
+ * that keep no saved state, so the ILP over-counts a `save` run by at most
+ * the scratch (<= phantom): its schedules stay within their budgets. */
+static uint64_t rkm__ilp_fwd_ws(const rkm__op *o) { return o->fwd_ws + o->scratch; }
 
 /* (a) The block: its numbering and structure, fixed once created. */
 typedef struct rkm__ilp_shape {
@@ -3564,7 +3590,7 @@ static void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
     for (int32_t v = 0; v < b->n; v++) {
         const rkm__op *o = &g->ops[b->op[v]];
         uint64_t m = b->static_bytes + rkm__ilp_list_bytes(b, o->in, o->n_in) + rkm__ilp_list_bytes(b, o->out, o->n_out);
-        if (m + o->fwd_ws > memo->min_peak) memo->min_peak = m + o->fwd_ws;
+        if (m + rkm__ilp_fwd_ws(o) > memo->min_peak) memo->min_peak = m + rkm__ilp_fwd_ws(o);
         int32_t t = b->st[v];
         if (!t) continue;
         m = b->static_bytes + (t == 1 ? xo : b->gstart[t]) + b->gnew[t] + o->bwd_ws + o->phantom +
@@ -3618,7 +3644,7 @@ static rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
         const rkm__op *o = &g->ops[b->op[v]];
         b->base_time += o->fwd + (o->has_bwd ? o->bwd : 0);
         if (o->fwd > b->tscale) b->tscale = o->fwd;
-        uint64_t m = o->phantom > o->fwd_ws ? o->phantom : o->fwd_ws;
+        uint64_t m = o->phantom > rkm__ilp_fwd_ws(o) ? o->phantom : rkm__ilp_fwd_ws(o);
         if (o->bwd_ws > m) m = o->bwd_ws;
         for (int32_t k = 0; k < o->n_out; k++)
             if (g->tensors[o->out[k]].bytes > m) m = g->tensors[o->out[k]].bytes;
@@ -3877,7 +3903,8 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
             const rkm__ilp_node *pv = &md->node[k - 1];
             const rkm__op *po = pv->v >= 0 ? &g->ops[b->op[pv->v]] : NULL;
             rkm__ilp_term(w, pv->q, -1);
-            if (pv->kind == RKM__ILP_NODE_FWD) rkm__ilp_term(w, rkm__ilp_R(b, md, t, pv->v), (double)po->fwd_ws / ms);
+            if (pv->kind == RKM__ILP_NODE_FWD)
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, pv->v), (double)rkm__ilp_fwd_ws(po) / ms);
             if (pv->kind == RKM__ILP_NODE_BWD)
                 rkm__ilp_term(w, RKM__ILP_ONE, ((double)po->bwd_ws + (double)b->gfree[t] + (double)po->phantom) / ms);
             for (const rkm__ilp_free *f = md->fcand + pv->f0; t > 0 && f < rkm__ilp_fend(md, k - 1); f++)
@@ -3898,7 +3925,7 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
         if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
         if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
         if (nd->kind == RKM__ILP_NODE_FWD) {
-            double made = (double)o->fwd_ws;
+            double made = (double)rkm__ilp_fwd_ws(o);
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -made / ms);
             if (rkm__ilp_phantom(b, v) && t <= b->st[v])
@@ -5395,7 +5422,7 @@ static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
 {
     const rkm__op *o = &d->g->ops[i];
     int32_t k = rkm__dtr_pin(d, o->in, o->n_in);
-    if (!d->failed && rkm__dtr_room(d, rkm__sim_fwd_adds(&d->s, o, save) + o->fwd_ws))
+    if (!d->failed && rkm__dtr_room(d, rkm__sim_fwd_adds(&d->s, o, save) + rkm__sim_fwd_ws(&d->s, o, i, save)))
         rkm__dtr_apply(d, RKM_STEP_FWD, i, save);
     rkm__dtr_lock(d, o->in, k, -1);
     rkm__dtr_touch(d, o->in, o->n_in);
@@ -5682,7 +5709,7 @@ static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
     uint64_t need = 0;
     for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
         const rkm__op *o = &g->ops[i];
-        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws;
+        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws + o->scratch;
         uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
                                       rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
                                 : 0;
@@ -6335,8 +6362,9 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
     const uint8_t *fl = p->flags + p->flag_off[i];
     const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &p->g->ops[st->index] : NULL;
     if (st->kind == RKM_STEP_FWD) {
-        rkm_fwd_call c = {(int64_t)i, st->index, st->save, fl[0], o->in, o->n_in, o->out, o->n_out, fl + 1, o->phantom,
-                          o->fwd_ws};
+        rkm_fwd_call c = {(int64_t)i, st->index, st->save,    fl[0],      o->in,
+                          o->n_in,    o->out,     o->n_out,    fl + 2,     o->phantom,
+                          o->fwd_ws + (fl[1] ? o->scratch : 0)};
         return cb->forward(cb->user, &c);
     }
     if (st->kind == RKM_STEP_BWD) {

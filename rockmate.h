@@ -225,6 +225,13 @@ typedef struct rkm_op_desc {
     uint64_t phantom;    /* bytes kept for the backward only, when run with save */
     uint64_t fwd_ws;     /* transient workspace during the forward call */
     uint64_t bwd_ws;     /* transient workspace during the backward call */
+    /* The part of the phantom (<= phantom) that the forward writes on every
+     * run, save or not: normalisation statistics (layernorm's mean/rstd),
+     * attention probabilities. A run without save needs it as transient
+     * workspace (counted in the step's peak, gone after the call, handed to
+     * the host in rkm_fwd_call.ws_bytes); a run with save keeps it as part
+     * of the phantom; a run while the saved state is live writes it there. */
+    uint64_t scratch;
 } rkm_op_desc;
 
 rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out);
@@ -442,7 +449,8 @@ size_t rkm_plan_num_buffers(const rkm_plan *p);
  * can make one allocation and never fragment. `alignment` is a power of two
  * (0: 256). buffers receives rkm_plan_num_buffers(p) entries in creation
  * order; within a step: a forward's new outputs (in out order), its
- * phantom, its workspace; a backward's new input gradients (in order), its
+ * phantom, its workspace (with the op's scratch when the run keeps no
+ * saved state); a backward's new input gradients (in order), its
  * workspace; the loss step's grad(loss). *arena_bytes >= the plan's peak.
  * Computes into the caller's array; the plan is not changed. */
 rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes);
@@ -570,7 +578,10 @@ typedef struct rkm_fwd_call {
     const uint8_t *out_new;/* per output: 1 = not live, allocate it; 0 = live
                               already, recompute into it in place */
     uint64_t phantom;      /* the op's phantom: with save, the saved state to allocate */
-    uint64_t ws_bytes;     /* the op's declared fwd workspace: what the call may use */
+    uint64_t ws_bytes;     /* the transient memory the call may use: the op's
+                              fwd_ws, plus its scratch when this run keeps no
+                              saved state (not save, and the saved state not
+                              live); the layout's workspace buffer has this size */
 } rkm_fwd_call;
 
 /* Per input gradient of a backward call. */

@@ -145,7 +145,7 @@ TEST(api_misuse_is_refused_by_name)
     rkm_solve_desc sd = {0};
 #define CALL(expr, want, frag) check_call(#expr, (expr), (want), (frag), ctx)
     int32_t id = 0;
-    rkm_op_desc d = {"h", 1, 1, &id, 1, &id, 1, NULL, 0, 0, 0, 0};
+    rkm_op_desc d = {"h", 1, 1, &id, 1, &id, 1, NULL, 0, 0, 0, 0, 0};
     rkm_tensor_info ti;
     rkm_graph_stats gs;
     rkm_profile_desc pd = {.runs = -1};

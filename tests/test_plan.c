@@ -423,7 +423,7 @@ TEST(long_chain_is_bounded)
         char name[32];
         snprintf(name, sizeof name, "t%d", i);
         r = rkm_graph_add_tensor(g, name, 4096, 0, &t);
-        rkm_op_desc d = {name, 1e-5, 2e-5, &prev, 1, &t, 1, &prev, 1, 0, 0, 0};
+        rkm_op_desc d = {name, 1e-5, 2e-5, &prev, 1, &t, 1, &prev, 1, 0, 0, 0, 0};
         if (!r) r = rkm_graph_add_op(g, &d, NULL);
         prev = t;
     }

@@ -1437,8 +1437,109 @@ TEST(bundled_baselines)
     }
 }
 
+/* SCRATCH: x(4,in) -f-> a(40) -g-> b(20) = loss. f saves x, phantom 8 of
+ * which scratch 6 is written on every run (mean/rstd-like), fwd_ws 3.
+ *  step              mem  peak  (f's call workspace; a free step's peak is mem before it)
+ *  0 fwd f            44    53  4 + 40 + 3 + scratch 6: no save, P empty (ws 9)
+ *  1 fwd g            64    64
+ *  2 free a           24
+ *  3 loss             44    44
+ *  4 fwd f save       92    95  44 + 40 + phantom 8 + 3: the scratch is in the phantom (ws 3)
+ *  5 bwd g           132   132  grad(a) new
+ *  6 free_grad b     112
+ *  7 free b           92
+ *  8 fwd f            92    95  a live, P live: recomputed in place, scratch into the saved state (ws 3)
+ *  9 free a           52
+ * 10 bwd f            52    52  x is an input: no gradient
+ * 11 free_saved f     44
+ * 12 free_grad a       4
+ * Peak 132 at step 5; time 3 + 1 + 1 + 1 = 6. Lower bound: f's lightest run is
+ * 4 + 40 + 3 + 8 = 55 (it must save once), loss 4 + 2 x 20 = 44; g's backward
+ * 4 + a 40 + grad(b) 20 + grad(a) 40 = 104. */
+static const char *G_SCRATCH = "rockmate-graph 1\n"
+                               "tensor x 4 input\n"
+                               "tensor a 40\n"
+                               "tensor b 20\n"
+                               "op f fwd=1 bwd=1 in=x out=a saved=x phantom=8 fwd_ws=3 scratch=6\n"
+                               "op g fwd=1 bwd=1 in=a out=b saved=a\n"
+                               "loss b\n";
+static const char *P_SCRATCH = "rockmate-plan 1\nfwd f\nfwd g\nfree a\nloss\nfwd f save\nbwd g\nfree_grad b\nfree b\n"
+                               "fwd f\nfree a\nbwd f\nfree_saved f\nfree_grad a\n";
+
+static int scratch_ws_seen[3], scratch_n;
+static int scratch_fwd(void *user, const rkm_fwd_call *c)
+{
+    (void)user;
+    if (scratch_n < 3) scratch_ws_seen[scratch_n] = (int)c->ws_bytes;
+    scratch_n += c->op == 0;
+    return 0;
+}
+static int scratch_bwd(void *user, const rkm_bwd_call *c)
+{
+    (void)user, (void)c;
+    return 0;
+}
+
+TEST(scratch_written_every_run)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_SCRATCH);
+    if (g) {
+        static const uint64_t mem[] = {44, 64, 24, 44, 92, 132, 112, 92, 92, 52, 52, 44, 4};
+        static const uint64_t peaks[] = {53, 64, 64, 44, 95, 132, 132, 112, 95, 92, 52, 52, 44}; /* a free: mem before */
+        check_hand(g, P_SCRATCH, 132, 5, 6.0, mem, N_OF(mem));
+        rkm_graph_stats st;
+        CHECK(rkm_graph_stats_get(g, &st) == RKM_OK && st.lower_bound == 104);
+        rkm_plan *p = plan_text(g, P_SCRATCH);
+        if (p) {
+            const uint64_t *sp = rkm_plan_step_peaks(p);
+            for (size_t i = 0; i < N_OF(peaks); i++) CHECK_EQ_U64(sp[i], peaks[i]);
+            /* the executor hands f the workspace the simulator counted */
+            rkm_callbacks cb = {NULL, scratch_fwd, scratch_bwd, NULL, NULL, NULL, NULL};
+            scratch_n = 0;
+            CHECK(rkm_plan_execute(p, &cb) == RKM_OK && scratch_n == 3);
+            CHECK(scratch_ws_seen[0] == 9 && scratch_ws_seen[1] == 3 && scratch_ws_seen[2] == 3);
+            /* and the layout's workspace buffers have those sizes */
+            size_t nb = rkm_plan_num_buffers(p), k = 0;
+            rkm_buffer *buf = calloc(nb, sizeof *buf);
+            uint64_t arena = 0, want[] = {9, 3, 3};
+            CHECK(buf && rkm_plan_layout(p, 0, buf, &arena) == RKM_OK && arena >= 132);
+            for (size_t i = 0; buf && i < nb; i++)
+                if (buf[i].kind == RKM_BUFFER_WORKSPACE) CHECK(k < 3 && buf[i].bytes == want[k++]);
+            CHECK(k == 3);
+            free(buf);
+        }
+        rkm_plan_destroy(p);
+        /* the baseline saves f: no transient scratch; its peak is g's backward
+         * after free b: x 4, a 40, phantom 8, grad(b) 20, grad(a) 40 */
+        rkm_plan *base = NULL;
+        rkm_plan_stats bs;
+        CHECK(rkm_plan_baseline(g, &base) == RKM_OK && rkm_plan_stats_get(base, &bs) == RKM_OK);
+        CHECK_EQ_U64(bs.peak, 112);
+        rkm_plan_destroy(base);
+        /* the file keeps it: written, read back, the same op */
+        sbuf text = {0};
+        rkm_graph *back = NULL;
+        rkm_op_desc od;
+        CHECK(rkm_graph_write(g, sbuf_write, &text) == RKM_OK && text.data && strstr(text.data, " scratch=6"));
+        if (text.data) CHECK(rkm_graph_read_string(ctx, text.data, text.len, "back.rkg", &back) == RKM_OK);
+        CHECK(back && rkm_graph_op_info(back, 0, &od) == RKM_OK && od.scratch == 6 && od.phantom == 8);
+        rkm_graph_destroy(back);
+        free(text.data);
+        /* scratch is part of the phantom */
+        static const char *bad = "rockmate-graph 1\ntensor x 4 input\ntensor a 40\n"
+                                 "op f fwd=1 bwd=1 in=x out=a saved=x phantom=8 scratch=9\nloss a\n";
+        rkm_graph *b = NULL;
+        CHECK(rkm_graph_read_string(ctx, bad, strlen(bad), "bad.rkg", &b) == RKM_ERROR_GRAPH && !b);
+        CHECK(strstr(rkm_context_errmsg(ctx), "bad.rkg:4: op f: scratch=9 is more than phantom=8") != NULL);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
+    RUN(scratch_written_every_run);
     RUN(chain2_baseline);
     RUN(chain3_recompute);
     RUN(phantom_save_free_saved);
