@@ -6177,6 +6177,7 @@ static int64_t rkm__polish_drop(rkm__polish *w, size_t j)
     size_t h = j;
     while (h-- > 0)
         if (c[h].kind == RKM_STEP_FWD && c[h].index == c[j].index) break;
+    w->work += j - (h + 1); /* the search back counts as work too */
     if (h == (size_t)-1 || (c[j].save && c[h].save)) return -1;
     w->cand.n = 0;
     for (size_t i = 0; i < w->cur.n; i++)
@@ -6278,8 +6279,9 @@ static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan
             r = RKM_OK;
         }
     }
+    for (int k = 0; k < 4 && !r; k++)
+        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
     for (int k = 1; k < 4; k++) p[0] = rkm__faster(p[0], p[k]);
-    if (!r && p[0]) r = rkm__polish_plan(pl, budget, &p[0]);
     if (r) {
         rkm_plan_destroy(p[0]);
         return r;
