@@ -6093,6 +6093,227 @@ static rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
 
 static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 
+/* ---- polish: local search on a plan's compute steps ----------------------
+ *
+ * Any valid plan is its compute steps (fwd, loss, bwd) plus frees. The
+ * frees that follow from the compute steps alone are the earliest ones:
+ * a tensor goes right after its last read before it is made again (or for
+ * good), a saved state right after its backward, a gradient right after
+ * the backward of its tensor's producer. No step's peak grows (a tensor
+ * recomputed in place counts the same as one freed and made again), a
+ * save whose state no backward reads is dropped, and a forward none of
+ * whose outputs is read before it is made again is dead and goes. The search drops one recomputing forward at
+ * a time (its outputs then live on from the op's previous forward, which
+ * takes over its save) and keeps the change when the simulator replays
+ * the result valid, within the budget and faster. Work is counted in
+ * replayed steps, not time, so results do not depend on the machine. */
+#define RKM_POLISH_WORK 20000000u
+
+typedef struct rkm__polish {
+    const rkm_graph *g;
+    rkm__sim sim;
+    rkm__steps cur;   /* the compute steps of the best plan so far */
+    rkm__steps cand;  /* a candidate's compute steps */
+    rkm__steps full;  /* a candidate's whole plan */
+    rkm__steps frees; /* scratch: frees after each compute step, backwards */
+    size_t *fr_at;    /* per candidate step: its first free in frees */
+    size_t cap_at;
+    uint8_t *need;    /* per tensor: read before it is made again */
+    uint8_t *pneed;   /* per op: its backward comes before its next save */
+    uint64_t budget, work;
+    double time;
+} rkm__polish;
+
+static int rkm__is_compute(const rkm_step *s) { return s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_LOSS || s->kind == RKM_STEP_BWD; }
+
+/* Note `free t` after the step being scanned when nothing later reads t
+ * (inputs are never freed). */
+static int rkm__polish_free_unread(rkm__polish *w, int32_t t)
+{
+    if (w->need[t] || (w->g->tensors[t].flags & RKM_TENSOR_INPUT)) return 1;
+    return rkm__steps_push(&w->frees, RKM_STEP_FREE, t, 0);
+}
+
+/* The frees after compute step s (scanning backwards, need says what later
+ * steps read), then s's own reads; 0 on NOMEM, *dead for a dead forward. */
+static int rkm__polish_scan(rkm__polish *w, rkm_step *s, int *dead)
+{
+    const rkm_graph *g = w->g;
+    int ok = 1;
+    *dead = 0;
+    if (s->kind == RKM_STEP_LOSS) {
+        ok = rkm__polish_free_unread(w, s->index);
+        w->need[s->index] = 1;
+        return ok;
+    }
+    const rkm__op *o = &g->ops[s->index];
+    if (s->kind == RKM_STEP_BWD) {
+        if (o->phantom > 0) ok = rkm__steps_push(&w->frees, RKM_STEP_FREE_SAVED, s->index, 0);
+        for (int32_t k = 0; k < o->n_out && ok; k++)
+            if (g->tensors[o->out[k]].has_grad) ok = rkm__steps_push(&w->frees, RKM_STEP_FREE_GRAD, o->out[k], 0);
+        for (int32_t k = 0; k < o->n_saved && ok; k++) ok = rkm__polish_free_unread(w, o->saved[k]);
+        for (int32_t k = 0; k < o->n_saved; k++) w->need[o->saved[k]] = 1;
+        w->pneed[s->index] = 1;
+        return ok;
+    }
+    s->save = s->save && w->pneed[s->index];
+    if (s->save) w->pneed[s->index] = 0;
+    int used = s->save;
+    for (int32_t k = 0; k < o->n_out; k++) used |= w->need[o->out[k]];
+    if (!used) {
+        *dead = 1;
+        return 1;
+    }
+    for (int32_t k = 0; k < o->n_in + o->n_out && ok; k++) ok = rkm__polish_free_unread(w, o->in[k]);
+    for (int32_t k = 0; k < o->n_out; k++) w->need[o->out[k]] = 0;
+    for (int32_t k = 0; k < o->n_in; k++) w->need[o->in[k]] = 1;
+    return ok;
+}
+
+/* w->full: the candidate's compute steps (dead forwards left out) with the
+ * earliest frees. 0 on NOMEM. */
+static int rkm__polish_expand(rkm__polish *w)
+{
+    size_t n = w->cand.n;
+    if (!rkm__reserve(w->g->ctx, (void **)&w->fr_at, &w->cap_at, n + 1, sizeof *w->fr_at)) return 0;
+    memset(w->need, 0, w->g->n_tensors);
+    memset(w->pneed, 0, w->g->n_ops);
+    w->frees.n = w->full.n = 0;
+    for (size_t i = n; i-- > 0;) {
+        int dead;
+        w->fr_at[i + 1] = w->frees.n;
+        if (!rkm__polish_scan(w, &w->cand.s[i], &dead)) return 0;
+        if (dead) w->cand.s[i].kind = -1; /* left out below */
+    }
+    w->fr_at[0] = w->frees.n;
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *s = &w->cand.s[i];
+        if (s->kind < 0) continue;
+        if (!rkm__steps_push(&w->full, s->kind, s->index, s->save)) return 0;
+        /* the frees of step i are frees[fr_at[i+1] .. fr_at[i]), in scan order */
+        for (size_t f = w->fr_at[i + 1]; f < w->fr_at[i]; f++)
+            if (!rkm__steps_push(&w->full, w->frees.s[f].kind, w->frees.s[f].index, 0)) return 0;
+    }
+    return 1;
+}
+
+/* Replay w->full: 1 when valid and within the budget (then *time). */
+static int rkm__polish_fits(rkm__polish *w, double *time)
+{
+    rkm_sim_result res;
+    int32_t obj;
+    rkm__sim_reset(&w->sim);
+    w->work += w->full.n;
+    if (!rkm__sim_run(&w->sim, w->full.s, w->full.n, &res, NULL)) return 0;
+    if (rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE || res.peak > w->budget) return 0;
+    *time = res.time;
+    return 1;
+}
+
+/* Keep the candidate (its live compute steps) when it fits and is faster. */
+static int rkm__polish_try(rkm__polish *w, int *kept)
+{
+    double t;
+    *kept = 0;
+    if (!rkm__polish_expand(w)) return 0;
+    if (!rkm__polish_fits(w, &t) || !(t < w->time)) return 1;
+    w->time = t;
+    w->cur.n = 0;
+    for (size_t i = 0; i < w->cand.n; i++)
+        if (w->cand.s[i].kind >= 0 && !rkm__steps_push(&w->cur, w->cand.s[i].kind, w->cand.s[i].index, w->cand.s[i].save))
+            return 0;
+    *kept = 1;
+    return 1;
+}
+
+/* The candidate without recomputing forward j (-1 when step j is not one):
+ * index of the op's previous forward, which takes over j's save. */
+static int64_t rkm__polish_drop(rkm__polish *w, size_t j)
+{
+    const rkm_step *c = w->cur.s;
+    if (c[j].kind != RKM_STEP_FWD) return -1;
+    size_t h = j;
+    while (h-- > 0)
+        if (c[h].kind == RKM_STEP_FWD && c[h].index == c[j].index) break;
+    w->work += j - (h + 1); /* the search back counts as work too */
+    if (h == (size_t)-1 || (c[j].save && c[h].save)) return -1;
+    w->cand.n = 0;
+    for (size_t i = 0; i < w->cur.n; i++)
+        if (i != j && !rkm__steps_push(&w->cand, c[i].kind, c[i].index, c[i].save)) return -2;
+    if (c[j].save) w->cand.s[h].save = 1;
+    return (int64_t)h;
+}
+
+static void rkm__polish_free(rkm__polish *w)
+{
+    rkm__sim_free(&w->sim);
+    rkm__steps_free(&w->cur);
+    rkm__steps_free(&w->cand);
+    rkm__steps_free(&w->full);
+    rkm__steps_free(&w->frees);
+    rkm__free(w->g->ctx, w->fr_at, w->cap_at * sizeof *w->fr_at);
+    rkm__free(w->g->ctx, w->need, w->g->n_tensors);
+    rkm__free(w->g->ctx, w->pneed, w->g->n_ops);
+}
+
+/* Drop recomputations while one fits, sweeping the steps in order until a
+ * sweep keeps none or the work runs out. 0 on NOMEM. */
+static int rkm__polish_search(rkm__polish *w)
+{
+    int kept = 1;
+    while (kept && w->work < RKM_POLISH_WORK) {
+        kept = 0;
+        for (size_t j = 0; j < w->cur.n && w->work < RKM_POLISH_WORK; j++) {
+            int k;
+            int64_t h = rkm__polish_drop(w, j);
+            if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
+            if (h >= 0 && k) kept = 1, j--; /* step j is another one now */
+        }
+    }
+    return 1;
+}
+
+static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm_plan *p, uint64_t budget)
+{
+    memset(w, 0, sizeof *w);
+    w->g = g;
+    w->budget = budget;
+    w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
+    w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = g->ctx;
+    w->need = rkm__alloc(g->ctx, g->n_tensors);
+    w->pneed = rkm__alloc(g->ctx, g->n_ops);
+    if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
+    for (size_t i = 0; i < p->n_steps; i++) {
+        const rkm_step *s = &p->steps[i];
+        if (rkm__is_compute(s) && !rkm__steps_push(&w->cand, s->kind, s->index, s->save))
+            return rkm__nomem(g->ctx, "plan polish");
+    }
+    return RKM_OK;
+}
+
+/* *p replaced by a faster plan within the budget when the search finds one. */
+static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    rkm__polish w;
+    int kept = 0;
+    rkm_result r = rkm__polish_init(&w, pl->g, *p, budget);
+    if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
+    if (!r && kept && w.time < (*p)->stats.time) {
+        rkm__steps_free(&w.cand);
+        w.cand = w.cur; /* expand the best */
+        w.cur = (rkm__steps){pl->ctx, NULL, 0, 0};
+        rkm_plan *np = NULL;
+        if (!rkm__polish_expand(&w)) r = rkm__nomem(pl->ctx, "plan polish");
+        if (!r) r = rkm__planned_birth(pl, &w.full, &np);
+        if (!r) {
+            rkm_plan_destroy(*p);
+            *p = np;
+        }
+    }
+    rkm__polish_free(&w);
+    return r;
+}
+
 /* Graphs this small also get the whole-graph ILP inside rockmate, for this
  * long a solve (its deterministic work limit): measured on the bundled
  * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
@@ -6116,6 +6337,8 @@ static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan
             r = RKM_OK;
         }
     }
+    for (int k = 0; k < 4 && !r; k++)
+        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
     for (int k = 1; k < 4; k++) p[0] = rkm__faster(p[0], p[k]);
     if (r) {
         rkm_plan_destroy(p[0]);

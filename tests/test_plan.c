@@ -450,6 +450,56 @@ TEST(long_chain_is_bounded)
     rkm_context_destroy(ctx);
 }
 
+/* The polish (section 12) on the worked example of docs/formats.md: the
+ * plan that recomputes fc keeps it at 3400 bytes, loses it at the baseline
+ * peak; a dead forward and a save nobody reads go at any budget. */
+static const char toy_graph[] = "rockmate-graph 1\ntensor x 400 input\ntensor h 1000\ntensor a 1000\ntensor s 1000\n"
+                                "tensor loss 4\nop fc fwd=2e-3 bwd=4e-3 in=x out=h saved=x\n"
+                                "op gelu fwd=1e-3 bwd=1e-3 in=h out=a saved=h\nop add fwd=5e-4 bwd=5e-4 in=h,a out=s\n"
+                                "op ce fwd=1e-3 bwd=1e-3 in=s out=loss saved=s phantom=200 fwd_ws=100\nloss loss\n";
+static const char toy_plan[] = "rockmate-plan 1\nfwd fc\nfwd gelu\nfwd add\nfree a\nfree h\nfwd ce save\nloss\n"
+                               "free loss\nbwd ce\nfree_saved ce\nfree_grad loss\nfree s\nbwd add\nfree_grad s\n"
+                               "fwd fc\nbwd gelu\nfree_grad a\nfree h\nbwd fc\nfree_grad h\n";
+
+static double polished_time(rkm_graph *g, const char *text, uint64_t budget, uint64_t *peak)
+{
+    rkm_solve_desc d = {0};
+    rkm_planner *pl = NULL;
+    rkm_plan *p = NULL;
+    double t = -1;
+    CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
+    CHECK(rkm_plan_read_string(g, text, strlen(text), "toy.rkp", NULL, &p) == RKM_OK);
+    if (pl && p) {
+        CHECK(rkm__polish_plan(pl, budget, &p) == RKM_OK);
+        t = p->stats.time;
+        *peak = p->stats.peak;
+    }
+    rkm_plan_destroy(p);
+    rkm_planner_destroy(pl);
+    return t;
+}
+
+TEST(polish_drops_recomputes_that_fit)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL;
+    CHECK(rkm_graph_read_string(ctx, toy_graph, strlen(toy_graph), "toy.rkg", &g) == RKM_OK);
+    if (g) {
+        uint64_t peak = 0;
+        CHECK(fabs(polished_time(g, toy_plan, 3400, &peak) - 13e-3) < 1e-12 && peak == 3400);
+        CHECK(fabs(polished_time(g, toy_plan, 4400, &peak) - 11e-3) < 1e-12 && peak == 4400);
+        /* a forward of gelu whose output nobody reads again, and a save of
+         * ce freed unread before the one its backward uses */
+        char text[600];
+        const char *at = strstr(toy_plan, "free a\n");
+        snprintf(text, sizeof text, "%.*sfwd gelu\nfwd ce save\nfree_saved ce\n%s", (int)(at - toy_plan), toy_plan,
+                 at);
+        CHECK(fabs(polished_time(g, text, 3400, &peak) - 13e-3) < 1e-12 && peak <= 3400);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(long_chain_is_bounded);
@@ -462,5 +512,6 @@ int main(void)
     RUN(zeroed_desc_plans);
     RUN(names_and_budgets);
     RUN(dtr_hand_worked);
+    RUN(polish_drops_recomputes_that_fit);
     TEST_END();
 }
