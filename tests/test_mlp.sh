@@ -64,7 +64,7 @@ same_digest() {
     fi
 }
 same_digest digest_baseline --steps 3
-same_digest digest_rotor_50 --budget 50% --steps 3
+same_digest digest_planned_60 --budget 60% --steps 3
 same_digest digest_deep_min --layers 24 --budget min --steps 2
 
 expect too_small 3 '' --budget 1%
