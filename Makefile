@@ -56,7 +56,6 @@ SO_MAJOR = $(firstword $(subst ., ,$(VERSION)))
 LIB_SO = $(BUILD)/librockmate.so.$(VERSION)
 LIB_OBJ = $(BUILD)/rockmate.o
 TEST_LIB = $(BUILD)/tests/librockmate.a
-TEST_CUDA_LIB = $(BUILD)/tests/libcudahelpers.a
 
 CLI_SRCS = $(wildcard cli/*.c)
 CLI_BIN = $(BUILD)/rockmate
@@ -92,11 +91,9 @@ NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/c
 NVCC_FLAGS = -O2 -g -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
 	-Xcompiler -Wall,-Wextra -I. $(DEFS)
 CUDA_LIBS ?= -lcublas -lcublasLt
-# cuda/*.c are the plain-C halves (no CUDA): also tested on the CPU.
-CUDA_C_SRCS = $(wildcard cuda/*.c)
+# The device-free half (the arena) is in the library, tested on the CPU.
 CUDA_SRCS = $(wildcard cuda/*.cu)
-CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS)) \
-	$(patsubst cuda/%.c,$(BUILD)/cuda/%.o,$(CUDA_C_SRCS))
+CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
 CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
 CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
 
@@ -184,8 +181,7 @@ $(BENCHES): $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) rockmate.h $(LIB_A
 	$(CC) $(ALL_CFLAGS) $(DEFS) -o $@ $< $(LIB_A) $(LDLIBS)
 
 # Tests are sanitized programs. One that includes ../rockmate.c is whole;
-# the others link the sanitized library. All link the plain-C parts of
-# cuda/ (an archive: a member is linked only when something needs it).
+# the others link the sanitized library.
 INCLUDES_LIB = grep -qE '^[[:space:]]*\#[[:space:]]*include[[:space:]]+"\.\./rockmate\.c"'
 
 $(BUILD)/tests/rockmate.o: rockmate.c rockmate.h $(BUILD)/flags | deps
@@ -236,18 +232,8 @@ fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
 	  $(BUILD)/fuzz/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 tests/fuzz/corpus/$$f || exit 1; done
 endif
 
-$(BUILD)/tests/cuda_%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
-	@mkdir -p $(@D)
-	$(CC) $(TEST_CFLAGS) $(DEFS) -c -o $@ $<
-
-$(TEST_CUDA_LIB): $(patsubst cuda/%.c,$(BUILD)/tests/cuda_%.o,$(CUDA_C_SRCS))
-	@mkdir -p $(@D)
-	rm -f $@
-	ar rcs $@ $^
-
-$(TESTS): $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h cuda/*.c cuda/*.h examples/*.h) rockmate.c rockmate.h \
-		$(TEST_LIB) $(TEST_CUDA_LIB)
-	$(CC) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(TEST_CUDA_LIB) $$($(INCLUDES_LIB) $< || echo $(TEST_LIB)) $(LDLIBS)
+$(TESTS): $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h examples/*.h) rockmate.c rockmate.h $(TEST_LIB)
+	$(CC) $(TEST_CFLAGS) $(DEFS) -o $@ $< $$($(INCLUDES_LIB) $< || echo $(TEST_LIB)) $(LDLIBS)
 
 ifeq ($(NVCC),)
 cuda:
@@ -255,10 +241,6 @@ cuda:
 else
 cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES)
 endif
-
-$(BUILD)/cuda/%.o: cuda/%.c $(wildcard cuda/*.h) rockmate.h $(BUILD)/flags
-	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $(DEFS) -c -o $@ $<
 
 $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)

@@ -631,6 +631,169 @@ typedef struct rkm_callbacks {
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
 
 /* ---------------------------------------------------------------------------
+ * Arena: one allocation, an offset per buffer
+ * ------------------------------------------------------------------------- */
+
+/* Every activation, phantom, gradient and workspace of a training step
+ * carved from one region instead of one allocation per buffer (glibc's
+ * malloc of 128 KiB and more is an mmap/munmap each time).
+ *
+ * rkm_arena: an allocator over offsets in [0, capacity): 256-byte aligned
+ * offsets, first fit, neighbours coalesced on free. Deterministic. It counts
+ * the requested bytes (the contract's unit, no alignment), their peak, and
+ * the high-water mark (max of offset + requested bytes).
+ *
+ * rkm_arena_exec: runs a plan (rkm_plan_execute) with every buffer carved
+ * from an arena: the `input` tensors once at creation (fill them before a
+ * run), then per step what the step creates (new outputs, the phantom of a
+ * `save`, new gradients, grad(loss), the call's workspace), released by the
+ * free steps. The host's own callbacks (desc.host) run inside each step,
+ * after its buffers are carved and before they are released, and find them
+ * with rkm_arena_exec_tensor/grad/saved. The arena's current bytes follow
+ * rkm_plan_mem_after step for step and its peak is the plan's peak, to the
+ * byte. Three ways to place buffers:
+ * - layout (rkm_arena_exec_create_layout, what a host normally wants): every
+ *   buffer at its rkm_plan_layout(plan, RKM_ARENA_ALIGN) offset, in a region
+ *   of the layout's arena_bytes; the exec runs that plan only.
+ * - first fit (rkm_arena_exec_create, measure 0): in a region of
+ *   desc.capacity; rkm_arena_layout gives the exact capacity a plan needs.
+ * - measure (measure 1, for profiling): first fit, and each op's workspace is
+ *   measured as what its scratch requests took (see rkm_arena_exec_scratch).
+ *
+ * Where the region is: the exec deals in offsets. A CPU host sets
+ * desc.allocate and the exec allocates the region itself, once, through the
+ * context's allocator (rkm_arena_exec_base); a device host allocates it
+ * itself (one cudaMalloc of the capacity, cuda/rockmate_cuda.h). Either way
+ * rkm_arena_ptr(base, offset) is the buffer's address. The library never
+ * touches the region's bytes: new buffers are not zeroed.
+ *
+ *     rkm_arena_exec_desc d = {.graph = g, .host = &callbacks, .allocate = 1};
+ *     rkm_arena_exec *x;
+ *     rkm_arena_exec_create_layout(&d, plan, &x);      // the one allocation
+ *     void *base = rkm_arena_exec_base(x);
+ *     float *inp = rkm_arena_ptr(base, rkm_arena_exec_tensor(x, input_id));
+ *     ... fill the inputs; then per training step:
+ *     rkm_arena_exec_run(x, plan);   // callbacks: rkm_arena_ptr(base, rkm_arena_exec_tensor(x, t))
+ *     rkm_arena_exec_destroy(x);
+ *
+ * Errors: messages go to the graph's context (for an exec) or the one given
+ * to rkm_arena_create; a call given a NULL object returns
+ * RKM_ERROR_ARGUMENT without a message. RKM_ERROR_INTERNAL is a bug (the
+ * bookkeeping disagrees with the plan). */
+
+#define RKM_ARENA_ALIGN 256u
+/* Offset of a buffer that is not live. */
+#define RKM_ARENA_NONE UINT64_MAX
+/* Capacity of an arena that never runs out (layout passes). */
+#define RKM_ARENA_UNBOUNDED UINT64_MAX
+/* Scratch buffers one call may take (measure mode). */
+#define RKM_ARENA_MAX_SCRATCH 64
+
+typedef struct rkm_arena rkm_arena;
+
+typedef struct rkm_arena_stats {
+    uint64_t capacity;   /* bytes of the region; RKM_ARENA_UNBOUNDED for layout passes */
+    uint64_t current;    /* requested bytes of the live blocks */
+    uint64_t peak;       /* max of current since creation or the last reset_peak */
+    uint64_t high_water; /* max of offset + requested bytes over every block ever carved */
+    uint32_t blocks;     /* live blocks */
+} rkm_arena_stats;
+
+/* An arena over [0, capacity) holding at most max_blocks live blocks
+ * (1..UINT32_MAX-1). ctx (kept; it outlives the arena) gives the allocator
+ * and takes the messages. All memory is taken here, none by alloc/free. */
+rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_blocks, rkm_arena **out);
+void rkm_arena_destroy(rkm_arena *a);
+/* A block of `bytes` (> 0) at the lowest free 256-aligned offset that holds
+ * it. RKM_ERROR_NOMEM when none does or max_blocks are live. */
+rkm_result rkm_arena_alloc(rkm_arena *a, uint64_t bytes, uint64_t *offset);
+/* Release the block that starts at offset; RKM_ERROR_ARGUMENT, naming the
+ * offset, if no live block starts there. */
+rkm_result rkm_arena_free(rkm_arena *a, uint64_t offset);
+void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out);
+void rkm_arena_reset_peak(rkm_arena *a); /* peak = current */
+void rkm_arena_clear(rkm_arena *a);      /* release every block (peak and high water kept) */
+
+typedef struct rkm_arena_exec rkm_arena_exec;
+
+typedef struct rkm_arena_exec_desc {
+    const rkm_graph *graph;     /* finalized; outlives the exec; its context takes the messages */
+    uint64_t capacity;          /* first fit: the region's bytes (RKM_ARENA_UNBOUNDED allowed
+                                   without allocate); layout mode: ignored */
+    int measure;                /* 0: reserve the declared workspaces; 1: measure them */
+    const rkm_callbacks *host;  /* called inside each step (copied); NULL: bookkeeping only */
+    int allocate;               /* 1: the exec allocates the region (rkm_arena_exec_base) */
+} rkm_arena_exec_desc;
+
+/* First fit over desc->capacity. Carves the inputs (in id order).
+ * RKM_ERROR_NOMEM if they do not fit or the region cannot be allocated;
+ * RKM_ERROR_ARGUMENT for a graph not finalized, a host without forward or
+ * backward, or allocate with an unbounded capacity. */
+rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *desc, rkm_arena_exec **out);
+/* Layout mode for `plan` (of desc->graph; measure must be 0). The layout is
+ * copied, so the plan may go, but rkm_arena_exec_run must be given a plan
+ * that creates the same buffers in the same order (RKM_ERROR_STATE
+ * otherwise). */
+rkm_result rkm_arena_exec_create_layout(const rkm_arena_exec_desc *desc, const rkm_plan *plan,
+                                        rkm_arena_exec **out);
+void rkm_arena_exec_destroy(rkm_arena_exec *x);
+int rkm_arena_exec_is_layout(const rkm_arena_exec *x); /* 1: made by create_layout */
+
+/* One training step: rkm_plan_execute(plan) with the buffers carved and
+ * released around the host's callbacks. The peak is reset to the inputs
+ * first, so the stats afterwards give this step's peak. On failure every
+ * buffer but the inputs is released and the message names the step:
+ * RKM_ERROR_NOMEM (region too small), RKM_ERROR_CALLBACK (a host callback
+ * returned non-zero; a failed scratch request of that call is appended),
+ * RKM_ERROR_STATE (a plan that is not the layout's), the code given to
+ * rkm_arena_exec_host_fail, or RKM_ERROR_INTERNAL. */
+rkm_result rkm_arena_exec_run(rkm_arena_exec *x, const rkm_plan *plan);
+
+/* For a host callback that fails for a reason of its own (a CUDA error):
+ * keeps the code and the message and returns the value the callback must
+ * return; the run then fails with `code`, the message prefixed with the
+ * step. */
+int rkm_arena_exec_host_fail(rkm_arena_exec *x, rkm_result code, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Offsets of live buffers, RKM_ARENA_NONE when not live (a zero-byte
+ * buffer is live at an offset and takes no space). */
+uint64_t rkm_arena_exec_tensor(const rkm_arena_exec *x, int32_t tensor);
+uint64_t rkm_arena_exec_grad(const rkm_arena_exec *x, int32_t tensor);
+uint64_t rkm_arena_exec_saved(const rkm_arena_exec *x, int32_t op); /* the op's phantom */
+
+/* The region the exec allocated (desc.allocate), NULL otherwise. */
+void *rkm_arena_exec_base(const rkm_arena_exec *x);
+/* base + offset; NULL for a NULL base or RKM_ARENA_NONE. */
+void *rkm_arena_ptr(void *base, uint64_t offset);
+
+/* During a forward or backward callback: a scratch buffer of `bytes`,
+ * released when the callback returns; each counts rounded up to 256 bytes.
+ * Plan and layout mode: cut from the op's declared workspace (fwd_ws or
+ * bwd_ws, reserved before the call); more is RKM_ERROR_NOMEM. Measure mode:
+ * carved from the arena (RKM_ERROR_NOMEM beyond its capacity or
+ * RKM_ARENA_MAX_SCRATCH buffers), and the op's workspace is measured as
+ * the arena's peak during the call minus the live bytes before it minus
+ * what the call creates. RKM_ERROR_STATE outside a call. */
+rkm_result rkm_arena_exec_scratch(rkm_arena_exec *x, uint64_t bytes, uint64_t *offset);
+
+/* Measure mode: the largest workspace seen per op so far (0 if none ran). */
+void rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *fwd_ws, uint64_t *bwd_ws);
+void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out);
+
+/* The capacity a first-fit exec needs for `plan`: runs it on an unbounded
+ * arena; the peak equals the plan's (checked). */
+typedef struct rkm_arena_layout_info {
+    uint64_t peak;     /* requested bytes: the plan's peak */
+    uint64_t capacity; /* the region to allocate: peak + slack */
+    uint64_t slack;    /* alignment and fragmentation */
+} rkm_arena_layout_info;
+rkm_result rkm_arena_layout(const rkm_plan *plan, rkm_arena_layout_info *out);
+
+/* ---------------------------------------------------------------------------
  * Profiling: measure each op's times through the host's callbacks
  * ------------------------------------------------------------------------- */
 

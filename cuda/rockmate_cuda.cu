@@ -1,5 +1,5 @@
-/* rockmate_cuda.cu -- see rockmate_cuda.h. The bookkeeping is rockmate_arena.c
- * (plain C, tested on the CPU); this file adds the device memory, the
+/* rockmate_cuda.cu -- see rockmate_cuda.h. The bookkeeping is the library's
+ * arena (rockmate.h, "Arena"; tested on the CPU); this file adds the device memory, the
  * cudaEvent timing and the CUDA error handling. */
 #include "rockmate_cuda.h"
 
@@ -134,7 +134,7 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     ca->stream = d->stream;
     rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
                            rkm__cu_free_saved, rkm__cu_free_grad};
-    rkm_arena_exec_desc xd = {d->graph, d->capacity, d->measure, &layer};
+    rkm_arena_exec_desc xd = {d->graph, d->capacity, d->measure, &layer, 0};
     r = d->layout ? rkm_arena_exec_create_layout(&xd, d->layout, &ca->x) : rkm_arena_exec_create(&xd, &ca->x);
     if (r == RKM_OK) r = rkm__cu_malloc(ca);
     if (r != RKM_OK) {
@@ -184,11 +184,7 @@ rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan)
     return e == cudaSuccess ? RKM_OK : rkm__cu_fail(ca, e, "rkm_cuda_arena_run: after the step");
 }
 
-static void *rkm__cu_ptr(const rkm_cuda_arena *ca, uint64_t off)
-{
-    if (!ca || off == RKM_ARENA_NONE) return NULL;
-    return ca->base ? ca->base + off : NULL;
-}
+static void *rkm__cu_ptr(const rkm_cuda_arena *ca, uint64_t off) { return rkm_arena_ptr(ca->base, off); }
 
 void *rkm_cuda_tensor(const rkm_cuda_arena *ca, int32_t t)
 {

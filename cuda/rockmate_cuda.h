@@ -4,8 +4,8 @@
  *    for a plan either by the library's layout (layout mode, what
  *    rkm_cuda_arena_create_for_plan uses: rkm_plan_layout's arena_bytes, an
  *    offset per buffer) or by rkm_arena_layout (the plan's peak plus the
- *    alignment and fragmentation slack of the deterministic first-fit
- *    allocator of rockmate_arena.h), out of which every activation,
+ *    alignment and fragmentation slack of the library's deterministic
+ *    first-fit arena, rockmate.h "Arena"), out of which every activation,
  *    phantom, gradient and workspace of a training step is carved as the
  *    executor's callbacks ask. The host's own rkm_callbacks run inside; they
  *    find their device buffers with rkm_cuda_tensor / rkm_cuda_grad /
@@ -36,17 +36,17 @@
  * context (rkm_context_errmsg(rkm_graph_context(graph))), naming the CUDA
  * call, the step or the op: RKM_ERROR_NOMEM for cudaErrorMemoryAllocation
  * (or an arena too small), RKM_ERROR_CALLBACK for any other CUDA error or a
- * failing host callback, and the codes of rockmate_arena.h. Host-side
+ * failing host callback, and the codes of the library's arena (rkm_arena_exec_run). Host-side
  * bookkeeping memory comes from the context's allocator.
  *
- * Build: compiled by nvcc (C++17) together with rockmate_arena.c (C11, by a
- * C compiler) and rockmate.c; link cudart. */
+ * Build: compiled by nvcc (C++17); link librockmate (the arena is part of
+ * it) and cudart. */
 #ifndef ROCKMATE_CUDA_H
 #define ROCKMATE_CUDA_H
 
 #include <cuda_runtime.h>
 
-#include "rockmate_arena.h"
+#include "../rockmate.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -89,7 +89,7 @@ void *rkm_cuda_tensor(const rkm_cuda_arena *ca, int32_t tensor);
 void *rkm_cuda_grad(const rkm_cuda_arena *ca, int32_t tensor);
 void *rkm_cuda_saved(const rkm_cuda_arena *ca, int32_t op);
 /* Workspace inside a forward/backward callback, released when it returns;
- * counts rounded up to 256 bytes (see rockmate_arena.h). */
+ * counts rounded up to 256 bytes (rkm_arena_exec_scratch). */
 rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr);
 
 void rkm_cuda_arena_stats(const rkm_cuda_arena *ca, rkm_arena_stats *out);

@@ -4,13 +4,23 @@
  * cross-entropy) learns one random batch, written in llm.c's style: plain
  * kernels named x_forward/x_backward, explicit buffers, parameters in one
  * block. The host describes its training step to rockmate with the builder
- * API, then lets a plan drive it. Every activation, saved state (phantom),
- * activation gradient and workspace is malloc'ed and freed inside the
- * callbacks through a counting allocator, so the measured peak can be set
- * against the simulator's, to the byte. Parameters and their gradients are
- * the host's and outside the count.
+ * API, then lets a plan drive it. Parameters and their gradients are the
+ * host's; every activation, saved state (phantom), activation gradient and
+ * workspace lives where --memory says:
  *
- *   build/mlp [--budget B] [--algo A] [--steps N] [--layers L]
+ * - arena (the default): one arena per plan, laid out by the library
+ *   (rkm_arena_exec_create_layout with allocate: one allocation, made before
+ *   training; a training step allocates nothing). The callbacks find their
+ *   buffers at rkm_arena_ptr(base, offset) and take the workspace with
+ *   rkm_arena_exec_scratch. The measured peak is the arena's.
+ * - malloc: every buffer is malloc'ed and freed inside the callbacks through
+ *   a counting allocator (what a naive host does), whose peak is measured.
+ *
+ * Either way the measured peak is set against the simulator's, to the byte,
+ * and the two give the same losses and gradients, bit for bit: the last
+ * line's digest (of every step's loss and gradients) is the same.
+ *
+ *   build/mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M]
  *
  * Without --budget each step runs the baseline plan. With one ("50%",
  * "64KiB", a byte count, or "min" for the least the algorithm can do) it
@@ -162,7 +172,11 @@ typedef struct Host {
     void *grad[MAX_TENSORS];    /* live activation gradients */
     void *saved[MAX_OPS];       /* live saved states: the loss keeps its probs */
     int32_t x, targets, losses; /* tensor ids */
-    Counter mem;
+    float *batch_x;             /* the batch, host's copy: filled into each run's inputs */
+    int32_t *batch_targets;
+    Counter mem;                /* --memory malloc */
+    rkm_arena_exec *ax;         /* --memory arena: the exec of the step in progress */
+    void *base;                 /* its region */
     double loss;
 } Host;
 
@@ -268,15 +282,31 @@ static int build_graph(Host *h, rkm_context *ctx)
            rkm_graph_finalize(h->g) == RKM_OK;
 }
 
-/* The batch: random inputs and classes, live for the whole run. */
+/* The batch: random inputs and classes, the same every step. */
 static int init_batch(Host *h)
 {
-    float *x = counted_alloc(&h->mem, h->bytes[h->x]);
-    int32_t *targets = counted_alloc(&h->mem, h->bytes[h->targets]);
-    h->act[h->x] = x, h->act[h->targets] = targets;
+    float *x = h->batch_x = malloc(h->bytes[h->x]);
+    int32_t *targets = h->batch_targets = malloc(h->bytes[h->targets]);
     if (!x || !targets) return 0;
     for (int i = 0; i < BATCH * IN_DIM; i++) x[i] = rng_uniform();
     for (int b = 0; b < BATCH; b++) targets[b] = (int32_t)(rng_state++ % CLASSES);
+    return 1;
+}
+
+/* The batch into the input buffers at x and targets. */
+static void fill_inputs(const Host *h, void *x, void *targets)
+{
+    memcpy(x, h->batch_x, h->bytes[h->x]);
+    memcpy(targets, h->batch_targets, h->bytes[h->targets]);
+}
+
+/* --memory malloc: the inputs, counted and live for the whole run. */
+static int alloc_inputs(Host *h)
+{
+    h->act[h->x] = counted_alloc(&h->mem, h->bytes[h->x]);
+    h->act[h->targets] = counted_alloc(&h->mem, h->bytes[h->targets]);
+    if (!h->act[h->x] || !h->act[h->targets]) return 0;
+    fill_inputs(h, h->act[h->x], h->act[h->targets]);
     return 1;
 }
 
@@ -286,17 +316,43 @@ static int init_batch(Host *h)
  * kept is missing, or one it calls new is live already).
  * ------------------------------------------------------------------------- */
 
-static int alloc_new(Host *h, void **slot, size_t bytes)
+/* A buffer the step creates: where the arena exec has carved it (its
+ * offset `off`), or from the counting allocator. */
+static int alloc_new(Host *h, void **slot, size_t bytes, uint64_t off)
 {
     if (*slot) return 2;
+    if (h->ax) return (*slot = rkm_arena_ptr(h->base, off)) ? 0 : 2;
     return (*slot = counted_alloc(&h->mem, bytes)) ? 0 : 1;
+}
+
+/* A buffer a free step releases (the arena exec takes it back itself). */
+static int release(Host *h, void **slot)
+{
+    if (!*slot) return 2;
+    if (!h->ax) counted_free(&h->mem, *slot);
+    *slot = NULL;
+    return 0;
+}
+
+/* The call's workspace: from the arena (released when the call returns) or
+ * counted (the caller frees it with end_scratch). */
+static void *scratch(Host *h, uint64_t bytes)
+{
+    uint64_t off;
+    if (!h->ax) return counted_alloc(&h->mem, bytes);
+    return rkm_arena_exec_scratch(h->ax, bytes, &off) == RKM_OK ? rkm_arena_ptr(h->base, off) : NULL;
+}
+
+static void end_scratch(Host *h, void *p)
+{
+    if (!h->ax) counted_free(&h->mem, p);
 }
 
 static int on_forward(void *user, const rkm_fwd_call *call)
 {
     Host *h = user;
     int32_t out = call->out[0];
-    int rc = call->out_new[0] ? alloc_new(h, &h->act[out], h->bytes[out]) : 0;
+    int rc = call->out_new[0] ? alloc_new(h, &h->act[out], h->bytes[out], rkm_arena_exec_tensor(h->ax, out)) : 0;
     if (rc) return rc;
     const float *inp = h->act[call->in[0]];
     if (!inp || !h->act[out]) return 2;
@@ -310,13 +366,14 @@ static int on_forward(void *user, const rkm_fwd_call *call)
         return 0;
     case OP_LOSS: break;
     }
-    if (call->save && (rc = alloc_new(h, &h->saved[call->op], floats((size_t)BATCH * CLASSES))))
+    if (call->save &&
+        (rc = alloc_new(h, &h->saved[call->op], call->phantom, rkm_arena_exec_saved(h->ax, call->op))))
         return rc;
     float *probs = call->save ? h->saved[call->op] : NULL;
-    float *lse = counted_alloc(&h->mem, call->ws_bytes); /* the declared workspace: B floats */
+    float *lse = scratch(h, call->ws_bytes); /* the declared workspace: B floats */
     if (!lse) return 1;
     crossentropy_forward(h->act[out], probs, lse, inp, h->act[h->targets], BATCH, CLASSES);
-    counted_free(&h->mem, lse);
+    end_scratch(h, lse);
     return 0;
 }
 
@@ -324,7 +381,8 @@ static int on_backward(void *user, const rkm_bwd_call *call)
 {
     Host *h = user;
     int32_t in = call->in[0], out = call->out[0];
-    int rc = call->in_grad[0] == RKM_GRAD_NEW ? alloc_new(h, &h->grad[in], h->bytes[in]) : 0;
+    int rc = call->in_grad[0] == RKM_GRAD_NEW ? alloc_new(h, &h->grad[in], h->bytes[in], rkm_arena_exec_grad(h->ax, in))
+                                               : 0;
     if (rc) return rc;
     float *dinp = call->in_grad[0] == RKM_GRAD_NONE ? NULL : h->grad[in];
     int acc = call->in_grad[0] == RKM_GRAD_ACCUMULATE;
@@ -355,7 +413,7 @@ static int on_loss(void *user, const rkm_buffer_call *call)
     Host *h = user;
     int32_t tensor = call->index;
     const float *losses = h->act[tensor];
-    int rc = alloc_new(h, &h->grad[tensor], h->bytes[tensor]);
+    int rc = alloc_new(h, &h->grad[tensor], h->bytes[tensor], rkm_arena_exec_grad(h->ax, tensor));
     if (rc) return rc;
     if (!losses) return 2;
     float *d = h->grad[tensor];
@@ -368,31 +426,19 @@ static int on_loss(void *user, const rkm_buffer_call *call)
 static int on_free_tensor(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
-    int32_t t = call->index;
-    if (!h->act[t]) return 2;
-    counted_free(&h->mem, h->act[t]);
-    h->act[t] = NULL;
-    return 0;
+    return release(h, &h->act[call->index]);
 }
 
 static int on_free_saved(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
-    int32_t op = call->index;
-    if (!h->saved[op]) return 2;
-    counted_free(&h->mem, h->saved[op]);
-    h->saved[op] = NULL;
-    return 0;
+    return release(h, &h->saved[call->index]);
 }
 
 static int on_free_grad(void *user, const rkm_buffer_call *call)
 {
     Host *h = user;
-    int32_t t = call->index;
-    if (!h->grad[t]) return 2;
-    counted_free(&h->mem, h->grad[t]);
-    h->grad[t] = NULL;
-    return 0;
+    return release(h, &h->grad[call->index]);
 }
 
 /* ---------------------------------------------------------------------------
@@ -404,26 +450,72 @@ typedef struct Measured {
     size_t peak;
 } Measured;
 
-/* One forward+backward under `plan`. Afterwards only the batch may be live. */
-static int run_step(Host *h, const rkm_plan *plan, Measured *m)
+/* A plan and, with --memory arena, the exec that runs it in a region of
+ * its own (the batch copied into its inputs once). */
+typedef struct Run {
+    rkm_plan *plan;
+    rkm_arena_exec *ax; /* NULL: --memory malloc */
+} Run;
+
+static rkm_callbacks host_callbacks(Host *h)
 {
     rkm_callbacks cb = {h, on_forward, on_backward, on_loss, on_free_tensor, on_free_saved, on_free_grad};
+    return cb;
+}
+
+/* The exec for run->plan (arena: 1): the plan's layout, its one
+ * allocation, the batch in its inputs. 0 on failure. */
+static int open_run(Host *h, Run *run, int arena)
+{
+    run->ax = NULL;
+    if (!arena) return 1;
+    rkm_callbacks cb = host_callbacks(h);
+    rkm_arena_exec_desc d = {.graph = h->g, .host = &cb, .allocate = 1};
+    if (rkm_arena_exec_create_layout(&d, run->plan, &run->ax) != RKM_OK) return 0;
+    void *base = rkm_arena_exec_base(run->ax);
+    fill_inputs(h, rkm_arena_ptr(base, rkm_arena_exec_tensor(run->ax, h->x)),
+                rkm_arena_ptr(base, rkm_arena_exec_tensor(run->ax, h->targets)));
+    return 1;
+}
+
+/* One forward+backward under run->plan. Afterwards only the batch may be
+ * live. */
+static int run_step(Host *h, const Run *run, Measured *m)
+{
+    rkm_callbacks cb = host_callbacks(h);
     memset(h->grads, 0, floats(h->num_params));
-    h->mem.peak = h->mem.cur;
     h->loss = NAN;
-    rkm_result r = rkm_plan_execute(plan, &cb);
+    h->ax = run->ax;
+    h->base = rkm_arena_exec_base(run->ax);
+    if (h->ax) {
+        h->act[h->x] = rkm_arena_ptr(h->base, rkm_arena_exec_tensor(h->ax, h->x));
+        h->act[h->targets] = rkm_arena_ptr(h->base, rkm_arena_exec_tensor(h->ax, h->targets));
+    }
+    h->mem.peak = h->mem.cur;
+    rkm_result r = h->ax ? rkm_arena_exec_run(h->ax, run->plan) : rkm_plan_execute(run->plan, &cb);
+    size_t cur = h->mem.cur, batch = h->bytes[h->x] + h->bytes[h->targets];
+    m->peak = h->mem.peak;
+    if (h->ax) {
+        rkm_arena_stats st;
+        rkm_arena_exec_arena_stats(h->ax, &st);
+        cur = (size_t)st.current;
+        m->peak = (size_t)st.peak;
+    }
+    int clean = r == RKM_OK && cur == batch;
+    for (int i = 0; i < MAX_TENSORS; i++)
+        clean &= (h->act[i] == NULL || i == h->x || i == h->targets) && h->grad[i] == NULL;
+    for (int i = 0; i < MAX_OPS; i++) clean &= h->saved[i] == NULL;
+    if (h->ax) { /* the arena's pointers: not the host's to free */
+        memset(h->act, 0, sizeof h->act);
+        memset(h->grad, 0, sizeof h->grad);
+        memset(h->saved, 0, sizeof h->saved);
+    }
     if (r != RKM_OK) {
         fprintf(stderr, "mlp: %s: %s\n", rkm_result_string(r), rkm_context_errmsg(rkm_graph_context(h->g)));
         return 0;
     }
-    size_t batch = h->bytes[h->x] + h->bytes[h->targets];
-    int clean = h->mem.cur == batch;
-    for (int i = 0; i < MAX_TENSORS; i++)
-        clean &= (h->act[i] == NULL || i == h->x || i == h->targets) && h->grad[i] == NULL;
-    for (int i = 0; i < MAX_OPS; i++) clean &= h->saved[i] == NULL;
-    if (!clean) fprintf(stderr, "mlp: buffers left live after the step (%zu bytes)\n", h->mem.cur - batch);
+    if (!clean) fprintf(stderr, "mlp: buffers left live after the step (%zu bytes)\n", cur - batch);
     m->loss = h->loss;
-    m->peak = h->mem.peak;
     return clean;
 }
 
@@ -446,15 +538,18 @@ typedef struct Options {
     const char *budget; /* NULL: baseline only */
     rkm_algo algo;
     int steps, layers;
+    int arena;          /* --memory arena (1, the default) or malloc (0) */
 } Options;
 
 static int usage(FILE *f, int status)
 {
-    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L]\n"
+    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M]\n"
                     "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
                     "  A: default (rockmate; rotor without lp_solve), rockmate, rotor, sqrt, dtr,\n"
                     "     checkmate, none\n"
-                    "  N: training steps (default 5); L: 2..%d layers (default 8)\n",
+                    "  N: training steps (default 5); L: 2..%d layers (default 8)\n"
+                    "  M: arena (default: one allocation per plan, the library's layout) or\n"
+                    "     malloc (a counted malloc and free per buffer)\n",
             MAX_LAYERS);
     return status;
 }
@@ -462,7 +557,7 @@ static int usage(FILE *f, int status)
 /* ctx names the algorithms ("default": the best the build has). */
 static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
 {
-    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8};
+    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8, 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return 0;
@@ -472,6 +567,8 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return 0;
         } else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--layers")) o->layers = atoi(v);
+        else if (!strcmp(a, "--memory") && (!strcmp(v, "arena") || !strcmp(v, "malloc")))
+            o->arena = !strcmp(v, "arena");
         else return 0;
     }
     return o->steps >= 1 && o->layers >= 2 && o->layers <= MAX_LAYERS;
@@ -510,10 +607,10 @@ static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stat
 
 /* Runs `plan` once and compares the measured peak with the simulated one
  * (the plan's own figure, fixed when it was made). */
-static int checked_step(Host *h, rkm_plan *plan, const char *label, Measured *m)
+static int checked_step(Host *h, const Run *run, const char *label, Measured *m)
 {
     rkm_plan_stats ps;
-    if (rkm_plan_stats_get(plan, &ps) != RKM_OK || !run_step(h, plan, m)) return 0;
+    if (rkm_plan_stats_get(run->plan, &ps) != RKM_OK || !run_step(h, run, m)) return 0;
     int same = m->peak == ps.peak;
     printf("  %-9s loss %.6f  activation peak: measured %zu, simulated %llu bytes%s  time %.3g s\n",
            label, m->loss, m->peak, (unsigned long long)ps.peak, same ? "" : "  MISMATCH", ps.time);
@@ -528,7 +625,14 @@ static void warn_logger(void *user, rkm_log_level level, const char *msg)
     if (level != RKM_LOG_ERROR) fprintf(stderr, "rockmate: %s\n", msg);
 }
 
-static int train(Host *h, const Options *o, rkm_plan *baseline, rkm_plan *plan)
+/* FNV-1a over n bytes: the run's digest of losses and gradients. */
+static uint64_t digest_add(uint64_t d, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) d = (d ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return d;
+}
+
+static int train(Host *h, const Options *o, const Run *baseline, const Run *plan, uint64_t *digest)
 {
     float *ref = plan ? malloc(floats(h->num_params)) : NULL;
     int ok = !plan || ref;
@@ -536,6 +640,7 @@ static int train(Host *h, const Options *o, rkm_plan *baseline, rkm_plan *plan)
         Measured mb, mp;
         printf("step %d\n", s);
         ok = checked_step(h, baseline, "baseline", &mb);
+        *digest = digest_add(digest_add(*digest, &mb.loss, sizeof mb.loss), h->grads, floats(h->num_params));
         if (ok && plan) {
             memcpy(ref, h->grads, floats(h->num_params));
             ok = checked_step(h, plan, rkm_algo_name(o->algo), &mp);
@@ -565,26 +670,38 @@ int main(int argc, char **argv)
     Host *h = &host;
     h->layers = o.layers;
     int status = 1;
-    rkm_plan *baseline = NULL, *plan = NULL;
+    Run baseline = {NULL, NULL}, plan = {NULL, NULL};
     rkm_graph_stats st;
-    if (!init_params(h) || !build_graph(h, ctx) || !init_batch(h) ||
-        rkm_graph_stats_get(h->g, &st) != RKM_OK || rkm_plan_baseline(h->g, &baseline) != RKM_OK) {
+    uint64_t digest = 0xcbf29ce484222325ull;
+    if (!init_params(h) || !build_graph(h, ctx) || !init_batch(h) || (!o.arena && !alloc_inputs(h)) ||
+        rkm_graph_stats_get(h->g, &st) != RKM_OK || rkm_plan_baseline(h->g, &baseline.plan) != RKM_OK ||
+        !open_run(h, &baseline, o.arena)) {
         fprintf(stderr, "mlp: setup failed: %s\n", rkm_context_errmsg(ctx));
         goto done;
     }
-    printf("mlp: %d layers, batch %d, %d ops, %d tensors, %d blocks; baseline peak %llu bytes (batch %llu)\n",
+    printf("mlp: %d layers, batch %d, %d ops, %d tensors, %d blocks; baseline peak %llu bytes (batch %llu); "
+           "memory: %s\n",
            h->layers, BATCH, rkm_graph_num_ops(h->g), rkm_graph_num_tensors(h->g), st.blocks,
-           (unsigned long long)st.baseline_peak, (unsigned long long)st.input_bytes);
-    if (o.budget && !(plan = make_plan(h, &o, &st, &status))) goto done;
-    status = train(h, &o, baseline, plan) ? 0 : 1;
-    printf("mlp: %s\n", status ? "FAILED" : "all checks passed");
+           (unsigned long long)st.baseline_peak, (unsigned long long)st.input_bytes,
+           o.arena ? "one arena per plan" : "malloc per buffer");
+    if (o.budget && !(plan.plan = make_plan(h, &o, &st, &status))) goto done;
+    if (plan.plan && !open_run(h, &plan, o.arena)) {
+        fprintf(stderr, "mlp: arena: %s\n", rkm_context_errmsg(ctx));
+        goto done;
+    }
+    status = train(h, &o, &baseline, plan.plan ? &plan : NULL, &digest) ? 0 : 1;
+    printf("mlp: %s, digest %016llx\n", status ? "FAILED" : "all checks passed", (unsigned long long)digest);
 done:
-    rkm_plan_destroy(plan);
-    rkm_plan_destroy(baseline);
+    rkm_arena_exec_destroy(plan.ax);
+    rkm_arena_exec_destroy(baseline.ax);
+    rkm_plan_destroy(plan.plan);
+    rkm_plan_destroy(baseline.plan);
     free_buffers(h);
     rkm_graph_destroy(h->g);
     rkm_context_destroy(ctx);
     free(h->params);
     free(h->grads);
+    free(h->batch_x);
+    free(h->batch_targets);
     return status;
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs the MLP example (examples/mlp.c) under the baseline and under planned
-# budgets. The example itself checks, every training step, that its counted
-# allocations peak exactly at the simulator's peak, that nothing stays live,
-# and (with a budget) that loss and gradients equal the baseline's bit for
-# bit; here we check its exit status and what it reports.
+# budgets, in its two memory modes (one arena per plan, the default, and a
+# counted malloc per buffer). The example itself checks, every training
+# step, that its measured peak (the arena's, or the counted allocations')
+# is exactly the simulator's peak, that nothing stays live, and (with a
+# budget) that loss and gradients equal the baseline's bit for bit; here we
+# check its exit status and what it reports, and that both modes give the
+# same digest of every step's loss and gradients.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 mlp=${RKM_BUILD:-build}/mlp
@@ -43,8 +46,30 @@ if grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
 else
     expect rockmate_60 0 'equal the baseline' --algo rockmate --budget 60% --steps 1
 fi
+expect malloc_baseline 0 'all checks passed' --memory malloc --steps 2
+expect malloc_rotor_60 0 'equal the baseline' --memory malloc --budget 60%
+expect malloc_sqrt_min 0 'equal the baseline' --memory malloc --algo sqrt --budget min --steps 1
+
+# same_digest NAME ARGS...: --memory arena and --memory malloc, the same digest.
+same_digest() {
+    local name=$1 a m
+    shift
+    a=$("$mlp" --memory arena "$@" 2>&1 | grep -oE 'digest [0-9a-f]{16}$')
+    m=$("$mlp" --memory malloc "$@" 2>&1 | grep -oE 'digest [0-9a-f]{16}$')
+    if [[ -n $a && $a == "$m" ]]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: mlp $*: arena '$a', malloc '$m'"
+    fi
+}
+same_digest digest_baseline --steps 3
+same_digest digest_planned_60 --budget 60% --steps 3
+same_digest digest_deep_min --layers 24 --budget min --steps 2
+
 expect too_small 3 '' --budget 1%
 expect bad_usage 2 'usage' --layers 1
+expect bad_memory 2 'usage' --memory mmap
 
 echo "test_mlp.sh: $passed passed, $failed failed"
 ((failed == 0))

@@ -47,11 +47,11 @@ case "$(${CC:-cc} -print-file-name=liblpsolve55.a)" in
 esac
 
 step "build (make cuda)"
-LIMIT=200 run make -j"$JOBS" OMIT=$OMIT BUILD="$BUILD" lib cuda "$BUILD/tests/test_cuda_host" || exit $status
+LIMIT=200 run make -j"$JOBS" OMIT=$OMIT BUILD="$BUILD" lib cuda "$BUILD/tests/test_arena" || exit $status
 [ -x "$BUILD/gpt2_cuda" ] || { echo "-- FAILED: $BUILD/gpt2_cuda was not built"; exit 1; }
 
 step "CPU test of the arena bookkeeping"
-LIMIT=60 run "$BUILD/tests/test_cuda_host"
+LIMIT=60 run "$BUILD/tests/test_arena"
 
 step "tiny GPT-2: GPU vs CPU reference, plans vs baseline"
 LIMIT=60 run "$BUILD/gpt2_cuda" --preset tiny --check-cpu --algo $ALGO --budgets 100,50,33,min --steps 3 --profile-runs 3

@@ -1,8 +1,8 @@
-/* test_cuda_host.c -- the CPU-testable half of rockmate's CUDA support
- * (cuda/rockmate_arena.c): the offset allocator, running plans with buffers
- * carved from it, the exact layout, workspace measurement, the statistics.
- * No GPU needed. */
-#include "../cuda/rockmate_arena.h"
+/* test_arena.c -- the library's arena (rockmate.h, "Arena"): the offset
+ * allocator, running plans with buffers carved from it, the exact layout,
+ * workspace measurement, the region and its pointers, the statistics.
+ * Also what rockmate's CUDA support builds on; no GPU needed. */
+#include "rockmate.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -438,7 +438,7 @@ static int harness_init(harness *h, rkm_plan *p, uint64_t capacity, int measure)
     h->c.host_fail_op = -1;
     rkm_callbacks cb = {&h->c, chk_forward, chk_backward, chk_loss, NULL, NULL, NULL};
     h->cb = cb;
-    rkm_arena_exec_desc d = {g, h->c.capacity, measure, &h->cb};
+    rkm_arena_exec_desc d = {.graph = g, .capacity = h->c.capacity, .measure = measure, .host = &h->cb};
     return rkm_arena_exec_create(&d, &h->c.x) == RKM_OK;
 }
 
@@ -764,7 +764,7 @@ TEST(allocation_goes_through_the_context)
     rkm_arena_destroy(a);
     CHECK(counted_bytes == bytes);
     rkm_arena_exec *x = NULL, *xl = NULL;
-    rkm_arena_exec_desc d = {g, 1u << 20, 0, NULL};
+    rkm_arena_exec_desc d = {.graph = g, .capacity = 1u << 20};
     CHECK(p && rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_create_layout(&d, p, &xl) == RKM_OK);
     CHECK(x && xl && rkm_arena_exec_run(x, p) == RKM_OK && rkm_arena_exec_run(xl, p) == RKM_OK);
     rkm_arena_exec_destroy(x);
@@ -774,6 +774,181 @@ TEST(allocation_goes_through_the_context)
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
     CHECK(counted_bytes == 0);
+}
+
+/* ---------------------------------------------------------------------------
+ * The region: desc.allocate, rkm_arena_exec_base, rkm_arena_ptr
+ * ------------------------------------------------------------------------- */
+
+/* A CPU host on the exec's own region: it writes every byte of every
+ * buffer a call creates and of its workspace, through rkm_arena_ptr, so
+ * that the sanitizer sees any buffer that leaves the region. */
+typedef struct writer {
+    rkm_arena_exec *x;
+    const rkm_graph *g;
+    int problems;
+    long long calls_before; /* counted_calls when the run started */
+} writer;
+
+static uint64_t tensor_bytes(const rkm_graph *g, int32_t t)
+{
+    rkm_tensor_info ti;
+    return rkm_graph_tensor_info(g, t, &ti) == RKM_OK ? ti.bytes : 0;
+}
+
+/* Write `bytes` at offset off of the region; the pointer must be base + off. */
+static void fill(writer *w, uint64_t off, uint64_t bytes)
+{
+    char *base = rkm_arena_exec_base(w->x), *p = rkm_arena_ptr(base, off);
+    if (!p || p != base + off) {
+        w->problems++;
+        return;
+    }
+    memset(p, 0x5a, bytes);
+}
+
+static int wr_scratch(writer *w, uint64_t ws)
+{
+    uint64_t off;
+    if (rkm_arena_exec_scratch(w->x, ws, &off) != RKM_OK) return 1;
+    fill(w, off, ws);
+    return 0;
+}
+
+static int wr_forward(void *user, const rkm_fwd_call *call)
+{
+    writer *w = user;
+    for (int32_t k = 0; k < call->n_out; k++)
+        if (call->out_new[k]) fill(w, rkm_arena_exec_tensor(w->x, call->out[k]), tensor_bytes(w->g, call->out[k]));
+    if (call->save) fill(w, rkm_arena_exec_saved(w->x, call->op), call->phantom);
+    return wr_scratch(w, call->ws_bytes);
+}
+
+static int wr_backward(void *user, const rkm_bwd_call *call)
+{
+    writer *w = user;
+    for (int32_t k = 0; k < call->n_in; k++)
+        if (call->in_grad[k] == RKM_GRAD_NEW)
+            fill(w, rkm_arena_exec_grad(w->x, call->in[k]), tensor_bytes(w->g, call->in[k]));
+    return wr_scratch(w, call->ws_bytes);
+}
+
+static int wr_loss(void *user, const rkm_buffer_call *call)
+{
+    writer *w = user;
+    fill(w, rkm_arena_exec_grad(w->x, call->index), call->bytes);
+    return 0;
+}
+
+/* The exec allocates its region once, at creation, through the context
+ * (for the bundled graphs whose baseline peak is at most 64 MiB);
+ * a step allocates nothing; buffers are base + offset and stay inside. */
+static void region_run(rkm_plan *p, const char *label)
+{
+    const rkm_graph *g = rkm_plan_graph(p);
+    rkm_context *ctx = rkm_graph_context(g);
+    writer w = {NULL, g, 0, 0};
+    rkm_callbacks cb = {&w, wr_forward, wr_backward, wr_loss, NULL, NULL, NULL};
+    rkm_arena_exec_desc d = {.graph = g, .host = &cb, .allocate = 1};
+    rkm_arena_stats st;
+    long long bytes = counted_bytes;
+    CHECK(rkm_arena_exec_create_layout(&d, p, &w.x) == RKM_OK && w.x);
+    if (!w.x) return;
+    rkm_arena_exec_arena_stats(w.x, &st);
+    CHECK(rkm_arena_exec_base(w.x) != NULL);
+    CHECK(counted_bytes - bytes >= (long long)st.capacity);
+    for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++) /* the inputs, as a host fills them */
+        if (rkm_arena_exec_tensor(w.x, t) != RKM_ARENA_NONE) fill(&w, rkm_arena_exec_tensor(w.x, t), tensor_bytes(g, t));
+    for (int step = 0; step < 2; step++) {
+        long long calls = counted_calls;
+        CHECK(rkm_arena_exec_run(w.x, p) == RKM_OK);
+        CHECK(counted_calls == calls); /* a training step allocates nothing */
+    }
+    CHECK(w.problems == 0);
+    if (w.problems) fprintf(stderr, "%s: %d problems\n", label, w.problems);
+    rkm_arena_exec_destroy(w.x);
+    CHECK(counted_bytes == bytes);
+    (void)ctx;
+}
+
+TEST(exec_allocates_its_region)
+{
+    rkm_context *ctx = test_new_ctx_alloc(counting_alloc);
+    int ran = 0;
+    for (size_t i = 0; i < sizeof graph_files / sizeof graph_files[0]; i++) {
+        rkm_graph *g = test_load_graph(ctx, graph_files[i]);
+        rkm_plan *p = NULL;
+        CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+        if (p && plan_peak(p) <= (64u << 20)) { /* real bytes: small graphs */
+            region_run(p, graph_files[i]);
+            ran++;
+        }
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+    CHECK(counted_bytes == 0);
+    CHECK(ran >= 3);
+}
+
+/* The pointer helper's edges, and the rules of allocate. */
+TEST(region_pointers_and_rules)
+{
+    int anchor[4];
+    CHECK(rkm_arena_ptr(NULL, 0) == NULL);
+    CHECK(rkm_arena_ptr(anchor, RKM_ARENA_NONE) == NULL);
+    CHECK(rkm_arena_ptr(anchor, 0) == (void *)anchor);
+    CHECK(rkm_arena_ptr(anchor, 8) == (void *)((char *)anchor + 8));
+    CHECK(rkm_arena_exec_base(NULL) == NULL);
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
+    rkm_plan *p = NULL;
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    rkm_arena_layout_info lay;
+    CHECK(p && rkm_arena_layout(p, &lay) == RKM_OK);
+    rkm_arena_exec *x = NULL;
+    /* Without allocate the host has the region: no base. */
+    rkm_arena_exec_desc d = {.graph = g, .capacity = lay.capacity};
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_base(x) == NULL);
+    rkm_arena_exec_destroy(x);
+    /* First fit with allocate: a region of the capacity. */
+    d.allocate = 1;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_base(x) != NULL);
+    CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
+    rkm_arena_exec_destroy(x);
+    d.capacity = RKM_ARENA_UNBOUNDED;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && x == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "rkm_arena_exec_create: allocate needs a bounded capacity") != NULL);
+    /* Layout mode ignores the capacity: the region is the layout's. */
+    CHECK(rkm_arena_exec_create_layout(&d, p, &x) == RKM_OK && rkm_arena_exec_base(x) != NULL);
+    rkm_arena_exec_destroy(x);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* An allocator that refuses anything of a MiB or more. */
+static void *small_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
+{
+    (void)user;
+    (void)old_size;
+    if (new_size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    return new_size >= (1u << 20) ? NULL : realloc(ptr, new_size);
+}
+
+TEST(region_that_cannot_be_allocated)
+{
+    rkm_context *ctx = test_new_ctx_alloc(small_alloc);
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
+    rkm_arena_exec *x = NULL;
+    rkm_arena_exec_desc d = {.graph = g, .capacity = 1u << 24, .allocate = 1};
+    CHECK(g && rkm_arena_exec_create(&d, &x) == RKM_ERROR_NOMEM && x == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "no memory for the arena's region of 16777216 bytes") != NULL);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
 }
 
 /* ---------------------------------------------------------------------------
@@ -929,7 +1104,7 @@ static void check_layout_run(rkm_plan *p, const char *label)
     CHECK(l.b && rkm_plan_layout(p, RKM_ARENA_ALIGN, l.b, &l.arena) == RKM_OK);
     rkm_callbacks cb = {&l, lchk_forward, lchk_backward, lchk_loss, lchk_free_tensor, lchk_free_saved,
                         lchk_free_grad};
-    rkm_arena_exec_desc d = {g, 0, 0, &cb};
+    rkm_arena_exec_desc d = {.graph = g, .host = &cb};
     CHECK(rkm_arena_exec_create_layout(&d, p, &l.c.x) == RKM_OK);
     l.live = calloc(l.n + 1, 1);
     l.seen = calloc(l.n + 1, 1);
@@ -1008,7 +1183,7 @@ TEST(layout_mode_rejects_other_plans)
     rkm_arena_exec *x = NULL;
     CHECK(g && g2 && rkm_plan_baseline(g, &base) == RKM_OK && rkm_plan_baseline(g2, &other) == RKM_OK);
     if (base && other) {
-        rkm_arena_exec_desc d = {g, 0, 1, NULL};
+        rkm_arena_exec_desc d = {.graph = g, .measure = 1};
         CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_ERROR_ARGUMENT && !x);
         CHECK(strstr(msg_of(g), "measure") != NULL);
         d.measure = 0;
@@ -1060,6 +1235,9 @@ int main(void)
     RUN(exec_measures_workspace);
     RUN(exec_measure_mode_agrees_with_declared_workspaces);
     RUN(allocation_goes_through_the_context);
+    RUN(exec_allocates_its_region);
+    RUN(region_pointers_and_rules);
+    RUN(region_that_cannot_be_allocated);
     RUN(layout_mode_baselines_on_all_graphs);
     RUN(layout_mode_planner_plans_at_min_budget);
     RUN(layout_mode_rejects_other_plans);
