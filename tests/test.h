@@ -90,6 +90,32 @@ static inline rkm_graph *test_load_graph(rkm_context *ctx, const char *name)
     return g;
 }
 
+/* Bundled graph `name` with scratch: every op with a phantom writes half of
+ * it on every run (scratch = phantom / 2), as real normalisation and
+ * attention kernels do. NULL when it cannot be built. */
+static inline rkm_graph *test_load_scratch_graph(rkm_context *ctx, const char *name)
+{
+    rkm_graph *src = test_load_graph(ctx, name), *g = NULL;
+    rkm_result r = src ? rkm_graph_create(ctx, &g) : RKM_ERROR_ARGUMENT;
+    for (int32_t t = 0; !r && t < rkm_graph_num_tensors(src); t++) {
+        rkm_tensor_info ti;
+        r = rkm_graph_tensor_info(src, t, &ti);
+        if (!r) r = rkm_graph_add_tensor(g, ti.name, ti.bytes, ti.flags, NULL);
+    }
+    for (int32_t i = 0; !r && i < rkm_graph_num_ops(src); i++) {
+        rkm_op_desc d;
+        r = rkm_graph_op_info(src, i, &d);
+        d.scratch = d.phantom / 2;
+        if (!r) r = rkm_graph_add_op(g, &d, NULL);
+    }
+    if (!r) r = rkm_graph_set_loss(g, rkm_graph_loss(src));
+    if (!r) r = rkm_graph_finalize(g);
+    if (r) fprintf(stderr, "%s with scratch: %s\n", name, rkm_context_errmsg(ctx));
+    rkm_graph_destroy(src);
+    if (r) rkm_graph_destroy(g);
+    return r ? NULL : g;
+}
+
 /* A context with the given allocator (NULL: the default one); the program
  * exits if it cannot be made. */
 static inline rkm_context *test_new_ctx_alloc(rkm_alloc_fn alloc)

@@ -373,11 +373,11 @@ static int chk_forward(void *user, const rkm_fwd_call *call)
         if (!call->out_new[k]) c->recompute_in_place++;
     }
     if (call->save && rkm_arena_exec_saved(c->x, call->op) == RKM_ARENA_NONE) c->problems++;
-    check_current(c, call->step, oi.fwd_ws);
+    check_current(c, call->step, call->ws_bytes);
     check_disjoint(c);
     if (call->op == c->fail_op) return 7;
     if (call->op == c->host_fail_op) return rkm_arena_exec_host_fail(c->x, RKM_ERROR_IO, "device %d lost", 42);
-    return take_scratch(c, call->op, oi.fwd_ws, 0);
+    return take_scratch(c, call->op, call->ws_bytes, 0);
 }
 
 static int chk_backward(void *user, const rkm_bwd_call *call)
@@ -393,9 +393,9 @@ static int chk_backward(void *user, const rkm_bwd_call *call)
     for (int32_t k = 0; k < oi.n_in; k++)
         if ((call->in_grad[k] != RKM_GRAD_NONE) != (rkm_arena_exec_grad(c->x, oi.in[k]) != RKM_ARENA_NONE))
             c->problems++;
-    check_current(c, call->step, oi.bwd_ws);
+    check_current(c, call->step, call->ws_bytes);
     check_disjoint(c);
-    return take_scratch(c, call->op, oi.bwd_ws, 1);
+    return take_scratch(c, call->op, call->ws_bytes, 1);
 }
 
 static int chk_loss(void *user, const rkm_buffer_call *call)
@@ -557,10 +557,11 @@ static void for_min_budget_plans(void (*fn)(rkm_plan *p, uint64_t budget, const 
 {
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    const char *files[] = {"gpt2-tiny", "multi-output", "mlp16", "random30"};
+    /* the last two again with scratch (half of every phantom written on every run) */
+    const char *files[] = {"gpt2-tiny", "multi-output", "mlp16", "random30", "gpt2-tiny", "mlp16"};
     const rkm_algo algos[] = {RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE};
-    for (int i = 0; i < 4; i++) {
-        rkm_graph *g = test_load_graph(ctx, files[i]);
+    for (int i = 0; i < 6; i++) {
+        rkm_graph *g = i < 4 ? test_load_graph(ctx, files[i]) : test_load_scratch_graph(ctx, files[i]);
         CHECK(g != NULL);
         for (int a = 0; g && a < 2; a++) {
             rkm_solve_desc sd;
@@ -575,7 +576,7 @@ static void for_min_budget_plans(void (*fn)(rkm_plan *p, uint64_t budget, const 
             CHECK(r == RKM_OK);
             CHECK(pl && rkm_planner_min_budget(pl, &minb) == RKM_OK);
             CHECK(pl && rkm_planner_solve(pl, minb, &p) == RKM_OK);
-            snprintf(label, sizeof label, "%s/%s", files[i], rkm_algo_name(algos[a]));
+            snprintf(label, sizeof label, "%s%s/%s", files[i], i < 4 ? "" : "+scratch", rkm_algo_name(algos[a]));
             if (p) fn(p, minb, label);
             else fprintf(stderr, "%s: %s\n", label, rkm_context_errmsg(ctx));
             rkm_plan_destroy(p);
@@ -1047,7 +1048,7 @@ static int lchk_forward(void *user, const rkm_fwd_call *call)
     if (call->save) lchk_created(l, RKM_BUFFER_PHANTOM, call->op, call->step, rkm_arena_exec_saved(l->c.x, call->op));
     l->step = call->step;
     int rc = chk_forward(&l->c, call);
-    lchk_workspace(l, call->op, call->step, oi.fwd_ws);
+    lchk_workspace(l, call->op, call->step, call->ws_bytes);
     return rc;
 }
 
@@ -1060,7 +1061,7 @@ static int lchk_backward(void *user, const rkm_bwd_call *call)
             lchk_created(l, RKM_BUFFER_GRAD, oi.in[k], call->step, rkm_arena_exec_grad(l->c.x, oi.in[k]));
     l->step = call->step;
     int rc = chk_backward(&l->c, call);
-    lchk_workspace(l, call->op, call->step, oi.bwd_ws);
+    lchk_workspace(l, call->op, call->step, call->ws_bytes);
     return rc;
 }
 
