@@ -5594,6 +5594,8 @@ struct rkm_planner {
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
+    uint64_t chain_floor;    /* the least peak of the chain DP's plans, once scanned; 0: not yet */
+    int64_t chain_floor_slots; /* the slot budget whose plan peaks there */
 };
 
 /* The planner's figures so far, ILP counters included. */
@@ -6022,6 +6024,48 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budg
     return r;
 }
 
+/* Slot budgets scanned above the DP's smallest for the least peak: a plan
+ * for m slots may peak well below m slots' bytes, and one for m + 1 lower
+ * still. */
+#define RKM__FLOOR_SCAN 16
+
+/* The chain DP's floor: the least peak among its plans for the smallest
+ * feasible slot budget and the RKM__FLOOR_SCAN above it, and that budget.
+ * Computed once; 0 when the DP has no plan at all. */
+static rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
+{
+    if (!pl->chain_floor && pl->table.n) {
+        int64_t m = 0;
+        rkm_result r = rkm__dp_min_slots(pl->ctx, pl->dpb, pl->g->n_blocks, &m);
+        if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
+        for (int64_t k = m; !r && m > 0 && k <= m + RKM__FLOOR_SCAN && k <= pl->d.slots; k++) {
+            rkm_plan *p;
+            r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+            if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
+                pl->chain_floor = p->stats.peak;
+                pl->chain_floor_slots = k;
+            }
+            rkm_plan_destroy(p);
+        }
+        if (r) return r;
+    }
+    *peak = pl->chain_floor;
+    *slots = pl->chain_floor_slots;
+    return RKM_OK;
+}
+
+/* The chain DP's plan for `budget`: below the DP's own slot budget but at
+ * or above its floor, the floor's plan, so that every budget from the
+ * reported floor up has a plan. */
+static rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_result r = rkm__solve_chain(pl, 0, budget, out);
+    uint64_t floor;
+    int64_t slots;
+    if (r || *out || (r = rkm__chain_floor(pl, &floor, &slots)) || !floor || budget < floor) return r;
+    return rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
+}
+
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
 static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
@@ -6327,7 +6371,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[4] = {NULL, NULL, NULL, NULL};
-    rkm_result r = rkm__solve_chain(pl, 0, budget, &p[0]);
+    rkm_result r = rkm__solve_dp(pl, budget, &p[0]);
     if (!r) r = rkm__solve_chain(pl, 1, budget, &p[1]);
     if (!r) r = rkm__solve_dtr(pl, budget, &p[2]);
     if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
@@ -6361,7 +6405,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
         rkm_result r = rkm__solve_chain(pl, 1, budget, out);
         return r || *out || budget < pl->base_peak ? r : rkm_plan_baseline(pl->g, out);
     }
-    if (rkm__uses_chain(a)) return rkm__solve_chain(pl, 0, budget, out);
+    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
     /* One solve's work is worth about its limit (on a slow machine it may
      * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
@@ -6431,15 +6475,12 @@ static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 /* The smallest budget the planner's algorithm meets (it does not change). */
 static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
 {
-    const rkm_graph *g = pl->g;
     rkm_result r = RKM_OK;
     *out = pl->base_peak;
-    if ((pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) && pl->table.n) {
-        int64_t m = 0;
-        r = rkm__dp_min_slots(pl->ctx, pl->dpb, g->n_blocks, &m);
-        if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan: the baseline's peak */
-        else if (!r && m <= pl->d.slots && rkm__slots_budget(pl, m) < *out)
-            *out = rkm__slots_budget(pl, m);
+    if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
+        uint64_t floor;
+        int64_t slots;
+        if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = floor;
     } else if (pl->d.algo == RKM_ALGO_SQRT) {
         rkm_plan *p;
         if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = p->stats.peak;

@@ -180,12 +180,21 @@ TEST(plans_valid_within_budget_and_monotone)
                 if (d.algo != RKM_ALGO_DTR) CHECK(ps.overhead <= prev);
                 prev = ps.overhead;
                 check_layout(p, res.peak);
+                CHECK(ps.peak >= min); /* no plan of the algorithm peaks below its floor */
                 rkm_plan_destroy(p);
             }
-            /* The smallest budget really is met. */
+            /* The smallest budget really is met, and is the true floor: no
+             * plan just above it peaks below it. */
             rkm_plan *p;
             CHECK(rkm_planner_solve(pl, min, &p) == RKM_OK);
             rkm_plan_destroy(p);
+            static const double above[] = {1.0005, 1.002, 1.01, 1.03};
+            for (size_t i = 0; i < N_OF(above) && d.algo != RKM_ALGO_DTR; i++) {
+                p = NULL;
+                CHECK(rkm_planner_solve(pl, (uint64_t)((double)min * above[i]), &p) == RKM_OK);
+                if (p) CHECK(p->stats.peak >= min);
+                rkm_plan_destroy(p);
+            }
             rkm_planner_destroy(pl);
         }
         rkm_graph_destroy(g);
