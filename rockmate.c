@@ -2300,6 +2300,73 @@ static uint64_t rkm__lower_bound(const rkm_graph *g)
     return lb;
 }
 
+/* The state op i's backward needs from its forward, in bytes: its outputs
+ * that some backward reads (but the loss tensor, live at the loss step in
+ * any case) and its phantom. */
+static uint64_t rkm__kept_state(const rkm_graph *g, const uint8_t *read_by_bwd, size_t i)
+{
+    const rkm__op *o = &g->ops[i];
+    uint64_t bytes = o->has_bwd ? o->phantom : 0;
+    for (int32_t k = 0; k < o->n_out; k++)
+        if (read_by_bwd[o->out[k]] && o->out[k] != g->loss) bytes += g->tensors[o->out[k]].bytes;
+    return bytes;
+}
+
+/* Knapsack over the ops: the most forward time whose kept state fits in
+ * cap bytes. Bytes are counted in units of cap / RKM__BOUND_UNITS, each
+ * item rounded down, so any set that truly fits fits here: the maximum
+ * found is at least the true one. best has RKM__BOUND_UNITS + 1 entries. */
+#define RKM__BOUND_UNITS 4096
+static double rkm__kept_time(const rkm_graph *g, const uint8_t *read_by_bwd, uint64_t cap, double *best)
+{
+    uint64_t unit = cap / RKM__BOUND_UNITS + 1;
+    size_t w_cap = (size_t)(cap / unit);
+    for (size_t w = 0; w <= w_cap; w++) best[w] = 0;
+    double free_time = 0;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        uint64_t bytes = rkm__kept_state(g, read_by_bwd, i);
+        size_t w = (size_t)(bytes / unit);
+        if (bytes == 0 || bytes > cap) continue; /* nothing to keep, or it cannot be kept */
+        if (w == 0) {
+            free_time += g->ops[i].fwd;
+            continue;
+        }
+        for (size_t c = w_cap; c >= w; c--)
+            if (best[c - w] + g->ops[i].fwd > best[c]) best[c] = best[c - w] + g->ops[i].fwd;
+    }
+    return free_time + best[w_cap];
+}
+
+rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *extra_seconds)
+{
+    if (!g || !extra_seconds)
+        return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_time_bound: extra_seconds is NULL") : RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_time_bound");
+    if (r) return r;
+    *extra_seconds = 0;
+    if (budget < g->stats.lower_bound)
+        return rkm__err(g->ctx, RKM_ERROR_BUDGET, "rkm_graph_time_bound: no plan fits %llu bytes (the lower bound is %llu)",
+                        (unsigned long long)budget, (unsigned long long)g->stats.lower_bound);
+    if (budget >= g->stats.baseline_peak) return RKM_OK;
+    uint8_t *read_by_bwd = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
+    double *best = rkm__calloc(g->ctx, RKM__BOUND_UNITS + 1, sizeof *best);
+    if (!read_by_bwd || !best) r = rkm__nomem(g->ctx, "rkm_graph_time_bound");
+    for (size_t i = 0; !r && i < g->n_ops; i++)
+        for (int32_t k = 0; g->ops[i].has_bwd && k < g->ops[i].n_saved; k++) read_by_bwd[g->ops[i].saved[k]] = 1;
+    if (!r) {
+        /* the loss step holds the inputs, the loss and its gradient (lower_bound covers them) */
+        uint64_t cap = budget - g->input_bytes - 2 * g->tensors[g->loss].bytes, all = 0;
+        double total = 0;
+        for (size_t i = 0; i < g->n_ops; i++) total += rkm__kept_state(g, read_by_bwd, i) ? g->ops[i].fwd : 0;
+        for (size_t i = 0; i < g->n_ops; i++) all += rkm__kept_state(g, read_by_bwd, i);
+        double kept = all <= cap ? total : rkm__kept_time(g, read_by_bwd, cap, best);
+        *extra_seconds = total > kept ? total - kept : 0;
+    }
+    rkm__free(g->ctx, read_by_bwd, g->n_tensors + 1);
+    rkm__free(g->ctx, best, (RKM__BOUND_UNITS + 1) * sizeof *best);
+    return r;
+}
+
 /* The graph's figures, once, at finalize: the baseline's peak and time come
  * from replaying its steps (the graph is not finalized yet: no plan). */
 static rkm_result rkm__graph_figures(rkm_graph *g)

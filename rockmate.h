@@ -309,6 +309,17 @@ typedef struct rkm_graph_stats {
 } rkm_graph_stats;
 rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out);
 
+/* A lower bound on the extra compute (seconds over the baseline time) of
+ * every valid plan whose peak is at most `budget`, whatever made it. At the
+ * loss step no backward has run yet, and every tensor a backward reads and
+ * every phantom it needs is either live or made again later by another
+ * forward of its op; so the ops whose state does not fit in what the loss
+ * step leaves of the budget run their forward at least twice. The bound is
+ * the least forward time of such ops (a knapsack over the ops, bytes
+ * rounded in the bound's favour). 0 from the baseline peak up;
+ * RKM_ERROR_BUDGET below the lower bound (no plan at all). */
+rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *extra_seconds);
+
 /* The block structure (computed by finalize): a sequence of blocks, each a
  * run of ops between two separator tensors. */
 typedef struct rkm_block_info {

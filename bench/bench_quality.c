@@ -10,7 +10,9 @@
  * `checkmate --time-limit 30` as measured at c03973e
  * (bench/reference/checkmate-vs-rockmate.tsv; the ILP has not changed
  * since). With --checkmate S it also runs our checkmate with S seconds of
- * planning. Each row ends with rockmate / best (1.00: as good) and
+ * planning. `bound` is rkm_graph_time_bound's overhead, which no plan at
+ * all can beat (where rockmate meets it, its plan is optimal over every
+ * plan). Each row ends with rockmate / best (1.00: as good) and
  * rockmate's planning time (create + solve, median of 3 runs). The last
  * lines count the rows where rockmate has no plan although a reference
  * does, and where it is more than 1 % above the best. */
@@ -59,6 +61,7 @@ typedef struct row {
     double cm30;      /* checkmate --time-limit 30 at c03973e (NAN: none or not measured) */
     double cm_now;    /* our checkmate with --checkmate S (NAN: not run or none) */
     double seconds;   /* rockmate: create + solve, median of 3 */
+    double bound;     /* rkm_graph_time_bound: no plan at all beats it (NAN: below the lower bound) */
 } row;
 
 /* checkmate_overhead_pct from the tsv for graph at pct, NAN if absent. */
@@ -109,6 +112,11 @@ static void fill_row(const rkm_graph *g, row *w, double cm_limit)
     qsort(t, 3, sizeof t[0], cmp_double);
     w->seconds = t[1];
     w->cm_now = cm_limit > 0 ? plan_overhead(g, RKM_ALGO_CHECKMATE, cm_limit, w->budget, NULL) : NAN;
+    rkm_graph_stats gs;
+    double extra;
+    w->bound = rkm_graph_stats_get(g, &gs) == RKM_OK && rkm_graph_time_bound(g, w->budget, &extra) == RKM_OK
+                   ? 100 * extra / gs.baseline_time
+                   : NAN;
 }
 
 static void cell(double v)
@@ -127,7 +135,7 @@ static double best_known(const row *w)
     return b;
 }
 
-static int missing, worse, rows;
+static int missing, worse, rows, at_bound;
 
 static void print_row(const char *graph, const row *w)
 {
@@ -136,6 +144,7 @@ static void print_row(const char *graph, const row *w)
     cell(w->ref);
     cell(w->cm30);
     cell(w->cm_now);
+    cell(w->bound);
     double best = best_known(w), ours = w->algo[0];
     /* overheads compare as times: (1 + ours) / (1 + best) */
     if (isnan(best) || isnan(ours)) printf(" %7s", "-");
@@ -144,6 +153,7 @@ static void print_row(const char *graph, const row *w)
     rows++;
     if (!isnan(best) && isnan(ours)) missing++;
     if (!isnan(best) && !isnan(ours) && (100 + ours) > 1.01 * (100 + best)) worse++;
+    if (!isnan(ours) && !isnan(w->bound) && ours <= w->bound + 1e-9) at_bound++;
 }
 
 static void bench_graph(rkm_context *ctx, const char *name, double cm_limit)
@@ -199,11 +209,12 @@ int main(int argc, char **argv)
     rkm_context *ctx;
     if (rkm_context_create(NULL, &ctx)) return 1;
     printf("overhead in %% of the baseline time; budget in %% of the baseline peak; '-': no plan\n");
-    printf("%-18s %-14s %9s %9s %9s %9s %9s %9s %9s %7s %8s\n", "graph", "budget", "rockmate", "rotor", "sqrt", "dtr",
-           "reference", "cm30", "cm-now", "ours/best", "plan s");
+    printf("%-18s %-14s %9s %9s %9s %9s %9s %9s %9s %9s %7s %8s\n", "graph", "budget", "rockmate", "rotor", "sqrt",
+           "dtr", "reference", "cm30", "cm-now", "bound", "ours/best", "plan s");
     for (size_t k = 0; k < sizeof graphs / sizeof graphs[0]; k++) bench_graph(ctx, graphs[k], cm_limit);
     printf("%d rows; rockmate has no plan where a reference does: %d; more than 1 %% slower than the best: %d\n", rows,
            missing, worse);
+    printf("rows where rockmate meets the bound (optimal over every plan): %d\n", at_bound);
     rkm_context_destroy(ctx);
     return 0;
 }

@@ -1157,6 +1157,19 @@ static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floo
     }
 }
 
+/* The budgets, in % of the baseline peak, where info gives the time bound. */
+static const int cli_bound_pcts[] = {90, 80, 70, 60, 50, 40, 30, 25, 20};
+#define CLI_N_BOUNDS (sizeof cli_bound_pcts / sizeof cli_bound_pcts[0])
+
+/* The overhead no plan can beat at bound budget k; -1 below the lower bound. */
+static double cli_overhead_bound(const cli_graph *G, size_t k)
+{
+    double extra;
+    uint64_t budget = (uint64_t)((double)G->st.baseline_peak * cli_bound_pcts[k] / 100.0);
+    if (rkm_graph_time_bound(G->g, budget, &extra) != RKM_OK || !(G->st.baseline_time > 0)) return -1;
+    return extra / G->st.baseline_time;
+}
+
 static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT])
 {
     cli_json j = {stdout, 0, 1};
@@ -1173,6 +1186,17 @@ static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
     cli_json_u64(&j, "baseline_peak", G->st.baseline_peak);
     cli_json_num(&j, "baseline_time", G->st.baseline_time);
     cli_json_u64(&j, "lower_bound", G->st.lower_bound);
+    cli_json_open(&j, "overhead_bound", '{');
+    for (size_t k = 0; k < CLI_N_BOUNDS; k++) {
+        char key[8];
+        double v = cli_overhead_bound(G, k);
+        snprintf(key, sizeof key, "%d%%", cli_bound_pcts[k]);
+        if (v < 0)
+            cli_json_null(&j, key);
+        else
+            cli_json_num(&j, key, v);
+    }
+    cli_json_close(&j, '}');
     cli_json_i64(&j, "blocks", G->st.blocks);
     cli_json_i64(&j, "block_classes", G->st.block_classes);
     cli_json_open(&j, "block_list", '[');
@@ -1222,6 +1246,12 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
     printf("  baseline time  %.9g s\n", G->st.baseline_time);
     printf("  lower bound    %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
            cli_size(a, sizeof a, G->st.lower_bound), G->st.lower_bound, cli_percent((double)G->st.lower_bound, bp));
+    printf("  least overhead (a bound over every plan) by budget:");
+    for (size_t k = 0; k < CLI_N_BOUNDS; k++) {
+        double v = cli_overhead_bound(G, k);
+        if (v >= 0) printf(" %d%%: %.2f%%", cli_bound_pcts[k], 100.0 * v);
+    }
+    printf("\n");
     printf("  smallest budget per algorithm:\n");
     for (int k = CLI_FIRST_ALGO; k < RKM_ALGO_COUNT; k++) {
         if (fl[k].why[0])

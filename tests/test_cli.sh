@@ -107,6 +107,7 @@ def graph(name, info_p, plan_p, check_p, ops, tensors, inb, file_steps):
     report(name + ": info fields", all(k in d for k in ["ops", "tensors", "baseline_peak", "baseline_time",
            "lower_bound", "input_bytes", "blocks", "block_classes", "block_list", "min_budget"]))
     bl = d["block_list"]
+    bp0 = d["baseline_peak"]
     report(name + ": block list covers every op once, classes in range",
            len(bl) == d["blocks"] and sum(b["ops"] for b in bl) == d["ops"]
            and all(0 <= b["class"] < d["block_classes"] for b in bl))
@@ -119,6 +120,15 @@ def graph(name, info_p, plan_p, check_p, ops, tensors, inb, file_steps):
            sorted(mb) == sorted(ALGOS) and mb["none"] == d["baseline_peak"]
            and all((v is None and why.get(a)) or (v is not None and d["lower_bound"] <= v) for a, v in mb.items()), mb)
     report(name + ": rotor and sqrt always have a smallest budget", mb["rotor"] is not None and mb["sqrt"] is not None, why)
+    ob = d.get("overhead_bound", {})
+    pcts = [90, 80, 70, 60, 50, 40, 30, 25, 20]
+    vals = [ob.get("%d%%" % q, "missing") for q in pcts]
+    report(name + ": overhead bound: null exactly below the lower bound, else >= 0 and growing as the budget shrinks",
+           sorted(ob) == sorted("%d%%" % q for q in pcts)
+           and all((v is None) == (int(bp0 * q / 100) < d["lower_bound"]) for v, q in zip(vals, pcts))
+           and all(v >= 0 for v in vals if v is not None)
+           and all(a <= b for a, b in zip([v for v in vals if v is not None], [v for v in vals if v is not None][1:])),
+           ob)
     report(name + ": plan fields", plan_fields(p))
     bp = d["baseline_peak"]
     report(name + ": the baseline plan: algo none, budget 100% = baseline peak = its peak, no overhead, no recompute",

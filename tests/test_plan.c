@@ -181,6 +181,9 @@ TEST(plans_valid_within_budget_and_monotone)
                 prev = ps.overhead;
                 check_layout(p, res.peak);
                 CHECK(ps.peak >= min); /* no plan of the algorithm peaks below its floor */
+                double extra = -1; /* no plan beats the time bound */
+                CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
+                CHECK(ps.time - gs.baseline_time >= extra * (1 - 1e-12) - 1e-15);
                 rkm_plan_destroy(p);
             }
             /* The smallest budget really is met, and is the true floor: no
@@ -199,6 +202,32 @@ TEST(plans_valid_within_budget_and_monotone)
         }
         rkm_graph_destroy(g);
     }
+    rkm_context_destroy(ctx);
+}
+
+/* The time bound holds for the best plans known (the exact MILP's, some
+ * proved optimal), at their own peaks: it is a bound over every plan. */
+TEST(time_bound_below_the_reference_plans)
+{
+    static const char *const refs[][2] = {{"gpt2-tiny", "30pct"}, {"gpt2-tiny", "40pct"}, {"gpt2-tiny", "60pct"},
+                                          {"gpt2-tiny", "80pct"}, {"gpt2-tiny", "atmin"}, {"mlp16", "40pct"},
+                                          {"mlp16", "60pct"},     {"mlp16", "80pct"},     {"mlp16", "atmin"}};
+    rkm_context *ctx = test_new_ctx();
+    int nonzero = 0;
+    for (size_t i = 0; i < N_OF(refs); i++) {
+        rkm_graph *g = test_load_graph(ctx, refs[i][0]);
+        char path[256];
+        snprintf(path, sizeof path, "bench/reference/plans/%s__%s.rkp", refs[i][0], refs[i][1]);
+        rkm_plan *p = NULL;
+        CHECK(g && rkm_plan_read_file(g, path, NULL, &p) == RKM_OK);
+        double extra = -1;
+        if (p) CHECK(rkm_graph_time_bound(g, p->stats.peak, &extra) == RKM_OK);
+        if (p) CHECK(p->stats.time - p->stats.baseline_time >= extra * (1 - 1e-12));
+        nonzero += extra > 0;
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(g);
+    }
+    CHECK(nonzero > 0); /* the bound says something at the smaller peaks */
     rkm_context_destroy(ctx);
 }
 
@@ -523,6 +552,7 @@ int main(void)
     RUN(zeroed_desc_plans);
     RUN(names_and_budgets);
     RUN(dtr_hand_worked);
+    RUN(time_bound_below_the_reference_plans);
     RUN(polish_drops_recomputes_that_fit);
     TEST_END();
 }

@@ -1537,8 +1537,44 @@ TEST(scratch_written_every_run)
     rkm_context_destroy(ctx);
 }
 
+/* TIME BOUND: x(4,in) -f1-> a1(100) -f2-> a2(100) -f3-> a3(100) -f4-> l(4) =
+ * loss; each op saves its input; fwd times 1, 2, 4, 8. Lower bound 304 (the
+ * backward of f2 or f3: 4 + saved 100 + gradient out 100 + gradient in 100).
+ * At the loss step the inputs, l and grad(l) take 12 bytes; what the
+ * backwards read from the forwards is a1 (f1's), a2 (f2's), a3 (f3's), 100
+ * each. Budget 304..311 leaves 292..299: two of them fit, so the cheapest op
+ * to run twice is f1, 1 s; from 312 all three fit: 0. */
+static const char *G_BOUND = "rockmate-graph 1\n"
+                             "tensor x 4 input\ntensor a1 100\ntensor a2 100\ntensor a3 100\ntensor l 4\n"
+                             "op f1 fwd=1 bwd=1 in=x out=a1 saved=x\n"
+                             "op f2 fwd=2 bwd=1 in=a1 out=a2 saved=a1\n"
+                             "op f3 fwd=4 bwd=1 in=a2 out=a3 saved=a2\n"
+                             "op f4 fwd=8 bwd=1 in=a3 out=l saved=a3\n"
+                             "loss l\n";
+
+TEST(time_bound_hand_worked)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_BOUND);
+    if (g) {
+        rkm_graph_stats st;
+        double t = -1;
+        CHECK(rkm_graph_stats_get(g, &st) == RKM_OK && st.lower_bound == 304);
+        CHECK(rkm_graph_time_bound(g, 303, &t) == RKM_ERROR_BUDGET && t == 0);
+        CHECK(strstr(rkm_context_errmsg(ctx), "lower bound is 304") != NULL);
+        CHECK(rkm_graph_time_bound(g, 304, &t) == RKM_OK && t == 1.0);
+        CHECK(rkm_graph_time_bound(g, 311, &t) == RKM_OK && t == 1.0);
+        CHECK(rkm_graph_time_bound(g, 312, &t) == RKM_OK && t == 0.0);
+        CHECK(rkm_graph_time_bound(g, st.baseline_peak, &t) == RKM_OK && t == 0.0);
+        CHECK(rkm_graph_time_bound(g, 304, NULL) == RKM_ERROR_ARGUMENT);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
+    RUN(time_bound_hand_worked);
     RUN(scratch_written_every_run);
     RUN(chain2_baseline);
     RUN(chain3_recompute);
