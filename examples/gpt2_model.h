@@ -210,9 +210,9 @@ static inline void matmul_backward(float *dinp, float *dw, float *db, const floa
         }
 }
 
-/* inp (B,T,3C) holds q,k,v; preatt and att are (B,NH,T,T) and may be the
- * same buffer (the softmax is then computed in place over the scores). */
-static inline void attention_forward(float *out, float *preatt, float *att, const float *inp, int B, int T, int C, int NH)
+/* inp (B,T,3C) holds q,k,v; att (B,NH,T,T) gets the scaled scores and then,
+ * in place, their causal softmax: the probabilities the backward reads. */
+static inline void attention_forward(float *out, float *att, const float *inp, int B, int T, int C, int NH)
 {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
@@ -221,16 +221,16 @@ static inline void attention_forward(float *out, float *preatt, float *att, cons
             for (int h = 0; h < NH; h++) {
                 const float *q = inp + ((size_t)b * T + t) * C3 + h * hs;
                 size_t row = (((size_t)b * NH + h) * T + t) * T;
-                float *pre = preatt + row, *a = att + row, maxv = -INFINITY, sum = 0.0f;
+                float *a = att + row, maxv = -INFINITY, sum = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *k = inp + ((size_t)b * T + t2) * C3 + h * hs + C;
                     float v = 0.0f;
                     for (int i = 0; i < hs; i++) v += q[i] * k[i];
-                    pre[t2] = v * scale;
-                    if (pre[t2] > maxv) maxv = pre[t2];
+                    a[t2] = v * scale;
+                    if (a[t2] > maxv) maxv = a[t2];
                 }
                 for (int t2 = 0; t2 <= t; t2++) {
-                    a[t2] = expf(pre[t2] - maxv);
+                    a[t2] = expf(a[t2] - maxv);
                     sum += a[t2];
                 }
                 for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
@@ -535,6 +535,9 @@ static inline float *gpt2__w(float *const *base, const gpt2_shape *s, int param,
     return base[param] + (layer < 0 ? 0 : (size_t)layer * gpt2_param_slice(s, param));
 }
 
+/* Attention writes its probabilities on every run (the graph's scratch):
+ * into the saved state while it is live (with save, or kept from an earlier
+ * run), else into the call's workspace (ws_bytes then includes them). */
 static inline void gpt2__forward_kernel(gpt2_step *st, const gpt2_opdef *d, int32_t op, int save, float *ws)
 {
     const gpt2_shape *s = &st->gg->shape;
@@ -546,7 +549,9 @@ static inline void gpt2__forward_kernel(gpt2_step *st, const gpt2_opdef *d, int3
     case GPT2_ENCODER: encoder_forward(out, (const int32_t *)x, w, b, s->B, s->T, s->C); break;
     case GPT2_LAYERNORM: layernorm_forward(out, ph, ph ? ph + N : NULL, x, w, b, N, s->C); break;
     case GPT2_MATMUL: matmul_forward(out, x, w, b, N, d->n, d->m); break;
-    case GPT2_ATTENTION: attention_forward(out, ws, ph ? ph : ws, x, s->B, s->T, s->C, s->NH); break;
+    case GPT2_ATTENTION:
+        attention_forward(out, st->phantom[op] ? (float *)st->phantom[op] : ws, x, s->B, s->T, s->C, s->NH);
+        break;
     case GPT2_RESIDUAL: residual_forward(out, x, (const float *)st->act[d->in[1]], (size_t)d->n); break;
     case GPT2_GELU: gelu_forward(out, x, (size_t)d->n); break;
     case GPT2_DROPOUT:
@@ -577,6 +582,8 @@ static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
     ws = gpt2__ws(st, c->ws_bytes, 0);
     if (!st->act[d->out] || (c->save && !st->phantom[c->op]) || (c->ws_bytes && !ws))
         return gpt2__fail(st, "forward: out of memory", c->op);
+    if (d->kind == GPT2_ATTENTION && !st->phantom[c->op] && c->ws_bytes < c->phantom)
+        return gpt2__fail(st, "forward: attention has nowhere to write its probabilities", c->op);
     gpt2__forward_kernel(st, d, c->op, c->save, ws);
     gpt2__release(st, ws, c->ws_bytes);
     return 0;
