@@ -1,7 +1,15 @@
 /* gpt2.c -- train a small GPT-2 on the CPU through rockmate, in the style of
  * llm.c's train_gpt2.c: byte-level tokens from a bundled text, fp32, AdamW.
- * Every activation lives only inside rockmate's executor callbacks, under a
- * memory budget; the plan recomputes what does not fit.
+ * Every activation, saved state, activation gradient and workspace is
+ * rockmate's to place, under a memory budget; the plan recomputes what does
+ * not fit. --memory says where they live:
+ * - arena (the default): one region per plan, laid out by the library
+ *   (gpt2_step_open: one allocation, before training); a training step
+ *   allocates nothing, and the measured peak is the arena's.
+ * - malloc: each buffer is allocated and freed inside the callbacks through
+ *   a counting allocator (gpt2_mem), whose peak is measured.
+ * Both give the same losses and gradients, bit for bit (the digest line),
+ * and a measured peak equal to the predicted one, to the byte.
  *
  * At the end it checks the promise: one step under the baseline plan and one
  * under the chosen plan, from the same parameters and batch, must give the
@@ -13,11 +21,12 @@
  * (or `make demo`). Run from the repository root (defaults shown):
  *   build/gpt2 [--layers 4] [--channels 128] [--heads 4] [--seq 64] [--batch 4] [--steps 10]
  *              [--budget 40%] [--algo rockmate] [--dropout 0] [--lr 1e-3] [--seed 1337]
- *              [--data examples/data/fables.txt]
+ *              [--data examples/data/fables.txt] [--memory arena]
  * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
  * Without --algo the library's default plans: rockmate, or rotor in a build
  * without lp_solve (make OMIT=1). The op costs are profiled first, and the
- * profiled graph is the one planned and run.
+ * profiled graph is the one planned and run (profiling runs through the
+ * counting allocator: the arenas are laid out for the profiled graph's plans).
  * Exit status: 0 ok, 1 a failure (the check included), 2 bad usage, 3 no
  * plan of the algorithm fits the budget. */
 #define _POSIX_C_SOURCE 200809L
@@ -37,6 +46,7 @@ typedef struct options {
     rkm_algo algo_id;
     float dropout, lr;
     uint64_t seed;
+    int arena; /* --memory arena (1, the default) or malloc (0) */
 } options;
 
 static double now_seconds(void)
@@ -51,7 +61,7 @@ static int usage(const char *why)
     fprintf(stderr,
             "%s\nusage: gpt2 [--layers N] [--channels N] [--heads N] [--seq N] [--batch N] [--steps N]\n"
             "            [--budget B|N%%|NMiB|min] [--algo rockmate|rotor|sqrt|checkmate|none]\n"
-            "            [--dropout P] [--lr LR] [--seed N] [--data FILE]\n",
+            "            [--dropout P] [--lr LR] [--seed N] [--data FILE] [--memory arena|malloc]\n",
             why);
     return 2;
 }
@@ -62,7 +72,7 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
     memset(o, 0, sizeof *o);
     o->shape.L = 4, o->shape.C = 128, o->shape.NH = 4, o->shape.V = 256, o->shape.B = 4, o->shape.T = 64;
     o->steps = 10, o->budget = "40%", o->data = GPT2_DEFAULT_DATA;
-    o->lr = 1e-3f, o->seed = 1337;
+    o->lr = 1e-3f, o->seed = 1337, o->arena = 1;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int *n = !strcmp(a, "--layers") ? &o->shape.L : !strcmp(a, "--channels") ? &o->shape.C
@@ -76,6 +86,8 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
         else if (!strcmp(a, "--dropout")) o->dropout = strtof(v, NULL);
         else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--memory") && (!strcmp(v, "arena") || !strcmp(v, "malloc")))
+            o->arena = !strcmp(v, "arena");
         else return usage("unknown option");
     }
     o->shape.dropout = o->dropout > 0.0f;
@@ -136,8 +148,10 @@ typedef struct trainer {
     gpt2_step st;
     dataset ds;
     rkm_plan *base, *plan;
+    rkm_arena_exec *base_ax, *plan_ax; /* --memory arena: their execs, one region each */
     rkm_plan_stats ps;
     uint64_t budget;
+    uint64_t digest; /* of every training step's loss and parameter gradients */
 } trainer;
 
 /* Exit status 1 for a failure, 3 when no plan fits the budget (as the CLI). */
@@ -158,7 +172,7 @@ static int setup_model(trainer *tr)
     rkm_graph_stats gs;
     if (gpt2_graph_build(tr->ctx, &o->shape, &tr->gg) != RKM_OK) return fail(tr, "graph");
     if (gpt2_model_init(&tr->model, &o->shape, o->seed) ||
-        gpt2_step_init(&tr->st, &tr->gg, &tr->model, o->dropout, o->seed))
+        (o->arena ? gpt2_step_init_arena : gpt2_step_init)(&tr->st, &tr->gg, &tr->model, o->dropout, o->seed))
         return fail(tr, "out of memory");
     if (data_load(&tr->ds, o->data, &o->shape)) {
         printf("demo: FAILED cannot read %s (or it is shorter than one batch); run from the repository root or "
@@ -193,20 +207,53 @@ static int make_plan(trainer *tr, const rkm_solve_desc *sd, uint64_t baseline_pe
 
 /* The graph with measured op times in place of its first guesses: it
  * replaces the built one (same ops and tensors), so the callbacks, the plans
- * and the teardown all use it. Profiling runs real training steps; the
- * parameter gradients they leave are zeroed by the next gpt2_step_run. */
+ * and the teardown all use it. Profiling runs real training steps, in
+ * malloc mode (rkm_graph_profile calls the callbacks itself, before any
+ * arena exists); the parameter gradients they leave are zeroed by the next
+ * step. */
 static int profile_graph(trainer *tr)
 {
     rkm_profile_desc pd;
-    rkm_callbacks cb = gpt2_callbacks(&tr->st);
-    rkm_graph *profiled;
+    gpt2_step prof;
+    rkm_callbacks cb;
+    rkm_graph *profiled = NULL;
+    rkm_result r;
     memset(&pd, 0, sizeof pd);
     pd.runs = 3;
     data_next(&tr->ds, &tr->opt.shape);
-    if (gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) return fail(tr, "out of memory");
-    if (rkm_graph_profile(tr->gg.g, &cb, &pd, &profiled) != RKM_OK) return fail(tr, "profile");
+    if (gpt2_step_init(&prof, &tr->gg, &tr->model, tr->opt.dropout, tr->opt.seed)) return fail(tr, "out of memory");
+    cb = gpt2_callbacks(&prof);
+    if (gpt2_step_load(&prof, tr->ds.tokens, tr->ds.targets)) {
+        gpt2_step_free(&prof);
+        return fail(tr, "out of memory");
+    }
+    r = rkm_graph_profile(tr->gg.g, &cb, &pd, &profiled);
+    if (r != RKM_OK) snprintf(tr->st.err, sizeof tr->st.err, "%s", prof.err);
+    gpt2_step_unload(&prof);
+    gpt2_step_free(&prof);
+    if (r != RKM_OK) return fail(tr, "profile");
     rkm_graph_destroy(tr->gg.g);
     tr->gg.g = profiled;
+    return 0;
+}
+
+/* --memory arena: an exec per plan, each with its region (the plan's
+ * layout), allocated now, once. */
+static int open_arenas(trainer *tr)
+{
+    rkm_arena_stats bs, ps;
+    if (!tr->opt.arena) {
+        printf("memory: malloc, a counted malloc and free per buffer in the callbacks\n");
+        return 0;
+    }
+    if (gpt2_step_open(&tr->st, tr->base, &tr->base_ax) != RKM_OK ||
+        gpt2_step_open(&tr->st, tr->plan, &tr->plan_ax) != RKM_OK)
+        return fail(tr, "arena");
+    rkm_arena_exec_arena_stats(tr->base_ax, &bs);
+    rkm_arena_exec_arena_stats(tr->plan_ax, &ps);
+    printf("memory: arena, one region per plan from its layout (baseline %llu bytes, plan %llu bytes), allocated "
+           "once; a training step allocates nothing\n",
+           (unsigned long long)bs.capacity, (unsigned long long)ps.capacity);
     return 0;
 }
 
@@ -233,30 +280,44 @@ static int setup_plans(trainer *tr)
            rkm_algo_name(tr->ps.algo), (unsigned long long)tr->ps.peak, pct(tr->ps.peak, gs.baseline_peak),
            tr->ps.overhead * 100.0, rkm_plan_num_steps(tr->plan), (int)gs.blocks, (int)gs.block_classes,
            tr->ps.solve_seconds);
-    return 0;
+    return open_arenas(tr);
 }
 
-/* One timed step under `plan`; *ms its wall time. */
-static int timed_step(trainer *tr, const rkm_plan *plan, uint64_t key, double *ms)
+/* One timed step under the plan (use_plan 1) or the baseline (0), in the
+ * memory mode of the options; *ms its wall time. */
+static int timed_step(trainer *tr, int use_plan, uint64_t key, double *ms)
 {
+    const rkm_plan *plan = use_plan ? tr->plan : tr->base;
     double t0 = now_seconds();
-    rkm_result r = gpt2_step_run(&tr->st, plan, key);
+    rkm_result r = tr->opt.arena ? gpt2_step_run_arena(&tr->st, use_plan ? tr->plan_ax : tr->base_ax, plan, key)
+                                 : gpt2_step_run(&tr->st, plan, key);
     *ms = (now_seconds() - t0) * 1e3;
     return r == RKM_OK ? 0 : fail(tr, "step");
 }
 
+/* FNV-1a over n bytes. */
+static uint64_t digest_add(uint64_t d, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) d = (d ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return d;
+}
+
 static int train(trainer *tr)
 {
+    tr->digest = 0xcbf29ce484222325ull;
     for (int step = 1; step <= tr->opt.steps; step++) {
         double ms;
         data_next(&tr->ds, &tr->opt.shape);
         if (gpt2_step_load(&tr->st, tr->ds.tokens, tr->ds.targets)) return fail(tr, "out of memory");
-        if (timed_step(tr, tr->plan, (uint64_t)step, &ms)) return 1;
+        if (timed_step(tr, 1, (uint64_t)step, &ms)) return 1;
+        tr->digest = digest_add(tr->digest, &tr->st.loss, sizeof tr->st.loss);
+        tr->digest = digest_add(tr->digest, tr->model.grads, tr->model.num_params * sizeof(float));
         gpt2_model_update(&tr->model, tr->opt.lr, 0.0f, step);
         printf("step %d/%d: loss %.6f, %.1f ms, activation peak %llu bytes\n", step, tr->opt.steps, tr->st.loss, ms,
-               (unsigned long long)tr->st.mem.peak);
-        if (tr->st.mem.peak != tr->ps.peak) return fail(tr, "measured peak differs from the predicted peak");
+               (unsigned long long)tr->st.peak);
+        if (tr->st.peak != tr->ps.peak) return fail(tr, "measured peak differs from the predicted peak");
     }
+    printf("digest: %016llx (every training step's loss and parameter gradients)\n", (unsigned long long)tr->digest);
     return 0;
 }
 
@@ -277,7 +338,7 @@ static int check_run(trainer *tr, int i, check_state *cs)
     size_t gbytes = tr->model.num_params * sizeof(float);
     uint64_t key = (uint64_t)tr->opt.steps + 1; /* one dropout key for all runs */
     double ms;
-    if (timed_step(tr, i % 2 ? tr->plan : tr->base, key, &ms)) return 1;
+    if (timed_step(tr, i % 2, key, &ms)) return 1;
     if (ms < cs->best_ms[i % 2]) cs->best_ms[i % 2] = ms;
     if (i == 0) {
         memcpy(cs->ref_grads, tr->model.grads, gbytes);
@@ -287,8 +348,8 @@ static int check_run(trainer *tr, int i, check_state *cs)
         cs->same = 0;
         cs->bad = "loss or gradients differ from the baseline's";
     }
-    if (i % 2 && !cs->bad && cs->peak && cs->peak != tr->st.mem.peak) cs->bad = "measured peak varies";
-    if (i % 2) cs->peak = tr->st.mem.peak;
+    if (i % 2 && !cs->bad && cs->peak && cs->peak != tr->st.peak) cs->bad = "measured peak varies";
+    if (i % 2) cs->peak = tr->st.peak;
     return 0;
 }
 
@@ -321,9 +382,10 @@ static int check(trainer *tr)
     printf("check: loss %.6f, baseline %.1f ms, plan %.1f ms\n", cs.ref_loss, cs.best_ms[0], cs.best_ms[1]);
     if (!cs.bad)
         printf("in words: the training step ran in %.1f%% of the baseline's activation memory for %.1f%% more time "
-               "(%.1f%% predicted), with %s gradients and loss\n",
+               "(%.1f%% predicted), with %s gradients and loss, %s\n",
                100.0 * (double)cs.peak / (double)tr->ps.baseline_peak, (cs.best_ms[1] / cs.best_ms[0] - 1.0) * 100.0,
-               tr->ps.overhead * 100.0, cs.same ? "bit-identical" : "DIFFERENT");
+               tr->ps.overhead * 100.0, cs.same ? "bit-identical" : "DIFFERENT",
+               tr->opt.arena ? "every buffer in one arena per plan" : "every buffer malloc'ed in the callbacks");
     printf("demo: %s%s%s budget=%llu predicted_peak=%llu measured_peak=%llu overhead_predicted=%.2f%% "
            "overhead_measured=%.2f%% grads=%s\n",
            cs.bad ? "FAILED (" : "ok", cs.bad ? cs.bad : "", cs.bad ? ")" : "", (unsigned long long)tr->budget,
@@ -335,6 +397,8 @@ static int check(trainer *tr)
 static void teardown(trainer *tr)
 {
     if (tr->st.act) gpt2_step_unload(&tr->st);
+    rkm_arena_exec_destroy(tr->plan_ax);
+    rkm_arena_exec_destroy(tr->base_ax);
     rkm_plan_destroy(tr->plan);
     rkm_plan_destroy(tr->base);
     gpt2_step_free(&tr->st);

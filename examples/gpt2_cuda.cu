@@ -522,14 +522,15 @@ static int forward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *o
         break;
     }
     case GPT2_ATTENTION: {
-        /* The scores are workspace; without save the probabilities
-         * overwrite them in place. The same request either way. */
-        void *ws;
-        if (rkm_cuda_scratch(tr->ca, scores_bytes(s), &ws) != RKM_OK) {
+        /* The scores, then in place their softmax, on every run (the
+         * graph's scratch): into the saved state while it is live (with
+         * save, or kept from an earlier run), else into the workspace. */
+        void *att = rkm_cuda_saved(tr->ca, op);
+        if (!att && rkm_cuda_scratch(tr->ca, scores_bytes(s), &att) != RKM_OK) {
             snprintf(tr->err, sizeof tr->err, "attention: no workspace");
             return 1;
         }
-        if (attention_fwd(tr, out, (float *)ws, ph ? ph : (float *)ws, x)) return 1;
+        if (attention_fwd(tr, out, (float *)att, (float *)att, x)) return 1;
         break;
     }
     case GPT2_RESIDUAL:

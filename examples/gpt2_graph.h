@@ -15,13 +15,17 @@
  *   layernorm: its input (saved) and mean, rstd (phantom, 2 floats per row);
  *   encoder: the tokens; matmul: its input; gelu: its input; residual: nothing;
  *   attention: qkv (saved), the probabilities (phantom, B*NH*T*T floats);
- *     the pre-softmax scores are forward workspace, and the backward's
- *     dpreatt and datt are backward workspace;
+ *     the backward's dpreatt and datt are backward workspace;
  *   dropout: its mask (phantom, one byte per element);
  *   softmax: its output; cross-entropy: probs and targets.
- * Without save, attention computes its probabilities inside its workspace
- * (in place over the scores) and layernorm keeps its statistics in
- * registers, so a forward without save needs no more than the contract says.
+ * What each forward writes on every run (the graph's scratch): attention
+ * computes its scores and then, in place, their softmax in a buffer of the
+ * probabilities' size on every run, so its whole phantom is scratch: the
+ * saved state when it runs with save (or while that is live), else the
+ * call's workspace (rkm_fwd_call.ws_bytes), and no other forward workspace.
+ * Layernorm writes mean and rstd only when it saves them (it keeps them in
+ * registers otherwise) and dropout its mask likewise, so they have none:
+ * every forward needs exactly what the contract counts.
  *
  * Usage: gpt2_graph gg; gpt2_graph_build(ctx, &shape, &gg) -> gg.g finalized;
  * gg.ops[op id] says what to run for each graph op; gpt2_graph_free(&gg).
@@ -137,7 +141,7 @@ typedef struct gpt2__opspec {
     uint64_t out_bytes;
     gpt2_opdef def;      /* in[] and n_in set by the caller; out filled here */
     unsigned saved;      /* GPT2_SAVE_* */
-    uint64_t phantom, fwd_ws, bwd_ws;
+    uint64_t phantom, fwd_ws, bwd_ws, scratch;
     double flops;        /* forward FLOPs, for a first time estimate */
 } gpt2__opspec;
 
@@ -166,6 +170,7 @@ static inline rkm_result gpt2__add(gpt2_graph *gg, gpt2__opspec *sp)
     d.phantom = sp->phantom;
     d.fwd_ws = sp->fwd_ws;
     d.bwd_ws = sp->bwd_ws;
+    d.scratch = sp->scratch;
     r = rkm_graph_add_op(gg->g, &d, &id);
     if (r != RKM_OK) return r;
     gg->ops[id] = sp->def;
@@ -243,7 +248,7 @@ static inline rkm_result gpt2__attention(gpt2_graph *gg, const char *name, const
     sp.out_bytes = BT * (uint64_t)s->C * 4;
     sp.saved = GPT2_SAVE_IN0;
     sp.phantom = scores;    /* att */
-    sp.fwd_ws = scores;     /* preatt */
+    sp.scratch = scores;    /* att, written on every run (the scores first, in place) */
     sp.bwd_ws = 2 * scores; /* dpreatt, datt */
     sp.flops = 2.0 * (double)s->B * s->T * s->T * s->C;
     return gpt2__add(gg, &sp);

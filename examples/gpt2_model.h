@@ -1,13 +1,16 @@
 /* gpt2_model.h -- GPT-2 in fp32 on the CPU, run through rockmate: the
  * kernels (forward and backward of every op, in the spirit of llm.c's
  * train_gpt2.c), the parameters and AdamW, a counting allocator, and the
- * rockmate callbacks that own every activation buffer.
+ * rockmate callbacks that find or make every activation buffer.
  *
- * Memory: every activation, activation gradient, phantom and workspace is
- * allocated and freed in the callbacks, through gpt2_mem, which counts bytes
- * exactly as rockmate's contract does, so its peak is comparable to the
- * simulator's. Inputs (tokens, targets) go through it too. Parameters, their
- * gradients and the AdamW state are plain malloc, outside the budget.
+ * Memory: every activation, activation gradient, phantom and workspace
+ * lives either in one arena per plan (arena mode: the plan's layout, one
+ * allocation made before training, rkm_arena_exec_run places each buffer) or
+ * is allocated and freed in the callbacks through gpt2_mem (malloc mode).
+ * Both count bytes exactly as rockmate's contract does, so either peak is
+ * comparable to the simulator's. Inputs (tokens, targets) are part of it.
+ * Parameters, their gradients and the AdamW state are plain malloc, outside
+ * the budget.
  *
  * Determinism: kernels are single-threaded with a fixed summation order, and
  * dropout masks come from a counter-based generator keyed by (seed, step key,
@@ -207,9 +210,9 @@ static inline void matmul_backward(float *dinp, float *dw, float *db, const floa
         }
 }
 
-/* inp (B,T,3C) holds q,k,v; preatt and att are (B,NH,T,T) and may be the
- * same buffer (the softmax is then computed in place over the scores). */
-static inline void attention_forward(float *out, float *preatt, float *att, const float *inp, int B, int T, int C, int NH)
+/* inp (B,T,3C) holds q,k,v; att (B,NH,T,T) gets the scaled scores and then,
+ * in place, their causal softmax: the probabilities the backward reads. */
+static inline void attention_forward(float *out, float *att, const float *inp, int B, int T, int C, int NH)
 {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
@@ -218,16 +221,16 @@ static inline void attention_forward(float *out, float *preatt, float *att, cons
             for (int h = 0; h < NH; h++) {
                 const float *q = inp + ((size_t)b * T + t) * C3 + h * hs;
                 size_t row = (((size_t)b * NH + h) * T + t) * T;
-                float *pre = preatt + row, *a = att + row, maxv = -INFINITY, sum = 0.0f;
+                float *a = att + row, maxv = -INFINITY, sum = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *k = inp + ((size_t)b * T + t2) * C3 + h * hs + C;
                     float v = 0.0f;
                     for (int i = 0; i < hs; i++) v += q[i] * k[i];
-                    pre[t2] = v * scale;
-                    if (pre[t2] > maxv) maxv = pre[t2];
+                    a[t2] = v * scale;
+                    if (a[t2] > maxv) maxv = a[t2];
                 }
                 for (int t2 = 0; t2 <= t; t2++) {
-                    a[t2] = expf(pre[t2] - maxv);
+                    a[t2] = expf(a[t2] - maxv);
                     sum += a[t2];
                 }
                 for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
@@ -452,20 +455,38 @@ static inline void gpt2_model_update(gpt2_model *md, float lr, float wd, int t)
 
 /* ---------------------------------------------------------------------------
  * One training step's buffers and the rockmate callbacks
+ *
+ * Two memory modes, chosen when the step is made:
+ * - malloc (gpt2_step_init): the callbacks allocate and free every buffer
+ *   through gpt2_mem, gpt2_step_load the inputs; run with gpt2_step_run.
+ * - arena (gpt2_step_init_arena): one rkm_arena_exec per plan, made before
+ *   training by gpt2_step_open (the plan's layout: one allocation); every
+ *   buffer sits at its layout offset and the callbacks only look it up.
+ *   gpt2_step_run_arena copies the loaded batch into the exec's inputs and
+ *   runs the plan: a training step allocates nothing.
+ * Either way exactly what the kernels accumulate into is zeroed: new input
+ * gradients (RKM_GRAD_NEW) and the backward workspace; everything else is
+ * written before it is read. Arena memory is reused, so this matters there.
  * ------------------------------------------------------------------------- */
 
 typedef struct gpt2_step {
     const gpt2_graph *gg;
     gpt2_model *model;
-    gpt2_mem mem;
-    void **act;      /* per tensor: its buffer while live */
-    void **phantom;  /* per op: its saved state while live */
-    float **grad;    /* per tensor: its gradient while live */
-    float dropout;   /* p */
-    uint64_t seed;   /* dropout seed */
-    uint64_t key;    /* the training step's key for dropout masks */
-    double loss;     /* mean loss, set by the loss callback */
-    char err[160];   /* why a callback failed */
+    int arena;          /* 1: arena mode, 0: malloc mode */
+    gpt2_mem mem;       /* malloc mode: the counted buffers */
+    rkm_arena_exec *ax; /* arena mode: the exec of the step in progress */
+    void *base;         /* its region */
+    int32_t *batch;     /* arena mode: the loaded tokens, then targets (B*T each) */
+    int loaded;         /* a batch is loaded */
+    void **act;         /* per tensor: its buffer while live */
+    void **phantom;     /* per op: its saved state while live */
+    float **grad;       /* per tensor: its gradient while live */
+    float dropout;      /* p */
+    uint64_t seed;      /* dropout seed */
+    uint64_t key;       /* the training step's key for dropout masks */
+    double loss;        /* mean loss, set by the loss callback */
+    uint64_t peak;      /* the last step's measured activation peak */
+    char err[160];      /* why a callback failed */
 } gpt2_step;
 
 static inline int gpt2__fail(gpt2_step *st, const char *what, int32_t id)
@@ -480,6 +501,33 @@ static inline uint64_t gpt2__tbytes(const gpt2_step *st, int32_t t)
     return rkm_graph_tensor_info(st->gg->g, t, &ti) == RKM_OK ? ti.bytes : 0;
 }
 
+/* A buffer the step creates: where the exec carved it (offset `off`), or
+ * counted; zero: the kernels accumulate into it. NULL when out of memory. */
+static inline void *gpt2__new(gpt2_step *st, uint64_t off, uint64_t bytes, int zero)
+{
+    void *p;
+    if (!st->ax) return gpt2_mem_alloc(&st->mem, bytes, zero);
+    p = rkm_arena_ptr(st->base, off);
+    if (p && zero) memset(p, 0, (size_t)bytes);
+    return p;
+}
+
+/* A buffer a free step releases (the exec takes its own back by itself). */
+static inline void gpt2__release(gpt2_step *st, void *p, uint64_t bytes)
+{
+    if (!st->ax) gpt2_mem_free(&st->mem, p, bytes);
+}
+
+/* The call's workspace of `bytes` (the call's ws_bytes): cut from the
+ * exec's reservation for the call, or counted. NULL for 0 bytes or out of
+ * memory. Release it with gpt2__release. */
+static inline float *gpt2__ws(gpt2_step *st, uint64_t bytes, int zero)
+{
+    uint64_t off = 0;
+    if (!bytes || (st->ax && rkm_arena_exec_scratch(st->ax, bytes, &off) != RKM_OK)) return NULL;
+    return (float *)gpt2__new(st, off, bytes, zero);
+}
+
 /* A parameter's slice for the op's layer (whole outside layers). */
 static inline float *gpt2__w(float *const *base, const gpt2_shape *s, int param, int layer)
 {
@@ -487,6 +535,9 @@ static inline float *gpt2__w(float *const *base, const gpt2_shape *s, int param,
     return base[param] + (layer < 0 ? 0 : (size_t)layer * gpt2_param_slice(s, param));
 }
 
+/* Attention writes its probabilities on every run (the graph's scratch):
+ * into the saved state while it is live (with save, or kept from an earlier
+ * run), else into the call's workspace (ws_bytes then includes them). */
 static inline void gpt2__forward_kernel(gpt2_step *st, const gpt2_opdef *d, int32_t op, int save, float *ws)
 {
     const gpt2_shape *s = &st->gg->shape;
@@ -498,7 +549,9 @@ static inline void gpt2__forward_kernel(gpt2_step *st, const gpt2_opdef *d, int3
     case GPT2_ENCODER: encoder_forward(out, (const int32_t *)x, w, b, s->B, s->T, s->C); break;
     case GPT2_LAYERNORM: layernorm_forward(out, ph, ph ? ph + N : NULL, x, w, b, N, s->C); break;
     case GPT2_MATMUL: matmul_forward(out, x, w, b, N, d->n, d->m); break;
-    case GPT2_ATTENTION: attention_forward(out, ws, ph ? ph : ws, x, s->B, s->T, s->C, s->NH); break;
+    case GPT2_ATTENTION:
+        attention_forward(out, st->phantom[op] ? (float *)st->phantom[op] : ws, x, s->B, s->T, s->C, s->NH);
+        break;
     case GPT2_RESIDUAL: residual_forward(out, x, (const float *)st->act[d->in[1]], (size_t)d->n); break;
     case GPT2_GELU: gelu_forward(out, x, (size_t)d->n); break;
     case GPT2_DROPOUT:
@@ -513,24 +566,26 @@ static inline int gpt2_cb_forward(void *user, const rkm_fwd_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     const gpt2_opdef *d = &st->gg->ops[c->op];
-    float *ws = NULL;
+    float *ws;
     for (int i = 0; i < d->n_in; i++)
         if (!st->act[d->in[i]]) return gpt2__fail(st, "forward: input not live", d->in[i]);
     if (c->out_new[0]) {
         if (st->act[d->out]) return gpt2__fail(st, "forward: new output already live", d->out);
-        st->act[d->out] = gpt2_mem_alloc(&st->mem, gpt2__tbytes(st, d->out), 0);
+        st->act[d->out] = gpt2__new(st, rkm_arena_exec_tensor(st->ax, d->out), gpt2__tbytes(st, d->out), 0);
     } else if (!st->act[d->out]) {
         return gpt2__fail(st, "forward: output to recompute in place is not live", d->out);
     }
     if (c->save) {
         if (st->phantom[c->op]) return gpt2__fail(st, "forward: saved state already live", c->op);
-        st->phantom[c->op] = gpt2_mem_alloc(&st->mem, c->phantom, 0);
+        st->phantom[c->op] = gpt2__new(st, rkm_arena_exec_saved(st->ax, c->op), c->phantom, 0);
     }
-    if (c->ws_bytes) ws = (float *)gpt2_mem_alloc(&st->mem, c->ws_bytes, 0);
+    ws = gpt2__ws(st, c->ws_bytes, 0);
     if (!st->act[d->out] || (c->save && !st->phantom[c->op]) || (c->ws_bytes && !ws))
         return gpt2__fail(st, "forward: out of memory", c->op);
+    if (d->kind == GPT2_ATTENTION && !st->phantom[c->op] && c->ws_bytes < c->phantom)
+        return gpt2__fail(st, "forward: attention has nowhere to write its probabilities", c->op);
     gpt2__forward_kernel(st, d, c->op, c->save, ws);
-    gpt2_mem_free(&st->mem, ws, c->ws_bytes);
+    gpt2__release(st, ws, c->ws_bytes);
     return 0;
 }
 
@@ -576,7 +631,7 @@ static inline int gpt2__input_grads(gpt2_step *st, const gpt2_opdef *d, const rk
         din[i] = NULL;
         if (c->in_grad[i] == RKM_GRAD_NEW) {
             if (st->grad[t]) return gpt2__fail(st, "backward: new gradient already live", t);
-            st->grad[t] = (float *)gpt2_mem_alloc(&st->mem, gpt2__tbytes(st, t), 1);
+            st->grad[t] = (float *)gpt2__new(st, rkm_arena_exec_grad(st->ax, t), gpt2__tbytes(st, t), 1);
             if (!st->grad[t]) return gpt2__fail(st, "backward: out of memory", t);
         } else if (c->in_grad[i] == RKM_GRAD_ACCUMULATE && !st->grad[t]) {
             return gpt2__fail(st, "backward: gradient to accumulate into is not live", t);
@@ -590,16 +645,15 @@ static inline int gpt2_cb_backward(void *user, const rkm_bwd_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     const gpt2_opdef *d = &st->gg->ops[c->op];
-    float *din[2], *ws = NULL;
+    float *din[2], *ws;
     if (!st->grad[d->out]) return gpt2__fail(st, "backward: output gradient not live", d->out);
     for (int i = 0; i < c->n_saved; i++)
         if (!st->act[c->saved[i]]) return gpt2__fail(st, "backward: saved tensor not live", c->saved[i]);
     if (c->phantom && !st->phantom[c->op]) return gpt2__fail(st, "backward: saved state not live", c->op);
     if (gpt2__input_grads(st, d, c, din)) return 1;
-    if (c->ws_bytes && !(ws = (float *)gpt2_mem_alloc(&st->mem, c->ws_bytes, 1)))
-        return gpt2__fail(st, "backward: out of memory", c->op);
+    if (!(ws = gpt2__ws(st, c->ws_bytes, 1)) && c->ws_bytes) return gpt2__fail(st, "backward: out of memory", c->op);
     gpt2__backward_kernel(st, d, c, c->op, din, ws);
-    gpt2_mem_free(&st->mem, ws, c->ws_bytes);
+    gpt2__release(st, ws, c->ws_bytes);
     return 0;
 }
 
@@ -614,7 +668,8 @@ static inline int gpt2_cb_loss(void *user, const rkm_buffer_call *c)
     double sum = 0.0;
     if (!losses) return gpt2__fail(st, "loss: tensor not live", t);
     if (st->grad[t]) return gpt2__fail(st, "loss: gradient already live", t);
-    if (!(st->grad[t] = (float *)gpt2_mem_alloc(&st->mem, bytes, 0))) return gpt2__fail(st, "loss: out of memory", t);
+    if (!(st->grad[t] = (float *)gpt2__new(st, rkm_arena_exec_grad(st->ax, t), bytes, 0)))
+        return gpt2__fail(st, "loss: out of memory", t);
     for (size_t i = 0; i < n; i++) {
         st->grad[t][i] = 1.0f / (float)n;
         sum += losses[i];
@@ -627,7 +682,7 @@ static inline int gpt2_cb_free_tensor(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     if (!st->act[c->index]) return gpt2__fail(st, "free: tensor not live", c->index);
-    gpt2_mem_free(&st->mem, st->act[c->index], c->bytes);
+    gpt2__release(st, st->act[c->index], c->bytes);
     st->act[c->index] = NULL;
     return 0;
 }
@@ -636,7 +691,7 @@ static inline int gpt2_cb_free_saved(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     if (!st->phantom[c->index]) return gpt2__fail(st, "free_saved: saved state not live", c->index);
-    gpt2_mem_free(&st->mem, st->phantom[c->index], c->bytes);
+    gpt2__release(st, st->phantom[c->index], c->bytes);
     st->phantom[c->index] = NULL;
     return 0;
 }
@@ -645,7 +700,7 @@ static inline int gpt2_cb_free_grad(void *user, const rkm_buffer_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
     if (!st->grad[c->index]) return gpt2__fail(st, "free_grad: gradient not live", c->index);
-    gpt2_mem_free(&st->mem, st->grad[c->index], c->bytes);
+    gpt2__release(st, st->grad[c->index], c->bytes);
     st->grad[c->index] = NULL;
     return 0;
 }
@@ -668,10 +723,11 @@ static inline void gpt2_step_free(gpt2_step *st)
     free(st->act);
     free(st->phantom);
     free(st->grad);
+    free(st->batch);
     memset(st, 0, sizeof *st);
 }
 
-/* 0 on success, -1 when out of memory. */
+/* Malloc mode. 0 on success, -1 when out of memory. */
 static inline int gpt2_step_init(gpt2_step *st, const gpt2_graph *gg, gpt2_model *md, float dropout, uint64_t seed)
 {
     size_t nt = (size_t)rkm_graph_num_tensors(gg->g), no = (size_t)rkm_graph_num_ops(gg->g);
@@ -690,29 +746,66 @@ static inline int gpt2_step_init(gpt2_step *st, const gpt2_graph *gg, gpt2_model
     return 0;
 }
 
-/* Makes the inputs live (counted) with a batch of B*T tokens and targets. */
+/* Arena mode (see above). 0 on success, -1 when out of memory. */
+static inline int gpt2_step_init_arena(gpt2_step *st, const gpt2_graph *gg, gpt2_model *md, float dropout,
+                                       uint64_t seed)
+{
+    size_t bt = (size_t)gg->shape.B * (size_t)gg->shape.T;
+    if (gpt2_step_init(st, gg, md, dropout, seed)) return -1;
+    st->arena = 1;
+    if (!(st->batch = (int32_t *)malloc(2 * bt * sizeof(int32_t)))) {
+        gpt2_step_free(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* Arena mode: the exec that runs `plan` (of the step's graph, which must
+ * outlive it), its region allocated here, once, from the plan's layout.
+ * The caller destroys it (rkm_arena_exec_destroy) before the graph. */
+static inline rkm_result gpt2_step_open(gpt2_step *st, const rkm_plan *plan, rkm_arena_exec **out)
+{
+    rkm_callbacks cb = gpt2_callbacks(st);
+    rkm_arena_exec_desc d;
+    memset(&d, 0, sizeof d);
+    d.graph = st->gg->g;
+    d.host = &cb;
+    d.allocate = 1;
+    return rkm_arena_exec_create_layout(&d, plan, out);
+}
+
+/* Loads a batch of B*T tokens and targets. Malloc mode: into the input
+ * buffers, made live (counted) on the first load; arena mode: into the
+ * step's copy, which each run puts into its exec's inputs. */
 static inline int gpt2_step_load(gpt2_step *st, const int32_t *tokens, const int32_t *targets)
 {
     int32_t ids[2] = {st->gg->tokens, st->gg->targets};
     const int32_t *src[2] = {tokens, targets};
+    size_t bt = (size_t)st->gg->shape.B * (size_t)st->gg->shape.T;
     for (int i = 0; i < 2; i++) {
         uint64_t bytes = gpt2__tbytes(st, ids[i]);
+        if (st->arena) {
+            memcpy(st->batch + i * bt, src[i], bt * sizeof(int32_t));
+            continue;
+        }
         if (!st->act[ids[i]] && !(st->act[ids[i]] = gpt2_mem_alloc(&st->mem, bytes, 0))) return -1;
         memcpy(st->act[ids[i]], src[i], (size_t)bytes);
     }
+    st->loaded = 1;
     return 0;
 }
 
 static inline void gpt2_step_unload(gpt2_step *st)
 {
     int32_t ids[2] = {st->gg->tokens, st->gg->targets};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && !st->arena; i++) {
         gpt2_mem_free(&st->mem, st->act[ids[i]], gpt2__tbytes(st, ids[i]));
         st->act[ids[i]] = NULL;
     }
+    st->loaded = 0;
 }
 
-/* Frees whatever a failed step left live, inputs excepted. */
+/* Malloc mode: frees whatever a failed step left live, inputs excepted. */
 static inline void gpt2_step_release(gpt2_step *st)
 {
     int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
@@ -732,26 +825,84 @@ static inline void gpt2_step_release(gpt2_step *st)
 /* Buffers other than the inputs still live: 0 after a complete step. */
 static inline int64_t gpt2_step_leaks(const gpt2_step *st)
 {
-    return st->mem.blocks - (st->act[st->gg->tokens] != NULL) - (st->act[st->gg->targets] != NULL);
+    int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
+    int64_t n = 0;
+    if (!st->arena) return st->mem.blocks - (st->act[st->gg->tokens] != NULL) - (st->act[st->gg->targets] != NULL);
+    for (int32_t t = 0; t < nt; t++)
+        n += (st->act[t] && t != st->gg->tokens && t != st->gg->targets) + (st->grad[t] != NULL);
+    for (int32_t op = 0; op < no; op++) n += st->phantom[op] != NULL;
+    return n;
 }
 
-/* One training step under `plan` on the loaded batch: parameter gradients
- * zeroed, then accumulated; dropout masks drawn under `key`. The measured
- * activation peak of the step is left in st->mem.peak. */
+/* What both modes do before a step: parameter gradients zeroed (the
+ * backwards accumulate into them), dropout masks drawn under `key`. */
+static inline void gpt2__step_begin(gpt2_step *st, uint64_t key)
+{
+    gpt2_model_zero_grad(st->model);
+    st->key = key;
+    st->err[0] = 0;
+    st->loss = NAN;
+}
+
+/* Malloc mode: one training step under `plan` on the loaded batch. The
+ * measured activation peak (gpt2_mem's) is left in st->peak. */
 static inline rkm_result gpt2_step_run(gpt2_step *st, const rkm_plan *plan, uint64_t key)
 {
     rkm_callbacks cb = gpt2_callbacks(st);
     rkm_result r;
-    gpt2_model_zero_grad(st->model);
-    st->key = key;
-    st->err[0] = 0;
+    if (st->arena) {
+        snprintf(st->err, sizeof st->err, "gpt2_step_run: an arena step runs with gpt2_step_run_arena");
+        return RKM_ERROR_STATE;
+    }
+    gpt2__step_begin(st, key);
     st->mem.peak = st->mem.cur;
     r = rkm_plan_execute(plan, &cb);
+    st->peak = st->mem.peak;
     if (r == RKM_OK && gpt2_step_leaks(st) != 0) {
         snprintf(st->err, sizeof st->err, "%lld buffers still live after the step", (long long)gpt2_step_leaks(st));
         r = RKM_ERROR_STATE;
     }
     if (r != RKM_OK) gpt2_step_release(st);
+    return r;
+}
+
+/* Arena mode: one training step under `plan` through x (gpt2_step_open of
+ * that plan) on the loaded batch. Allocates nothing. The measured
+ * activation peak (the arena's) is left in st->peak. */
+static inline rkm_result gpt2_step_run_arena(gpt2_step *st, rkm_arena_exec *x, const rkm_plan *plan, uint64_t key)
+{
+    int32_t ids[2] = {st->gg->tokens, st->gg->targets};
+    size_t bt = (size_t)st->gg->shape.B * (size_t)st->gg->shape.T;
+    uint64_t inputs = 0;
+    rkm_arena_stats as;
+    rkm_result r;
+    if (!st->arena || !st->loaded || !x) {
+        snprintf(st->err, sizeof st->err, "gpt2_step_run_arena: %s",
+                 !st->arena ? "a malloc step runs with gpt2_step_run" : !x ? "no exec" : "no batch loaded");
+        return RKM_ERROR_STATE;
+    }
+    gpt2__step_begin(st, key);
+    st->ax = x;
+    st->base = rkm_arena_exec_base(x);
+    for (int i = 0; i < 2; i++) {
+        st->act[ids[i]] = rkm_arena_ptr(st->base, rkm_arena_exec_tensor(x, ids[i]));
+        memcpy(st->act[ids[i]], st->batch + i * bt, bt * sizeof(int32_t));
+        inputs += gpt2__tbytes(st, ids[i]);
+    }
+    r = rkm_arena_exec_run(x, plan);
+    rkm_arena_exec_arena_stats(x, &as);
+    st->peak = as.peak;
+    if (r == RKM_OK && (gpt2_step_leaks(st) != 0 || as.current != inputs)) {
+        snprintf(st->err, sizeof st->err, "%lld buffers (%llu bytes) still live after the step",
+                 (long long)gpt2_step_leaks(st), (unsigned long long)(as.current - inputs));
+        r = RKM_ERROR_STATE;
+    }
+    /* the region's pointers are the exec's: nothing to free */
+    memset(st->act, 0, (size_t)rkm_graph_num_tensors(st->gg->g) * sizeof *st->act);
+    memset(st->grad, 0, (size_t)rkm_graph_num_tensors(st->gg->g) * sizeof *st->grad);
+    memset(st->phantom, 0, (size_t)rkm_graph_num_ops(st->gg->g) * sizeof *st->phantom);
+    st->ax = NULL;
+    st->base = NULL;
     return r;
 }
 

@@ -2,7 +2,8 @@
  * follows the bundled llm.c layout, its gradients are right, and every
  * algorithm's plan at 100, 60, 40 and 25 % of the baseline peak gives the
  * baseline's loss and gradients bit for bit, with the simulated peak as the
- * measured one and nothing left allocated. */
+ * measured one and nothing left allocated, in both memory modes (a counted
+ * malloc per buffer, and one arena per plan). */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 
@@ -24,13 +25,15 @@ typedef struct fixture {
     rkm_context *ctx;
     gpt2_graph gg;
     gpt2_model md;
-    gpt2_step st;
+    gpt2_step st;  /* malloc mode */
+    gpt2_step sta; /* arena mode, same graph and model */
 } fixture;
 
 static void fixture_free(fixture *f)
 {
     if (f->st.act) gpt2_step_unload(&f->st);
     gpt2_step_free(&f->st);
+    gpt2_step_free(&f->sta);
     gpt2_model_free(&f->md);
     if (f->gg.g) gpt2_graph_free(&f->gg);
     rkm_context_destroy(f->ctx);
@@ -45,7 +48,7 @@ static int fixture_init(fixture *f, gpt2_shape s, float p)
     memset(f, 0, sizeof *f);
     if (n + 1 > 1024 || rkm_context_create(NULL, &f->ctx) != RKM_OK) return -1;
     if (gpt2_graph_build(f->ctx, &s, &f->gg) != RKM_OK || gpt2_model_init(&f->md, &s, 42) ||
-        gpt2_step_init(&f->st, &f->gg, &f->md, p, 99)) {
+        gpt2_step_init(&f->st, &f->gg, &f->md, p, 99) || gpt2_step_init_arena(&f->sta, &f->gg, &f->md, p, 99)) {
         fprintf(stderr, "fixture: %s\n", rkm_context_errmsg(f->ctx));
         return -1;
     }
@@ -53,21 +56,51 @@ static int fixture_init(fixture *f, gpt2_shape s, float p)
         tok[i] = (int32_t)(gpt2_mix((uint64_t)i) % (uint64_t)s.V);
         tgt[i] = (int32_t)(gpt2_mix((uint64_t)i + 1000) % (uint64_t)s.V);
     }
-    return gpt2_step_load(&f->st, tok, tgt);
+    return gpt2_step_load(&f->st, tok, tgt) || gpt2_step_load(&f->sta, tok, tgt);
+}
+
+/* One step of `plan` in arena mode (an exec of its own, made and destroyed
+ * here): the loss and gradients must be ref's bit for bit, the arena's peak
+ * the plan's. */
+static void check_arena_step(fixture *f, const rkm_plan *plan, double ref_loss, const float *ref_grads,
+                             const char *what)
+{
+    rkm_arena_exec *x = NULL;
+    rkm_plan_stats ps;
+    CHECK(rkm_plan_stats_get(plan, &ps) == RKM_OK);
+    CHECK(gpt2_step_open(&f->sta, plan, &x) == RKM_OK);
+    CHECK(gpt2_step_run_arena(&f->sta, x, plan, STEP_KEY) == RKM_OK);
+    if (f->sta.err[0] || test_current_failed)
+        fprintf(stderr, "  %s, arena: %s %s\n", what, f->sta.err, rkm_context_errmsg(f->ctx));
+    CHECK(!memcmp(&f->sta.loss, &ref_loss, sizeof ref_loss));
+    CHECK(!memcmp(f->md.grads, ref_grads, f->md.num_params * sizeof(float)));
+    CHECK_EQ_U64(f->sta.peak, ps.peak);
+    CHECK(gpt2_step_leaks(&f->sta) == 0);
+    CHECK(f->sta.mem.peak == 0 && f->sta.mem.blocks == 0); /* nothing went through gpt2_mem */
+    rkm_arena_exec_destroy(x);
 }
 
 /* The builder's graph for llm.c's tiny shape is tests/graphs/gpt2-tiny.rkg,
  * costs aside: same tensors, bytes, flags, ops, in/out/saved, phantoms,
- * workspaces, loss. */
+ * workspaces, loss; but for attention. The file predates the scratch key
+ * and declares attention's scores as forward workspace beside its
+ * probabilities; the builder's kernel computes the probabilities in place
+ * over the scores on every run, so it declares them as scratch (the whole
+ * phantom) and no forward workspace. */
 static void check_same_op(const rkm_graph *a, const rkm_graph *b, int32_t op)
 {
     rkm_op_desc x, y;
     rkm_tensor_info tx, ty;
+    int attention;
     CHECK(rkm_graph_op_info(a, op, &x) == RKM_OK && rkm_graph_op_info(b, op, &y) == RKM_OK);
     CHECK(!strcmp(x.name, y.name));
     CHECK(x.n_in == y.n_in && x.n_out == y.n_out && x.n_saved == y.n_saved);
+    attention = strstr(x.name, ".attn") != NULL;
     CHECK_EQ_U64(x.phantom, y.phantom);
-    CHECK_EQ_U64(x.fwd_ws, y.fwd_ws);
+    CHECK_EQ_U64(x.fwd_ws, attention ? 0 : y.fwd_ws);
+    CHECK_EQ_U64(x.scratch, attention ? y.fwd_ws : 0);
+    CHECK(!attention || y.fwd_ws == y.phantom);
+    CHECK_EQ_U64(y.scratch, 0);
     CHECK_EQ_U64(x.bwd_ws, y.bwd_ws);
     if (test_current_failed) {
         fprintf(stderr, "  op %s differs from gpt2-tiny.rkg's %s\n", x.name, y.name);
@@ -251,8 +284,14 @@ static int run_plan_case(plan_case *pc, rkm_planner *pl, rkm_algo algo, int pct,
     CHECK(!memcmp(&f->st.loss, &pc->ref_loss, sizeof pc->ref_loss));
     CHECK(!memcmp(f->md.grads, pc->ref_grads, f->md.num_params * sizeof(float)));
     CHECK_EQ_U64(f->st.mem.peak, ps.peak);
+    CHECK_EQ_U64(f->st.peak, ps.peak);
     CHECK(ps.peak <= budget);
     CHECK(gpt2_step_leaks(&f->st) == 0);
+    if (!test_current_failed) {
+        char what[48];
+        snprintf(what, sizeof what, "%s %d%%", rkm_algo_name(algo), pct);
+        check_arena_step(f, plan, pc->ref_loss, pc->ref_grads, what);
+    }
     *recomputed |= ps.time > ps.baseline_time;
     printf("  %-9s %3d%%: peak %llu (%.1f%%), overhead %.2f%%, %zu steps\n", rkm_algo_name(algo), pct,
            (unsigned long long)ps.peak, 100.0 * (double)ps.peak / (double)pc->baseline_peak, ps.overhead * 100.0,
@@ -317,6 +356,9 @@ static void check_plans(gpt2_shape s, unsigned algos, int strict)
     CHECK_EQ_U64(f.st.mem.cur, inputs);
     if (!test_current_failed) {
         memcpy(ref, f.md.grads, f.md.num_params * sizeof(float));
+        check_arena_step(&f, base, f.st.loss, ref, "baseline");
+        CHECK(gpt2_step_run(&f.sta, base, STEP_KEY) == RKM_ERROR_STATE); /* each mode its own run */
+        CHECK(gpt2_step_run_arena(&f.st, NULL, base, STEP_KEY) == RKM_ERROR_STATE);
         pc.f = &f, pc.ref_loss = f.st.loss, pc.ref_grads = ref, pc.baseline_peak = gs.baseline_peak;
         pc.strict = strict;
         for (int a = 0; a < RKM_ALGO_COUNT; a++)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the GPT-2 trainer (examples/gpt2.c) end to end in a tiny shape. The
-# trainer checks by itself that every step's counted activation peak is the
+# trainer checks by itself that every step's measured activation peak is the
 # predicted one and that one step under its plan gives the baseline's loss
-# and gradients bit for bit; here we check its exit status and final line.
+# and gradients bit for bit; here we check its exit status and final line,
+# and that its two memory modes (one arena per plan, the default, and a
+# counted malloc per buffer) give the same digest.
 # (tests/test_gpt2.c checks the model and every algorithm in depth.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -41,6 +43,37 @@ if grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
 else
     expect rockmate_dropout_50 0 "$ok" "${tiny[@]}" --algo rockmate --dropout 0.1 --budget 50%
 fi
+
+# both_modes NAME ARGS...: --memory arena and --memory malloc each pass (the
+# demo line, their memory line) and give the same digest (every training
+# step's loss and parameter gradients, bit for bit) and the same peaks.
+both_modes() {
+    local name=$1 m out rc digests=() peaks=() bad=
+    shift
+    for m in arena malloc; do
+        out=$("$gpt2" "$@" --memory "$m" 2>&1)
+        rc=$?
+        if [[ $rc != 0 ]] || ! grep -qE -- "$ok" <<<"$out" || ! grep -q "^memory: $m" <<<"$out"; then
+            bad="--memory $m -> exit $rc"
+            printf '%s\n' "$out" | tail -n 20
+            break
+        fi
+        digests+=("$(grep '^digest: ' <<<"$out")")
+        peaks+=("$(grep -oE 'predicted_peak=[0-9]+ measured_peak=[0-9]+' <<<"$out")")
+    done
+    if [[ -z $bad && ( ${digests[0]} != "${digests[1]}" || -z ${digests[0]} ) ]]; then
+        bad="digests differ: '${digests[0]}' vs '${digests[1]}'"
+    fi
+    [[ -z $bad && ${peaks[0]} != "${peaks[1]}" ]] && bad="peaks differ: '${peaks[0]}' vs '${peaks[1]}'"
+    if [[ -z $bad ]]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: gpt2 $*: $bad"
+    fi
+}
+both_modes modes_rotor_45 "${tiny[@]}" --algo rotor --budget 45%
+both_modes modes_sqrt_dropout "${tiny[@]}" --algo sqrt --dropout 0.1 --budget 100%
 expect too_small 3 '^demo: FAILED no plan fits the budget' "${tiny[@]}" --algo rotor --budget 1%
 expect bad_usage 2 'usage' --heads 3
 expect no_data 1 'cannot read' "${tiny[@]}" --data /nonexistent/text.txt
