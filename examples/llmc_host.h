@@ -209,9 +209,9 @@ static inline int llmc_cb_backward(void *user, const rkm_bwd_call *c)
 {
     llmc_step *st = (llmc_step *)user;
     const llmc_opdef *d = &st->gg->ops[c->op];
+    int32_t out = d->out[d->kind == LLMC_SOFTMAX_XENT ? 1 : 0]; /* the output with a gradient */
     float *din[2], *ws = NULL;
-    if (!st->grad[d->out[d->kind == LLMC_SOFTMAX_XENT ? 1 : 0]])
-        return llmc__fail(st, "backward: output gradient not live", d->out[0]);
+    if (!st->grad[out]) return llmc__fail(st, "backward: output gradient not live", out);
     for (int i = 0; i < c->n_saved; i++)
         if (!st->act[c->saved[i]]) return llmc__fail(st, "backward: saved tensor not live", c->saved[i]);
     if (c->phantom && !st->phantom[c->op]) return llmc__fail(st, "backward: saved state not live", c->op);
