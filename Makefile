@@ -4,6 +4,10 @@
 #   make lib          the library only
 #   make test         build everything, run the suite (tests/run.sh)
 #   make demo         build and run the demo
+#   make llmc LLMC=path   build examples/llmc.c against an llm.c checkout and run
+#                     it (llm.c's own kernels under rockmate plans, checked bit
+#                     for bit against llm.c's gpt2_forward/backward); without
+#                     LLMC= it says so and does nothing
 #   make cuda         CUDA sources (needs nvcc)
 #   make bench        build and run the benchmarks
 #   make fuzz         libFuzzer on each harness for FUZZ_SECONDS (default 60; clang)
@@ -60,8 +64,9 @@ TEST_LIB = $(BUILD)/tests/librockmate.a
 CLI_SRCS = $(wildcard cli/*.c)
 CLI_BIN = $(BUILD)/rockmate
 
-# Every examples/*.c with a main() is one program build/NAME.
-EXAMPLE_SRCS := $(shell grep -lE '^[[:space:]]*int[[:space:]]+main\b' examples/*.c 2>/dev/null)
+# Every examples/*.c with a main() is one program build/NAME, but for
+# examples/llmc.c, which needs an llm.c checkout (make llmc LLMC=path).
+EXAMPLE_SRCS := $(filter-out examples/llmc.c,$(shell grep -lE '^[[:space:]]*int[[:space:]]+main\b' examples/*.c 2>/dev/null))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
 
 TEST_SRCS = $(wildcard tests/test_*.c)
@@ -97,7 +102,7 @@ CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
 CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
 CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
 
-.PHONY: all lib cli examples tests test demo cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
+.PHONY: all lib cli examples tests test demo llmc cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
 
 all: lib cli examples
@@ -117,6 +122,23 @@ test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
 
 demo: $(firstword $(DEMO))
 	$(DEMO)
+
+# llm.c's train_gpt2.c comes in through -isystem: its own code is not held
+# to our warning flags. No -Ofast: fast-math may reassociate the sums of a
+# kernel inlined into two callers differently, and the check is bit for bit.
+LLMC ?=
+LLMC_ARGS ?=
+ifeq ($(strip $(LLMC)),)
+llmc:
+	@echo "llmc: skipped: no llm.c checkout given (make llmc LLMC=path/to/llm.c)"
+else
+llmc: $(BUILD)/llmc
+	$(BUILD)/llmc $(LLMC_ARGS)
+
+$(BUILD)/llmc: examples/llmc.c examples/llmc_graph.h examples/llmc_host.h rockmate.h $(LIB_A) \
+		$(LLMC)/train_gpt2.c FORCE
+	$(CC) $(ALL_CFLAGS) $(DEFS) -isystem $(LLMC) -o $@ $< $(LIB_A) $(LDLIBS)
+endif
 
 bench: $(BENCHES)
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
