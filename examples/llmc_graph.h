@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "rockmate.h"
+#include "gpt2_graph.h" /* the parameter table, shared */
 
 typedef struct llmc_shape {
     int L, C, NH; /* layers, channels, heads (C % NH == 0) */
@@ -66,6 +67,9 @@ typedef enum llmc_param {
     LLMC_FCPROJW, LLMC_FCPROJB, LLMC_LNFW, LLMC_LNFB, LLMC_NUM_PARAMS
 } llmc_param;
 
+_Static_assert((int)LLMC_NUM_PARAMS == (int)GPT2_NUM_PARAMS && (int)LLMC_LNFB == (int)GPT2_LNFB,
+               "llm.c's parameter tensors are our GPT-2's, in the same order");
+
 /* What one graph op runs. */
 typedef struct llmc_opdef {
     llmc_kind kind;
@@ -86,26 +90,18 @@ typedef struct llmc_graph {
     llmc_opdef *ops;                        /* indexed by op id; malloc'd */
 } llmc_graph;
 
-/* Elements of each parameter tensor, as llm.c's fill_in_parameter_sizes. */
+/* Elements of each parameter tensor, as llm.c's fill_in_parameter_sizes:
+ * the same table as our own GPT-2's (same tensors, same order), with the
+ * padded vocabulary and wpe's maxT rows. */
 static inline void llmc_param_sizes(const llmc_shape *s, size_t sizes[LLMC_NUM_PARAMS])
 {
-    size_t L = (size_t)s->L, C = (size_t)s->C;
-    sizes[LLMC_WTE] = (size_t)s->Vp * C;
-    sizes[LLMC_WPE] = (size_t)s->maxT * C;
-    sizes[LLMC_LN1W] = L * C;
-    sizes[LLMC_LN1B] = L * C;
-    sizes[LLMC_QKVW] = L * 3 * C * C;
-    sizes[LLMC_QKVB] = L * 3 * C;
-    sizes[LLMC_ATTPROJW] = L * C * C;
-    sizes[LLMC_ATTPROJB] = L * C;
-    sizes[LLMC_LN2W] = L * C;
-    sizes[LLMC_LN2B] = L * C;
-    sizes[LLMC_FCW] = L * 4 * C * C;
-    sizes[LLMC_FCB] = L * 4 * C;
-    sizes[LLMC_FCPROJW] = L * C * 4 * C;
-    sizes[LLMC_FCPROJB] = L * C;
-    sizes[LLMC_LNFW] = C;
-    sizes[LLMC_LNFB] = C;
+    gpt2_shape gs;
+    memset(&gs, 0, sizeof gs);
+    gs.L = s->L;
+    gs.C = s->C;
+    gs.V = s->Vp;
+    gs.T = s->maxT;
+    gpt2_param_sizes(&gs, sizes);
 }
 
 /* Elements of one layer's slice of a per-layer parameter (0 for the others). */
