@@ -57,6 +57,8 @@ static const char cli_usage_text[] =
     "  --json            print one JSON object (sweep: an array) on standard output\n"
     "  -o, --output PLAN write the plan file\n"
     "  --svg FILE        write a chart\n"
+    "  --log             the chart's vertical axis on a log scale (memory of a\n"
+    "                    plan at a small budget, overheads that span decades)\n"
     "  --slots N         memory slots of the chain dynamic program\n"
     "  --time-limit S    seconds of planning per algorithm\n"
     "  --ilp-time-limit S  effort per block ILP solve, in seconds of a current\n"
@@ -80,7 +82,8 @@ static const char *const cli_cmd_names[CMD_COUNT] = {"info", "plan", "check", "s
 static const char *const cli_cmd_operands[CMD_COUNT][2] = {
     {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
 
-enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_POINTS, OPT_VERBOSE, OPT_COUNT };
+enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_POINTS, OPT_VERBOSE,
+       OPT_COUNT };
 
 #define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
 
@@ -95,6 +98,7 @@ static const struct cli_optdef {
     [OPT_ALGO] = {"--algo", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_OUTPUT] = {"--output", "-o", 1, CMDS(0, 1, 0, 0)},
     [OPT_SVG] = {"--svg", NULL, 1, CMDS(0, 1, 0, 1)},
+    [OPT_LOG] = {"--log", NULL, 0, CMDS(0, 1, 0, 1)},
     [OPT_SLOTS] = {"--slots", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_TIME] = {"--time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_ILP_TIME] = {"--ilp-time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
@@ -687,6 +691,8 @@ enum { MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS, MARK_N
 typedef struct cli_axis {
     double lo, hi, step;
     int decimals;
+    int log;      /* 1: positions by log10(v + shift), ticks at 1, 2, 5 x 10^k */
+    double shift; /* > 0 on a log axis, so that v = 0 has a place */
 } cli_axis;
 
 /* Round [lo, hi] out to ticks of 1, 2, 2.5 or 5 times a power of ten: the
@@ -710,6 +716,34 @@ static void cli_axis_nice(cli_axis *a, double lo, double hi, int want)
     }
 }
 
+/* A log axis over [lo, hi]: hi rounded up to a tick of 1, 2 or 5 x 10^k. */
+static void cli_axis_log(cli_axis *a, double lo, double hi, double shift)
+{
+    if (!(hi > lo)) hi = lo + 1;
+    double p = pow(10, floor(log10(hi)));
+    a->hi = hi <= p ? p : hi <= 2 * p ? 2 * p : hi <= 5 * p ? 5 * p : 10 * p;
+    a->lo = lo;
+    a->log = 1;
+    a->shift = shift;
+    a->step = 0;
+    a->decimals = 0;
+}
+
+/* The tick values of an axis, at most max of them. */
+static int cli_axis_ticks(const cli_axis *a, double *t, int max)
+{
+    int n = 0;
+    if (!a->log) {
+        for (double v = a->lo; v <= a->hi + a->step * 1e-6 && n < max; v += a->step) t[n++] = v;
+        return n;
+    }
+    t[n++] = a->lo;
+    for (double p = pow(10, floor(log10(a->shift))); p <= a->hi * (1 + 1e-9) && n < max; p *= 10)
+        for (int m = 1; m <= 5 && n < max; m += m == 1 ? 1 : 3) /* 1, 2, 5 */
+            if (p * m > a->lo && p * m >= a->shift * (1 - 1e-9) && p * m <= a->hi * (1 + 1e-9)) t[n++] = p * m;
+    return n;
+}
+
 typedef struct cli_chart {
     FILE *f;
     double x0, y0, w, h; /* plot area, pixels, y0 at the top */
@@ -717,7 +751,12 @@ typedef struct cli_chart {
 } cli_chart;
 
 static double cli_sx(const cli_chart *c, double v) { return c->x0 + c->w * (v - c->x.lo) / (c->x.hi - c->x.lo); }
-static double cli_sy(const cli_chart *c, double v) { return c->y0 + c->h * (1 - (v - c->y.lo) / (c->y.hi - c->y.lo)); }
+static double cli_axis_pos(const cli_axis *a, double v) { return a->log ? log10(v + a->shift) : v; }
+static double cli_sy(const cli_chart *c, double v)
+{
+    double lo = cli_axis_pos(&c->y, c->y.lo), hi = cli_axis_pos(&c->y, c->y.hi);
+    return c->y0 + c->h * (1 - (cli_axis_pos(&c->y, v) - lo) / (hi - lo));
+}
 
 static void cli_svg_escaped(FILE *f, const char *s)
 {
@@ -748,15 +787,15 @@ static void cli_svg_begin(FILE *f, int width, int height)
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-            "font-family=\"sans-serif\" font-size=\"12\">\n"
+            "font-family=\"sans-serif\" font-size=\"14\">\n"
             "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             width, height, width, height);
 }
 
 static void cli_svg_titles(FILE *f, double x, const char *title, const char *subtitle)
 {
-    cli_svg_text(f, x, 24, "font-size=\"15\" font-weight=\"bold\"", title);
-    if (subtitle) cli_svg_text(f, x, 43, "font-size=\"12\" fill=\"#444444\"", subtitle);
+    cli_svg_text(f, x, 24, "font-size=\"18\" font-weight=\"bold\"", title);
+    if (subtitle) cli_svg_text(f, x, 45, "font-size=\"14\" fill=\"#444444\"", subtitle);
 }
 
 /* Grid lines, frame, tick labels and axis titles. */
@@ -764,28 +803,33 @@ static void cli_chart_axes(const cli_chart *c, const char *xlabel, const char *y
 {
     FILE *f = c->f;
     char label[64];
+    double xt[64], yt[64];
+    int nx = cli_axis_ticks(&c->x, xt, 64), ny = cli_axis_ticks(&c->y, yt, 64);
     fputs("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n", f);
-    for (double v = c->x.lo; v <= c->x.hi + c->x.step * 1e-6; v += c->x.step)
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", cli_sx(c, v), c->y0, cli_sx(c, v),
-                c->y0 + c->h);
-    for (double v = c->y.lo; v <= c->y.hi + c->y.step * 1e-6; v += c->y.step)
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", c->x0, cli_sy(c, v), c->x0 + c->w,
-                cli_sy(c, v));
+    for (int i = 0; i < nx; i++)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", cli_sx(c, xt[i]), c->y0,
+                cli_sx(c, xt[i]), c->y0 + c->h);
+    for (int i = 0; i < ny; i++)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", c->x0, cli_sy(c, yt[i]), c->x0 + c->w,
+                cli_sy(c, yt[i]));
     fputs("</g>\n", f);
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333333\"/>\n", c->x0,
             c->y0, c->w, c->h);
-    for (double v = c->x.lo; v <= c->x.hi + c->x.step * 1e-6; v += c->x.step) {
-        snprintf(label, sizeof label, "%.*f", c->x.decimals, v);
-        cli_svg_text(f, cli_sx(c, v), c->y0 + c->h + 16, "text-anchor=\"middle\"", label);
+    for (int i = 0; i < nx; i++) {
+        snprintf(label, sizeof label, "%.*f", c->x.decimals, xt[i]);
+        cli_svg_text(f, cli_sx(c, xt[i]), c->y0 + c->h + 18, "text-anchor=\"middle\"", label);
     }
-    for (double v = c->y.lo; v <= c->y.hi + c->y.step * 1e-6; v += c->y.step) {
-        snprintf(label, sizeof label, "%.*f", c->y.decimals, v);
-        cli_svg_text(f, c->x0 - 6, cli_sy(c, v) + 4, "text-anchor=\"end\"", label);
+    for (int i = 0; i < ny; i++) {
+        if (c->y.log)
+            snprintf(label, sizeof label, "%g", yt[i]);
+        else
+            snprintf(label, sizeof label, "%.*f", c->y.decimals, yt[i]);
+        cli_svg_text(f, c->x0 - 6, cli_sy(c, yt[i]) + 4, "text-anchor=\"end\"", label);
     }
-    cli_svg_text(f, c->x0 + c->w / 2, c->y0 + c->h + 38, "text-anchor=\"middle\" font-size=\"13\"", xlabel);
+    cli_svg_text(f, c->x0 + c->w / 2, c->y0 + c->h + 38, "text-anchor=\"middle\" font-size=\"15\"", xlabel);
     char rot[96];
     double ly = c->y0 + c->h / 2, lx = c->x0 - 52;
-    snprintf(rot, sizeof rot, "text-anchor=\"middle\" font-size=\"13\" transform=\"rotate(-90 %.1f %.1f)\"", lx, ly);
+    snprintf(rot, sizeof rot, "text-anchor=\"middle\" font-size=\"15\" transform=\"rotate(-90 %.1f %.1f)\"", lx, ly);
     cli_svg_text(f, lx, ly, rot, ylabel);
 }
 
@@ -917,7 +961,7 @@ static void cli_plan_svg_series(const cli_chart *c, const cli_series *s, double 
 /* The plan's memory over its steps beside the baseline's (x: position in
  * each step sequence, so both span the same width), and the budget. */
 static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *r, const cli_series *plan,
-                        const cli_series *base)
+                        const cli_series *base, int log_axis)
 {
     int is_base = r->algo == RKM_ALGO_NONE; /* the plan is the baseline: one series */
     uint64_t top = plan->max > base->max ? plan->max : base->max;
@@ -927,9 +971,12 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
     cli_mem_unit(top, &scale, &unit);
     FILE *f = cli_svg_open(path);
     if (!f) return CLI_INPUT;
-    cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}};
     cli_axis_nice(&c.x, 0, 100, 5);
-    cli_axis_nice(&c.y, 0, (double)top / scale, 6);
+    if (log_axis) /* a thousandth of the top: the plan's low steps stay apart */
+        cli_axis_log(&c.y, 0, (double)top / scale, (double)top / scale / 1000);
+    else
+        cli_axis_nice(&c.y, 0, (double)top / scale, 6);
     char title[256], sub[256], ylabel[64], a[32], b[32], labels[4][96];
     if (is_base)
         snprintf(title, sizeof title, "%s: activation memory, baseline plan", G->name);
@@ -1018,7 +1065,7 @@ static int cli_plan_outputs(rkm_context *ctx, const cli_opts *o, const cli_graph
     e = cli_series_make(r->plan, &ps);
     if (!e) e = rkm_plan_baseline(G->g, &base);
     if (!e) e = cli_series_make(base, &bs);
-    int rc = e ? cli_fail(ctx, e, o->value[OPT_SVG]) : cli_plan_svg(o->value[OPT_SVG], G, r, &ps, &bs);
+    int rc = e ? cli_fail(ctx, e, o->value[OPT_SVG]) : cli_plan_svg(o->value[OPT_SVG], G, r, &ps, &bs, o->value[OPT_LOG] != NULL);
     rkm_plan_destroy(base);
     return rc;
 }
@@ -1417,7 +1464,7 @@ static void cli_sweep_json(const cli_sweep *s)
 }
 
 /* Overhead (%) against budget (% of the baseline peak), a line per algorithm. */
-static int cli_sweep_svg(const cli_sweep *s, const char *path)
+static int cli_sweep_svg(const cli_sweep *s, const char *path, int log_axis)
 {
     static const int marks[RKM_ALGO_COUNT] = {[RKM_ALGO_ROCKMATE] = MARK_CIRCLE, [RKM_ALGO_ROTOR] = MARK_SQUARE,
                                               [RKM_ALGO_SQRT] = MARK_TRIANGLE, [RKM_ALGO_CHECKMATE] = MARK_DIAMOND,
@@ -1428,10 +1475,13 @@ static int cli_sweep_svg(const cli_sweep *s, const char *path)
         if (s->res[i].plan && 100 * (s->res[i].ps.time / bt - 1) > ymax) ymax = 100 * (s->res[i].ps.time / bt - 1);
     FILE *f = cli_svg_open(path);
     if (!f) return CLI_INPUT;
-    cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    cli_chart c = {f, SVG_LEFT, SVG_TOP, SVG_PLOT_W, SVG_PLOT_H, {0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}};
     double x_lo = cli_percent((double)s->budgets[0], bp); /* padded so that no marker sits on the frame */
     cli_axis_nice(&c.x, x_lo - 0.02 * (100 - x_lo), 100, 6);
-    cli_axis_nice(&c.y, 0, ymax > 0 ? ymax : 1, 6);
+    if (log_axis) /* log10(1 + overhead in %): 0 % has a place */
+        cli_axis_log(&c.y, 0, ymax > 0 ? ymax : 1, 1);
+    else
+        cli_axis_nice(&c.y, 0, ymax > 0 ? ymax : 1, 6);
     char title[256], sub[160], a[32];
     snprintf(title, sizeof title, "%s: compute overhead against memory budget", G->name);
     snprintf(sub, sizeof sub, "baseline: peak %s, time %.4g s; %d ops in %d blocks",
@@ -1474,7 +1524,7 @@ static int cmd_sweep(rkm_context *ctx, const cli_opts *o)
     rc = cli_sweep_open(ctx, &s, o);
     if (!rc && !cli_sweep_budgets(&s, o->points)) rc = cli_fail(ctx, RKM_ERROR_NOMEM, "sweep");
     if (!rc) rc = cli_sweep_solve(ctx, &s);
-    if (!rc && o->value[OPT_SVG]) rc = cli_sweep_svg(&s, o->value[OPT_SVG]);
+    if (!rc && o->value[OPT_SVG]) rc = cli_sweep_svg(&s, o->value[OPT_SVG], o->value[OPT_LOG] != NULL);
     if (!rc && o->value[OPT_JSON])
         cli_sweep_json(&s);
     else if (!rc)

@@ -429,7 +429,13 @@ check "plan --svg: the step peaks agree with the simulator (no warning)" test ! 
 run sweep "$g" --algo rotor,sqrt --points 5 --svg "$tmp/sweep2.svg"
 expect "sweep --algo rotor,sqrt --svg" 0
 check "sweep (text) prints a table" grep -q 'budget%' "$tmp/out"
-pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.svg"
+run plan "$g" --algo rotor --budget 50% --log --svg "$tmp/plan-log.svg"
+expect "plan --log --svg" 0
+check "plan --log: ticks at 1, 2, 5 x 10^k" bash -c "grep -q '>0.5<' '$tmp/plan-log.svg' && grep -q '>5<' '$tmp/plan-log.svg'"
+run sweep "$g" --algo rotor,sqrt --points 5 --log --svg "$tmp/sweep-log.svg"
+expect "sweep --log --svg" 0
+check "sweep --log: 1 % and 10 % ticks" bash -c "grep -q '>1<' '$tmp/sweep-log.svg' && grep -q '>10<' '$tmp/sweep-log.svg'"
+pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.svg" "$tmp/plan-log.svg" "$tmp/sweep-log.svg"
 
 # --- planners: every algorithm the library offers for the graph -----------------------
 # On the graphs where each algorithm plans quickly and deterministically: the
