@@ -42,7 +42,8 @@ static const char cli_usage_text[] =
     "  sweep GRAPH [--algo A,A,...] [--points N] [--json] [--svg FILE]\n"
     "        [--slots N] [--time-limit S]\n"
     "        overhead against budget, from the smallest feasible budget to\n"
-    "        100% of the baseline peak (N budgets, default 12)\n"
+    "        100% of the baseline peak (N budgets, default 12, denser toward\n"
+    "        the smallest, where the curves are steep)\n"
     "  GRAPH may be - to read the graph from standard input\n"
     "\n"
     "options:\n"
@@ -1355,9 +1356,11 @@ static int cli_u64_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Evenly spaced budgets from the smallest algorithm minimum to the baseline
- * peak, plus each algorithm's own minimum so that every curve starts at it
- * (even one above the baseline peak: sqrt's fixed checkpoints can need more). */
+/* Budgets from the smallest algorithm minimum to the baseline peak, spaced
+ * quadratically (lo + span * (i / steps)^2): denser toward the minimum,
+ * where the overhead curves are steep; plus each algorithm's own minimum so
+ * that every curve starts at it (even one above the baseline peak: sqrt's
+ * fixed checkpoints can need more). */
 static int cli_sweep_budgets(cli_sweep *s, int points)
 {
     uint64_t hi = s->G->st.baseline_peak, lo = hi;
@@ -1367,7 +1370,10 @@ static int cli_sweep_budgets(cli_sweep *s, int points)
     if (!s->budgets) return 0;
     size_t n = 0;
     uint64_t span = hi - lo, steps = (uint64_t)points - 1;
-    for (uint64_t i = 0; i <= steps; i++) s->budgets[n++] = lo + span / steps * i + span % steps * i / steps;
+    for (uint64_t i = 0; i <= steps; i++) {
+        double f = (double)i / (double)steps;
+        s->budgets[n++] = i == steps ? hi : lo + (uint64_t)((double)span * f * f);
+    }
     for (int k = 0; k < s->n_algos; k++) s->budgets[n++] = s->min[k];
     qsort(s->budgets, n, sizeof *s->budgets, cli_u64_cmp);
     s->n_budgets = 0;
