@@ -6214,10 +6214,11 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
  * the backward of its tensor's producer. No step's peak grows (a tensor
  * recomputed in place counts the same as one freed and made again), a
  * save whose state no backward reads is dropped, and a forward none of
- * whose outputs is read before it is made again is dead and goes. The search drops one recomputing forward at
- * a time (its outputs then live on from the op's previous forward, which
- * takes over its save) and keeps the change when the simulator replays
- * the result valid, within the budget and faster. Work is counted in
+ * whose outputs is read before it is made again is dead and goes. The
+ * search drops one recomputing forward at a time (its outputs then live on
+ * from the op's previous forward, which takes over its save) and keeps the
+ * change when the simulator replays the result valid, within the budget
+ * and faster. Work is counted in
  * replayed steps, not time, so results do not depend on the machine. */
 #define RKM_POLISH_WORK 20000000u
 
