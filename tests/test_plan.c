@@ -540,6 +540,37 @@ TEST(polish_drops_recomputes_that_fit)
     rkm_context_destroy(ctx);
 }
 
+/* The chain DP tries a few slot budgets above a budget's own (section 12,
+ * rkm__solve_dp_up): on mlp16 at the reference's 36.85 % (1835264 bytes) the
+ * plan for two slots more fits in bytes and is faster (rotor: 70 % overhead
+ * against 151 %), and a budget below the DP's floor still gets none. */
+TEST(chain_dp_takes_more_slots_that_fit)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "mlp16");
+    rkm_planner *pl = NULL;
+    rkm_solve_desc d = {0};
+    d.algo = RKM_ALGO_ROTOR;
+    if (g) CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
+    if (pl) {
+        const uint64_t budget = 1835264;
+        rkm_plan *own = NULL, *p = NULL;
+        CHECK(rkm__solve_dp_at(pl, budget, &own) == RKM_OK && own);
+        CHECK(rkm_planner_solve(pl, budget, &p) == RKM_OK && p);
+        if (own && p) CHECK(p->stats.peak <= budget && p->stats.time < 0.75 * own->stats.time);
+        rkm_plan_destroy(own);
+        rkm_plan_destroy(p);
+        uint64_t min = 0;
+        CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK && min > 0);
+        p = NULL;
+        CHECK(rkm_planner_solve(pl, min - 1, &p) == RKM_ERROR_BUDGET && !p);
+        rkm_plan_destroy(p);
+    }
+    rkm_planner_destroy(pl);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(long_chain_is_bounded);
@@ -554,5 +585,6 @@ int main(void)
     RUN(dtr_hand_worked);
     RUN(time_bound_below_the_reference_plans);
     RUN(polish_drops_recomputes_that_fit);
+    RUN(chain_dp_takes_more_slots_that_fit);
     TEST_END();
 }
