@@ -559,8 +559,8 @@ rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64
  * ([0-9]*[.[0-9]*][(e|E)[+-]N], a digit somewhere), then nothing or B
  * (bytes), KiB, MiB, GiB (powers of 1024), KB, MB, GB (powers of 1000) or
  * % (of baseline_peak): "123", "123B", "64MiB", "1.5GB", "1e6", "40%".
- * Fractional byte counts round down. Anything else (hex, inf, spaces) is RKM_ERROR_ARGUMENT
- * with a message in ctx. */
+ * Fractional byte counts round down. Anything else (hex, inf, spaces) is
+ * RKM_ERROR_ARGUMENT with a message in ctx. */
 rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out);
 
 /* ---------------------------------------------------------------------------
