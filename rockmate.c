@@ -324,6 +324,10 @@ typedef struct rkm__op {
     int has_bwd;
 } rkm__op;
 
+/* The most a forward of o holds transiently: its workspace, and its scratch
+ * on a run that keeps no saved state. Fits in 64 bits (rkm__bytes_fit). */
+static uint64_t rkm__fwd_ws_most(const rkm__op *o) { return o->fwd_ws + o->scratch; }
+
 typedef struct rkm__block {
     int32_t *ops;      /* op ids in topological order (points into block_ops) */
     int32_t n_ops;
@@ -627,9 +631,9 @@ static int rkm__bytes_fit(const rkm_graph *g)
     for (size_t t = 0; t < g->n_tensors && ok; t++)
         ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
     for (size_t i = 0; i < g->n_ops && ok; i++) {
-        ok = rkm__add_u64(total, g->ops[i].phantom, &total);
-        if (g->ops[i].fwd_ws > ws) ws = g->ops[i].fwd_ws;
-        if (g->ops[i].fwd_ws + g->ops[i].scratch > ws) ws = g->ops[i].fwd_ws + g->ops[i].scratch; /* scratch <= phantom */
+        uint64_t f = 0; /* rkm__fwd_ws_most, checked here */
+        ok = rkm__add_u64(total, g->ops[i].phantom, &total) && rkm__add_u64(g->ops[i].fwd_ws, g->ops[i].scratch, &f);
+        if (f > ws) ws = f;
         if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
     }
     return ok && rkm__add_u64(total, ws, &total);
@@ -2300,16 +2304,19 @@ static uint64_t rkm__lower_bound(const rkm_graph *g)
     return lb;
 }
 
-/* The state op i's backward needs from its forward, in bytes: its outputs
- * that some backward reads (but the loss tensor, live at the loss step in
- * any case) and its phantom. */
-static uint64_t rkm__kept_state(const rkm_graph *g, const uint8_t *read_by_bwd, size_t i)
+/* Per op, the state its backward needs from its forward, in bytes: its
+ * outputs that some backward reads (but the loss tensor, live at the loss
+ * step in any case) and its phantom. read_by_bwd: per tensor, scratch. */
+static void rkm__kept_states(const rkm_graph *g, uint8_t *read_by_bwd, uint64_t *state)
 {
-    const rkm__op *o = &g->ops[i];
-    uint64_t bytes = o->has_bwd ? o->phantom : 0;
-    for (int32_t k = 0; k < o->n_out; k++)
-        if (read_by_bwd[o->out[k]] && o->out[k] != g->loss) bytes += g->tensors[o->out[k]].bytes;
-    return bytes;
+    for (size_t i = 0; i < g->n_ops; i++)
+        for (int32_t k = 0; g->ops[i].has_bwd && k < g->ops[i].n_saved; k++) read_by_bwd[g->ops[i].saved[k]] = 1;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        state[i] = o->has_bwd ? o->phantom : 0;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (read_by_bwd[o->out[k]] && o->out[k] != g->loss) state[i] += g->tensors[o->out[k]].bytes;
+    }
 }
 
 /* Knapsack over the ops: the most forward time whose kept state fits in
@@ -2317,16 +2324,15 @@ static uint64_t rkm__kept_state(const rkm_graph *g, const uint8_t *read_by_bwd, 
  * item rounded down, so any set that truly fits fits here: the maximum
  * found is at least the true one. best has RKM__BOUND_UNITS + 1 entries. */
 #define RKM__BOUND_UNITS 4096
-static double rkm__kept_time(const rkm_graph *g, const uint8_t *read_by_bwd, uint64_t cap, double *best)
+static double rkm__kept_time(const rkm_graph *g, const uint64_t *state, uint64_t cap, double *best)
 {
     uint64_t unit = cap / RKM__BOUND_UNITS + 1;
     size_t w_cap = (size_t)(cap / unit);
     for (size_t w = 0; w <= w_cap; w++) best[w] = 0;
     double free_time = 0;
     for (size_t i = 0; i < g->n_ops; i++) {
-        uint64_t bytes = rkm__kept_state(g, read_by_bwd, i);
-        size_t w = (size_t)(bytes / unit);
-        if (bytes == 0 || bytes > cap) continue; /* nothing to keep, or it cannot be kept */
+        size_t w = (size_t)(state[i] / unit);
+        if (state[i] == 0 || state[i] > cap) continue; /* nothing to keep, or it cannot be kept */
         if (w == 0) {
             free_time += g->ops[i].fwd;
             continue;
@@ -2349,20 +2355,23 @@ rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *ext
                         (unsigned long long)budget, (unsigned long long)g->stats.lower_bound);
     if (budget >= g->stats.baseline_peak) return RKM_OK;
     uint8_t *read_by_bwd = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
+    uint64_t *state = rkm__calloc(g->ctx, g->n_ops + 1, sizeof *state);
     double *best = rkm__calloc(g->ctx, RKM__BOUND_UNITS + 1, sizeof *best);
-    if (!read_by_bwd || !best) r = rkm__nomem(g->ctx, "rkm_graph_time_bound");
-    for (size_t i = 0; !r && i < g->n_ops; i++)
-        for (int32_t k = 0; g->ops[i].has_bwd && k < g->ops[i].n_saved; k++) read_by_bwd[g->ops[i].saved[k]] = 1;
+    if (!read_by_bwd || !state || !best) r = rkm__nomem(g->ctx, "rkm_graph_time_bound");
     if (!r) {
+        rkm__kept_states(g, read_by_bwd, state);
         /* the loss step holds the inputs, the loss and its gradient (lower_bound covers them) */
         uint64_t cap = budget - g->input_bytes - 2 * g->tensors[g->loss].bytes, all = 0;
         double total = 0;
-        for (size_t i = 0; i < g->n_ops; i++) total += rkm__kept_state(g, read_by_bwd, i) ? g->ops[i].fwd : 0;
-        for (size_t i = 0; i < g->n_ops; i++) all += rkm__kept_state(g, read_by_bwd, i);
-        double kept = all <= cap ? total : rkm__kept_time(g, read_by_bwd, cap, best);
+        for (size_t i = 0; i < g->n_ops; i++) {
+            total += state[i] ? g->ops[i].fwd : 0;
+            all += state[i];
+        }
+        double kept = all <= cap ? total : rkm__kept_time(g, state, cap, best);
         *extra_seconds = total > kept ? total - kept : 0;
     }
     rkm__free(g->ctx, read_by_bwd, g->n_tensors + 1);
+    rkm__free(g->ctx, state, (g->n_ops + 1) * sizeof *state);
     rkm__free(g->ctx, best, (RKM__BOUND_UNITS + 1) * sizeof *best);
     return r;
 }
@@ -3058,11 +3067,10 @@ static void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
     a->n = 0;
 }
 
-/* A forward's transient bytes as the ILP counts them: its workspace and its
- * scratch, on every run. The simulator counts the scratch only on runs
- * that keep no saved state, so the ILP over-counts a `save` run by at most
- * the scratch (<= phantom): its schedules stay within their budgets. */
-static uint64_t rkm__ilp_fwd_ws(const rkm__op *o) { return o->fwd_ws + o->scratch; }
+/* Scratch in the ILP: a forward's transient bytes count as
+ * rkm__fwd_ws_most on every run. The simulator counts the scratch only on
+ * runs that keep no saved state, so the ILP over-counts a `save` run by at
+ * most the scratch (<= phantom): its schedules stay within their budgets. */
 
 /* (a) The block: its numbering and structure, fixed once created. */
 typedef struct rkm__ilp_shape {
@@ -3658,7 +3666,7 @@ static void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
     for (int32_t v = 0; v < b->n; v++) {
         const rkm__op *o = &g->ops[b->op[v]];
         uint64_t m = b->static_bytes + rkm__ilp_list_bytes(b, o->in, o->n_in) + rkm__ilp_list_bytes(b, o->out, o->n_out);
-        if (m + rkm__ilp_fwd_ws(o) > memo->min_peak) memo->min_peak = m + rkm__ilp_fwd_ws(o);
+        if (m + rkm__fwd_ws_most(o) > memo->min_peak) memo->min_peak = m + rkm__fwd_ws_most(o);
         int32_t t = b->st[v];
         if (!t) continue;
         m = b->static_bytes + (t == 1 ? xo : b->gstart[t]) + b->gnew[t] + o->bwd_ws + o->phantom +
@@ -3712,7 +3720,7 @@ static rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
         const rkm__op *o = &g->ops[b->op[v]];
         b->base_time += o->fwd + (o->has_bwd ? o->bwd : 0);
         if (o->fwd > b->tscale) b->tscale = o->fwd;
-        uint64_t m = o->phantom > rkm__ilp_fwd_ws(o) ? o->phantom : rkm__ilp_fwd_ws(o);
+        uint64_t m = o->phantom > rkm__fwd_ws_most(o) ? o->phantom : rkm__fwd_ws_most(o);
         if (o->bwd_ws > m) m = o->bwd_ws;
         for (int32_t k = 0; k < o->n_out; k++)
             if (g->tensors[o->out[k]].bytes > m) m = g->tensors[o->out[k]].bytes;
@@ -3972,7 +3980,7 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
             const rkm__op *po = pv->v >= 0 ? &g->ops[b->op[pv->v]] : NULL;
             rkm__ilp_term(w, pv->q, -1);
             if (pv->kind == RKM__ILP_NODE_FWD)
-                rkm__ilp_term(w, rkm__ilp_R(b, md, t, pv->v), (double)rkm__ilp_fwd_ws(po) / ms);
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, pv->v), (double)rkm__fwd_ws_most(po) / ms);
             if (pv->kind == RKM__ILP_NODE_BWD)
                 rkm__ilp_term(w, RKM__ILP_ONE, ((double)po->bwd_ws + (double)b->gfree[t] + (double)po->phantom) / ms);
             for (const rkm__ilp_free *f = md->fcand + pv->f0; t > 0 && f < rkm__ilp_fend(md, k - 1); f++)
@@ -3993,7 +4001,7 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
         if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
         if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
         if (nd->kind == RKM__ILP_NODE_FWD) {
-            double made = (double)rkm__ilp_fwd_ws(o);
+            double made = (double)rkm__fwd_ws_most(o);
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -made / ms);
             if (rkm__ilp_phantom(b, v) && t <= b->st[v])
@@ -5779,7 +5787,7 @@ static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
     uint64_t need = 0;
     for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
         const rkm__op *o = &g->ops[i];
-        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws + o->scratch;
+        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + rkm__fwd_ws_most(o);
         uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
                                       rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
                                 : 0;
@@ -6091,13 +6099,15 @@ static rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budg
     return r;
 }
 
-/* Slot budgets scanned above the DP's smallest for the least peak: a plan
- * for m slots may peak well below m slots' bytes, and one for m + 1 lower
- * still. */
-#define RKM__FLOOR_SCAN 16
+/* Slot budgets the chain DP tries above a given one. Sizes round up to
+ * slots one by one, so a plan for m slots may peak well below m slots'
+ * bytes, and one for more slots may still fit them: the floor scans this
+ * many above the smallest feasible budget for the least peak, and a budget
+ * tries this many above its own for a faster plan that fits. */
+#define RKM__SLOTS_UP 16
 
 /* The chain DP's floor: the least peak among its plans for the smallest
- * feasible slot budget and the RKM__FLOOR_SCAN above it, and that budget.
+ * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
  * Computed once; 0 when the DP has no plan at all. */
 static rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
 {
@@ -6105,7 +6115,7 @@ static rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slo
         int64_t m = 0;
         rkm_result r = rkm__dp_min_slots(pl->ctx, pl->dpb, pl->g->n_blocks, &m);
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
-        for (int64_t k = m; !r && m > 0 && k <= m + RKM__FLOOR_SCAN && k <= pl->d.slots; k++) {
+        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= pl->d.slots; k++) {
             rkm_plan *p;
             r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
             if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
@@ -6121,11 +6131,11 @@ static rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slo
     return RKM_OK;
 }
 
+static rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+
 /* The chain DP's plan for `budget`: below the DP's own slot budget but at
  * or above its floor, the floor's plan, so that every budget from the
  * reported floor up has a plan. */
-static rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
-
 static rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_result r = rkm__solve_chain(pl, 0, budget, out);
@@ -6134,9 +6144,6 @@ static rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (r || *out || (r = rkm__chain_floor(pl, &floor, &slots)) || !floor || budget < floor) return r;
     return rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
 }
-
-/* Slot budgets tried above a budget's own (rkm__solve_dp). */
-#define RKM__SLOTS_UP 16
 
 /* The fastest of the chain DP's plans for the RKM__SLOTS_UP slot budgets
  * above `budget`'s own that still peak within it, when faster than `own`
