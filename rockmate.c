@@ -320,6 +320,7 @@ typedef struct rkm__op {
     int32_t n_in, n_out, n_saved;
     uint64_t phantom, fwd_ws, bwd_ws;
     uint64_t scratch; /* of the phantom, written by every forward (transient without save) */
+    unsigned flags;   /* RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE */
     int32_t line;
     int has_bwd;
 } rkm__op;
@@ -488,6 +489,28 @@ static rkm_result rkm__check_list(const rkm_graph *g, int32_t line, const char *
     return RKM_OK;
 }
 
+/* The in-place flags: known, on an op whose first input and first output
+ * have one size, the forward's not over an input tensor. */
+static rkm_result rkm__check_inplace(const rkm_graph *g, const rkm_op_desc *d, int32_t line)
+{
+    const char *nm = d->name;
+    if (d->flags & ~(RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE))
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "op %s: unknown flags 0x%x (RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE)",
+                         nm, d->flags & ~(RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE));
+    if (!d->flags) return RKM_OK;
+    const char *what = d->flags & RKM_OP_INPLACE ? "inplace" : "grad_inplace";
+    if (d->n_in == 0) return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: %s needs an input (in[0])", nm, what);
+    const rkm__tensor *a = &g->tensors[d->in[0]], *b = &g->tensors[d->out[0]];
+    if (a->bytes != b->bytes)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                         "op %s: %s needs the first input and the first output of one size (%s is %llu bytes, %s %llu)",
+                         nm, what, a->name, (unsigned long long)a->bytes, b->name, (unsigned long long)b->bytes);
+    if ((d->flags & RKM_OP_INPLACE) && (a->flags & RKM_TENSOR_INPUT))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: inplace over %s, an input (inputs are never overwritten)", nm,
+                         a->name);
+    return RKM_OK;
+}
+
 static rkm_result rkm__check_op_desc(const rkm_graph *g, const rkm_op_desc *d, int32_t line)
 {
     const char *nm = d->name;
@@ -529,7 +552,7 @@ static rkm_result rkm__check_op_desc(const rkm_graph *g, const rkm_op_desc *d, i
                          "op %s: scratch=%llu is more than phantom=%llu (the scratch is the part of the phantom "
                          "written on every run)",
                          nm, (unsigned long long)d->scratch, (unsigned long long)d->phantom);
-    return RKM_OK;
+    return rkm__check_inplace(g, d, line);
 }
 
 rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
@@ -554,7 +577,7 @@ rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
     }
     int32_t *in = o->in;
     *o = (rkm__op){o->name, d->fwd_seconds, d->bwd_seconds, in, in + d->n_in, in + d->n_in + d->n_out, d->n_in,
-                   d->n_out, d->n_saved, d->phantom, d->fwd_ws, d->bwd_ws, d->scratch, line, 0};
+                   d->n_out, d->n_saved, d->phantom, d->fwd_ws, d->bwd_ws, d->scratch, d->flags, line, 0};
     if (d->n_in) memcpy(o->in, d->in, (size_t)d->n_in * sizeof(int32_t));
     memcpy(o->out, d->out, (size_t)d->n_out * sizeof(int32_t));
     if (d->n_saved) memcpy(o->saved, d->saved, (size_t)d->n_saved * sizeof(int32_t));
@@ -676,6 +699,20 @@ done:
     return r;
 }
 
+/* grad_inplace, once gradients are known: both tensors have one. */
+static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
+{
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
+        const rkm__tensor *a = &g->tensors[o->in[0]], *b = &g->tensors[o->out[0]];
+        if (!a->has_grad || !b->has_grad)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, o->line, "op %s: grad_inplace needs gradients of %s and %s; %s has none",
+                             o->name, a->name, b->name, a->has_grad ? b->name : a->name);
+    }
+    return RKM_OK;
+}
+
 static rkm_result rkm__structure_detect(rkm_graph *g); /* section 7 */
 static rkm_result rkm__graph_figures(rkm_graph *g);    /* section 6 */
 
@@ -686,6 +723,7 @@ rkm_result rkm_graph_finalize(rkm_graph *g)
     if (r) return r;
     if ((r = rkm__graph_check_whole(g))) return r;
     rkm__graph_derive(g);
+    if ((r = rkm__check_grad_inplace(g))) return r;
     g->input_bytes = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
@@ -716,7 +754,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
         const rkm__op *o = &g->ops[i];
         const rkm_op_costs *c = &costs[i];
         rkm_op_desc d = {o->name, c->fwd_seconds, c->bwd_seconds, o->in, o->n_in, o->out, o->n_out,
-                         o->saved, o->n_saved, o->phantom, c->fwd_ws, c->bwd_ws, o->scratch};
+                         o->saved, o->n_saved, o->phantom, c->fwd_ws, c->bwd_ws, o->scratch, o->flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = rkm_graph_set_loss(n, g->loss);
@@ -783,7 +821,7 @@ rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
     if (r) return r;
     const rkm__op *o = &g->ops[id];
     *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
-                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch};
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, o->flags};
     return RKM_OK;
 }
 
@@ -978,8 +1016,16 @@ static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
     rkm_result res = RKM_OK;
     for (int i = 2; i < r->ntok && res == RKM_OK; i++) {
         char *eq = strchr(r->tok[i], '=');
+        unsigned flag = strcmp(r->tok[i], "inplace") == 0 ? RKM_OP_INPLACE
+                        : strcmp(r->tok[i], "grad_inplace") == 0 ? RKM_OP_GRAD_INPLACE : 0;
+        if (flag) {
+            if (d.flags & flag) res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: flag %s given twice", name, r->tok[i]);
+            d.flags |= flag;
+            continue;
+        }
         if (!eq) {
-            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: '%.64s' is not KEY=VALUE", name, r->tok[i]);
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: '%.64s' is not KEY=VALUE, inplace or grad_inplace", name,
+                            r->tok[i]);
             break;
         }
         *eq = 0;
@@ -1199,7 +1245,7 @@ static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
         if (op->fwd_ws) rkm__outf(o, " fwd_ws=%llu", (unsigned long long)op->fwd_ws);
         if (op->scratch) rkm__outf(o, " scratch=%llu", (unsigned long long)op->scratch);
         if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
-        rkm__outf(o, "\n");
+        rkm__outf(o, "%s%s\n", op->flags & RKM_OP_INPLACE ? " inplace" : "", op->flags & RKM_OP_GRAD_INPLACE ? " grad_inplace" : "");
     }
     rkm__outf(o, "loss %s\n", g->tensors[g->loss].name);
 }
@@ -1288,7 +1334,16 @@ static int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t s
     l->s[l->n].kind = kind;
     l->s[l->n].index = index;
     l->s[l->n].save = save;
+    l->s[l->n].inplace = 0;
     l->n++;
+    return 1;
+}
+
+/* Append a copy of *st (a step as given: the birth checks it). */
+static int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
+{
+    if (!rkm__steps_push(l, st->kind, st->index, st->kind == RKM_STEP_FWD ? st->save : 0)) return 0;
+    l->s[l->n - 1].inplace = st->inplace;
     return 1;
 }
 
@@ -1315,6 +1370,8 @@ static void rkm__steps_free(rkm__steps *l)
 
 static int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
+    int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
+    if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
     switch (s->kind) {
     case RKM_STEP_FWD: return s->index >= 0 && (size_t)s->index < g->n_ops && (s->save == 0 || s->save == 1);
     case RKM_STEP_BWD:
@@ -1349,9 +1406,11 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
     switch (s->kind) {
     case RKM_STEP_LOSS: snprintf(buf, size, "loss"); break;
     case RKM_STEP_FWD:
-        snprintf(buf, size, "fwd %s%s", g->ops[s->index].name, s->save ? " save" : "");
+        snprintf(buf, size, "fwd %s%s%s", g->ops[s->index].name, s->save ? " save" : "", s->inplace ? " inplace" : "");
         break;
     case RKM_STEP_BWD:
+        snprintf(buf, size, "bwd %s%s", g->ops[s->index].name, s->inplace ? " inplace" : "");
+        break;
     case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
     default: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name); break;
     }
@@ -1376,7 +1435,7 @@ rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, 
     if (r) return r;
     rkm__steps d = {g->ctx, NULL, 0, 0};
     for (size_t i = 0; i < n; i++)
-        if (!rkm__steps_push(&d, steps[i].kind, steps[i].index, steps[i].kind == RKM_STEP_FWD ? steps[i].save : 0)) {
+        if (!rkm__steps_push_step(&d, &steps[i])) {
             rkm__steps_free(&d);
             return rkm__nomem(g->ctx, "rkm_plan_create");
         }
@@ -1393,24 +1452,29 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
         if (strcmp(w, rkm__step_words[k]) == 0) kind = k;
     if (kind < 0)
         return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad)", w);
-    int32_t save = 0, index;
+    rkm_step st = {kind, 0, 0, 0};
     if (kind == RKM_STEP_LOSS) {
         if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
-        index = g->loss;
+        st.index = g->loss;
     } else {
-        int want_max = kind == RKM_STEP_FWD ? 3 : 2;
+        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD ? 3 : 2;
+        const char *form = kind == RKM_STEP_FWD ? "fwd OP [save] [inplace]" : kind == RKM_STEP_BWD ? "bwd OP [inplace]" : NULL;
         if (r->ntok < 2 || r->ntok > want_max)
-            return rkm__rerr(r, RKM_ERROR_PARSE, kind == RKM_STEP_FWD ? "expected 'fwd OP [save]'" : "expected '%s NAME'", w);
-        if (r->ntok == 3) {
-            if (strcmp(r->tok[2], "save") != 0) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'save', not '%.64s'", r->tok[2]);
-            save = 1;
+            return form ? rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s'", form) : rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s NAME'", w);
+        for (int i = 2; i < r->ntok; i++) {
+            int is_save = kind == RKM_STEP_FWD && strcmp(r->tok[i], "save") == 0 && i == 2;
+            int is_inplace = strcmp(r->tok[i], "inplace") == 0 && !st.inplace;
+            if (!is_save && !is_inplace)
+                return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s', not '%.64s' as word %d", form, r->tok[i], i + 1);
+            st.save |= is_save;
+            st.inplace |= is_inplace;
         }
         int on_op = kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
-        index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
-        if (index < 0)
+        st.index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
+        if (st.index < 0)
             return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
     }
-    return rkm__steps_push(d, kind, index, save) ? RKM_OK : rkm__nomem(r->ctx, r->src);
+    return rkm__steps_push_step(d, &st) ? RKM_OK : rkm__nomem(r->ctx, r->src);
 }
 
 /* Parse .rkp text into d: syntax and names only. *lines (capacity *cap)
@@ -1596,23 +1660,41 @@ static uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, 
     return o->fwd_ws + (!save && !s->P[x] ? o->scratch : 0);
 }
 
-static uint64_t rkm__sim_fwd_adds(const rkm__sim *s, const rkm__op *o, int save)
+/* What a forward of o adds to the live memory: its outputs not live yet
+ * (but out[0] of a run in place, which takes in[0]'s bytes), its saved
+ * state when run with save. */
+static uint64_t rkm__sim_fwd_adds(const rkm__sim *s, const rkm__op *o, int save, int inplace)
 {
     uint64_t add = save ? o->phantom : 0;
-    for (int32_t k = 0; k < o->n_out; k++)
+    for (int32_t k = inplace ? 1 : 0; k < o->n_out; k++)
         if (!s->D[o->out[k]]) add += s->g->tensors[o->out[k]].bytes;
     return add;
 }
 
-/* What a backward of o adds: the gradients of its inputs not live yet. */
-static uint64_t rkm__sim_bwd_adds(const rkm__sim *s, const rkm__op *o)
+/* What a backward of o adds: the gradients of its inputs not live yet (but
+ * grad(in[0]) of a run in place, which takes grad(out[0])'s bytes). */
+static uint64_t rkm__sim_bwd_adds(const rkm__sim *s, const rkm__op *o, int inplace)
 {
     uint64_t add = 0;
-    for (int32_t k = 0; k < o->n_in; k++) {
+    for (int32_t k = inplace ? 1 : 0; k < o->n_in; k++) {
         const rkm__tensor *t = &s->g->tensors[o->in[k]];
         if (t->has_grad && !s->G[o->in[k]]) add += t->bytes;
     }
     return add;
+}
+
+/* The in-place rules of a fwd or bwd step of o (RKM_RULE_NONE without
+ * inplace): declared, and the buffer it makes not live yet. */
+static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, const rkm__op *o, int32_t *obj)
+{
+    if (!st->inplace) return RKM_RULE_NONE;
+    int fwd = st->kind == RKM_STEP_FWD;
+    if (!(o->flags & (fwd ? RKM_OP_INPLACE : RKM_OP_GRAD_INPLACE))) return RKM_RULE_INPLACE_NOT_DECLARED;
+    *obj = fwd ? o->out[0] : o->in[0];
+    if (fwd && s->D[o->out[0]]) return RKM_RULE_INPLACE_OUT_LIVE;
+    if (!fwd && s->G[o->in[0]]) return RKM_RULE_INPLACE_GRAD_LIVE;
+    *obj = st->index;
+    return RKM_RULE_NONE;
 }
 
 /* Check one step's requirements; on success apply it, set *peak to the
@@ -1636,8 +1718,11 @@ static rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, i
             }
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
-        uint64_t add = rkm__sim_fwd_adds(s, o, st->save);
+        rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
+        if (rule != RKM_RULE_NONE) return rule;
+        uint64_t add = rkm__sim_fwd_adds(s, o, st->save, st->inplace);
         *peak = s->mem + add + rkm__sim_fwd_ws(s, o, x, st->save);
+        if (st->inplace) s->D[o->in[0]] = 0; /* out[0] has its bytes */
         for (int32_t k = 0; k < o->n_out; k++) s->D[o->out[k]] = 1;
         if (st->save) s->P[x] = 1;
         s->fwd_done[x] = 1;
@@ -1671,8 +1756,11 @@ static rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, i
             if (!rkm__grad_complete(s, t)) return RKM_RULE_BWD_GRAD_INCOMPLETE;
         }
         *obj = x;
-        uint64_t add = rkm__sim_bwd_adds(s, o);
+        rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
+        if (rule != RKM_RULE_NONE) return rule;
+        uint64_t add = rkm__sim_bwd_adds(s, o, st->inplace);
         *peak = s->mem + add + o->bwd_ws;
+        if (st->inplace) s->G[o->out[0]] = 0; /* grad(in[0]) has its bytes */
         for (int32_t k = 0; k < o->n_in; k++) {
             int32_t t = o->in[k];
             if (!g->tensors[t].has_grad) continue;
@@ -1744,6 +1832,7 @@ static int rkm__buf_open(rkm__recorder *rc, int32_t kind, int32_t index, int64_t
     x->index = index;
     x->first_step = x->last_step = step;
     x->bytes = bytes;
+    x->takes_over = -1;
     if (kind == RKM_BUFFER_TENSOR) rc->open_t[index] = (int64_t)p->n_buffers;
     if (kind == RKM_BUFFER_GRAD) rc->open_g[index] = (int64_t)p->n_buffers;
     if (kind == RKM_BUFFER_PHANTOM) rc->open_p[index] = (int64_t)p->n_buffers;
@@ -1755,6 +1844,19 @@ static void rkm__buf_close(rkm__recorder *rc, int64_t *open, int32_t index, int6
 {
     rc->p->buffers[open[index]].last_step = step;
     open[index] = -1;
+}
+
+/* An in-place step i: the buffer open in from[from_index] passes its bytes
+ * to a new buffer (kind, index) that takes it over. */
+static int rkm__buf_take_over(rkm__recorder *rc, int64_t *from, int32_t from_index, int32_t kind, int32_t index,
+                              int64_t i)
+{
+    int64_t old = from[from_index];
+    if (old < 0) return 1; /* not live: the step breaks a rule */
+    rkm__buf_close(rc, from, from_index, i);
+    if (!rkm__buf_open(rc, kind, index, i, rc->p->buffers[old].bytes)) return 0;
+    rc->p->buffers[rc->p->n_buffers - 1].takes_over = old;
+    return 1;
 }
 
 static void rkm__recorder_free(rkm__recorder *rc)
@@ -1802,8 +1904,10 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
         uint64_t ws = rkm__sim_fwd_ws(s, o, x, st->save);
         fl[rc->at++] = s->fwd_done[x];
         fl[rc->at++] = ws != o->fwd_ws; /* the call's workspace holds the scratch */
-        for (int32_t k = 0; k < o->n_out; k++) fl[rc->at++] = !s->D[o->out[k]];
         for (int32_t k = 0; k < o->n_out; k++)
+            fl[rc->at++] = k == 0 && st->inplace ? RKM_OUT_INPLACE : s->D[o->out[k]] ? RKM_OUT_LIVE : RKM_OUT_NEW;
+        if (st->inplace && !rkm__buf_take_over(rc, rc->open_t, o->in[0], RKM_BUFFER_TENSOR, o->out[0], i)) return 0;
+        for (int32_t k = st->inplace ? 1 : 0; k < o->n_out; k++)
             if (!s->D[o->out[k]] && !rkm__buf_open(rc, RKM_BUFFER_TENSOR, o->out[k], i, g->tensors[o->out[k]].bytes))
                 return 0;
         if (st->save && !rkm__buf_open(rc, RKM_BUFFER_PHANTOM, x, i, o->phantom)) return 0;
@@ -1811,10 +1915,12 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
     }
     case RKM_STEP_BWD: {
         const rkm__op *o = &g->ops[x];
+        if (st->inplace && !rkm__buf_take_over(rc, rc->open_g, o->out[0], RKM_BUFFER_GRAD, o->in[0], i)) return 0;
         for (int32_t k = 0; k < o->n_in; k++) {
             int32_t t = o->in[k];
             int new_grad = g->tensors[t].has_grad && !s->G[t];
-            fl[rc->at++] = !g->tensors[t].has_grad ? RKM_GRAD_NONE : new_grad ? RKM_GRAD_NEW : RKM_GRAD_ACCUMULATE;
+            fl[rc->at++] = k == 0 && st->inplace ? RKM_GRAD_INPLACE : !g->tensors[t].has_grad ? RKM_GRAD_NONE
+                           : new_grad ? RKM_GRAD_NEW : RKM_GRAD_ACCUMULATE;
             if (new_grad && rc->open_g[t] < 0 && !rkm__buf_open(rc, RKM_BUFFER_GRAD, t, i, g->tensors[t].bytes)) return 0;
         }
         for (int32_t k = 0; k < o->n_out; k++) fl[rc->at++] = (uint8_t)g->tensors[o->out[k]].has_grad;
@@ -1907,6 +2013,9 @@ static const struct rkm__rule_info {
     [RKM_RULE_END_SAVED_LIVE] = {"end: no saved state may be live", 1},
     [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live", 0},
     [RKM_RULE_BAD_STEP] = {"step kind or index out of range", 0},
+    [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
+    [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
+    [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
 };
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -2109,6 +2218,31 @@ static uint64_t rkm__layout_place(rkm_buffer *b, size_t n, const rkm__order *ord
     return arena;
 }
 
+/* A buffer that an in-place step takes over is one block with its
+ * successor: the chain's first buffer stands for it, with the chain's whole
+ * lifetime, and the others are not placed (last_step of their first: the
+ * chain's end; first_step of the others: INT64_MAX, so they overlap nothing).
+ * Buffers are in creation order, so a successor comes after its buffer. */
+static void rkm__layout_chains(rkm_buffer *b, size_t n, int64_t *head)
+{
+    for (size_t i = 0; i < n; i++) {
+        head[i] = b[i].takes_over >= 0 ? head[b[i].takes_over] : (int64_t)i;
+        if (b[i].takes_over < 0) continue;
+        if (b[i].last_step > b[head[i]].last_step) b[head[i]].last_step = b[i].last_step;
+        b[i].first_step = INT64_MAX;
+    }
+}
+
+/* Each chained buffer: its first's offset, and its own lifetime back. */
+static void rkm__layout_unchain(rkm_buffer *b, const rkm_buffer *given, size_t n, const int64_t *head)
+{
+    for (size_t i = 0; i < n; i++) {
+        b[i].offset = b[head[i]].offset;
+        b[i].first_step = given[i].first_step;
+        b[i].last_step = given[i].last_step;
+    }
+}
+
 /* Greedy placement in three orders (largest first, largest size x lifetime
  * first, creation order); the smallest arena wins. best: scratch offsets. */
 static uint64_t rkm__layout_best(rkm_buffer *b, size_t n, rkm__order *ord, rkm__extent *ext, uint64_t *best,
@@ -2117,6 +2251,10 @@ static uint64_t rkm__layout_best(rkm_buffer *b, size_t n, rkm__order *ord, rkm__
     uint64_t arena = UINT64_MAX;
     for (int pass = 0; pass < 3; pass++) {
         for (size_t i = 0; i < n; i++) {
+            if (b[i].first_step == INT64_MAX) { /* chained: placed with its first */
+                ord[i] = (rkm__order){0, INT64_MAX, i};
+                continue;
+            }
             uint64_t life = (uint64_t)(b[i].last_step - b[i].first_step + 1);
             uint64_t key = pass == 0 ? b[i].bytes : pass == 1 ? b[i].bytes * life : UINT64_MAX - (uint64_t)(b[i].first_step + 1);
             ord[i] = (rkm__order){key, b[i].first_step, i};
@@ -2153,11 +2291,15 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
     rkm__order *ord = rkm__alloc(p->ctx, (n + 1) * sizeof *ord);
     rkm__extent *ext = rkm__alloc(p->ctx, (n + 1) * sizeof *ext);
     uint64_t *best = rkm__alloc(p->ctx, (n + 1) * sizeof *best);
-    rkm_result r = ord && ext && best ? RKM_OK : rkm__nomem(p->ctx, "rkm_plan_layout");
+    int64_t *head = rkm__alloc(p->ctx, (n + 1) * sizeof *head);
+    rkm_result r = ord && ext && best && head ? RKM_OK : rkm__nomem(p->ctx, "rkm_plan_layout");
     if (!r) {
         if (n) memcpy(buffers, p->buffers, n * sizeof *buffers);
+        rkm__layout_chains(buffers, n, head);
         *arena_bytes = rkm__layout_best(buffers, n, ord, ext, best, alignment);
+        rkm__layout_unchain(buffers, p->buffers, n, head);
     }
+    rkm__free(p->ctx, head, (n + 1) * sizeof *head);
     rkm__free(p->ctx, ord, (n + 1) * sizeof *ord);
     rkm__free(p->ctx, ext, (n + 1) * sizeof *ext);
     rkm__free(p->ctx, best, (n + 1) * sizeof *best);
@@ -2196,10 +2338,112 @@ static rkm_result rkm__uses(const rkm_graph *g, int32_t **last_fwd, int32_t **fi
 
 static int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
 
+/* In-place runs, made from a valid plan: a `fwd OP` of an op that declares
+ * RKM_OP_INPLACE, whose in[0] is live and out[0] is not, and after which
+ * the next step that touches in[0] is `free in[0]`, becomes `fwd OP
+ * inplace` and that free goes; a `bwd OP` of an op that declares
+ * RKM_OP_GRAD_INPLACE whose grad(in[0]) is not live yet becomes `bwd OP
+ * inplace` and the `free_grad out[0]` after it goes. Between the two steps
+ * the plan holds one buffer fewer, and no step's peak grows: the plan stays
+ * valid and never peaks higher. One decision cannot undo another's
+ * conditions: a tensor freed early is touched by nothing in between. */
+
+/* Step i is the next touch (next[t] = i) of each tensor (grads 0) or
+ * gradient (grads 1) that st reads, makes or frees. */
+static void rkm__step_touches(const rkm_graph *g, const rkm_step *st, int grads, int64_t *next, int64_t i)
+{
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
+    switch (st->kind) {
+    case RKM_STEP_FWD:
+        for (int32_t k = 0; !grads && k < o->n_in + o->n_out; k++) next[o->in[k]] = i; /* in, out contiguous */
+        break;
+    case RKM_STEP_BWD:
+        for (int32_t k = 0; !grads && k < o->n_saved; k++) next[o->saved[k]] = i;
+        for (int32_t k = 0; grads && k < o->n_in + o->n_out; k++) next[o->in[k]] = i;
+        break;
+    case RKM_STEP_FREE: if (!grads) next[st->index] = i; break;
+    case RKM_STEP_FREE_GRAD: if (grads) next[st->index] = i; break;
+    case RKM_STEP_LOSS: next[st->index] = i; break;
+    }
+}
+
+/* Which steps of d can run in place (ok[i] = 1), from a replay. */
+static void rkm__inplace_candidates(rkm__sim *s, const rkm__steps *d, uint8_t *ok)
+{
+    const rkm_graph *g = s->g;
+    for (size_t i = 0; i < d->n; i++) {
+        const rkm_step *st = &d->s[i];
+        const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
+        ok[i] = o && !st->inplace &&
+                (st->kind == RKM_STEP_FWD ? (o->flags & RKM_OP_INPLACE) && s->D[o->in[0]] && !s->D[o->out[0]]
+                                          : (o->flags & RKM_OP_GRAD_INPLACE) && !s->G[o->in[0]]);
+        uint64_t pk;
+        int32_t obj;
+        if (rkm__sim_step(s, st, &pk, &obj) != RKM_RULE_NONE) {
+            memset(ok + i, 0, d->n - i); /* not valid from here: leave the rest as it is */
+            return;
+        }
+    }
+}
+
+/* Mark the in-place runs (ok[i] -> the step's inplace) and the frees they
+ * make unneeded (gone[j] = 1), scanning backwards for each tensor's and
+ * gradient's next touch. */
+static void rkm__inplace_mark(const rkm_graph *g, rkm__steps *d, uint8_t *ok, int64_t *nt, int64_t *ng)
+{
+    for (size_t t = 0; t < g->n_tensors; t++) nt[t] = ng[t] = -1;
+    for (size_t i = d->n; i-- > 0;) {
+        rkm_step *st = &d->s[i];
+        if (ok[i]) {
+            const rkm__op *o = &g->ops[st->index];
+            int fwd = st->kind == RKM_STEP_FWD;
+            int32_t t = fwd ? o->in[0] : o->out[0];
+            int64_t j = fwd ? nt[t] : ng[t];
+            ok[i] = 0;
+            if (j >= 0 && d->s[j].kind == (fwd ? RKM_STEP_FREE : RKM_STEP_FREE_GRAD)) {
+                st->inplace = 1;
+                ok[j] = 2; /* gone */
+            }
+        }
+        rkm__step_touches(g, st, 0, nt, (int64_t)i);
+        rkm__step_touches(g, st, 1, ng, (int64_t)i);
+    }
+}
+
+static int rkm__graph_has_inplace(const rkm_graph *g)
+{
+    for (size_t i = 0; i < g->n_ops; i++)
+        if (g->ops[i].flags) return 1;
+    return 0;
+}
+
+/* Lower d (a valid plan, or one valid up to some step) to in-place runs. */
+static rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d)
+{
+    size_t n = d->n;
+    if (!n || !rkm__graph_has_inplace(g)) return RKM_OK;
+    rkm__sim s;
+    uint8_t *ok = rkm__alloc(g->ctx, n);
+    int64_t *next = rkm__alloc(g->ctx, 2 * (g->n_tensors + 1) * sizeof *next);
+    rkm_result r = ok && next ? rkm__sim_init(g, &s) : rkm__nomem(g->ctx, "in-place runs");
+    if (!r) {
+        rkm__inplace_candidates(&s, d, ok);
+        rkm__sim_free(&s);
+        rkm__inplace_mark(g, d, ok, next, next + g->n_tensors + 1);
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (ok[i] != 2) d->s[m++] = d->s[i];
+        d->n = m;
+    }
+    rkm__free(g->ctx, ok, n);
+    rkm__free(g->ctx, next, 2 * (g->n_tensors + 1) * sizeof *next);
+    return r;
+}
+
 /* Append a step and apply it to the tracking state. */
 static rkm_result rkm__push_tracked(rkm__steps *p, rkm__sim *s, int32_t kind, int32_t index, int32_t save)
 {
-    rkm_step st = {kind, index, save};
+    rkm_step st = {kind, index, save, 0};
     uint64_t pk;
     int32_t obj;
     (void)rkm__sim_step(s, &st, &pk, &obj);
@@ -2251,6 +2495,7 @@ static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm__steps *d)
         r = rkm__baseline_fill(g, d, &s, last_fwd, first_bwd);
         rkm__sim_free(&s);
     }
+    if (!r) r = rkm__lower_inplace(g, d);
     rkm__free(g->ctx, last_fwd, (g->n_tensors + 1) * sizeof(int32_t));
     rkm__free(g->ctx, first_bwd, (g->n_tensors + 1) * sizeof(int32_t));
     return r;
@@ -2293,12 +2538,15 @@ static uint64_t rkm__lower_bound(const rkm_graph *g)
     uint64_t lb = g->input_bytes + 2 * g->tensors[g->loss].bytes;
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *o = &g->ops[i];
+        /* a run in place has out[0] in in[0]'s bytes, and grad(in[0]) in grad(out[0])'s */
         uint64_t f = g->input_bytes + rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws +
-                     (rkm__saves_phantom(o) ? o->phantom : o->scratch); /* each run holds at least the scratch */
+                     (rkm__saves_phantom(o) ? o->phantom : o->scratch) - /* each run holds at least the scratch */
+                     (o->flags & RKM_OP_INPLACE ? g->tensors[o->out[0]].bytes : 0);
         if (f > lb) lb = f;
         if (!o->has_bwd) continue;
         uint64_t b = g->input_bytes + rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
-                     rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1);
+                     rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1) -
+                     (o->flags & RKM_OP_GRAD_INPLACE ? g->tensors[o->in[0]].bytes : 0);
         if (b > lb) lb = b;
     }
     return lb;
@@ -2508,6 +2756,7 @@ static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__b
         const rkm__op *x = &g->ops[a->ops[j]], *y = &g->ops[b->ops[j]];
         if (x->n_in != y->n_in || x->n_out != y->n_out || x->n_saved != y->n_saved || x->phantom != y->phantom ||
             x->fwd_ws != y->fwd_ws || x->scratch != y->scratch || x->bwd_ws != y->bwd_ws || x->has_bwd != y->has_bwd ||
+            x->flags != y->flags ||
             !rkm__close(x->fwd, y->fwd) || !rkm__close(x->bwd, y->bwd))
             return 0;
         if (!rkm__same_list(g, a, b, x->in, y->in, x->n_in) || !rkm__same_list(g, a, b, x->out, y->out, x->n_out) ||
@@ -5435,7 +5684,7 @@ static int rkm__dtr_victim(const rkm__dtr *d, int *is_op, int32_t *id)
  * here is a bug, caught again at the plan's birth). */
 static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t save)
 {
-    rkm_step st = {kind, index, save};
+    rkm_step st = {kind, index, save, 0};
     uint64_t pk;
     int32_t obj;
     if (d->failed) return;
@@ -5498,7 +5747,7 @@ static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
 {
     const rkm__op *o = &d->g->ops[i];
     int32_t k = rkm__dtr_pin(d, o->in, o->n_in);
-    if (!d->failed && rkm__dtr_room(d, rkm__sim_fwd_adds(&d->s, o, save) + rkm__sim_fwd_ws(&d->s, o, i, save)))
+    if (!d->failed && rkm__dtr_room(d, rkm__sim_fwd_adds(&d->s, o, save, 0) + rkm__sim_fwd_ws(&d->s, o, i, save)))
         rkm__dtr_apply(d, RKM_STEP_FWD, i, save);
     rkm__dtr_lock(d, o->in, k, -1);
     rkm__dtr_touch(d, o->in, o->n_in);
@@ -5554,7 +5803,7 @@ static void rkm__dtr_bwd_step(rkm__dtr *d, int32_t i)
     if (o->phantom > 0 && !d->s.P[i] && !rkm__dtr_forward(d, i, 1)) return;
     d->lock_p[i]++;
     int32_t k = rkm__dtr_pin(d, o->saved, o->n_saved);
-    if (!d->failed && rkm__dtr_room(d, rkm__sim_bwd_adds(&d->s, o) + o->bwd_ws)) rkm__dtr_apply(d, RKM_STEP_BWD, i, 0);
+    if (!d->failed && rkm__dtr_room(d, rkm__sim_bwd_adds(&d->s, o, 0) + o->bwd_ws)) rkm__dtr_apply(d, RKM_STEP_BWD, i, 0);
     d->lock_p[i]--;
     rkm__dtr_lock(d, o->saved, k, -1);
     if (d->failed) return;
@@ -5668,6 +5917,7 @@ struct rkm_planner {
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
+    uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
     uint64_t chain_floor;    /* the least peak of the chain DP's plans, once scanned; 0: not yet */
     int64_t chain_floor_slots; /* the slot budget whose plan peaks there */
@@ -6030,7 +6280,12 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 /* Birth of a draft the planner made (taken): an invalid one is a bug. */
 static rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
 {
-    rkm_result r = rkm__plan_birth(pl->g, draft, NULL, out);
+    rkm_result r = rkm__lower_inplace(pl->g, draft);
+    if (r) {
+        rkm__steps_free(draft);
+        return r;
+    }
+    r = rkm__plan_birth(pl->g, draft, NULL, out);
     if (r != RKM_ERROR_PLAN) return r;
     char why[RKM_ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
@@ -6243,7 +6498,8 @@ static rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **ou
     if (r || *out) return r;
     uint64_t min;
     if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
-    return rkm__dtr_plan(pl, min, 0, out);
+    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
+    return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
 }
 
 /* The faster of two plans (a on a tie); the other is destroyed. */
@@ -6362,11 +6618,13 @@ static int rkm__polish_expand(rkm__polish *w)
     return 1;
 }
 
-/* Replay w->full: 1 when valid and within the budget (then *time). */
+/* Replay w->full, run in place where it can: 1 when valid and within the
+ * budget (then *time), -1 on NOMEM. */
 static int rkm__polish_fits(rkm__polish *w, double *time)
 {
     rkm_sim_result res;
     int32_t obj;
+    if (rkm__lower_inplace(w->g, &w->full)) return -1;
     rkm__sim_reset(&w->sim);
     w->work += w->full.n;
     if (!rkm__sim_run(&w->sim, w->full.s, w->full.n, &res, NULL)) return 0;
@@ -6381,7 +6639,9 @@ static int rkm__polish_try(rkm__polish *w, int *kept)
     double t;
     *kept = 0;
     if (!rkm__polish_expand(w)) return 0;
-    if (!rkm__polish_fits(w, &t) || !(t < w->time)) return 1;
+    int fits = rkm__polish_fits(w, &t);
+    if (fits < 0) return 0;
+    if (!fits || !(t < w->time)) return 1;
     w->time = t;
     w->cur.n = 0;
     for (size_t i = 0; i < w->cand.n; i++)
@@ -6582,16 +6842,16 @@ static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
         return RKM_OK;
     }
     rkm_result r = RKM_OK;
-    uint64_t lo = pl->lower_bound, hi = pl->base_peak;
+    uint64_t lo = pl->lower_bound, hi = pl->base_peak, at = pl->base_peak;
     for (int it = 0; it < 40 && lo < hi && !r; it++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *p;
         r = rkm__dtr_plan(pl, mid, 1, &p);
-        if (!r && p) hi = p->stats.peak;
+        if (!r && p) hi = p->stats.peak, at = mid;
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
-    if (!r) pl->dtr_min = hi;
+    if (!r) pl->dtr_min = hi, pl->dtr_min_at = at;
     *out = hi;
     return r;
 }
@@ -6605,12 +6865,15 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
         uint64_t floor;
         int64_t slots;
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = floor;
-    } else if (pl->d.algo == RKM_ALGO_SQRT) {
+    } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
+        r = rkm__min_budget_checkmate(pl, out);
+    /* sqrt's one schedule: rockmate has it among its candidates, so its
+     * floor too (in place, it can peak below the chain DP's) */
+    if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         rkm_plan *p;
         if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = p->stats.peak;
         rkm_plan_destroy(p);
-    } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
-        r = rkm__min_budget_checkmate(pl, out);
+    }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         uint64_t dtr;
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr;
@@ -7292,6 +7555,38 @@ static int rkm__exec_take(rkm_arena_exec *x, uint64_t *slot, int32_t kind, int32
     return 0;
 }
 
+/* An in-place run: *to (not live) takes over the live buffer *from, which
+ * stays readable until the call returns (rkm__exec_inplace_end). In layout
+ * mode the buffer is the layout's next one, at *from's offset. */
+static int rkm__exec_take_over(rkm_arena_exec *x, const uint64_t *from, uint64_t *to, int32_t kind, int32_t index,
+                               uint64_t bytes, const char *what, const char *name)
+{
+    if (*to != RKM_ARENA_NONE || *from == RKM_ARENA_NONE)
+        return rkm__exec_fail(x, RKM_ERROR_INTERNAL, "%s %s: an in-place run needs it not live and its input live", what,
+                              name);
+    if (x->lay) {
+        const rkm_buffer *b = x->lay_next < x->n_lay ? &x->lay[x->lay_next] : NULL;
+        if (!b || b->kind != kind || b->index != index || b->first_step != x->step || b->bytes != bytes ||
+            b->takes_over < 0 || b->offset != *from)
+            return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s (in place, step %lld) is not the layout's buffer %llu; was "
+                                  "the exec made for another plan?", what, name, (long long)x->step,
+                                  (unsigned long long)x->lay_next);
+        x->lay_next++;
+    }
+    *to = *from;
+    return 0;
+}
+
+/* After an in-place call (or its failure): the buffer taken over is no
+ * longer its input's. */
+static void rkm__exec_inplace_end(rkm_arena_exec *x, const rkm_fwd_call *f, const rkm_bwd_call *b)
+{
+    uint64_t *from = f && f->n_out && f->out_new[0] == RKM_OUT_INPLACE ? &x->t_off[f->in[0]]
+                     : b && b->n_in && b->in_grad[0] == RKM_GRAD_INPLACE ? &x->g_off[b->out[0]] : NULL;
+    const uint64_t *to = f ? &x->t_off[f->out[0]] : b ? &x->g_off[b->in[0]] : NULL;
+    if (from && *from == *to) *from = RKM_ARENA_NONE;
+}
+
 /* Release *slot (of `bytes`) and mark it not live. */
 static int rkm__exec_give(rkm_arena_exec *x, uint64_t *slot, uint64_t bytes, const char *what, const char *name)
 {
@@ -7345,9 +7640,15 @@ static int rkm__exec_fwd_creates(rkm_arena_exec *x, const rkm_fwd_call *call, ui
 {
     int rc = 0;
     for (int32_t k = 0; k < call->n_out && !rc; k++) {
-        if (!call->out_new[k]) continue;
+        if (call->out_new[k] == RKM_OUT_LIVE) continue;
         const rkm__tensor *t = &x->g->tensors[call->out[k]];
-        rc = rkm__exec_take(x, &x->t_off[call->out[k]], RKM_BUFFER_TENSOR, call->out[k], t->bytes, "tensor", t->name);
+        uint64_t *slot = &x->t_off[call->out[k]];
+        if (call->out_new[k] == RKM_OUT_INPLACE) {
+            rc = rkm__exec_take_over(x, &x->t_off[call->in[0]], slot, RKM_BUFFER_TENSOR, call->out[k], t->bytes, "tensor",
+                                     t->name);
+            continue;
+        }
+        rc = rkm__exec_take(x, slot, RKM_BUFFER_TENSOR, call->out[k], t->bytes, "tensor", t->name);
         *created += t->bytes;
     }
     if (!rc && call->save) {
@@ -7369,6 +7670,9 @@ static int rkm__exec_bwd_creates(rkm_arena_exec *x, const rkm_bwd_call *call, ui
         if (call->in_grad[k] == RKM_GRAD_NEW) {
             rc = rkm__exec_take(x, &x->g_off[id], RKM_BUFFER_GRAD, id, t->bytes, "gradient of", t->name);
             *created += t->bytes;
+        } else if (call->in_grad[k] == RKM_GRAD_INPLACE) {
+            rc = rkm__exec_take_over(x, &x->g_off[call->out[0]], &x->g_off[id], RKM_BUFFER_GRAD, id, t->bytes,
+                                     "gradient of", t->name);
         } else if (call->in_grad[k] == RKM_GRAD_ACCUMULATE && x->g_off[id] == RKM_ARENA_NONE) {
             rc = rkm__exec_fail(x, RKM_ERROR_INTERNAL, "gradient of %s is accumulated into but not live", t->name);
         }
@@ -7386,8 +7690,12 @@ static int rkm__exec_call(rkm_arena_exec *x, int32_t op, int64_t step, uint64_t 
     x->call_name = x->g->ops[op].name;
     uint64_t live_before = x->arena->current, run_peak = x->arena->peak, created = 0;
     int rc = f ? rkm__exec_fwd_creates(x, f, &created) : rkm__exec_bwd_creates(x, b, &created);
-    if (rc || (rc = rkm__exec_call_begin(x, ws, op))) return rc;
+    if (rc || (rc = rkm__exec_call_begin(x, ws, op))) {
+        rkm__exec_inplace_end(x, f, b);
+        return rc;
+    }
     if (x->has_host) rc = f ? x->host.forward(x->host.user, f) : x->host.backward(x->host.user, b);
+    rkm__exec_inplace_end(x, f, b);
     int rc2 = rkm__exec_call_end(x, live_before, created, run_peak, f ? &x->fwd_ws[op] : &x->bwd_ws[op]);
     return rc ? rc : rc2;
 }

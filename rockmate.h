@@ -90,6 +90,16 @@
  *   workspace) overflow 64 bits is rejected, so no sum can overflow.
  * - `fwd OP` without `save` on an op whose saved state is live is allowed:
  *   it recomputes outputs and leaves the saved state as it is.
+ * - In place (`inplace`, `grad_inplace`; RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE)
+ *   says what an op's kernel can do; whether a run does is the plan's step
+ *   (`fwd OP inplace`, `bwd OP inplace`), so a plan without such steps
+ *   means what it meant before. The baseline and every planner's plan run
+ *   in place exactly where the plain plan would free the input (or the
+ *   output's gradient) right after without reading it again: one buffer
+ *   fewer for a while, no step higher. The planners' own models (block
+ *   ILPs, the chain DP's options, DTR) do not count in-place runs: they are
+ *   conservative there, and the simulator's figures of the lowered plan are
+ *   the ones reported and checked against the budget.
  * - An op's costs (times, workspaces) are part of the graph: finalize
  *   derives the block classes from them, so they are never changed on a
  *   finalized graph.
@@ -232,7 +242,27 @@ typedef struct rkm_op_desc {
      * the host in rkm_fwd_call.ws_bytes); a run with save keeps it as part
      * of the phantom; a run while the saved state is live writes it there. */
     uint64_t scratch;
+    unsigned flags;      /* RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE */
 } rkm_op_desc;
+
+/* In-place kernels (rkm_op_desc.flags; the .rkg words `inplace` and
+ * `grad_inplace`). Both concern the op's first input and first output,
+ * which must have the same size. They say what the host's kernel CAN do; a
+ * plan step says whether a run does (`fwd OP inplace`, `bwd OP inplace`):
+ * - RKM_OP_INPLACE: the forward can write out[0] over in[0] (ReLU, GELU,
+ *   `x += y`). A run in place needs no new bytes for out[0]: it takes in[0]'s
+ *   buffer, and in[0] is gone after it (in[0] may not be an `input`).
+ * - RKM_OP_GRAD_INPLACE: the backward can write grad(in[0]) over grad(out[0])
+ *   (GELU's backward in llm.c; a residual add, whose gradient passes
+ *   through). A run in place makes grad(in[0]) (its first contribution) in
+ *   grad(out[0])'s buffer, which is gone after it. Along a residual chain of
+ *   such ops the gradient stays in one buffer: llm.c's `dresidual`. Both
+ *   tensors must have a gradient.
+ * The planners run an op in place wherever the plan would otherwise free
+ * the input (gradient) right after without reading it again; the baseline
+ * does the same, as the plain step of such a host would. */
+#define RKM_OP_INPLACE 1u
+#define RKM_OP_GRAD_INPLACE 2u
 
 rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out);
 void rkm_graph_destroy(rkm_graph *g);
@@ -351,6 +381,9 @@ typedef struct rkm_step {
     int32_t kind;  /* rkm_step_kind */
     int32_t index; /* op or tensor id, see rkm_step_kind */
     int32_t save;  /* RKM_STEP_FWD only: 1 for `fwd OP save` */
+    int32_t inplace; /* RKM_STEP_FWD, RKM_STEP_BWD: 1 for `fwd OP [save] inplace`,
+                        `bwd OP inplace` (the op declares RKM_OP_INPLACE /
+                        RKM_OP_GRAD_INPLACE); 0 otherwise */
 } rkm_step;
 
 /* The rule a plan broke, as the simulator names it. */
@@ -378,6 +411,9 @@ typedef enum rkm_rule {
     RKM_RULE_END_SAVED_LIVE,        /* end: a saved state is still live */
     RKM_RULE_END_GRAD_LIVE,         /* end: a gradient is still live */
     RKM_RULE_BAD_STEP,              /* a step kind or index out of range */
+    RKM_RULE_INPLACE_NOT_DECLARED,  /* fwd/bwd inplace: the op does not declare it */
+    RKM_RULE_INPLACE_OUT_LIVE,      /* fwd inplace: out[0] is live already */
+    RKM_RULE_INPLACE_GRAD_LIVE,     /* bwd inplace: grad(in[0]) is live already */
     RKM_RULE_COUNT
 } rkm_rule;
 
@@ -450,6 +486,10 @@ typedef struct rkm_buffer {
                             num_steps for inputs, which are never released) */
     uint64_t bytes;
     uint64_t offset;     /* in the arena; a multiple of the alignment */
+    int64_t takes_over;  /* -1; or, for the buffer an in-place step makes (out[0],
+                            grad(in[0])), the index in this list of the buffer
+                            whose bytes it takes over (in[0], grad(out[0])),
+                            released by that same step: same bytes, same offset */
 } rkm_buffer;
 
 /* The buffers a plan creates, known exactly from its replay at birth. */
@@ -586,8 +626,7 @@ typedef struct rkm_fwd_call {
     int32_t n_in;
     const int32_t *out;    /* the op's `out` tensors (n_out) */
     int32_t n_out;
-    const uint8_t *out_new;/* per output: 1 = not live, allocate it; 0 = live
-                              already, recompute into it in place */
+    const uint8_t *out_new;/* per output: RKM_OUT_* */
     uint64_t phantom;      /* the op's phantom: with save, the saved state to allocate */
     uint64_t ws_bytes;     /* the transient memory the call may use: the op's
                               fwd_ws, plus its scratch when this run keeps no
@@ -595,10 +634,21 @@ typedef struct rkm_fwd_call {
                               live); the layout's workspace buffer has this size */
 } rkm_fwd_call;
 
+/* Per output of a forward call. */
+#define RKM_OUT_LIVE 0    /* live already: recompute into it (same values) */
+#define RKM_OUT_NEW 1     /* not live: allocate it */
+#define RKM_OUT_INPLACE 2 /* out[0] of a run in place: it takes over in[0]'s
+                             buffer (write over in[0]); in[0] is gone after
+                             the call, and no free step follows for it */
+
 /* Per input gradient of a backward call. */
 #define RKM_GRAD_NONE 0       /* this input has no gradient: do not compute one */
 #define RKM_GRAD_NEW 1        /* allocate grad(T); this is its first contribution */
 #define RKM_GRAD_ACCUMULATE 2 /* grad(T) is live: add into it */
+#define RKM_GRAD_INPLACE 3    /* in[0] of a run in place: grad(in[0]) takes over
+                                 grad(out[0])'s buffer (write it there; its
+                                 first contribution); grad(out[0]) is gone
+                                 after the call, and no free_grad follows */
 
 typedef struct rkm_bwd_call {
     int64_t step;

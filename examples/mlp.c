@@ -20,7 +20,13 @@
  * and the two give the same losses and gradients, bit for bit: the last
  * line's digest (of every step's loss and gradients) is the same.
  *
- *   build/mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M]
+ *   build/mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace]
+ *
+ * --inplace declares ReLU in place both ways (RKM_OP_INPLACE: its output
+ * over its input; RKM_OP_GRAD_INPLACE: its input's gradient over its
+ * output's), as a host with in-place kernels would: baseline and plans then
+ * hold one buffer fewer per layer for a while, and the kernels, unchanged,
+ * give the same values (the digest is the same with and without it).
  *
  * Without --budget each step runs the baseline plan. With one ("50%",
  * "64KiB", a byte count, or "min" for the least the algorithm can do) it
@@ -161,6 +167,7 @@ typedef enum OpKind { OP_MATMUL, OP_RELU, OP_LOSS } OpKind;
 
 typedef struct Host {
     int layers;
+    int inplace;           /* --inplace: ReLU and its backward run in place */
     float *params, *grads; /* host memory: weights then biases of every layer */
     size_t num_params;
     float *w[MAX_LAYERS], *b[MAX_LAYERS], *dw[MAX_LAYERS], *db[MAX_LAYERS];
@@ -257,7 +264,10 @@ static int32_t build_layer(Host *h, int l, int32_t inp)
     if (act < 0) return -1;
     rkm_op_desc relu = {.name = name, .fwd_seconds = stream_seconds(2 * bytes),
                         .bwd_seconds = stream_seconds(3 * bytes), .in = &out, .n_in = 1,
-                        .out = &act, .n_out = 1, .saved = &act, .n_saved = 1};
+                        .out = &act, .n_out = 1, .saved = &act, .n_saved = 1,
+                        /* elementwise both ways: it can write its output over its input,
+                         * and grad(input) over grad(output) */
+                        .flags = h->inplace ? RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE : 0};
     return add_op(h, OP_RELU, l, &relu) ? act : -1;
 }
 
@@ -325,6 +335,16 @@ static int alloc_new(Host *h, void **slot, size_t bytes, uint64_t off)
     return (*slot = counted_alloc(&h->mem, bytes)) ? 0 : 1;
 }
 
+/* A run in place: *to takes over the live buffer *from, which the kernel
+ * reads and overwrites; the caller clears *from after the kernel. The
+ * arena exec moves its own offsets the same way. */
+static int take_over(void **to, void *const *from)
+{
+    if (*to || !*from) return 2;
+    *to = *from;
+    return 0;
+}
+
 /* A buffer a free step releases (the arena exec takes it back itself). */
 static int release(Host *h, void **slot)
 {
@@ -352,7 +372,9 @@ static int on_forward(void *user, const rkm_fwd_call *call)
 {
     Host *h = user;
     int32_t out = call->out[0];
-    int rc = call->out_new[0] ? alloc_new(h, &h->act[out], h->bytes[out], rkm_arena_exec_tensor(h->ax, out)) : 0;
+    int rc = call->out_new[0] == RKM_OUT_NEW ? alloc_new(h, &h->act[out], h->bytes[out], rkm_arena_exec_tensor(h->ax, out))
+             : call->out_new[0] == RKM_OUT_INPLACE ? take_over(&h->act[out], &h->act[call->in[0]])
+                                                   : 0;
     if (rc) return rc;
     const float *inp = h->act[call->in[0]];
     if (!inp || !h->act[out]) return 2;
@@ -363,6 +385,7 @@ static int on_forward(void *user, const rkm_fwd_call *call)
         return 0;
     case OP_RELU:
         relu_forward(h->act[out], inp, BATCH * HIDDEN);
+        if (call->out_new[0] == RKM_OUT_INPLACE) h->act[call->in[0]] = NULL; /* now out's */
         return 0;
     case OP_LOSS: break;
     }
@@ -381,8 +404,10 @@ static int on_backward(void *user, const rkm_bwd_call *call)
 {
     Host *h = user;
     int32_t in = call->in[0], out = call->out[0];
+    int inplace = call->in_grad[0] == RKM_GRAD_INPLACE;
     int rc = call->in_grad[0] == RKM_GRAD_NEW ? alloc_new(h, &h->grad[in], h->bytes[in], rkm_arena_exec_grad(h->ax, in))
-                                               : 0;
+             : inplace                        ? take_over(&h->grad[in], &h->grad[out])
+                                              : 0;
     if (rc) return rc;
     float *dinp = call->in_grad[0] == RKM_GRAD_NONE ? NULL : h->grad[in];
     int acc = call->in_grad[0] == RKM_GRAD_ACCUMULATE;
@@ -398,6 +423,7 @@ static int on_backward(void *user, const rkm_bwd_call *call)
     case OP_RELU:
         if (!h->act[out] || !dinp) return 2;
         relu_backward(dinp, acc, dout, h->act[out], BATCH * HIDDEN);
+        if (inplace) h->grad[out] = NULL; /* now grad(in)'s */
         return 0;
     case OP_LOSS:
         if (!h->saved[call->op] || !dinp) return 2;
@@ -539,17 +565,20 @@ typedef struct Options {
     rkm_algo algo;
     int steps, layers;
     int arena;          /* --memory arena (1, the default) or malloc (0) */
+    int inplace;        /* --inplace */
 } Options;
 
 static int usage(FILE *f, int status)
 {
-    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M]\n"
+    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace]\n"
                     "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
                     "  A: default (rockmate; rotor without lp_solve), rockmate, rotor, sqrt, dtr,\n"
                     "     checkmate, none\n"
                     "  N: training steps (default 5); L: 2..%d layers (default 8)\n"
                     "  M: arena (default: one allocation per plan, the library's layout) or\n"
-                    "     malloc (a counted malloc and free per buffer)\n",
+                    "     malloc (a counted malloc and free per buffer)\n"
+                    "  --inplace: ReLU writes its output over its input, and its input's\n"
+                    "     gradient over its output's (RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE)\n",
             MAX_LAYERS);
     return status;
 }
@@ -557,9 +586,13 @@ static int usage(FILE *f, int status)
 /* ctx names the algorithms ("default": the best the build has). */
 static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
 {
-    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8, 1};
+    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8, 1, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--inplace")) {
+            o->inplace = 1;
+            continue;
+        }
         if (!v) return 0;
         i++;
         if (!strcmp(a, "--budget")) o->budget = v;
@@ -669,6 +702,7 @@ int main(int argc, char **argv)
     static Host host;
     Host *h = &host;
     h->layers = o.layers;
+    h->inplace = o.inplace;
     int status = 1;
     Run baseline = {NULL, NULL}, plan = {NULL, NULL};
     rkm_graph_stats st;

@@ -90,10 +90,10 @@ static inline rkm_graph *test_load_graph(rkm_context *ctx, const char *name)
     return g;
 }
 
-/* Bundled graph `name` with scratch: every op with a phantom writes half of
- * it on every run (scratch = phantom / 2), as real normalisation and
- * attention kernels do. NULL when it cannot be built. */
-static inline rkm_graph *test_load_scratch_graph(rkm_context *ctx, const char *name)
+/* Bundled graph `name` rebuilt with each op's desc changed by edit (which
+ * may read src). NULL when it cannot be built. */
+static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *name, const char *what,
+                                                void (*edit)(const rkm_graph *src, rkm_op_desc *d))
 {
     rkm_graph *src = test_load_graph(ctx, name), *g = NULL;
     rkm_result r = src ? rkm_graph_create(ctx, &g) : RKM_ERROR_ARGUMENT;
@@ -105,15 +105,47 @@ static inline rkm_graph *test_load_scratch_graph(rkm_context *ctx, const char *n
     for (int32_t i = 0; !r && i < rkm_graph_num_ops(src); i++) {
         rkm_op_desc d;
         r = rkm_graph_op_info(src, i, &d);
-        d.scratch = d.phantom / 2;
+        if (!r) edit(src, &d);
         if (!r) r = rkm_graph_add_op(g, &d, NULL);
     }
     if (!r) r = rkm_graph_set_loss(g, rkm_graph_loss(src));
     if (!r) r = rkm_graph_finalize(g);
-    if (r) fprintf(stderr, "%s with scratch: %s\n", name, rkm_context_errmsg(ctx));
+    if (r) fprintf(stderr, "%s with %s: %s\n", name, what, rkm_context_errmsg(ctx));
     rkm_graph_destroy(src);
     if (r) rkm_graph_destroy(g);
     return r ? NULL : g;
+}
+
+static inline void test_edit_scratch(const rkm_graph *src, rkm_op_desc *d)
+{
+    (void)src;
+    d->scratch = d->phantom / 2;
+}
+
+/* Bundled graph `name` with scratch: every op with a phantom writes half of
+ * it on every run (scratch = phantom / 2), as real normalisation and
+ * attention kernels do. NULL when it cannot be built. */
+static inline rkm_graph *test_load_scratch_graph(rkm_context *ctx, const char *name)
+{
+    return test_load_edited_graph(ctx, name, "scratch", test_edit_scratch);
+}
+
+/* Every op that can be declared in place is: `inplace` where its first input
+ * and output have one size and the input is not an `input`, `grad_inplace`
+ * where both also have a gradient (as if every such kernel were elementwise). */
+static inline void test_edit_inplace(const rkm_graph *src, rkm_op_desc *d)
+{
+    rkm_tensor_info a, b;
+    if (d->n_in < 1 || rkm_graph_tensor_info(src, d->in[0], &a) || rkm_graph_tensor_info(src, d->out[0], &b) ||
+        a.bytes != b.bytes)
+        return;
+    if (!(a.flags & RKM_TENSOR_INPUT)) d->flags |= RKM_OP_INPLACE;
+    if (a.has_grad && b.has_grad) d->flags |= RKM_OP_GRAD_INPLACE;
+}
+
+static inline rkm_graph *test_load_inplace_graph(rkm_context *ctx, const char *name)
+{
+    return test_load_edited_graph(ctx, name, "in-place ops", test_edit_inplace);
 }
 
 /* A context with the given allocator (NULL: the default one); the program

@@ -60,8 +60,14 @@ static const bad_input bad_files[] = {
     {"empty plan", 1, "", RKM_ERROR_PARSE, "bad.rkp:1: the first statement must be the header 'rockmate-plan 1'"},
     {"bad plan header", 1, "rockmate-plan 2\n", RKM_ERROR_PARSE, "bad.rkp:1: the first statement must be the header"},
     {"unknown step", 1, "rockmate-plan 1\nfwdd f\n", RKM_ERROR_PARSE, "bad.rkp:2: unknown step 'fwdd'"},
-    {"fwd without op", 1, "rockmate-plan 1\nfwd\n", RKM_ERROR_PARSE, "bad.rkp:2: expected 'fwd OP [save]'"},
-    {"fwd bad save", 1, "rockmate-plan 1\nfwd f sav\n", RKM_ERROR_PARSE, "bad.rkp:2: expected 'save', not 'sav'"},
+    {"fwd without op", 1, "rockmate-plan 1\nfwd\n", RKM_ERROR_PARSE, "bad.rkp:2: expected 'fwd OP [save] [inplace]'"},
+    {"fwd bad save", 1, "rockmate-plan 1\nfwd f sav\n", RKM_ERROR_PARSE,
+     "bad.rkp:2: expected 'fwd OP [save] [inplace]', not 'sav' as word 3"},
+    {"fwd inplace before save", 1, "rockmate-plan 1\nfwd f inplace save\n", RKM_ERROR_PARSE,
+     "bad.rkp:2: expected 'fwd OP [save] [inplace]', not 'save' as word 4"},
+    {"bwd inplace twice", 1, "rockmate-plan 1\nbwd f inplace inplace\n", RKM_ERROR_PARSE,
+     "bad.rkp:2: expected 'bwd OP [inplace]'"},
+    {"free inplace", 1, "rockmate-plan 1\nfree a inplace\n", RKM_ERROR_PARSE, "bad.rkp:2: expected 'free NAME'"},
     {"loss with argument", 1, "rockmate-plan 1\nloss l\n", RKM_ERROR_PARSE, "bad.rkp:2: expected 'loss' alone"},
     {"unknown op", 1, "rockmate-plan 1\nfwd h\n", RKM_ERROR_PARSE, "bad.rkp:2: fwd: no op named 'h' in the graph"},
     {"unknown tensor", 1, "rockmate-plan 1\nfree q\n", RKM_ERROR_PARSE, "bad.rkp:2: free: no tensor named 'q' in the graph"},
@@ -145,7 +151,7 @@ TEST(api_misuse_is_refused_by_name)
     rkm_solve_desc sd = {0};
 #define CALL(expr, want, frag) check_call(#expr, (expr), (want), (frag), ctx)
     int32_t id = 0;
-    rkm_op_desc d = {"h", 1, 1, &id, 1, &id, 1, NULL, 0, 0, 0, 0, 0};
+    rkm_op_desc d = {"h", 1, 1, &id, 1, &id, 1, NULL, 0, 0, 0, 0, 0, 0};
     rkm_tensor_info ti;
     rkm_graph_stats gs;
     rkm_profile_desc pd = {.runs = -1};

@@ -447,7 +447,7 @@ TEST(state_errors)
     rkm_graph *g = small_builder(ctx, t, &f, 1);
     if (g) {
         rkm_plan *p = (rkm_plan *)&ctx;
-        const rkm_step st0 = {RKM_STEP_FWD, f, 0};
+        const rkm_step st0 = {RKM_STEP_FWD, f, 0, 0};
         CHECK(rkm_plan_create(g, &st0, 1, NULL, &p) == RKM_ERROR_STATE && p == NULL);
         CHECK(strstr(rkm_context_errmsg(ctx), "not finalized") != NULL);
         p = (rkm_plan *)&ctx;

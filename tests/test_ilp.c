@@ -219,10 +219,10 @@ static void bf_step(bf *p, uint64_t key, double d, rkm_step st, uint32_t phase, 
     double cost = st.kind == RKM_STEP_FWD ? p->g->ops[st.index].fwd : st.kind == RKM_STEP_BWD ? p->g->ops[st.index].bwd : 0;
     if (st.kind == RKM_STEP_BWD) { /* its saved state and its outputs' gradients are dead now */
         const rkm__op *o = &p->g->ops[st.index];
-        rkm_step fs = {RKM_STEP_FREE_SAVED, st.index, 0};
+        rkm_step fs = {RKM_STEP_FREE_SAVED, st.index, 0, 0};
         if (p->s.P[st.index]) (void)rkm__sim_step(&p->s, &fs, &pk, &obj);
         for (int32_t k = 0; k < o->n_out; k++) {
-            rkm_step fg = {RKM_STEP_FREE_GRAD, o->out[k], 0};
+            rkm_step fg = {RKM_STEP_FREE_GRAD, o->out[k], 0, 0};
             if (p->s.G[o->out[k]]) (void)rkm__sim_step(&p->s, &fg, &pk, &obj);
         }
     }
@@ -235,13 +235,13 @@ static void bf_boundary(bf *p, uint64_t key, double d)
     bf_load(p, key);
     if (!p->s.D[p->x_out] || p->s.mem > p->kept) return;
     if (p->is_last) {
-        bf_step(p, key, d, (rkm_step){RKM_STEP_LOSS, p->x_out, 0}, 1, 0, -1);
+        bf_step(p, key, d, (rkm_step){RKM_STEP_LOSS, p->x_out, 0, 0}, 1, 0, -1);
         return;
     }
     if (p->s.mem + p->g->tensors[p->x_out].bytes > p->peak) return;
     rkm__sim_give_grad(&p->s, p->x_out);
     p->from = key;
-    p->last_step = (rkm_step){-1, -1, 0};
+    p->last_step = (rkm_step){-1, -1, 0, 0};
     bf_push(p, bf_store(p, 1, 0, -1), d);
 }
 
@@ -267,13 +267,13 @@ static void bf_expand(bf *p, uint64_t key, double d)
     int32_t last = (int32_t)((key >> BF_LAST) & 15) - 1;
     for (size_t t = 0; t < g->n_tensors; t++) {
         if ((g->tensors[t].flags & RKM_TENSOR_INPUT) || (int32_t)t == p->x_in || !(key >> t & 1)) continue;
-        bf_step(p, key, d, (rkm_step){RKM_STEP_FREE, (int32_t)t, 0}, phase, f, last);
+        bf_step(p, key, d, (rkm_step){RKM_STEP_FREE, (int32_t)t, 0, 0}, phase, f, last);
     }
     for (int32_t v = 0; v < p->n; v++)
-        if (key >> (BF_P + v) & 1) bf_step(p, key, d, (rkm_step){RKM_STEP_FREE_SAVED, p->ops[v], 0}, phase, f, last);
+        if (key >> (BF_P + v) & 1) bf_step(p, key, d, (rkm_step){RKM_STEP_FREE_SAVED, p->ops[v], 0, 0}, phase, f, last);
     for (int32_t v = 0; v < p->n; v++)
         for (int32_t save = 0; save <= 1; save++) {
-            rkm_step st = {RKM_STEP_FWD, p->ops[v], save};
+            rkm_step st = {RKM_STEP_FWD, p->ops[v], save, 0};
             if (!p->restricted) bf_step(p, key, d, st, phase, 0, -1);
             else if (!phase && (uint32_t)v == f) bf_step(p, key, d, st, 0, f + 1, -1);
             else if (phase && v > last) bf_step(p, key, d, st, 1, 0, v);
@@ -285,7 +285,7 @@ static void bf_expand(bf *p, uint64_t key, double d)
     while (k < p->nb && (bd >> p->bop[k] & 1)) k++;
     for (int32_t v = 0; v < p->n; v++) {
         if (!g->ops[p->ops[v]].has_bwd || (p->restricted && (k >= p->nb || v != p->bop[k]))) continue;
-        bf_step(p, key, d, (rkm_step){RKM_STEP_BWD, p->ops[v], 0}, 1, 0, -1);
+        bf_step(p, key, d, (rkm_step){RKM_STEP_BWD, p->ops[v], 0, 0}, 1, 0, -1);
     }
 }
 

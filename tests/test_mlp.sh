@@ -63,6 +63,41 @@ same_digest() {
         echo "FAIL $name: mlp $*: arena '$a', malloc '$m'"
     fi
 }
+# In place (ReLU both ways): the example checks peak = predicted and the
+# baseline's gradients as above; the kernels compute the same values in
+# place, so the digest equals the one without --inplace, and the baseline
+# peak is lower.
+expect inplace_baseline 0 'all checks passed' --inplace --steps 2
+expect inplace_rotor_60 0 'equal the baseline' --inplace --budget 60% --steps 2
+expect inplace_dtr_min 0 'equal the baseline' --inplace --algo dtr --budget min --steps 1
+expect inplace_malloc_min 0 'equal the baseline' --inplace --memory malloc --budget min --steps 1
+if ! grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
+    expect inplace_rockmate_50 0 'equal the baseline' --inplace --algo rockmate --budget 50% --steps 1
+fi
+# same_inplace NAME ARGS...: with and without --inplace, the same digest.
+same_inplace() {
+    local name=$1 a b
+    shift
+    a=$("$mlp" "$@" 2>&1 | grep -oE 'digest [0-9a-f]{16}$')
+    b=$("$mlp" --inplace "$@" 2>&1 | grep -oE 'digest [0-9a-f]{16}$')
+    if [[ -n $a && $a == "$b" ]]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: mlp $*: without --inplace '$a', with '$b'"
+    fi
+}
+same_inplace inplace_digest_36k --budget 36KiB --steps 2
+same_inplace inplace_digest_malloc_min --memory malloc --budget min --steps 2
+peak() { "$mlp" "$@" --steps 1 2>&1 | grep -oE 'baseline +loss [0-9.]+ +activation peak: measured [0-9]+' | grep -oE '[0-9]+$'; }
+p0=$(peak) p1=$(peak --inplace)
+if [[ -n $p0 && -n $p1 ]] && ((p1 < p0)); then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAIL inplace_lower_baseline: baseline peak $p0 without --inplace, $p1 with"
+fi
+
 same_digest digest_baseline --steps 3
 same_digest digest_planned_60 --budget 60% --steps 3
 same_digest digest_deep_min --layers 24 --budget min --steps 2

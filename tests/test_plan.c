@@ -112,11 +112,31 @@ static void check_layout(const rkm_plan *p, uint64_t peak)
         for (size_t j = i + 1; j < n; j++) {
             int live = b[i].first_step <= b[j].last_step && b[j].first_step <= b[i].last_step;
             int share = b[i].offset < b[j].offset + b[j].bytes && b[j].offset < b[i].offset + b[i].bytes;
+            if (b[j].takes_over == (int64_t)i) { /* in place: j is i's bytes from the step that ends i */
+                CHECK(b[j].offset == b[i].offset && b[j].first_step == b[i].last_step);
+                continue;
+            }
             if (b[i].bytes && b[j].bytes) CHECK(!(live && share));
         }
     }
     CHECK(created >= peak);
     free(b);
+}
+
+/* The arena exec runs p in first fit and in layout mode, and its peak is
+ * the plan's (in-place runs move buffers, they do not make them). */
+static void check_arena_runs(const rkm_graph *g, const rkm_plan *p, uint64_t peak)
+{
+    for (int layout = 0; layout < 2; layout++) {
+        rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
+        rkm_arena_exec *x = NULL;
+        rkm_arena_stats as = {0};
+        CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
+        CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
+        rkm_arena_exec_arena_stats(x, &as);
+        CHECK_EQ_U64(as.peak, peak);
+        rkm_arena_exec_destroy(x);
+    }
 }
 
 static const rkm_algo chain_algos[] = {RKM_ALGO_NONE, RKM_ALGO_SQRT, RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE, RKM_ALGO_DTR};
@@ -130,10 +150,14 @@ TEST(plans_valid_within_budget_and_monotone)
     static const int pcts[] = {30, 40, 50, 60, 80, 100};
     rkm_context *ctx;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
-    /* then gpt2-tiny and mlp16 again with scratch (half of each phantom written on every run) */
+    /* then gpt2-tiny and mlp16 again with scratch (half of each phantom written
+     * on every run), and gpt2-tiny, mlp16 and random30 with in-place ops */
     static const char *const scratch_graphs[] = {"gpt2-tiny", "mlp16"};
-    for (size_t k = 0; k < N_GRAPHS + 2; k++) {
-        rkm_graph *g = k < N_GRAPHS ? test_load_graph(ctx, graphs[k]) : test_load_scratch_graph(ctx, scratch_graphs[k - N_GRAPHS]);
+    static const char *const inplace_graphs[] = {"gpt2-tiny", "mlp16", "random30"};
+    for (size_t k = 0; k < N_GRAPHS + 5; k++) {
+        rkm_graph *g = k < N_GRAPHS       ? test_load_graph(ctx, graphs[k])
+                       : k < N_GRAPHS + 2 ? test_load_scratch_graph(ctx, scratch_graphs[k - N_GRAPHS])
+                                          : test_load_inplace_graph(ctx, inplace_graphs[k - N_GRAPHS - 2]);
         CHECK(g != NULL);
         if (!g) continue;
         rkm_graph_stats gs;
@@ -180,6 +204,7 @@ TEST(plans_valid_within_budget_and_monotone)
                 if (d.algo != RKM_ALGO_DTR) CHECK(ps.overhead <= prev);
                 prev = ps.overhead;
                 check_layout(p, res.peak);
+                if (k >= N_GRAPHS + 2) check_arena_runs(g, p, res.peak);
                 CHECK(ps.peak >= min); /* no plan of the algorithm peaks below its floor */
                 double extra = -1; /* no plan beats the time bound */
                 CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
@@ -463,7 +488,7 @@ TEST(long_chain_is_bounded)
         char name[32];
         snprintf(name, sizeof name, "t%d", i);
         r = rkm_graph_add_tensor(g, name, 4096, 0, &t);
-        rkm_op_desc d = {name, 1e-5, 2e-5, &prev, 1, &t, 1, &prev, 1, 0, 0, 0, 0};
+        rkm_op_desc d = {name, 1e-5, 2e-5, &prev, 1, &t, 1, &prev, 1, 0, 0, 0, 0, 0};
         if (!r) r = rkm_graph_add_op(g, &d, NULL);
         prev = t;
     }
@@ -571,8 +596,59 @@ TEST(chain_dp_takes_more_slots_that_fit)
     rkm_context_destroy(ctx);
 }
 
+/* Steps marked in place in p. */
+static size_t inplace_steps(const rkm_plan *p)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < rkm_plan_num_steps(p); i++) n += rkm_plan_steps(p)[i].inplace == 1;
+    return n;
+}
+
+/* With in-place ops the planners' plans run in place: the baseline holds
+ * less, no floor but DTR's rises, and rotor at the plain graph's floor is
+ * no slower (its choices fit as before, and lowered they may fit more). */
+TEST(planners_run_in_place)
+{
+    rkm_context *ctx = test_new_ctx();
+    static const char *const names[] = {"gpt2-tiny", "mlp16"};
+    for (size_t k = 0; k < N_OF(names); k++) {
+        rkm_graph *plain = test_load_graph(ctx, names[k]), *ip = test_load_inplace_graph(ctx, names[k]);
+        rkm_graph_stats s0, s1;
+        CHECK(plain && ip && rkm_graph_stats_get(plain, &s0) == RKM_OK && rkm_graph_stats_get(ip, &s1) == RKM_OK);
+        if (!plain || !ip) goto next;
+        CHECK(s1.baseline_peak < s0.baseline_peak && s1.baseline_time == s0.baseline_time);
+        CHECK(s1.lower_bound <= s0.lower_bound);
+        for (rkm_algo a = RKM_ALGO_ROCKMATE; a <= RKM_ALGO_DTR; a++) {
+            if (a == RKM_ALGO_CHECKMATE || a == RKM_ALGO_NONE) continue;
+            rkm_solve_desc d = {0};
+            d.algo = a;
+            rkm_planner *p0 = NULL, *p1 = NULL;
+            uint64_t m0 = 0, m1 = 0;
+            rkm_result r = rkm_planner_create(plain, &d, &p0);
+            if (r == RKM_ERROR_UNSUPPORTED) continue;
+            CHECK(r == RKM_OK && rkm_planner_create(ip, &d, &p1) == RKM_OK);
+            CHECK(p0 && p1 && rkm_planner_min_budget(p0, &m0) == RKM_OK && rkm_planner_min_budget(p1, &m1) == RKM_OK);
+            if (a != RKM_ALGO_DTR) CHECK(m1 <= m0); /* DTR is a greedy: its floor may move either way */
+            rkm_plan *q0 = NULL, *q1 = NULL;
+            CHECK(p0 && rkm_planner_solve(p0, m0, &q0) == RKM_OK);
+            CHECK(p1 && rkm_planner_solve(p1, m0 > m1 ? m0 : m1, &q1) == RKM_OK);
+            if (q1) CHECK(inplace_steps(q1) > 0);
+            if (q0 && q1 && a == RKM_ALGO_ROTOR) CHECK(q1->stats.time <= q0->stats.time);
+            rkm_plan_destroy(q0);
+            rkm_plan_destroy(q1);
+            rkm_planner_destroy(p0);
+            rkm_planner_destroy(p1);
+        }
+    next:
+        rkm_graph_destroy(plain);
+        rkm_graph_destroy(ip);
+    }
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
+    RUN(planners_run_in_place);
     RUN(long_chain_is_bounded);
     RUN(layout_never_wraps);
     RUN(gpt2_layers_fall_into_two_classes);

@@ -115,7 +115,9 @@ static void check_baseline(const rkm_graph *g, uint64_t input_bytes, uint64_t pe
     sort_free_runs(w, n);
     int same = 1;
     for (size_t i = 0; i < n; i++) {
-        if (got[i].kind != w[i].kind || got[i].index != w[i].index || got[i].save != w[i].save) same = 0;
+        if (got[i].kind != w[i].kind || got[i].index != w[i].index || got[i].save != w[i].save ||
+            got[i].inplace != w[i].inplace)
+            same = 0;
     }
     CHECK(same);
     if (!same) print_steps("baseline", p);
@@ -802,9 +804,9 @@ TEST(plan_create_matches_text)
     if (g) {
         int32_t f = rkm_graph_find_op(g, "f"), gg = rkm_graph_find_op(g, "g");
         int32_t a = rkm_graph_find_tensor(g, "a"), b = rkm_graph_find_tensor(g, "b");
-        const rkm_step steps[] = {{RKM_STEP_FWD, f, 0},       {RKM_STEP_FWD, gg, 0},       {RKM_STEP_LOSS, b, 0},
-                                  {RKM_STEP_FREE, b, 0},      {RKM_STEP_BWD, gg, 0},       {RKM_STEP_FREE_GRAD, b, 0},
-                                  {RKM_STEP_FREE, a, 0},      {RKM_STEP_BWD, f, 0},        {RKM_STEP_FREE_GRAD, a, 0}};
+        const rkm_step steps[] = {{RKM_STEP_FWD, f, 0, 0},       {RKM_STEP_FWD, gg, 0, 0},       {RKM_STEP_LOSS, b, 0, 0},
+                                  {RKM_STEP_FREE, b, 0, 0},      {RKM_STEP_BWD, gg, 0, 0},       {RKM_STEP_FREE_GRAD, b, 0, 0},
+                                  {RKM_STEP_FREE, a, 0, 0},      {RKM_STEP_BWD, f, 0, 0},        {RKM_STEP_FREE_GRAD, a, 0, 0}};
         rkm_sim_result res;
         CHECK(rkm_plan_create(g, steps, N_OF(steps), &res, &p) == RKM_OK);
         CHECK(res.valid && res.peak == 510 && res.time == 15.0);
@@ -815,8 +817,8 @@ TEST(plan_create_matches_text)
         CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
         CHECK(ps.peak == 510 && ps.time == 15.0 && ps.budget == 0 && ps.algo == RKM_ALGO_NONE);
         /* Out-of-range steps are refused with the rule, and no plan is made. */
-        const rkm_step bad[] = {{RKM_STEP_FWD, 2, 0}, {RKM_STEP_FWD, -1, 0}, {RKM_STEP_FREE, 3, 0},
-                                {RKM_STEP_LOSS, a, 0}, {7, 0, 0},            {RKM_STEP_FWD, f, 2}};
+        const rkm_step bad[] = {{RKM_STEP_FWD, 2, 0, 0}, {RKM_STEP_FWD, -1, 0, 0}, {RKM_STEP_FREE, 3, 0, 0},
+                                {RKM_STEP_LOSS, a, 0, 0}, {7, 0, 0, 0},         {RKM_STEP_FWD, f, 2, 0}};
         for (size_t i = 0; i < N_OF(bad); i++) {
             rkm_plan *q = (rkm_plan *)1;
             CHECK(rkm_plan_create(g, &bad[i], 1, &res, &q) == RKM_ERROR_PLAN && q == NULL);
@@ -826,6 +828,290 @@ TEST(plan_create_matches_text)
         CHECK(rkm_plan_create(g, NULL, 1, &res, &q) == RKM_ERROR_ARGUMENT && q == NULL);
     }
     rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* INPLACE: x(100, input) -fc-> h(1000) -relu-> a(1000) -fc2-> b(1000);
+ * add(b, a) -> s(1000) -ce-> loss(4) = loss. relu runs in place (a over h)
+ * and its backward too (grad(h) over grad(a)); add writes s over b and
+ * grad(b) over grad(s) (a residual add: the gradient passes through).
+ * fc saves x, relu a, fc2 a, ce s and keeps a phantom of 200 with fwd_ws 100.
+ * Baseline (the plain plan, run in place where it then frees the input),
+ * mem after each step [peak during it]:
+ *  0 fwd fc               1100 [1100]
+ *  1 fwd relu inplace     1100 [1100]  a takes h's bytes; no `free h`
+ *  2 fwd fc2              2100 [2100]
+ *  3 fwd add inplace      2100 [2100]  s takes b's bytes; no `free b`
+ *  4 fwd ce save          2304 [2404]  loss 4, phantom 200, ws 100
+ *  5 loss                 2308 [2308]
+ *  6 free loss            2304
+ *  7 bwd ce               3304 [3304]  grad(s) new
+ *  8 free_saved ce        3104
+ *  9 free_grad loss       3100
+ * 10 free s               2100
+ * 11 bwd add inplace      3100 [3100]  grad(b) takes grad(s)'s bytes, grad(a) new
+ * 12 bwd fc2              3100 [3100]  adds into grad(a)
+ * 13 free_grad b          2100
+ * 14 bwd relu inplace     2100 [2100]  grad(h) takes grad(a)'s bytes
+ * 15 free a               1100
+ * 16 bwd fc               1100 [1100]
+ * 17 free_grad h           100
+ * Peak 3304 at step 7 (without the flags: 4100, at `bwd add`, which makes
+ * grad(b) and grad(a) on top of grad(s)). Time 6.5 + 10.5 = 17. Lower bound
+ * 3100: fc2's backward holds x, a, grad(b) and grad(a). */
+static const char *G_INPLACE = "rockmate-graph 1\n"
+                               "tensor x 100 input\ntensor h 1000\ntensor a 1000\ntensor b 1000\ntensor s 1000\n"
+                               "tensor loss 4\n"
+                               "op fc fwd=2 bwd=4 in=x out=h saved=x\n"
+                               "op relu fwd=1 bwd=1 in=h out=a saved=a inplace grad_inplace\n"
+                               "op fc2 fwd=2 bwd=4 in=a out=b saved=a\n"
+                               "op add fwd=0.5 bwd=0.5 in=b,a out=s inplace grad_inplace\n"
+                               "op ce fwd=1 bwd=1 in=s out=loss saved=s phantom=200 fwd_ws=100\n"
+                               "loss loss\n";
+static const char *P_INPLACE_BASE = "rockmate-plan 1\n"
+                                    "fwd fc\nfwd relu inplace\nfwd fc2\nfwd add inplace\nfwd ce save\nloss\nfree loss\n"
+                                    "bwd ce\nfree_saved ce\nfree_grad loss\nfree s\nbwd add inplace\nbwd fc2\n"
+                                    "free_grad b\nbwd relu inplace\nfree a\nbwd fc\nfree_grad h\n";
+/* At the lower bound: a is freed before ce and rebuilt, in place again,
+ * from x before the backward of add (mem after [peak]):
+ *  0 fwd fc 1100 [1100]  1 fwd relu inplace 1100  2 fwd fc2 2100  3 fwd add
+ *  inplace 2100  4 free a 1100  5 fwd ce save 1304 [1404]  6 loss 1308
+ *  7 free loss 1304  8 bwd ce 2304  9 free_saved ce 2104  10 free_grad loss
+ *  2100  11 free s 1100  12 fwd fc 2100  13 fwd relu inplace 2100  14 bwd add
+ *  inplace 3100  15 bwd fc2 3100  16 free_grad b 2100  17 bwd relu inplace
+ *  2100  18 free a 1100  19 bwd fc 1100  20 free_grad h 100.
+ * Peak 3100 at step 14; time 17 + 2 + 1 = 20. */
+static const char *P_INPLACE_LOW = "rockmate-plan 1\n"
+                                   "fwd fc\nfwd relu inplace\nfwd fc2\nfwd add inplace\nfree a\nfwd ce save\nloss\n"
+                                   "free loss\nbwd ce\nfree_saved ce\nfree_grad loss\nfree s\nfwd fc\nfwd relu inplace\n"
+                                   "bwd add inplace\nbwd fc2\nfree_grad b\nbwd relu inplace\nfree a\nbwd fc\n"
+                                   "free_grad h\n";
+/* INPLACE2: h read by id1 and id2, both passing their gradient through in
+ * place; the second of their backwards finds grad(h) live. */
+static const char *G_INPLACE2 = "rockmate-graph 1\n"
+                                "tensor x 10 input\ntensor h 100\ntensor y1 100\ntensor y2 100\ntensor s 100\n"
+                                "op fc fwd=1 bwd=1 in=x out=h saved=x\n"
+                                "op id1 fwd=1 bwd=1 in=h out=y1 grad_inplace\n"
+                                "op id2 fwd=1 bwd=1 in=h out=y2 grad_inplace\n"
+                                "op add fwd=1 bwd=1 in=y1,y2 out=s grad_inplace\n"
+                                "loss s\n";
+
+/* What the executor hands the host, per forward and backward call: the
+ * first output's RKM_OUT_* or the input gradients' RKM_GRAD_*. */
+static char inplace_seen[64];
+static size_t inplace_n;
+static int inplace_fwd(void *user, const rkm_fwd_call *c)
+{
+    (void)user;
+    if (inplace_n < sizeof inplace_seen - 1) inplace_seen[inplace_n++] = (char)('0' + c->out_new[0]);
+    return 0;
+}
+static int inplace_bwd(void *user, const rkm_bwd_call *c)
+{
+    (void)user;
+    for (int32_t k = 0; k < c->n_in && inplace_n < sizeof inplace_seen - 2; k++)
+        inplace_seen[inplace_n++] = (char)('0' + c->in_grad[k]);
+    if (inplace_n < sizeof inplace_seen - 1) inplace_seen[inplace_n++] = '.';
+    return 0;
+}
+
+/* Buffers that take another's bytes share its offset; exec runs both ways. */
+static void check_inplace_layout(const rkm_graph *g, const rkm_plan *p, size_t want_chained)
+{
+    size_t nb = rkm_plan_num_buffers(p), chained = 0;
+    rkm_buffer *buf = calloc(nb + 1, sizeof *buf);
+    uint64_t arena = 0;
+    rkm_plan_stats ps;
+    CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK(buf && rkm_plan_layout(p, 0, buf, &arena) == RKM_OK && arena >= ps.peak);
+    for (size_t i = 0; buf && i < nb; i++) {
+        if (buf[i].takes_over < 0) continue;
+        const rkm_buffer *o = &buf[buf[i].takes_over];
+        chained++;
+        CHECK(buf[i].takes_over < (int64_t)i && o->last_step == buf[i].first_step && o->bytes == buf[i].bytes &&
+              o->offset == buf[i].offset && o->kind == buf[i].kind);
+    }
+    CHECK_EQ_U64(chained, want_chained);
+    free(buf);
+    for (int layout = 0; layout < 2; layout++) {
+        rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
+        rkm_arena_exec *x = NULL;
+        CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
+        rkm_arena_stats as = {0};
+        CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
+        rkm_arena_exec_arena_stats(x, &as);
+        CHECK_EQ_U64(as.peak, ps.peak);
+        rkm_arena_exec_destroy(x);
+    }
+}
+
+TEST(inplace_hand_worked)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_INPLACE);
+    if (g) {
+        static const uint64_t base_mem[] = {1100, 1100, 2100, 2100, 2304, 2308, 2304, 3304, 3104,
+                                            3100, 2100, 3100, 3100, 2100, 2100, 1100, 1100, 100};
+        check_baseline(g, 100, 3304, 7, 17.0, P_INPLACE_BASE, base_mem, N_OF(base_mem));
+        rkm_graph_stats st;
+        CHECK(rkm_graph_stats_get(g, &st) == RKM_OK && st.lower_bound == 3100);
+        static const uint64_t low_mem[] = {1100, 1100, 2100, 2100, 1100, 1304, 1308, 1304, 2304, 2104, 2100,
+                                           1100, 2100, 2100, 3100, 3100, 2100, 2100, 1100, 1100, 100};
+        check_hand(g, P_INPLACE_LOW, 3100, 14, 20.0, low_mem, N_OF(low_mem));
+        rkm_plan *p = plan_text(g, P_INPLACE_BASE);
+        if (p) {
+            rkm_callbacks cb = {NULL, inplace_fwd, inplace_bwd, NULL, NULL, NULL, NULL};
+            inplace_n = 0;
+            CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
+            inplace_seen[inplace_n] = '\0';
+            /* fwd fc relu fc2 add ce; bwd ce, add (b, a), fc2, relu, fc */
+            CHECK(strcmp(inplace_seen, "12121" "1." "31." "2." "3." "0.") == 0);
+            check_inplace_layout(g, p, 4); /* a, s; grad(b), grad(h) */
+            sbuf text = {0};
+            CHECK(rkm_plan_write(p, sbuf_write, &text) == RKM_OK && text.data &&
+                  strcmp(text.data, P_INPLACE_BASE) == 0);
+            free(text.data);
+        }
+        rkm_plan_destroy(p);
+        p = plan_text(g, P_INPLACE_LOW);
+        if (p) check_inplace_layout(g, p, 5); /* a twice, s; grad(b), grad(h) */
+        rkm_plan_destroy(p);
+        /* the graph file keeps the flags */
+        sbuf text = {0};
+        rkm_graph *back = NULL;
+        rkm_op_desc od;
+        CHECK(rkm_graph_write(g, sbuf_write, &text) == RKM_OK && text.data &&
+              strstr(text.data, "saved=a inplace grad_inplace\n"));
+        if (text.data) CHECK(rkm_graph_read_string(ctx, text.data, text.len, "back.rkg", &back) == RKM_OK);
+        CHECK(back && rkm_graph_op_info(back, 3, &od) == RKM_OK && od.flags == (RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE));
+        CHECK(back && rkm_graph_op_info(back, 2, &od) == RKM_OK && od.flags == 0);
+        rkm_graph_destroy(back);
+        free(text.data);
+    }
+    rkm_graph_destroy(g);
+    /* without the flags the plain plan holds grad(s), grad(b), grad(a) at once */
+    char plain[1024];
+    snprintf(plain, sizeof plain, "%s", G_INPLACE);
+    for (char *w; (w = strstr(plain, " grad_inplace")) || (w = strstr(plain, " inplace"));)
+        memmove(w, strchr(w + 1, '\n'), strlen(strchr(w + 1, '\n')) + 1);
+    g = load(ctx, plain);
+    rkm_graph_stats st;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && st.baseline_peak == 4100 && st.lower_bound == 3100);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* RESIDUAL CHAIN: x(10, input) -enc-> e(100); f1 = m1(e); r1 = add1(e, f1);
+ * f2 = m2(r1); r2 = add2(r1, f2); l(4) = head(r2) = loss. The adds pass the
+ * residual stream's gradient through in place (grad_inplace, first input
+ * the stream): grad(r2), grad(r1), grad(e) are one buffer, llm.c's
+ * dresidual. m1 saves e, m2 r1, head r2, enc x. Baseline, mem after:
+ *  0 fwd enc 110  1 fwd m1 210  2 fwd add1 310  3 free f1 210  4 fwd m2 310
+ *  5 fwd add2 410  6 free f2 310  7 fwd head 314  8 loss 318  9 free l 314
+ * 10 bwd head 414 [414]  11 free_grad l, 12 free r2: 310
+ * 13 bwd add2 inplace 410 [410]: grad(r1) takes grad(r2)'s bytes, grad(f2) new
+ * 14 bwd m2 410 (adds into grad(r1))  15 free_grad f2, 16 free r1: 210
+ * 17 bwd add1 inplace 310 [310]: grad(e) takes grad(r1)'s bytes, grad(f1) new
+ * 18 bwd m1 310  19 free_grad f1, 20 free e: 110  21 bwd enc 110
+ * 22 free_grad e 10.
+ * Peak 414 at step 10 (without grad_inplace: 510, at bwd add2); time 12. */
+static const char *G_RESCHAIN = "rockmate-graph 1\n"
+                                "tensor x 10 input\ntensor e 100\ntensor f1 100\ntensor r1 100\ntensor f2 100\n"
+                                "tensor r2 100\ntensor l 4\n"
+                                "op enc fwd=1 bwd=1 in=x out=e saved=x\n"
+                                "op m1 fwd=1 bwd=1 in=e out=f1 saved=e\n"
+                                "op add1 fwd=1 bwd=1 in=e,f1 out=r1 grad_inplace\n"
+                                "op m2 fwd=1 bwd=1 in=r1 out=f2 saved=r1\n"
+                                "op add2 fwd=1 bwd=1 in=r1,f2 out=r2 grad_inplace\n"
+                                "op head fwd=1 bwd=1 in=r2 out=l saved=r2\n"
+                                "loss l\n";
+static const char *P_RESCHAIN = "rockmate-plan 1\n"
+                                "fwd enc\nfwd m1\nfwd add1\nfree f1\nfwd m2\nfwd add2\nfree f2\nfwd head\nloss\nfree l\n"
+                                "bwd head\nfree_grad l\nfree r2\nbwd add2 inplace\nbwd m2\nfree_grad f2\nfree r1\n"
+                                "bwd add1 inplace\nbwd m1\nfree_grad f1\nfree e\nbwd enc\nfree_grad e\n";
+
+TEST(inplace_gradient_chain)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_RESCHAIN);
+    if (g) {
+        static const uint64_t mem[] = {110, 210, 310, 210, 310, 410, 310, 314, 318, 314, 414, 410,
+                                       310, 410, 410, 310, 210, 310, 310, 210, 110, 110, 10};
+        check_baseline(g, 10, 414, 10, 12.0, P_RESCHAIN, mem, N_OF(mem));
+        rkm_graph_stats st;
+        CHECK(rkm_graph_stats_get(g, &st) == RKM_OK && st.lower_bound == 310);
+        rkm_plan *p = NULL;
+        CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+        size_t nb = p ? rkm_plan_num_buffers(p) : 0;
+        rkm_buffer *b = calloc(nb + 1, sizeof *b);
+        uint64_t arena = 0;
+        CHECK(p && b && rkm_plan_layout(p, 0, b, &arena) == RKM_OK && arena >= 414);
+        /* grad(r2), grad(r1), grad(e): one chain, one offset, from step 10 to 22 */
+        int32_t chain[3] = {rkm_graph_find_tensor(g, "r2"), rkm_graph_find_tensor(g, "r1"), rkm_graph_find_tensor(g, "e")};
+        int64_t at[3] = {-1, -1, -1};
+        for (size_t i = 0; i < nb; i++)
+            for (int k = 0; k < 3; k++)
+                if (b[i].kind == RKM_BUFFER_GRAD && b[i].index == chain[k]) at[k] = (int64_t)i;
+        CHECK(at[0] >= 0 && at[1] >= 0 && at[2] >= 0);
+        if (at[0] >= 0 && at[1] >= 0 && at[2] >= 0) {
+            CHECK(b[at[0]].takes_over < 0 && b[at[1]].takes_over == at[0] && b[at[2]].takes_over == at[1]);
+            CHECK(b[at[0]].offset == b[at[1]].offset && b[at[1]].offset == b[at[2]].offset);
+            CHECK(b[at[0]].first_step == 10 && b[at[1]].first_step == 13 && b[at[2]].first_step == 17 &&
+                  b[at[2]].last_step == 22);
+        }
+        free(b);
+        if (p) check_inplace_layout(g, p, 2);
+        rkm_plan_destroy(p);
+    }
+    rkm_graph_destroy(g);
+    char plain[1024];
+    snprintf(plain, sizeof plain, "%s", G_RESCHAIN);
+    for (char *w; (w = strstr(plain, " grad_inplace"));) memmove(w, w + 13, strlen(w + 13) + 1);
+    g = load(ctx, plain);
+    rkm_graph_stats st;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && st.baseline_peak == 510);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* The graph rules of the flags, each with its message. */
+TEST(inplace_graph_rules)
+{
+    static const struct {
+        const char *ops, *msg;
+    } bad[] = {
+        {"op f fwd=1 bwd=1 in=x out=a saved=x inplace\nop g fwd=1 bwd=1 in=a out=l\n", "inplace over x, an input"},
+        {"op f fwd=1 bwd=1 in=x out=a saved=x\nop g fwd=1 bwd=1 in=a out=l inplace\n",
+         "first input and the first output of one size (a is 40 bytes, l 4)"},
+        {"op f fwd=1 bwd=1 in=x out=a saved=x\nop g fwd=1 bwd=1 in=a out=l grad_inplace\n",
+         "first input and the first output of one size"},
+        {"op f fwd=1 bwd=1 out=a inplace\nop g fwd=1 bwd=1 in=a out=l\n", "inplace needs an input"},
+        {"op f fwd=1 bwd=1 in=x out=a saved=x inplace inplace\nop g fwd=1 bwd=1 in=a out=l\n", "flag inplace given twice"},
+        {"tensor b 40 nograd\nop f fwd=1 bwd=1 in=x out=a saved=x\nop g fwd=1 bwd=1 in=a out=b grad_inplace\n"
+         "op h fwd=1 bwd=1 in=a,b out=l\n", "grad_inplace needs gradients of a and b; b has none"},
+    };
+    for (size_t k = 0; k < N_OF(bad); k++) {
+        rkm_context *ctx = test_new_ctx();
+        char text[512];
+        snprintf(text, sizeof text, "rockmate-graph 1\ntensor x 40 input\ntensor a 40\ntensor l 4\n%sloss l\n",
+                 bad[k].ops);
+        rkm_graph *g = NULL;
+        rkm_result r = rkm_graph_read_string(ctx, text, strlen(text), "bad.rkg", &g);
+        CHECK((r == RKM_ERROR_GRAPH || r == RKM_ERROR_PARSE) && !g);
+        if (!strstr(rkm_context_errmsg(ctx), bad[k].msg)) fprintf(stderr, "case %zu: %s\n", k, rkm_context_errmsg(ctx));
+        CHECK(strstr(rkm_context_errmsg(ctx), bad[k].msg) != NULL);
+        rkm_context_destroy(ctx);
+    }
+    /* through the API: unknown flag bits */
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL;
+    int32_t x, a;
+    CHECK(rkm_graph_create(ctx, &g) == RKM_OK && rkm_graph_add_tensor(g, "x", 4, RKM_TENSOR_INPUT, &x) == RKM_OK &&
+          rkm_graph_add_tensor(g, "a", 4, 0, &a) == RKM_OK);
+    rkm_op_desc d = {.name = "f", .in = &x, .n_in = 1, .out = &a, .n_out = 1, .flags = 4};
+    CHECK(rkm_graph_add_op(g, &d, NULL) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(rkm_context_errmsg(ctx), "op f: unknown flags 0x4") != NULL);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
 }
@@ -869,6 +1155,15 @@ static const bad_plan bad_plans[] = {
      "free_grad a", "a", 0},
     {&G_CHAIN2, "", RKM_RULE_END_LOSS_MISSING, 0, NULL, NULL, 0},
     {&G_CHAIN2, "fwd f\nfwd g\nfree a\nfree b\n", RKM_RULE_END_LOSS_MISSING, 4, NULL, NULL, 0},
+    {&G_INPLACE, "fwd fc inplace\n", RKM_RULE_INPLACE_NOT_DECLARED, 0, "fwd fc inplace", "fc", 1},
+    {&G_INPLACE, "fwd fc\nfwd relu\nfwd relu inplace\n", RKM_RULE_INPLACE_OUT_LIVE, 2, "fwd relu inplace", "a", 0},
+    {&G_INPLACE2, "fwd fc\nfwd id1\nfwd id2\nfwd add\nloss\nbwd add inplace\nbwd id2 inplace\nbwd id1 inplace\n",
+     RKM_RULE_INPLACE_GRAD_LIVE, 7, "bwd id1 inplace", "h", 0},
+    /* a run in place leaves its input and its output's gradient gone */
+    {&G_INPLACE, "fwd fc\nfwd relu inplace\nfwd relu\n", RKM_RULE_FWD_INPUT_MISSING, 2, "fwd relu", "h", 0},
+    {&G_INPLACE, "fwd fc\nfwd relu inplace\nfree h\n", RKM_RULE_FREE_NOT_LIVE, 2, "free h", "h", 0},
+    {&G_INPLACE2, "fwd fc\nfwd id1\nfwd id2\nfwd add\nloss\nbwd add inplace\nfree_grad s\n",
+     RKM_RULE_FREE_GRAD_NOT_LIVE, 6, "free_grad s", "s", 0},
     /* everything else is clean: only f's backward is missing */
     {&G_CHAIN2, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree_grad a\nfree a\n", RKM_RULE_END_BWD_MISSING, 8,
      NULL, "f", 1},
@@ -943,7 +1238,7 @@ TEST(bad_step_rule)
     rkm_graph *g = load(ctx, G_CHAIN2);
     rkm_plan *p = NULL;
     if (g) {
-        const rkm_step steps[] = {{RKM_STEP_FWD, 0, 0}, {RKM_STEP_BWD, 9, 0}};
+        const rkm_step steps[] = {{RKM_STEP_FWD, 0, 0, 0}, {RKM_STEP_BWD, 9, 0, 0}};
         rkm_sim_result res;
         CHECK(rkm_plan_create(g, steps, 2, &res, &p) == RKM_ERROR_PLAN && p == NULL);
         CHECK(res.rule == RKM_RULE_BAD_STEP);
@@ -1048,11 +1343,14 @@ static int oracle_step(oracle *o, const rkm_step *s, int apply, uint64_t *peak)
         for (int32_t k = 0; k < oi.n_in; k++)
             if (!o->D[oi.in[k]]) return 0;
         if (s->save && (oi.phantom == 0 || !has_bwd_id(g, s->index) || o->P[s->index])) return 0;
-        for (int32_t k = 0; k < oi.n_out; k++)
+        /* in place: declared, out[0] not live; it takes in[0]'s bytes */
+        if (s->inplace && (!(oi.flags & RKM_OP_INPLACE) || o->D[oi.out[0]])) return 0;
+        for (int32_t k = s->inplace ? 1 : 0; k < oi.n_out; k++)
             if (!o->D[oi.out[k]]) add += tinfo(g, oi.out[k]).bytes;
         if (s->save) add += oi.phantom;
         *peak = o->mem + add + oi.fwd_ws;
         if (!apply) return 1;
+        if (s->inplace) o->D[oi.in[0]] = 0;
         for (int32_t k = 0; k < oi.n_out; k++) o->D[oi.out[k]] = 1;
         if (s->save) o->P[s->index] = 1;
     } else if (s->kind == RKM_STEP_LOSS) {
@@ -1072,10 +1370,13 @@ static int oracle_step(oracle *o, const rkm_step *s, int apply, uint64_t *peak)
         if (oi.phantom > 0 && !o->P[s->index]) return 0;
         for (int32_t k = 0; k < oi.n_out; k++)
             if (tinfo(g, oi.out[k]).has_grad && !grad_complete(o, oi.out[k])) return 0;
-        for (int32_t k = 0; k < oi.n_in; k++)
+        /* in place: declared, grad(in[0]) not live; it takes grad(out[0])'s bytes */
+        if (s->inplace && (!(oi.flags & RKM_OP_GRAD_INPLACE) || o->G[oi.in[0]])) return 0;
+        for (int32_t k = s->inplace ? 1 : 0; k < oi.n_in; k++)
             if (tinfo(g, oi.in[k]).has_grad && !o->G[oi.in[k]]) add += tinfo(g, oi.in[k]).bytes;
         *peak = o->mem + add + oi.bwd_ws;
         if (!apply) return 1;
+        if (s->inplace) o->G[oi.out[0]] = 0;
         for (int32_t k = 0; k < oi.n_in; k++)
             if (tinfo(g, oi.in[k]).has_grad) {
                 o->G[oi.in[k]] = 1;
@@ -1127,16 +1428,19 @@ static size_t all_steps(const rkm_graph *g, rkm_step *out)
 {
     size_t n = 0;
     for (int32_t i = 0; i < rkm_graph_num_ops(g); i++) {
-        out[n++] = (rkm_step){RKM_STEP_FWD, i, 0};
-        out[n++] = (rkm_step){RKM_STEP_FWD, i, 1};
-        out[n++] = (rkm_step){RKM_STEP_BWD, i, 0};
-        out[n++] = (rkm_step){RKM_STEP_FREE_SAVED, i, 0};
+        out[n++] = (rkm_step){RKM_STEP_FWD, i, 0, 0};
+        out[n++] = (rkm_step){RKM_STEP_FWD, i, 1, 0};
+        out[n++] = (rkm_step){RKM_STEP_BWD, i, 0, 0};
+        out[n++] = (rkm_step){RKM_STEP_FREE_SAVED, i, 0, 0};
+        out[n++] = (rkm_step){RKM_STEP_FWD, i, 0, 1};
+        out[n++] = (rkm_step){RKM_STEP_FWD, i, 1, 1};
+        out[n++] = (rkm_step){RKM_STEP_BWD, i, 0, 1};
     }
     for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++) {
-        out[n++] = (rkm_step){RKM_STEP_FREE, t, 0};
-        out[n++] = (rkm_step){RKM_STEP_FREE_GRAD, t, 0};
+        out[n++] = (rkm_step){RKM_STEP_FREE, t, 0, 0};
+        out[n++] = (rkm_step){RKM_STEP_FREE_GRAD, t, 0, 0};
     }
-    out[n++] = (rkm_step){RKM_STEP_LOSS, rkm_graph_loss(g), 0};
+    out[n++] = (rkm_step){RKM_STEP_LOSS, rkm_graph_loss(g), 0, 0};
     return n;
 }
 
@@ -1152,7 +1456,7 @@ static double step_time(const rkm_graph *g, const rkm_step *s)
  * step that breaks a rule put in at a random place. */
 static void random_walk(const rkm_graph *g, uint64_t seed, size_t len)
 {
-    size_t ncand = (size_t)rkm_graph_num_ops(g) * 4 + (size_t)rkm_graph_num_tensors(g) * 2 + 1;
+    size_t ncand = (size_t)rkm_graph_num_ops(g) * 7 + (size_t)rkm_graph_num_tensors(g) * 2 + 1;
     rkm_step *cand = malloc(ncand * sizeof *cand), *ok = malloc(ncand * sizeof *ok);
     rkm_step *walk = malloc((len + 1) * sizeof *walk);
     uint64_t *mem = malloc((len + 1) * sizeof *mem), *after = malloc((len + 1) * sizeof *after);
@@ -1243,7 +1547,8 @@ static void random_walk(const rkm_graph *g, uint64_t seed, size_t len)
 
 TEST(random_walks)
 {
-    const char *hand[] = {G_CHAIN3, G_PHANTOM, G_ACCUM, G_MULTI, G_NOGRAD, G_INPUTS, G_LOSS_SAVED, G_POOL, G_NOBWD_SAVED};
+    const char *hand[] = {G_CHAIN3, G_PHANTOM, G_ACCUM, G_MULTI, G_NOGRAD, G_INPUTS, G_LOSS_SAVED, G_POOL, G_NOBWD_SAVED,
+                          G_INPLACE, G_INPLACE2, G_RESCHAIN};
     uint64_t seed = 1;
     for (size_t k = 0; k < N_OF(hand); k++) {
         rkm_context *ctx = test_new_ctx();
@@ -1576,6 +1881,9 @@ int main(void)
 {
     RUN(time_bound_hand_worked);
     RUN(scratch_written_every_run);
+    RUN(inplace_hand_worked);
+    RUN(inplace_graph_rules);
+    RUN(inplace_gradient_chain);
     RUN(chain2_baseline);
     RUN(chain3_recompute);
     RUN(phantom_save_free_saved);

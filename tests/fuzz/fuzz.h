@@ -41,16 +41,29 @@ static inline void fuzz_check_plan(const rkm_plan *p)
         FUZZ_CHECK(arena >= st.peak);
         for (size_t i = 0; i < n; i++) {
             FUZZ_CHECK(b[i].offset % 256 == 0 && b[i].offset + b[i].bytes <= arena);
+            if (b[i].takes_over >= 0) /* in place: the bytes of a buffer the same step ends */
+                FUZZ_CHECK(b[i].takes_over < (int64_t)i && b[b[i].takes_over].offset == b[i].offset &&
+                           b[b[i].takes_over].last_step == b[i].first_step);
             for (size_t j = i + 1; j < n && n < 2000; j++) {
                 int live = b[i].first_step <= b[j].last_step && b[j].first_step <= b[i].last_step;
                 int share = b[i].offset < b[j].offset + b[j].bytes && b[j].offset < b[i].offset + b[i].bytes;
-                FUZZ_CHECK(!(b[i].bytes && b[j].bytes && live && share));
+                FUZZ_CHECK(b[j].takes_over == (int64_t)i || !(b[i].bytes && b[j].bytes && live && share));
             }
         }
     }
     free(b);
     rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
     FUZZ_CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
+    /* the arena exec, in layout mode, runs it at its peak */
+    rkm_arena_exec_desc d = {.graph = rkm_plan_graph(p)};
+    rkm_arena_exec *x = NULL;
+    if (r == RKM_OK && rkm_arena_exec_create_layout(&d, p, &x) == RKM_OK) {
+        rkm_arena_stats as;
+        FUZZ_CHECK(rkm_arena_exec_run(x, p) == RKM_OK);
+        rkm_arena_exec_arena_stats(x, &as);
+        FUZZ_CHECK(as.peak == st.peak);
+    }
+    rkm_arena_exec_destroy(x);
 }
 
 static inline rkm_context *fuzz_ctx(void)

@@ -1,5 +1,7 @@
 /* fuzz_plan: the .rkp reader with the simulator, the layout and the
- * executor, against a fixed graph (tests/graphs/gpt2-tiny.rkg, read once).
+ * executor, against a fixed graph: tests/graphs/gpt2-tiny.rkg with every op
+ * that can be declared in place declared so (read once; plans without
+ * `inplace` steps mean on it what they mean on the file's graph).
  * A plan is refused with a message or handed out valid; a valid one lays
  * out without overlap, holds its peak, runs, and writes back to text that
  * reads to the same steps. */
@@ -12,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!graph) {
         ctx = fuzz_ctx();
-        FUZZ_CHECK(rkm_graph_read_file(ctx, "tests/graphs/gpt2-tiny.rkg", &graph) == RKM_OK);
+        FUZZ_CHECK((graph = test_load_inplace_graph(ctx, "gpt2-tiny")) != NULL);
     }
     rkm_plan *p = NULL, *q = NULL;
     rkm_sim_result res;
