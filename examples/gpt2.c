@@ -21,7 +21,10 @@
  * (or `make demo`). Run from the repository root (defaults shown):
  *   build/gpt2 [--layers 4] [--channels 128] [--heads 4] [--seq 64] [--batch 4] [--steps 10]
  *              [--budget 40%] [--algo rockmate] [--dropout 0] [--lr 1e-3] [--seed 1337]
- *              [--data examples/data/fables.txt] [--memory arena]
+ *              [--data examples/data/fables.txt] [--memory arena] [--inplace 0]
+ * --inplace 1 declares GELU's and the residual adds' backwards in place
+ * (RKM_OP_GRAD_INPLACE): the residual stream's gradient then stays in one
+ * buffer down the layers, as llm.c's dresidual; gradients are the same.
  * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
  * Without --algo the library's default plans: rockmate, or rotor in a build
  * without lp_solve (make OMIT=1). The op costs are profiled first, and the
@@ -61,7 +64,8 @@ static int usage(const char *why)
     fprintf(stderr,
             "%s\nusage: gpt2 [--layers N] [--channels N] [--heads N] [--seq N] [--batch N] [--steps N]\n"
             "            [--budget B|N%%|NMiB|min] [--algo rockmate|rotor|sqrt|checkmate|none]\n"
-            "            [--dropout P] [--lr LR] [--seed N] [--data FILE] [--memory arena|malloc]\n",
+            "            [--dropout P] [--lr LR] [--seed N] [--data FILE] [--memory arena|malloc]\n"
+            "            [--inplace 0|1]\n",
             why);
     return 2;
 }
@@ -88,6 +92,8 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--memory") && (!strcmp(v, "arena") || !strcmp(v, "malloc")))
             o->arena = !strcmp(v, "arena");
+        else if (!strcmp(a, "--inplace") && (!strcmp(v, "0") || !strcmp(v, "1")))
+            o->shape.inplace = !strcmp(v, "1");
         else return usage("unknown option");
     }
     o->shape.dropout = o->dropout > 0.0f;

@@ -50,6 +50,9 @@ typedef struct gpt2_shape {
     int V;       /* vocabulary */
     int B, T;    /* batch, sequence length (also wpe's rows) */
     int dropout; /* 1: dropout ops after attproj and fcproj */
+    int inplace; /* 1: GELU's and the residual adds' backwards run in place
+                    (grad_inplace): the residual stream's gradient stays in
+                    one buffer down the layers, as llm.c's dresidual */
 } gpt2_shape;
 
 typedef enum gpt2_kind {
@@ -142,6 +145,7 @@ typedef struct gpt2__opspec {
     gpt2_opdef def;      /* in[] and n_in set by the caller; out filled here */
     unsigned saved;      /* GPT2_SAVE_* */
     uint64_t phantom, fwd_ws, bwd_ws, scratch;
+    unsigned flags;      /* RKM_OP_GRAD_INPLACE */
     double flops;        /* forward FLOPs, for a first time estimate */
 } gpt2__opspec;
 
@@ -171,6 +175,7 @@ static inline rkm_result gpt2__add(gpt2_graph *gg, gpt2__opspec *sp)
     d.fwd_ws = sp->fwd_ws;
     d.bwd_ws = sp->bwd_ws;
     d.scratch = sp->scratch;
+    d.flags = sp->flags;
     r = rkm_graph_add_op(gg->g, &d, &id);
     if (r != RKM_OK) return r;
     gg->ops[id] = sp->def;
@@ -234,6 +239,9 @@ static inline rkm_result gpt2__elementwise(gpt2_graph *gg, const char *name, gpt
     sp.out_bytes = count * 4;
     sp.saved = kind == GPT2_GELU ? GPT2_SAVE_IN0 : 0u;
     sp.phantom = kind == GPT2_DROPOUT ? count : 0; /* one byte of mask per element */
+    /* grad(in[0]) over grad(out): GELU's backward is elementwise, and a
+     * residual add passes its gradient through to the stream (in[0]) */
+    sp.flags = gg->shape.inplace && (kind == GPT2_GELU || kind == GPT2_RESIDUAL) ? RKM_OP_GRAD_INPLACE : 0u;
     sp.flops = 10.0 * (double)count;
     return gpt2__add(gg, &sp);
 }

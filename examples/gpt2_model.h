@@ -283,11 +283,14 @@ static inline void residual_forward(float *out, const float *a, const float *b, 
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+/* da += dout, db += dout; in place (da == dout, a new gradient) da is
+ * made 0 + dout, as `+=` on a zeroed buffer would, before db reads dout. */
 static inline void residual_backward(float *da, float *db, const float *dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        if (da) da[i] += dout[i];
-        if (db) db[i] += dout[i];
+        float d = dout[i];
+        if (db) db[i] += d;
+        if (da) da[i] = (da == dout ? 0.0f : da[i]) + d;
     }
 }
 
@@ -301,13 +304,16 @@ static inline void gelu_forward(float *out, const float *inp, size_t n)
     }
 }
 
+/* dinp += g * dout; in place (dinp == dout, a new gradient) it writes
+ * 0 + g * dout, the value the `+=` gives on a zeroed buffer, bit for bit. */
 static inline void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i], u = GPT2_GELU_K * (x + 0.044715f * x * x * x);
         float th = tanhf(u), ch = coshf(u), sech2 = 1.0f / (ch * ch);
         float g = 0.5f * (1.0f + th) + x * 0.5f * sech2 * GPT2_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += g * dout[i];
+        float d = g * dout[i];
+        dinp[i] = (dinp == dout ? 0.0f : dinp[i]) + d;
     }
 }
 
@@ -633,6 +639,9 @@ static inline int gpt2__input_grads(gpt2_step *st, const gpt2_opdef *d, const rk
             if (st->grad[t]) return gpt2__fail(st, "backward: new gradient already live", t);
             st->grad[t] = (float *)gpt2__new(st, rkm_arena_exec_grad(st->ax, t), gpt2__tbytes(st, t), 1);
             if (!st->grad[t]) return gpt2__fail(st, "backward: out of memory", t);
+        } else if (c->in_grad[i] == RKM_GRAD_INPLACE) { /* grad(out)'s buffer, handed over after the kernel */
+            if (st->grad[t]) return gpt2__fail(st, "backward: in-place gradient already live", t);
+            st->grad[t] = st->grad[d->out];
         } else if (c->in_grad[i] == RKM_GRAD_ACCUMULATE && !st->grad[t]) {
             return gpt2__fail(st, "backward: gradient to accumulate into is not live", t);
         }
@@ -653,6 +662,7 @@ static inline int gpt2_cb_backward(void *user, const rkm_bwd_call *c)
     if (gpt2__input_grads(st, d, c, din)) return 1;
     if (!(ws = gpt2__ws(st, c->ws_bytes, 1)) && c->ws_bytes) return gpt2__fail(st, "backward: out of memory", c->op);
     gpt2__backward_kernel(st, d, c, c->op, din, ws);
+    if (c->n_in && c->in_grad[0] == RKM_GRAD_INPLACE) st->grad[d->out] = NULL; /* now grad(in[0]) */
     gpt2__release(st, ws, c->ws_bytes);
     return 0;
 }

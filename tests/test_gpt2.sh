@@ -73,6 +73,26 @@ both_modes() {
     fi
 }
 both_modes modes_rotor_45 "${tiny[@]}" --algo rotor --budget 45%
+both_modes modes_inplace_rotor_45 "${tiny[@]}" --inplace 1 --algo rotor --budget 45%
+
+# same_inplace NAME ARGS...: with GELU's and the residual adds' backwards in
+# place (--inplace 1) the trainer passes, and its digest is the one without.
+same_inplace() {
+    local name=$1 a b
+    shift
+    a=$("$gpt2" "$@" --inplace 0 2>&1 | grep '^digest: ')
+    b=$("$gpt2" "$@" --inplace 1 2>&1)
+    if grep -qE -- "$ok" <<<"$b" && [[ -n $a && $a == "$(grep '^digest: ' <<<"$b")" ]]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: gpt2 $*: without --inplace '$a'; with:"
+        printf '%s\n' "$b" | tail -n 5
+    fi
+}
+same_inplace inplace_rockmate_40 "${tiny[@]}" --budget 40%
+same_inplace inplace_dtr_min "${tiny[@]}" --algo dtr --budget min --steps 1
+same_inplace inplace_dropout_none "${tiny[@]}" --algo none --dropout 0.1 --budget 100%
 both_modes modes_sqrt_dropout "${tiny[@]}" --algo sqrt --dropout 0.1 --budget 100%
 expect too_small 3 '^demo: FAILED no plan fits the budget' "${tiny[@]}" --algo rotor --budget 1%
 expect bad_usage 2 'usage' --heads 3
