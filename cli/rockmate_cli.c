@@ -1286,7 +1286,16 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
     char a[32];
     double bp = (double)G->st.baseline_peak;
     printf("%s\n", G->path);
-    printf("  ops            %d\n", (int)rkm_graph_num_ops(G->g));
+    int n_ip = 0, n_gip = 0;
+    for (int32_t i = 0; i < rkm_graph_num_ops(G->g); i++) {
+        rkm_op_desc d;
+        if (rkm_graph_op_info(G->g, i, &d) != RKM_OK) continue;
+        n_ip += (d.flags & RKM_OP_INPLACE) != 0;
+        n_gip += (d.flags & RKM_OP_GRAD_INPLACE) != 0;
+    }
+    printf("  ops            %d", (int)rkm_graph_num_ops(G->g));
+    if (n_ip || n_gip) printf(" (in place: %d forwards, %d backwards)", n_ip, n_gip);
+    printf("\n");
     printf("  tensors        %d (inputs: %s, %" PRIu64 " bytes)\n", (int)rkm_graph_num_tensors(G->g),
            cli_size(a, sizeof a, G->st.input_bytes), G->st.input_bytes);
     printf("  baseline peak  %-12s (%" PRIu64 " bytes)\n", cli_size(a, sizeof a, G->st.baseline_peak),

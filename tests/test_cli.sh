@@ -487,4 +487,22 @@ for name in multi-output gpt2-tiny mlp16 random30 peer-gpt resnet18-like-b32 gpt
     pycheck planners "$name" "$info" "$tmp/$name" "$tmp/$name/sweep.json"
 done
 
+# In place (docs/formats.md's second worked example): info counts the ops,
+# check replays a plan with in-place steps, plan writes them.
+cp tests/fuzz/corpus/graph/seed-inplace-hand.rkg "$tmp/ip.rkg"
+run info "$tmp/ip.rkg"
+expect "in place: info" 0
+check "in place: info counts the in-place ops" grep -q '^  ops            5 (in place: 2 forwards, 2 backwards)$' "$tmp/out"
+check "in place: info's baseline peak" grep -q '(3304 bytes)' "$tmp/out"
+printf 'rockmate-plan 1\nfwd fc\nfwd relu inplace\nfwd fc2\nfwd add inplace\nfree a\nfwd ce save\nloss\nfree loss\nbwd ce\nfree_saved ce\nfree_grad loss\nfree s\nfwd fc\nfwd relu inplace\nbwd add inplace\nbwd fc2\nfree_grad b\nbwd relu inplace\nfree a\nbwd fc\nfree_grad h\n' >"$tmp/ip.rkp"
+run check "$tmp/ip.rkg" "$tmp/ip.rkp" --budget 3100B
+expect "in place: check at the lower bound" 0
+printf 'rockmate-plan 1\nfwd fc\nfwd relu inplace\nfree h\n' >"$tmp/ip-bad.rkp"
+run check "$tmp/ip.rkg" "$tmp/ip-bad.rkp"
+expect "in place: a free of the input run over" 1
+check "in place: the message names the line and the rule" err_is 'ip-bad.rkp:4: step 2 \(free h\): free: the tensor must be live'
+run plan "$tmp/ip.rkg" --budget 3100B -o "$tmp/ip-plan.rkp"
+expect "in place: plan at the lower bound" 0
+check "in place: the plan file runs in place" grep -q ' inplace$' "$tmp/ip-plan.rkp"
+
 finish
