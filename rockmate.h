@@ -616,7 +616,13 @@ rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baselin
  * as the host allocated them. A kernel that accumulates (llm.c's backwards
  * all do `+=`) wants its new gradients and its scratch (dpreatt) zeroed:
  * the host zeroes exactly the buffers these flags mark new, and only those,
- * since an ACCUMULATE gradient already holds earlier contributions. */
+ * since an ACCUMULATE gradient already holds earlier contributions.
+ *
+ * A run in place (RKM_OUT_INPLACE, RKM_GRAD_INPLACE) allocates nothing: the
+ * host moves the input's buffer to the output (grad(out[0])'s to
+ * grad(in[0])) and must not zero it, for it holds the values the kernel
+ * reads; an accumulating kernel writes 0 + d there, which is what `+=` on
+ * a zeroed buffer gives (examples/gpt2_model.h does so). */
 typedef struct rkm_fwd_call {
     int64_t step;          /* index in the plan */
     int32_t op;
