@@ -74,6 +74,9 @@ expect inplace_malloc_min 0 'equal the baseline' --inplace --memory malloc --bud
 if ! grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
     expect inplace_rockmate_50 0 'equal the baseline' --inplace --algo rockmate --budget 50% --steps 1
 fi
+# rotor's chain DP meets 40 KiB only with the ReLUs in place
+expect plain_rotor_40k 3 '' --algo rotor --budget 40KiB --steps 1
+expect inplace_rotor_40k 0 'equal the baseline' --inplace --algo rotor --budget 40KiB --steps 1
 # same_inplace NAME ARGS...: with and without --inplace, the same digest.
 same_inplace() {
     local name=$1 a b
@@ -87,7 +90,7 @@ same_inplace() {
         echo "FAIL $name: mlp $*: without --inplace '$a', with '$b'"
     fi
 }
-same_inplace inplace_digest_36k --budget 36KiB --steps 2
+same_inplace inplace_digest_48k --budget 48KiB --steps 2
 same_inplace inplace_digest_malloc_min --memory malloc --budget min --steps 2
 peak() { "$mlp" "$@" --steps 1 2>&1 | grep -oE 'baseline +loss [0-9.]+ +activation peak: measured [0-9]+' | grep -oE '[0-9]+$'; }
 p0=$(peak) p1=$(peak --inplace)
