@@ -855,7 +855,7 @@ static int usage(const char *msg)
 static void preset(options *o, const char *name)
 {
     gpt2_shape tiny = {2, 128, 4, 512, 2, 64, 0, 0};
-    gpt2_shape gpt124 = {12, 768, 12, 50257, 8, 1024, 0};
+    gpt2_shape gpt124 = {12, 768, 12, 50257, 8, 1024, 0, 0};
     o->shape = strcmp(name, "tiny") == 0 ? tiny : gpt124;
 }
 
