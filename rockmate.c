@@ -2348,23 +2348,24 @@ static int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->ha
  * valid and never peaks higher. One decision cannot undo another's
  * conditions: a tensor freed early is touched by nothing in between. */
 
-/* Step i is the next touch (next[t] = i) of each tensor (grads 0) or
- * gradient (grads 1) that st reads, makes or frees. */
-static void rkm__step_touches(const rkm_graph *g, const rkm_step *st, int grads, int64_t *next, int64_t i)
+/* The tensors that step st reads, makes or frees (grads 0), or whose
+ * gradients it does (grads 1): *n ids, in the graph or the step. */
+static const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
 {
     const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
-    switch (st->kind) {
-    case RKM_STEP_FWD:
-        for (int32_t k = 0; !grads && k < o->n_in + o->n_out; k++) next[o->in[k]] = i; /* in, out contiguous */
-        break;
-    case RKM_STEP_BWD:
-        for (int32_t k = 0; !grads && k < o->n_saved; k++) next[o->saved[k]] = i;
-        for (int32_t k = 0; grads && k < o->n_in + o->n_out; k++) next[o->in[k]] = i;
-        break;
-    case RKM_STEP_FREE: if (!grads) next[st->index] = i; break;
-    case RKM_STEP_FREE_GRAD: if (grads) next[st->index] = i; break;
-    case RKM_STEP_LOSS: next[st->index] = i; break;
-    }
+    int one = st->kind == RKM_STEP_LOSS || st->kind == (grads ? RKM_STEP_FREE_GRAD : RKM_STEP_FREE);
+    *n = one ? 1 : st->kind == RKM_STEP_FWD ? (grads ? 0 : o->n_in + o->n_out) /* in, out contiguous */
+                 : st->kind == RKM_STEP_BWD ? (grads ? o->n_in + o->n_out : o->n_saved) : 0;
+    return one ? &st->index : !o ? NULL : grads || st->kind == RKM_STEP_FWD ? o->in : o->saved;
+}
+
+/* Step i is the next touch (next[t] = i) of each tensor (grads 0) or
+ * gradient (grads 1) that st reads, makes or frees. */
+static void rkm__note_touches(const rkm_graph *g, const rkm_step *st, int grads, int64_t *next, int64_t i)
+{
+    int32_t n;
+    const int32_t *v = rkm__step_objects(g, st, grads, &n);
+    for (int32_t k = 0; k < n; k++) next[v[k]] = i;
 }
 
 /* Which steps of d can run in place (ok[i] = 1), from a replay. */
@@ -2405,8 +2406,8 @@ static void rkm__inplace_mark(const rkm_graph *g, rkm__steps *d, uint8_t *ok, in
                 ok[j] = 2; /* gone */
             }
         }
-        rkm__step_touches(g, st, 0, nt, (int64_t)i);
-        rkm__step_touches(g, st, 1, ng, (int64_t)i);
+        rkm__note_touches(g, st, 0, nt, (int64_t)i);
+        rkm__note_touches(g, st, 1, ng, (int64_t)i);
     }
 }
 
@@ -6537,6 +6538,7 @@ typedef struct rkm__polish {
     rkm__steps cand;  /* a candidate's compute steps */
     rkm__steps full;  /* a candidate's whole plan */
     rkm__steps frees; /* scratch: frees after each compute step, backwards */
+    rkm__steps low;   /* scratch: w->full run in place where it can */
     size_t *fr_at;    /* per candidate step: its first free in frees */
     size_t cap_at;
     uint8_t *need;    /* per tensor: read before it is made again */
@@ -6618,16 +6620,20 @@ static int rkm__polish_expand(rkm__polish *w)
     return 1;
 }
 
-/* Replay w->full, run in place where it can: 1 when valid and within the
- * budget (then *time), -1 on NOMEM. */
+/* Replay w->full run in place where it can (in w->low: the squeeze reads
+ * w->full's own steps): 1 when valid and within the budget (then *time),
+ * -1 on NOMEM. */
 static int rkm__polish_fits(rkm__polish *w, double *time)
 {
     rkm_sim_result res;
     int32_t obj;
-    if (rkm__lower_inplace(w->g, &w->full)) return -1;
+    if (!rkm__reserve(w->g->ctx, (void **)&w->low.s, &w->low.cap, w->full.n + 1, sizeof *w->low.s)) return -1;
+    if (w->full.n) memcpy(w->low.s, w->full.s, w->full.n * sizeof *w->low.s);
+    w->low.n = w->full.n;
+    if (rkm__lower_inplace(w->g, &w->low)) return -1;
     rkm__sim_reset(&w->sim);
-    w->work += w->full.n;
-    if (!rkm__sim_run(&w->sim, w->full.s, w->full.n, &res, NULL)) return 0;
+    w->work += w->low.n;
+    if (!rkm__sim_run(&w->sim, w->low.s, w->low.n, &res, NULL)) return 0;
     if (rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE || res.peak > w->budget) return 0;
     *time = res.time;
     return 1;
@@ -6676,6 +6682,7 @@ static void rkm__polish_free(rkm__polish *w)
     rkm__steps_free(&w->cand);
     rkm__steps_free(&w->full);
     rkm__steps_free(&w->frees);
+    rkm__steps_free(&w->low);
     rkm__free(w->g->ctx, w->fr_at, w->cap_at * sizeof *w->fr_at);
     rkm__free(w->g->ctx, w->need, w->g->n_tensors);
     rkm__free(w->g->ctx, w->pneed, w->g->n_ops);
@@ -6704,7 +6711,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm
     w->g = g;
     w->budget = budget;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
-    w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = g->ctx;
+    w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = g->ctx;
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
     if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
@@ -6821,10 +6828,8 @@ static int rkm__squeeze_eval(rkm__squeeze *q, double *excess, int64_t *first, do
 /* Does compute step s read or make tensor t? */
 static int rkm__step_touches(const rkm_graph *g, const rkm_step *s, int32_t t)
 {
-    if (s->kind == RKM_STEP_LOSS) return s->index == t;
-    const rkm__op *o = &g->ops[s->index];
-    int32_t n = s->kind == RKM_STEP_FWD ? o->n_in + o->n_out : o->n_saved;
-    const int32_t *v = s->kind == RKM_STEP_FWD ? o->in : o->saved; /* out follows in */
+    int32_t n;
+    const int32_t *v = rkm__step_objects(g, s, 0, &n);
     for (int32_t k = 0; k < n; k++)
         if (v[k] == t) return 1;
     return 0;
