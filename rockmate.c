@@ -6627,13 +6627,17 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
 {
     rkm_sim_result res;
     int32_t obj;
-    if (!rkm__reserve(w->g->ctx, (void **)&w->low.s, &w->low.cap, w->full.n + 1, sizeof *w->low.s)) return -1;
-    if (w->full.n) memcpy(w->low.s, w->full.s, w->full.n * sizeof *w->low.s);
-    w->low.n = w->full.n;
-    if (rkm__lower_inplace(w->g, &w->low)) return -1;
+    const rkm__steps *run = &w->full;
+    if (rkm__graph_has_inplace(w->g)) {
+        if (!rkm__reserve(w->g->ctx, (void **)&w->low.s, &w->low.cap, w->full.n + 1, sizeof *w->low.s)) return -1;
+        if (w->full.n) memcpy(w->low.s, w->full.s, w->full.n * sizeof *w->low.s);
+        w->low.n = w->full.n;
+        if (rkm__lower_inplace(w->g, &w->low)) return -1;
+        run = &w->low;
+    }
     rkm__sim_reset(&w->sim);
-    w->work += w->low.n;
-    if (!rkm__sim_run(&w->sim, w->low.s, w->low.n, &res, NULL)) return 0;
+    w->work += run->n;
+    if (!rkm__sim_run(&w->sim, run->s, run->n, &res, NULL)) return 0;
     if (rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE || res.peak > w->budget) return 0;
     *time = res.time;
     return 1;
