@@ -347,6 +347,7 @@ struct rkm_graph {
     int32_t loss;
     int32_t loss_line;
     int finalized;
+    int has_inplace; /* some op declares RKM_OP_INPLACE or RKM_OP_GRAD_INPLACE (at finalize) */
     uint64_t input_bytes;
     rkm__block *blocks;
     int32_t n_blocks, n_classes;
@@ -625,8 +626,11 @@ static void rkm__graph_derive(rkm_graph *g)
         g->tensors[t].n_contrib = 0;
         g->tensors[t].n_readers = 0;
     }
-    for (size_t i = 0; i < g->n_ops; i++)
+    g->has_inplace = 0;
+    for (size_t i = 0; i < g->n_ops; i++) {
         for (int32_t k = 0; k < g->ops[i].n_in; k++) g->tensors[g->ops[i].in[k]].n_readers++;
+        g->has_inplace |= g->ops[i].flags != 0;
+    }
     /* Readers come after producers, so one reverse pass settles both. */
     g->tensors[g->loss].has_grad = 1;
     g->tensors[g->loss].n_contrib = 1;
@@ -2353,10 +2357,14 @@ static int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->ha
 static const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
 {
     const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
-    int one = st->kind == RKM_STEP_LOSS || st->kind == (grads ? RKM_STEP_FREE_GRAD : RKM_STEP_FREE);
-    *n = one ? 1 : st->kind == RKM_STEP_FWD ? (grads ? 0 : o->n_in + o->n_out) /* in, out contiguous */
-                 : st->kind == RKM_STEP_BWD ? (grads ? o->n_in + o->n_out : o->n_saved) : 0;
-    return one ? &st->index : !o ? NULL : grads || st->kind == RKM_STEP_FWD ? o->in : o->saved;
+    switch (st->kind) {
+    case RKM_STEP_FWD: *n = grads ? 0 : o->n_in + o->n_out; return o->in; /* in, out contiguous */
+    case RKM_STEP_BWD: *n = grads ? o->n_in + o->n_out : o->n_saved; return grads ? o->in : o->saved;
+    case RKM_STEP_LOSS: *n = 1; return &st->index;
+    case RKM_STEP_FREE: *n = !grads; return &st->index;
+    case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
+    default: *n = 0; return NULL; /* free_saved: a saved state, no tensor */
+    }
 }
 
 /* Step i is the next touch (next[t] = i) of each tensor (grads 0) or
@@ -2387,8 +2395,8 @@ static void rkm__inplace_candidates(rkm__sim *s, const rkm__steps *d, uint8_t *o
     }
 }
 
-/* Mark the in-place runs (ok[i] -> the step's inplace) and the frees they
- * make unneeded (gone[j] = 1), scanning backwards for each tensor's and
+/* Mark the in-place runs (ok[i] 1 -> the step's inplace) and the frees
+ * they make unneeded (ok[j] = 2), scanning backwards for each tensor's and
  * gradient's next touch. */
 static void rkm__inplace_mark(const rkm_graph *g, rkm__steps *d, uint8_t *ok, int64_t *nt, int64_t *ng)
 {
@@ -2411,18 +2419,11 @@ static void rkm__inplace_mark(const rkm_graph *g, rkm__steps *d, uint8_t *ok, in
     }
 }
 
-static int rkm__graph_has_inplace(const rkm_graph *g)
-{
-    for (size_t i = 0; i < g->n_ops; i++)
-        if (g->ops[i].flags) return 1;
-    return 0;
-}
-
 /* Lower d (a valid plan, or one valid up to some step) to in-place runs. */
 static rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d)
 {
     size_t n = d->n;
-    if (!n || !rkm__graph_has_inplace(g)) return RKM_OK;
+    if (!n || !g->has_inplace) return RKM_OK;
     rkm__sim s;
     uint8_t *ok = rkm__alloc(g->ctx, n);
     int64_t *next = rkm__alloc(g->ctx, 2 * (g->n_tensors + 1) * sizeof *next);
@@ -6628,7 +6629,7 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
     rkm_sim_result res;
     int32_t obj;
     const rkm__steps *run = &w->full;
-    if (rkm__graph_has_inplace(w->g)) {
+    if (w->g->has_inplace) {
         if (!rkm__reserve(w->g->ctx, (void **)&w->low.s, &w->low.cap, w->full.n + 1, sizeof *w->low.s)) return -1;
         if (w->full.n) memcpy(w->low.s, w->full.s, w->full.n * sizeof *w->low.s);
         w->low.n = w->full.n;
@@ -8022,6 +8023,26 @@ static void rkm__exec_enter(rkm_arena_exec *x, int64_t step)
 /* Layout mode: the buffer (kind, index, bytes), created by the step in
  * progress, is the layout's next one; carve it at the layout's offset.
  * Returns 0 or a wrapper failure: another plan's buffers are misuse. */
+/* Layout mode: the buffer (kind, index, bytes) that the step in progress
+ * creates is the layout's next one (*out). Returns 0 or a wrapper failure:
+ * another plan's buffers are misuse. */
+static int rkm__exec_lay_next(rkm_arena_exec *x, int32_t kind, int32_t index, uint64_t bytes, const char *what,
+                              const char *name, const rkm_buffer **out)
+{
+    if (x->lay_next == x->n_lay)
+        return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s is not in the layout: its %llu buffers are taken", what,
+                              name, (unsigned long long)x->n_lay);
+    const rkm_buffer *b = *out = &x->lay[x->lay_next];
+    if (b->kind != kind || b->index != index || b->first_step != x->step || b->bytes != bytes)
+        return rkm__exec_fail(x, RKM_ERROR_STATE,
+                              "%s %s (%llu bytes) is not the layout's buffer %llu: %s %d of step %lld, "
+                              "%llu bytes; was the exec made for another plan?",
+                              what, name, (unsigned long long)bytes, (unsigned long long)x->lay_next,
+                              rkm__kind_name(b->kind), (int)b->index, (long long)b->first_step,
+                              (unsigned long long)b->bytes);
+    return 0;
+}
+
 static int rkm__exec_take_layout(rkm_arena_exec *x, uint64_t *slot, int32_t kind, int32_t index, uint64_t bytes,
                                  const char *what, const char *name)
 {
@@ -8030,17 +8051,9 @@ static int rkm__exec_take_layout(rkm_arena_exec *x, uint64_t *slot, int32_t kind
         *slot = 0;
         return 0;
     }
-    if (x->lay_next == x->n_lay)
-        return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s is not in the layout: its %llu buffers are taken", what,
-                              name, (unsigned long long)x->n_lay);
-    const rkm_buffer *b = &x->lay[x->lay_next];
-    if (b->kind != kind || b->index != index || b->first_step != x->step || b->bytes != bytes)
-        return rkm__exec_fail(x, RKM_ERROR_STATE,
-                              "%s %s (%llu bytes) is not the layout's buffer %llu: %s %d of step %lld, "
-                              "%llu bytes; was the exec made for another plan?",
-                              what, name, (unsigned long long)bytes, (unsigned long long)x->lay_next,
-                              rkm__kind_name(b->kind), (int)b->index, (long long)b->first_step,
-                              (unsigned long long)b->bytes);
+    const rkm_buffer *b;
+    int rc = rkm__exec_lay_next(x, kind, index, bytes, what, name, &b);
+    if (rc) return rc;
     if (bytes > 0 && !rkm__arena_alloc_at(x->arena, b->offset, bytes))
         return rkm__exec_fail(x, RKM_ERROR_STATE,
                               "layout: %s %s (%llu bytes) at offset %llu overlaps a live buffer or ends past "
@@ -8083,12 +8096,13 @@ static int rkm__exec_take_over(rkm_arena_exec *x, const uint64_t *from, uint64_t
         return rkm__exec_fail(x, RKM_ERROR_INTERNAL, "%s %s: an in-place run needs it not live and its input live", what,
                               name);
     if (x->lay) {
-        const rkm_buffer *b = x->lay_next < x->n_lay ? &x->lay[x->lay_next] : NULL;
-        if (!b || b->kind != kind || b->index != index || b->first_step != x->step || b->bytes != bytes ||
-            b->takes_over < 0 || b->offset != *from)
-            return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s (in place, step %lld) is not the layout's buffer %llu; was "
-                                  "the exec made for another plan?", what, name, (long long)x->step,
-                                  (unsigned long long)x->lay_next);
+        const rkm_buffer *b;
+        int rc = rkm__exec_lay_next(x, kind, index, bytes, what, name, &b);
+        if (rc) return rc;
+        if (b->takes_over < 0 || b->offset != *from)
+            return rkm__exec_fail(x, RKM_ERROR_STATE, "%s %s runs in place at step %lld, but the layout's buffer %llu "
+                                  "does not take over its input's; was the exec made for another plan?", what, name,
+                                  (long long)x->step, (unsigned long long)x->lay_next);
         x->lay_next++;
     }
     *to = *from;
