@@ -229,4 +229,22 @@ static inline int noop_bwd(void *user, const rkm_bwd_call *c)
     return 0;
 }
 
+#ifndef TEST_HELPERS_ONLY
+/* The arena exec runs p in first fit and in layout mode, without a host,
+ * and its peak is `peak` (in-place runs move buffers, they make none). */
+static inline void test_check_arena_runs(const rkm_graph *g, const rkm_plan *p, uint64_t peak)
+{
+    for (int layout = 0; layout < 2; layout++) {
+        rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
+        rkm_arena_exec *x = NULL;
+        rkm_arena_stats as = {0};
+        CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
+        CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
+        rkm_arena_exec_arena_stats(x, &as);
+        CHECK_EQ_U64(as.peak, peak);
+        rkm_arena_exec_destroy(x);
+    }
+}
+#endif
+
 #endif

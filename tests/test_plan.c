@@ -123,22 +123,6 @@ static void check_layout(const rkm_plan *p, uint64_t peak)
     free(b);
 }
 
-/* The arena exec runs p in first fit and in layout mode, and its peak is
- * the plan's (in-place runs move buffers, they do not make them). */
-static void check_arena_runs(const rkm_graph *g, const rkm_plan *p, uint64_t peak)
-{
-    for (int layout = 0; layout < 2; layout++) {
-        rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
-        rkm_arena_exec *x = NULL;
-        rkm_arena_stats as = {0};
-        CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
-        CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
-        rkm_arena_exec_arena_stats(x, &as);
-        CHECK_EQ_U64(as.peak, peak);
-        rkm_arena_exec_destroy(x);
-    }
-}
-
 static const rkm_algo chain_algos[] = {RKM_ALGO_NONE, RKM_ALGO_SQRT, RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE, RKM_ALGO_DTR};
 
 /* Every plan of every algorithm on every graph at 100..30 % is valid and
@@ -204,7 +188,7 @@ TEST(plans_valid_within_budget_and_monotone)
                 if (d.algo != RKM_ALGO_DTR) CHECK(ps.overhead <= prev);
                 prev = ps.overhead;
                 check_layout(p, res.peak);
-                if (k >= N_GRAPHS + 2) check_arena_runs(g, p, res.peak);
+                if (k >= N_GRAPHS + 2) test_check_arena_runs(g, p, res.peak);
                 CHECK(ps.peak >= min); /* no plan of the algorithm peaks below its floor */
                 double extra = -1; /* no plan beats the time bound */
                 CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);

@@ -916,7 +916,8 @@ static int inplace_bwd(void *user, const rkm_bwd_call *c)
     return 0;
 }
 
-/* Buffers that take another's bytes share its offset; exec runs both ways. */
+/* Buffers that take another's bytes share its offset; the arena exec runs
+ * the plan both ways at its peak. */
 static void check_inplace_layout(const rkm_graph *g, const rkm_plan *p, size_t want_chained)
 {
     size_t nb = rkm_plan_num_buffers(p), chained = 0;
@@ -934,16 +935,7 @@ static void check_inplace_layout(const rkm_graph *g, const rkm_plan *p, size_t w
     }
     CHECK_EQ_U64(chained, want_chained);
     free(buf);
-    for (int layout = 0; layout < 2; layout++) {
-        rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
-        rkm_arena_exec *x = NULL;
-        CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
-        rkm_arena_stats as = {0};
-        CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
-        rkm_arena_exec_arena_stats(x, &as);
-        CHECK_EQ_U64(as.peak, ps.peak);
-        rkm_arena_exec_destroy(x);
-    }
+    test_check_arena_runs(g, p, ps.peak);
 }
 
 TEST(inplace_hand_worked)
