@@ -4061,6 +4061,7 @@ static void rkm__ilp_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
 
 /* A row being built: coefficients merged per column, constants apart. */
 typedef struct rkm__ilp_row {
+    rkm_context *ctx;
     int *col;
     REAL *val;
     double *dense;  /* [ncols+1] */
@@ -4068,7 +4069,19 @@ typedef struct rkm__ilp_row {
     int n;
     double k;       /* constant part of the left-hand side */
     int bad;        /* a row without columns that cannot hold */
-    int failed;     /* lp_solve refused a row */
+    int nomem;      /* the gathered rows could not grow */
+    /* The rows, gathered whole before lp_solve sees any (rkm__ilp_load):
+     * lp_solve keeps the column bounds after the rows in one array, so a
+     * row added to a model that has its columns moves them all, and that
+     * was half of rockmate's planning time on a 60-op block. */
+    int *ecol;      /* entries, row after row: column, value */
+    REAL *eval;
+    size_t n_ent, cap_ent;
+    size_t *start;  /* [n_rows + 1] first entry of each row */
+    int *type;      /* [n_rows] LE, GE, EQ */
+    REAL *rhs;      /* [n_rows] */
+    size_t n_rows, cap_rows;
+    REAL *obj;      /* [ncols+1] objective coefficients */
 } rkm__ilp_row;
 
 /* Add coef * ref (a column, RKM__ILP_ONE, or 0: nothing). */
@@ -4083,8 +4096,35 @@ static void rkm__ilp_term(rkm__ilp_row *w, int32_t ref, double coef)
     w->dense[ref] += coef;
 }
 
-/* Send the row `lhs type rhs` to lp_solve and reset the builder. */
-static void rkm__ilp_emit_row(rkm__ilp_model *md, rkm__ilp_row *w, int type, double rhs)
+/* Room for one more row of m entries among the gathered rows. 0: no memory. */
+static int rkm__ilp_rows_room(rkm__ilp_row *w, size_t m)
+{
+    if (w->n_rows + 1 >= w->cap_rows) {
+        size_t c = w->cap_rows ? 2 * w->cap_rows : 256;
+        size_t *st = rkm__realloc(w->ctx, w->start, w->cap_rows * sizeof *st, c * sizeof *st);
+        if (st) w->start = st;
+        int *ty = st ? rkm__realloc(w->ctx, w->type, w->cap_rows * sizeof *ty, c * sizeof *ty) : NULL;
+        if (ty) w->type = ty;
+        REAL *rh = ty ? rkm__realloc(w->ctx, w->rhs, w->cap_rows * sizeof *rh, c * sizeof *rh) : NULL;
+        if (!rh) return 0;
+        w->rhs = rh;
+        w->cap_rows = c;
+    }
+    if (w->n_ent + m > w->cap_ent) {
+        size_t c = w->cap_ent ? 2 * w->cap_ent : 4096;
+        while (c < w->n_ent + m) c *= 2;
+        int *ec = rkm__realloc(w->ctx, w->ecol, w->cap_ent * sizeof *ec, c * sizeof *ec);
+        if (ec) w->ecol = ec;
+        REAL *ev = ec ? rkm__realloc(w->ctx, w->eval, w->cap_ent * sizeof *ev, c * sizeof *ev) : NULL;
+        if (!ev) return 0;
+        w->eval = ev;
+        w->cap_ent = c;
+    }
+    return 1;
+}
+
+/* Gather the row `lhs type rhs` and reset the builder. */
+static void rkm__ilp_emit_row(rkm__ilp_row *w, int type, double rhs)
 {
     int m = 0;
     for (int j = 0; j < w->n; j++) {
@@ -4099,8 +4139,15 @@ static void rkm__ilp_emit_row(rkm__ilp_model *md, rkm__ilp_row *w, int type, dou
     rhs -= w->k;
     if (m == 0) {
         if ((type == LE && rhs < -1e-9) || (type == GE && rhs > 1e-9) || (type == EQ && fabs(rhs) > 1e-9)) w->bad = 1;
-    } else if (!add_constraintex(md->lp, m, w->val, w->col, type, rhs)) {
-        w->failed = 1;
+    } else if (!rkm__ilp_rows_room(w, (size_t)m)) {
+        w->nomem = 1;
+    } else {
+        memcpy(w->ecol + w->n_ent, w->col, (size_t)m * sizeof *w->ecol);
+        memcpy(w->eval + w->n_ent, w->val, (size_t)m * sizeof *w->eval);
+        w->start[w->n_rows] = w->n_ent;
+        w->type[w->n_rows] = type;
+        w->rhs[w->n_rows++] = rhs;
+        w->n_ent += (size_t)m;
     }
     w->n = 0;
     w->k = 0;
@@ -4133,7 +4180,7 @@ static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm_
             if (fwd) rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), fwd ? -1 : 1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), fwd ? -1 : 1);
-            rkm__ilp_emit_row(md, w, fwd ? LE : GE, fwd ? 0 : 1);
+            rkm__ilp_emit_row(w, fwd ? LE : GE, fwd ? 0 : 1);
         }
         if (!fwd) continue;
         for (int32_t j = 0; j < o->n_out; j++) {
@@ -4143,7 +4190,7 @@ static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm_
             if (t == 1 && o->out[j] == b->x_out) continue;
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t, b->lt[o->out[j]]), 1);
-            rkm__ilp_emit_row(md, w, LE, 1);
+            rkm__ilp_emit_row(w, LE, 1);
         }
     }
 }
@@ -4156,21 +4203,21 @@ static void rkm__ilp_rows_carry(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm
             rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), 1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -1);
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), -1);
-            rkm__ilp_emit_row(md, w, LE, 0);
+            rkm__ilp_emit_row(w, LE, 0);
         }
     for (int32_t v = 0; v < b->n; v++) { /* one save run, on a run: sum_t RP[t,v] = 1, RP <= R */
         if (!rkm__ilp_phantom(b, v)) continue;
         for (int32_t t = 0; t <= b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
-        rkm__ilp_emit_row(md, w, EQ, 1);
+        rkm__ilp_emit_row(w, EQ, 1);
         for (int32_t t = 1; t <= b->st[v]; t++) {
             rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -1);
-            rkm__ilp_emit_row(md, w, LE, 0);
+            rkm__ilp_emit_row(w, LE, 0);
         }
         /* dominance: an op recomputed in its own backward's stage saves there */
         for (int32_t t = 0; t < b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
         rkm__ilp_term(w, rkm__ilp_R(b, md, b->st[v], v), 1);
-        rkm__ilp_emit_row(md, w, LE, 1);
+        rkm__ilp_emit_row(w, LE, 1);
     }
 }
 
@@ -4196,19 +4243,19 @@ static void rkm__ilp_rows_frees(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm
             if (nd->kind == RKM__ILP_NODE_FWD || (loss && rkm__ilp_bwd_reads(b, 1, f->i))) {
                 rkm__ilp_term(w, f->col, 1);
                 rkm__ilp_term(w, loss ? remake : rkm__ilp_R(b, md, t, nd->v), -1);
-                rkm__ilp_emit_row(md, w, LE, 0);
+                rkm__ilp_emit_row(w, LE, 0);
             }
             if (rkm__ilp_S(b, md, t + 1, f->i)) {
                 rkm__ilp_term(w, f->col, 1);
                 rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, f->i), 1);
                 rkm__ilp_term(w, remake, -1);
-                rkm__ilp_emit_row(md, w, LE, 1);
+                rkm__ilp_emit_row(w, LE, 1);
             }
             for (int32_t j = k + 1; j < end; j++)
                 if (rkm__ilp_node_reads(b, &md->node[j], f->i)) {
                     rkm__ilp_term(w, f->col, 1);
                     rkm__ilp_term(w, rkm__ilp_R(b, md, t, md->node[j].v), 1);
-                    rkm__ilp_emit_row(md, w, LE, 1);
+                    rkm__ilp_emit_row(w, LE, 1);
                 }
         }
     }
@@ -4258,7 +4305,7 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
             if (rkm__ilp_phantom(b, v) && t <= b->st[v])
                 rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -(double)o->phantom / ms);
         }
-        rkm__ilp_emit_row(md, w, EQ, 0);
+        rkm__ilp_emit_row(w, EQ, 0);
     }
 }
 
@@ -4276,7 +4323,7 @@ static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md,
             for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
                 rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
-            rkm__ilp_emit_row(md, w, LE, 0);
+            rkm__ilp_emit_row(w, LE, 0);
         }
         for (int32_t v = 0; v < b->n; v++) {
             if (!rkm__ilp_R(b, md, t, v)) continue;
@@ -4292,7 +4339,7 @@ static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md,
                 rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
             }
             rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -1);
-            rkm__ilp_emit_row(md, w, LE, 0);
+            rkm__ilp_emit_row(w, LE, 0);
         }
     }
 }
@@ -4327,11 +4374,13 @@ static double rkm__ilp_obj(const rkm__ilp_shape *b, const rkm__ilp_sched *s)
 static int rkm__ilp_row_init(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
 {
     memset(w, 0, sizeof *w);
+    w->ctx = ctx;
     w->col = rkm__alloc(ctx, nc * sizeof *w->col);
     w->val = rkm__alloc(ctx, nc * sizeof *w->val);
     w->dense = rkm__calloc(ctx, nc, sizeof *w->dense);
     w->seen = rkm__calloc(ctx, nc, 1);
-    return w->col && w->val && w->dense && w->seen;
+    w->obj = rkm__calloc(ctx, nc, sizeof *w->obj);
+    return w->col && w->val && w->dense && w->seen && w->obj;
 }
 
 static void rkm__ilp_row_free(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
@@ -4340,10 +4389,26 @@ static void rkm__ilp_row_free(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
     rkm__free(ctx, w->val, nc * sizeof *w->val);
     rkm__free(ctx, w->dense, nc * sizeof *w->dense);
     rkm__free(ctx, w->seen, nc);
+    rkm__free(ctx, w->obj, nc * sizeof *w->obj);
+    rkm__free(ctx, w->ecol, w->cap_ent * sizeof *w->ecol);
+    rkm__free(ctx, w->eval, w->cap_ent * sizeof *w->eval);
+    rkm__free(ctx, w->start, w->cap_rows * sizeof *w->start);
+    rkm__free(ctx, w->type, w->cap_rows * sizeof *w->type);
+    rkm__free(ctx, w->rhs, w->cap_rows * sizeof *w->rhs);
 }
 
-/* Binary columns, bounds of the F columns, and the objective. */
-static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+/* The objective: the time of the forwards run in stages 1.., in w->obj. */
+static void rkm__ilp_objective(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++) {
+            int32_t c = rkm__ilp_R(b, md, t, v);
+            if (c > 0) w->obj[c] += b->g->ops[b->op[v]].fwd / b->tscale;
+        }
+}
+
+/* Binary columns and the bounds of the F columns. */
+static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
 {
     lprec *lp = md->lp;
     for (size_t j = 0; j < (size_t)(b->nb + 1) * (size_t)b->n; j++) {
@@ -4353,48 +4418,83 @@ static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
     for (size_t j = 0; j < (size_t)(b->nb + 2) * (size_t)b->nt; j++)
         if (md->colS[j] > 0) set_binary(lp, md->colS[j], TRUE);
     for (int32_t f = 0; f < md->n_fcand; f++) set_upbo(lp, md->fcand[f].col, 1);
-    set_add_rowmode(lp, TRUE);
-    for (int32_t t = 1; t <= b->nb; t++)
-        for (int32_t v = 0; v < b->n; v++)
-            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), b->g->ops[b->op[v]].fwd / b->tscale);
-    int m = 0;
-    for (int j = 0; j < w->n; j++) {
-        w->col[m] = w->col[j];
-        w->val[m++] = w->dense[w->col[j]];
-        w->dense[w->col[j]] = 0;
-        w->seen[w->col[j]] = 0;
-    }
-    w->n = 0;
-    if (m && !set_obj_fnex(lp, m, w->val, w->col)) w->failed = 1;
 }
 
-/* Build the lprec (under the lock): columns, objective, rows, settings. */
+/* The gathered rows and objective as columns (row 0 the objective), each
+ * in row order: ent[at[c] .. at[c + 1]). 0: no memory. */
+static int rkm__ilp_by_column(const rkm__ilp_row *w, size_t nc, size_t *at, int *row, REAL *val)
+{
+    size_t *fill = rkm__calloc(w->ctx, nc, sizeof *fill);
+    if (!fill) return 0;
+    memset(at, 0, (nc + 1) * sizeof *at);
+    for (size_t c = 1; c < nc; c++) at[c + 1] = w->obj[c] != 0;
+    for (size_t e = 0; e < w->n_ent; e++) at[w->ecol[e] + 1]++;
+    for (size_t c = 1; c < nc; c++) at[c + 1] += at[c];
+    for (size_t c = 1; c < nc; c++) {
+        fill[c] = at[c];
+        if (w->obj[c] != 0) row[fill[c]] = 0, val[fill[c]++] = w->obj[c];
+    }
+    for (size_t i = 0; i < w->n_rows; i++)
+        for (size_t e = w->start[i]; e < (i + 1 < w->n_rows ? w->start[i + 1] : w->n_ent); e++) {
+            size_t c = (size_t)w->ecol[e];
+            row[fill[c]] = (int)i + 1;
+            val[fill[c]++] = w->eval[e];
+        }
+    rkm__free(w->ctx, fill, nc * sizeof *fill);
+    return 1;
+}
+
+/* A new lprec from the gathered model (under the lock): the rows first,
+ * then each column appended at the end, which moves nothing. */
+static rkm_result rkm__ilp_load(const rkm__ilp_shape *b, rkm__ilp_model *md, const rkm__ilp_row *w)
+{
+    size_t nc = (size_t)md->ncols + 1, ne = w->n_ent + nc;
+    size_t *at = rkm__alloc(b->ctx, (nc + 1) * sizeof *at);
+    int *row = rkm__alloc(b->ctx, ne * sizeof *row);
+    REAL *val = rkm__alloc(b->ctx, ne * sizeof *val);
+    rkm_result r = RKM_OK;
+    if (!at || !row || !val || !rkm__ilp_by_column(w, nc, at, row, val))
+        r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model");
+    rkm__ilp_lock();
+    if (!r && !(md->lp = make_lp((int)w->n_rows, 0))) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "lp_solve: out of memory");
+    if (!r) {
+        int ok = 1;
+        set_outputfile(md->lp, "");
+        set_verbose(md->lp, NEUTRAL);
+        put_logfunc(md->lp, rkm__ilp_logfn, b->ctx);
+        for (size_t i = 0; i < w->n_rows && ok; i++)
+            ok = set_constr_type(md->lp, (int)i + 1, w->type[i]) && set_rh(md->lp, (int)i + 1, w->rhs[i]);
+        for (size_t c = 1; c < nc && ok; c++) ok = add_columnex(md->lp, (int)(at[c + 1] - at[c]), val + at[c], row + at[c]);
+        if (ok) rkm__ilp_set_columns(b, md);
+        set_minim(md->lp);
+        set_bb_floorfirst(md->lp, BRANCH_FLOOR);
+        md->nrows = get_Nrows(md->lp);
+        if (!ok) r = rkm__ilp_err(b, RKM_ERROR_SOLVER, "lp_solve refused the model");
+    }
+    rkm__ilp_unlock();
+    rkm__free(b->ctx, at, (nc + 1) * sizeof *at);
+    rkm__free(b->ctx, row, ne * sizeof *row);
+    rkm__free(b->ctx, val, ne * sizeof *val);
+    return r;
+}
+
+/* Build the lprec: objective and rows gathered, then loaded. */
 static rkm_result rkm__ilp_build(const rkm__ilp_shape *b, rkm__ilp_model *md)
 {
     size_t nc = (size_t)md->ncols + 1;
     rkm__ilp_row w;
     rkm_result r = RKM_OK;
     if (!rkm__ilp_row_init(b->ctx, &w, nc)) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a row");
-    rkm__ilp_lock();
-    if (!r && !(md->lp = make_lp(0, md->ncols))) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "lp_solve: out of memory");
     if (!r) {
-        set_outputfile(md->lp, "");
-        set_verbose(md->lp, NEUTRAL);
-        put_logfunc(md->lp, rkm__ilp_logfn, b->ctx);
-        rkm__ilp_set_columns(b, md, &w);
+        rkm__ilp_objective(b, md, &w);
         rkm__ilp_rows_deps(b, md, &w);
         rkm__ilp_rows_carry(b, md, &w);
         rkm__ilp_rows_frees(b, md, &w);
         rkm__ilp_rows_memory(b, md, &w);
         rkm__ilp_rows_dominance(b, md, &w);
-        set_add_rowmode(md->lp, FALSE);
-        set_minim(md->lp);
-        set_bb_floorfirst(md->lp, BRANCH_FLOOR);
-        md->nrows = get_Nrows(md->lp);
         md->bad = w.bad;
-        if (w.failed) r = rkm__ilp_err(b, RKM_ERROR_SOLVER, "lp_solve refused the model");
+        r = w.nomem ? rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's rows") : rkm__ilp_load(b, md, &w);
     }
-    rkm__ilp_unlock();
     rkm__ilp_row_free(b->ctx, &w, nc);
     return r;
 }
