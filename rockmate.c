@@ -3167,6 +3167,7 @@ static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const 
 typedef struct rkm__ilp_stats {
     int32_t solves, optimal, suboptimal, infeasible, timeout, failed; /* lp_solve outcomes (accumulated) */
     double seconds;  /* wall time in rkm__ilp_block_solve (accumulated) */
+    double work;     /* solver work spent, in seconds of its calibration (accumulated; deterministic) */
     int proven;      /* this call: the schedule (or "none fits") is optimal for the model */
     double time;     /* this call: the returned schedule's time (0 if none) */
     double bound;    /* this call: a lower bound on the model's optimal time */
@@ -4751,6 +4752,7 @@ static rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget,
         (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
         return r;
     if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
+    st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);
     st->proven = proven;
     if (!have) {
         st->seconds += rkm__now() - t0;
@@ -6000,6 +6002,8 @@ static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score,
 #define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
 #define RKM_DEFAULT_PEAK_POINTS 5
 #define RKM_DEFAULT_KEPT_POINTS 10
+#define RKM_DEFAULT_NEST_OPS 12
+#define RKM_DEFAULT_ILP_BUDGET 2.0
 
 struct rkm_planner {
     const rkm_graph *g;
@@ -6023,6 +6027,9 @@ struct rkm_planner {
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
     uint64_t chain_floor;    /* the least peak of the chain DP's plans, once scanned; 0: not yet */
     int64_t chain_floor_slots; /* the slot budget whose plan peaks there */
+    int32_t depth;           /* 0; a nested planner (one block planned as a graph): its parent's + 1 */
+    double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
+    int32_t nested;          /* classes whose options came from a nested planner */
 };
 
 /* The planner's figures so far, ILP counters included. */
@@ -6042,6 +6049,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->ilp_skipped = pl->ilp_skipped;
     st->ilp_seconds = pl->ilp.seconds;
     st->create_seconds = pl->create_seconds;
+    st->nested_classes = pl->nested;
 }
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -6169,47 +6177,69 @@ static rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block 
     return RKM_OK;
 }
 
-/* ILP options of one class: solve on its first block over a grid of
- * (peak_budget, kept_budget) pairs and replay every schedule on every block
- * of the class (mapped op for op); replay decides what becomes an option.
- * Per peak budget the kept budgets go from loose to tight: a schedule that
- * already fits a tighter kept budget is that budget's answer too (the
- * optimum of a looser problem that is feasible in a tighter one), and a
- * proven infeasible kept budget ends the row. */
-static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
+/* Blocks of more ops than this have no block ILP when a nested planner
+ * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
+ * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
+ * or worse. */
+#define RKM_ILP_FLAT_OPS 24
+static rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
+                                    uint64_t peak_hi, double allow, int *nested);
+
+/* A class's claim on the block ILP budget: its blocks' forward time (what
+ * recomputing can cost, so what a better option can save) times its ops
+ * (what a solve of its block takes); never 0 for a block with ops. */
+static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
 {
     const rkm_graph *g = pl->g;
-    int32_t rep = 0;
-    while (g->blocks[rep].cls != cls) rep++;
-    const rkm__block *b = &g->blocks[rep];
-    /* The block's baseline (its only option yet) bounds the grid. Copied:
-     * adding options below may move the array. */
-    const rkm__option all = pl->bo[rep].opt[0];
-    uint64_t peak_hi = all.pf > all.pb ? all.pf : all.pb, peak_lo = rkm__block_floor(g, b);
+    double w = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) {
+        const rkm__block *b = &g->blocks[k];
+        if (b->cls != cls) continue;
+        double fwd = pl->base_time * 1e-6;
+        for (int32_t j = 0; j < b->n_ops; j++) fwd += g->ops[b->ops[j]].fwd;
+        w += fwd * b->n_ops;
+    }
+    return w;
+}
+
+/* ILP options of block b's class, from `allow` seconds of solver work (the
+ * class's share): solve on b over a grid of (peak_budget, kept_budget) pairs
+ * and replay every schedule on every block of the class (mapped op for op);
+ * replay decides what becomes an option. Per peak budget the kept budgets
+ * go from loose to tight: a schedule that already fits a tighter kept
+ * budget is that budget's answer too (the optimum of a looser problem that
+ * is feasible in a tighter one), and a proven infeasible kept budget ends
+ * the row. A solve gets at most ilp_time_limit, and what is left of the
+ * share and of time_limit; once either is spent the rest are left out. */
+static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
+                                 double allow)
+{
+    const rkm_graph *g = pl->g;
+    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
     /* kept when nothing but the inputs, x_in and x_out is */
     uint64_t kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
-    if (peak_lo > peak_hi) peak_lo = peak_hi;
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
+    double work0 = pl->ilp.work;
     for (int32_t i = 0; i < np && !r; i++) {
         double fp = np > 1 ? (double)i / (np - 1) : 1.0;
         uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
         uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
-            double left = pl->d.time_limit - rkm__elapsed(pl);
+            double left = pl->d.time_limit - rkm__elapsed(pl), share = allow - (pl->ilp.work - work0);
             double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
             uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (kept <= kept_budget) continue;
-            if (left <= 0) {
+            if (left <= 0 || share <= 0) {
                 pl->ilp_skipped++;
                 continue;
             }
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
-            double lim = pl->d.ilp_time_limit < left ? pl->d.ilp_time_limit : left;
+            double lim = fmin(pl->d.ilp_time_limit, fmin(left, share));
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
@@ -6223,6 +6253,56 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls)
     return r;
 }
 
+/* Options of one class, solved on its first block: a nested planner's
+ * where the block nests, the block ILP's unless the nested planner covered
+ * a block too big for it. The class spends the block ILP budget left times
+ * its weight w over wl, its own and that of the classes still to come, so
+ * what one class leaves goes to the next. */
+static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
+{
+    const rkm_graph *g = pl->g;
+    int32_t rep = 0;
+    while (g->blocks[rep].cls != cls) rep++;
+    const rkm__block *b = &g->blocks[rep];
+    /* The block's baseline (its only option yet) bounds the grid. */
+    const rkm__option *all = &pl->bo[rep].opt[0];
+    uint64_t peak_hi = all->pf > all->pb ? all->pf : all->pb, peak_lo = rkm__block_floor(g, b);
+    if (peak_lo > peak_hi) peak_lo = peak_hi;
+    double work0 = pl->ilp.work, allow = pl->pool * w / wl;
+    int nested = 0;
+    rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
+    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS))
+        r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, allow - (pl->ilp.work - work0));
+    pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
+    return r;
+}
+
+/* Every class's options, heaviest class first (by rkm__class_weight, then
+ * in order): what it leaves of its share goes to the lighter ones, which
+ * often need less than they would be given (peer-gpt: with the default
+ * budget, lightest first leaves 12 of 72 solves out, heaviest first none). */
+static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
+{
+    int32_t n = pl->g->n_classes;
+    double *w = rkm__alloc(pl->ctx, (size_t)n * sizeof *w), wl = 0;
+    int32_t *order = rkm__alloc(pl->ctx, (size_t)n * sizeof *order);
+    rkm_result r = w && order ? RKM_OK : rkm__nomem(pl->ctx, "planner");
+    for (int32_t c = 0; c < n && !r; c++) {
+        w[c] = rkm__class_weight(pl, c);
+        wl += w[c];
+        int32_t k = c; /* insertion, stable: equal weights keep their order */
+        for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
+        order[k] = c;
+    }
+    for (int32_t i = 0; i < n && !r; i++) {
+        r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
+        wl -= w[order[i]];
+    }
+    rkm__free(pl->ctx, w, (size_t)n * sizeof *w);
+    rkm__free(pl->ctx, order, (size_t)n * sizeof *order);
+    return r;
+}
+
 /* Every block's options: the two extremes, and for rockmate the ILP's. */
 static rkm_result rkm__planner_options(rkm_planner *pl)
 {
@@ -6232,12 +6312,13 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     rkm__sim s;
     rkm_result r = rkm__sim_init(g, &s);
     for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
-    if (pl->d.algo == RKM_ALGO_ROCKMATE)
-        for (int32_t c = 0; c < g->n_classes && !r; c++) r = rkm__class_options(pl, &s, c);
-    if (pl->ilp_skipped)
-        rkm__log(pl->ctx, RKM_LOG_WARN, "time limit %g s ran out: %d block ILP solves left out; plans may be worse",
-                 pl->d.time_limit, (int)pl->ilp_skipped);
-    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves)
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
+    if (pl->ilp_skipped && !pl->depth)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "%s ran out: %d block ILP solves left out; plans may be worse",
+                 rkm__elapsed(pl) >= pl->d.time_limit ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 (int)pl->ilp_skipped);
+    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
                  "solver's best within it; a larger ilp_time_limit may find better ones",
@@ -6296,8 +6377,11 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
         (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
         (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
         (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)))
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
         return r;
+    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
+    if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
 #ifdef RKM_OMIT_SOLVER
     if (d->algo == RKM_ALGO_ROCKMATE || d->algo == RKM_ALGO_CHECKMATE)
         return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
@@ -6310,21 +6394,20 @@ static rkm_result rkm__planner_dp(rkm_planner *pl);
 
 static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
 
-rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
+/* A planner for g with settings d (defaults applied), `depth` levels
+ * below the one the user made: nested planners do not log. */
+static rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out)
 {
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
-    if (r) return r;
-    rkm_solve_desc d;
-    if ((r = rkm__desc_defaults(g, desc, &d))) return r;
+    const rkm_solve_desc d = *desc;
+    rkm_result r = RKM_OK;
     const rkm_graph_stats gs = g->stats;
     rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
     if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
     pl->g = g;
     pl->ctx = g->ctx;
     pl->d = d;
+    pl->depth = depth;
+    pl->pool = d.ilp_budget;
     pl->t0 = rkm__now();
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
@@ -6334,13 +6417,13 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     if (rkm__uses_chain(d.algo)) {
         r = rkm__planner_options(pl);
         if (!r) r = rkm__planner_chain(pl);
-        if (!r)
-            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options; %d ILP solves in %.3f s",
-                     rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo, (int)pl->ilp.solves,
-                     pl->ilp.seconds);
+        if (!r && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options (%d classes nested); %d ILP "
+                     "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
+                     (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
         double t = rkm__now();
         if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
-        if (!r && d.algo != RKM_ALGO_SQRT)
+        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
             rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
                      (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
     }
@@ -6351,6 +6434,18 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     pl->create_seconds = rkm__elapsed(pl);
     *out = pl;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
+    if (r) return r;
+    rkm_solve_desc d;
+    if ((r = rkm__desc_defaults(g, desc, &d))) return r;
+    return rkm__planner_make(g, &d, 0, out);
 }
 
 /* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
@@ -6543,6 +6638,195 @@ static rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out
     *out = rkm__faster(up, *out);
     return r;
 }
+
+static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+static rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* ---- nesting: a big block planned as a graph of its own ------------------
+ *
+ * A block without separators inside may have some once its input is held:
+ * a U-Net's outer block is a pooling, the whole inner U-Net and a decoder
+ * level, tied together only by the skip tensor, which is the block's input.
+ * The block as a graph of its own (its input and the graph's inputs are
+ * inputs there, a stand-in loss reads and saves its output) is cut into a
+ * chain by the same structure detection, and a planner one level down (the
+ * same pipeline, so big blocks there nest again) gives it options: its
+ * chain DP's plans at a grid of peak budgets, mapped back op for op, are
+ * offered to the block like the ILP's, and the replay decides as always.
+ * Budgets are the same bytes at both levels: the nested graph's inputs
+ * are exactly what is live all the time in the block's own replay. */
+#define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
+#define RKM_NEST_DEPTH 16 /* levels at most */
+#define RKM_NEST_POINTS 8 /* peak budgets of the grid */
+
+/* Op `op` of g added to h, its tensors renamed by `to` (g's id -> h's);
+ * the outputs become h's tensors (their names are their ids in g, so none
+ * can clash) and map[h's id] = g's id. ids: scratch for the three lists. */
+static rkm_result rkm__nest_op(const rkm_graph *g, rkm_graph *h, int32_t op, int32_t *to, int32_t *map, int32_t *ids)
+{
+    const rkm__op *o = &g->ops[op];
+    char name[32];
+    rkm_result r = RKM_OK;
+    for (int32_t k = 0; k < o->n_out && !r; k++) {
+        const rkm__tensor *t = &g->tensors[o->out[k]];
+        snprintf(name, sizeof name, "t%d", (int)o->out[k]);
+        r = rkm_graph_add_tensor(h, name, t->bytes, t->flags & RKM_TENSOR_NOGRAD, &to[o->out[k]]);
+        if (!r) map[to[o->out[k]]] = o->out[k];
+    }
+    int32_t *in = ids, *out = in + o->n_in, *saved = out + o->n_out;
+    for (int32_t k = 0; k < o->n_in; k++) in[k] = to[o->in[k]];
+    for (int32_t k = 0; k < o->n_out; k++) out[k] = to[o->out[k]];
+    for (int32_t k = 0; k < o->n_saved; k++) saved[k] = to[o->saved[k]];
+    snprintf(name, sizeof name, "o%d", (int)op);
+    /* in-place words left out: planner models do not count them anyway */
+    rkm_op_desc d = {name, o->fwd, o->bwd, in, o->n_in, out, o->n_out, saved, o->n_saved,
+                     o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, 0};
+    return r ? r : rkm_graph_add_op(h, &d, NULL);
+}
+
+/* The loss of h: g's loss when block b has it, else a stand-in that reads
+ * and saves b's output (so that the output is live when the forward part
+ * of a nested plan ends, as a block option leaves it). */
+static rkm_result rkm__nest_loss(const rkm_graph *g, const rkm__block *b, rkm_graph *h, const int32_t *to)
+{
+    if (b->out == g->loss) return rkm_graph_set_loss(h, to[g->loss]);
+    int32_t loss, x = to[b->out];
+    rkm_result r = rkm_graph_add_tensor(h, "loss", 4, 0, &loss);
+    rkm_op_desc d = {"loss", 0, 0, &x, 1, &loss, 1, &x, 1, 0, 0, 0, 0, 0};
+    if (!r) r = rkm_graph_add_op(h, &d, NULL);
+    return r ? r : rkm_graph_set_loss(h, loss);
+}
+
+/* Block b of g as a graph of its own, finalized, in *out; map[h's tensor]
+ * = g's tensor (h's stand-in loss excepted). */
+static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32_t *map, rkm_graph **out)
+{
+    *out = NULL;
+    int32_t most = 0;
+    for (int32_t j = 0; j < b->n_ops; j++) {
+        const rkm__op *o = &g->ops[b->ops[j]];
+        if (o->n_in + o->n_out + o->n_saved > most) most = o->n_in + o->n_out + o->n_saved;
+    }
+    int32_t *to = rkm__alloc(g->ctx, g->n_tensors * sizeof *to), *ids = rkm__alloc(g->ctx, (size_t)most * sizeof *ids);
+    rkm_graph *h = NULL;
+    rkm_result r = to && ids ? rkm_graph_create(g->ctx, &h) : rkm__nomem(g->ctx, "nested graph");
+    char name[32];
+    for (size_t t = 0; t < g->n_tensors && !r; t++) {
+        to[t] = -1;
+        if (!(g->tensors[t].flags & RKM_TENSOR_INPUT) && (int32_t)t != b->in) continue;
+        snprintf(name, sizeof name, "t%zu", t);
+        r = rkm_graph_add_tensor(h, name, g->tensors[t].bytes, RKM_TENSOR_INPUT, &to[t]);
+        if (!r) map[to[t]] = (int32_t)t;
+    }
+    for (int32_t j = 0; j < b->n_ops && !r; j++) r = rkm__nest_op(g, h, b->ops[j], to, map, ids);
+    if (!r) r = rkm__nest_loss(g, b, h, to);
+    if (!r) r = rkm_graph_finalize(h);
+    rkm__free(g->ctx, to, g->n_tensors * sizeof *to);
+    rkm__free(g->ctx, ids, (size_t)most * sizeof *ids);
+    if (r) rkm_graph_destroy(h);
+    else *out = h;
+    return r;
+}
+
+/* Does h cut b into a chain worth planning (its largest block peels at
+ * least RKM_NEST_PEEL ops off b)? */
+static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
+{
+    int32_t most = 0;
+    for (int32_t k = 0; k < h->n_blocks; k++)
+        if (h->blocks[k].n_ops > most) most = h->blocks[k].n_ops;
+    return most <= b->n_ops - RKM_NEST_PEEL;
+}
+
+/* Nested plan p (of h) as an option of block b: its steps in g's ids, the
+ * stand-in loss's steps left out, the forward part being what comes before
+ * the loss step; offered to b's class. */
+static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block *b, const rkm_plan *p,
+                                  const int32_t *map)
+{
+    const rkm_graph *g = pl->g, *h = p->g;
+    int stand = b->out != g->loss;
+    int32_t loss_op = h->tensors[h->loss].producer;
+    rkm_step *st = rkm__alloc(pl->ctx, p->n_steps * sizeof *st);
+    if (!st) return rkm__nomem(pl->ctx, "nested options");
+    size_t n = 0, nf = 0;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        rkm_step x = p->steps[i];
+        int on_op = x.kind == RKM_STEP_FWD || x.kind == RKM_STEP_BWD || x.kind == RKM_STEP_FREE_SAVED;
+        if (x.kind == RKM_STEP_LOSS) nf = n;
+        if (stand && (on_op ? x.index == loss_op : x.index == h->loss)) continue;
+        x.index = on_op ? b->ops[x.index] : map[x.index];
+        st[n++] = x;
+    }
+    rkm_result r = rkm__class_add(pl, s, b, st, nf, n - nf);
+    rkm__free(pl->ctx, st, p->n_steps * sizeof *st);
+    return r;
+}
+
+/* The nested planner's counters, added to its parent's. */
+static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub)
+{
+    pl->nested += 1 + sub->nested;
+    pl->ilp_skipped += sub->ilp_skipped;
+    pl->ilp.solves += sub->ilp.solves;
+    pl->ilp.optimal += sub->ilp.optimal;
+    pl->ilp.suboptimal += sub->ilp.suboptimal;
+    pl->ilp.infeasible += sub->ilp.infeasible;
+    pl->ilp.timeout += sub->ilp.timeout;
+    pl->ilp.failed += sub->ilp.failed;
+    pl->ilp.seconds += sub->ilp.seconds;
+    pl->ilp.work += sub->ilp.work;
+}
+
+/* Block b's options from a nested planner (whose block ILP budget is
+ * `allow`), over peak budgets from the nested floor (or the block's, if
+ * higher) to peak_hi; *nested: some were offered. Nothing happens for
+ * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, once
+ * time_limit is spent, or where b does not cut. */
+static rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
+                                    uint64_t peak_hi, double allow, int *nested)
+{
+    const rkm_graph *g = pl->g;
+    double left = pl->d.time_limit - rkm__elapsed(pl);
+    *nested = 0;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || left <= 0) return RKM_OK;
+    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
+    rkm_graph *h = NULL;
+    rkm_planner *sub = NULL;
+    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
+    if (!r && rkm__nest_worth(h, b)) {
+        rkm_solve_desc d = pl->d;
+        d.time_limit = left;
+        d.ilp_budget = allow > 0 ? allow : 1e-9;
+        uint64_t floor = 0, dtr = 0;
+        int64_t slots;
+        r = rkm__planner_make(h, &d, pl->depth + 1, &sub);
+        if (!r) r = rkm__chain_floor(sub, &floor, &slots);
+        if (!r) r = rkm__dtr_min_budget(sub, &dtr);
+        if (floor == 0 || dtr < floor) floor = dtr;
+        /* grad(x_in) is not in h (its input has none): the nested plans are
+         * made for that much less, so that the options fit the grid's peaks */
+        uint64_t gx = b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0;
+        uint64_t lo = floor + gx > peak_lo ? floor + gx : peak_lo, hi = peak_hi > lo ? peak_hi : lo;
+        /* the chain DP's plan and DTR's at each point: DTR reaches below
+         * the chain's floor, where the nested blocks' boundaries are held */
+        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r; i++) {
+            rkm_plan *p = NULL;
+            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
+            r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);
+            if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
+            *nested |= p != NULL;
+            rkm_plan_destroy(p);
+        }
+        if (!r && *nested) rkm__nest_count(pl, sub);
+    }
+    rkm_planner_destroy(sub);
+    rkm_graph_destroy(h);
+    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
+    return r;
+}
+
+static rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
 static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)

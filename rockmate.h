@@ -539,6 +539,19 @@ typedef struct rkm_solve_desc {
     double ilp_time_limit;
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
     int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 10 */
+    /* Nesting (rockmate): a block of more ops than this whose ops, with its
+     * input held, cut into a chain of smaller blocks (a U-Net's levels) is
+     * also planned as a graph of its own, and that nested planner's plans
+     * become the block's options; blocks of more than 24 ops then skip the
+     * block ILP. 0: 12; negative: never. */
+    int32_t nest_ops;
+    /* Seconds of block ILP work for the whole planner (nested planners
+     * included), measured like ilp_time_limit; 0: 2. Each class of blocks
+     * gets what is left times its weight (its blocks' forward time times
+     * their ops) over that of the classes still to come, so a class that
+     * needs less leaves more to the next; solves beyond it are left out
+     * (rkm_planner_stats.ilp_skipped). */
+    double ilp_budget;
 } rkm_solve_desc;
 
 /* A plan's own figures, fixed at its birth. */
@@ -581,13 +594,16 @@ typedef struct rkm_planner_stats {
     int32_t blocks, block_classes;
     int32_t options;        /* block options the DP chooses among, all blocks */
     int32_t ilp_solves, ilp_optimal, ilp_suboptimal, ilp_infeasible, ilp_timeout, ilp_failed;
-    /* Block ILP solves left out because desc.time_limit ran out (wall
-     * clock): the options, the plans and the smallest budget may then be
-     * worse than with more time, and depend on the machine's speed. 0 when
-     * the limit was not reached. */
+    /* Block ILP solves left out because desc.ilp_budget (solver work) or
+     * desc.time_limit (wall clock: the plans then depend on the machine's
+     * speed) ran out: the options, the plans and the smallest budget may
+     * be worse than with more. 0 when neither was reached. */
     int32_t ilp_skipped;
     double ilp_seconds;
     double create_seconds;  /* wall time of rkm_planner_create */
+    /* Block classes given options by a nested planner (rkm_solve_desc.nest_ops),
+     * at every level; the ILP counters above include the nested planners'. */
+    int32_t nested_classes;
 } rkm_planner_stats;
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out);
 

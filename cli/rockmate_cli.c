@@ -65,6 +65,9 @@ static const char cli_usage_text[] =
     "  --ilp-time-limit S  effort per block ILP solve, in seconds of a current\n"
     "                    core (a deterministic amount of solver work; default\n"
     "                    0.03): more finds better block options, slower\n"
+    "  --nest-ops N      rockmate plans a block of more than N ops as a graph of\n"
+    "                    its own where, its input held, it cuts into smaller\n"
+    "                    blocks (default 12; never: no nesting)\n"
     "  --points N        budgets in a sweep\n"
     "  -v, --verbose     show the library's warnings and progress on stderr\n"
     "  -h, --help        this text\n"
@@ -83,8 +86,8 @@ static const char *const cli_cmd_names[CMD_COUNT] = {"info", "plan", "check", "s
 static const char *const cli_cmd_operands[CMD_COUNT][2] = {
     {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
 
-enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_POINTS, OPT_VERBOSE,
-       OPT_COUNT };
+enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_NEST, OPT_POINTS,
+       OPT_VERBOSE, OPT_COUNT };
 
 #define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
 
@@ -103,6 +106,7 @@ static const struct cli_optdef {
     [OPT_SLOTS] = {"--slots", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_TIME] = {"--time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_ILP_TIME] = {"--ilp-time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
+    [OPT_NEST] = {"--nest-ops", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1)},
     [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
 };
@@ -117,6 +121,7 @@ typedef struct cli_opts {
     int32_t slots;     /* 0: library default */
     double time_limit;     /* 0: library default */
     double ilp_time_limit; /* 0: library default */
+    int32_t nest_ops;      /* 0: library default; -1: never */
     int points;
 } cli_opts;
 
@@ -241,6 +246,13 @@ static int cli_convert_options(cli_opts *o)
             return cli_usage_error(cmd, "--slots wants an integer from 1 to %ld, not '%s'", (long)INT32_MAX,
                                    o->value[OPT_SLOTS]);
         o->slots = (int32_t)v;
+    }
+    if (o->value[OPT_NEST]) {
+        if (strcmp(o->value[OPT_NEST], "never") == 0) o->nest_ops = -1;
+        else if (!cli_parse_count(o->value[OPT_NEST], INT32_MAX, &v))
+            return cli_usage_error(cmd, "--nest-ops wants an integer from 1 to %ld or never, not '%s'", (long)INT32_MAX,
+                                   o->value[OPT_NEST]);
+        else o->nest_ops = (int32_t)v;
     }
     o->points = 12;
     if (o->value[OPT_POINTS]) {
@@ -544,6 +556,7 @@ static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_
     d.slots = o->slots;
     d.time_limit = o->time_limit;
     d.ilp_time_limit = o->ilp_time_limit;
+    d.nest_ops = o->nest_ops;
     return rkm_planner_create(G->g, &d, &cp->pl);
 }
 
@@ -667,6 +680,7 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
     cli_json_i64(j, "blocks", G->st.blocks);
     cli_json_i64(j, "block_classes", G->st.block_classes);
     cli_json_i64(j, "options", r->pls.options);
+    cli_json_i64(j, "nested_classes", r->pls.nested_classes);
     cli_json_u64(j, "steps", cli_steps(r));
     cli_json_u64(j, "recomputes", cli_recomputes(r));
     if (valid) {
@@ -1044,6 +1058,7 @@ static void cli_text_plan(const cli_graph *G, const cli_result *r)
     printf("  steps          %zu (%zu recomputed forwards)\n", rkm_plan_num_steps(r->plan), r->ps.recomputes);
     printf("  blocks         %d in %d classes", (int)G->st.blocks, (int)G->st.block_classes);
     if (r->pls.options) printf(", %d options", (int)r->pls.options);
+    if (r->pls.nested_classes) printf(" (%d classes from nested planners)", (int)r->pls.nested_classes);
     printf("\n");
 }
 

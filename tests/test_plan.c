@@ -321,14 +321,16 @@ TEST(zeroed_desc_plans)
         static const struct {
             rkm_solve_desc d;
             const char *field;
-        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0}, "slots"},
-                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0}, "time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0}, "time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0}, "ilp_time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0}, "ilp_time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0}, "ilp_peak_points"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3}, "ilp_kept_points"},
-                   {{(rkm_algo)99, 0, 0, 0, 0, 0}, "algorithm"}};
+        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0, 0, 0}, "slots"},
+                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0, 0, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0, 0, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0, 0, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0, 0, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0, 0, 0}, "ilp_peak_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3, 0, 0}, "ilp_kept_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, -1}, "ilp_budget"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, INFINITY}, "ilp_budget"},
+                   {{(rkm_algo)99, 0, 0, 0, 0, 0, 0, 0}, "algorithm"}};
         for (size_t i = 0; i < N_OF(bad); i++) {
             p = (rkm_plan *)1;
             CHECK(rkm_plan_solve(g, &bad[i].d, gs.baseline_peak, &p) == RKM_ERROR_ARGUMENT && p == NULL);
@@ -709,6 +711,92 @@ TEST(planners_run_in_place)
     rkm_context_destroy(ctx);
 }
 
+#ifndef RKM_OMIT_SOLVER
+/* A U-Net's outer block (its input, the skip tensor, held) cuts into a
+ * chain, so a nested planner gives it options (section 12, nesting):
+ * unet-d2's 17-op block nests once, unet-d4's 37-op block nests three
+ * levels deep, and there the block ILP is left out (over 24 ops). */
+TEST(u_net_blocks_nest)
+{
+    rkm_context *ctx = test_new_ctx();
+    static const struct {
+        const char *name;
+        int32_t nested, block_ops;
+    } cases[] = {{"unet-d2", 1, 17}, {"unet-d4", 3, 37}};
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rkm_graph *g = test_load_graph(ctx, cases[k].name);
+        CHECK(g && g->n_blocks == 4 && g->blocks[1].n_ops == cases[k].block_ops);
+        if (!g) continue;
+        rkm_solve_desc d = {0};
+        d.algo = RKM_ALGO_ROCKMATE;
+        rkm_planner *pl = NULL;
+        CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
+        rkm_planner_stats st;
+        if (pl) CHECK(rkm_planner_stats_get(pl, &st) == RKM_OK && st.nested_classes == cases[k].nested);
+        /* the nested options are the block's own: they replay from its start */
+        rkm__sim s;
+        CHECK(rkm__sim_init(g, &s) == RKM_OK);
+        for (size_t i = 0; pl && i < pl->bo[1].n_opt; i++) {
+            rkm__option o = pl->bo[1].opt[i];
+            CHECK(rkm__option_measure(&s, &g->blocks[1], &o));
+            CHECK(o.pf == pl->bo[1].opt[i].pf && o.pb == pl->bo[1].opt[i].pb && o.kept == pl->bo[1].opt[i].kept);
+        }
+        rkm__sim_free(&s);
+        d.nest_ops = -1;
+        rkm_planner *flat = NULL;
+        CHECK(rkm_planner_create(g, &d, &flat) == RKM_OK);
+        if (flat) CHECK(rkm_planner_stats_get(flat, &st) == RKM_OK && st.nested_classes == 0);
+        rkm_planner_destroy(flat);
+        rkm_planner_destroy(pl);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
+/* The hierarchy against the flat ILP: on unet-d2 the nested block (17 ops)
+ * gets the block ILP's options and the nested planner's, so with an ILP
+ * budget that binds neither, the chain DP's optimum at every slot budget
+ * is never above the flat one's, and below it at some. The plans it makes
+ * at 40..90 % are no slower either, valid and within budget. */
+TEST(nesting_never_worse_than_the_flat_ilp)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "unet-d2");
+    rkm_planner *pl[2] = {NULL, NULL};
+    for (int k = 0; k < 2 && g; k++) {
+        rkm_solve_desc d = {0};
+        d.algo = RKM_ALGO_ROCKMATE;
+        d.ilp_budget = 1000;
+        d.nest_ops = k ? -1 : 0;
+        CHECK(rkm_planner_create(g, &d, &pl[k]) == RKM_OK);
+    }
+    if (pl[0] && pl[1]) {
+        int32_t n = g->n_blocks, worse = 0, better = 0;
+        CHECK(pl[0]->nested == 1 && pl[1]->nested == 0 && pl[0]->table.n == n && pl[1]->table.n == n);
+        for (int32_t m = 0; m <= pl[0]->d.slots; m++) {
+            double a = rkm__dp_opt(&pl[0]->table, 0, n - 1, m), b = rkm__dp_opt(&pl[1]->table, 0, n - 1, m);
+            worse += a > b * (1 + 1e-12);
+            better += a < b * (1 - 1e-9);
+        }
+        CHECK(worse == 0);
+        CHECK(better > 0);
+        for (int pct = 40; pct <= 90; pct += 10) {
+            uint64_t budget = g->stats.baseline_peak / 100 * (uint64_t)pct;
+            rkm_plan *p[2] = {NULL, NULL};
+            for (int k = 0; k < 2; k++) CHECK(rkm__solve_dp(pl[k], budget, &p[k]) == RKM_OK);
+            CHECK(!p[1] || (p[0] && p[0]->stats.time <= p[1]->stats.time));
+            if (p[0]) CHECK(p[0]->stats.peak <= budget);
+            rkm_plan_destroy(p[0]);
+            rkm_plan_destroy(p[1]);
+        }
+    }
+    rkm_planner_destroy(pl[0]);
+    rkm_planner_destroy(pl[1]);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+#endif
+
 int main(void)
 {
     RUN(planners_run_in_place);
@@ -729,6 +817,8 @@ int main(void)
 #ifndef RKM_OMIT_SOLVER
     RUN(rockmate_squeezes_plans_for_more_memory);
     RUN(rockmate_meets_the_reference_plans);
+    RUN(u_net_blocks_nest);
+    RUN(nesting_never_worse_than_the_flat_ilp);
 #endif
     TEST_END();
 }
