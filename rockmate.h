@@ -512,7 +512,8 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
 
 typedef enum rkm_algo {
     RKM_ALGO_DEFAULT = 0,  /* the best the build has: rockmate, or rotor under RKM_OMIT_SOLVER */
-    RKM_ALGO_ROCKMATE,     /* blocks, ILP options per block class, chain DP */
+    RKM_ALGO_ROCKMATE,     /* blocks, ILP (and nested) options per block class, chain DP,
+                              and the best of that, sqrt, DTR and the whole-graph ILP */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs) */
@@ -543,7 +544,9 @@ typedef struct rkm_solve_desc {
      * input held, cut into a chain of smaller blocks (a U-Net's levels) is
      * also planned as a graph of its own, and that nested planner's plans
      * become the block's options; blocks of more than 24 ops then skip the
-     * block ILP. 0: 12; negative: never. */
+     * block ILP (so by default nested blocks have only the nested options;
+     * smaller nest_ops give blocks of 24 ops or fewer both). 0: 24;
+     * negative: never. */
     int32_t nest_ops;
     /* Seconds of block ILP work for the whole planner (nested planners
      * included), measured like ilp_time_limit; 0: 2. Each class of blocks

@@ -67,7 +67,7 @@ static const char cli_usage_text[] =
     "                    0.03): more finds better block options, slower\n"
     "  --nest-ops N      rockmate plans a block of more than N ops as a graph of\n"
     "                    its own where, its input held, it cuts into smaller\n"
-    "                    blocks (default 12; never: no nesting)\n"
+    "                    blocks (default 24; never: no nesting)\n"
     "  --points N        budgets in a sweep\n"
     "  -v, --verbose     show the library's warnings and progress on stderr\n"
     "  -h, --help        this text\n"
@@ -1034,7 +1034,8 @@ static void cli_text_ilp(const cli_result *r)
                (int)pls->ilp_solves, (int)pls->ilp_optimal, (int)pls->ilp_suboptimal, (int)pls->ilp_infeasible,
                (int)pls->ilp_timeout, (int)pls->ilp_failed, pls->ilp_seconds);
     if (pls->ilp_skipped)
-        printf("; %d ILP solves skipped: the time limit ran out, the plan may be worse", (int)pls->ilp_skipped);
+        printf("; %d ILP solves skipped: the time limit or the ILP budget ran out, the plan may be worse",
+               (int)pls->ilp_skipped);
     printf("\n");
 }
 
@@ -1195,7 +1196,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
 
 /* Per algorithm of `info`: its smallest budget, or why there is none. */
 /* An algorithm's smallest budget for info: bytes, or why there is none;
- * skipped: ILP solves the time limit left out (the figure may be higher). */
+ * skipped: ILP solves the time limit or the ILP budget left out (the figure may be higher). */
 typedef struct cli_floor {
     uint64_t bytes;
     int32_t skipped;
@@ -1331,7 +1332,7 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
         else
             printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)%s\n", rkm_algo_name((rkm_algo)k),
                    cli_size(a, sizeof a, fl[k].bytes), fl[k].bytes, cli_percent((double)fl[k].bytes, bp),
-                   fl[k].skipped ? " -- the time limit ran out, ILP solves were skipped: may be lower with more" : "");
+                   fl[k].skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more" : "");
     }
     printf("  blocks         %d in %d classes\n", (int)G->st.blocks, (int)G->st.block_classes);
     printf("    %5s %5s %6s  %-24s %s\n", "block", "class", "ops", "input", "output");

@@ -272,8 +272,18 @@ if [[ $rc == 0 ]]; then # rockmate is built in (not under OMIT=1)
     check "-v warns when every block ILP solve reaches its work limit" grep -q "every block ILP solve" "$tmp/err"
     run plan tests/graphs/peer-gpt.rkg --budget 50% --time-limit 1e-9 -o /dev/null
     expect "--time-limit 1e-9 still plans" 0
-    check "a time limit that ran out is said" grep -q "ILP solves skipped: the time limit ran out" "$tmp/out"
+    check "a time limit that ran out is said" grep -q "ILP solves skipped: the time limit or the ILP budget ran out" "$tmp/out"
+    run plan tests/graphs/unet-d4.rkg --budget 60% -o "$tmp/nest.rkp"
+    expect "a U-Net plans with nesting" 0
+    check "plan says which classes came from nested planners" grep -q "2 classes from nested planners" "$tmp/out"
+    run plan tests/graphs/unet-d4.rkg --budget 60% --nest-ops never --json
+    expect "--nest-ops never plans" 0
+    check "--nest-ops never: no nested class" grep -q '"nested_classes": 0' "$tmp/out"
+    run check tests/graphs/unet-d4.rkg "$tmp/nest.rkp" --budget 60%
+    expect "the nested plan replays within its budget" 0
 fi
+usage_case "bad --nest-ops" plan "$g0" --budget 50% --nest-ops sometimes
+usage_case "--nest-ops 0" plan "$g0" --budget 50% --nest-ops 0
 usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
 
 # --- bad input (exit 1) ---------------------------------------------------------

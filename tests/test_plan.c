@@ -714,21 +714,24 @@ TEST(planners_run_in_place)
 #ifndef RKM_OMIT_SOLVER
 /* A U-Net's outer block (its input, the skip tensor, held) cuts into a
  * chain, so a nested planner gives it options (section 12, nesting):
- * unet-d2's 17-op block nests once, unet-d4's 37-op block nests three
- * levels deep, and there the block ILP is left out (over 24 ops). */
+ * unet-d4's 37-op block nests, its 27-op inner block again (and at
+ * nest_ops 12 the 17-op one inside that), with the block ILP left out over
+ * 24 ops; unet-d2's 17-op block nests once at nest_ops 12, not at the
+ * default (24). */
 TEST(u_net_blocks_nest)
 {
     rkm_context *ctx = test_new_ctx();
     static const struct {
         const char *name;
-        int32_t nested, block_ops;
-    } cases[] = {{"unet-d2", 1, 17}, {"unet-d4", 3, 37}};
+        int32_t nest_ops, nested, block_ops;
+    } cases[] = {{"unet-d2", 12, 1, 17}, {"unet-d2", 0, 0, 17}, {"unet-d4", 0, 2, 37}, {"unet-d4", 12, 3, 37}};
     for (size_t k = 0; k < N_OF(cases); k++) {
         rkm_graph *g = test_load_graph(ctx, cases[k].name);
         CHECK(g && g->n_blocks == 4 && g->blocks[1].n_ops == cases[k].block_ops);
         if (!g) continue;
         rkm_solve_desc d = {0};
         d.algo = RKM_ALGO_ROCKMATE;
+        d.nest_ops = cases[k].nest_ops;
         rkm_planner *pl = NULL;
         CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
         rkm_planner_stats st;
@@ -767,7 +770,7 @@ TEST(nesting_never_worse_than_the_flat_ilp)
         rkm_solve_desc d = {0};
         d.algo = RKM_ALGO_ROCKMATE;
         d.ilp_budget = 1000;
-        d.nest_ops = k ? -1 : 0;
+        d.nest_ops = k ? -1 : 12; /* the default, 24, leaves a 17-op block flat */
         CHECK(rkm_planner_create(g, &d, &pl[k]) == RKM_OK);
     }
     if (pl[0] && pl[1]) {

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the U-Net graphs of this folder: python3 unet.py DEPTH BASE OUT.rkg
+"""Writes the U-Net graphs of this folder: python3 unet.py DEPTH BASE OUT.rkg [BATCH HW]
+(unet-d2: 2 8, unet-d4: 4 8, unet-d6: 6 4 4 128)
 
 Encoder levels of two 3x3 convolutions (each followed by a ReLU), a 2x2 pool
 between levels, a bottleneck, decoder levels that upsample and convolve the
 upsampled tensor concatenated with the encoder's skip tensor, a 1x1 head and
-a loss. Batch 8, 3 input channels, 64x64, fp32. Times from a roofline model
+a loss. Batch 8, 3 input channels, 64x64 unless given, fp32. Times from a roofline model
 (FLOPs at 20 TFLOP/s, bytes at 1 TB/s), workspaces a quarter of the output.
 """
 import sys
@@ -51,4 +52,5 @@ def unet(depth, base, path, batch=8, hw=64):
 
 
 if __name__ == "__main__":
-    unet(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    extra = [int(a) for a in sys.argv[4:6]]
+    unet(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], *extra)
