@@ -7,7 +7,8 @@
  * (dag60, whose 59-op block has no separators even with its input held), at
  * 90, 80, 70, 60 and 50 % of the baseline peak: rockmate's overhead in % with
  * default settings (nesting on) and with nest_ops = -1 (flat: the block ILP
- * on every block), DTR's, the time bound's (no plan can beat it), and the
+ * on every block), DTR's, the time bound's (no plan can beat it; '-' below
+ * the lower bound, where no plan fits), and the
  * chain DP's own plan for each (the plan the block options feed, before
  * polish, squeeze and the other candidates). Planning time is create +
  * solve, median of 3 runs, one core. */
@@ -90,7 +91,7 @@ int main(void)
             d.algo = RKM_ALGO_DTR;
             rkm_plan *p = NULL;
             (void)rkm_plan_solve(g, &d, budget, &p);
-            if (rkm_graph_time_bound(g, budget, &extra) == RKM_OK) extra = 100 * extra / g->stats.baseline_time;
+            extra = rkm_graph_time_bound(g, budget, &extra) == RKM_OK ? 100 * extra / g->stats.baseline_time : NAN;
             printf("%-8s %5d%%", graphs[k], pcts[i]);
             cell(on), cell(off), cell(dpon), cell(dpoff), cell(pct_of(p)), cell(extra);
             printf(" %8.3f %8.3f\n", son, soff);
