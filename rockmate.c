@@ -6721,6 +6721,12 @@ static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32
     for (int32_t j = 0; j < b->n_ops && !r; j++) r = rkm__nest_op(g, h, b->ops[j], to, map, ids);
     if (!r) r = rkm__nest_loss(g, b, h, to);
     if (!r) r = rkm_graph_finalize(h);
+    if (r && r != RKM_ERROR_NOMEM) { /* g was valid, so its block is: a bug */
+        char why[RKM_ERRMSG_SIZE];
+        snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
+        r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s as a graph of its own: %s",
+                     g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name, why);
+    }
     rkm__free(g->ctx, to, g->n_tensors * sizeof *to);
     rkm__free(g->ctx, ids, (size_t)most * sizeof *ids);
     if (r) rkm_graph_destroy(h);

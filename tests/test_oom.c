@@ -530,6 +530,42 @@ TEST(planners)
     rkm_context_destroy(ctx);
 }
 
+/* Nesting writes a block as a graph of its own (rkm__nest_graph): every
+ * failing allocation of that build leaves nothing behind. unet-d4's outer
+ * block, 37 ops, with the skip tensor as an input and a stand-in loss. */
+typedef struct nest_env {
+    rkm_graph *g;
+    int32_t *map;
+} nest_env;
+
+static rkm_result run_nest_graph(void *env, void **out)
+{
+    nest_env *e = env;
+    return rkm__nest_graph(e->g, &e->g->blocks[1], e->map, (rkm_graph **)out);
+}
+
+static int check_nest_graph(void *env, void *out)
+{
+    nest_env *e = env;
+    const rkm_graph *h = out;
+    return h->n_ops == (size_t)e->g->blocks[1].n_ops + 1 && h->finalized && h->n_blocks > 2;
+}
+
+TEST(nest_graph)
+{
+    rkm_context *ctx = new_ctx();
+    nest_env e;
+    CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/unet-d4.rkg", &e.g) == RKM_OK);
+    if (e.g) {
+        e.map = malloc((e.g->n_tensors + 1) * sizeof *e.map);
+        op_under_test op = {"nest graph", run_nest_graph, check_nest_graph, drop_graph};
+        if (e.map) every_failure(&op, &e, ctx);
+        free(e.map);
+    }
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
 TEST(context_create)
 {
     rkm_context_desc d;
@@ -561,6 +597,7 @@ int main(void)
     RUN(new_costs_new_graph);
     RUN(plans);
     RUN(planners);
+    RUN(nest_graph);
     RUN(allocator_totals);
     free(A.b);
     TEST_END();
