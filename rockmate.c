@@ -6744,28 +6744,38 @@ static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
     return most <= b->n_ops - RKM_NEST_PEEL;
 }
 
-/* Nested plan p (of h) as an option of block b: its steps in g's ids, the
- * stand-in loss's steps left out, the forward part being what comes before
- * the loss step; offered to b's class. */
-static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block *b, const rkm_plan *p,
-                                  const int32_t *map)
+/* Nested plan p (of h) as block b's steps: in g's ids, the stand-in
+ * loss's steps left out, the forward part (*nf steps) being what comes
+ * before the loss step; *steps (p's step count long) is the caller's. */
+static rkm_result rkm__nest_steps(const rkm_graph *g, const rkm__block *b, const rkm_plan *p, const int32_t *map,
+                                  rkm_step **steps, size_t *n, size_t *nf)
 {
-    const rkm_graph *g = pl->g, *h = p->g;
+    const rkm_graph *h = p->g;
     int stand = b->out != g->loss;
     int32_t loss_op = h->tensors[h->loss].producer;
-    rkm_step *st = rkm__alloc(pl->ctx, p->n_steps * sizeof *st);
-    if (!st) return rkm__nomem(pl->ctx, "nested options");
-    size_t n = 0, nf = 0;
+    rkm_step *st = *steps = rkm__alloc(g->ctx, p->n_steps * sizeof *st);
+    if (!st) return rkm__nomem(g->ctx, "nested options");
+    *n = *nf = 0;
     for (size_t i = 0; i < p->n_steps; i++) {
         rkm_step x = p->steps[i];
         int on_op = x.kind == RKM_STEP_FWD || x.kind == RKM_STEP_BWD || x.kind == RKM_STEP_FREE_SAVED;
-        if (x.kind == RKM_STEP_LOSS) nf = n;
+        if (x.kind == RKM_STEP_LOSS) *nf = *n;
         if (stand && (on_op ? x.index == loss_op : x.index == h->loss)) continue;
         x.index = on_op ? b->ops[x.index] : map[x.index];
-        st[n++] = x;
+        st[(*n)++] = x;
     }
-    rkm_result r = rkm__class_add(pl, s, b, st, nf, n - nf);
-    rkm__free(pl->ctx, st, p->n_steps * sizeof *st);
+    return RKM_OK;
+}
+
+/* Nested plan p as an option offered to block b's class. */
+static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block *b, const rkm_plan *p,
+                                  const int32_t *map)
+{
+    rkm_step *st = NULL;
+    size_t n = 0, nf = 0;
+    rkm_result r = rkm__nest_steps(pl->g, b, p, map, &st, &n, &nf);
+    if (!r) r = rkm__class_add(pl, s, b, st, nf, n - nf);
+    if (st) rkm__free(pl->ctx, st, p->n_steps * sizeof *st);
     return r;
 }
 

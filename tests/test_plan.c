@@ -756,6 +756,57 @@ TEST(u_net_blocks_nest)
     rkm_context_destroy(ctx);
 }
 
+/* Every block of every bundled graph (and unet-d4's, dag60's), written as a graph of its own (nested
+ * or not), maps back: its baseline and DTR's plans at three budgets, in the
+ * block's ids, replay from the block's start as options of the block, and
+ * peak at most the nested plan's peak plus grad(x_in) (which the nested
+ * graph does not have: rkm__nest_options plans for that much less). */
+TEST(nested_plans_map_to_block_options)
+{
+    rkm_context *ctx = test_new_ctx();
+    static const char *const names[] = {TEST_BUNDLED_GRAPHS, "unet-d4", "dag60"};
+    int mapped = 0;
+    for (size_t k = 0; k < N_OF(names); k++) {
+        rkm_graph *g = test_load_graph(ctx, names[k]);
+        if (!g) continue;
+        int32_t *map = malloc((g->n_tensors + 1) * sizeof *map);
+        rkm__sim s;
+        CHECK(map && rkm__sim_init(g, &s) == RKM_OK);
+        for (int32_t bi = 0; bi < g->n_blocks && map; bi++) {
+            const rkm__block *b = &g->blocks[bi];
+            rkm_graph *h = NULL;
+            CHECK(rkm__nest_graph(g, b, map, &h) == RKM_OK);
+            if (!h) continue;
+            uint64_t gx = b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0;
+            for (int j = 0; j < 4; j++) {
+                rkm_plan *p = NULL;
+                rkm_solve_desc d = {0};
+                d.algo = RKM_ALGO_DTR;
+                uint64_t budget = h->stats.lower_bound + (h->stats.baseline_peak - h->stats.lower_bound) / 3 * (uint64_t)j;
+                if (j == 3) CHECK(rkm_plan_baseline(h, &p) == RKM_OK);
+                else if (rkm_plan_solve(h, &d, budget, &p) != RKM_OK) continue;
+                rkm_step *st = NULL;
+                size_t n = 0, nf = 0;
+                CHECK(rkm__nest_steps(g, b, p, map, &st, &n, &nf) == RKM_OK);
+                rkm__option o = {st, nf, n - nf, 0, 0, 0, 0, 0, 0};
+                int ok = st && rkm__option_measure(&s, b, &o);
+                if (!ok) fprintf(stderr, "%s block %d (%d ops), plan %d: does not replay\n", names[k], (int)bi, (int)b->n_ops, j);
+                CHECK(ok);
+                if (ok) CHECK(o.pf <= p->stats.peak + gx && o.pb <= p->stats.peak + gx);
+                mapped += ok;
+                rkm__free(ctx, st, p->n_steps * sizeof *st);
+                rkm_plan_destroy(p);
+            }
+            rkm_graph_destroy(h);
+        }
+        rkm__sim_free(&s);
+        free(map);
+        rkm_graph_destroy(g);
+    }
+    CHECK(mapped > 100);
+    rkm_context_destroy(ctx);
+}
+
 /* The hierarchy against the flat ILP: on unet-d2 the nested block (17 ops)
  * gets the block ILP's options and the nested planner's, so with an ILP
  * budget that binds neither, the chain DP's optimum at every slot budget
@@ -821,6 +872,7 @@ int main(void)
     RUN(rockmate_squeezes_plans_for_more_memory);
     RUN(rockmate_meets_the_reference_plans);
     RUN(u_net_blocks_nest);
+    RUN(nested_plans_map_to_block_options);
     RUN(nesting_never_worse_than_the_flat_ilp);
 #endif
     TEST_END();
