@@ -6779,10 +6779,11 @@ static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block
     return r;
 }
 
-/* The nested planner's counters, added to its parent's. */
-static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub)
+/* The nested planner's counters, added to its parent's (its classes only
+ * when it gave options: `offered`). */
+static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered)
 {
-    pl->nested += 1 + sub->nested;
+    if (offered) pl->nested += 1 + sub->nested;
     pl->ilp_skipped += sub->ilp_skipped;
     pl->ilp.solves += sub->ilp.solves;
     pl->ilp.optimal += sub->ilp.optimal;
@@ -6823,7 +6824,9 @@ static rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__blo
         /* grad(x_in) is not in h (its input has none): the nested plans are
          * made for that much less, so that the options fit the grid's peaks */
         uint64_t gx = b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0;
-        uint64_t lo = floor + gx > peak_lo ? floor + gx : peak_lo, hi = peak_hi > lo ? peak_hi : lo;
+        uint64_t lo = floor + gx > peak_lo ? floor + gx : peak_lo;
+        if (lo < gx) lo = gx; /* never: the block's floor counts x_in */
+        uint64_t hi = peak_hi > lo ? peak_hi : lo;
         /* the chain DP's plan and DTR's at each point: DTR reaches below
          * the chain's floor, where the nested blocks' boundaries are held */
         for (int i = 0; i < 2 * RKM_NEST_POINTS && !r; i++) {
@@ -6834,7 +6837,7 @@ static rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__blo
             *nested |= p != NULL;
             rkm_plan_destroy(p);
         }
-        if (!r && *nested) rkm__nest_count(pl, sub);
+        if (sub) rkm__nest_count(pl, sub, *nested);
     }
     rkm_planner_destroy(sub);
     rkm_graph_destroy(h);

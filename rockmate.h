@@ -587,8 +587,10 @@ void rkm_planner_destroy(rkm_planner *pl);
  * with the message giving the smallest budget this algorithm can meet. */
 rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 /* The smallest budget (bytes) for which rkm_planner_solve succeeds. The
- * first call computes it (for checkmate, a bisection of solves); later calls
- * return the same value. */
+ * first call computes it (for checkmate, a bisection of solves; for DTR,
+ * and for rockmate on graphs of up to 64 ops, a bisection too: the least
+ * peak it found, since their success need not be monotone in the budget);
+ * later calls return the same value. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* What a planner did so far: its structure and its ILP work. */
