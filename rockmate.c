@@ -6182,6 +6182,16 @@ static rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block 
  * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
  * or worse. */
 #define RKM_ILP_FLAT_OPS 24
+/* Blocks of more ops than this get no block ILP at all (their options are
+ * the two extremes, and the nested planner's where they nest): every solve
+ * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
+ * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
+ * chain DP's plan with those options stayed at 650 % overhead. DTR, the
+ * squeeze and (up to 64 ops) the whole-graph ILP plan such graphs: without
+ * these solves the 100-op DAG plans in 0.06..0.18 s, no slower at 90..45 %
+ * (15.63 -> 14.92 % at 45 %), dag60 in half the time, 0.1 % slower once
+ * (16.51 -> 16.62 % at 50 %). */
+#define RKM_ILP_MAX_OPS 48
 static rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
                                     uint64_t peak_hi, double allow, int *nested);
 
@@ -6255,7 +6265,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 
 /* Options of one class, solved on its first block: a nested planner's
  * where the block nests, the block ILP's unless the nested planner covered
- * a block too big for it. The class spends the block ILP budget left times
+ * a block too big for it or the block is too big for the ILP at all. The class spends the block ILP budget left times
  * its weight w over wl, its own and that of the classes still to come, so
  * what one class leaves goes to the next. */
 static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
@@ -6271,7 +6281,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     double work0 = pl->ilp.work, allow = pl->pool * w / wl;
     int nested = 0;
     rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
-    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS))
+    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS)
         r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, allow - (pl->ilp.work - work0));
     pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
     return r;

@@ -3,8 +3,9 @@
  *   build/bench/bench_nest
  *
  * For the U-Nets (tests/graphs/unet-d2, -d4, -d6: their outer block holds the
- * skip tensor across the inner network) and a random DAG without nesting
- * (dag60, whose 59-op block has no separators even with its input held), at
+ * skip tensor across the inner network) and random DAGs without nesting
+ * (dag60, dag100: their big block has no separators even with its input
+ * held, and from 49 ops gets no block ILP either), at
  * 90, 80, 70, 60 and 50 % of the baseline peak: rockmate's overhead in % with
  * default settings (nesting on) and with nest_ops = -1 (flat: the block ILP
  * on every block), DTR's, the time bound's (no plan can beat it; '-' below
@@ -25,7 +26,7 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const char *const graphs[] = {"unet-d2", "unet-d4", "unet-d6", "dag60"};
+static const char *const graphs[] = {"unet-d2", "unet-d4", "unet-d6", "dag60", "dag100"};
 static const int pcts[] = {90, 80, 70, 60, 50};
 
 static double pct_of(const rkm_plan *p) { return p ? 100 * p->stats.overhead : NAN; }
