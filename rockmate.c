@@ -4060,6 +4060,18 @@ static void rkm__ilp_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
     md->n_fcand = nf;
 }
 
+/* The gathered model: an entry (a row's column and coefficient), and a row
+ * (its first entry, type LE, GE or EQ, and right-hand side). */
+typedef struct rkm__ilp_entry {
+    int col;
+    REAL val;
+} rkm__ilp_entry;
+typedef struct rkm__ilp_rowhead {
+    size_t start;
+    int type;
+    REAL rhs;
+} rkm__ilp_rowhead;
+
 /* A row being built: coefficients merged per column, constants apart. */
 typedef struct rkm__ilp_row {
     rkm_context *ctx;
@@ -4075,12 +4087,9 @@ typedef struct rkm__ilp_row {
      * lp_solve keeps the column bounds after the rows in one array, so a
      * row added to a model that has its columns moves them all, and that
      * was half of rockmate's planning time on a 60-op block. */
-    int *ecol;      /* entries, row after row: column, value */
-    REAL *eval;
+    rkm__ilp_entry *ent; /* row after row */
     size_t n_ent, cap_ent;
-    size_t *start;  /* [n_rows + 1] first entry of each row */
-    int *type;      /* [n_rows] LE, GE, EQ */
-    REAL *rhs;      /* [n_rows] */
+    rkm__ilp_rowhead *rows;
     size_t n_rows, cap_rows;
     REAL *obj;      /* [ncols+1] objective coefficients */
 } rkm__ilp_row;
@@ -4095,33 +4104,6 @@ static void rkm__ilp_term(rkm__ilp_row *w, int32_t ref, double coef)
         w->col[w->n++] = ref;
     }
     w->dense[ref] += coef;
-}
-
-/* Room for one more row of m entries among the gathered rows. 0: no memory. */
-static int rkm__ilp_rows_room(rkm__ilp_row *w, size_t m)
-{
-    if (w->n_rows + 1 >= w->cap_rows) {
-        size_t c = w->cap_rows ? 2 * w->cap_rows : 256;
-        size_t *st = rkm__realloc(w->ctx, w->start, w->cap_rows * sizeof *st, c * sizeof *st);
-        if (st) w->start = st;
-        int *ty = st ? rkm__realloc(w->ctx, w->type, w->cap_rows * sizeof *ty, c * sizeof *ty) : NULL;
-        if (ty) w->type = ty;
-        REAL *rh = ty ? rkm__realloc(w->ctx, w->rhs, w->cap_rows * sizeof *rh, c * sizeof *rh) : NULL;
-        if (!rh) return 0;
-        w->rhs = rh;
-        w->cap_rows = c;
-    }
-    if (w->n_ent + m > w->cap_ent) {
-        size_t c = w->cap_ent ? 2 * w->cap_ent : 4096;
-        while (c < w->n_ent + m) c *= 2;
-        int *ec = rkm__realloc(w->ctx, w->ecol, w->cap_ent * sizeof *ec, c * sizeof *ec);
-        if (ec) w->ecol = ec;
-        REAL *ev = ec ? rkm__realloc(w->ctx, w->eval, w->cap_ent * sizeof *ev, c * sizeof *ev) : NULL;
-        if (!ev) return 0;
-        w->eval = ev;
-        w->cap_ent = c;
-    }
-    return 1;
 }
 
 /* Gather the row `lhs type rhs` and reset the builder. */
@@ -4140,15 +4122,12 @@ static void rkm__ilp_emit_row(rkm__ilp_row *w, int type, double rhs)
     rhs -= w->k;
     if (m == 0) {
         if ((type == LE && rhs < -1e-9) || (type == GE && rhs > 1e-9) || (type == EQ && fabs(rhs) > 1e-9)) w->bad = 1;
-    } else if (!rkm__ilp_rows_room(w, (size_t)m)) {
+    } else if (!rkm__reserve(w->ctx, (void **)&w->ent, &w->cap_ent, w->n_ent + (size_t)m, sizeof *w->ent) ||
+               !rkm__reserve(w->ctx, (void **)&w->rows, &w->cap_rows, w->n_rows + 1, sizeof *w->rows)) {
         w->nomem = 1;
     } else {
-        memcpy(w->ecol + w->n_ent, w->col, (size_t)m * sizeof *w->ecol);
-        memcpy(w->eval + w->n_ent, w->val, (size_t)m * sizeof *w->eval);
-        w->start[w->n_rows] = w->n_ent;
-        w->type[w->n_rows] = type;
-        w->rhs[w->n_rows++] = rhs;
-        w->n_ent += (size_t)m;
+        w->rows[w->n_rows++] = (rkm__ilp_rowhead){w->n_ent, type, rhs};
+        for (int j = 0; j < m; j++) w->ent[w->n_ent++] = (rkm__ilp_entry){w->col[j], w->val[j]};
     }
     w->n = 0;
     w->k = 0;
@@ -4391,11 +4370,8 @@ static void rkm__ilp_row_free(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
     rkm__free(ctx, w->dense, nc * sizeof *w->dense);
     rkm__free(ctx, w->seen, nc);
     rkm__free(ctx, w->obj, nc * sizeof *w->obj);
-    rkm__free(ctx, w->ecol, w->cap_ent * sizeof *w->ecol);
-    rkm__free(ctx, w->eval, w->cap_ent * sizeof *w->eval);
-    rkm__free(ctx, w->start, w->cap_rows * sizeof *w->start);
-    rkm__free(ctx, w->type, w->cap_rows * sizeof *w->type);
-    rkm__free(ctx, w->rhs, w->cap_rows * sizeof *w->rhs);
+    rkm__free(ctx, w->ent, w->cap_ent * sizeof *w->ent);
+    rkm__free(ctx, w->rows, w->cap_rows * sizeof *w->rows);
 }
 
 /* The objective: the time of the forwards run in stages 1.., in w->obj. */
@@ -4429,17 +4405,17 @@ static int rkm__ilp_by_column(const rkm__ilp_row *w, size_t nc, size_t *at, int 
     if (!fill) return 0;
     memset(at, 0, (nc + 1) * sizeof *at);
     for (size_t c = 1; c < nc; c++) at[c + 1] = w->obj[c] != 0;
-    for (size_t e = 0; e < w->n_ent; e++) at[w->ecol[e] + 1]++;
+    for (size_t e = 0; e < w->n_ent; e++) at[w->ent[e].col + 1]++;
     for (size_t c = 1; c < nc; c++) at[c + 1] += at[c];
     for (size_t c = 1; c < nc; c++) {
         fill[c] = at[c];
         if (w->obj[c] != 0) row[fill[c]] = 0, val[fill[c]++] = w->obj[c];
     }
     for (size_t i = 0; i < w->n_rows; i++)
-        for (size_t e = w->start[i]; e < (i + 1 < w->n_rows ? w->start[i + 1] : w->n_ent); e++) {
-            size_t c = (size_t)w->ecol[e];
+        for (size_t e = w->rows[i].start; e < (i + 1 < w->n_rows ? w->rows[i + 1].start : w->n_ent); e++) {
+            size_t c = (size_t)w->ent[e].col;
             row[fill[c]] = (int)i + 1;
-            val[fill[c]++] = w->eval[e];
+            val[fill[c]++] = w->ent[e].val;
         }
     rkm__free(w->ctx, fill, nc * sizeof *fill);
     return 1;
@@ -4464,7 +4440,7 @@ static rkm_result rkm__ilp_load(const rkm__ilp_shape *b, rkm__ilp_model *md, con
         set_verbose(md->lp, NEUTRAL);
         put_logfunc(md->lp, rkm__ilp_logfn, b->ctx);
         for (size_t i = 0; i < w->n_rows && ok; i++)
-            ok = set_constr_type(md->lp, (int)i + 1, w->type[i]) && set_rh(md->lp, (int)i + 1, w->rhs[i]);
+            ok = set_constr_type(md->lp, (int)i + 1, w->rows[i].type) && set_rh(md->lp, (int)i + 1, w->rows[i].rhs);
         for (size_t c = 1; c < nc && ok; c++) ok = add_columnex(md->lp, (int)(at[c + 1] - at[c]), val + at[c], row + at[c]);
         if (ok) rkm__ilp_set_columns(b, md);
         set_minim(md->lp);
