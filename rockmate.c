@@ -1372,6 +1372,12 @@ static void rkm__steps_free(rkm__steps *l)
     l->n = l->cap = 0;
 }
 
+/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor? */
+static int rkm__step_on_op(int32_t kind)
+{
+    return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
+}
+
 static int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
     int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
@@ -1473,7 +1479,7 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
             st.save |= is_save;
             st.inplace |= is_inplace;
         }
-        int on_op = kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
+        int on_op = rkm__step_on_op(kind);
         st.index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
         if (st.index < 0)
             return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
@@ -3078,9 +3084,8 @@ static rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bop
 /* Map a step of block `from` onto the identical block `to`. */
 static rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st)
 {
-    int on_tensor = st.kind == RKM_STEP_FREE || st.kind == RKM_STEP_FREE_GRAD;
     if (st.kind == RKM_STEP_LOSS) return st;
-    if (!on_tensor) {
+    if (rkm__step_on_op(st.kind)) {
         st.index = to->ops[st.index - from->ops[0]];
         return st;
     }
@@ -6744,7 +6749,7 @@ static rkm_result rkm__nest_steps(const rkm_graph *g, const rkm__block *b, const
     *n = *nf = 0;
     for (size_t i = 0; i < p->n_steps; i++) {
         rkm_step x = p->steps[i];
-        int on_op = x.kind == RKM_STEP_FWD || x.kind == RKM_STEP_BWD || x.kind == RKM_STEP_FREE_SAVED;
+        int on_op = rkm__step_on_op(x.kind);
         if (x.kind == RKM_STEP_LOSS) *nf = *n;
         if (stand && (on_op ? x.index == loss_op : x.index == h->loss)) continue;
         x.index = on_op ? b->ops[x.index] : map[x.index];
