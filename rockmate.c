@@ -6011,6 +6011,7 @@ struct rkm_planner {
     int32_t depth;           /* 0; a nested planner (one block planned as a graph): its parent's + 1 */
     double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
     int32_t nested;          /* classes whose options came from a nested planner */
+    uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
 };
 
 /* The planner's figures so far, ILP counters included. */
@@ -6383,6 +6384,8 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
 
 static rkm_result rkm__planner_dp(rkm_planner *pl);
 
+static uint64_t rkm__kick_work(const rkm_graph *g);
+
 static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
 
 /* A planner for g with settings d (defaults applied), `depth` levels
@@ -6399,6 +6402,7 @@ static rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *de
     pl->d = d;
     pl->depth = depth;
     pl->pool = d.ilp_budget;
+    pl->kick_work = rkm__kick_work(g);
     pl->t0 = rkm__now();
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
@@ -7575,6 +7579,14 @@ static rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan
     }
     return r;
 }
+
+/* Graphs this small also get the whole-graph ILP inside rockmate, for this
+ * long a solve (its deterministic work limit): measured on the bundled
+ * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
+ * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
+#define RKM_WHOLE_GRAPH_OPS 64
+#define RKM_WHOLE_GRAPH_SECONDS 0.5
+
 /* ---- kick: leave a local optimum of polish and squeeze -------------------
  *
  * Polish only drops recomputations and the squeeze only adds them, so a
@@ -7584,11 +7596,20 @@ static rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan
  * best plan even where the plan then peaks over the budget, squeezes the
  * result back within it and polishes that; the best plan moves to the
  * first result that is faster, and the kicks start over from it. At most
- * RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish), only on
- * graphs small enough for the whole-graph ILP: measured on the bundled
- * ones, 64 reach what 200 do but on peer-gpt (27.05 % against 26.72 % at
- * 25 %) in 0.05 s instead of 0.11 s. */
+ * RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish): measured on
+ * the bundled graphs, 64 reach what 200 do but on peer-gpt (27.05 % against
+ * 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
 #define RKM_KICK_TRIALS 64
+/* The kicks' squeeze work on graphs too big for the whole-graph ILP, where
+ * a kick's squeeze costs more and the squeeze's whole work took 0.3..0.5 s
+ * on chains of 50-op random-DAG blocks (205 ops): half of it finds most of
+ * what the whole does (40 %: 10.99 % against 10.92 %, 11.40 % unkicked) in
+ * 0.1..0.2 s. */
+#define RKM_KICK_WORK_LARGE (RKM_SQUEEZE_WORK / 2)
+static uint64_t rkm__kick_work(const rkm_graph *g)
+{
+    return g->n_ops <= RKM_WHOLE_GRAPH_OPS ? RKM_SQUEEZE_WORK : RKM_KICK_WORK_LARGE;
+}
 
 /* A copy of w.full as a plan when it replays valid at any peak, else NULL. */
 static rkm_result rkm__kick_candidate(rkm_planner *pl, rkm__polish *w, rkm_plan **out)
@@ -7639,7 +7660,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, rkm_plan *
 {
     int trials = 0, improved = 1;
     rkm_result r = RKM_OK;
-    uint64_t left = RKM_SQUEEZE_WORK;
+    uint64_t left = pl->kick_work;
     while (!r && improved && trials < RKM_KICK_TRIALS && left > 0) {
         rkm__polish w;
         int kept = 0;
@@ -7677,13 +7698,6 @@ static rkm_result rkm__solve_rung(rkm_planner *pl, uint64_t target, uint64_t bud
     return r;
 }
 
-/* Graphs this small also get the whole-graph ILP inside rockmate, for this
- * long a solve (its deterministic work limit): measured on the bundled
- * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
- * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
-#define RKM_WHOLE_GRAPH_OPS 64
-#define RKM_WHOLE_GRAPH_SECONDS 0.5
-
 /* Rockmate's plan: the fastest of the chain DP's (its plan for the budget's
  * own slots and, apart, the faster one for a few slots more: each is
  * polished on its own, and the slower one before polish may end faster),
@@ -7708,7 +7722,7 @@ static rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan
         if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__solve_squeezed(pl, budget, &p[5]); /* polished already */
     for (int k = 1; k < 6; k++) p[0] = rkm__faster(p[0], p[k]);
-    if (!r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) r = rkm__solve_kicked(pl, budget, &p[0]);
+    if (!r && p[0]) r = rkm__solve_kicked(pl, budget, &p[0]);
     for (int k = 0; k < RKM_RUNGS && !r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
         rkm_plan *q = NULL;
         r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);

@@ -15,16 +15,9 @@
  * solve, median of 3 runs, one core. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "../rockmate.c"
+#include "bench.h"
 
 #include <stdio.h>
-#include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *const graphs[] = {"unet-d2", "unet-d4", "unet-d6", "dag60", "dag100"};
 static const int pcts[] = {90, 80, 70, 60, 50};
@@ -47,25 +40,18 @@ static void run(const rkm_graph *g, int32_t nest_ops, uint64_t budget, double *o
         rkm_solve_desc d = {0};
         d.algo = RKM_ALGO_ROCKMATE;
         d.nest_ops = nest_ops;
-        double t0 = now();
+        double t0 = bench_now();
         rkm_planner *pl = NULL;
         rkm_plan *p = NULL, *q = NULL;
         if (rkm_planner_create(g, &d, &pl) == RKM_OK) (void)rkm_planner_solve(pl, budget, &p);
-        t[k] = now() - t0;
+        t[k] = bench_now() - t0;
         if (pl && rkm__solve_dp(pl, budget, &q) == RKM_OK) *dp = pct_of(q);
         *ours = pct_of(p);
         rkm_plan_destroy(p);
         rkm_plan_destroy(q);
         rkm_planner_destroy(pl);
     }
-    for (int i = 0; i < 3; i++) /* median of 3 */
-        for (int j = i + 1; j < 3; j++)
-            if (t[j] < t[i]) {
-                double x = t[i];
-                t[i] = t[j];
-                t[j] = x;
-            }
-    *secs = t[1];
+    *secs = bench_median3(t);
 }
 
 int main(void)

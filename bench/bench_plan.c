@@ -12,18 +12,11 @@
  * (replayed under our accounting) beside ours at the same peaks. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "../rockmate.h"
+#include "bench.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *const default_graphs[] = {
     "tests/graphs/gpt2-tiny.rkg",        "tests/graphs/gpt2-124M-b4-t64.rkg", "tests/graphs/gpt2-xl-b4-t1024.rkg",
@@ -84,14 +77,14 @@ static void bench_graph(rkm_context *ctx, const char *path)
         rkm_solve_desc d = {0};
         d.algo = algos[a];
         if (d.algo == RKM_ALGO_CHECKMATE) d.time_limit = 10; /* 5 s per solve */
-        double t0 = now();
+        double t0 = bench_now();
         if (rkm_planner_create(g, &d, &pl[a]) != RKM_OK) {
             printf("| %s | %s | | |\n", rkm_algo_name(algos[a]), rkm_context_errmsg(ctx));
             continue;
         }
         rkm_plan *p = NULL;
         rkm_planner_solve(pl[a], at_pct(gs.baseline_peak, 50), &p);
-        double t1 = now();
+        double t1 = bench_now();
         rkm_plan_destroy(p);
         uint64_t min = 0;
         rkm_planner_min_budget(pl[a], &min);

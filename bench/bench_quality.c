@@ -18,21 +18,14 @@
  * does, and where it is more than 1 % above the best. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "../rockmate.h"
+#include "bench.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define REF "bench/reference/"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *const graphs[] = {"gpt2-tiny", "gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "mlp16",
                                      "multi-output", "peer-gpt", "random30", "resnet18-like-b32"};
@@ -88,9 +81,9 @@ static double plan_overhead(const rkm_graph *g, rkm_algo algo, double limit, uin
     d.algo = algo;
     d.time_limit = limit;
     rkm_plan *p = NULL;
-    double t0 = now();
+    double t0 = bench_now();
     rkm_result r = rkm_plan_solve(g, &d, budget, &p);
-    if (seconds) *seconds = now() - t0;
+    if (seconds) *seconds = bench_now() - t0;
     if (r) return NAN;
     rkm_plan_stats st;
     rkm_plan_stats_get(p, &st);
@@ -98,19 +91,12 @@ static double plan_overhead(const rkm_graph *g, rkm_algo algo, double limit, uin
     return 100 * st.overhead;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void fill_row(const rkm_graph *g, row *w, double cm_limit)
 {
     for (int a = 0; a < N_ALGOS; a++) w->algo[a] = plan_overhead(g, algos[a], 0, w->budget, NULL);
     double t[3];
     for (int k = 0; k < 3; k++) plan_overhead(g, RKM_ALGO_ROCKMATE, 0, w->budget, &t[k]);
-    qsort(t, 3, sizeof t[0], cmp_double);
-    w->seconds = t[1];
+    w->seconds = bench_median3(t);
     w->cm_now = cm_limit > 0 ? plan_overhead(g, RKM_ALGO_CHECKMATE, cm_limit, w->budget, NULL) : NAN;
     rkm_graph_stats gs;
     double extra;
