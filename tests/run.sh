@@ -8,26 +8,45 @@
 # sanitizer report at exit, no summary line) counts as one more failure.
 # RKM_TEST_TIMEOUT (seconds, default 300) stops a program that hangs; that
 # is a failure too.
+#
+# The programs run RKM_TEST_JOBS at a time (default: one per CPU; their
+# outputs are shown whole, in order); the scripts, which call make, one by
+# one after them.
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
 build=${1:-build}
 export RKM_BUILD=$build
 limit=${RKM_TEST_TIMEOUT:-300}
+jobs_max=${RKM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+out_dir=$(mktemp -d) || exit 2
+trap 'rm -rf "$out_dir"' EXIT
 
 total_passed=0
 total_failed=0
 failed_names=()
 
-run_one() {
+# start NAME CMD...: run CMD in the background, its output, status and
+# seconds into $out_dir/NAME.{out,rc,s}.
+start() {
     local name=$1
     shift
-    local out rc line passed=0 failed=0 start=$SECONDS
+    (
+        t0=$SECONDS
+        timeout "$limit" "$@" >"$out_dir/$name.out" 2>&1
+        echo $? >"$out_dir/$name.rc"
+        echo $((SECONDS - t0)) >"$out_dir/$name.s"
+    ) &
+}
+
+# report NAME: show a finished program's output and add up its counts.
+report() {
+    local name=$1 out rc line passed=0 failed=0
+    out=$(cat "$out_dir/$name.out")
+    rc=$(cat "$out_dir/$name.rc")
     echo "== $name"
-    out=$(timeout "$limit" "$@" 2>&1)
-    rc=$?
     printf '%s\n' "$out"
-    echo "-- $name: $((SECONDS - start)) s"
+    echo "-- $name: $(cat "$out_dir/$name.s") s"
     line=$(printf '%s\n' "$out" | grep -E ': [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     if [[ $line =~ :\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
         passed=${BASH_REMATCH[1]}
@@ -46,13 +65,34 @@ run_one() {
     if ((failed != 0)); then failed_names+=("$name"); fi
 }
 
+# The programs in order, at most jobs_max at once, each reported once it
+# and all before it are done.
+names=()
+shown=0
+show_done() {
+    while ((shown < ${#names[@]})) && [[ -e $out_dir/${names[shown]}.s ]]; do
+        report "${names[shown]}"
+        shown=$((shown + 1))
+    done
+}
+
 shopt -s nullglob
 for prog in "$build"/tests/test_*; do
     [[ -f $prog && -x $prog ]] || continue
-    run_one "$(basename "$prog")" "$prog"
+    while (($(jobs -rp | wc -l) >= jobs_max)); do
+        wait -n
+        show_done
+    done
+    names+=("$(basename "$prog")")
+    start "${names[-1]}" "$prog"
 done
+wait
+show_done
 for script in tests/test_*.sh; do
-    run_one "$(basename "$script")" bash "$script"
+    names+=("$(basename "$script")")
+    start "${names[-1]}" bash "$script"
+    wait
+    show_done
 done
 
 if ((${#failed_names[@]} != 0)); then
