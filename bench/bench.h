@@ -1,7 +1,11 @@
-/* Helpers the benchmarks share: a monotonic clock and the median of 3. */
+/* Helpers the benchmarks share: a monotonic clock, the median of 3, and
+ * loading a bundled graph. */
 #ifndef RKM_BENCH_H
 #define RKM_BENCH_H
 
+#include "../rockmate.h"
+
+#include <stdio.h>
 #include <time.h>
 
 static inline double bench_now(void)
@@ -22,6 +26,16 @@ static inline double bench_median3(double t[3])
                 t[j] = x;
             }
     return t[1];
+}
+
+/* tests/graphs/NAME.rkg, or NULL with the error on stderr. */
+static inline rkm_graph *bench_load(rkm_context *ctx, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "tests/graphs/%s.rkg", name);
+    rkm_graph *g = NULL;
+    if (rkm_graph_read_file(ctx, path, &g)) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+    return g;
 }
 
 #endif

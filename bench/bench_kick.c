@@ -54,13 +54,8 @@ int main(void)
     int rows = 0, better = 0;
     double worst = 0, sum = 0;
     for (size_t k = 0; k < sizeof graphs / sizeof graphs[0]; k++) {
-        char path[256];
-        snprintf(path, sizeof path, "tests/graphs/%s.rkg", graphs[k]);
-        rkm_graph *g = NULL;
-        if (rkm_graph_read_file(ctx, path, &g)) {
-            fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
-            continue;
-        }
+        rkm_graph *g = bench_load(ctx, graphs[k]);
+        if (!g) continue;
         for (size_t i = 0; i < sizeof pcts / sizeof pcts[0]; i++) {
             uint64_t budget = (uint64_t)((double)g->stats.baseline_peak * pcts[i] / 100.0);
             double sk, sn, on = run(g, 1, budget, &sk), off = run(g, 0, budget, &sn);

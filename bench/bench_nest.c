@@ -62,13 +62,8 @@ int main(void)
     printf("%-8s %6s %8s %8s %8s %8s %8s %8s %8s %8s\n", "graph", "budget", "nested", "flat", "dp-nest", "dp-flat",
            "dtr", "bound", "s-nest", "s-flat");
     for (size_t k = 0; k < sizeof graphs / sizeof graphs[0]; k++) {
-        char path[256];
-        snprintf(path, sizeof path, "tests/graphs/%s.rkg", graphs[k]);
-        rkm_graph *g = NULL;
-        if (rkm_graph_read_file(ctx, path, &g)) {
-            fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
-            continue;
-        }
+        rkm_graph *g = bench_load(ctx, graphs[k]);
+        if (!g) continue;
         for (size_t i = 0; i < sizeof pcts / sizeof pcts[0]; i++) {
             uint64_t budget = (uint64_t)((double)g->stats.baseline_peak * pcts[i] / 100.0);
             double on, off, dpon, dpoff, son, soff, extra = NAN;

@@ -144,12 +144,9 @@ static void print_row(const char *graph, const row *w)
 
 static void bench_graph(rkm_context *ctx, const char *name, double cm_limit)
 {
-    char path[256];
-    snprintf(path, sizeof path, "tests/graphs/%s.rkg", name);
-    rkm_graph *g = NULL;
+    rkm_graph *g = bench_load(ctx, name);
     rkm_graph_stats gs;
-    if (rkm_graph_read_file(ctx, path, &g) || rkm_graph_stats_get(g, &gs)) {
-        fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+    if (!g || rkm_graph_stats_get(g, &gs)) {
         rkm_graph_destroy(g);
         return;
     }
