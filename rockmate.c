@@ -7689,7 +7689,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
 static const double rkm__rungs[RKM_RUNGS] = {0.96, 0.90};
 /* Kicks a rung: 32 keep mlp16's 37.86 % at 37..42 % (16 lose it at 39, 41
  * and 42 %) and take peer-gpt's planning at 25 % from 1.00..1.03 s to
- * 0.90..0.94 s here, against 64. */
+ * 0.90..0.95 s here, against 64. */
 #define RKM_RUNG_KICK_TRIALS 32
 
 /* The squeeze's plan for `target`, kicked there, then polished within

@@ -19,6 +19,7 @@ build=${1:-build}
 export RKM_BUILD=$build
 limit=${RKM_TEST_TIMEOUT:-300}
 jobs_max=${RKM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+[[ $jobs_max =~ ^[1-9][0-9]*$ ]] || jobs_max=1
 out_dir=$(mktemp -d) || exit 2
 trap 'rm -rf "$out_dir"' EXIT
 

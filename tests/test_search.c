@@ -256,7 +256,7 @@ TEST(nesting_never_worse_than_the_flat_ilp)
 }
 #endif
 
-/* The kicks run on graphs of more than 64 ops too, with half the squeeze's
+/* The kicks run on graphs of 65 to 256 ops too, with half the squeeze's
  * work: on dag4x50 (205 ops, blocks of 50 ops that neither cut nor get the
  * block ILP) rockmate's plans are never slower than with the kicks off,
  * replay valid within the budget from their steps alone, and are faster at
