@@ -6247,9 +6247,10 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 
 /* Options of one class, solved on its first block: a nested planner's
  * where the block nests, the block ILP's unless the nested planner covered
- * a block too big for it or the block is too big for the ILP at all. The class spends the block ILP budget left times
- * its weight w over wl, its own and that of the classes still to come, so
- * what one class leaves goes to the next. */
+ * a block too big for it or the block is too big for the ILP at all. The
+ * class spends the block ILP budget left times its weight w over wl, its
+ * own and that of the classes still to come, so what one class leaves goes
+ * to the next. */
 static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
 {
     const rkm_graph *g = pl->g;
