@@ -6867,7 +6867,6 @@ typedef struct rkm__dtr {
     int32_t depth;         /* of rkm__dtr_ensure's recursion */
     int failed;            /* 1: the budget cannot be met; -1: out of memory */
     int score;             /* RKM__DTR_* */
-    int alloc;             /* 1: on the arena below; 0: counting bytes only */
     /* The arena: live blocks [at, end) sorted by offset; per tensor, its
      * data's and its gradient's offset, per op its saved state's
      * (UINT64_MAX: none); the blocks of the step being placed. */
@@ -7090,18 +7089,7 @@ static int rkm__dtr_run(rkm__dtr *d, int32_t kind, int32_t index, int32_t save)
 {
     rkm_step st = {kind, index, save, 0};
     uint64_t ws = UINT64_MAX, need;
-    while (!d->alloc && !d->failed) { /* counting bytes: evict until the step's new bytes fit */
-        const rkm__op *o = kind == RKM_STEP_LOSS ? NULL : &d->g->ops[index];
-        need = kind == RKM_STEP_LOSS ? d->g->tensors[index].bytes
-               : kind == RKM_STEP_FWD ? rkm__sim_fwd_adds(&d->s, o, save, 0) + rkm__sim_fwd_ws(&d->s, o, index, save)
-                                      : rkm__sim_bwd_adds(&d->s, o, 0) + o->bwd_ws;
-        if (d->s.mem + need <= d->budget) break;
-        int is_op = 0;
-        int32_t id = -1;
-        if (!rkm__dtr_victim(d, &is_op, &id)) d->failed = 1;
-        else rkm__dtr_apply(d, is_op ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, id, 0);
-    }
-    while (d->alloc && !d->failed && (need = rkm__dtr_place(d, &st, &ws, 0)) != 0) {
+    while (!d->failed && (need = rkm__dtr_place(d, &st, &ws, 0)) != 0) {
         int is_op = 0;
         int32_t id = -1;
         if (d->failed || rkm__dtr_window(d, need)) continue; /* a hole for all of it, at the least cost */
@@ -7244,13 +7232,12 @@ static void rkm__dtr_free(rkm__dtr *d)
 }
 
 /* Per tensor, the program's reads: forwards reading it, backwards saving it. */
-static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score, int alloc)
+static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score)
 {
     memset(d, 0, sizeof *d);
     d->g = g;
     d->budget = budget;
     d->score = score;
-    d->alloc = alloc;
     d->out.ctx = g->ctx;
     d->max_steps = 16 * (2 * g->n_ops + g->n_tensors) + 64;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
@@ -7274,7 +7261,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->off_g = d->off_t + nt;
     d->off_p = d->off_g + nt;
     for (size_t i = 0; i < 2 * nt + no; i++) d->off_t[i] = UINT64_MAX;
-    for (size_t t = 0; alloc && t < g->n_tensors && d->failed == 0; t++) /* the inputs first, as a plan's layout has them */
+    for (size_t t = 0; t < g->n_tensors && d->failed == 0; t++) /* the inputs first, as a plan's layout has them */
         if ((g->tensors[t].flags & RKM_TENSOR_INPUT) && g->tensors[t].bytes &&
             !rkm__dtr_alloc(d, g->tensors[t].bytes, -1, &d->off_t[t]) && !d->failed)
             d->failed = 1;
@@ -7289,10 +7276,10 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
 
 /* DTR's steps for `budget` with eviction score `score` into *draft;
  * draft->n == 0 when it cannot meet the budget. */
-static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int alloc, rkm__steps *draft)
+static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, rkm__steps *draft)
 {
     rkm__dtr d;
-    rkm_result r = rkm__dtr_init(&d, g, budget, score, alloc);
+    rkm_result r = rkm__dtr_init(&d, g, budget, score);
     if (r) return r;
     for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_loss(&d);
