@@ -6873,6 +6873,8 @@ typedef struct rkm__dtr {
     uint64_t *at, *end;
     int64_t *own;          /* per block: tensor t, n_tensors + op for a saved state, -1 pinned */
     size_t n_blk, cap_blk;
+    double *cost;          /* per block, rkm__dtr_window's scratch */
+    size_t cap_cost;
     uint64_t *off_t, *off_g, *off_p;
 } rkm__dtr;
 
@@ -7031,34 +7033,33 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
 {
     const rkm_graph *g = d->g;
     int64_t now = (int64_t)d->out.n, nt = (int64_t)g->n_tensors;
+    if (!rkm__reserve(g->ctx, (void **)&d->cost, &d->cap_cost, d->n_blk + 1, sizeof *d->cost)) {
+        d->failed = -1;
+        return 0;
+    }
+    for (size_t k = 0; k < d->n_blk; k++) { /* each block's cost, or -1: it stays */
+        int64_t w = d->own[k];
+        uint64_t b = d->end[k] - d->at[k];
+        if (w >= 0 && w < nt && d->s.D[w] && !d->lock_t[w])
+            d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_cost(d, (int32_t)w), b, now - d->last_t[w] + 1) * (double)b;
+        else if (w >= nt && d->s.P[w - nt] && !d->lock_p[w - nt])
+            d->cost[k] = rkm__dtr_h(d->score, g->ops[w - nt].fwd, b, now - d->last_p[w - nt] + 1) * (double)b;
+        else
+            d->cost[k] = -1;
+    }
     size_t best_i = 0, best_j = 0, j = 0;
     double best = INFINITY, cost = 0;
-    for (size_t i = 0; i < d->n_blk; i++) { /* runs i..j-1, the hole from block i-1's end to block j's start */
+    for (size_t i = 0; i < d->n_blk; i++) { /* runs i..j-1: the hole from block i-1's end to block j's start */
         uint64_t from = i ? d->end[i - 1] : 0;
         if (j < i) j = i, cost = 0;
-        for (;; j++) {
-            uint64_t to = j < d->n_blk ? d->at[j] : d->budget;
-            if (to >= from + need || j == d->n_blk) break;
-            int64_t w = d->own[j];
-            int evictable = w >= 0 && (w < nt ? d->s.D[w] && !d->lock_t[w] : d->s.P[w - nt] && !d->lock_p[w - nt]);
-            if (!evictable) break;
-            uint64_t b = d->end[j] - d->at[j];
-            cost += w < nt ? rkm__dtr_h(d->score, rkm__dtr_cost(d, (int32_t)w), b, now - d->last_t[w] + 1) * (double)b
-                           : rkm__dtr_h(d->score, g->ops[w - nt].fwd, b, now - d->last_p[w - nt] + 1) * (double)b;
-        }
+        for (; j < d->n_blk && d->at[j] < from + need && d->cost[j] >= 0; j++) cost += d->cost[j];
         uint64_t to = j < d->n_blk ? d->at[j] : d->budget;
         if (to >= from + need && j > i && cost < best) best = cost, best_i = i, best_j = j;
-        if (j > i) { /* block i leaves the run */
-            int64_t w = d->own[i];
-            uint64_t b = d->end[i] - d->at[i];
-            cost -= w < nt ? rkm__dtr_h(d->score, rkm__dtr_cost(d, (int32_t)w), b, now - d->last_t[w] + 1) * (double)b
-                           : rkm__dtr_h(d->score, g->ops[w - nt].fwd, b, now - d->last_p[w - nt] + 1) * (double)b;
-        }
+        if (j > i) cost -= d->cost[i]; /* block i leaves the run */
     }
     if (!isfinite(best)) return 0;
-    size_t count = best_j - best_i;
-    for (size_t k = 0; k < count && !d->failed; k++) {
-        int64_t w = d->own[best_i]; /* the run's first block, each time: the others move down */
+    for (size_t k = best_i; k < best_j && !d->failed; k++) { /* evicting moves the later blocks down one */
+        int64_t w = d->own[best_i];
         rkm__dtr_apply(d, w < nt ? RKM_STEP_FREE : RKM_STEP_FREE_SAVED, (int32_t)(w < nt ? w : w - nt), 0);
     }
     return 1;
@@ -7227,6 +7228,7 @@ static void rkm__dtr_free(rkm__dtr *d)
     rkm__free(ctx, d->at, d->cap_blk * sizeof *d->at);
     rkm__free(ctx, d->end, d->cap_blk * sizeof *d->end);
     rkm__free(ctx, d->own, d->cap_blk * sizeof *d->own);
+    rkm__free(ctx, d->cost, d->cap_cost * sizeof *d->cost);
     rkm__sim_free(&d->s);
     rkm__steps_free(&d->out);
 }
