@@ -7505,6 +7505,10 @@ static rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block 
  * (15.63 -> 14.92 % at 45 %), dag60 in half the time, 0.1 % slower once
  * (16.51 -> 16.62 % at 50 %). */
 #define RKM_ILP_MAX_OPS 48
+#define RKM_ILP_MIN_SHARE 0.1
+/* rockmate's DTR candidates: on graphs of at most this many ops x tensors
+ * (about 6000 ops; gpt2-xl has 485) */
+#define RKM_DTR_MAX_WORK 4e7
 static rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
                                     uint64_t peak_hi, double allow, int *nested);
 
@@ -7595,8 +7599,18 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     double work0 = pl->ilp.work, allow = pl->pool * w / wl;
     int nested = 0;
     rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
-    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS)
-        r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, allow - (pl->ilp.work - work0));
+    double left = allow - (pl->ilp.work - work0);
+    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS) {
+        /* a share below a tenth of one solve's limit buys no solve but costs
+         * the model's build (a chain of 5000 distinct blocks: 17 s of it);
+         * it is spent all the same, or the last of many such classes would
+         * get the others' and build after all */
+        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
+            pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
+            pl->pool = fmax(0, pl->pool - left);
+        } else
+            r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, left);
+    }
     pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
     return r;
 }
@@ -8299,14 +8313,26 @@ static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 /* DTR's plan for `budget`, or *out NULL. Its success is not monotone in the
  * budget: where it fails, the plan made for its smallest budget (which fits
  * any larger one) stands in. */
+static int rkm__dtr_affordable(const rkm_planner *pl);
+
 static rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
+    *out = NULL;
+    if (!rkm__dtr_affordable(pl)) return RKM_OK;
     rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
     if (r || *out) return r;
     uint64_t min;
     if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
     if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
     return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
+}
+
+/* Whether rockmate tries DTR's plans: a DTR run is O(steps x live
+ * buffers), which a long graph cannot afford among several candidates (a
+ * chain of 20000 ops: 9 s a run); `--algo dtr` always runs. */
+static int rkm__dtr_affordable(const rkm_planner *pl)
+{
+    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM_DTR_MAX_WORK;
 }
 
 /* The faster of two plans (a on a tie); the other is destroyed. */
@@ -8956,6 +8982,7 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
     int dtr = i >= RKM_SQUEEZE_STARTS;
     double b = (double)budget * (1 + RKM_SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM_SQUEEZE_STARTS : i)));
     uint64_t at = b >= 0x1p64 ? UINT64_MAX : (uint64_t)b;
+    if (dtr && !rkm__dtr_affordable(pl)) return RKM_OK;
     return dtr ? rkm__dtr_plan(pl, at, 0, out) : rkm__solve_chain(pl, 0, at, out);
 }
 
@@ -9301,7 +9328,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
         if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = p->stats.peak;
         rkm_plan_destroy(p);
     }
-    if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE)) {
+    if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
         uint64_t dtr;
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr;
     }
