@@ -3355,6 +3355,25 @@ static rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
     return RKM_OK;
 }
 
+/* A plan of the same steps, laid out as p is (birth and layout are
+ * functions of the steps). */
+static rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
+{
+    rkm__steps d = {p->ctx, NULL, 0, 0};
+    for (size_t i = 0; i < p->n_steps; i++)
+        if (!rkm__steps_push_step(&d, &p->steps[i])) {
+            rkm__steps_free(&d);
+            return rkm__nomem(p->ctx, "plan copy");
+        }
+    rkm_result r = rkm__plan_birth(p->g, &d, NULL, out);
+    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    if (!r) (*out)->stats.gap = p->stats.gap;
+    return r;
+}
+
 rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes)
 {
     if (!p || !buffers || !arena_bytes)
@@ -7340,6 +7359,7 @@ struct rkm_planner {
     double create_seconds;
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
+    rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -7682,6 +7702,7 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm__free(pl->ctx, pl->dpb, (size_t)pl->g->n_blocks * sizeof *pl->dpb);
     rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
     rkm__dp_table_free(pl->ctx, &pl->table);
+    rkm_plan_destroy(pl->min_plan);
     rkm_graph_destroy(pl->own);
     rkm__free(pl->ctx, pl, sizeof *pl);
 }
@@ -9202,34 +9223,37 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     return RKM_OK;
 }
 
-static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out);
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
 
-/* The smallest budget whose plan's arena fits it: from the least budget
- * the algorithm plans for (its peaks counted at the alignment) upwards,
- * to the least arena of the plans that did not fit, until one does; the
- * baseline's arena always does. Every probe is the solve itself, so the
- * budget reported is one rkm_planner_solve meets. */
+/* The smallest budget the planner meets, and the plan that meets it
+ * (pl->min_plan): from the least budget the algorithm plans for (its peaks
+ * counted at the alignment) upwards, by the least arena of the plans that
+ * did not fit, else by steps that double from 1/256 of the way to the
+ * baseline peak, until a plan fits; the baseline's arena always does. The
+ * budget is that plan's arena: rkm_planner_solve meets any budget from
+ * there on, with this plan where its own search finds none (the searches
+ * are not monotone in the budget). */
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
-    uint64_t m;
-    rkm_result r = rkm__min_budget(pl, &m);
-    for (int k = 0; !r; k++) {
-        rkm_plan *p;
-        uint64_t need;
-        if ((r = rkm__planner_fit(pl, m, &p, &need))) break;
-        if (p) {
-            rkm_plan_destroy(p);
-            *out = m;
-            return RKM_OK;
-        }
+    uint64_t m, at;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__min_budget(pl, &m, &at);
+    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / 256 : 0;
+    for (int k = 0; !r && !p; k++) {
+        uint64_t need = 0;
         if (k == 2 * RKM_LAYOUT_TRIES) { /* the baseline, laid out, fits its own arena */
-            if ((r = rkm__plan_baseline(pl->g, &p)) || (r = rkm__planner_handout(pl, p, &p))) break;
-            need = p->stats.arena_bytes;
-            rkm_plan_destroy(p);
+            if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
+        } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
+            uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
+            if (at > m) at = 0; /* first, the budget the least peak was made for */
+            else step *= 2;
+            m = need > m ? need : m + up;
         }
-        m = need > m ? need : m + pl->d.alignment;
     }
-    return r;
+    if (r) return r;
+    pl->min_plan = p;
+    *out = p->stats.arena_bytes;
+    return RKM_OK;
 }
 
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
@@ -9298,7 +9322,7 @@ static rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
  * work, which the solve's own search extends) and the squeeze's lowers *out
  * to the least peak met. */
 #define RKM_FLOOR_STEPS 8
-static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out)
+static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t *at)
 {
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound;
@@ -9308,36 +9332,40 @@ static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out)
         r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
         if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__solve_rockmate: the squeeze stands */
         if (!r && !p) r = rkm__solve_squeezed(pl, mid, &p);
-        if (!r && p) *out = p->stats.peak;
+        if (!r && p) *out = p->stats.peak, *at = mid;
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
     return r;
 }
 
-/* The smallest budget the planner's algorithm meets (it does not change). */
-static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out)
+/* The least peak of the plans the planner's algorithm makes (*out), and
+ * the budget the plan of that peak was made for (*at, at least *out): the
+ * searches are not monotone in the budget. */
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
 {
     rkm_result r = RKM_OK;
-    *out = pl->base_peak;
+    *out = *at = pl->base_peak;
     if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
         uint64_t floor;
         int64_t slots;
-        if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = floor;
+        if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
-        r = rkm__min_budget_checkmate(pl, out);
+        r = rkm__min_budget_checkmate(pl, out), *at = *out;
     /* sqrt's one schedule: rockmate has it among its candidates, so its
      * floor too (in place, it can peak below the chain DP's) */
     if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = p->stats.peak;
+        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
         rkm_plan_destroy(p);
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
         uint64_t dtr;
-        if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr;
+        if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) r = rkm__min_budget_small(pl, out);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
+        r = rkm__min_budget_small(pl, out, at);
+    if (*at < *out) *at = *out;
     return r;
 }
 
@@ -9352,8 +9380,10 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     if (!p) {
         uint64_t min;
         if ((r = rkm_planner_min_budget(pl, &min))) return r;
-        return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
-                        rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if (budget < min)
+            return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                            rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
         rkm_plan_destroy(p);
@@ -9633,11 +9663,6 @@ rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const 
  * 14. Arena: one allocation, an offset per buffer
  * ========================================================================= */
 
-/* bytes rounded up to RKM_ARENA_ALIGN; the caller has checked it fits. */
-static uint64_t rkm__arena_aligned(uint64_t bytes)
-{
-    return (bytes + RKM_ARENA_ALIGN - 1) / RKM_ARENA_ALIGN * RKM_ARENA_ALIGN;
-}
 
 /* --- The offset allocator ------------------------------------------------ */
 
@@ -9660,7 +9685,15 @@ struct rkm_arena {
     rkm__arena_block *used;  /* sorted by offset */
     uint32_t n_used;
     uint64_t current, peak, high_water;
+    uint64_t align; /* RKM_ARENA_ALIGN; an exec in layout mode: its plan's */
 };
+
+/* bytes rounded up to the arena's alignment; the caller has checked it
+ * fits. */
+static uint64_t rkm__arena_aligned(const rkm_arena *a, uint64_t bytes)
+{
+    return (bytes + a->align - 1) / a->align * a->align;
+}
 
 rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_blocks, rkm_arena **out)
 {
@@ -9675,6 +9708,7 @@ rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_bl
         a->ctx = ctx;
         a->capacity = capacity;
         a->max_blocks = max_blocks;
+        a->align = RKM_ARENA_ALIGN;
         /* n live blocks split the region into at most n + 1 free ranges. */
         a->freel = rkm__calloc(ctx, (size_t)max_blocks + 1, sizeof *a->freel);
         a->used = rkm__calloc(ctx, max_blocks, sizeof *a->used);
@@ -9764,8 +9798,8 @@ rkm_result rkm_arena_alloc(rkm_arena *a, uint64_t bytes, uint64_t *offset)
     if (!offset) return rkm__err(a->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_alloc: offset is NULL");
     *offset = RKM_ARENA_NONE;
     if (bytes == 0) return rkm__err(a->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_alloc: a block of 0 bytes");
-    if (bytes > UINT64_MAX - (RKM_ARENA_ALIGN - 1) || a->n_used == a->max_blocks) return rkm__arena_full(a, bytes);
-    uint64_t aligned = rkm__arena_aligned(bytes);
+    if (bytes > UINT64_MAX - (a->align - 1) || a->n_used == a->max_blocks) return rkm__arena_full(a, bytes);
+    uint64_t aligned = rkm__arena_aligned(a, bytes);
     uint32_t i = 0;
     while (i < a->n_free && !rkm__range_fits(a, &a->freel[i], bytes, aligned)) i++;
     if (i == a->n_free) return rkm__arena_full(a, bytes);
@@ -9779,15 +9813,15 @@ rkm_result rkm_arena_alloc(rkm_arena *a, uint64_t bytes, uint64_t *offset)
     return RKM_OK;
 }
 
-/* Layout mode: a block of `bytes` (> 0) exactly at `off` (256-aligned),
+/* Layout mode: a block of `bytes` (> 0) exactly at `off` (aligned),
  * occupying its aligned size (shorter at the region's end, as in first
  * fit). 0 if any of those bytes is not free (a live block overlaps, or the
  * region ends) or max_blocks are live; the caller says why. */
 static int rkm__arena_alloc_at(rkm_arena *a, uint64_t off, uint64_t bytes)
 {
-    if (bytes == 0 || off % RKM_ARENA_ALIGN || bytes > UINT64_MAX - (RKM_ARENA_ALIGN - 1)) return 0;
+    if (bytes == 0 || off % a->align || bytes > UINT64_MAX - (a->align - 1)) return 0;
     if (a->n_used == a->max_blocks || off > a->capacity || a->capacity - off < bytes) return 0;
-    uint64_t aligned = rkm__arena_aligned(bytes);
+    uint64_t aligned = rkm__arena_aligned(a, bytes);
     uint64_t len = a->capacity - off < aligned ? a->capacity - off : aligned;
     uint32_t i = 0;
     while (i < a->n_free && a->freel[i].off + a->freel[i].len <= off) i++;
@@ -10273,7 +10307,11 @@ static rkm_result rkm__exec_tables(rkm_arena_exec *x, const rkm_arena_exec_desc 
     if (blocks >= UINT32_MAX)
         return rkm__err(x->ctx, RKM_ERROR_NOMEM, "%s: %llu live blocks are more than an arena holds", fn,
                                 (unsigned long long)blocks);
-    return rkm_arena_create(x->ctx, capacity, (uint32_t)blocks, &x->arena);
+    rkm_result r = rkm_arena_create(x->ctx, capacity, (uint32_t)blocks, &x->arena);
+    /* the alignment the plan was laid out at (a plan without a layout gets
+     * one at RKM_ARENA_ALIGN) */
+    if (r == RKM_OK && plan && plan->stats.alignment) x->arena->align = plan->stats.alignment;
+    return r;
 }
 
 /* desc.allocate: the one block of the arena's capacity, from the context's
@@ -10494,9 +10532,9 @@ rkm_result rkm_arena_exec_scratch(rkm_arena_exec *x, uint64_t bytes, uint64_t *o
         *offset = 0;
         return RKM_OK;
     }
-    if (bytes > UINT64_MAX - RKM_ARENA_ALIGN)
+    if (bytes > UINT64_MAX - x->arena->align)
         return rkm__scratch_fail(x, RKM_ERROR_NOMEM, "%llu bytes", (unsigned long long)bytes);
-    uint64_t aligned = rkm__arena_aligned(bytes);
+    uint64_t aligned = rkm__arena_aligned(x->arena, bytes);
     if (!x->measure) return rkm__scratch_cut(x, bytes, aligned, offset);
     if (x->n_scratch == RKM_ARENA_MAX_SCRATCH)
         return rkm__scratch_fail(x, RKM_ERROR_NOMEM, "more than %d scratch buffers in one call",

@@ -787,7 +787,9 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * - layout (rkm_arena_exec_create_layout, what a host normally wants): every
  *   buffer at its offset in the plan's own layout (rkm_plan_layout with
  *   alignment 0), in a region of the plan's arena_bytes, which for a
- *   planned plan is at most its budget; the exec runs that plan only.
+ *   planned plan is at most its budget; offsets and scratch are aligned as
+ *   the plan was laid out (rkm_plan_stats.alignment: 256 unless the solve
+ *   desc said otherwise); the exec runs that plan only.
  * - first fit (rkm_arena_exec_create, measure 0): in a region of
  *   desc.capacity, each buffer at the lowest 256-aligned offset free when it
  *   is made, as a dynamic allocator would: it can need more than the plan's

@@ -38,7 +38,7 @@ static const int pcts[] = {90, 80, 70, 60, 50, 40, 30, 20, 0}; /* 0: the smalles
 
 typedef struct totals {
     int plans, at_bound_new, at_bound_old, at_bound_sky, over_old;
-    double log_new, log_old, log_sky;
+    double log_new, log_old, log_sky, log_ff, max_ff;
 } totals;
 
 /* A re-layout of p's buffers with the given stages: its arena. */
@@ -62,14 +62,19 @@ static void one_plan(const char *name, rkm_algo a, int pct, const rkm_plan *p, t
         ts[k] = bench_now() - t0;
     }
     free(buf);
+    rkm_arena_layout_info ff = {0};
+    (void)rkm_arena_layout(p, &ff);
     char b[16];
     if (pct) snprintf(b, sizeof b, "%d%%", pct);
     else snprintf(b, sizeof b, "min");
     double ap = (double)st->aligned_peak;
-    printf("%-18s %-9s %-5s %12llu %12llu %12llu %12llu %12llu %7.4f %7.4f %8.4f %s\n", name, rkm_algo_name(a), b,
+    double ffp = (double)ff.capacity / (double)st->peak;
+    printf("%-18s %-9s %-5s %12llu %12llu %12llu %12llu %12llu %7.4f %7.4f %7.4f %8.4f %s\n", name, rkm_algo_name(a), b,
            (unsigned long long)st->budget, (unsigned long long)st->peak, (unsigned long long)st->aligned_peak,
            (unsigned long long)old, (unsigned long long)st->arena_bytes, (double)old / ap, (double)st->arena_bytes / ap,
-           bench_median3(ts), old > st->budget ? "old over budget" : "");
+           ffp, bench_median3(ts), old > st->budget ? "old over budget" : "");
+    t->log_ff += log(ffp);
+    if (ffp > t->max_ff) t->max_ff = ffp;
     t->plans++;
     t->at_bound_new += st->arena_bytes == st->aligned_peak;
     t->at_bound_old += old == st->aligned_peak;
@@ -83,9 +88,10 @@ static void one_plan(const char *name, rkm_algo a, int pct, const rkm_plan *p, t
 static void bundled(void)
 {
     totals t = {0};
-    printf("bytes; arena/aligned: arena over the aligned peak; layout s: the placer on that plan, median of 3\n");
-    printf("%-18s %-9s %-5s %12s %12s %12s %12s %12s %7s %7s %8s\n", "graph", "algo", "at", "budget", "peak",
-           "aligned peak", "old arena", "arena", "old/al", "new/al", "layout s");
+    printf("bytes; arena/aligned: arena over the aligned peak; ff/peak: the region a dynamic first fit needs "
+           "(rkm_arena_layout) over the peak; layout s: the placer on that plan, median of 3\n");
+    printf("%-18s %-9s %-5s %12s %12s %12s %12s %12s %7s %7s %7s %8s\n", "graph", "algo", "at", "budget", "peak",
+           "aligned peak", "old arena", "arena", "old/al", "new/al", "ff/peak", "layout s");
     for (size_t gi = 0; gi < sizeof graphs / sizeof graphs[0]; gi++) {
         rkm_context *ctx;
         if (rkm_context_create(NULL, &ctx)) return;
@@ -113,6 +119,8 @@ static void bundled(void)
            "old %.4f, skyline alone %.4f, new %.4f; old arena over the budget: %d (new: never, by construction)\n",
            t.plans, t.at_bound_old, t.at_bound_sky, t.at_bound_new, exp(t.log_old / t.plans), exp(t.log_sky / t.plans),
            exp(t.log_new / t.plans), t.over_old);
+    printf("a dynamic first fit (rkm_arena_exec_create without the layout) needs over the peak: geometric mean "
+           "%.4f, at most %.4f\n", exp(t.log_ff / t.plans), t.max_ff);
 }
 
 /* The N-op chain: each op reads the one before; sizes 64..88 KiB and times

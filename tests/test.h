@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* TEST_HELPERS_ONLY: just the shared helpers below (the fuzz harnesses). */
 #ifndef TEST_HELPERS_ONLY
@@ -34,16 +35,20 @@ static int test_passed, test_failed, test_current_failed;
 
 #define TEST(name) static void name(void)
 
-#define RUN(name)                                             \
-    do {                                                      \
-        test_current_failed = 0;                              \
-        name();                                               \
-        if (test_current_failed) {                            \
-            test_failed++;                                    \
-            fprintf(stderr, "FAIL %s\n", #name);              \
-        } else {                                              \
-            test_passed++;                                    \
-        }                                                     \
+/* RKM_TEST_TIMES set: each test's CPU seconds on stderr (what to trim). */
+#define RUN(name)                                                                      \
+    do {                                                                               \
+        clock_t t0_ = clock();                                                         \
+        test_current_failed = 0;                                                       \
+        name();                                                                        \
+        if (test_current_failed) {                                                     \
+            test_failed++;                                                             \
+            fprintf(stderr, "FAIL %s\n", #name);                                       \
+        } else {                                                                       \
+            test_passed++;                                                             \
+        }                                                                              \
+        if (getenv("RKM_TEST_TIMES"))                                                  \
+            fprintf(stderr, "  %s: %.1f s\n", #name, (double)(clock() - t0_) / CLOCKS_PER_SEC); \
     } while (0)
 
 #define TEST_END()                                                             \

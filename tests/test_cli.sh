@@ -116,8 +116,8 @@ def graph(name, info_p, plan_p, check_p, ops, tensors, inb, file_steps):
     report(name + ": bounds ordered", d["input_bytes"] <= d["lower_bound"] <= d["baseline_peak"] and d["baseline_time"] > 0)
     mb, why = d["min_budget"], d.get("min_budget_reason", {})
     # sqrt's fixed checkpoints may need more than the baseline: no upper bound.
-    report(name + ": min budgets: none is the baseline peak, the others at least the lower bound or null with a reason",
-           sorted(mb) == sorted(ALGOS) and mb["none"] == d["baseline_peak"]
+    report(name + ": min budgets: none is the baseline's arena, the others at least the lower bound or null with a reason",
+           sorted(mb) == sorted(ALGOS) and mb["none"] == p["arena_bytes"] >= d["baseline_peak"]
            and all((v is None and why.get(a)) or (v is not None and d["lower_bound"] <= v) for a, v in mb.items()), mb)
     report(name + ": rotor and sqrt always have a smallest budget", mb["rotor"] is not None and mb["sqrt"] is not None, why)
     ob = d.get("overhead_bound", {})
@@ -131,8 +131,8 @@ def graph(name, info_p, plan_p, check_p, ops, tensors, inb, file_steps):
            ob)
     report(name + ": plan fields", plan_fields(p))
     bp = d["baseline_peak"]
-    report(name + ": the baseline plan: algo none, budget 100% = baseline peak = its peak, no overhead, no recompute",
-           [p["algo"], p["budget"], p["peak"], p["overhead"], p["recomputes"]] == ["none", bp, bp, 0, 0])
+    report(name + ": the baseline plan: algo none, at none's smallest budget, the baseline peak, no overhead, no recompute",
+           [p["algo"], p["budget"], p["peak"], p["overhead"], p["recomputes"]] == ["none", mb["none"], bp, 0, 0])
     report(name + ": the plan file holds as many steps as reported", p["steps"] == int(file_steps))
     report(name + ": check fields, valid", plan_fields(c) and c["valid"] is True and c["steps"] == p["steps"])
     report(name + ": the arena holds the peak", p["arena_bytes"] >= p["peak"] and p["buffers"] > 0
@@ -160,8 +160,9 @@ def odd(out, path):
 def sweep_none(out):
     d = load(out, "sweep --algo none")
     if d is not None:
-        report("sweep --algo none: one plan, at the baseline peak", isinstance(d, list) and len(d) == 1
-               and d[0]["algo"] == "none" and d[0]["peak"] == d[0]["baseline_peak"] == d[0]["budget"], d)
+        report("sweep --algo none: one plan, the baseline, at its arena", isinstance(d, list) and len(d) == 1
+               and d[0]["algo"] == "none" and d[0]["peak"] == d[0]["baseline_peak"]
+               and d[0]["budget"] == d[0]["arena_bytes"], d)
 
 def svg(*paths):
     for path in paths:
@@ -354,13 +355,15 @@ for g in tests/graphs/*.rkg; do
     run info "$g" --json --algo none,sqrt,rotor
     expect "$name: info --json" 0
     cp "$tmp/out" "$info"
-    read -r bp lb _ <<<"$(python3 "$tmp/checks.py" values "$info" 2>/dev/null)"
-    if [[ -z ${bp:-} ]]; then
+    read -r bp lb _ _ _ _ nb _ <<<"$(python3 "$tmp/checks.py" values "$info" 2>/dev/null)"
+    if [[ -z ${nb:-} ]]; then
         fail "$name: info --json gives the baseline peak"
         continue
     fi
 
-    run plan "$g" --algo none --budget 100% -o "$tmp/$name.base.rkp" --json
+    # none's smallest budget: the baseline's arena (on resnet18-like-b32 its
+    # 256-byte blocks take 128 bytes more than the peak)
+    run plan "$g" --algo none --budget "$nb" -o "$tmp/$name.base.rkp" --json
     expect "$name: plan --algo none" 0
     cp "$tmp/out" "$tmp/$name.plan.json"
     check "$name: the plan file starts with its header" grep -q '^rockmate-plan 1' "$tmp/$name.base.rkp"
@@ -374,16 +377,16 @@ for g in tests/graphs/*.rkg; do
     run check "$g" "$tmp/$name.base.rkp" --budget "$((bp - 1))"
     expect "$name: check over --budget" 3
     check "$name: check over --budget: one line" err_lines 1
-    run check "$g" "$tmp/$name.base.rkp" --budget "$bp"
-    expect "$name: check at its own peak" 0
+    run check "$g" "$tmp/$name.base.rkp" --budget "$nb"
+    expect "$name: check at its own arena" 0
     run plan "$g" --algo none --budget "$((lb - 1))"
     expect "$name: plan --algo none below the lower bound" 3
-    check "$name: exit 3 gives the smallest budget (the baseline peak)" \
-        err_is "smallest budget none can meet is [^(]*\($bp bytes"
+    check "$name: exit 3 gives the smallest budget (the baseline's arena)" \
+        err_is "smallest budget none can meet is [^(]*\($nb bytes"
     for cmd in info plan check; do
         case $cmd in
         info) run info "$g" --algo none,sqrt,rotor ;;
-        plan) run plan "$g" --algo none --budget 100% ;;
+        plan) run plan "$g" --algo none --budget "$nb" ;;
         check) run check "$g" "$tmp/$name.base.rkp" ;;
         esac
         expect "$name: $cmd (text)" 0
@@ -498,7 +501,9 @@ for name in multi-output gpt2-tiny mlp16 random30 peer-gpt resnet18-like-b32 gpt
 done
 
 # In place (docs/formats.md's second worked example): info counts the ops,
-# check replays a plan with in-place steps, plan writes them.
+# check replays a plan with in-place steps, plan writes them. Its budgets
+# are the contract's exact bytes (--align 1): at 256-byte alignment its
+# tensors of a few hundred bytes each round up to whole blocks.
 cp tests/fuzz/corpus/graph/seed-inplace-hand.rkg "$tmp/ip.rkg"
 run info "$tmp/ip.rkg"
 expect "in place: info" 0
@@ -506,12 +511,15 @@ check "in place: info counts the in-place ops" grep -q '^  ops            5 (in 
 check "in place: info's baseline peak" grep -q '(3304 bytes)' "$tmp/out"
 printf 'rockmate-plan 1\nfwd fc\nfwd relu inplace\nfwd fc2\nfwd add inplace\nfree a\nfwd ce save\nloss\nfree loss\nbwd ce\nfree_saved ce\nfree_grad loss\nfree s\nfwd fc\nfwd relu inplace\nbwd add inplace\nbwd fc2\nfree_grad b\nbwd relu inplace\nfree a\nbwd fc\nfree_grad h\n' >"$tmp/ip.rkp"
 run check "$tmp/ip.rkg" "$tmp/ip.rkp" --budget 3100B
+expect "in place: check at the lower bound, 256-byte arena" 3
+check "in place: says the arena is over, the peak within" err_is 'arena at 256-byte alignment is .* over the budget .* though its peak \(3100 bytes\) is within it'
+run check "$tmp/ip.rkg" "$tmp/ip.rkp" --budget 3100B --align 1
 expect "in place: check at the lower bound" 0
 printf 'rockmate-plan 1\nfwd fc\nfwd relu inplace\nfree h\n' >"$tmp/ip-bad.rkp"
 run check "$tmp/ip.rkg" "$tmp/ip-bad.rkp"
 expect "in place: a free of the input run over" 1
 check "in place: the message names the line and the rule" err_is 'ip-bad.rkp:4: step 2 \(free h\): free: the tensor must be live'
-run plan "$tmp/ip.rkg" --algo sqrt --budget 3100B -o "$tmp/ip-plan.rkp"
+run plan "$tmp/ip.rkg" --algo sqrt --budget 3100B --align 1 -o "$tmp/ip-plan.rkp"
 expect "in place: plan at the lower bound" 0
 check "in place: the plan file runs in place" grep -q ' inplace$' "$tmp/ip-plan.rkp"
 

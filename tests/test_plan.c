@@ -200,9 +200,9 @@ TEST(plans_valid_within_budget_and_monotone)
 #endif
             CHECK(r == RKM_OK);
             if (r) continue;
-            uint64_t min, m0 = 0;
+            uint64_t min, m0 = 0, at = 0;
             rkm_plan *base = NULL;
-            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK && rkm__min_budget(pl, &m0) == RKM_OK);
+            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK && rkm__min_budget(pl, &m0, &at) == RKM_OK);
             CHECK(rkm_plan_baseline(g, &base) == RKM_OK);
             /* never above the baseline's arena, which the baseline meets (sqrt too) */
             CHECK(min >= m0 && m0 >= gs.lower_bound && base && min <= base->stats.arena_bytes);
