@@ -2233,8 +2233,9 @@ static rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim
  *    library's first greedy in three orders (up to RKM_LAYOUT_GREEDY_ITEMS
  *    buffers), then a search over canonical placements (MiniMalloc:
  *    Moffitt, ASPLOS 2024) for a layout at the bound, then bisection
- *    between the bound and the best found. The last three share
- *    RKM_LAYOUT_WORK units of work (a unit: one buffer or section visited),
+ *    between the bound and the best found. First fit has
+ *    RKM_LAYOUT_FIRSTFIT_WORK units of work, the last two share
+ *    RKM_LAYOUT_WORK (a unit: one buffer or section visited),
  *    so the layout is the same on every machine. All together: 91 % at the
  *    bound, the geometric mean of arena / bound 1.0015 (bench_layout).
  * ------------------------------------------------------------------------- */
@@ -2246,6 +2247,10 @@ static rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim
  * 78, 20 M 79. */
 #define RKM_LAYOUT_WORK 10000000u
 #define RKM_LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
+/* First fit's own work: it is what makes a DTR plan fit (DTR spent as much
+ * placing its buffers), so it runs apart from the stages' shared work; 200
+ * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
+#define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
 
 /* A placement problem, in units of the alignment. Items are the buffers to
  * place; their lifetimes are section ranges [s0, s1) of a time axis
@@ -3286,14 +3291,15 @@ static rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_
         ok = h != UINT64_MAX;
         if (ok) rkm__lay_keep(&L, h);
     }
-    L.work = stages & RKM__LAY_SKYLINE ? RKM_LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
     if (ok && L.height > L.bound && (stages & RKM__LAY_SKYLINE)) {
         int32_t *live = rkm__alloc(ctx, ni * sizeof *live);
+        L.work = RKM_LAYOUT_FIRSTFIT_WORK;
         uint64_t h = live ? rkm__lay_firstfit(&L, live) : UINT64_MAX;
         ok = live != NULL;
         if (h != UINT64_MAX) rkm__lay_keep(&L, h);
         rkm__free(ctx, live, ni * sizeof *live);
     }
+    L.work = stages & RKM__LAY_SKYLINE ? RKM_LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
     if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM_LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
         ok = rkm__lay_greedies(&L);
     /* the search improves on a layout; its undo log packs an index in 29 bits */
@@ -6884,6 +6890,7 @@ typedef struct rkm__dtr {
     rkm__steps out;
     uint64_t budget;
     size_t max_steps;      /* a plan longer than this is thrashing: give up */
+    double time, max_time; /* compute so far; over max_time (a plan already found) it cannot win: give up */
     int32_t *lock_t;       /* per tensor: pinned by steps in progress */
     int32_t *lock_p;       /* per op: its saved state pinned */
     int64_t *last_t;       /* per tensor: the step that last touched it */
@@ -7102,7 +7109,10 @@ static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t sav
         d->failed = -1;
         return;
     }
-    if (rkm__sim_step(&d->s, &st, &pk, &obj) != RKM_RULE_NONE || pk > d->budget || d->out.n > d->max_steps)
+    if (kind == RKM_STEP_FWD) d->time += d->g->ops[index].fwd;
+    if (kind == RKM_STEP_BWD) d->time += d->g->ops[index].bwd;
+    if (rkm__sim_step(&d->s, &st, &pk, &obj) != RKM_RULE_NONE || pk > d->budget || d->out.n > d->max_steps ||
+        d->time > d->max_time)
         d->failed = 1;
     if (kind == RKM_STEP_FREE) rkm__dtr_unalloc(d, &d->off_t[index]);
     if (kind == RKM_STEP_FREE_SAVED) rkm__dtr_unalloc(d, &d->off_p[index]);
@@ -7259,12 +7269,13 @@ static void rkm__dtr_free(rkm__dtr *d)
 }
 
 /* Per tensor, the program's reads: forwards reading it, backwards saving it. */
-static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score)
+static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score, double max_time)
 {
     memset(d, 0, sizeof *d);
     d->g = g;
     d->budget = budget;
     d->score = score;
+    d->max_time = max_time;
     d->out.ctx = g->ctx;
     d->max_steps = 16 * (2 * g->n_ops + g->n_tensors) + 64;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
@@ -7303,10 +7314,10 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
 
 /* DTR's steps for `budget` with eviction score `score` into *draft;
  * draft->n == 0 when it cannot meet the budget. */
-static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, rkm__steps *draft)
+static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, double max_time, rkm__steps *draft)
 {
     rkm__dtr d;
-    rkm_result r = rkm__dtr_init(&d, g, budget, score);
+    rkm_result r = rkm__dtr_init(&d, g, budget, score, max_time);
     if (r) return r;
     for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_loss(&d);
@@ -8323,7 +8334,9 @@ static rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm
     for (int score = 0; score < RKM__DTR_SCORES && !r && !(first && *out); score++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
-        r = rkm__dtr_steps(pl->g, budget, score, &d);
+        /* a score whose compute passes the best plan's time stops there (a
+         * thrashing one would run to max_steps) */
+        r = rkm__dtr_steps(pl->g, budget, score, *out ? (*out)->stats.time : INFINITY, &d);
         if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
         *out = rkm__faster(*out, p);
     }
@@ -9229,8 +9242,9 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
  * counted at the alignment) upwards, by the least arena of the plans that
  * did not fit, else by steps that double from 1/256 of the way to the
- * baseline peak, until a plan fits; the baseline's arena always does. The
- * budget is that plan's arena: rkm_planner_solve meets any budget from
+ * baseline peak, until a plan fits (the baseline's arena always does);
+ * then down, while the budget one byte under the plan's arena finds a
+ * plan. The budget is that plan's arena: rkm_planner_solve meets any budget from
  * there on, with this plan where its own search finds none (the searches
  * are not monotone in the budget). */
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
@@ -9250,7 +9264,17 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
             m = need > m ? need : m + up;
         }
     }
-    if (r) return r;
+    /* then down: a budget just under that arena may find another plan */
+    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES; k++) {
+        rkm_plan *q = NULL;
+        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
+        rkm_plan_destroy(p);
+        p = q;
+    }
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
+    }
     pl->min_plan = p;
     *out = p->stats.arena_bytes;
     return RKM_OK;

@@ -628,13 +628,17 @@ void rkm_planner_destroy(rkm_planner *pl);
  * aligned peak by more than the budget leaves, they plan again for that
  * much less (a few times at most). */
 rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-/* The smallest budget (bytes) for which rkm_planner_solve succeeds: one
- * whose plan's arena fits it. The first call computes it (for checkmate,
- * a bisection of solves; for DTR, and for rockmate on graphs of up to 64
- * ops, a bisection too: the least peak it found, since their success need
- * not be monotone in the budget; then, from there upwards, the solve
- * itself until the plan's arena fits); later calls return the same
- * value, and rkm_planner_solve plans at it. */
+/* The smallest budget (bytes) the planner meets: the arena of the plan it
+ * found there. The first call computes it (the least peak of the
+ * algorithm's plans: for checkmate a bisection of solves; for DTR, and
+ * for rockmate on graphs of up to 64 ops, a bisection too; then, from
+ * there upwards, the solve itself until a plan's arena fits, and down
+ * while one byte under that arena still finds a plan); later calls return
+ * the same value. rkm_planner_solve meets it and every budget above it
+ * (where its own search finds no plan there, it hands out a copy of this
+ * one), and not one byte under it. The searches are not monotone in the
+ * budget, so a budget further below may still be met: "smallest" is the
+ * least this search found, not a proof. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* What a planner did so far: its structure and its ILP work. */

@@ -169,10 +169,10 @@ static const rkm_algo chain_algos[] = {RKM_ALGO_NONE, RKM_ALGO_SQRT, RKM_ALGO_RO
 /* Every plan of every algorithm on every graph at 100..30 % is valid and
  * its arena (so its peak too) within budget, or the budget is refused
  * naming a floor above it; and the overhead never grows with the budget
- * (but for DTR, a greedy whose choices change with the budget). Floors:
- * m0, the least budget the algorithm plans for with every buffer rounded
- * up to the alignment (rkm__min_budget), and min, the least whose plan's
- * arena fits, m0 <= min <= the baseline's arena. */
+ * (but for DTR, a greedy whose choices change with the budget). The
+ * smallest budget, min (between the lower bound and the baseline's arena),
+ * is met, and so is every budget above it; one byte under it is not (the
+ * searches are not monotone: a budget further below may still be met). */
 TEST(plans_valid_within_budget_and_monotone)
 {
     static const int pcts[] = {30, 40, 50, 60, 80, 100};
@@ -182,10 +182,20 @@ TEST(plans_valid_within_budget_and_monotone)
      * on every run), and gpt2-tiny, mlp16 and random30 with in-place ops */
     static const char *const scratch_graphs[] = {"gpt2-tiny", "mlp16"};
     static const char *const inplace_graphs[] = {"gpt2-tiny", "mlp16", "random30"};
+    /* where a rockmate solve takes seconds (the whole-graph ILP on random30,
+     * the block ILPs on the larger graphs), and on the scratch graphs:
+     * rockmate at 50 % only, its smallest budget left to test_cli's planner
+     * checks */
+    static const char *const slow[] = {"gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "peer-gpt", "random30"};
     for (size_t k = 0; k < N_GRAPHS + 5; k++) {
-        rkm_graph *g = k < N_GRAPHS       ? test_load_graph(ctx, graphs[k])
-                       : k < N_GRAPHS + 2 ? test_load_scratch_graph(ctx, scratch_graphs[k - N_GRAPHS])
-                                          : test_load_inplace_graph(ctx, inplace_graphs[k - N_GRAPHS - 2]);
+        const char *name = k < N_GRAPHS       ? graphs[k]
+                           : k < N_GRAPHS + 2 ? scratch_graphs[k - N_GRAPHS]
+                                              : inplace_graphs[k - N_GRAPHS - 2];
+        rkm_graph *g = k < N_GRAPHS       ? test_load_graph(ctx, name)
+                       : k < N_GRAPHS + 2 ? test_load_scratch_graph(ctx, name)
+                                          : test_load_inplace_graph(ctx, name);
+        int is_slow = k >= N_GRAPHS && k < N_GRAPHS + 2; /* scratch changes the runs, not what rockmate plans */
+        for (size_t i = 0; i < N_OF(slow); i++) is_slow |= strcmp(name, slow[i]) == 0;
         CHECK(g != NULL);
         if (!g) continue;
         rkm_graph_stats gs;
@@ -194,18 +204,28 @@ TEST(plans_valid_within_budget_and_monotone)
             rkm_solve_desc d = {0};
             d.algo = chain_algos[a];
             rkm_planner *pl;
+            clock_t t0 = clock();
             rkm_result r = rkm_planner_create(g, &d, &pl);
 #ifdef RKM_OMIT_SOLVER
             if (r == RKM_ERROR_UNSUPPORTED) continue;
 #endif
             CHECK(r == RKM_OK);
             if (r) continue;
-            uint64_t min, m0 = 0, at = 0;
+            uint64_t min = 0;
             rkm_plan *base = NULL;
-            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK && rkm__min_budget(pl, &m0, &at) == RKM_OK);
+            if (is_slow && d.algo == RKM_ALGO_ROCKMATE) {
+                rkm_plan *p = NULL;
+                CHECK(rkm_planner_solve(pl, gs.baseline_peak / 2, &p) == RKM_OK);
+                if (p) CHECK(p->stats.arena_bytes <= gs.baseline_peak / 2);
+                if (p) test_check_layouts(p);
+                rkm_plan_destroy(p);
+                rkm_planner_destroy(pl);
+                continue;
+            }
+            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK);
             CHECK(rkm_plan_baseline(g, &base) == RKM_OK);
             /* never above the baseline's arena, which the baseline meets (sqrt too) */
-            CHECK(min >= m0 && m0 >= gs.lower_bound && base && min <= base->stats.arena_bytes);
+            CHECK(min >= gs.lower_bound && base && min <= base->stats.arena_bytes);
             rkm_plan_destroy(base);
             double prev = INFINITY;
             for (size_t i = 0; i < sizeof pcts / sizeof pcts[0]; i++) {
@@ -213,7 +233,7 @@ TEST(plans_valid_within_budget_and_monotone)
                 if (pcts[i] == 100) budget = gs.baseline_peak;
                 rkm_plan *p;
                 r = rkm_planner_solve(pl, budget, &p);
-                if (budget < m0 || (budget < min && r == RKM_ERROR_BUDGET)) {
+                if (budget < min && r == RKM_ERROR_BUDGET) {
                     CHECK(r == RKM_ERROR_BUDGET);
                     CHECK(strstr(rkm_context_errmsg(ctx), "smallest") != NULL);
                     continue;
@@ -237,25 +257,27 @@ TEST(plans_valid_within_budget_and_monotone)
                 prev = ps.overhead;
                 test_check_layouts(p);
                 if (k >= N_GRAPHS + 2) test_check_arena_runs(g, p, res.peak);
-                CHECK(ps.aligned_peak >= m0); /* no plan of the algorithm peaks below its floor */
                 double extra = -1; /* no plan beats the time bound */
                 CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
                 CHECK(ps.time - gs.baseline_time >= extra * (1 - 1e-12) - 1e-15);
                 rkm_plan_destroy(p);
             }
-            /* The smallest budget really is met, and the floor is true: no
-             * plan just above it peaks below m0. */
+            /* The smallest budget really is met, and those just above it;
+             * one byte under it is not. */
             rkm_plan *p;
             CHECK(rkm_planner_solve(pl, min, &p) == RKM_OK);
             rkm_plan_destroy(p);
-            static const double above[] = {1.0005, 1.002, 1.01, 1.03};
-            for (size_t i = 0; i < N_OF(above) && d.algo != RKM_ALGO_DTR; i++) {
+            static const double above[] = {1.0005, 1.01};
+            for (size_t i = 0; i < N_OF(above); i++) {
                 p = NULL;
                 CHECK(rkm_planner_solve(pl, (uint64_t)((double)min * above[i]), &p) == RKM_OK);
-                if (p) CHECK(p->stats.aligned_peak >= m0);
                 rkm_plan_destroy(p);
             }
+            p = NULL;
+            CHECK(rkm_planner_solve(pl, min - 1, &p) == RKM_ERROR_BUDGET && !p);
             rkm_planner_destroy(pl);
+            if (getenv("RKM_TEST_TIMES"))
+                fprintf(stderr, "    graph %zu %s: %.1f s\n", k, rkm_algo_name(d.algo), (double)(clock() - t0) / CLOCKS_PER_SEC);
         }
         rkm_graph_destroy(g);
     }
