@@ -10,8 +10,10 @@
  * gpt2_forward and gpt2_backward (every buffer allocated and zeroed up
  * front, the backward in gpt2_backward's order). The baseline plan and
  * every planned budget (100, 60, 40 % and the floor, several algorithms)
- * must give its loss and parameter gradients bit for bit, with the counted
- * activation peak equal to the predicted one. */
+ * must give its loss and parameter gradients bit for bit in both of the
+ * host's memory modes: malloc, with the counted activation peak equal to
+ * the predicted one; arena, with the arena's peak equal to it and the
+ * region the exec allocated (the plan's arena) within the budget. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 
@@ -409,13 +411,15 @@ typedef struct fixture {
     model m;
     float *ref_grads, ref_loss;
     llmc_graph gg;
-    llmc_step st;
+    llmc_step st;  /* malloc mode */
+    llmc_step sta; /* arena mode, same graph and model */
     int64_t scratch_ws_calls; /* forwards whose workspace held the scratch (no saved state live) */
 } fixture;
 
 static void fixture_free(fixture *f)
 {
     if (f->st.gg) llmc_step_free(&f->st);
+    if (f->sta.gg) llmc_step_free(&f->sta);
     if (f->gg.g) llmc_graph_free(&f->gg);
     model_free(&f->m);
     free(f->ref_grads);
@@ -433,7 +437,8 @@ static int fixture_init(fixture *f, llmc_shape s)
         fprintf(stderr, "graph: %s\n", rkm_context_errmsg(f->ctx));
         return -1;
     }
-    return llmc_step_init(&f->st, &f->gg, f->m.p, f->m.g, f->m.tokens, f->m.targets);
+    if (llmc_step_init(&f->st, &f->gg, f->m.p, f->m.g, f->m.tokens, f->m.targets)) return -1;
+    return llmc_step_init_arena(&f->sta, &f->gg, f->m.p, f->m.g, f->m.tokens, f->m.targets);
 }
 
 /* The host's forward, counting the runs that kept their scratch in the workspace. */
@@ -479,6 +484,46 @@ static int run_and_compare(fixture *f, const rkm_plan *plan, const char *what)
                 (unsigned long long)ps.peak);
     if (f->st.mem.blocks != 2) fprintf(stderr, "%s: %lld buffers left\n", what, (long long)f->st.mem.blocks - 2);
     return same && ps.peak == f->st.mem.peak && f->st.mem.blocks == 2;
+}
+
+static int same_as_reference(const fixture *f, float loss)
+{
+    return !memcmp(&loss, &f->ref_loss, sizeof(float)) &&
+           !memcmp(f->m.grads_memory, f->ref_grads, f->m.num_params * sizeof(float));
+}
+
+/* The inputs' bytes: all an exec holds between steps. */
+static uint64_t input_bytes(const fixture *f)
+{
+    return llmc__tbytes(&f->sta, f->gg.tokens) + llmc__tbytes(&f->sta, f->gg.targets);
+}
+
+/* One step of `plan` in arena mode (an exec of its own, made and destroyed
+ * here): the reference's loss and gradients bit for bit, the arena's peak
+ * the plan's, the region the plan's arena and within `budget` (0: none, for
+ * the baseline, whose arena is its buffers each rounded up to 256 bytes,
+ * over its peak), nothing left live, nothing through llmc_mem. */
+static void check_arena_step(fixture *f, const rkm_plan *plan, uint64_t budget, const char *what)
+{
+    rkm_arena_exec *x = NULL;
+    rkm_plan_stats ps;
+    rkm_arena_stats as;
+    CHECK(rkm_plan_stats_get(plan, &ps) == RKM_OK);
+    CHECK(llmc_step_open(&f->sta, plan, &x) == RKM_OK);
+    if (!x) return;
+    CHECK(rkm_arena_exec_is_layout(x));
+    CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_OK);
+    rkm_arena_exec_arena_stats(x, &as);
+    CHECK(same_as_reference(f, f->sta.mean_loss));
+    CHECK_EQ_U64(as.peak, ps.peak);
+    CHECK_EQ_U64(f->sta.peak, ps.peak);
+    CHECK_EQ_U64(as.capacity, ps.arena_bytes);
+    if (budget) CHECK(as.capacity <= budget);
+    CHECK(llmc_step_leaks(&f->sta) == 0);
+    CHECK_EQ_U64(as.current, input_bytes(f));
+    CHECK(f->sta.mem.peak == 0 && f->sta.mem.blocks == 0);
+    if (test_current_failed) fprintf(stderr, "  %s, arena: %s %s\n", what, f->sta.err, rkm_context_errmsg(f->ctx));
+    rkm_arena_exec_destroy(x);
 }
 
 /* ---------------------------------------------------------------------------
@@ -539,18 +584,25 @@ TEST(baseline_is_the_one_block_step)
         /* and llmc_step_run, the example's path, agrees */
         CHECK(llmc_step_run(&f.st, base, f.m.num_params) == RKM_OK);
         CHECK(!memcmp(f.m.grads_memory, f.ref_grads, f.m.num_params * sizeof(float)));
+        CHECK_EQ_U64(f.st.peak, f.st.mem.peak);
+        check_arena_step(&f, base, 0, "baseline");
     }
     rkm_plan_destroy(base);
     fixture_free(&f);
 }
 
-/* Every algorithm at 100, 60, 40 % and its floor: the reference's loss and
- * gradients bit for bit, measured peak = predicted, within the budget;
- * the floor recomputes, and runs layernorm/attention forwards without
- * saved state, their mean/rstd/att in the workspace. */
+/* Every algorithm at 100, 60, 40 % and its floor, in both modes: the
+ * reference's loss and gradients bit for bit, measured peak = predicted,
+ * within the budget (the arena too: check_arena_step); the floor
+ * recomputes, and runs layernorm/attention forwards without saved state,
+ * their mean/rstd/att in the workspace. Rotor once more at alignment 4: the
+ * exec lays out at the plan's alignment, not 256. */
 TEST(plans_are_bit_identical)
 {
-    static const rkm_algo algos[] = {RKM_ALGO_DEFAULT, RKM_ALGO_ROTOR, RKM_ALGO_DTR};
+    static const struct {
+        rkm_algo algo;
+        uint64_t alignment;
+    } algos[] = {{RKM_ALGO_DEFAULT, 0}, {RKM_ALGO_ROTOR, 0}, {RKM_ALGO_DTR, 0}, {RKM_ALGO_ROTOR, 4}};
     static const double fractions[] = {1.0, 0.6, 0.4};
     static const char *labels[] = {"100%", "60%", "40%", "floor"};
     fixture f;
@@ -565,7 +617,8 @@ TEST(plans_are_bit_identical)
         rkm_solve_desc sd;
         rkm_planner *pl = NULL;
         memset(&sd, 0, sizeof sd);
-        sd.algo = algos[a];
+        sd.algo = algos[a].algo;
+        sd.alignment = algos[a].alignment;
         CHECK(rkm_planner_create(f.gg.g, &sd, &pl) == RKM_OK);
         for (int i = 0; i < 4 && pl; i++) {
             uint64_t budget = 0;
@@ -576,18 +629,21 @@ TEST(plans_are_bit_identical)
             if (i < 3) budget = (uint64_t)((double)gs.baseline_peak * fractions[i]);
             else CHECK(rkm_planner_min_budget(pl, &budget) == RKM_OK);
             r = rkm_planner_solve(pl, budget, &plan);
-            if (r == RKM_ERROR_BUDGET && i < 3 && algos[a] != RKM_ALGO_DEFAULT) continue;
+            if (r == RKM_ERROR_BUDGET && i < 3 && algos[a].algo != RKM_ALGO_DEFAULT) continue;
             CHECK(r == RKM_OK);
             if (r != RKM_OK) continue;
-            snprintf(what, sizeof what, "%s at %s", rkm_algo_name(algos[a]), labels[i]);
+            snprintf(what, sizeof what, "%s at %s, alignment %llu", rkm_algo_name(algos[a].algo), labels[i],
+                     (unsigned long long)algos[a].alignment);
             rkm_plan_stats_get(plan, &ps);
-            CHECK(ps.peak <= budget);
+            CHECK(ps.peak <= budget && ps.arena_bytes <= budget);
+            CHECK_EQ_U64(ps.alignment, algos[a].alignment ? algos[a].alignment : RKM_ARENA_ALIGN);
             f.scratch_ws_calls = 0;
             CHECK(run_and_compare(&f, plan, what));
             if (i == 3) {
                 CHECK(ps.recomputes > 0);
                 CHECK(f.scratch_ws_calls > 0);
             }
+            check_arena_step(&f, plan, budget, what);
             rkm_plan_destroy(plan);
         }
         rkm_planner_destroy(pl);
@@ -595,9 +651,33 @@ TEST(plans_are_bit_identical)
     fixture_free(&f);
 }
 
+/* Some parameter gradient is a NaN: the poison (all bits set) shows. */
+static int poison_shows(const fixture *f)
+{
+    for (size_t i = 0; i < f->m.num_params; i++)
+        if (isnan(f->m.grads_memory[i])) return 1;
+    return 0;
+}
+
+/* Arena mode poisons and zeroes as malloc mode does: unzeroed, the poison
+ * of new gradients shows (the region's old bytes would not); zeroed, the
+ * same exec gives the reference's gradients. */
+static void check_unzeroed_arena(fixture *f, const rkm_plan *plan)
+{
+    rkm_arena_exec *x = NULL;
+    CHECK(llmc_step_open(&f->sta, plan, &x) == RKM_OK);
+    f->sta.skip_zeroing = 1;
+    CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_OK);
+    CHECK(poison_shows(f));
+    f->sta.skip_zeroing = 0;
+    CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_OK);
+    CHECK(same_as_reference(f, f->sta.mean_loss));
+    rkm_arena_exec_destroy(x);
+}
+
 /* The zeroing is needed: a host that leaves new gradients and the backward
- * workspace as allocated (poisoned) gets other gradients, so the checks
- * above would catch a host that forgot it. */
+ * workspace as allocated (poisoned) gets NaNs, so the checks above would
+ * catch a host that forgot it; in both modes. */
 TEST(unzeroed_gradients_are_caught)
 {
     fixture f;
@@ -606,15 +686,92 @@ TEST(unzeroed_gradients_are_caught)
     CHECK(!test_current_failed && rkm_plan_baseline(f.gg.g, &base) == RKM_OK);
     if (!test_current_failed) {
         f.st.skip_zeroing = 1;
-        CHECK(rkm_plan_execute(base, &(rkm_callbacks){&f.st, llmc_cb_forward, llmc_cb_backward, llmc_cb_loss,
-                                                      llmc_cb_free_tensor, llmc_cb_free_saved, llmc_cb_free_grad}) ==
-              RKM_OK);
-        CHECK(memcmp(f.m.grads_memory, f.ref_grads, f.m.num_params * sizeof(float)) != 0);
+        CHECK(llmc_step_run(&f.st, base, f.m.num_params) == RKM_OK);
+        CHECK(poison_shows(&f));
         f.st.skip_zeroing = 0;
         CHECK(llmc_step_run(&f.st, base, f.m.num_params) == RKM_OK);
         CHECK(!memcmp(f.m.grads_memory, f.ref_grads, f.m.num_params * sizeof(float)));
+        check_unzeroed_arena(&f, base);
     }
     rkm_plan_destroy(base);
+    fixture_free(&f);
+}
+
+/* After a failed arena step nothing is left live, the exec holds only its
+ * inputs, and its own plan still runs bit for bit. */
+static void check_clean_after_failure(fixture *f, rkm_arena_exec *x, const rkm_plan *plan)
+{
+    rkm_arena_stats as;
+    rkm_arena_exec_arena_stats(x, &as);
+    CHECK_EQ_U64(as.current, input_bytes(f));
+    CHECK(llmc_step_leaks(&f->sta) == 0);
+    CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_OK);
+    CHECK(same_as_reference(f, f->sta.mean_loss));
+}
+
+/* An exec runs the plan it was laid out for: given another, the step fails
+ * with RKM_ERROR_STATE and a message, midway, where the plans part. */
+static void check_wrong_plan(fixture *f, rkm_arena_exec *x, const rkm_plan *wrong, const rkm_plan *right)
+{
+    CHECK(llmc_step_run_arena(&f->sta, x, wrong, f->m.num_params) == RKM_ERROR_STATE);
+    CHECK(strstr(rkm_context_errmsg(f->ctx), "layout") != NULL);
+    check_clean_after_failure(f, x, right);
+}
+
+/* A callback that fails (here: a stale pointer the host forgot, so that the
+ * softmax's new output looks live) stops the step with RKM_ERROR_CALLBACK
+ * and the host's reason. */
+static void check_failed_callback(fixture *f, rkm_arena_exec *x, const rkm_plan *plan)
+{
+    f->sta.act[f->gg.probs] = f->sta.batch[0];
+    CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_ERROR_CALLBACK);
+    CHECK(strstr(f->sta.err, "new output already live") != NULL);
+    check_clean_after_failure(f, x, plan);
+}
+
+/* Each mode refuses the other's calls, and a step without an exec. */
+static void check_wrong_mode(fixture *f, rkm_arena_exec *x, const rkm_plan *plan)
+{
+    rkm_arena_exec *none = NULL;
+    CHECK(llmc_step_run(&f->sta, plan, f->m.num_params) == RKM_ERROR_STATE);
+    CHECK(llmc_step_run_arena(&f->st, x, plan, f->m.num_params) == RKM_ERROR_STATE);
+    CHECK(llmc_step_open(&f->st, plan, &none) == RKM_ERROR_STATE && !none);
+    CHECK(llmc_step_run_arena(&f->sta, NULL, plan, f->m.num_params) == RKM_ERROR_STATE);
+    CHECK(f->st.mem.blocks == 2 && f->sta.mem.blocks == 0);
+    check_clean_after_failure(f, x, plan);
+}
+
+/* Arena mode fails cleanly: an exec given another plan than its own (both
+ * ways between the baseline and the floor plan), a failing callback, a
+ * call of the wrong mode. */
+TEST(arena_failures_are_clean)
+{
+    fixture f;
+    rkm_plan *base = NULL, *floor_plan = NULL;
+    rkm_planner *pl = NULL;
+    rkm_solve_desc sd;
+    rkm_arena_exec *xb = NULL, *xf = NULL;
+    uint64_t budget = 0;
+    memset(&sd, 0, sizeof sd);
+    sd.algo = RKM_ALGO_ROTOR; /* any plan that recomputes; rotor's is quick */
+    CHECK(fixture_init(&f, tiny_shape()) == 0);
+    CHECK(!test_current_failed && rkm_plan_baseline(f.gg.g, &base) == RKM_OK);
+    CHECK(!test_current_failed && rkm_planner_create(f.gg.g, &sd, &pl) == RKM_OK);
+    CHECK(!test_current_failed && rkm_planner_min_budget(pl, &budget) == RKM_OK);
+    CHECK(!test_current_failed && rkm_planner_solve(pl, budget, &floor_plan) == RKM_OK);
+    CHECK(!test_current_failed && llmc_step_open(&f.sta, base, &xb) == RKM_OK);
+    CHECK(!test_current_failed && llmc_step_open(&f.sta, floor_plan, &xf) == RKM_OK);
+    if (!test_current_failed) {
+        check_wrong_plan(&f, xb, floor_plan, base);
+        check_wrong_plan(&f, xf, base, floor_plan);
+        check_failed_callback(&f, xf, floor_plan);
+        check_wrong_mode(&f, xb, base);
+    }
+    rkm_arena_exec_destroy(xb);
+    rkm_arena_exec_destroy(xf);
+    rkm_plan_destroy(floor_plan);
+    rkm_plan_destroy(base);
+    rkm_planner_destroy(pl);
     fixture_free(&f);
 }
 
@@ -670,6 +827,7 @@ int main(void)
     RUN(baseline_is_the_one_block_step);
     RUN(plans_are_bit_identical);
     RUN(unzeroed_gradients_are_caught);
+    RUN(arena_failures_are_clean);
     RUN(order_check_catches_siblings);
     TEST_END();
 }
