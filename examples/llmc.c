@@ -16,9 +16,16 @@
  * gradients. Then the graph of the same step (llmc_graph.h) is planned at
  * several budgets (100 %, 60 %, 40 % of the baseline peak, and the smallest
  * the planner meets), and each plan is run with llm.c's kernels called one
- * graph op at a time (llmc_host.h). Every run must give llm.c's loss and
- * gradients bit for bit, with the counted activation peak equal to the
- * plan's predicted peak, to the byte.
+ * graph op at a time (llmc_host.h), in both of the host's memory modes:
+ * - malloc: one malloc per buffer, counted; the counted activation peak
+ *   must be the plan's predicted peak, to the byte;
+ * - arena: one rkm_arena_exec per plan (its layout: one region of the
+ *   plan's arena_bytes, allocated once, the inputs filled once), each buffer
+ *   at its offset in it; the arena's peak must be the predicted peak and
+ *   the region (the "arena" column) at most the budget. The baseline,
+ *   planned for no budget, is exempt from that bound: its arena is its
+ *   buffers each rounded up to 256 bytes, a little over its peak.
+ * Every run must give llm.c's loss and gradients bit for bit.
  *
  * Options (defaults shown): --layers 4 --channels 64 --heads 4 --seq 32
  * --batch 4 --vocab 250 --padded-vocab 256 --algo default --seed 1337.
@@ -122,7 +129,8 @@ typedef struct run {
     int *tokens, *targets;
     float *ref_grads, ref_loss;
     llmc_graph gg;
-    llmc_step st;
+    llmc_step st;  /* malloc mode */
+    llmc_step sta; /* arena mode */
     int failed;
 } run;
 
@@ -141,27 +149,69 @@ static void llmc_reference(run *r)
     if (r->ref_grads) memcpy(r->ref_grads, r->model.grads_memory, gbytes);
 }
 
-/* Run `plan` with llm.c's kernels and compare with the reference. */
-static void check_plan(run *r, const char *label, const rkm_plan *plan, uint64_t budget, uint64_t baseline_peak)
+static int same_as_reference(const run *r, const llmc_step *st)
+{
+    return !memcmp(&st->mean_loss, &r->ref_loss, sizeof(float)) &&
+           !memcmp(r->model.grads_memory, r->ref_grads, r->model.num_parameters * sizeof(float));
+}
+
+/* One step of `plan` in arena mode through an exec of its own, made from
+ * the plan's layout (its one allocation) and destroyed here; its stats
+ * (peak, capacity) into *as. */
+static rkm_result arena_step(run *r, const rkm_plan *plan, rkm_arena_stats *as)
+{
+    rkm_arena_exec *x = NULL;
+    rkm_result res = llmc_step_open(&r->sta, plan, &x);
+    if (res == RKM_OK) res = llmc_step_run_arena(&r->sta, x, plan, r->model.num_parameters);
+    if (res == RKM_OK) rkm_arena_exec_arena_stats(x, as);
+    rkm_arena_exec_destroy(x);
+    return res;
+}
+
+/* Both modes' steps of `plan`: 1 when both ran, `same` saying whether
+ * both gave the reference's loss and gradients; else says why, 0. */
+static int run_both(run *r, const char *label, const rkm_plan *plan, rkm_arena_stats *as, int *same)
+{
+    llmc_step *st = &r->st;
+    rkm_result res = llmc_step_run(st, plan, r->model.num_parameters);
+    if (res == RKM_OK) {
+        *same = same_as_reference(r, st);
+        st = &r->sta;
+        res = arena_step(r, plan, as);
+    }
+    if (res == RKM_OK) {
+        *same &= same_as_reference(r, st);
+        return 1;
+    }
+    printf("llmc: FAILED %s: %s step: %s; %s\n", label, st->arena ? "arena" : "malloc", st->err,
+           rkm_context_errmsg(r->ctx));
+    return 0;
+}
+
+/* Run `plan` with llm.c's kernels in both modes and compare with the
+ * reference: peaks (malloc's counted, the arena's) the predicted one, the
+ * exec's region the plan's arena and, for a plan made for `budget`
+ * (planned), within it. */
+static void check_plan(run *r, const char *label, const rkm_plan *plan, uint64_t budget, uint64_t baseline_peak,
+                       int planned)
 {
     rkm_plan_stats ps;
-    size_t gbytes = r->model.num_parameters * sizeof(float);
-    rkm_result res = llmc_step_run(&r->st, plan, r->model.num_parameters);
-    int same_loss, same_grads;
+    rkm_arena_stats as;
+    int same = 0, peaks, fits;
     rkm_plan_stats_get(plan, &ps);
-    if (res != RKM_OK) {
-        printf("llmc: FAILED %s: step: %s; %s\n", label, r->st.err, rkm_context_errmsg(r->ctx));
+    if (!run_both(r, label, plan, &as, &same)) {
         r->failed = 1;
         return;
     }
-    same_loss = !memcmp(&r->st.mean_loss, &r->ref_loss, sizeof(float));
-    same_grads = !memcmp(r->model.grads_memory, r->ref_grads, gbytes);
-    printf("%-9s budget %9llu (%5.1f%%)  %-8s predicted peak %9llu  measured %9llu  recomputes %3zu  loss %.6f  "
-           "%s\n",
+    peaks = ps.peak == r->st.peak && ps.peak == as.peak && as.capacity == ps.arena_bytes;
+    fits = ps.peak <= budget && (!planned || as.capacity <= budget);
+    printf("%-9s budget %9llu (%5.1f%%)  %-8s predicted peak %9llu  measured %9llu  arena peak %9llu  arena %9llu  "
+           "recomputes %3zu  loss %.6f  %s\n",
            label, (unsigned long long)budget, pct(budget, baseline_peak), rkm_algo_name(ps.algo),
-           (unsigned long long)ps.peak, (unsigned long long)r->st.mem.peak, ps.recomputes, (double)r->st.mean_loss,
-           same_loss && same_grads ? "bit-identical" : "DIFFERENT");
-    if (!same_loss || !same_grads || ps.peak != r->st.mem.peak || ps.peak > budget) r->failed = 1;
+           (unsigned long long)ps.peak, (unsigned long long)r->st.peak, (unsigned long long)as.peak,
+           (unsigned long long)as.capacity, ps.recomputes, (double)r->st.mean_loss,
+           !same ? "DIFFERENT" : !peaks ? "PEAK MISMATCH" : !fits ? "OVER BUDGET" : "bit-identical");
+    if (!same || !peaks || !fits) r->failed = 1;
 }
 
 static int setup(run *r)
@@ -191,7 +241,8 @@ static int setup(run *r)
     }
     point_params(&r->model.params, params);
     point_params(&r->model.grads, grads);
-    return llmc_step_init(&r->st, &r->gg, params, grads, r->tokens, r->targets) ? 1 : 0;
+    if (llmc_step_init(&r->st, &r->gg, params, grads, r->tokens, r->targets)) return 1;
+    return llmc_step_init_arena(&r->sta, &r->gg, params, grads, r->tokens, r->targets) ? 1 : 0;
 }
 
 static int plan_and_check(run *r)
@@ -210,7 +261,7 @@ static int plan_and_check(run *r)
            (unsigned long long)gs.baseline_peak, r->model.num_activations * sizeof(float),
            r->model.num_activations * sizeof(float));
     if (rkm_plan_baseline(r->gg.g, &plan) != RKM_OK) return 1;
-    check_plan(r, "baseline", plan, gs.baseline_peak, gs.baseline_peak);
+    check_plan(r, "baseline", plan, gs.baseline_peak, gs.baseline_peak, 0);
     rkm_plan_destroy(plan);
     memset(&sd, 0, sizeof sd);
     sd.algo = r->opt.algo;
@@ -237,7 +288,7 @@ static int plan_and_check(run *r)
             r->failed = 1;
             break;
         }
-        check_plan(r, i < 3 ? labels[i] : "floor", plan, budget, gs.baseline_peak);
+        check_plan(r, i < 3 ? labels[i] : "floor", plan, budget, gs.baseline_peak, 1);
         rkm_plan_destroy(plan);
     }
     rkm_planner_destroy(pl);
@@ -264,9 +315,11 @@ int main(int argc, char **argv)
         rc = plan_and_check(&r);
     }
     if (!rc && r.failed) rc = 1;
-    printf("llmc: %s\n", rc ? "FAILED (see above)" : "ok: every plan gave llm.c's loss and gradients bit for bit, "
-                                                    "measured peak = predicted peak");
+    printf("llmc: %s\n", rc ? "FAILED (see above)"
+                            : "ok: every plan gave llm.c's loss and gradients bit for bit in both modes, measured "
+                              "peak = arena peak = predicted peak, every planned arena within its budget");
     if (r.st.gg) llmc_step_free(&r.st);
+    if (r.sta.gg) llmc_step_free(&r.sta);
     if (r.gg.g) llmc_graph_free(&r.gg);
     gpt2_free(&r.model);
     free(r.tokens);

@@ -402,6 +402,7 @@ static inline rkm_result llmc_step_open(llmc_step *st, const rkm_plan *plan, rkm
     rkm_arena_exec_desc d;
     int32_t ids[2] = {st->gg->tokens, st->gg->targets};
     rkm_result r;
+    st->err[0] = 0; /* a failed create says why in the context */
     if (!st->arena) {
         snprintf(st->err, sizeof st->err, "llmc_step_open: a malloc step runs with llmc_step_run");
         return RKM_ERROR_STATE;
