@@ -92,15 +92,27 @@ BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 DEMO = $(BUILD)/gpt2 --budget 40%
 
 # CUDA: nvcc from PATH, else the toolkit's default place.
+# -fmad=false: no fused multiply-add in the kernels (as -ffp-contract=off in
+# C): `g += x * s` as one FMA makes the sum of a gradient's contributions
+# depend on their order, hence on the plan (examples/gpt2_cuda.cu says
+# more). -lineinfo: source lines in compute-sanitizer's reports.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
-NVCC_FLAGS = -O2 -g -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
-	-Xcompiler -Wall,-Wextra -I. $(DEFS)
+# CUDA_CFLAGS, CUDA_LDFLAGS: where cuBLAS is when nvcc does not look there
+# (tests/gpu/run.sh sets them, -I, -L and an rpath, for a cuBLAS that came
+# with a Python wheel).
+CUDA_CFLAGS ?=
+NVCC_COMMON = -O2 -g -std=c++17 -fmad=false -lineinfo -Xcompiler -Wall,-Wextra -I. $(CUDA_CFLAGS) $(DEFS)
+NVCC_FLAGS = $(NVCC_COMMON) -gencode 'arch=compute_90,code=[sm_90,compute_90]'
+CUDA_LDFLAGS ?=
 CUDA_LIBS ?= -lcublas -lcublasLt
 # The device-free half (the arena) is in the library, tested on the CPU.
 CUDA_SRCS = $(wildcard cuda/*.cu)
 CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
 CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
 CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
+# The examples' PTX (for compute_90), which tests/test_cuda_dummy.sh reads:
+# the kernels that sum gradients must hold no fma.
+CUDA_PTX = $(patsubst examples/%.cu,$(BUILD)/cuda/%.ptx,$(CUDA_EXAMPLE_SRCS))
 
 .PHONY: all lib cli examples tests test demo llmc cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
@@ -261,7 +273,7 @@ ifeq ($(NVCC),)
 cuda:
 	@echo "cuda: nvcc not found, skipping the CUDA sources"
 else
-cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES)
+cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES) $(CUDA_PTX)
 endif
 
 $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)/flags
@@ -269,7 +281,11 @@ $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
 $(CUDA_EXAMPLES): $(BUILD)/%: examples/%.cu $(CUDA_OBJS) $(wildcard examples/*.h examples/*.cuh) rockmate.h $(LIB_A)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CUDA_OBJS) $(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LIBS)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CUDA_OBJS) $(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LDFLAGS) $(CUDA_LIBS)
+
+$(CUDA_PTX): $(BUILD)/cuda/%.ptx: examples/%.cu $(wildcard cuda/*.h examples/*.h) rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_COMMON) -arch=compute_90 -ptx -o $@ $<
 
 $(BUILD)/rockmate.pc: rockmate.h FORCE
 	@mkdir -p $(@D)
