@@ -103,7 +103,10 @@ void rkm_cuda_arena_destroy(rkm_cuda_arena *ca);
 /* One training step under `plan` (of the arena's graph). Asynchronous like
  * the host's kernels: nothing waits for the stream. The arena's stats then
  * hold the step's peak. A callback that fails for a CUDA reason of its own
- * can say so with rkm_arena_exec_host_fail (rkm_cuda_arena_exec). */
+ * can say so with rkm_arena_exec_host_fail (rkm_cuda_arena_exec). The CUDA
+ * runtime's last error is read before the step (an error an earlier call
+ * left fails the run, named as such) and after it (a launch error of the
+ * step's kernels). */
 rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan);
 
 /* Device pointers of live buffers; NULL when not live. */
