@@ -109,7 +109,7 @@ for algo in rockmate rotor; do
         done
     done
 done
-# Two steps per plan in the same arena after a warm-up one.
+# Two steps per plan in the same arena: a warm-up one and a timed one.
 start warm_twice - --preset tiny --poison --steps 1 --warmup 1 --profile-runs 1 --algo rotor --dropout 0.1 \
     --inplace 1 --budgets 50
 # --check-perturb: one element of ln1w's gradient (a small tensor) moved by
