@@ -79,7 +79,8 @@ static int rkm__cu_call(void *user, int32_t op, const rkm_fwd_call *f, const rkm
     int rc = ca->ev ? rkm__cu_record(ca, e0) : 0;
     ca->n_scratch = 0;
     if (!rc) rc = f ? ca->host.forward(ca->host.user, f) : ca->host.backward(ca->host.user, b);
-    for (int i = 0; i < ca->n_scratch && !rc; i++) rc = rkm__cu_poison(ca, ca->scratch[i], ca->scratch_bytes[i], "a scratch buffer");
+    for (int i = 0; i < ca->n_scratch && !rc; i++)
+        rc = rkm__cu_poison(ca, ca->scratch[i], ca->scratch_bytes[i], "a scratch buffer");
     ca->n_scratch = 0;
     if (rc || !ca->ev) return rc;
     if ((rc = rkm__cu_record(ca, e0 + 1))) return rc;
@@ -141,7 +142,9 @@ static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca)
     ca->capacity = st.capacity;
     if (ca->capacity == 0) return RKM_OK;
     cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
+    /* Poisoned before the host fills the inputs, whatever stream it uses. */
     if (e == cudaSuccess && ca->poison) e = cudaMemsetAsync(ca->base, RKM__CU_POISON, (size_t)ca->capacity, ca->stream);
+    if (e == cudaSuccess && ca->poison) e = cudaStreamSynchronize(ca->stream);
     if (e == cudaSuccess) return RKM_OK;
     if (ca->base) (void)cudaFree(ca->base);
     ca->base = NULL;
@@ -214,7 +217,8 @@ rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan)
     if (!ca) return RKM_ERROR_ARGUMENT;
     /* An error left by an earlier call is not this step's. */
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return rkm__cu_fail(ca, e, "rkm_cuda_arena_run: before the step, an earlier CUDA call failed");
+    if (e != cudaSuccess)
+        return rkm__cu_fail(ca, e, "rkm_cuda_arena_run: before the step, an earlier CUDA call failed");
     rkm_result r = rkm_arena_exec_run(ca->x, plan);
     if (r != RKM_OK) return r;
     /* Launch errors of the host's kernels (faults show at the next sync). */

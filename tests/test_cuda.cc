@@ -382,7 +382,9 @@ TEST(cuda_poison_frees)
             for (int p = 0; p < 2; p++) {
                 if (!plans[p]) continue;
                 size_t left = unpoisoned_after_step(g, plans[p], 1);
-                if (left) fprintf(stderr, "%s%s plan %d: %zu bytes not poisoned\n", names[i], inplace ? " in place" : "", p, left);
+                if (left)
+                    fprintf(stderr, "%s%s plan %d: %zu bytes not poisoned\n", names[i], inplace ? " in place" : "", p,
+                            left);
                 CHECK(left == 0);
                 CHECK(unpoisoned_after_step(g, plans[p], 0) > 0); /* the writes are there without it */
             }
@@ -433,7 +435,8 @@ static int stale_fwd(void *user, const rkm_fwd_call *c)
 static int stale_bwd(void *user, const rkm_bwd_call *c)
 {
     stale_host *h = (stale_host *)user;
-    if (c->in_grad[0] != RKM_GRAD_NONE) RKM_DUMMY_LAUNCH(fill_f_k, 4, 256)((float *)rkm_cuda_grad(h->ca, c->in[0]), 1.0f, STALE_N);
+    if (c->in_grad[0] != RKM_GRAD_NONE)
+        RKM_DUMMY_LAUNCH(fill_f_k, 4, 256)((float *)rkm_cuda_grad(h->ca, c->in[0]), 1.0f, STALE_N);
     return cudaGetLastError() != cudaSuccess;
 }
 

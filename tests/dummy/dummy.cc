@@ -1096,7 +1096,8 @@ RKM_DUMMY_UNCHECKED void gemm_one(const gemm_args &g, const float *A, const floa
     for (int j = 0; j < g.n; j++) {
         memset(acc, 0, (size_t)g.m * sizeof *acc);
         for (int p = 0; p < g.k; p++)
-            axpy(acc, a + (size_t)p * g.m, g.tb == CUBLAS_OP_N ? B[(size_t)j * g.ldb + p] : B[(size_t)p * g.ldb + j], g.m);
+            axpy(acc, a + (size_t)p * g.m, g.tb == CUBLAS_OP_N ? B[(size_t)j * g.ldb + p] : B[(size_t)p * g.ldb + j],
+                 g.m);
         float *c = C + (size_t)j * g.ldc;
         for (int i = 0; i < g.m; i++) c[i] = g.beta == 0.0f ? g.alpha * acc[i] : g.alpha * acc[i] + g.beta * c[i];
     }
@@ -1133,7 +1134,8 @@ cublasStatus_t gemm(cublasHandle_t h, const gemm_args &g)
     if (!g.m || !g.n || !g.batch) return CUBLAS_STATUS_SUCCESS;
     s.gemms++;
     if (!in_device(g.A, g.k ? span(ar, ac, g.lda) : 0, g.sa, g.batch) ||
-        !in_device(g.B, g.k ? span(br, bc, g.ldb) : 0, g.sb, g.batch) || !in_device(g.C, span(g.m, g.n, g.ldc), g.sc, g.batch)) {
+        !in_device(g.B, g.k ? span(br, bc, g.ldb) : 0, g.sb, g.batch) ||
+        !in_device(g.C, span(g.m, g.n, g.ldc), g.sc, g.batch)) {
         /* a GPU faults when it runs; the dummy says so now */
         say("cuBLAS GEMM (m %d, n %d, k %d, batch %d): a matrix reaches outside device memory: an illegal address",
             g.m, g.n, g.k, g.batch);
