@@ -80,6 +80,14 @@
  * Readings of the contract where it leaves room (each chosen to keep plans
  * correct):
  * - A budget counts the `input` tensors too: they are part of mem.
+ * - A budget is the memory the host allocates for activations. A planned
+ *   plan's budget bounds its arena: the one allocation of its layout, every
+ *   buffer rounded up to the solve desc's alignment (rkm_solve_desc,
+ *   rkm_plan_layout), which is at least its aligned peak, which is at least
+ *   its peak (the contract's exact bytes). A read or hand-built plan and
+ *   the baseline are made for no budget: their peak, aligned peak and
+ *   arena (at 256 bytes) are reported; the CLI's `check --budget B` says
+ *   whether the arena (at --align) fits B.
  * - For structure detection an op whose every `in` is an `input` tensor (or
  *   that has no `in` at all) is a "first op": inputs are live all the time,
  *   so they never separate blocks.
@@ -495,15 +503,26 @@ typedef struct rkm_buffer {
 /* The buffers a plan creates, known exactly from its replay at birth. */
 size_t rkm_plan_num_buffers(const rkm_plan *p);
 
-/* Lay out every buffer of the plan in one arena: lifetimes are known
- * exactly, so buffers whose lifetimes overlap never share bytes and a host
- * can make one allocation and never fragment. `alignment` is a power of two
- * (0: 256). buffers receives rkm_plan_num_buffers(p) entries in creation
- * order; within a step: a forward's new outputs (in out order), its
- * phantom, its workspace (with the op's scratch when the run keeps no
- * saved state); a backward's new input gradients (in order), its
- * workspace; the loss step's grad(loss). *arena_bytes >= the plan's peak.
- * Computes into the caller's array; the plan is not changed. */
+/* Every buffer of the plan in one arena: lifetimes are known exactly, so
+ * buffers whose lifetimes overlap never share a byte and a host can make
+ * one allocation and never fragment. buffers receives
+ * rkm_plan_num_buffers(p) entries in creation order; within a step: a
+ * forward's new outputs (in out order), its phantom, its workspace (with
+ * the op's scratch when the run keeps no saved state); a backward's new
+ * input gradients (in order), its workspace; the loss step's grad(loss).
+ * Offsets are multiples of the alignment; buffers an in-place step chains
+ * (takes_over) share one offset.
+ *
+ * Every plan is laid out once, at its birth, at its own alignment
+ * (rkm_plan_stats.alignment): `alignment` 0 or that one copies that layout
+ * and *arena_bytes is rkm_plan_stats.arena_bytes. Any other power of two
+ * lays the plan out anew into the caller's array (the plan is not
+ * changed). The arena is never below the aligned peak (the most aligned
+ * bytes live in one step, which no layout can beat) and reaches it on most
+ * plans: the placer (rockmate.c, section 5) tries an O(n log n) skyline,
+ * then, where that misses, a bounded search whose work is counted in units,
+ * not seconds, so that the same plan gets the same offsets on every
+ * machine. */
 rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes);
 
 /* ---------------------------------------------------------------------------
@@ -555,6 +574,13 @@ typedef struct rkm_solve_desc {
      * needs less leaves more to the next; solves beyond it are left out
      * (rkm_planner_stats.ilp_skipped). */
     double ilp_budget;
+    /* The alignment of the host's buffers (a power of two; 0: 256, what
+     * RKM_ARENA_ALIGN and cudaMalloc give). The budget bounds the plan's
+     * arena at this alignment: the planners count every buffer rounded up
+     * to it, and a plan is returned only if its own layout
+     * (rkm_plan_layout with alignment 0) fits the budget. 1: exact bytes,
+     * as the contract counts them. */
+    uint64_t alignment;
 } rkm_solve_desc;
 
 /* A plan's own figures, fixed at its birth. */
@@ -574,6 +600,16 @@ typedef struct rkm_plan_stats {
                                lower bound over the ILP's schedule family (not over every
                                plan); 0 when the solve proved its schedule optimal in that
                                family, and for the other algorithms */
+    /* The plan's own memory layout (rkm_plan_layout with alignment 0),
+     * made once at its birth: */
+    uint64_t alignment;     /* its alignment: the solve desc's for a planned plan, 256
+                               (RKM_ARENA_ALIGN) for the baseline and read or built plans;
+                               0 (no layout, the two figures below 0) for such a plan whose
+                               buffers rounded up to it add up past 64 bits */
+    uint64_t aligned_peak;  /* the most bytes live in one step, each buffer rounded up to
+                               the alignment: no layout at it is smaller; >= peak */
+    uint64_t arena_bytes;   /* the layout's arena, what a host allocates: >= aligned_peak,
+                               equal to it on most plans; a planned plan's is <= its budget */
 } rkm_plan_stats;
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
@@ -583,14 +619,22 @@ rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
 typedef struct rkm_planner rkm_planner;
 rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out);
 void rkm_planner_destroy(rkm_planner *pl);
-/* A plan whose simulated peak is at most `budget` bytes, or RKM_ERROR_BUDGET
- * with the message giving the smallest budget this algorithm can meet. */
+/* A plan for `budget` bytes, or RKM_ERROR_BUDGET with the message giving
+ * the smallest budget this algorithm can meet. The budget is the memory
+ * the host allocates for the step: the plan's arena (its own layout, at
+ * the desc's alignment) is at most `budget`, and so are its aligned peak
+ * and its peak. The planners count every buffer rounded up to the
+ * alignment; where the layout of the plan they find still misses its
+ * aligned peak by more than the budget leaves, they plan again for that
+ * much less (a few times at most). */
 rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-/* The smallest budget (bytes) for which rkm_planner_solve succeeds. The
- * first call computes it (for checkmate, a bisection of solves; for DTR,
- * and for rockmate on graphs of up to 64 ops, a bisection too: the least
- * peak it found, since their success need not be monotone in the budget);
- * later calls return the same value. */
+/* The smallest budget (bytes) for which rkm_planner_solve succeeds: one
+ * whose plan's arena fits it. The first call computes it (for checkmate,
+ * a bisection of solves; for DTR, and for rockmate on graphs of up to 64
+ * ops, a bisection too: the least peak it found, since their success need
+ * not be monotone in the budget; then, from there upwards, the solve
+ * itself until the plan's arena fits); later calls return the same
+ * value, and rkm_planner_solve plans at it. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* What a planner did so far: its structure and its ILP work. */
@@ -741,10 +785,16 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * rkm_plan_mem_after step for step and its peak is the plan's peak, to the
  * byte. Three ways to place buffers:
  * - layout (rkm_arena_exec_create_layout, what a host normally wants): every
- *   buffer at its rkm_plan_layout(plan, RKM_ARENA_ALIGN) offset, in a region
- *   of the layout's arena_bytes; the exec runs that plan only.
+ *   buffer at its offset in the plan's own layout (rkm_plan_layout with
+ *   alignment 0), in a region of the plan's arena_bytes, which for a
+ *   planned plan is at most its budget; the exec runs that plan only.
  * - first fit (rkm_arena_exec_create, measure 0): in a region of
- *   desc.capacity; rkm_arena_layout gives the exact capacity a plan needs.
+ *   desc.capacity, each buffer at the lowest 256-aligned offset free when it
+ *   is made, as a dynamic allocator would: it can need more than the plan's
+ *   arena, since it does not know the lifetimes ahead (on the bundled
+ *   graphs' plans up to a fifth more than the peak; bench/bench_layout);
+ *   rkm_arena_layout gives the exact capacity a plan needs that way, and
+ *   the stats' high_water what a run took.
  * - measure (measure 1, for profiling): first fit, and each op's workspace is
  *   measured as what its scratch requests took (see rkm_arena_exec_scratch).
  *

@@ -30,17 +30,19 @@ static const char cli_usage_text[] =
     "Plans activation re-materialization (checkpointing) for one training step.\n"
     "\n"
     "commands:\n"
-    "  info  GRAPH [--json] [--algo A,A,...] [--slots N] [--time-limit S]\n"
+    "  info  GRAPH [--json] [--algo A,A,...] [--slots N] [--time-limit S] [--align N]\n"
     "        size, baseline, lower bound, block structure, and the smallest\n"
     "        budget each algorithm can meet (default none,sqrt,rotor,rockmate)\n"
     "  plan  GRAPH --budget B [--algo A] [-o PLAN] [--json] [--svg FILE]\n"
-    "        [--slots N] [--time-limit S]\n"
-    "        a plan that fits budget B; -o writes it (- for standard output),\n"
-    "        --svg draws its memory over the steps beside the baseline's\n"
-    "  check GRAPH PLAN [--budget B] [--json]\n"
-    "        replays a plan file: valid or not, its peak and time\n"
+    "        [--slots N] [--time-limit S] [--align N]\n"
+    "        a plan whose arena (one allocation, every buffer at an offset)\n"
+    "        fits budget B; -o writes it (- for standard output), --svg draws\n"
+    "        its memory over the steps beside the baseline's\n"
+    "  check GRAPH PLAN [--budget B] [--json] [--align N]\n"
+    "        replays a plan file: valid or not, its peak, arena and time; with\n"
+    "        --budget, whether its arena fits B (then its peak does too)\n"
     "  sweep GRAPH [--algo A,A,...] [--points N] [--json] [--svg FILE]\n"
-    "        [--slots N] [--time-limit S]\n"
+    "        [--slots N] [--time-limit S] [--align N]\n"
     "        overhead against budget, from the smallest feasible budget to\n"
     "        100% of the baseline peak (N budgets, default 12, denser toward\n"
     "        the smallest, where the curves are steep)\n"
@@ -69,6 +71,8 @@ static const char cli_usage_text[] =
     "                    its own where, its input held, it cuts into smaller\n"
     "                    blocks (default 24; never: no nesting)\n"
     "  --points N        budgets in a sweep\n"
+    "  --align N         the host's buffer alignment, a power of two (default\n"
+    "                    256): the arena is laid out, and a budget bounds it, at N\n"
     "  -v, --verbose     show the library's warnings and progress on stderr\n"
     "  -h, --help        this text\n"
     "  --version         the library version\n"
@@ -87,7 +91,7 @@ static const char *const cli_cmd_operands[CMD_COUNT][2] = {
     {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
 
 enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_NEST, OPT_POINTS,
-       OPT_VERBOSE, OPT_COUNT };
+       OPT_ALIGN, OPT_VERBOSE, OPT_COUNT };
 
 #define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
 
@@ -108,6 +112,7 @@ static const struct cli_optdef {
     [OPT_ILP_TIME] = {"--ilp-time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_NEST] = {"--nest-ops", NULL, 1, CMDS(1, 1, 0, 1)},
     [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1)},
+    [OPT_ALIGN] = {"--align", NULL, 1, CMDS(1, 1, 1, 1)},
     [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
 };
 /* clang-format on */
@@ -123,6 +128,7 @@ typedef struct cli_opts {
     double ilp_time_limit; /* 0: library default */
     int32_t nest_ops;      /* 0: library default; -1: never */
     int points;
+    uint64_t alignment;    /* of the arena: --align, else RKM_ARENA_ALIGN */
 } cli_opts;
 
 /* One line naming the problem, one line of hint; exit status 2. */
@@ -253,6 +259,13 @@ static int cli_convert_options(cli_opts *o)
             return cli_usage_error(cmd, "--nest-ops wants an integer from 1 to %ld or never, not '%s'", (long)INT32_MAX,
                                    o->value[OPT_NEST]);
         else o->nest_ops = (int32_t)v;
+    }
+    o->alignment = RKM_ARENA_ALIGN;
+    if (o->value[OPT_ALIGN]) {
+        if (!cli_parse_count(o->value[OPT_ALIGN], 1L << 30, &v) || (v & (v - 1)))
+            return cli_usage_error(cmd, "--align wants a power of two from 1 to %ld, not '%s'", 1L << 30,
+                                   o->value[OPT_ALIGN]);
+        o->alignment = (uint64_t)v;
     }
     o->points = 12;
     if (o->value[OPT_POINTS]) {
@@ -536,8 +549,8 @@ static int cli_budget(const cli_graph *G, const char *text, const char *cmd, uin
     return CLI_OK;
 }
 
-/* One algorithm's planner. `none` needs no planner: its plan is the baseline,
- * which fits exactly the budgets from the baseline peak up. */
+/* One algorithm's planner (`none` too: its plan is the baseline, where the
+ * baseline's arena fits the budget). */
 typedef struct cli_planner {
     const cli_graph *G;
     rkm_algo algo;
@@ -549,7 +562,6 @@ static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_
     cp->G = G;
     cp->algo = algo;
     cp->pl = NULL;
-    if (algo == RKM_ALGO_NONE) return RKM_OK;
     rkm_solve_desc d;
     memset(&d, 0, sizeof d);
     d.algo = algo;
@@ -557,6 +569,7 @@ static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_
     d.time_limit = o->time_limit;
     d.ilp_time_limit = o->ilp_time_limit;
     d.nest_ops = o->nest_ops;
+    d.alignment = o->alignment;
     return rkm_planner_create(G->g, &d, &cp->pl);
 }
 
@@ -566,23 +579,13 @@ static void cli_planner_close(cli_planner *cp)
     cp->pl = NULL;
 }
 
-static rkm_result cli_planner_min(cli_planner *cp, uint64_t *out)
-{
-    if (cp->algo == RKM_ALGO_NONE) {
-        *out = cp->G->st.baseline_peak;
-        return RKM_OK;
-    }
-    return rkm_planner_min_budget(cp->pl, out);
-}
+static rkm_result cli_planner_min(cli_planner *cp, uint64_t *out) { return rkm_planner_min_budget(cp->pl, out); }
 
-/* A plan for the budget, and the planner's counters once it made it (zero
- * for `none`). */
+/* A plan for the budget, and the planner's counters once it made it. */
 static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan **out, rkm_planner_stats *pls)
 {
     *out = NULL;
     memset(pls, 0, sizeof *pls);
-    if (cp->algo == RKM_ALGO_NONE)
-        return budget < cp->G->st.baseline_peak ? RKM_ERROR_BUDGET : rkm_plan_baseline(cp->G->g, out);
     rkm_result r = rkm_planner_solve(cp->pl, budget, out);
     if (!r) r = rkm_planner_stats_get(cp->pl, pls);
     return r;
@@ -614,22 +617,58 @@ typedef struct cli_result {
     char message[512];     /* why it was refused */
     rkm_plan_stats ps;     /* a plan's own figures */
     rkm_planner_stats pls; /* the planner's counters once it made the plan; zero without one */
-    uint64_t arena;        /* one-allocation layout of the plan (default alignment) */
+    uint64_t alignment;    /* of the layout below */
+    uint64_t aligned_peak; /* the most bytes live in a step, each buffer rounded up to the alignment */
+    uint64_t arena;        /* the plan's one-allocation layout at that alignment */
     size_t n_buffers;
 } cli_result;
 
-#define CLI_ARENA_ALIGNMENT 256 /* rkm_plan_layout's default, printed beside the arena */
+/* The most bytes of buffers b[0..n) live in one step, each rounded up to
+ * align; an in-place chain (takes_over) is one buffer over its lifetime. */
+static uint64_t cli_aligned_peak(const rkm_buffer *b, size_t n, size_t n_steps, uint64_t align)
+{
+    size_t *head = malloc((n + 1) * sizeof *head);
+    int64_t *last = malloc((n + 1) * sizeof *last);
+    uint64_t *d = calloc(n_steps + 3, sizeof *d), live = 0, most = 0; /* steps -1 .. n_steps, shifted by one */
+    if (head && last && d) {
+        for (size_t i = 0; i < n; i++) {
+            head[i] = b[i].takes_over >= 0 ? head[b[i].takes_over] : i;
+            last[i] = b[i].last_step;
+            if (last[i] > last[head[i]]) last[head[i]] = last[i];
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (head[i] != i) continue;
+            uint64_t size = (b[i].bytes + align - 1) & ~(align - 1);
+            d[b[i].first_step + 1] += size;
+            d[last[i] + 2] -= size;
+        }
+        for (size_t s = 0; s < n_steps + 2; s++) {
+            live += d[s];
+            if (live > most) most = live;
+        }
+    }
+    free(head);
+    free(last);
+    free(d);
+    return most;
+}
 
-/* Gather a plan's figures and its layout (the plan stays owned by the caller). */
-static rkm_result cli_result_fill(const cli_graph *G, rkm_plan *plan, cli_result *r)
+/* Gather a plan's figures and its layout at the tool's alignment (the plan
+ * stays owned by the caller): the plan's own where the alignments agree. */
+static rkm_result cli_result_fill(const cli_graph *G, rkm_plan *plan, uint64_t align, cli_result *r)
 {
     r->plan = plan;
     rkm_result e = rkm_plan_stats_get(plan, &r->ps);
     if (e) return e;
     r->n_buffers = rkm_plan_num_buffers(plan);
+    r->alignment = align;
+    r->aligned_peak = r->ps.aligned_peak;
+    r->arena = r->ps.arena_bytes;
+    if (align == r->ps.alignment) return RKM_OK;
     rkm_buffer *buffers = malloc((r->n_buffers ? r->n_buffers : 1) * sizeof *buffers);
     if (!buffers) return rkm_context_fail(rkm_graph_context(G->g), RKM_ERROR_NOMEM, "out of memory");
-    e = rkm_plan_layout(plan, CLI_ARENA_ALIGNMENT, buffers, &r->arena);
+    e = rkm_plan_layout(plan, align, buffers, &r->arena);
+    if (!e) r->aligned_peak = cli_aligned_peak(buffers, r->n_buffers, rkm_plan_num_steps(plan), align);
     free(buffers);
     return e;
 }
@@ -684,8 +723,9 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
     cli_json_u64(j, "steps", cli_steps(r));
     cli_json_u64(j, "recomputes", cli_recomputes(r));
     if (valid) {
+        cli_json_u64(j, "aligned_peak", r->aligned_peak);
         cli_json_u64(j, "arena_bytes", r->arena);
-        cli_json_i64(j, "arena_alignment", CLI_ARENA_ALIGNMENT);
+        cli_json_u64(j, "arena_alignment", r->alignment);
         cli_json_u64(j, "buffers", r->n_buffers);
     }
     cli_json_ilp(j, &r->pls);
@@ -981,6 +1021,7 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
     int is_base = r->algo == RKM_ALGO_NONE; /* the plan is the baseline: one series */
     uint64_t top = plan->max > base->max ? plan->max : base->max;
     if (r->budget > top && r->budget <= top + top / 4) top = r->budget;
+    if (r->arena > top && r->arena <= top + top / 4) top = r->arena;
     double scale;
     const char *unit, *algo = rkm_algo_name(r->algo);
     cli_mem_unit(top, &scale, &unit);
@@ -997,25 +1038,31 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
         snprintf(title, sizeof title, "%s: activation memory, baseline plan", G->name);
     else
         snprintf(title, sizeof title, "%s: activation memory, %s plan and baseline", G->name, algo);
-    snprintf(sub, sizeof sub, "budget %s (%.1f%% of baseline peak), peak %s, overhead %.2f%%",
+    char c3[32];
+    snprintf(sub, sizeof sub, "budget %s (%.1f%% of baseline peak), peak %s, arena %s, overhead %.2f%%",
              cli_size(a, sizeof a, r->budget), cli_percent((double)r->budget, (double)G->st.baseline_peak),
-             cli_size(b, sizeof b, r->ps.peak), 100 * (r->ps.time / G->st.baseline_time - 1));
+             cli_size(b, sizeof b, r->ps.peak), cli_size(c3, sizeof c3, r->arena),
+             100 * (r->ps.time / G->st.baseline_time - 1));
     snprintf(ylabel, sizeof ylabel, "memory (%s)", unit);
     cli_svg_begin(f, SVG_W, SVG_H);
     cli_svg_titles(f, SVG_LEFT, title, sub);
     cli_chart_axes(&c, "position in the step sequence (%)", ylabel);
-    cli_legend_item items[5];
+    cli_legend_item items[6];
     int n = is_base ? 2 : 4;
     if (!is_base) cli_plan_svg_series(&c, base, scale, "#999999", "baseline", labels + 2, items + 2);
     cli_plan_svg_series(&c, plan, scale, is_base ? "#555555" : cli_algo_color[r->algo], is_base ? "baseline" : algo,
                         labels, items);
-    if ((double)r->budget / scale <= c.y.hi) {
-        double y = cli_sy(&c, (double)r->budget / scale);
+    static const struct { const char *label, *color, *dash; } lines[2] = {{"budget", "#111111", "7 4"},
+                                                                          {"arena", "#D55E00", "2 3"}};
+    uint64_t at[2] = {r->budget, r->arena};
+    for (int k = 0; k < 2; k++) { /* the budget, and the arena a host allocates for the plan */
+        if ((double)at[k] / scale > c.y.hi) continue;
+        double y = cli_sy(&c, (double)at[k] / scale);
         fprintf(f,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#111111\" stroke-width=\"1.2\" "
-                "stroke-dasharray=\"7 4\"/>\n",
-                c.x0, y, c.x0 + c.w, y);
-        items[n++] = (cli_legend_item){"budget", "#111111", "7 4", 1.2, 1, MARK_NONE};
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.2\" "
+                "stroke-dasharray=\"%s\"/>\n",
+                c.x0, y, c.x0 + c.w, y, lines[k].color, lines[k].dash);
+        items[n++] = (cli_legend_item){lines[k].label, lines[k].color, lines[k].dash, 1.2, 1, MARK_NONE};
     }
     cli_svg_legend(f, SVG_LEFT + SVG_PLOT_W + 22, SVG_TOP + 10, items, n);
     return cli_svg_close(f, path);
@@ -1053,9 +1100,12 @@ static void cli_text_plan(const cli_graph *G, const cli_result *r)
            G->st.baseline_peak);
     printf("  time           %.9g s (baseline %.9g s, overhead %.2f%%)\n", r->ps.time, G->st.baseline_time,
            100 * r->ps.overhead);
-    printf("  arena          %-12s (%" PRIu64 " bytes, %.1f%% over the peak: %zu buffers at %d-byte alignment)\n",
-           cli_size(a, sizeof a, r->arena), r->arena,
-           cli_percent((double)(r->arena - r->ps.peak), (double)r->ps.peak), r->n_buffers, CLI_ARENA_ALIGNMENT);
+    printf("  aligned peak   %-12s (%" PRIu64 " bytes: each buffer rounded up to %" PRIu64 " bytes)\n",
+           cli_size(a, sizeof a, r->aligned_peak), r->aligned_peak, r->alignment);
+    printf("  arena          %-12s (%" PRIu64 " bytes, one allocation for %zu buffers: %s%s)\n",
+           cli_size(a, sizeof a, r->arena), r->arena, r->n_buffers,
+           r->arena == r->aligned_peak ? "the aligned peak" : "over the aligned peak",
+           r->has_budget ? (r->arena <= r->budget ? ", within the budget" : ", over the budget") : "");
     printf("  steps          %zu (%zu recomputed forwards)\n", rkm_plan_num_steps(r->plan), r->ps.recomputes);
     printf("  blocks         %d in %d classes", (int)G->st.blocks, (int)G->st.block_classes);
     if (r->pls.options) printf(", %d options", (int)r->pls.options);
@@ -1098,7 +1148,7 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     rkm_result e = RKM_OK;
     if (!rc) e = cli_planner_open(&G, o->algos[0], o, &cp);
     if (!rc && !e) e = cli_planner_solve(&cp, r.budget, &r.plan, &r.pls);
-    if (!rc && !e) e = cli_result_fill(&G, r.plan, &r);
+    if (!rc && !e) e = cli_result_fill(&G, r.plan, o->alignment, &r);
     if (!rc && e == RKM_ERROR_BUDGET)
         rc = cli_budget_fail(ctx, &cp, r.budget);
     else if (!rc && e)
@@ -1127,7 +1177,7 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
 /* Read the plan file: a plan the library accepts, with its figures, or one
  * it refuses (RKM_ERROR_PLAN: r->plan NULL, r->sim and r->message say
  * why). Anything else (unreadable, bad syntax) is an error. */
-static int cli_check_read(rkm_context *ctx, const cli_graph *G, const char *plan_path, cli_result *r)
+static int cli_check_read(rkm_context *ctx, const cli_graph *G, const char *plan_path, uint64_t align, cli_result *r)
 {
     rkm_result e = rkm_plan_read_file(G->g, plan_path, &r->sim, &r->plan);
     if (e == RKM_ERROR_PLAN) {
@@ -1135,7 +1185,7 @@ static int cli_check_read(rkm_context *ctx, const cli_graph *G, const char *plan
         return CLI_OK;
     }
     if (e) return cli_fail(ctx, e, NULL);
-    if ((e = cli_result_fill(G, r->plan, r)) != RKM_OK) return cli_fail(ctx, e, plan_path);
+    if ((e = cli_result_fill(G, r->plan, align, r)) != RKM_OK) return cli_fail(ctx, e, plan_path);
     return CLI_OK;
 }
 
@@ -1150,13 +1200,14 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
         rc = cli_budget(&G, o->value[OPT_BUDGET], "check", &r.budget);
         r.has_budget = 1;
     }
-    rc = rc ? rc : cli_check_read(ctx, &G, plan_path, &r);
+    rc = rc ? rc : cli_check_read(ctx, &G, plan_path, o->alignment, &r);
     if (rc) {
         rkm_plan_destroy(r.plan);
         rkm_graph_destroy(G.g);
         return rc;
     }
-    int valid = r.plan != NULL, fits = !r.has_budget || r.ps.peak <= r.budget;
+    /* the budget bounds the arena (which is >= the aligned peak >= the peak) */
+    int valid = r.plan != NULL, fits = !r.has_budget || r.arena <= r.budget;
     char step[320] = "end of plan";
     if (!valid && r.sim.fail_step >= 0 && (size_t)r.sim.fail_step < r.sim.num_steps)
         rkm_step_text(G.g, &r.sim.failed, step, sizeof step);
@@ -1185,9 +1236,16 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
     } else if (!fits) {
         char a[32], b[32];
         rc = CLI_BUDGET;
-        fprintf(stderr,
-                "rockmate: %s: the plan peaks at %s (%" PRIu64 " bytes), over the budget %s (%" PRIu64 " bytes)\n",
-                plan_path, cli_size(a, sizeof a, r.ps.peak), r.ps.peak, cli_size(b, sizeof b, r.budget), r.budget);
+        if (r.ps.peak > r.budget)
+            fprintf(stderr,
+                    "rockmate: %s: the plan peaks at %s (%" PRIu64 " bytes), over the budget %s (%" PRIu64 " bytes)\n",
+                    plan_path, cli_size(a, sizeof a, r.ps.peak), r.ps.peak, cli_size(b, sizeof b, r.budget), r.budget);
+        else
+            fprintf(stderr,
+                    "rockmate: %s: the plan's arena at %" PRIu64 "-byte alignment is %s (%" PRIu64 " bytes), over the "
+                    "budget %s (%" PRIu64 " bytes), though its peak (%" PRIu64 " bytes) is within it\n",
+                    plan_path, r.alignment, cli_size(a, sizeof a, r.arena), r.arena, cli_size(b, sizeof b, r.budget),
+                    r.budget, r.ps.peak);
     }
     rkm_plan_destroy(r.plan);
     rkm_graph_destroy(G.g);
@@ -1373,6 +1431,7 @@ typedef struct cli_sweep {
     size_t n_budgets;
     uint64_t *budgets;
     cli_result *res; /* n_budgets x n_algos; plan NULL where infeasible */
+    uint64_t alignment;
 } cli_sweep;
 
 static int cli_u64_cmp(const void *a, const void *b)
@@ -1431,8 +1490,9 @@ static int cli_sweep_open(rkm_context *ctx, cli_sweep *s, const cli_opts *o)
     return CLI_OK;
 }
 
-static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s)
+static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s, uint64_t align)
 {
+    s->alignment = align;
     s->res = calloc(s->n_budgets * (size_t)s->n_algos, sizeof *s->res);
     if (!s->res) return cli_fail(ctx, RKM_ERROR_NOMEM, "sweep");
     for (size_t i = 0; i < s->n_budgets; i++)
@@ -1443,7 +1503,7 @@ static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s)
             r->budget = s->budgets[i];
             if (r->budget < s->min[k]) continue;
             rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan, &r->pls);
-            if (!e) e = cli_result_fill(s->G, r->plan, r);
+            if (!e) e = cli_result_fill(s->G, r->plan, align, r);
             if (e) return cli_fail(ctx, e, s->G->path);
         }
     return CLI_OK;
@@ -1474,6 +1534,20 @@ static void cli_sweep_text(const cli_sweep *s)
             const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
             if (r->plan)
                 printf(" %10.2f", 100 * (r->ps.time / G->st.baseline_time - 1));
+            else
+                printf(" %10s", "-");
+        }
+        printf("\n");
+    }
+    /* what a host allocates: within the budget by construction */
+    printf("arena at %" PRIu64 "-byte alignment (%% of the baseline peak) per budget\n", s->alignment);
+    for (size_t i = 0; i < s->n_budgets; i++) {
+        printf("%12s %8.2f", cli_size(a, sizeof a, s->budgets[i]),
+               cli_percent((double)s->budgets[i], (double)G->st.baseline_peak));
+        for (int k = 0; k < s->n_algos; k++) {
+            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
+            if (r->plan)
+                printf(" %10.2f", cli_percent((double)r->arena, (double)G->st.baseline_peak));
             else
                 printf(" %10s", "-");
         }
@@ -1554,7 +1628,7 @@ static int cmd_sweep(rkm_context *ctx, const cli_opts *o)
     s.G = &G;
     rc = cli_sweep_open(ctx, &s, o);
     if (!rc && !cli_sweep_budgets(&s, o->points)) rc = cli_fail(ctx, RKM_ERROR_NOMEM, "sweep");
-    if (!rc) rc = cli_sweep_solve(ctx, &s);
+    if (!rc) rc = cli_sweep_solve(ctx, &s, o->alignment);
     if (!rc && o->value[OPT_SVG]) rc = cli_sweep_svg(&s, o->value[OPT_SVG], o->value[OPT_LOG] != NULL);
     if (!rc && o->value[OPT_JSON])
         cli_sweep_json(&s);

@@ -155,6 +155,7 @@ typedef struct trainer {
     dataset ds;
     rkm_plan *base, *plan;
     rkm_arena_exec *base_ax, *plan_ax; /* --memory arena: their execs, one region each */
+    uint64_t plan_arena;               /* --memory arena: the bytes the plan's region holds */
     rkm_plan_stats ps;
     uint64_t budget;
     uint64_t digest; /* of every training step's loss and parameter gradients */
@@ -257,9 +258,10 @@ static int open_arenas(trainer *tr)
         return fail(tr, "arena");
     rkm_arena_exec_arena_stats(tr->base_ax, &bs);
     rkm_arena_exec_arena_stats(tr->plan_ax, &ps);
-    printf("memory: arena, one region per plan from its layout (baseline %llu bytes, plan %llu bytes), allocated "
-           "once; a training step allocates nothing\n",
-           (unsigned long long)bs.capacity, (unsigned long long)ps.capacity);
+    tr->plan_arena = ps.capacity;
+    printf("memory: arena, one region per plan from its layout (baseline %llu bytes, plan %llu bytes: %s the "
+           "budget), allocated once; a training step allocates nothing\n",
+           (unsigned long long)bs.capacity, (unsigned long long)ps.capacity, ps.capacity <= tr->budget ? "within" : "OVER");
     return 0;
 }
 
@@ -281,9 +283,10 @@ static int setup_plans(trainer *tr)
            gs.baseline_time * 1e3);
     printf("budget: %llu bytes (%.1f%% of the baseline peak)\n", (unsigned long long)tr->budget,
            pct(tr->budget, gs.baseline_peak));
-    printf("plan: %s, predicted peak %llu bytes (%.1f%%), predicted overhead %.2f%%, %zu steps, %d blocks in %d "
-           "classes, solved in %.3f s\n",
+    printf("plan: %s, predicted peak %llu bytes (%.1f%%), arena %llu bytes, predicted overhead %.2f%%, %zu steps, "
+           "%d blocks in %d classes, solved in %.3f s\n",
            rkm_algo_name(tr->ps.algo), (unsigned long long)tr->ps.peak, pct(tr->ps.peak, gs.baseline_peak),
+           (unsigned long long)tr->ps.arena_bytes,
            tr->ps.overhead * 100.0, rkm_plan_num_steps(tr->plan), (int)gs.blocks, (int)gs.block_classes,
            tr->ps.solve_seconds);
     return open_arenas(tr);
@@ -384,6 +387,8 @@ static int check(trainer *tr)
     gpt2_step_unload(&tr->st);
     if (!cs.bad && cs.peak != tr->ps.peak) cs.bad = "measured peak differs from the predicted peak";
     if (!cs.bad && cs.peak > tr->budget) cs.bad = "measured peak over the budget";
+    if (!cs.bad && tr->opt.arena && tr->plan_arena != tr->ps.arena_bytes) cs.bad = "arena differs from the plan's";
+    if (!cs.bad && tr->opt.arena && tr->plan_arena > tr->budget) cs.bad = "arena over the budget";
     if (!cs.bad && tr->st.mem.cur != 0) cs.bad = "activation memory not back to zero";
     printf("check: loss %.6f, baseline %.1f ms, plan %.1f ms\n", cs.ref_loss, cs.best_ms[0], cs.best_ms[1]);
     if (!cs.bad)
@@ -392,11 +397,17 @@ static int check(trainer *tr)
                100.0 * (double)cs.peak / (double)tr->ps.baseline_peak, (cs.best_ms[1] / cs.best_ms[0] - 1.0) * 100.0,
                tr->ps.overhead * 100.0, cs.same ? "bit-identical" : "DIFFERENT",
                tr->opt.arena ? "every buffer in one arena per plan" : "every buffer malloc'ed in the callbacks");
+    if (!cs.bad && tr->opt.arena)
+        printf("in words: the plan's arena, the one allocation the step ran in, is %llu bytes: the budget of %llu "
+               "bytes or less (%.1f%% of it)\n",
+               (unsigned long long)tr->plan_arena, (unsigned long long)tr->budget, pct(tr->plan_arena, tr->budget));
     printf("demo: %s%s%s budget=%llu predicted_peak=%llu measured_peak=%llu overhead_predicted=%.2f%% "
-           "overhead_measured=%.2f%% grads=%s\n",
+           "overhead_measured=%.2f%% grads=%s",
            cs.bad ? "FAILED (" : "ok", cs.bad ? cs.bad : "", cs.bad ? ")" : "", (unsigned long long)tr->budget,
            (unsigned long long)tr->ps.peak, (unsigned long long)cs.peak, tr->ps.overhead * 100.0,
            (cs.best_ms[1] / cs.best_ms[0] - 1.0) * 100.0, cs.same ? "identical" : "differ");
+    if (tr->opt.arena) printf(" arena=%llu", (unsigned long long)tr->plan_arena);
+    printf("\n");
     return cs.bad != NULL;
 }
 

@@ -474,6 +474,7 @@ static int on_free_grad(void *user, const rkm_buffer_call *call)
 typedef struct Measured {
     double loss;
     size_t peak;
+    uint64_t arena; /* --memory arena: the bytes the exec's region holds; 0 with malloc */
 } Measured;
 
 /* A plan and, with --memory arena, the exec that runs it in a region of
@@ -481,6 +482,7 @@ typedef struct Measured {
 typedef struct Run {
     rkm_plan *plan;
     rkm_arena_exec *ax; /* NULL: --memory malloc */
+    uint64_t budget;    /* what the plan was made for; 0 for the baseline */
 } Run;
 
 static rkm_callbacks host_callbacks(Host *h)
@@ -521,11 +523,13 @@ static int run_step(Host *h, const Run *run, Measured *m)
     rkm_result r = h->ax ? rkm_arena_exec_run(h->ax, run->plan) : rkm_plan_execute(run->plan, &cb);
     size_t cur = h->mem.cur, batch = h->bytes[h->x] + h->bytes[h->targets];
     m->peak = h->mem.peak;
+    m->arena = 0;
     if (h->ax) {
         rkm_arena_stats st;
         rkm_arena_exec_arena_stats(h->ax, &st);
         cur = (size_t)st.current;
         m->peak = (size_t)st.peak;
+        m->arena = st.capacity;
     }
     int clean = r == RKM_OK && cur == batch;
     for (int i = 0; i < MAX_TENSORS; i++)
@@ -609,7 +613,7 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
 
 /* A plan for the options (the planner keeps it within the budget), or NULL
  * with *status set. */
-static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stats *st, int *status)
+static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stats *st, int *status, uint64_t *budget_out)
 {
     rkm_context *ctx = rkm_graph_context(h->g);
     rkm_solve_desc sd = {.algo = o->algo};
@@ -631,23 +635,31 @@ static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stat
         *status = r == RKM_ERROR_BUDGET ? 3 : r == RKM_ERROR_ARGUMENT ? 2 : 1;
         return NULL;
     }
-    printf("%s plan for budget %s (%llu bytes): %zu steps, peak %.1f%% of the baseline's, "
-           "time overhead %.1f%%\n",
+    printf("%s plan for budget %s (%llu bytes): %zu steps, peak %.1f%% of the baseline's, arena %llu bytes "
+           "(%s the budget), time overhead %.1f%%\n",
            rkm_algo_name(o->algo), o->budget, (unsigned long long)budget, rkm_plan_num_steps(plan),
-           100.0 * (double)ps.peak / (double)st->baseline_peak, 100.0 * (ps.time / st->baseline_time - 1.0));
+           100.0 * (double)ps.peak / (double)st->baseline_peak, (unsigned long long)ps.arena_bytes,
+           ps.arena_bytes <= budget ? "within" : "OVER", 100.0 * (ps.time / st->baseline_time - 1.0));
+    *budget_out = budget;
     return plan;
 }
 
 /* Runs `plan` once and compares the measured peak with the simulated one
- * (the plan's own figure, fixed when it was made). */
+ * (the plan's own figure, fixed when it was made); with --memory arena, the
+ * region the step ran in is the plan's arena, within its budget. */
 static int checked_step(Host *h, const Run *run, const char *label, Measured *m)
 {
     rkm_plan_stats ps;
     if (rkm_plan_stats_get(run->plan, &ps) != RKM_OK || !run_step(h, run, m)) return 0;
     int same = m->peak == ps.peak;
+    int fits = !m->arena || (m->arena == ps.arena_bytes && (!run->budget || m->arena <= run->budget));
     printf("  %-9s loss %.6f  activation peak: measured %zu, simulated %llu bytes%s  time %.3g s\n",
            label, m->loss, m->peak, (unsigned long long)ps.peak, same ? "" : "  MISMATCH", ps.time);
-    return same;
+    if (m->arena)
+        printf("  %-9s arena %llu bytes (the one allocation)%s%s\n", "", (unsigned long long)m->arena,
+               run->budget ? (m->arena <= run->budget ? ", within the budget" : ", OVER THE BUDGET") : "",
+               fits ? "" : "  MISMATCH");
+    return same && fits;
 }
 
 /* Warnings (a solver timeout, a fallback). Failed calls are reported by
@@ -704,7 +716,7 @@ int main(int argc, char **argv)
     h->layers = o.layers;
     h->inplace = o.inplace;
     int status = 1;
-    Run baseline = {NULL, NULL}, plan = {NULL, NULL};
+    Run baseline = {NULL, NULL, 0}, plan = {NULL, NULL, 0};
     rkm_graph_stats st;
     uint64_t digest = 0xcbf29ce484222325ull;
     if (!init_params(h) || !build_graph(h, ctx) || !init_batch(h) || (!o.arena && !alloc_inputs(h)) ||
@@ -718,7 +730,7 @@ int main(int argc, char **argv)
            h->layers, BATCH, rkm_graph_num_ops(h->g), rkm_graph_num_tensors(h->g), st.blocks,
            (unsigned long long)st.baseline_peak, (unsigned long long)st.input_bytes,
            o.arena ? "one arena per plan" : "malloc per buffer");
-    if (o.budget && !(plan.plan = make_plan(h, &o, &st, &status))) goto done;
+    if (o.budget && !(plan.plan = make_plan(h, &o, &st, &status, &plan.budget))) goto done;
     if (plan.plan && !open_run(h, &plan, o.arena)) {
         fprintf(stderr, "mlp: arena: %s\n", rkm_context_errmsg(ctx));
         goto done;

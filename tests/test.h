@@ -230,7 +230,87 @@ static inline int noop_bwd(void *user, const rkm_bwd_call *c)
     return 0;
 }
 
+/* The layout checker, for the suite and the fuzzers: rkm_plan_layout(p,
+ * align) puts every buffer at an aligned offset inside the arena, a buffer
+ * an in-place step takes over shares its offset, no two buffers live in
+ * one step share a byte (each rounded up to the alignment), and the arena
+ * is at least the aligned peak (the most aligned bytes live in a step,
+ * counted here), which is at least the plan's peak; at the plan's own
+ * alignment (align 0) the layout is the one its stats give. NULL, or what
+ * is wrong; *arena, *aligned_peak (when not NULL) get the figures.
+ * ARGUMENT from the layout (sizes past 64 bits) is not an error. */
+static inline const char *test_layout_error(const rkm_plan *p, uint64_t align, uint64_t *arena_out,
+                                            uint64_t *aligned_out)
+{
+    rkm_plan_stats st;
+    if (rkm_plan_stats_get(p, &st) != RKM_OK) return "stats";
+    uint64_t a = align ? align : st.alignment, arena = 0, live = 0, most = 0;
+    size_t n = rkm_plan_num_buffers(p), steps = rkm_plan_num_steps(p);
+    rkm_buffer *b = (rkm_buffer *)calloc(n + 1, sizeof *b);
+    int64_t *last = (int64_t *)calloc(n + 1, sizeof *last);
+    uint64_t *d = (uint64_t *)calloc(steps + 3, sizeof *d);
+    const char *why = NULL;
+    rkm_result r = b && last && d ? rkm_plan_layout(p, align, b, &arena) : RKM_ERROR_NOMEM;
+    if (r != RKM_OK) why = r == RKM_ERROR_ARGUMENT ? NULL : "rkm_plan_layout failed";
+#define TEST_LAYOUT_FAIL(text) do { why = text; goto done; } while (0)
+    if (r != RKM_OK) goto done;
+    for (size_t i = 0; i < n; i++) { /* the chains' lifetimes, in their first buffer */
+        last[i] = b[i].last_step;
+        if (b[i].takes_over >= 0) {
+            size_t h = (size_t)b[i].takes_over;
+            if (h >= i || b[h].offset != b[i].offset || b[h].last_step != b[i].first_step)
+                TEST_LAYOUT_FAIL("an in-place buffer does not take over its predecessor's offset");
+            while (b[h].takes_over >= 0) h = (size_t)b[h].takes_over;
+            if (b[i].last_step > last[h]) last[h] = b[i].last_step;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t size = (b[i].bytes + a - 1) & ~(a - 1);
+        if (b[i].offset % a) TEST_LAYOUT_FAIL("an offset is not aligned");
+        if (b[i].bytes && b[i].offset + size > arena) TEST_LAYOUT_FAIL("a buffer ends past the arena");
+        if (b[i].first_step > b[i].last_step) TEST_LAYOUT_FAIL("a buffer ends before it starts");
+        if (b[i].takes_over >= 0 || !b[i].bytes) continue;
+        d[b[i].first_step + 1] += size; /* steps -1 .. steps, shifted by one */
+        d[last[i] + 2] -= size;
+        for (size_t j = i + 1; j < n; j++) {
+            if (b[j].takes_over >= 0 || !b[j].bytes) continue;
+            uint64_t sj = (b[j].bytes + a - 1) & ~(a - 1);
+            int alive = b[i].first_step <= last[j] && b[j].first_step <= last[i];
+            if (alive && b[i].offset < b[j].offset + sj && b[j].offset < b[i].offset + size)
+                TEST_LAYOUT_FAIL("two buffers live in one step share bytes");
+        }
+    }
+    for (size_t s = 0; s < steps + 2; s++) {
+        live += d[s];
+        if (live > most) most = live;
+    }
+    if (arena < most) TEST_LAYOUT_FAIL("the arena is below the aligned peak");
+    if (most < st.peak) TEST_LAYOUT_FAIL("the aligned peak is below the peak");
+    if (a == st.alignment && (arena != st.arena_bytes || most != st.aligned_peak))
+        TEST_LAYOUT_FAIL("the plan's own layout differs from its stats");
+    if (arena_out) *arena_out = arena;
+    if (aligned_out) *aligned_out = most;
+#undef TEST_LAYOUT_FAIL
+done:
+    free(b);
+    free(last);
+    free(d);
+    return why;
+}
+
 #ifndef TEST_HELPERS_ONLY
+/* The layout checker as a test check: at alignments 1, the plan's own, and
+ * 4096. */
+static inline void test_check_layouts(const rkm_plan *p)
+{
+    static const uint64_t aligns[] = {1, 0, 4096};
+    for (size_t k = 0; k < sizeof aligns / sizeof aligns[0]; k++) {
+        const char *why = test_layout_error(p, aligns[k], NULL, NULL);
+        if (why) fprintf(stderr, "layout at alignment %llu: %s\n", (unsigned long long)aligns[k], why);
+        CHECK(why == NULL);
+    }
+}
+
 /* The arena exec runs p in first fit and in layout mode, without a host,
  * and its peak is `peak` (in-place runs move buffers, they make none). */
 static inline void test_check_arena_runs(const rkm_graph *g, const rkm_plan *p, uint64_t peak)

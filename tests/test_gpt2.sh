@@ -34,7 +34,7 @@ if [[ ! -x $gpt2 ]]; then
     exit 1
 fi
 
-ok='^demo: ok budget=([0-9]+) predicted_peak=([0-9]+) measured_peak=\2 overhead_predicted=[-0-9.]+% overhead_measured=[-0-9.]+% grads=identical$'
+ok='^demo: ok budget=([0-9]+) predicted_peak=([0-9]+) measured_peak=\2 overhead_predicted=[-0-9.]+% overhead_measured=[-0-9.]+% grads=identical( arena=[0-9]+)?$'
 expect baseline 0 "$ok" "${tiny[@]}" --algo none --budget 100%
 expect rotor_dropout_45 0 "$ok" "${tiny[@]}" --algo rotor --dropout 0.1 --budget 45%
 expect rotor_min 0 "$ok" "${tiny[@]}" --algo rotor --budget min --steps 1

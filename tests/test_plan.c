@@ -46,6 +46,75 @@ TEST(gpt2_layers_fall_into_two_classes)
     rkm_context_destroy(ctx);
 }
 
+/* Is the loss reachable from the first ops without passing through tensor
+ * `cut`? The brute-force reading of a separator (one sweep per tensor: the
+ * library finds them all at once, as the loss's dominators). */
+static int reaches_loss_without(const rkm_graph *g, int32_t cut, uint8_t *reach)
+{
+    memset(reach, 0, g->n_tensors);
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        int first = 1, live = 0;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            if (g->tensors[t].flags & RKM_TENSOR_INPUT) continue;
+            first = 0;
+            if (reach[t]) live = 1;
+        }
+        if (!first && !live) continue;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (o->out[k] != cut) reach[o->out[k]] = 1;
+    }
+    return reach[g->loss];
+}
+
+/* The separators are exactly the tensors (with a gradient, not the loss)
+ * whose removal disconnects the loss, on every bundled graph and on random
+ * DAGs with skips, in op order. */
+TEST(separators_match_brute_force)
+{
+    rkm_context *ctx = test_new_ctx();
+    for (size_t k = 0; k < N_GRAPHS + 40; k++) {
+        rkm_graph *g = k < N_GRAPHS ? test_load_graph(ctx, graphs[k]) : NULL;
+        if (k >= N_GRAPHS) { /* a chain with random skips back up to 6 tensors */
+            char text[8192];
+            int n = 8 + (int)(k % 23), len = snprintf(text, sizeof text, "rockmate-graph 1\ntensor x 64 input\n");
+            uint32_t seed = (uint32_t)k * 2654435761u;
+            for (int i = 0; i < n; i++) len += snprintf(text + len, sizeof text - (size_t)len, "tensor t%d 64\n", i);
+            for (int i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                int skip = i > 1 && (seed >> 16) % 3 == 0 ? i - 2 - (int)((seed >> 8) % (uint32_t)(i - 1 < 6 ? i - 1 : 6)) : -1;
+                if (skip >= 0 && skip < i - 1)
+                    len += snprintf(text + len, sizeof text - (size_t)len, "op o%d fwd=1 bwd=1 in=t%d,t%d out=t%d\n", i,
+                                    i - 1, skip, i);
+                else if (i)
+                    len += snprintf(text + len, sizeof text - (size_t)len, "op o%d fwd=1 bwd=1 in=t%d out=t%d\n", i, i - 1, i);
+                else
+                    len += snprintf(text + len, sizeof text - (size_t)len, "op o0 fwd=1 bwd=1 in=x out=t0\n");
+            }
+            len += snprintf(text + len, sizeof text - (size_t)len, "loss t%d\n", n - 1);
+            CHECK(rkm_graph_read_string(ctx, text, (size_t)len, "skips", &g) == RKM_OK);
+        }
+        CHECK(g != NULL);
+        if (!g) continue;
+        uint8_t *reach = malloc(g->n_tensors + 1);
+        int32_t *seps = malloc((g->n_tensors + 1) * sizeof *seps), n = 0, m = 0;
+        CHECK(rkm__separators(g, seps, &n) == RKM_OK);
+        for (size_t i = 0; i < g->n_ops; i++)
+            for (int32_t q = 0; q < g->ops[i].n_out; q++) {
+                int32_t t = g->ops[i].out[q];
+                if (t == g->loss || !g->tensors[t].has_grad || reaches_loss_without(g, t, reach)) continue;
+                CHECK(m < n && seps[m] == t); /* the same one, in the same order */
+                m++;
+            }
+        CHECK(m == n);
+        free(seps);
+        free(reach);
+        rkm_graph_destroy(g);
+    }
+    rkm_context_destroy(ctx);
+}
+
 /* Every block boundary is a separator: removing it disconnects the loss. */
 TEST(block_boundaries_are_separators)
 {
@@ -63,7 +132,7 @@ TEST(block_boundaries_are_separators)
             CHECK(b == 0 || x->ops[0] == g->blocks[b - 1].ops[g->blocks[b - 1].n_ops - 1] + 1);
             if (b + 1 < g->n_blocks) {
                 CHECK(x->out != g->loss && g->tensors[x->out].has_grad);
-                CHECK(!rkm__reaches_loss_without(g, x->out, reach));
+                CHECK(!reaches_loss_without(g, x->out, reach));
                 CHECK(g->tensors[x->out].producer == x->ops[x->n_ops - 1]);
             } else
                 CHECK(x->out == g->loss);
@@ -95,41 +164,15 @@ TEST(no_separator_is_one_block)
     rkm_context_destroy(ctx);
 }
 
-/* The plan's arena layout: buffers with overlapping lifetimes never share a
- * byte, every buffer the replay creates is there, and the arena is at least
- * the peak. (How close to the peak it gets is a benchmark figure.) */
-static void check_layout(const rkm_plan *p, uint64_t peak)
-{
-    size_t n = rkm_plan_num_buffers(p);
-    rkm_buffer *b = calloc(n + 1, sizeof *b);
-    uint64_t arena;
-    CHECK(rkm_plan_layout(p, 64, b, &arena) == RKM_OK);
-    CHECK(arena >= peak);
-    uint64_t created = 0;
-    for (size_t i = 0; i < n; i++) {
-        CHECK(b[i].offset % 64 == 0 && b[i].offset + b[i].bytes <= arena);
-        CHECK(b[i].first_step <= b[i].last_step);
-        created += b[i].bytes;
-        for (size_t j = i + 1; j < n; j++) {
-            int live = b[i].first_step <= b[j].last_step && b[j].first_step <= b[i].last_step;
-            int share = b[i].offset < b[j].offset + b[j].bytes && b[j].offset < b[i].offset + b[i].bytes;
-            if (b[j].takes_over == (int64_t)i) { /* in place: j is i's bytes from the step that ends i */
-                CHECK(b[j].offset == b[i].offset && b[j].first_step == b[i].last_step);
-                continue;
-            }
-            if (b[i].bytes && b[j].bytes) CHECK(!(live && share));
-        }
-    }
-    CHECK(created >= peak);
-    free(b);
-}
-
 static const rkm_algo chain_algos[] = {RKM_ALGO_NONE, RKM_ALGO_SQRT, RKM_ALGO_ROTOR, RKM_ALGO_ROCKMATE, RKM_ALGO_DTR};
 
 /* Every plan of every algorithm on every graph at 100..30 % is valid and
- * within budget, or the budget is refused naming a floor above it; and the
- * overhead never grows with the budget (but for DTR, a greedy whose
- * choices change with the budget). */
+ * its arena (so its peak too) within budget, or the budget is refused
+ * naming a floor above it; and the overhead never grows with the budget
+ * (but for DTR, a greedy whose choices change with the budget). Floors:
+ * m0, the least budget the algorithm plans for with every buffer rounded
+ * up to the alignment (rkm__min_budget), and min, the least whose plan's
+ * arena fits, m0 <= min <= the baseline's arena. */
 TEST(plans_valid_within_budget_and_monotone)
 {
     static const int pcts[] = {30, 40, 50, 60, 80, 100};
@@ -157,17 +200,20 @@ TEST(plans_valid_within_budget_and_monotone)
 #endif
             CHECK(r == RKM_OK);
             if (r) continue;
-            uint64_t min;
-            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK);
-            /* never above the baseline peak, which the baseline meets (sqrt too) */
-            CHECK(min >= gs.lower_bound && min <= gs.baseline_peak);
+            uint64_t min, m0 = 0;
+            rkm_plan *base = NULL;
+            CHECK(rkm_planner_min_budget(pl, &min) == RKM_OK && rkm__min_budget(pl, &m0) == RKM_OK);
+            CHECK(rkm_plan_baseline(g, &base) == RKM_OK);
+            /* never above the baseline's arena, which the baseline meets (sqrt too) */
+            CHECK(min >= m0 && m0 >= gs.lower_bound && base && min <= base->stats.arena_bytes);
+            rkm_plan_destroy(base);
             double prev = INFINITY;
             for (size_t i = 0; i < sizeof pcts / sizeof pcts[0]; i++) {
                 uint64_t budget = gs.baseline_peak / 100 * (uint64_t)pcts[i];
                 if (pcts[i] == 100) budget = gs.baseline_peak;
                 rkm_plan *p;
                 r = rkm_planner_solve(pl, budget, &p);
-                if (budget < min) {
+                if (budget < m0 || (budget < min && r == RKM_ERROR_BUDGET)) {
                     CHECK(r == RKM_ERROR_BUDGET);
                     CHECK(strstr(rkm_context_errmsg(ctx), "smallest") != NULL);
                     continue;
@@ -185,19 +231,20 @@ TEST(plans_valid_within_budget_and_monotone)
                 CHECK(res.valid && res.peak <= budget);
                 rkm_plan_stats ps;
                 CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+                CHECK(ps.aligned_peak <= ps.arena_bytes && ps.arena_bytes <= budget && ps.alignment == RKM_ARENA_ALIGN);
                 CHECK(ps.peak == res.peak && ps.time == res.time && ps.algo == d.algo && ps.budget == budget);
                 if (d.algo != RKM_ALGO_DTR) CHECK(ps.overhead <= prev);
                 prev = ps.overhead;
-                check_layout(p, res.peak);
+                test_check_layouts(p);
                 if (k >= N_GRAPHS + 2) test_check_arena_runs(g, p, res.peak);
-                CHECK(ps.peak >= min); /* no plan of the algorithm peaks below its floor */
+                CHECK(ps.aligned_peak >= m0); /* no plan of the algorithm peaks below its floor */
                 double extra = -1; /* no plan beats the time bound */
                 CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
                 CHECK(ps.time - gs.baseline_time >= extra * (1 - 1e-12) - 1e-15);
                 rkm_plan_destroy(p);
             }
-            /* The smallest budget really is met, and is the true floor: no
-             * plan just above it peaks below it. */
+            /* The smallest budget really is met, and the floor is true: no
+             * plan just above it peaks below m0. */
             rkm_plan *p;
             CHECK(rkm_planner_solve(pl, min, &p) == RKM_OK);
             rkm_plan_destroy(p);
@@ -205,7 +252,7 @@ TEST(plans_valid_within_budget_and_monotone)
             for (size_t i = 0; i < N_OF(above) && d.algo != RKM_ALGO_DTR; i++) {
                 p = NULL;
                 CHECK(rkm_planner_solve(pl, (uint64_t)((double)min * above[i]), &p) == RKM_OK);
-                if (p) CHECK(p->stats.peak >= min);
+                if (p) CHECK(p->stats.aligned_peak >= m0);
                 rkm_plan_destroy(p);
             }
             rkm_planner_destroy(pl);
@@ -267,16 +314,18 @@ TEST(zeroed_desc_plans)
         static const struct {
             rkm_solve_desc d;
             const char *field;
-        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0, 0, 0}, "slots"},
-                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0, 0, 0}, "time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0, 0, 0}, "time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0, 0, 0}, "ilp_time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0, 0, 0}, "ilp_time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0, 0, 0}, "ilp_peak_points"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3, 0, 0}, "ilp_kept_points"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, -1}, "ilp_budget"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, INFINITY}, "ilp_budget"},
-                   {{(rkm_algo)99, 0, 0, 0, 0, 0, 0, 0}, "algorithm"}};
+        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0, 0, 0, 0}, "slots"},
+                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0, 0, 0, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0, 0, 0, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0, 0, 0, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0, 0, 0, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0, 0, 0, 0}, "ilp_peak_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3, 0, 0, 0}, "ilp_kept_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, -1, 0}, "ilp_budget"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, INFINITY, 0}, "ilp_budget"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, 3}, "alignment"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, (uint64_t)1 << 31}, "alignment"},
+                   {{(rkm_algo)99, 0, 0, 0, 0, 0, 0, 0, 0}, "algorithm"}};
         for (size_t i = 0; i < N_OF(bad); i++) {
             p = (rkm_plan *)1;
             CHECK(rkm_plan_solve(g, &bad[i].d, gs.baseline_peak, &p) == RKM_ERROR_ARGUMENT && p == NULL);
@@ -348,6 +397,7 @@ TEST(dtr_hand_worked)
         CHECK_EQ_U64(gs.lower_bound, 310);
         rkm_solve_desc d = {0};
         d.algo = RKM_ALGO_DTR;
+        d.alignment = 1; /* the contract's exact bytes, as worked by hand */
         rkm_plan *p = NULL;
         CHECK(rkm_plan_solve(g, &d, 320, &p) == RKM_OK);
         sbuf out = {0};
@@ -397,7 +447,7 @@ TEST(layout_never_wraps)
                 CHECK(r == RKM_ERROR_ARGUMENT && strstr(rkm_context_errmsg(ctx), "64 bits") != NULL);
             } else {
                 CHECK(r == RKM_OK);
-                check_layout(p, p->stats.peak);
+                test_check_layouts(p);
             }
         }
         rkm_plan_destroy(p);
@@ -461,6 +511,7 @@ static const char toy_plan[] = "rockmate-plan 1\nfwd fc\nfwd gelu\nfwd add\nfree
 static double polished_time(rkm_graph *g, const char *text, uint64_t budget, uint64_t *peak)
 {
     rkm_solve_desc d = {0};
+    d.alignment = 1; /* the worked example's exact bytes */
     rkm_planner *pl = NULL;
     rkm_plan *p = NULL;
     double t = -1;
@@ -507,6 +558,7 @@ TEST(squeeze_brings_a_plan_within_the_budget)
     rkm_planner *pl = NULL;
     rkm_plan *base = NULL, *p = NULL;
     rkm_solve_desc d = {0};
+    d.alignment = 1; /* the worked example's exact bytes */
     CHECK(rkm_graph_read_string(ctx, toy_graph, strlen(toy_graph), "toy.rkg", &g) == RKM_OK);
     if (g) CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK && rkm_plan_baseline(g, &base) == RKM_OK);
     if (pl && base) {
@@ -584,6 +636,7 @@ TEST(planners_run_in_place)
             if (a == RKM_ALGO_CHECKMATE || a == RKM_ALGO_NONE) continue;
             rkm_solve_desc d = {0};
             d.algo = a;
+            d.alignment = 1; /* floors in the contract's bytes: rounding could move them either way */
             rkm_planner *p0 = NULL, *p1 = NULL;
             uint64_t m0 = 0, m1 = 0;
             rkm_result r = rkm_planner_create(plain, &d, &p0);
@@ -614,6 +667,7 @@ int main(void)
     RUN(long_chain_is_bounded);
     RUN(layout_never_wraps);
     RUN(gpt2_layers_fall_into_two_classes);
+    RUN(separators_match_brute_force);
     RUN(block_boundaries_are_separators);
     RUN(no_separator_is_one_block);
     RUN(plans_valid_within_budget_and_monotone);

@@ -935,6 +935,7 @@ static void check_inplace_layout(const rkm_graph *g, const rkm_plan *p, size_t w
     }
     CHECK_EQ_U64(chained, want_chained);
     free(buf);
+    test_check_layouts(p);
     test_check_arena_runs(g, p, ps.peak);
 }
 
@@ -1506,6 +1507,7 @@ static void random_walk(const rkm_graph *g, uint64_t seed, size_t len)
     for (size_t i = 0; i < n; i++) same = same && after[i] == mem[i];
     if (!same) fprintf(stderr, "random walk %llu: figures differ from the oracle\n", (unsigned long long)seed);
     CHECK(same);
+    if (p) test_check_layouts(p); /* a random plan's lifetimes: the placer's layouts hold */
     rkm_plan_destroy(p);
     /* A step that breaks a rule, put in at step k, is reported at k. */
     size_t k = n ? lcg(&seed) % n : 0;

@@ -1,7 +1,7 @@
 /* fuzz_planner: the planners on fuzzed graphs. Every graph that reads (of
  * at most 40 ops, to keep each run short) is planned by rotor, sqrt and dtr
  * at four budgets between its lower bound and its baseline peak; every plan
- * handed out fits its budget, passes the plan checks and is no faster
+ * handed out fits its budget (its arena, so its peak too), passes the plan checks and is no faster
  * than rkm_graph_time_bound allows, and a refusal is a budget error naming
  * the smallest budget. */
 #include "fuzz.h"
@@ -31,6 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (p) {
                     rkm_plan_stats st;
                     FUZZ_CHECK(rkm_plan_stats_get(p, &st) == RKM_OK && st.peak <= budget);
+                    FUZZ_CHECK(st.aligned_peak <= st.arena_bytes && st.arena_bytes <= budget);
                     fuzz_check_plan(p);
                     double extra = -1; /* no plan beats the time bound */
                     FUZZ_CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
