@@ -92,15 +92,43 @@ BENCHES = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 DEMO = $(BUILD)/gpt2 --budget 40%
 
 # CUDA: nvcc from PATH, else the toolkit's default place.
+# -fmad=false: no fused multiply-add in the kernels (as -ffp-contract=off in
+# C): `g += x * s` as one FMA makes the sum of a gradient's contributions
+# depend on their order, hence on the plan (examples/gpt2_cuda.cu says
+# more). -lineinfo: source lines in compute-sanitizer's reports.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
-NVCC_FLAGS = -O2 -g -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
-	-Xcompiler -Wall,-Wextra -I. $(DEFS)
+# CUDA_CFLAGS, CUDA_LDFLAGS: where cuBLAS is when nvcc does not look there
+# (tests/gpu/run.sh sets them, -I, -L and an rpath, for a cuBLAS that came
+# with a Python wheel).
+CUDA_CFLAGS ?=
+NVCC_COMMON = -O2 -g -std=c++17 -fmad=false -lineinfo -Xcompiler -Wall,-Wextra -I. $(CUDA_CFLAGS) $(DEFS)
+NVCC_FLAGS = $(NVCC_COMMON) -gencode 'arch=compute_90,code=[sm_90,compute_90]'
+CUDA_LDFLAGS ?=
 CUDA_LIBS ?= -lcublas -lcublasLt
 # The device-free half (the arena) is in the library, tested on the CPU.
 CUDA_SRCS = $(wildcard cuda/*.cu)
 CUDA_OBJS = $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
 CUDA_EXAMPLE_SRCS = $(wildcard examples/*.cu)
 CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
+# The examples' PTX (for compute_90), which tests/test_cuda_dummy.sh reads:
+# the kernels that sum gradients must hold no fma.
+CUDA_PTX = $(patsubst examples/%.cu,$(BUILD)/cuda/%.ptx,$(CUDA_EXAMPLE_SRCS))
+
+# The dummy device (tests/dummy): the CUDA runtime and cuBLAS calls of cuda/
+# and examples/gpt2_cuda.cu on the CPU, so that their host code and kernels
+# build with g++ and run here, sanitized, without a GPU or nvcc. A .cu file
+# becomes C++ by a sed that spells each launch k<<<...>>>( as
+# RKM_DUMMY_LAUNCH(k, ...)( (line for line: diagnostics keep their lines).
+# The dummy's own file is -O2 (its GEMMs dominate the runs' time).
+CXX_FOUND := $(shell command -v $(CXX) 2>/dev/null)
+DUMMY_CXXFLAGS = -std=c++17 -Wall -Wextra -Wpedantic -ffp-contract=off -I. -Itests/dummy -Werror -g \
+	-fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(DEFS)
+DUMMY_DIR = $(BUILD)/tests/dummy
+DUMMY_OBJS = $(DUMMY_DIR)/dummy.o $(DUMMY_DIR)/rockmate_cuda.o
+DUMMY_LAUNCH_SED = sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<(.*)>>>\(/RKM_DUMMY_LAUNCH(\1, \2)(/'
+# build/tests/test_cuda (run by tests/run.sh) and the CUDA trainer on the
+# dummy device (run by tests/test_cuda_dummy.sh).
+DUMMY_TESTS = $(if $(CXX_FOUND),$(BUILD)/tests/test_cuda $(BUILD)/tests/gpt2_cuda_dummy)
 
 .PHONY: all lib cli examples tests test demo llmc cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
@@ -113,8 +141,9 @@ cli: $(CLI_BIN)
 
 examples: $(EXAMPLES)
 
-tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS)
+tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS) $(DUMMY_TESTS)
 	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
+	@$(if $(CXX_FOUND),:,echo "tests: $(CXX) not found, skipping the dummy CUDA device")
 
 test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
 	@$(if $(NVCC),:,echo "test: nvcc not found, skipping the CUDA sources")
@@ -261,7 +290,7 @@ ifeq ($(NVCC),)
 cuda:
 	@echo "cuda: nvcc not found, skipping the CUDA sources"
 else
-cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES)
+cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES) $(CUDA_PTX)
 endif
 
 $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)/flags
@@ -269,7 +298,37 @@ $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
 $(CUDA_EXAMPLES): $(BUILD)/%: examples/%.cu $(CUDA_OBJS) $(wildcard examples/*.h examples/*.cuh) rockmate.h $(LIB_A)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CUDA_OBJS) $(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LIBS)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CUDA_OBJS) $(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LDFLAGS) $(CUDA_LIBS)
+
+$(CUDA_PTX): $(BUILD)/cuda/%.ptx: examples/%.cu $(wildcard cuda/*.h examples/*.h) rockmate.h $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_COMMON) -arch=compute_90 -ptx -o $@ $<
+
+# The dummy device's builds (see DUMMY_TESTS above).
+$(DUMMY_DIR)/dummy.o: tests/dummy/dummy.cc $(wildcard tests/dummy/*.h) $(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CXX) $(DUMMY_CXXFLAGS) -O2 -c -o $@ $<
+
+$(DUMMY_DIR)/rockmate_cuda.o: cuda/rockmate_cuda.cu cuda/rockmate_cuda.h $(wildcard tests/dummy/*.h) rockmate.h \
+		$(BUILD)/flags
+	@mkdir -p $(@D)
+	$(CXX) $(DUMMY_CXXFLAGS) -O1 -x c++ -c -o $@ $<
+
+.PRECIOUS: $(DUMMY_DIR)/%.cc
+$(DUMMY_DIR)/%.cc: examples/%.cu
+	@mkdir -p $(@D)
+	{ echo '#line 1 "$<"'; $(DUMMY_LAUNCH_SED) $<; } > $@
+
+$(DUMMY_DIR)/%.o: $(DUMMY_DIR)/%.cc $(wildcard examples/*.h cuda/*.h tests/dummy/*.h) rockmate.h $(BUILD)/flags
+	$(CXX) $(DUMMY_CXXFLAGS) -Iexamples -O1 -c -o $@ $<
+
+$(BUILD)/tests/gpt2_cuda_dummy: $(DUMMY_DIR)/gpt2_cuda.o $(DUMMY_OBJS) $(LIB_A)
+	$(CXX) $(DUMMY_CXXFLAGS) -o $@ $^ $(LDLIBS)
+
+# --wrap: the test sees what cuda/ asks of rkm_context_realloc.
+$(BUILD)/tests/test_cuda: tests/test_cuda.cc tests/test.h $(DUMMY_OBJS) $(TEST_LIB)
+	$(CXX) $(DUMMY_CXXFLAGS) -O1 -DTEST_GRAPHS_DIR=\"tests/graphs\" -Wl,--wrap=rkm_context_realloc -o $@ $< \
+		$(DUMMY_OBJS) $(TEST_LIB) $(LDLIBS)
 
 $(BUILD)/rockmate.pc: rockmate.h FORCE
 	@mkdir -p $(@D)

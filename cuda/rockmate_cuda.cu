@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include <chrono>
+
 struct rkm_cuda_arena {
     rkm_context *ctx; /* the graph's: allocator and messages */
     const rkm_graph *g;
@@ -15,11 +17,20 @@ struct rkm_cuda_arena {
     cudaStream_t stream;
     char *base;
     uint64_t capacity;
+    /* Poisoning (desc.poison): the scratch buffers the call in progress
+     * took, filled with POISON when it returns. */
+    int poison;
+    void *scratch[RKM_ARENA_MAX_SCRATCH];
+    uint64_t scratch_bytes[RKM_ARENA_MAX_SCRATCH];
+    int n_scratch;
     /* Profiling only (NULL otherwise): per op fwd start/end, bwd start/end
      * events, and whether the call ran in this step. */
     cudaEvent_t *ev;
     uint8_t *ran;
 };
+
+/* 0xff bytes: every float a NaN, every int -1. */
+#define RKM__CU_POISON 0xff
 
 rkm_result rkm_cuda_result(cudaError_t e)
 {
@@ -48,14 +59,29 @@ static int rkm__cu_record(rkm_cuda_arena *ca, size_t ev_index)
                                     (int)(ev_index / 4), cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* Poisoning: fill a buffer the step no longer holds, in stream order
+ * (after every kernel that read it, before any that reuses its range). */
+static int rkm__cu_poison(rkm_cuda_arena *ca, void *ptr, uint64_t bytes, const char *what)
+{
+    if (!ca->poison || !ptr || !bytes) return 0;
+    cudaError_t e = cudaMemsetAsync(ptr, RKM__CU_POISON, (size_t)bytes, ca->stream);
+    if (e == cudaSuccess) return 0;
+    return rkm_arena_exec_host_fail(ca->x, rkm_cuda_result(e), "poisoning %s (cudaMemsetAsync of %llu bytes): %s (%s)",
+                                    what, (unsigned long long)bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
 /* The host's forward (f) or backward (b) call, between events when
- * profiling. */
+ * profiling; with poisoning, its scratch buffers poisoned after it. */
 static int rkm__cu_call(void *user, int32_t op, const rkm_fwd_call *f, const rkm_bwd_call *b)
 {
     rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
     size_t which = f ? 0 : 1, e0 = (size_t)op * 4 + which * 2;
     int rc = ca->ev ? rkm__cu_record(ca, e0) : 0;
+    ca->n_scratch = 0;
     if (!rc) rc = f ? ca->host.forward(ca->host.user, f) : ca->host.backward(ca->host.user, b);
+    for (int i = 0; i < ca->n_scratch && !rc; i++)
+        rc = rkm__cu_poison(ca, ca->scratch[i], ca->scratch_bytes[i], "a scratch buffer");
+    ca->n_scratch = 0;
     if (rc || !ca->ev) return rc;
     if ((rc = rkm__cu_record(ca, e0 + 1))) return rc;
     ca->ran[(size_t)op * 2 + which] = 1;
@@ -71,12 +97,19 @@ enum { RKM__CU_LOSS, RKM__CU_FREE_TENSOR, RKM__CU_FREE_SAVED, RKM__CU_FREE_GRAD 
 
 static int rkm__cu_pass(void *user, int kind, const rkm_buffer_call *call)
 {
-    const rkm_callbacks *h = &((rkm_cuda_arena *)user)->host;
+    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
+    const rkm_callbacks *h = &ca->host;
     int (*hook)(void *, const rkm_buffer_call *) = kind == RKM__CU_LOSS          ? h->loss
                                                    : kind == RKM__CU_FREE_TENSOR ? h->free_tensor
                                                    : kind == RKM__CU_FREE_SAVED  ? h->free_saved
                                                                                  : h->free_grad;
-    return hook ? hook(h->user, call) : 0;
+    int rc = hook ? hook(h->user, call) : 0;
+    if (rc || kind == RKM__CU_LOSS) return rc;
+    /* A free step: the buffer is still the arena's until this returns. */
+    void *ptr = kind == RKM__CU_FREE_TENSOR ? rkm_cuda_tensor(ca, call->index)
+                : kind == RKM__CU_FREE_SAVED ? rkm_cuda_saved(ca, call->index)
+                                             : rkm_cuda_grad(ca, call->index);
+    return rkm__cu_poison(ca, ptr, call->bytes, "a freed buffer");
 }
 
 static int rkm__cu_loss(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_LOSS, c); }
@@ -109,7 +142,11 @@ static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca)
     ca->capacity = st.capacity;
     if (ca->capacity == 0) return RKM_OK;
     cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
+    /* Poisoned before the host fills the inputs, whatever stream it uses. */
+    if (e == cudaSuccess && ca->poison) e = cudaMemsetAsync(ca->base, RKM__CU_POISON, (size_t)ca->capacity, ca->stream);
+    if (e == cudaSuccess && ca->poison) e = cudaStreamSynchronize(ca->stream);
     if (e == cudaSuccess) return RKM_OK;
+    if (ca->base) (void)cudaFree(ca->base);
     ca->base = NULL;
     return rkm_context_fail(ca->ctx, rkm_cuda_result(e), "rkm_cuda_arena_create: cudaMalloc(%llu bytes): %s (%s)",
                             (unsigned long long)ca->capacity, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -130,6 +167,7 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     ca->g = d->graph;
     ca->n_ops = rkm_graph_num_ops(d->graph);
     ca->measure = d->measure != 0;
+    ca->poison = d->poison != 0;
     ca->host = *d->host;
     ca->stream = d->stream;
     rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
@@ -177,10 +215,14 @@ void rkm_cuda_arena_destroy(rkm_cuda_arena *ca)
 rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan)
 {
     if (!ca) return RKM_ERROR_ARGUMENT;
+    /* An error left by an earlier call is not this step's. */
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return rkm__cu_fail(ca, e, "rkm_cuda_arena_run: before the step, an earlier CUDA call failed");
     rkm_result r = rkm_arena_exec_run(ca->x, plan);
     if (r != RKM_OK) return r;
     /* Launch errors of the host's kernels (faults show at the next sync). */
-    cudaError_t e = cudaGetLastError();
+    e = cudaGetLastError();
     return e == cudaSuccess ? RKM_OK : rkm__cu_fail(ca, e, "rkm_cuda_arena_run: after the step");
 }
 
@@ -208,6 +250,10 @@ rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr)
     uint64_t off;
     rkm_result r = rkm_arena_exec_scratch(ca->x, bytes, &off);
     *ptr = r == RKM_OK ? rkm__cu_ptr(ca, off) : NULL;
+    if (r == RKM_OK && ca->n_scratch < RKM_ARENA_MAX_SCRATCH) { /* the exec allows no more */
+        ca->scratch[ca->n_scratch] = *ptr;
+        ca->scratch_bytes[ca->n_scratch++] = bytes;
+    }
     return r;
 }
 
@@ -228,6 +274,7 @@ typedef struct rkm__cu_prof {
     uint8_t *ran;        /* 2 per op */
     double *fwd, *bwd;   /* [run * n_ops + op] seconds */
     double *step;        /* [run] */
+    double *host;        /* [run]: seconds the CPU took to enqueue the step */
     double *col;         /* one op's samples, sorted in place */
     rkm_op_costs *costs; /* n_ops: what the new graph gets */
 } rkm__cu_prof;
@@ -249,14 +296,26 @@ static rkm_result rkm__cu_prof_desc(rkm_cuda_arena *ca, const rkm_cuda_profile_d
     return RKM_OK;
 }
 
+/* Host memory back to the context: NULL (an allocation that failed, or
+ * none made) is not freed, so the allocator is never given a size with
+ * no block (the rkm_alloc_fn convention). */
+static void rkm__cu_free(rkm_cuda_arena *ca, void *ptr, size_t bytes)
+{
+    if (ptr) (void)rkm_context_realloc(ca->ctx, ptr, bytes, 0);
+}
+
 static void rkm__cu_prof_free(rkm_cuda_arena *ca, rkm__cu_prof *p)
 {
     for (size_t i = 0; p->ev && i < p->n_ev; i++)
         if (p->ev[i]) (void)cudaEventDestroy(p->ev[i]);
-    (void)rkm_context_realloc(ca->ctx, p->ev, p->n_ev * sizeof *p->ev, 0);
-    (void)rkm_context_realloc(ca->ctx, p->ran, (size_t)ca->n_ops * 2 + 1, 0);
-    (void)rkm_context_realloc(ca->ctx, p->fwd, p->n_samples * sizeof(double), 0);
-    (void)rkm_context_realloc(ca->ctx, p->costs, (size_t)ca->n_ops * sizeof *p->costs + 1, 0);
+    rkm__cu_free(ca, p->ev, p->n_ev * sizeof *p->ev);
+    rkm__cu_free(ca, p->ran, (size_t)ca->n_ops * 2 + 1);
+    rkm__cu_free(ca, p->fwd, p->n_samples * sizeof(double));
+    rkm__cu_free(ca, p->costs, (size_t)ca->n_ops * sizeof *p->costs + 1);
+    p->ev = NULL;
+    p->ran = NULL;
+    p->fwd = NULL;
+    p->costs = NULL;
     ca->ev = NULL;
     ca->ran = NULL;
 }
@@ -273,7 +332,7 @@ static rkm_result rkm__cu_prof_init(rkm_cuda_arena *ca, rkm__cu_prof *p)
 {
     size_t no = (size_t)ca->n_ops, runs = (size_t)p->runs;
     p->n_ev = no * 4 + 2;
-    p->n_samples = no * 2 * runs + 2 * runs;
+    p->n_samples = no * 2 * runs + 3 * runs;
     p->ev = (cudaEvent_t *)rkm__cu_zalloc(ca, p->n_ev * sizeof *p->ev);
     p->ran = (uint8_t *)rkm__cu_zalloc(ca, no * 2 + 1);
     p->fwd = (double *)rkm__cu_zalloc(ca, p->n_samples * sizeof(double));
@@ -285,7 +344,8 @@ static rkm_result rkm__cu_prof_init(rkm_cuda_arena *ca, rkm__cu_prof *p)
     }
     p->bwd = p->fwd + no * runs;
     p->step = p->bwd + no * runs;
-    p->col = p->step + runs;
+    p->host = p->step + runs;
+    p->col = p->host + runs;
     for (size_t i = 0; i < p->n_ev; i++) {
         cudaError_t e = cudaEventCreate(&p->ev[i]);
         if (e != cudaSuccess) {
@@ -317,13 +377,16 @@ static rkm_result rkm__cu_prof_step(rkm_cuda_arena *ca, rkm__cu_prof *p, const r
     memset(p->ran, 0, no * 2);
     if ((e = cudaEventRecord(s0, ca->stream)) != cudaSuccess)
         return rkm__cu_fail(ca, e, "rkm_cuda_profile: cudaEventRecord before the step");
+    std::chrono::steady_clock::time_point h0 = std::chrono::steady_clock::now();
     rkm_result r = rkm_cuda_arena_run(ca, plan);
+    double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
     if (r != RKM_OK) return r;
     if ((e = cudaEventRecord(s1, ca->stream)) != cudaSuccess)
         return rkm__cu_fail(ca, e, "rkm_cuda_profile: cudaEventRecord after the step");
     if ((e = cudaEventSynchronize(s1)) != cudaSuccess)
         return rkm__cu_fail(ca, e, "rkm_cuda_profile: the profiled step");
     if (run < 0) return RKM_OK;
+    p->host[run] = host;
     size_t base = (size_t)run * no;
     for (size_t op = 0; op < no && r == RKM_OK; op++) {
         if (p->ran[op * 2]) r = rkm__cu_elapsed(ca, p->ev[op * 4], p->ev[op * 4 + 1], &p->fwd[base + op]);
@@ -381,6 +444,7 @@ rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, const rkm_cuda_profile_desc *des
         rkm_arena_stats st;
         rkm_cuda_arena_stats(ca, &st);
         res->step_seconds = rkm_trimmed_mean(p.step, (size_t)p.runs, p.trim);
+        res->host_seconds = rkm_trimmed_mean(p.host, (size_t)p.runs, p.trim);
         res->sum_op_seconds = sum;
         res->peak = st.peak;
     }

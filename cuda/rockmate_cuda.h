@@ -22,6 +22,15 @@
  *    make them wait for one another (events) before returning from a
  *    callback.
  *
+ *    Poisoning (desc.poison, for checks): the region is filled with 0xff
+ *    bytes (NaN floats, -1 ints) when it is allocated, and so is every
+ *    buffer a free step releases and every scratch buffer when its call
+ *    returns, in stream order (cudaMemsetAsync on the host's stream). A
+ *    kernel that reads a buffer after its free, or a new buffer before
+ *    writing it, then reads NaNs (or, once the range is reused, another
+ *    buffer's values) instead of the stale values a plan that frees
+ *    nothing would have left there, and the gradients show it.
+ *
  * 2. A profiler (rkm_cuda_profile): runs the baseline plan a few times
  *    through a measuring arena, times every forward and backward call with
  *    cudaEvents recorded on the host's stream around the callback (no
@@ -30,6 +39,17 @@
  *    call minus live bytes before it minus what the call creates), and makes
  *    a new graph with those costs (rkm_graph_with_costs): graphs are
  *    immutable, so the host plans on the graph the profiler returns.
+ *
+ *    What the events measure: the GPU's time from the first event to the
+ *    second, which is the op's kernels only while the GPU has work queued.
+ *    When kernels are shorter than the CPU's time to launch them (small
+ *    shapes: examples/gpt2_cuda.cu's tiny preset), the GPU idles between
+ *    launches, the first event completes as soon as it is recorded, and an
+ *    op's time is mostly the CPU's launch time: the costs then measure the
+ *    CPU, and plans trade recomputation for launch overhead. The result's
+ *    host_seconds (the CPU's time to enqueue a step) says when: close to
+ *    step_seconds, the step was launch-bound. Profile at the shape that
+ *    will be trained.
  *
  * Errors: every CUDA call is checked; nothing aborts or prints. Functions
  * return an rkm_result and, on failure, write the message to the graph's
@@ -64,13 +84,15 @@ typedef struct rkm_cuda_arena_desc {
                                   capacity is ignored, the device region is rkm_plan_layout's
                                   arena_bytes and every buffer sits at its layout offset; the
                                   arena then runs this plan only (rkm_arena_exec_create_layout) */
+    int poison;                /* 1: poison the region and every buffer released (above) */
 } rkm_cuda_arena_desc;
 
 /* cudaMalloc(capacity) and the bookkeeping; the inputs are carved at once
  * (fill them through rkm_cuda_tensor before a step). */
 rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out);
 /* The arena for `plan` in layout mode: one cudaMalloc of rkm_plan_layout's
- * arena_bytes, every buffer at its layout offset; it runs this plan. If
+ * arena_bytes, every buffer at its layout offset; it runs this plan (as
+ * rkm_cuda_arena_create with desc.layout = plan, without poisoning). If
  * layout is not NULL it receives the plan's peak, the capacity (the
  * layout's arena size) and slack (capacity - peak). */
 rkm_result rkm_cuda_arena_create_for_plan(const rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
@@ -81,7 +103,10 @@ void rkm_cuda_arena_destroy(rkm_cuda_arena *ca);
 /* One training step under `plan` (of the arena's graph). Asynchronous like
  * the host's kernels: nothing waits for the stream. The arena's stats then
  * hold the step's peak. A callback that fails for a CUDA reason of its own
- * can say so with rkm_arena_exec_host_fail (rkm_cuda_arena_exec). */
+ * can say so with rkm_arena_exec_host_fail (rkm_cuda_arena_exec). The CUDA
+ * runtime's last error is read before the step (an error an earlier call
+ * left fails the run, named as such) and after it (a launch error of the
+ * step's kernels). */
 rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan);
 
 /* Device pointers of live buffers; NULL when not live. */
@@ -112,6 +137,9 @@ typedef struct rkm_cuda_profile_result {
     double step_seconds;    /* trimmed mean of the whole baseline step (events around it) */
     double sum_op_seconds;  /* sum of the ops' new fwd and bwd: the new graph's baseline time */
     uint64_t peak;          /* the arena's peak in the last step, measured workspaces included */
+    double host_seconds;    /* trimmed mean of the CPU's time to enqueue a step (a wall clock
+                               around rkm_cuda_arena_run); near step_seconds the GPU waited
+                               for launches and the op times are the CPU's (see above) */
 } rkm_cuda_profile_result;
 
 /* Profile the arena's graph through `ca` (measure mode) and make *out: that

@@ -5,32 +5,60 @@
  *
  * What it does: profile the baseline step on the GPU (event times and
  * workspaces make a new graph, which every plan below is made on), run the
- * baseline plan, then for each
- * budget plan with rockmate and run the plan, and print per budget the
- * measured peak (the arena's, in the contract's bytes), the simulated peak,
- * the measured step time, the predicted and measured overhead, and the
- * gradient check: the loss and every parameter gradient compared bit for bit
- * with the baseline plan's on the same GPU.
+ * baseline plan, then for each budget plan with the chosen algorithm (the
+ * library's default: rockmate, or rotor in a build without lp_solve) and
+ * run the plan, and print per budget the measured peak (the arena's, in
+ * the contract's bytes), the simulated peak, the arena (the device region
+ * the plan's layout reserves), the measured step time, the predicted and
+ * measured overhead, and the gradient check: the loss and every parameter
+ * gradient compared bit for bit with the baseline plan's on the same GPU.
+ * A line "result LABEL: budget=... arena=..." repeats each row in bytes.
  *
  * Determinism (what makes the bitwise check meaningful): one stream; cuBLAS
  * in CUBLAS_PEDANTIC_MATH (no TF32, no reduced precision) with a fixed
  * workspace; no atomics anywhere: every reduction has a fixed order (warp
  * shuffles, fixed shared-memory trees, sequential chains), the embedding
  * gradient sums each token's positions along a chain prepared on the host.
- * A recomputed forward therefore reproduces its output bit for bit, and
- * gradient contributions are summed pairwise-commutatively (each gradient
- * here has at most two contributors), so any valid plan gives the
- * baseline's bits.
+ * A recomputed forward therefore reproduces its output bit for bit. A
+ * gradient with two contributors (the residual stream's: a layernorm's
+ * backward and a residual's) is g = 0 + a + b in the order the plan runs
+ * the two backwards; that is a + b either way only if each `+=` rounds the
+ * product before the sum. nvcc's default -fmad=true fuses `g += x * s`
+ * into one FMA (round(x*s + g)), and then the order changes the bits: the
+ * baseline and a plan agree only because this graph happens to force one
+ * order. The Makefile builds the CUDA sources with -fmad=false (as the C
+ * code with -ffp-contract=off), so that any valid plan gives the baseline's
+ * bits whatever the order.
+ *
+ * In place (--inplace 1, RKM_OP_GRAD_INPLACE on GELU and the residual
+ * adds): a backward run in place writes grad(in[0]) over grad(out)'s
+ * buffer, so its kernel writes 0 + contribution there instead of adding
+ * into it (residual_bwd_k, gelu_bwd_k).
  *
  *   gpt2_cuda [--preset tiny|124M] [--layers L] [--channels C] [--heads NH]
- *             [--vocab V] [--batch B] [--seq T] [--dropout P]
- *             [--budgets 100,50,33,min] [--algo rockmate|rotor|sqrt|none]
- *             [--steps N] [--profile-runs N] [--check-cpu]
+ *             [--vocab V] [--batch B] [--seq T] [--dropout P] [--inplace 0|1]
+ *             [--budgets 100,50,33,min] [--algo rockmate|rotor|sqrt|dtr|none]
+ *             [--steps N] [--warmup N] [--profile-runs N]
+ *             [--check-cpu] [--check-perturb PARAM] [--poison] [--check-arena]
  *
- * --check-cpu also runs the CPU reference (examples/gpt2_model.h) on the
- * same weights and batch and compares loss and gradients (tolerance: fp32
- * summation order differs). Exit status: 0 all checks passed, 1 a check
- * failed, 2 bad usage, 3 an error (CUDA, planning). */
+ * --steps timed steps per plan after --warmup untimed ones (5 and 1; the
+ * profile warms up as many); --profile-runs 0 plans on the graph's own
+ * FLOP-count guesses instead of measured costs. --check-cpu also runs the CPU reference
+ * (examples/gpt2_model.h) on the same weights and batch and compares the
+ * loss and each parameter tensor's gradient at the tensor's own scale
+ * (tolerance: fp32 summation orders differ); --check-perturb PARAM moves
+ * one gradient of that tensor (wte, ..., lnfb) before the comparison, which
+ * must then fail (a test of the check). --poison fills every buffer a plan
+ * releases with NaNs (rkm_cuda_arena_desc.poison), so that a kernel that
+ * reads one after its free shows in the gradients. --check-arena fails a
+ * plan whose arena exceeds its budget.
+ *
+ * Profiling the tiny preset times mostly the CPU: its kernels are shorter
+ * than their launches, and the profile line says so ("launch-bound", see
+ * cuda/rockmate_cuda.h); plans on it are planned on launch gaps.
+ *
+ * Exit status: 0 all checks passed, 1 a check failed, 2 bad usage, 3 an
+ * error (CUDA, planning). */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -187,24 +215,38 @@ __global__ void layernorm_bwd_k(float *dinp, const float *dout, const float *x, 
     }
 }
 
-/* Column sums over N rows, 32 columns per block of 32x32 threads:
- * db[c] += sum_r dout[r,c]; with x: dw[c] += sum_r norm(r,c) * dout[r,c]
- * (layernorm's weight gradient). Fixed order: strided partial sums, then
- * a sequential sum of the 32 partials. */
-__global__ void colsum_k(float *db, float *dw, const float *dout, const float *x, const float *mean,
-                         const float *rstd, int N, int C)
+/* Column sums over N rows in two passes, every sum in a fixed order (no
+ * atomics): colsum_part_k, on blocks of 32x32 threads, each block 32
+ * columns of one chunk of rows (strided partial sums per thread, then the
+ * 32 partials in order), writes pb[chunk][c] = sum of dout[r,c] over the
+ * chunk's rows and, with x, pw[chunk][c] = sum of norm(r,c) * dout[r,c]
+ * (layernorm's weight gradient); colsum_sum_k adds the chunks' partials
+ * in chunk order into db (and dw). Rows cut into up to 16 chunks so that
+ * C = 768 makes 384 blocks rather than 24 (one chunk left 108 of an H200's
+ * 132 SMs idle). */
+#define COLSUM_CHUNKS 16
+
+static int colsum_rows_per_chunk(int N)
+{
+    int r = (N + COLSUM_CHUNKS - 1) / COLSUM_CHUNKS;
+    return r > 32 ? r : 32;
+}
+
+__global__ void colsum_part_k(float *pb, float *pw, const float *dout, const float *x, const float *mean,
+                              const float *rstd, int N, int C, int rows_per_chunk)
 {
     __shared__ float sb[32][33], sw[32][33];
     int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * 32 + tx;
-    float pb = 0.0f, pw = 0.0f;
+    int r0 = blockIdx.y * rows_per_chunk, r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
+    float b = 0.0f, w = 0.0f;
     if (c < C)
-        for (int r = ty; r < N; r += 32) {
+        for (int r = r0 + ty; r < r1; r += 32) {
             float d = dout[(size_t)r * C + c];
-            pb += d;
-            if (dw) pw += ((x[(size_t)r * C + c] - mean[r]) * rstd[r]) * d;
+            b += d;
+            if (pw) w += ((x[(size_t)r * C + c] - mean[r]) * rstd[r]) * d;
         }
-    sb[ty][tx] = pb;
-    sw[ty][tx] = pw;
+    sb[ty][tx] = b;
+    sw[ty][tx] = w;
     __syncthreads();
     if (ty != 0 || c >= C) return;
     float tb = 0.0f, tw = 0.0f;
@@ -212,7 +254,20 @@ __global__ void colsum_k(float *db, float *dw, const float *dout, const float *x
         tb += sb[k][tx];
         tw += sw[k][tx];
     }
-    if (db) db[c] += tb;
+    pb[(size_t)blockIdx.y * C + c] = tb;
+    if (pw) pw[(size_t)blockIdx.y * C + c] = tw;
+}
+
+__global__ void colsum_sum_k(float *db, float *dw, const float *pb, const float *pw, int chunks, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float tb = 0.0f, tw = 0.0f;
+    for (int k = 0; k < chunks; k++) {
+        tb += pb[(size_t)k * C + c];
+        if (dw) tw += pw[(size_t)k * C + c];
+    }
+    db[c] += tb;
     if (dw) dw[c] += tw;
 }
 
@@ -261,12 +316,16 @@ __global__ void residual_fwd_k(float *out, const float *a, const float *b, size_
     if (i < n) out[i] = a[i] + b[i];
 }
 
-__global__ void residual_bwd_k(float *da, float *db, const float *dout, size_t n)
+/* da += dout, db += dout. In place (inplace: da is dout's buffer, grad(a)
+ * a new gradient there) da becomes 0 + dout, the value `+=` gives on a
+ * zeroed buffer, bit for bit (-0 included), after db has read dout. */
+__global__ void residual_bwd_k(float *da, float *db, const float *dout, size_t n, int inplace)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    if (da) da[i] += dout[i];
-    if (db) db[i] += dout[i];
+    float d = dout[i];
+    if (db) db[i] += d;
+    if (da) da[i] = (inplace ? 0.0f : da[i]) + d;
 }
 
 #define GELU_K 0.7978845608028654f
@@ -279,14 +338,17 @@ __global__ void gelu_fwd_k(float *out, const float *x, size_t n)
     out[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
 }
 
-__global__ void gelu_bwd_k(float *dinp, const float *x, const float *dout, size_t n)
+/* dinp += g * dout; in place (dinp is dout's buffer) dinp = 0 + g * dout,
+ * each element read before it is written by the same thread. */
+__global__ void gelu_bwd_k(float *dinp, const float *x, const float *dout, size_t n, int inplace)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = x[i], u = GELU_K * (v + 0.044715f * v * v * v);
     float th = tanhf(u), ch = coshf(u), sech2 = 1.0f / (ch * ch);
     float g = 0.5f * (1.0f + th) + v * 0.5f * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-    dinp[i] += g * dout[i];
+    float d = g * dout[i];
+    dinp[i] = (inplace ? 0.0f : dinp[i]) + d;
 }
 
 __global__ void dropout_fwd_k(float *out, uint8_t *mask, const float *x, size_t n, float p, uint64_t key)
@@ -386,7 +448,7 @@ static const char *lib_msg(const trainer *tr) { return rkm_context_errmsg(rkm_gr
 
 static int fail_cuda(trainer *tr, cudaError_t e, const char *what)
 {
-    snprintf(tr->err, sizeof tr->err, "%s: %s", what, cudaGetErrorString(e));
+    snprintf(tr->err, sizeof tr->err, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     return 1;
 }
 
@@ -549,15 +611,41 @@ static int forward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *o
     return launched(tr, "forward kernel");
 }
 
+/* In place (RKM_OUT_INPLACE) the output is the input's buffer: the
+ * elementwise kernels (each thread reads its element before it writes it)
+ * run so as they are; the others cannot, and no graph here declares them
+ * in place (RKM_OP_INPLACE). */
 static int cb_forward(void *user, const rkm_fwd_call *c)
 {
     trainer *tr = (trainer *)user;
     const gpt2_opdef *d = &tr->gg.ops[c->op];
+    if (c->out_new[0] == RKM_OUT_INPLACE && d->kind != GPT2_RESIDUAL && d->kind != GPT2_GELU &&
+        d->kind != GPT2_DROPOUT)
+        return fail_msg(tr, "forward of op %d in place: its kernel cannot run in place", (int)c->op);
     float *ph = c->save ? (float *)rkm_cuda_saved(tr->ca, c->op) : NULL;
     return forward_kernel(tr, d, c->op, T_(tr, d->out), ph);
 }
 
-static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *const din[2])
+/* db (and, with x, layernorm's dw) += the column sums of dout (N x C), the
+ * partial sums in the call's workspace. */
+static int colsum(trainer *tr, float *db, float *dw, const float *dout, const float *x, const float *mean,
+                  const float *rstd, int N, int C)
+{
+    int rows = colsum_rows_per_chunk(N), chunks = (N + rows - 1) / rows;
+    void *ws;
+    uint64_t bytes = (uint64_t)chunks * (uint64_t)C * sizeof(float) * (dw ? 2u : 1u);
+    if (rkm_cuda_scratch(tr->ca, bytes, &ws) != RKM_OK) return fail_msg(tr, "column sums: no workspace");
+    float *pb = (float *)ws, *pw = dw ? pb + (size_t)chunks * C : NULL;
+    colsum_part_k<<<dim3(blocks_for((size_t)C, 32), (unsigned)chunks), dim3(32, 32), 0, tr->stream>>>(
+        pb, pw, dout, x, mean, rstd, N, C, rows);
+    if (launched(tr, "column sums")) return 1;
+    colsum_sum_k<<<blocks_for((size_t)C, TPB), TPB, 0, tr->stream>>>(db, dw, pb, pw, chunks, C);
+    return launched(tr, "column sums");
+}
+
+/* inplace: din[0] is grad(out)'s buffer (RKM_GRAD_INPLACE), to be written
+ * over, not added into. */
+static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *const din[2], int inplace)
 {
     const gpt2_shape *s = &tr->s;
     int N = s->B * s->T;
@@ -566,7 +654,6 @@ static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *
     float *w = param_at(tr, tr->p, d->weight, d->layer);
     float *dw = param_at(tr, tr->g, d->weight, d->layer), *db = param_at(tr, tr->g, d->bias, d->layer);
     cudaStream_t st = tr->stream;
-    dim3 cs_block(32, 32);
     switch (d->kind) {
     case GPT2_ENCODER:
         encoder_bwd_wte_k<<<blocks_for((size_t)tr->n_first * s->C, TPB), TPB, 0, st>>>(
@@ -578,12 +665,11 @@ static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *
         if (din[0])
             layernorm_bwd_k<<<blocks_for((size_t)N, TPB / WARP), TPB, 0, st>>>(din[0], dout, x, w, ph, ph + N, N, s->C);
         if (launched(tr, "layernorm backward")) return 1;
-        colsum_k<<<blocks_for((size_t)s->C, 32), cs_block, 0, st>>>(db, dw, dout, x, ph, ph + N, N, s->C);
-        break;
+        return colsum(tr, db, dw, dout, x, ph, ph + N, N, s->C);
     case GPT2_MATMUL: {
         cublasStatus_t cs = mm_bwd(tr, din[0], dw, dout, x, w, N, d->n, d->m);
         if (cs != CUBLAS_STATUS_SUCCESS) return fail_cublas(tr, cs, "matmul backward");
-        if (db) colsum_k<<<blocks_for((size_t)d->m, 32), cs_block, 0, st>>>(db, NULL, dout, NULL, NULL, NULL, N, d->m);
+        if (db) return colsum(tr, db, NULL, dout, NULL, NULL, NULL, N, d->m);
         break;
     }
     case GPT2_ATTENTION: {
@@ -596,8 +682,10 @@ static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *
         if (attention_bwd(tr, din[0], (float *)ws, (float *)ws + sb / 4, dout, x, ph)) return 1;
         break;
     }
-    case GPT2_RESIDUAL: residual_bwd_k<<<blocks_for(n, TPB), TPB, 0, st>>>(din[0], din[1], dout, n); break;
-    case GPT2_GELU: gelu_bwd_k<<<blocks_for(n, TPB), TPB, 0, st>>>(din[0], x, dout, n); break;
+    case GPT2_RESIDUAL:
+        residual_bwd_k<<<blocks_for(n, TPB), TPB, 0, st>>>(din[0], din[1], dout, n, inplace);
+        break;
+    case GPT2_GELU: gelu_bwd_k<<<blocks_for(n, TPB), TPB, 0, st>>>(din[0], x, dout, n, inplace); break;
     case GPT2_DROPOUT:
         dropout_bwd_k<<<blocks_for(n, TPB), TPB, 0, st>>>(din[0], dout, (const uint8_t *)ph, n, tr->dropout);
         break;
@@ -615,6 +703,12 @@ static int cb_backward(void *user, const rkm_bwd_call *c)
     trainer *tr = (trainer *)user;
     const gpt2_opdef *d = &tr->gg.ops[c->op];
     float *din[2] = {NULL, NULL};
+    /* In place grad(in[0]) is grad(out)'s buffer (the arena hands it over
+     * for the call): neither zeroed nor added into, but written. Only
+     * GELU's and the residual's kernels know how (RKM_OP_GRAD_INPLACE). */
+    int inplace = d->n_in > 0 && c->in_grad[0] == RKM_GRAD_INPLACE;
+    if (inplace && d->kind != GPT2_RESIDUAL && d->kind != GPT2_GELU)
+        return fail_msg(tr, "backward of op %d in place: its kernel cannot run in place", (int)c->op);
     for (int i = 0; i < d->n_in; i++) {
         if (c->in_grad[i] == RKM_GRAD_NONE) continue;
         din[i] = G_(tr, d->in[i]);
@@ -630,7 +724,7 @@ static int cb_backward(void *user, const rkm_bwd_call *c)
     if (!din[0] && d->kind != GPT2_RESIDUAL && d->kind != GPT2_ENCODER && d->kind != GPT2_LAYERNORM &&
         d->kind != GPT2_MATMUL)
         return fail_msg(tr, "backward of op %d: its input has no gradient", (int)c->op);
-    return backward_kernel(tr, d, c->op, din);
+    return backward_kernel(tr, d, c->op, din, inplace);
 }
 
 /* grad(loss) = 1/(B*T) everywhere (the loss is the mean), and a copy of
@@ -697,6 +791,38 @@ static int prepare_chains(trainer *tr)
     return e == cudaSuccess ? 0 : fail_cuda(tr, e, "token chains");
 }
 
+/* The graph with the backward workspaces these kernels take: the column
+ * sums' partials (layernorm, matmul with a bias) besides attention's, each
+ * rounded up to 256 bytes as the arena counts scratch. The graph of
+ * gpt2_graph.h declares the CPU kernels' (graphs are immutable: a new one). */
+static rkm_result cuda_workspaces(trainer *tr)
+{
+    int32_t n = rkm_graph_num_ops(tr->gg.g);
+    int N = tr->s.B * tr->s.T, chunks = (N + colsum_rows_per_chunk(N) - 1) / colsum_rows_per_chunk(N);
+    rkm_op_costs *c = (rkm_op_costs *)calloc((size_t)n, sizeof *c);
+    rkm_graph *g = NULL;
+    if (!c) return RKM_ERROR_NOMEM;
+    rkm_result r = RKM_OK;
+    for (int32_t op = 0; op < n && r == RKM_OK; op++) {
+        rkm_op_desc od;
+        const gpt2_opdef *d = &tr->gg.ops[op];
+        if ((r = rkm_graph_op_info(tr->gg.g, op, &od)) != RKM_OK) break;
+        c[op].fwd_seconds = od.fwd_seconds;
+        c[op].bwd_seconds = od.bwd_seconds;
+        c[op].fwd_ws = od.fwd_ws;
+        c[op].bwd_ws = od.bwd_ws;
+        uint64_t cols = d->kind == GPT2_LAYERNORM ? 2u * (uint64_t)tr->s.C
+                        : d->kind == GPT2_MATMUL && d->bias >= 0 ? (uint64_t)d->m : 0u;
+        if (cols) c[op].bwd_ws = ((uint64_t)chunks * cols * sizeof(float) + 255) / 256 * 256;
+    }
+    if (r == RKM_OK) r = rkm_graph_with_costs(tr->gg.g, c, &g);
+    free(c);
+    if (r != RKM_OK) return r;
+    rkm_graph_destroy(tr->gg.g);
+    tr->gg.g = g; /* same ids: gg.ops serves it */
+    return RKM_OK;
+}
+
 static int trainer_init(trainer *tr, rkm_context *ctx, const gpt2_shape *shape, float dropout)
 {
     memset(tr, 0, sizeof *tr);
@@ -705,6 +831,7 @@ static int trainer_init(trainer *tr, rkm_context *ctx, const gpt2_shape *shape, 
     tr->seed = 1234;
     tr->key = 1;
     rkm_result r = gpt2_graph_build(ctx, shape, &tr->gg);
+    if (r == RKM_OK) r = cuda_workspaces(tr);
     if (r != RKM_OK) {
         snprintf(tr->err, sizeof tr->err, "graph: %s", rkm_context_errmsg(ctx));
         return 1;
@@ -726,10 +853,11 @@ static int trainer_init(trainer *tr, rkm_context *ctx, const gpt2_shape *shape, 
         tr->g[k] = tr->grads + off;
         off += tr->host_model.sizes[k];
     }
-    /* A fixed batch: tokens from the generator, targets the next token. */
-    tr->h_tokens = (int32_t *)malloc(N * sizeof(int32_t));
-    tr->h_targets = (int32_t *)malloc(N * sizeof(int32_t));
-    if (!tr->h_tokens || !tr->h_targets) return fail_msg(tr, "out of host memory");
+    /* A fixed batch: tokens from the generator, targets the next token; in
+     * pinned memory, which the stream's copies read when they run (a
+     * pageable source would be staged by the CPU at every copy). */
+    CK(cudaMallocHost((void **)&tr->h_tokens, N * sizeof(int32_t)), "pinned batch");
+    CK(cudaMallocHost((void **)&tr->h_targets, N * sizeof(int32_t)), "pinned batch");
     for (size_t i = 0; i < N; i++) tr->h_tokens[i] = (int32_t)(gpt2_mix(tr->seed * 31 + i) % (uint64_t)shape->V);
     for (size_t i = 0; i < N; i++) tr->h_targets[i] = tr->h_tokens[(i + 1) % N];
     if (prepare_chains(tr)) return 1;
@@ -754,8 +882,8 @@ static void trainer_free(trainer *tr)
     cudaFree(tr->d_first);
     cudaFree(tr->d_next);
     if (tr->stream) cudaStreamDestroy(tr->stream);
-    free(tr->h_tokens);
-    free(tr->h_targets);
+    cudaFreeHost(tr->h_tokens);
+    cudaFreeHost(tr->h_targets);
     gpt2_model_free(&tr->host_model);
     if (tr->gg.g) gpt2_graph_free(&tr->gg);
 }
@@ -774,34 +902,43 @@ static int load_batch(trainer *tr)
     return 0;
 }
 
+/* A failure of rockmate's (the arena's included): its result and message,
+ * and the callback's own reason (a CUDA error) when one failed. */
+static int fail_lib(trainer *tr, const char *what, rkm_result r)
+{
+    char host[sizeof tr->err];
+    memcpy(host, tr->err, sizeof host);
+    return fail_msg(tr, "%s: %s: %s%s%s", what, rkm_result_string(r), lib_msg(tr), host[0] ? " / " : "", host);
+}
+
 /* One training step (parameter gradients zeroed first) under plan. */
 static int step(trainer *tr, const rkm_plan *plan)
 {
     CK(cudaMemsetAsync(tr->grads, 0, tr->host_model.num_params * sizeof(float), tr->stream), "zero gradients");
     tr->err[0] = 0;
     rkm_result r = rkm_cuda_arena_run(tr->ca, plan);
-    if (r != RKM_OK) {
-        char host[sizeof tr->err];
-        memcpy(host, tr->err, sizeof host); /* a callback's own reason, if any */
-        return fail_msg(tr, "step: %s: %s%s%s", rkm_result_string(r), lib_msg(tr),
-                        host[0] ? " / " : "", host);
-    }
-    return 0;
+    return r == RKM_OK ? 0 : fail_lib(tr, "step", r);
 }
 
-/* Run `steps` timed steps (after one warm-up) and return the trimmed mean
- * seconds per step; the loss and the gradients are those of the last. */
-static int timed_steps(trainer *tr, const rkm_plan *plan, int steps, double *seconds)
+/* Run `steps` timed steps (after `warmup` untimed ones) and return the
+ * trimmed mean seconds per step; the loss and the gradients are those of
+ * the last. */
+static int timed_steps(trainer *tr, const rkm_plan *plan, int warmup, int steps, double *seconds)
 {
     cudaEvent_t e0, e1;
+    int have0 = 0, have1 = 0, rc = 0;
     double *t = (double *)calloc((size_t)steps, sizeof(double));
     if (!t) return fail_msg(tr, "out of host memory");
-    int rc = 0;
-    CK(cudaEventCreate(&e0), "event");
-    CK(cudaEventCreate(&e1), "event");
-    for (int i = -1; i < steps && !rc; i++) {
+    cudaError_t e = cudaEventCreate(&e0);
+    have0 = e == cudaSuccess;
+    if (have0) {
+        e = cudaEventCreate(&e1);
+        have1 = e == cudaSuccess;
+    }
+    if (e != cudaSuccess) rc = fail_cuda(tr, e, "creating the step's events");
+    for (int i = -warmup; i < steps && !rc; i++) {
         float ms = 0.0f;
-        cudaError_t e = cudaEventRecord(e0, tr->stream);
+        e = cudaEventRecord(e0, tr->stream);
         if (e == cudaSuccess) rc = step(tr, plan);
         if (!rc && e == cudaSuccess) e = cudaEventRecord(e1, tr->stream);
         if (!rc && e == cudaSuccess) e = cudaEventSynchronize(e1);
@@ -809,10 +946,10 @@ static int timed_steps(trainer *tr, const rkm_plan *plan, int steps, double *sec
         if (!rc && e != cudaSuccess) rc = fail_cuda(tr, e, "timing a step");
         if (i >= 0) t[i] = ms * 1e-3;
     }
-    *seconds = rkm_trimmed_mean(t, (size_t)steps, 0.2);
+    *seconds = rc ? 0.0 : rkm_trimmed_mean(t, (size_t)steps, 0.2);
     free(t);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    if (have0) cudaEventDestroy(e0);
+    if (have1) cudaEventDestroy(e1);
     return rc;
 }
 
@@ -839,15 +976,23 @@ typedef struct options {
     double budgets[16];
     int n_budgets;
     rkm_algo algo;
-    int steps, profile_runs, check_cpu;
+    int steps, warmup, profile_runs, check_cpu, poison, check_arena;
+    int perturb; /* --check-perturb: the parameter tensor, -1 none */
 } options;
+
+/* Parameter tensors by name, in gpt2_param's order (--check-perturb, the
+ * CPU check's report). */
+static const char *const PARAM_NAMES[GPT2_NUM_PARAMS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
 static int usage(const char *msg)
 {
     fprintf(stderr,
             "gpt2_cuda: %s\nusage: gpt2_cuda [--preset tiny|124M] [--layers L] [--channels C] [--heads NH]\n"
-            "       [--vocab V] [--batch B] [--seq T] [--dropout P] [--budgets 100,50,33,min]\n"
-            "       [--algo rockmate|rotor|sqrt|none] [--steps N] [--profile-runs N] [--check-cpu]\n",
+            "       [--vocab V] [--batch B] [--seq T] [--dropout P] [--inplace 0|1] [--budgets 100,50,33,min]\n"
+            "       [--algo rockmate|rotor|sqrt|dtr|none] [--steps N] [--warmup N] [--profile-runs N]\n"
+            "       [--check-cpu] [--check-perturb PARAM] [--poison] [--check-arena]\n",
             msg);
     return 2;
 }
@@ -884,13 +1029,18 @@ static int parse(rkm_context *ctx, options *o, int argc, char **argv)
     memset(o, 0, sizeof *o);
     preset(o, "124M");
     parse_budgets(o, "100,50,33");
-    o->algo = RKM_ALGO_ROCKMATE;
+    o->algo = RKM_ALGO_DEFAULT; /* rockmate, or rotor in a build without lp_solve */
     o->steps = 5;
+    o->warmup = 1;
     o->profile_runs = 5;
+    o->perturb = -1;
+    int inplace = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--check-cpu") == 0) {
-            o->check_cpu = 1;
+        int *flag = strcmp(a, "--check-cpu") == 0 ? &o->check_cpu : strcmp(a, "--poison") == 0 ? &o->poison
+                  : strcmp(a, "--check-arena") == 0 ? &o->check_arena : NULL;
+        if (flag) {
+            *flag = 1;
             continue;
         }
         if (!v || strncmp(a, "--", 2) != 0) return usage("unknown option, or an option without its value");
@@ -905,21 +1055,45 @@ static int parse(rkm_context *ctx, options *o, int argc, char **argv)
         else if (strcmp(a, "--batch") == 0) o->shape.B = atoi(v);
         else if (strcmp(a, "--seq") == 0) o->shape.T = atoi(v);
         else if (strcmp(a, "--dropout") == 0) o->dropout = (float)atof(v);
+        else if (strcmp(a, "--inplace") == 0 && (!strcmp(v, "0") || !strcmp(v, "1"))) inplace = !strcmp(v, "1");
         else if (strcmp(a, "--steps") == 0) o->steps = atoi(v);
+        else if (strcmp(a, "--warmup") == 0) o->warmup = atoi(v);
         else if (strcmp(a, "--profile-runs") == 0) o->profile_runs = atoi(v);
         else if (strcmp(a, "--algo") == 0) {
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return usage(rkm_context_errmsg(ctx));
         } else if (strcmp(a, "--budgets") == 0) {
             if (!parse_budgets(o, v)) return usage("--budgets: percentages or min, comma separated");
+        } else if (strcmp(a, "--check-perturb") == 0) {
+            for (int k = 0; k < GPT2_NUM_PARAMS; k++)
+                if (strcmp(v, PARAM_NAMES[k]) == 0) o->perturb = k;
+            if (o->perturb < 0) return usage("--check-perturb: a parameter tensor (wte, wpe, ln1w, ..., lnfb)");
         } else {
             return usage("unknown option");
         }
     }
     o->shape.dropout = o->dropout > 0.0f;
-    if (!gpt2_shape_ok(&o->shape) || o->dropout < 0.0f || o->dropout >= 1.0f || o->steps < 1 ||
-        o->profile_runs < 1)
-        return usage("bad shape, dropout, steps or profile runs");
+    o->shape.inplace = inplace; /* after --preset */
+    if (!gpt2_shape_ok(&o->shape) || o->dropout < 0.0f || o->dropout >= 1.0f || o->steps < 1 || o->warmup < 0 ||
+        o->profile_runs < 0)
+        return usage("bad shape, dropout, steps, warm-up or profile runs");
     return 0;
+}
+
+/* A device arena for tr's graph: desc's measure and layout, tr's callbacks
+ * and stream, poisoned with --poison. */
+static rkm_result arena_create(trainer *tr, const options *o, uint64_t capacity, int measure, const rkm_plan *layout)
+{
+    rkm_callbacks cb = trainer_callbacks(tr);
+    rkm_cuda_arena_desc d;
+    memset(&d, 0, sizeof d);
+    d.graph = tr->gg.g;
+    d.capacity = capacity;
+    d.measure = measure;
+    d.host = &cb;
+    d.stream = tr->stream;
+    d.layout = layout;
+    d.poison = o->poison;
+    return rkm_cuda_arena_create(&d, &tr->ca);
 }
 
 /* Profile the baseline through a measuring arena: event times and
@@ -935,25 +1109,26 @@ static int profile(trainer *tr, const options *o)
     rkm_plan_destroy(base);
     if (r != RKM_OK) return fail_msg(tr, "baseline layout: %s", lib_msg(tr));
     /* The declared workspaces are a guess: leave room for more. */
-    rkm_callbacks cb = trainer_callbacks(tr);
-    rkm_cuda_arena_desc d;
-    memset(&d, 0, sizeof d);
-    d.graph = tr->gg.g;
-    d.capacity = lay.capacity + lay.capacity / 4 + (64u << 20);
-    d.measure = 1;
-    d.host = &cb;
-    d.stream = tr->stream;
-    if ((r = rkm_cuda_arena_create(&d, &tr->ca)) != RKM_OK) return fail_msg(tr, "profiling arena: %s", lib_msg(tr));
+    if ((r = arena_create(tr, o, lay.capacity + lay.capacity / 4 + (64u << 20), 1, NULL)) != RKM_OK)
+        return fail_lib(tr, "profiling arena", r);
     int rc = load_batch(tr);
-    rkm_cuda_profile_desc pd = {o->profile_runs, 1, 0.2};
+    rkm_cuda_profile_desc pd = {o->profile_runs, o->warmup > 0 ? o->warmup : -1, 0.2};
     rkm_cuda_profile_result pr;
     rkm_graph *profiled = NULL;
-    if (!rc && (r = rkm_cuda_profile(tr->ca, &pd, &pr, &profiled)) != RKM_OK)
-        rc = fail_msg(tr, "profile: %s: %s", rkm_result_string(r), lib_msg(tr));
-    if (!rc)
+    tr->err[0] = 0;
+    if (!rc && (r = rkm_cuda_profile(tr->ca, &pd, &pr, &profiled)) != RKM_OK) rc = fail_lib(tr, "profile", r);
+    if (!rc) {
         printf("profile: %d runs, baseline step %.3f ms (events around the step), sum of op times %.3f ms, "
-               "measured peak %.1f MiB\n",
-               o->profile_runs, pr.step_seconds * 1e3, pr.sum_op_seconds * 1e3, (double)pr.peak / 1048576.0);
+               "measured peak %.1f MiB; the CPU enqueued a step in %.3f ms\n",
+               o->profile_runs, pr.step_seconds * 1e3, pr.sum_op_seconds * 1e3, (double)pr.peak / 1048576.0,
+               pr.host_seconds * 1e3);
+        /* Events around an op time the GPU from the first to the second:
+         * with no work queued behind them, that is the CPU's launches. */
+        if (pr.host_seconds > 0.5 * pr.step_seconds)
+            printf("profile: launch-bound: the GPU waited for the CPU for much of the step, so the op times "
+                   "are mostly launch gaps (CPU time), not kernel times; plans made on them trade "
+                   "recomputation for launches (profile a larger shape to plan a real one)\n");
+    }
     rkm_cuda_arena_destroy(tr->ca); /* before its graph */
     tr->ca = NULL;
     if (profiled) {
@@ -969,78 +1144,127 @@ typedef struct reference {
 } reference;
 
 typedef struct outcome {
-    uint64_t sim_peak, measured_peak, arena_bytes;
+    uint64_t budget, sim_peak, measured_peak, arena_bytes;
     double sim_time, step_seconds, loss;
     int grads_equal, loss_equal;
 } outcome;
 
-/* Run `plan` on an exact arena: timings, the last step's loss and
- * gradients (into grads/losses). */
-static int run_plan(trainer *tr, const rkm_plan *plan, int steps, float *grads, float *losses, outcome *out)
+/* Run `plan` on an arena of its layout: timings, the last step's loss and
+ * gradients (into grads/losses, pinned host memory). */
+static int run_plan(trainer *tr, const options *o, const rkm_plan *plan, float *grads, float *losses, outcome *out)
 {
-    rkm_callbacks cb = trainer_callbacks(tr);
-    rkm_arena_layout_info lay;
     rkm_plan_stats ps; /* the plan's figures, fixed at its birth */
-    if (rkm_plan_stats_get(plan, &ps) != RKM_OK) return fail_msg(tr, "plan: %s", lib_msg(tr));
-    if (rkm_cuda_arena_create_for_plan(plan, &cb, tr->stream, &tr->ca, &lay) != RKM_OK)
-        return fail_msg(tr, "arena: %s", lib_msg(tr));
+    rkm_result r = rkm_plan_stats_get(plan, &ps);
+    if (r != RKM_OK) return fail_lib(tr, "plan", r);
+    tr->err[0] = 0;
+    if ((r = arena_create(tr, o, 0, 0, plan)) != RKM_OK) return fail_lib(tr, "arena", r);
     int rc = load_batch(tr);
-    if (!rc) rc = timed_steps(tr, plan, steps, &out->step_seconds);
+    if (!rc) rc = timed_steps(tr, plan, o->warmup, o->steps, &out->step_seconds);
     if (!rc) rc = fetch_results(tr, grads, &out->loss, losses);
     rkm_arena_stats st;
     rkm_cuda_arena_stats(tr->ca, &st);
     out->sim_peak = ps.peak;
     out->sim_time = ps.time;
     out->measured_peak = st.peak;
-    out->arena_bytes = lay.capacity;
+    out->arena_bytes = st.capacity; /* the device region: the layout's arena */
     rkm_cuda_arena_destroy(tr->ca);
     tr->ca = NULL;
     return rc;
 }
 
+/* A row of the table, and the same in exact bytes on a line of its own
+ * for scripts ("result LABEL: budget=... arena=..."): the arena is the
+ * device region the plan's layout reserved, which must fit the budget too
+ * (--check-arena). */
 static void print_row(const char *label, const outcome *o, const reference *ref)
 {
+    const char *grads = o->grads_equal && o->loss_equal ? "identical" : "DIFFERENT";
     printf("%-9s %12.1f %12.1f %10.1f %10.3f %+9.2f%% %+9.2f%%  %.6f  %s\n", label,
            (double)o->measured_peak / 1048576.0, (double)o->sim_peak / 1048576.0,
            (double)o->arena_bytes / 1048576.0, o->step_seconds * 1e3, 100.0 * (o->sim_time / ref->sim_time - 1.0),
-           100.0 * (o->step_seconds / ref->step_seconds - 1.0), o->loss,
-           o->grads_equal && o->loss_equal ? "identical" : "DIFFERENT");
+           100.0 * (o->step_seconds / ref->step_seconds - 1.0), o->loss, grads);
+    printf("result %s: budget=%llu sim_peak=%llu measured_peak=%llu arena=%llu grads=%s\n", label,
+           (unsigned long long)o->budget, (unsigned long long)o->sim_peak, (unsigned long long)o->measured_peak,
+           (unsigned long long)o->arena_bytes, grads);
 }
 
 /* Loss and gradients of the CPU reference on the same weights and batch,
- * compared with a tolerance (different summation orders). */
-static int check_cpu(trainer *tr, const reference *ref)
+ * compared with a tolerance (different summation orders), each parameter
+ * tensor at its own scale: max |gpu - cpu| over the tensor within 1e-3 of
+ * the tensor's own max |cpu| (a bias's or a layernorm's gradient is orders
+ * of magnitude below wte's, so a scale shared by all would let any error
+ * in them through). NaNs fail. gpu: the baseline's gradients. */
+static int check_cpu(trainer *tr, const float *gpu, double gpu_loss)
 {
     gpt2_step st;
     rkm_plan *base;
     if (gpt2_step_init(&st, &tr->gg, &tr->host_model, tr->dropout, tr->seed)) return -1;
-    if (rkm_plan_baseline(tr->gg.g, &base) != RKM_OK) return -1;
+    if (rkm_plan_baseline(tr->gg.g, &base) != RKM_OK) {
+        gpt2_step_free(&st);
+        return -1;
+    }
     int bad = gpt2_step_load(&st, tr->h_tokens, tr->h_targets) != 0;
     if (!bad) bad = gpt2_step_run(&st, base, tr->key) != RKM_OK;
-    double max_ref = 0.0, max_diff = 0.0;
-    for (size_t i = 0; !bad && i < tr->host_model.num_params; i++) {
-        double c = tr->host_model.grads[i], gdiff = fabs((double)ref->grads[i] - c);
-        if (fabs(c) > max_ref) max_ref = fabs(c);
-        if (gdiff > max_diff) max_diff = gdiff;
+    int ok = !bad, worst = 0;
+    double worst_ratio = -1.0, max_all = 0.0;
+    size_t off = 0;
+    for (int k = 0; k < GPT2_NUM_PARAMS && !bad; k++) {
+        double max_ref = 0.0, max_diff = 0.0;
+        for (size_t i = off; i < off + tr->host_model.sizes[k]; i++) {
+            double c = tr->host_model.grads[i], d = fabs((double)gpu[i] - c);
+            if (fabs(c) > max_ref) max_ref = fabs(c);
+            if (!(d <= max_diff)) max_diff = d == d ? d : INFINITY; /* NaN: infinitely wrong */
+        }
+        off += tr->host_model.sizes[k];
+        if (max_ref > max_all) max_all = max_ref;
+        double ratio = max_ref > 0.0 ? max_diff / max_ref : max_diff > 0.0 ? INFINITY : 0.0;
+        if (!(ratio <= 1e-3)) {
+            ok = 0;
+            printf("cpu check: %s: max |gpu-cpu| %.3e vs its max |cpu| %.3e: MISMATCH\n", PARAM_NAMES[k], max_diff,
+                   max_ref);
+        }
+        if (ratio > worst_ratio) worst_ratio = ratio, worst = k;
     }
-    double ldiff = fabs(st.loss - ref->loss) / fabs(st.loss);
-    int ok = !bad && ldiff < 1e-4 && max_diff <= 1e-3 * max_ref;
-    printf("cpu check: loss cpu %.6f gpu %.6f (rel diff %.2e); gradients max |gpu-cpu| %.3e vs max |cpu| %.3e: %s\n",
-           st.loss, ref->loss, ldiff, max_diff, max_ref, ok ? "ok" : "MISMATCH");
+    double ldiff = fabs(st.loss - gpu_loss) / fabs(st.loss);
+    if (!(ldiff < 1e-4)) ok = 0;
+    printf("cpu check: loss cpu %.6f gpu %.6f (rel diff %.2e); gradients per parameter tensor, worst %s "
+           "(max |gpu-cpu| / max |cpu| %.2e, at most 1e-3; the largest of all %.3e): %s\n",
+           st.loss, gpu_loss, ldiff, PARAM_NAMES[worst], worst_ratio, max_all, ok ? "ok" : "MISMATCH");
     gpt2_step_unload(&st);
     gpt2_step_free(&st);
     rkm_plan_destroy(base);
     return ok ? 0 : 1;
 }
 
+/* The baseline's GPU gradients for the CPU check, one element of tensor
+ * o->perturb moved by 5 % of the tensor's largest gradient
+ * (--check-perturb: the check must see it). A copy: the plans still
+ * compare with the baseline's own bits. NULL when out of memory. */
+static float *perturbed(const trainer *tr, const options *o, const float *grads)
+{
+    size_t np = tr->host_model.num_params, off = 0;
+    float *g = (float *)malloc(np * sizeof(float));
+    if (!g) return NULL;
+    memcpy(g, grads, np * sizeof(float));
+    for (int k = 0; k < o->perturb; k++) off += tr->host_model.sizes[k];
+    float m = 0.0f;
+    for (size_t i = off; i < off + tr->host_model.sizes[o->perturb]; i++) m = fmaxf(m, fabsf(g[i]));
+    g[off] += 0.05f * m;
+    printf("cpu check: --check-perturb %s: its first gradient moved by %.3e\n", PARAM_NAMES[o->perturb],
+           (double)(0.05f * m));
+    return g;
+}
+
 static int run_budgets(trainer *tr, const options *o, reference *ref, float *grads, float *losses, int *failed)
 {
     rkm_solve_desc sd;
     rkm_planner *pl;
+    rkm_planner_stats pst;
     memset(&sd, 0, sizeof sd);
     sd.algo = o->algo;
     rkm_result r = rkm_planner_create(tr->gg.g, &sd, &pl);
-    if (r != RKM_OK) return fail_msg(tr, "planner: %s", lib_msg(tr));
+    if (r != RKM_OK) return fail_lib(tr, "planner", r);
+    if (rkm_planner_stats_get(pl, &pst) == RKM_OK) printf("planner: %s\n", rkm_algo_name(pst.algo));
     uint64_t base_peak = 0;
     rkm_graph_stats gs;
     if (rkm_graph_stats_get(tr->gg.g, &gs) == RKM_OK) base_peak = gs.baseline_peak;
@@ -1052,23 +1276,24 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
         snprintf(label, sizeof label, "%g%%", o->budgets[i]);
         if (o->budgets[i] < 0.0) {
             if ((r = rkm_planner_min_budget(pl, &budget)) != RKM_OK) {
-                rc = fail_msg(tr, "smallest budget: %s", lib_msg(tr));
+                rc = fail_lib(tr, "smallest budget", r);
                 break;
             }
             snprintf(label, sizeof label, "min %.0f%%", 100.0 * (double)budget / (double)base_peak);
         }
         r = rkm_planner_solve(pl, budget, &plan);
         if (r == RKM_ERROR_BUDGET) {
-            printf("%-9s no %s plan fits: %s\n", label, rkm_algo_name(o->algo), lib_msg(tr));
+            printf("%-9s no %s plan fits: %s\n", label, rkm_algo_name(pst.algo), lib_msg(tr));
             continue;
         }
         if (r != RKM_OK) {
-            rc = fail_msg(tr, "plan at %s: %s", label, lib_msg(tr));
+            rc = fail_lib(tr, label, r);
             break;
         }
         outcome oc;
         memset(&oc, 0, sizeof oc);
-        rc = run_plan(tr, plan, o->steps, grads, losses, &oc);
+        oc.budget = budget;
+        rc = run_plan(tr, o, plan, grads, losses, &oc);
         if (!rc) {
             size_t n = (size_t)tr->s.B * tr->s.T;
             oc.grads_equal = memcmp(grads, ref->grads, tr->host_model.num_params * sizeof(float)) == 0;
@@ -1076,6 +1301,10 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
             print_row(label, &oc, ref);
             if (!oc.grads_equal || !oc.loss_equal || oc.measured_peak != oc.sim_peak || oc.sim_peak > budget)
                 *failed = 1;
+            if (o->check_arena && oc.arena_bytes > budget) {
+                printf("%-9s the arena (%llu bytes) is over the budget\n", label, (unsigned long long)oc.arena_bytes);
+                *failed = 1;
+            }
         }
         rkm_plan_destroy(plan);
     }
@@ -1083,23 +1312,34 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
     return rc;
 }
 
+/* Host buffers the results are copied into: pinned, as the device copies
+ * want them. */
+static int pinned_floats(trainer *tr, float **p, size_t n)
+{
+    CK(cudaMallocHost((void **)p, n * sizeof(float)), "pinned results");
+    return 0;
+}
+
 static int run_all(trainer *tr, const options *o, int *failed)
 {
     size_t np = tr->host_model.num_params, N = (size_t)tr->s.B * tr->s.T;
     reference ref;
+    float *grads = NULL, *losses = NULL;
     memset(&ref, 0, sizeof ref);
-    float *grads = (float *)malloc(np * sizeof(float)), *losses = (float *)malloc(N * sizeof(float));
-    ref.grads = (float *)malloc(np * sizeof(float));
-    ref.losses = (float *)malloc(N * sizeof(float));
-    int rc = !grads || !losses || !ref.grads || !ref.losses;
-    if (rc) snprintf(tr->err, sizeof tr->err, "out of host memory");
-    if (!rc) rc = profile(tr, o);
+    int rc = pinned_floats(tr, &grads, np);
+    if (!rc) rc = pinned_floats(tr, &losses, N);
+    if (!rc) rc = pinned_floats(tr, &ref.grads, np);
+    if (!rc) rc = pinned_floats(tr, &ref.losses, N);
+    if (!rc && o->profile_runs > 0) rc = profile(tr, o);
     rkm_plan *base = NULL;
     outcome bo;
     memset(&bo, 0, sizeof bo);
-    if (!rc && rkm_plan_baseline(tr->gg.g, &base) != RKM_OK)
-        rc = fail_msg(tr, "baseline: %s", lib_msg(tr));
-    if (!rc) rc = run_plan(tr, base, o->steps, ref.grads, ref.losses, &bo);
+    if (!rc && rkm_plan_baseline(tr->gg.g, &base) != RKM_OK) rc = fail_msg(tr, "baseline: %s", lib_msg(tr));
+    if (!rc) {
+        rkm_graph_stats gs;
+        if (rkm_graph_stats_get(tr->gg.g, &gs) == RKM_OK) bo.budget = gs.baseline_peak;
+        rc = run_plan(tr, o, base, ref.grads, ref.losses, &bo);
+    }
     if (!rc) {
         ref.loss = bo.loss;
         ref.step_seconds = bo.step_seconds;
@@ -1111,13 +1351,18 @@ static int run_all(trainer *tr, const options *o, int *failed)
         if (bo.measured_peak != bo.sim_peak) *failed = 1;
     }
     if (!rc && o->check_cpu) {
-        int c = check_cpu(tr, &ref);
+        float *g = o->perturb >= 0 ? perturbed(tr, o, ref.grads) : ref.grads;
+        int c = g ? check_cpu(tr, g, ref.loss) : -1;
+        if (g != ref.grads) free(g);
         if (c < 0) rc = fail_msg(tr, "cpu check: setup failed");
         else if (c > 0) *failed = 1;
     }
     if (!rc) rc = run_budgets(tr, o, &ref, grads, losses, failed);
     rkm_plan_destroy(base);
-    free(grads), free(losses), free(ref.grads), free(ref.losses);
+    cudaFreeHost(grads);
+    cudaFreeHost(losses);
+    cudaFreeHost(ref.grads);
+    cudaFreeHost(ref.losses);
     return rc;
 }
 
@@ -1133,8 +1378,9 @@ int main(int argc, char **argv)
     }
     trainer tr;
     int failed = 0;
-    printf("gpt2_cuda: L=%d C=%d NH=%d V=%d B=%d T=%d dropout=%g algo=%s\n", o.shape.L, o.shape.C, o.shape.NH,
-           o.shape.V, o.shape.B, o.shape.T, (double)o.dropout, rkm_algo_name(o.algo));
+    printf("gpt2_cuda: L=%d C=%d NH=%d V=%d B=%d T=%d dropout=%g inplace=%d algo=%s%s\n", o.shape.L, o.shape.C,
+           o.shape.NH, o.shape.V, o.shape.B, o.shape.T, (double)o.dropout, o.shape.inplace, rkm_algo_name(o.algo),
+           o.poison ? " poison" : "");
     int rc = trainer_init(&tr, ctx, &o.shape, o.dropout);
     if (!rc) rc = run_all(&tr, &o, &failed);
     if (rc) fprintf(stderr, "gpt2_cuda: %s\n", tr.err);

@@ -2,7 +2,8 @@
  *
  * Each tests/test_*.c is one program: TEST(name) functions, run from main()
  * with RUN(name), ending with TEST_END() which prints
- * "<file>: N passed, N failed" and returns non-zero on failure.
+ * "<file>: N passed, N failed" and returns non-zero on failure. It also
+ * compiles as C++ (tests/test_cuda.cc).
  * tests/run.sh runs every program and prints the total line. */
 #ifndef RKM_TEST_H
 #define RKM_TEST_H
@@ -196,10 +197,10 @@ typedef struct sbuf {
 
 static inline int sbuf_write(void *user, const char *data, size_t len)
 {
-    sbuf *b = user;
+    sbuf *b = (sbuf *)user;
     if (b->len + len + 1 > b->cap) {
         size_t ncap = (b->len + len + 1) * 2;
-        char *nd = realloc(b->data, ncap);
+        char *nd = (char *)realloc(b->data, ncap);
         if (!nd) return 1;
         b->data = nd;
         b->cap = ncap;
@@ -320,9 +321,13 @@ static inline void test_check_layouts(const rkm_plan *p)
 static inline void test_check_arena_runs(const rkm_graph *g, const rkm_plan *p, uint64_t peak)
 {
     for (int layout = 0; layout < 2; layout++) {
-        rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
+        rkm_arena_exec_desc d;
         rkm_arena_exec *x = NULL;
-        rkm_arena_stats as = {0};
+        rkm_arena_stats as;
+        memset(&d, 0, sizeof d);
+        memset(&as, 0, sizeof as);
+        d.graph = g;
+        d.capacity = RKM_ARENA_UNBOUNDED;
         CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
         CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
         rkm_arena_exec_arena_stats(x, &as);
