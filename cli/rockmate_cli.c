@@ -1517,6 +1517,32 @@ static void cli_sweep_free(cli_sweep *s)
     free(s->budgets);
 }
 
+/* A sweep result's figure in one of the text tables: its overhead (% of
+ * the baseline time) or its arena (% of the baseline peak). */
+static double cli_sweep_cell(const cli_graph *G, const cli_result *r, int arena)
+{
+    return arena ? cli_percent((double)r->arena, (double)G->st.baseline_peak)
+                 : 100 * (r->ps.time / G->st.baseline_time - 1);
+}
+
+/* One table: a row per budget, a column per algorithm ('-': no plan). */
+static void cli_sweep_table(const cli_sweep *s, int arena)
+{
+    char a[32];
+    for (size_t i = 0; i < s->n_budgets; i++) {
+        printf("%12s %8.2f", cli_size(a, sizeof a, s->budgets[i]),
+               cli_percent((double)s->budgets[i], (double)s->G->st.baseline_peak));
+        for (int k = 0; k < s->n_algos; k++) {
+            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
+            if (r->plan)
+                printf(" %10.2f", cli_sweep_cell(s->G, r, arena));
+            else
+                printf(" %10s", "-");
+        }
+        printf("\n");
+    }
+}
+
 static void cli_sweep_text(const cli_sweep *s)
 {
     const cli_graph *G = s->G;
@@ -1527,32 +1553,10 @@ static void cli_sweep_text(const cli_sweep *s)
     printf("%12s %8s", "budget", "budget%");
     for (int k = 0; k < s->n_algos; k++) printf(" %10s", rkm_algo_name(s->algo[k]));
     printf("\n");
-    for (size_t i = 0; i < s->n_budgets; i++) {
-        printf("%12s %8.2f", cli_size(a, sizeof a, s->budgets[i]),
-               cli_percent((double)s->budgets[i], (double)G->st.baseline_peak));
-        for (int k = 0; k < s->n_algos; k++) {
-            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
-            if (r->plan)
-                printf(" %10.2f", 100 * (r->ps.time / G->st.baseline_time - 1));
-            else
-                printf(" %10s", "-");
-        }
-        printf("\n");
-    }
+    cli_sweep_table(s, 0);
     /* what a host allocates: within the budget by construction */
     printf("arena at %" PRIu64 "-byte alignment (%% of the baseline peak) per budget\n", s->alignment);
-    for (size_t i = 0; i < s->n_budgets; i++) {
-        printf("%12s %8.2f", cli_size(a, sizeof a, s->budgets[i]),
-               cli_percent((double)s->budgets[i], (double)G->st.baseline_peak));
-        for (int k = 0; k < s->n_algos; k++) {
-            const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
-            if (r->plan)
-                printf(" %10.2f", cli_percent((double)r->arena, (double)G->st.baseline_peak));
-            else
-                printf(" %10s", "-");
-        }
-        printf("\n");
-    }
+    cli_sweep_table(s, 1);
 }
 
 static void cli_sweep_json(const cli_sweep *s)
