@@ -6890,6 +6890,9 @@ typedef struct rkm__dtr {
     rkm__sim s;
     rkm__steps out;
     uint64_t budget;
+    uint64_t cap;          /* the allocator's bytes: the budget, or unbounded in bytes mode */
+    uint64_t step_need;    /* the bytes the step being placed creates */
+    int bytes_mode;        /* evict by bytes live, as counted (the placer lays the plan out after) */
     size_t max_steps;      /* a plan longer than this is thrashing: give up */
     double time, max_time; /* compute so far; over max_time (a plan already found) it cannot win: give up */
     int32_t *lock_t;       /* per tensor: pinned by steps in progress */
@@ -6978,7 +6981,7 @@ static int rkm__dtr_alloc(rkm__dtr *d, uint64_t bytes, int64_t owner, uint64_t *
     uint64_t lo = 0;
     size_t k = 0;
     for (; k < d->n_blk && d->at[k] - lo < bytes; k++) lo = d->end[k];
-    if (k == d->n_blk && (lo > d->budget || d->budget - lo < bytes)) return 0;
+    if (k == d->n_blk && (lo > d->cap || d->cap - lo < bytes)) return 0;
     size_t c1 = d->cap_blk, c2 = d->cap_blk, c3 = d->cap_blk;
     if (!rkm__reserve(d->g->ctx, (void **)&d->at, &c1, d->n_blk + 1, sizeof *d->at) ||
         !rkm__reserve(d->g->ctx, (void **)&d->end, &c2, d->n_blk + 1, sizeof *d->end) ||
@@ -7051,6 +7054,7 @@ static uint64_t rkm__dtr_place(rkm__dtr *d, const rkm_step *st, uint64_t *ws, in
     }
 #undef RKM__DTR_TAKE
     if (!ok) rkm__dtr_place(d, st, ws, 1); /* its need: all of the step's new bytes */
+    d->step_need = need;
     return ok ? 0 : need ? need : 1;
 }
 
@@ -7086,7 +7090,7 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
         uint64_t from = i ? d->end[i - 1] : 0;
         if (j < i) j = i, cost = 0;
         for (; j < d->n_blk && d->at[j] < from + need && d->cost[j] >= 0; j++) cost += d->cost[j];
-        uint64_t to = j < d->n_blk ? d->at[j] : d->budget;
+        uint64_t to = j < d->n_blk ? d->at[j] : d->cap;
         if (to >= from + need && j > i && cost < best) best = cost, best_i = i, best_j = j;
         if (j > i) cost -= d->cost[i]; /* block i leaves the run */
     }
@@ -7120,19 +7124,24 @@ static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t sav
     if (kind == RKM_STEP_FREE_GRAD) rkm__dtr_unalloc(d, &d->off_g[index]);
 }
 
+/* Evict the least of rkm__dtr_victim; none left: the budget cannot be met. */
+static void rkm__dtr_evict(rkm__dtr *d)
+{
+    int is_op = 0;
+    int32_t id = -1;
+    if (!rkm__dtr_victim(d, &is_op, &id)) d->failed = 1;
+    else rkm__dtr_apply(d, is_op ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, id, 0);
+}
+
 /* Room for compute step (kind, index, save): evict until its new buffers
  * are placed in the arena, then run it; its workspace goes after it. */
 static int rkm__dtr_run(rkm__dtr *d, int32_t kind, int32_t index, int32_t save)
 {
     rkm_step st = {kind, index, save, 0};
     uint64_t ws = UINT64_MAX, need;
-    while (!d->failed && (need = rkm__dtr_place(d, &st, &ws, 0)) != 0) {
-        int is_op = 0;
-        int32_t id = -1;
-        if (d->failed || rkm__dtr_window(d, need)) continue; /* a hole for all of it, at the least cost */
-        if (!rkm__dtr_victim(d, &is_op, &id)) d->failed = 1;
-        else rkm__dtr_apply(d, is_op ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, id, 0);
-    }
+    while (!d->failed && (need = rkm__dtr_place(d, &st, &ws, 0)) != 0)
+        if (!d->failed && !rkm__dtr_window(d, need)) rkm__dtr_evict(d); /* a hole for all of it, at the least cost */
+    while (d->bytes_mode && !d->failed && d->s.mem + d->step_need > d->budget) rkm__dtr_evict(d); /* room by bytes */
     if (d->failed) return 0;
     rkm__dtr_apply(d, kind, index, save);
     rkm__dtr_unalloc(d, &ws);
@@ -7270,11 +7279,14 @@ static void rkm__dtr_free(rkm__dtr *d)
 }
 
 /* Per tensor, the program's reads: forwards reading it, backwards saving it. */
-static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score, double max_time)
+static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score, int bytes_mode,
+                                double max_time)
 {
     memset(d, 0, sizeof *d);
     d->g = g;
     d->budget = budget;
+    d->bytes_mode = bytes_mode;
+    d->cap = bytes_mode ? UINT64_MAX : budget;
     d->score = score;
     d->max_time = max_time;
     d->out.ctx = g->ctx;
@@ -7315,10 +7327,11 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
 
 /* DTR's steps for `budget` with eviction score `score` into *draft;
  * draft->n == 0 when it cannot meet the budget. */
-static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, double max_time, rkm__steps *draft)
+static rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, double max_time,
+                                 rkm__steps *draft)
 {
     rkm__dtr d;
-    rkm_result r = rkm__dtr_init(&d, g, budget, score, max_time);
+    rkm_result r = rkm__dtr_init(&d, g, budget, score, bytes_mode, max_time);
     if (r) return r;
     for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_loss(&d);
@@ -8325,20 +8338,44 @@ static rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double 
     return r;
 }
 
-/* The fastest of DTR's plans (one per eviction score) for exactly
- * `budget`, or *out NULL where none meets it. first: stop at the first
- * plan (to learn whether there is one). */
+/* A bytes-mode plan stays only if its layout fits the budget (*p NULL
+ * otherwise): where it does, it is often faster than the allocator's, which
+ * evicts to make holes a placer that knows every lifetime does not need. */
+static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    size_t n = (*p)->n_buffers;
+    rkm_buffer *b = rkm__alloc(pl->ctx, (n + 1) * sizeof *b);
+    uint64_t arena = UINT64_MAX, peak;
+    rkm_result r = b ? RKM_OK : rkm__nomem(pl->ctx, "dtr layout");
+    if (b) memcpy(b, (*p)->buffers, n * sizeof *b);
+    if (!r && rkm__layout(pl->ctx, b, n, pl->d.alignment, RKM__LAY_ALL, &arena, &peak))
+        r = rkm__nomem(pl->ctx, "dtr layout");
+    rkm__free(pl->ctx, b, (n + 1) * sizeof *b);
+    if (r || arena > budget) {
+        rkm_plan_destroy(*p);
+        *p = NULL;
+    }
+    return r;
+}
+
+/* The fastest of DTR's plans for exactly `budget` (one per eviction score
+ * on the allocator, then in bytes mode where the layout fits), or *out
+ * NULL where none meets it. first: stop at the first plan (to learn
+ * whether there is one; the allocator's only). */
 static rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int score = 0; score < RKM__DTR_SCORES && !r && !(first && *out); score++) {
+    for (int k = 0; k < 2 * RKM__DTR_SCORES && !r && !(first && *out); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
+        int bytes = k >= RKM__DTR_SCORES;
+        if (bytes && first) break;
         /* a score whose compute passes the best plan's time stops there (a
          * thrashing one would run to max_steps) */
-        r = rkm__dtr_steps(pl->g, budget, score, *out ? (*out)->stats.time : INFINITY, &d);
+        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
         if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
+        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p);
         *out = rkm__faster(*out, p);
     }
     if (r) {
