@@ -798,8 +798,8 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  *   desc.capacity, each buffer at the lowest 256-aligned offset free when it
  *   is made, as a dynamic allocator would: it can need more than the plan's
  *   arena, since it does not know the lifetimes ahead (on 349 plans of
- *   the bundled graphs, 5 % more than the peak on geometric mean, up to
- *   47 %; bench/bench_layout);
+ *   the bundled graphs, 5.5 % more than the peak on geometric mean, up
+ *   to 47 %; bench/bench_layout);
  *   rkm_arena_layout gives the exact capacity a plan needs that way, and
  *   the stats' high_water what a run took.
  * - measure (measure 1, for profiling): first fit, and each op's workspace is
