@@ -636,7 +636,8 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
  * while one byte under that arena still finds a plan); later calls return
  * the same value. rkm_planner_solve meets it and every budget above it
  * (where its own search finds no plan there, it hands out a copy of this
- * one), and not one byte under it. The searches are not monotone in the
+ * one), and not one byte under it (the descent stops there, or after 16
+ * plans). The searches are not monotone in the
  * budget, so a budget further below may still be met: "smallest" is the
  * least this search found, not a proof. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
