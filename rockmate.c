@@ -1402,6 +1402,19 @@ static void rkm__steps_free(rkm__steps *l)
     l->n = l->cap = 0;
 }
 
+/* A draft of the n given steps (each as rkm__steps_push_step copies it),
+ * for a birth; out of memory names `what` and leaves nothing. */
+static rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
+{
+    *d = (rkm__steps){ctx, NULL, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (!rkm__steps_push_step(d, &steps[i])) {
+            rkm__steps_free(d);
+            return rkm__nomem(ctx, what);
+        }
+    return RKM_OK;
+}
+
 /* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor? */
 static int rkm__step_on_op(int32_t kind)
 {
@@ -1489,12 +1502,8 @@ rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, 
 {
     rkm_result r = rkm__plan_args(g, out, steps || !n, "rkm_plan_create", "steps");
     if (r) return r;
-    rkm__steps d = {g->ctx, NULL, 0, 0};
-    for (size_t i = 0; i < n; i++)
-        if (!rkm__steps_push_step(&d, &steps[i])) {
-            rkm__steps_free(&d);
-            return rkm__nomem(g->ctx, "rkm_plan_create");
-        }
+    rkm__steps d;
+    if ((r = rkm__steps_copy(g->ctx, steps, n, &d, "rkm_plan_create"))) return r;
     return rkm__plan_handout(rkm__plan_birth(g, &d, res, out), RKM_ARENA_ALIGN, out);
 }
 
@@ -3366,13 +3375,10 @@ static rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
  * functions of the steps). */
 static rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
 {
-    rkm__steps d = {p->ctx, NULL, 0, 0};
-    for (size_t i = 0; i < p->n_steps; i++)
-        if (!rkm__steps_push_step(&d, &p->steps[i])) {
-            rkm__steps_free(&d);
-            return rkm__nomem(p->ctx, "plan copy");
-        }
-    rkm_result r = rkm__plan_birth(p->g, &d, NULL, out);
+    rkm__steps d;
+    rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
+    if (r) return r;
+    r = rkm__plan_birth(p->g, &d, NULL, out);
     if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
         rkm_plan_destroy(*out);
         *out = NULL;
@@ -7905,11 +7911,9 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
     *out = NULL;
     rkm_result r = RKM_OK;
     if (pl->g != pl->user) {
-        rkm__steps d = {pl->ctx, NULL, 0, 0};
-        for (size_t i = 0; i < p->n_steps && !r; i++)
-            if (!rkm__steps_push_step(&d, &p->steps[i])) r = rkm__nomem(pl->ctx, "plan");
-        if (r) rkm__steps_free(&d);
-        else if ((r = rkm__plan_birth(pl->user, &d, NULL, out)) == RKM_ERROR_PLAN)
+        rkm__steps d;
+        r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan");
+        if (!r && (r = rkm__plan_birth(pl->user, &d, NULL, out)) == RKM_ERROR_PLAN)
             r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
                          rkm_algo_name(pl->d.algo));
         if (!r) (*out)->stats.gap = p->stats.gap;
@@ -8369,11 +8373,10 @@ static rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < 2 * RKM__DTR_SCORES && !r && !(first && *out); k++) {
+    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
         int bytes = k >= RKM__DTR_SCORES;
-        if (bytes && first) break;
         /* a score whose compute passes the best plan's time stops there (a
          * thrashing one would run to max_steps) */
         r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
