@@ -3,6 +3,8 @@
 #   make              libraries (static + shared), the CLI and the examples
 #   make lib          the library only
 #   make test         build everything, run the suite (tests/run.sh)
+#   make amalgamation write rockmate.c from src/ (src/amalgamate.sh); the
+#                     build refuses a rockmate.c that differs from it
 #   make demo         build and run the demo
 #   make llmc LLMC=path   build examples/llmc.c against an llm.c checkout and run
 #                     it (llm.c's own kernels under rockmate plans, checked bit
@@ -130,7 +132,7 @@ DUMMY_LAUNCH_SED = sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<(.*)>>>\(/RKM_DUMMY_LAUN
 # dummy device (run by tests/test_cuda_dummy.sh).
 DUMMY_TESTS = $(if $(CXX_FOUND),$(BUILD)/tests/test_cuda $(BUILD)/tests/gpt2_cuda_dummy)
 
-.PHONY: all lib cli examples tests test demo llmc cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
+.PHONY: all lib cli examples tests test amalgamation check-amalgamation demo llmc cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
 
 all: lib cli examples
@@ -145,7 +147,30 @@ tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS) $(DUMMY_TESTS)
 	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
 	@$(if $(CXX_FOUND),:,echo "tests: $(CXX) not found, skipping the dummy CUDA device")
 
-test: lib cli examples tests $(if $(NVCC),cuda) | test-deps
+# rockmate.c is generated from src/ and committed, so that users vendor two
+# files. Nothing writes it behind a developer's back: where src/ is newer,
+# the build checks that rockmate.c is what src/ makes and, if not, says to
+# run make amalgamation; make test checks it whatever the times say.
+SRC_FILES = src/internal.h $(wildcard src/*.c) src/amalgamate.sh
+
+amalgamation:
+	sh src/amalgamate.sh
+
+# Also: each source file builds on its own through internal.h (so that the
+# private header is the whole interface between files), none is over 1,500
+# lines.
+check-amalgamation: | deps
+	@sh src/amalgamate.sh --check
+	@for f in $(filter %.c,$(SRC_FILES)); do \
+	  $(CC) $(STD_FLAGS) -Werror -I. $(DEFS) -fsyntax-only $$f || exit 1; \
+	  n=$$(wc -l <$$f); [ $$n -le 1500 ] || { echo "$$f: $$n lines, over 1500: split it"; exit 1; }; \
+	done
+
+rockmate.c: $(SRC_FILES)
+	@sh src/amalgamate.sh --check
+	@touch $@
+
+test: check-amalgamation lib cli examples tests $(if $(NVCC),cuda) | test-deps
 	@$(if $(NVCC),:,echo "test: nvcc not found, skipping the CUDA sources")
 	RKM_BUILD=$(BUILD) tests/run.sh $(BUILD)
 

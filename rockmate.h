@@ -519,7 +519,7 @@ size_t rkm_plan_num_buffers(const rkm_plan *p);
  * lays the plan out anew into the caller's array (the plan is not
  * changed). The arena is never below the aligned peak (the most aligned
  * bytes live in one step, which no layout can beat) and reaches it on most
- * plans: the placer (rockmate.c, section 5) tries an O(n log n) skyline,
+ * plans: the placer (src/layout.c) tries an O(n log n) skyline,
  * then, where that misses, a bounded search whose work is counted in units,
  * not seconds, so that the same plan gets the same offsets on every
  * machine. */

@@ -1,4 +1,4 @@
-/* test_dp.c -- the chain DP (section 10) against exhaustive search. */
+/* test_dp.c -- the chain DP (src/chain.c) against exhaustive search. */
 #include "../rockmate.c"
 #include "test.h"
 

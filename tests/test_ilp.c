@@ -1,4 +1,4 @@
-/* test_ilp.c -- the block ILP (section 9) against exhaustive search.
+/* test_ilp.c -- the block ILP (src/ilp.c) against exhaustive search.
  *
  * The brute force walks every plan the simulator accepts, memoised on the
  * replay state (Dijkstra on time, steps over the budget cut off). In its

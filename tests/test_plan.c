@@ -519,7 +519,7 @@ TEST(long_chain_is_bounded)
     rkm_context_destroy(ctx);
 }
 
-/* The polish (section 12) on the worked example of docs/formats.md: the
+/* The polish (src/search.c) on the worked example of docs/formats.md: the
  * plan that recomputes fc keeps it at 3400 bytes, loses it at the baseline
  * peak; a dead forward and a save nobody reads go at any budget. */
 static const char toy_graph[] = "rockmate-graph 1\ntensor x 400 input\ntensor h 1000\ntensor a 1000\ntensor s 1000\n"
@@ -570,7 +570,7 @@ TEST(polish_drops_recomputes_that_fit)
     rkm_context_destroy(ctx);
 }
 
-/* The squeeze (section 12) on the worked example: the baseline plan peaks
+/* The squeeze (src/search.c) on the worked example: the baseline plan peaks
  * at 4400 bytes; squeezed to 3400 it frees h and runs fc again before gelu's
  * backward, the one recomputation the example's 3400-byte plan makes. */
 TEST(squeeze_brings_a_plan_within_the_budget)
@@ -601,7 +601,7 @@ TEST(squeeze_brings_a_plan_within_the_budget)
     rkm_context_destroy(ctx);
 }
 
-/* The chain DP tries a few slot budgets above a budget's own (section 12,
+/* The chain DP tries a few slot budgets above a budget's own (src/planner.c,
  * rkm__solve_dp_up): on mlp16 at the reference's 36.85 % (1835264 bytes) the
  * plan for two slots more fits in bytes and is faster (rotor: 70 % overhead
  * against 151 %), and a budget below the DP's floor still gets none. */

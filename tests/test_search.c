@@ -92,7 +92,7 @@ TEST(rockmate_squeezes_plans_for_more_memory)
     rkm_context_destroy(ctx);
 }
 
-/* The kicks and the squeeze's lookahead (section 12) leave the local optima
+/* The kicks and the squeeze's lookahead (src/search.c) leave the local optima
  * of the plain squeeze and polish: at the peaks of the reference plans (an
  * exact MILP's) on mlp16 at 36.85 % and gpt2-tiny at its smallest proved
  * peak, rockmate is as fast as them, where without the kicks it is 2 % and
@@ -119,7 +119,7 @@ TEST(rockmate_meets_the_reference_plans)
 
 #ifndef RKM_OMIT_SOLVER
 /* A U-Net's outer block (its input, the skip tensor, held) cuts into a
- * chain, so a nested planner gives it options (section 12, nesting):
+ * chain, so a nested planner gives it options (src/nest.c):
  * unet-d4's 37-op block nests, its 27-op inner block again (and at
  * nest_ops 12 the 17-op one inside that), with the block ILP left out over
  * 24 ops; unet-d2's 17-op block nests once at nest_ops 12, not at the

@@ -1,0 +1,514 @@
+/* graph.c -- the graph builder: tensors, ops, validation, gradients and backwards
+ *
+ * Uses (through internal.h): base.c, baseline.c, structure.c. */
+#include "internal.h"
+
+/* The most a forward of o holds transiently: its workspace, and its scratch
+ * on a run that keeps no saved state. Fits in 64 bits (rkm__bytes_fit). */
+RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o) { return o->fwd_ws + o->scratch; }
+
+RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->tensors[id].name; }
+static const char *rkm__op_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->ops[id].name; }
+
+/* Graph error: prefixes "source:line: " when a reader is active. */
+static rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
+{
+    char msg[RKM_ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (g->src_name && line > 0) return rkm__err(g->ctx, code, "%s:%d: %s", g->src_name, (int)line, msg);
+    return rkm__err(g->ctx, code, "%s", msg);
+}
+
+RKM_PRIVATE int rkm__name_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char c = (unsigned char)s[n];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+              c == ':' || c == '/' || c == '[' || c == ']' || c == '-'))
+            return 0;
+    }
+    return n > 0 && n <= RKM_NAME_MAX;
+}
+
+rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
+{
+    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    rkm_graph *g = rkm__calloc(ctx, 1, sizeof *g);
+    if (!g) return rkm__nomem(ctx, "rkm_graph_create");
+    g->ctx = ctx;
+    g->loss = -1;
+    *out = g;
+    return RKM_OK;
+}
+
+RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
+{
+    rkm__free(g->ctx, g->blocks, (size_t)g->n_blocks * sizeof *g->blocks);
+    rkm__free(g->ctx, g->block_ops, g->n_ops * sizeof *g->block_ops);
+    g->blocks = NULL;
+    g->block_ops = NULL;
+    g->n_blocks = g->n_classes = 0;
+}
+
+void rkm_graph_destroy(rkm_graph *g)
+{
+    if (!g) return;
+    rkm_context *ctx = g->ctx;
+    for (size_t i = 0; i < g->n_tensors; i++) rkm__strfree(ctx, g->tensors[i].name);
+    for (size_t i = 0; i < g->n_ops; i++) {
+        rkm__op *o = &g->ops[i];
+        rkm__strfree(ctx, o->name);
+        rkm__free(ctx, o->in, (size_t)(o->n_in + o->n_out + o->n_saved) * sizeof(int32_t));
+    }
+    rkm__graph_free_blocks(g);
+    rkm__free(ctx, g->tensors, g->cap_tensors * sizeof *g->tensors);
+    rkm__free(ctx, g->ops, g->cap_ops * sizeof *g->ops);
+    rkm__map_free(ctx, &g->tensor_map);
+    rkm__map_free(ctx, &g->op_map);
+    rkm__free(ctx, g, sizeof *g);
+}
+
+static rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
+{
+    if (g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is finalized and read-only", fn);
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, unsigned flags, int32_t *id)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    int32_t line = g->src_line;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_add_tensor");
+    if (r) return r;
+    if (!name) return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "tensor: name is NULL");
+    if (!rkm__name_ok(name))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
+    if (flags & ~(RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD))
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "tensor %s: unknown flags 0x%x", name, flags);
+    if (g->loss >= 0)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: nothing may follow the loss statement", name);
+    if (rkm__map_find(&g->tensor_map, name, rkm__tensor_name_of, g) >= 0)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: declared twice (tensor names are unique)", name);
+    if (g->n_tensors >= INT32_MAX - 1) return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: too many tensors", name);
+    if (!rkm__reserve(g->ctx, (void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof *g->tensors))
+        return rkm__nomem(g->ctx, "rkm_graph_add_tensor");
+    rkm__tensor *t = &g->tensors[g->n_tensors];
+    memset(t, 0, sizeof *t);
+    t->name = rkm__strdup(g->ctx, name);
+    if (!t->name) return rkm__nomem(g->ctx, "rkm_graph_add_tensor");
+    t->bytes = bytes;
+    t->flags = flags;
+    t->producer = -1;
+    t->line = line;
+    if (!rkm__map_insert(g->ctx, &g->tensor_map, (int32_t)g->n_tensors, rkm__tensor_name_of, g)) {
+        rkm__strfree(g->ctx, t->name);
+        return rkm__nomem(g->ctx, "rkm_graph_add_tensor");
+    }
+    if (id) *id = (int32_t)g->n_tensors;
+    g->n_tensors++;
+    return RKM_OK;
+}
+
+RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (list[i] == x) return 1;
+    return 0;
+}
+
+/* Checks one of an op's tensor lists: ids in range, no repeats. */
+static rkm_result rkm__check_list(const rkm_graph *g, int32_t line, const char *op, const char *what,
+                                  const int32_t *list, int32_t n)
+{
+    if (n < 0 || (n > 0 && !list))
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "op %s: %s list is NULL or has a negative length", op, what);
+    for (int32_t i = 0; i < n; i++) {
+        if (list[i] < 0 || (size_t)list[i] >= g->n_tensors)
+            return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "op %s: %s names tensor id %d, which does not exist", op, what,
+                             (int)list[i]);
+        if (rkm__list_has(list, i, list[i]))
+            return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: %s names tensor %s twice", op, what,
+                             g->tensors[list[i]].name);
+    }
+    return RKM_OK;
+}
+
+/* The in-place flags: known, on an op whose first input and first output
+ * have one size, the forward's not over an input tensor. */
+static rkm_result rkm__check_inplace(const rkm_graph *g, const rkm_op_desc *d, int32_t line)
+{
+    const char *nm = d->name;
+    if (d->flags & ~(RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE))
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "op %s: unknown flags 0x%x (RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE)",
+                         nm, d->flags & ~(RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE));
+    if (!d->flags) return RKM_OK;
+    const char *what = d->flags & RKM_OP_INPLACE ? "inplace" : "grad_inplace";
+    if (d->n_in == 0) return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: %s needs an input (in[0])", nm, what);
+    const rkm__tensor *a = &g->tensors[d->in[0]], *b = &g->tensors[d->out[0]];
+    if (a->bytes != b->bytes)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                         "op %s: %s needs the first input and the first output of one size (%s is %llu bytes, %s %llu)",
+                         nm, what, a->name, (unsigned long long)a->bytes, b->name, (unsigned long long)b->bytes);
+    if ((d->flags & RKM_OP_INPLACE) && (a->flags & RKM_TENSOR_INPUT))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: inplace over %s, an input (inputs are never overwritten)", nm,
+                         a->name);
+    return RKM_OK;
+}
+
+static rkm_result rkm__check_op_desc(const rkm_graph *g, const rkm_op_desc *d, int32_t line)
+{
+    const char *nm = d->name;
+    if (!rkm__name_ok(nm))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", nm);
+    if (g->loss >= 0) return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: ops come before the loss statement", nm);
+    if (rkm__map_find(&g->op_map, nm, rkm__op_name_of, g) >= 0)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: declared twice (op names are unique)", nm);
+    if (!(d->fwd_seconds >= 0) || !(d->bwd_seconds >= 0) || !isfinite(d->fwd_seconds) || !isfinite(d->bwd_seconds))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: fwd and bwd times are finite and non-negative", nm);
+    rkm_result r;
+    if ((r = rkm__check_list(g, line, nm, "in", d->in, d->n_in))) return r;
+    if ((r = rkm__check_list(g, line, nm, "out", d->out, d->n_out))) return r;
+    if ((r = rkm__check_list(g, line, nm, "saved", d->saved, d->n_saved))) return r;
+    if (d->n_out == 0) return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: an op writes at least one tensor (out=)", nm);
+    for (int32_t i = 0; i < d->n_in; i++) {
+        const rkm__tensor *t = &g->tensors[d->in[i]];
+        if (!(t->flags & RKM_TENSOR_INPUT) && t->producer < 0)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                             "op %s: reads %s, which is neither an input nor an output of an earlier op", nm, t->name);
+    }
+    for (int32_t i = 0; i < d->n_out; i++) {
+        const rkm__tensor *t = &g->tensors[d->out[i]];
+        if (t->flags & RKM_TENSOR_INPUT)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: writes %s, which is an input (inputs have no producer)",
+                             nm, t->name);
+        if (t->producer >= 0)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: writes %s, which op %s already writes (one producer per tensor)",
+                             nm, t->name, g->ops[t->producer].name);
+        if (rkm__list_has(d->in, d->n_in, d->out[i]))
+            return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: %s is both read and written", nm, t->name);
+    }
+    for (int32_t i = 0; i < d->n_saved; i++)
+        if (!rkm__list_has(d->in, d->n_in, d->saved[i]) && !rkm__list_has(d->out, d->n_out, d->saved[i]))
+            return rkm__gerr(g, RKM_ERROR_GRAPH, line, "op %s: saved tensor %s is neither in in= nor in out=", nm,
+                             g->tensors[d->saved[i]].name);
+    if (d->scratch > d->phantom)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                         "op %s: scratch=%llu is more than phantom=%llu (the scratch is the part of the phantom "
+                         "written on every run)",
+                         nm, (unsigned long long)d->scratch, (unsigned long long)d->phantom);
+    return rkm__check_inplace(g, d, line);
+}
+
+rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    int32_t line = g->src_line;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_add_op");
+    if (r) return r;
+    if (!d || !d->name) return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "rkm_graph_add_op: desc or its name is NULL");
+    if ((r = rkm__check_op_desc(g, d, line))) return r;
+    if (!rkm__reserve(g->ctx, (void **)&g->ops, &g->cap_ops, g->n_ops + 1, sizeof *g->ops))
+        return rkm__nomem(g->ctx, "rkm_graph_add_op");
+    rkm__op *o = &g->ops[g->n_ops];
+    memset(o, 0, sizeof *o);
+    size_t nl = (size_t)(d->n_in + d->n_out + d->n_saved);
+    o->name = rkm__strdup(g->ctx, d->name);
+    o->in = rkm__alloc(g->ctx, nl * sizeof(int32_t));
+    if (!o->name || !o->in) {
+        rkm__strfree(g->ctx, o->name);
+        rkm__free(g->ctx, o->in, nl * sizeof(int32_t));
+        return rkm__nomem(g->ctx, "rkm_graph_add_op");
+    }
+    int32_t *in = o->in;
+    *o = (rkm__op){o->name, d->fwd_seconds, d->bwd_seconds, in, in + d->n_in, in + d->n_in + d->n_out, d->n_in,
+                   d->n_out, d->n_saved, d->phantom, d->fwd_ws, d->bwd_ws, d->scratch, d->flags, line, 0};
+    if (d->n_in) memcpy(o->in, d->in, (size_t)d->n_in * sizeof(int32_t));
+    memcpy(o->out, d->out, (size_t)d->n_out * sizeof(int32_t));
+    if (d->n_saved) memcpy(o->saved, d->saved, (size_t)d->n_saved * sizeof(int32_t));
+    if (!rkm__map_insert(g->ctx, &g->op_map, (int32_t)g->n_ops, rkm__op_name_of, g)) {
+        rkm__strfree(g->ctx, o->name);
+        rkm__free(g->ctx, o->in, nl * sizeof(int32_t));
+        return rkm__nomem(g->ctx, "rkm_graph_add_op");
+    }
+    for (int32_t i = 0; i < o->n_out; i++) g->tensors[o->out[i]].producer = (int32_t)g->n_ops;
+    if (id) *id = (int32_t)g->n_ops;
+    g->n_ops++;
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    int32_t line = g->src_line;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_set_loss");
+    if (r) return r;
+    if (g->loss >= 0)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: given twice (the loss statement appears exactly once)");
+    if (tensor < 0 || (size_t)tensor >= g->n_tensors)
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "loss: tensor id %d does not exist", (int)tensor);
+    const rkm__tensor *t = &g->tensors[tensor];
+    if (t->flags & RKM_TENSOR_INPUT)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is an input tensor (the loss must be written by an op)",
+                         t->name);
+    if (t->producer < 0)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line,
+                         "loss: %s is not produced by an op declared before it (the loss statement comes after the op "
+                         "that writes the loss tensor, at the end)",
+                         t->name);
+    if (t->flags & RKM_TENSOR_NOGRAD)
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is nograd (the loss must have a gradient)", t->name);
+    g->loss = tensor;
+    g->loss_line = line;
+    return RKM_OK;
+}
+
+static void rkm__graph_derive(rkm_graph *g)
+{
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        g->tensors[t].has_grad = 0;
+        g->tensors[t].n_contrib = 0;
+        g->tensors[t].n_readers = 0;
+    }
+    g->has_inplace = 0;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        for (int32_t k = 0; k < g->ops[i].n_in; k++) g->tensors[g->ops[i].in[k]].n_readers++;
+        g->has_inplace |= g->ops[i].flags != 0;
+    }
+    /* Readers come after producers, so one reverse pass settles both. */
+    g->tensors[g->loss].has_grad = 1;
+    g->tensors[g->loss].n_contrib = 1;
+    for (size_t i = g->n_ops; i-- > 0;) {
+        rkm__op *o = &g->ops[i];
+        o->has_bwd = 0;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].has_grad) o->has_bwd = 1;
+        if (!o->has_bwd) continue;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            rkm__tensor *t = &g->tensors[o->in[k]];
+            if (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD)) continue;
+            t->has_grad = 1;
+            t->n_contrib++;
+        }
+    }
+}
+
+/* 2 x all tensors + all phantoms + the largest workspace fits in 64 bits,
+ * so that no memory sum anywhere can overflow. */
+static int rkm__bytes_fit(const rkm_graph *g)
+{
+    uint64_t total = 0, ws = 0;
+    int ok = 1;
+    for (size_t t = 0; t < g->n_tensors && ok; t++)
+        ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
+    for (size_t i = 0; i < g->n_ops && ok; i++) {
+        uint64_t f = 0; /* rkm__fwd_ws_most, checked here */
+        ok = rkm__add_u64(total, g->ops[i].phantom, &total) && rkm__add_u64(g->ops[i].fwd_ws, g->ops[i].scratch, &f);
+        if (f > ws) ws = f;
+        if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
+    }
+    return ok && rkm__add_u64(total, ws, &total);
+}
+
+static rkm_result rkm__graph_check_whole(rkm_graph *g)
+{
+    if (g->loss < 0) return rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "no loss statement (exactly one is required)");
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        if (!(x->flags & RKM_TENSOR_INPUT) && x->producer < 0)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, x->line, "tensor %s: not an input and no op writes it", x->name);
+    }
+    /* Every op must be an ancestor of the loss: mark backwards from it. */
+    uint8_t *anc = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    uint8_t *need = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
+    rkm_result r = RKM_OK;
+    if (!anc || !need) {
+        r = rkm__nomem(g->ctx, "rkm_graph_finalize");
+        goto done;
+    }
+    need[g->loss] = 1;
+    for (size_t i = g->n_ops; i-- > 0;) {
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_out && !anc[i]; k++) anc[i] = need[o->out[k]];
+        if (anc[i])
+            for (int32_t k = 0; k < o->n_in; k++) need[o->in[k]] = 1;
+    }
+    for (size_t i = 0; i < g->n_ops; i++)
+        if (!anc[i]) {
+            r = rkm__gerr(g, RKM_ERROR_GRAPH, g->ops[i].line, "op %s: not an ancestor of the loss %s", g->ops[i].name,
+                          g->tensors[g->loss].name);
+            break;
+        }
+    if (r == RKM_OK && !rkm__bytes_fit(g))
+        r = rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "byte counts too large: their total must fit in 64 bits");
+done:
+    rkm__free(g->ctx, anc, g->n_ops + 1);
+    rkm__free(g->ctx, need, g->n_tensors + 1);
+    return r;
+}
+
+/* grad_inplace, once gradients are known: both tensors have one. */
+static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
+{
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
+        const rkm__tensor *a = &g->tensors[o->in[0]], *b = &g->tensors[o->out[0]];
+        if (!a->has_grad || !b->has_grad)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, o->line, "op %s: grad_inplace needs gradients of %s and %s; %s has none",
+                             o->name, a->name, b->name, a->has_grad ? b->name : a->name);
+    }
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_finalize(rkm_graph *g)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_finalize");
+    if (r) return r;
+    if ((r = rkm__graph_check_whole(g))) return r;
+    rkm__graph_derive(g);
+    if ((r = rkm__check_grad_inplace(g))) return r;
+    g->input_bytes = 0;
+    for (size_t t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
+    if ((r = rkm__structure_detect(g))) return r;
+    if ((r = rkm__graph_figures(g))) {
+        rkm__graph_free_blocks(g);
+        return r;
+    }
+    g->finalized = 1;
+    return RKM_OK;
+}
+
+RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
+{
+    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is not finalized", fn);
+    return RKM_OK;
+}
+
+/* Rebuild g's tensors, ops (with their costs from `costs`, or g's when
+ * NULL) and loss into the empty graph n, every byte count rounded up to
+ * `align` (1: as they are), then finalize it: everything derived comes
+ * from the new figures, as when the graph's file is read. */
+static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, uint64_t align, rkm_graph *n)
+{
+    rkm_result r = RKM_OK;
+    for (size_t t = 0; t < g->n_tensors && !r; t++)
+        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align), g->tensors[t].flags,
+                                 NULL);
+    for (size_t i = 0; i < g->n_ops && !r; i++) {
+        const rkm__op *o = &g->ops[i];
+        rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
+        rkm_op_desc d = {o->name, c.fwd_seconds, c.bwd_seconds, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
+                         rkm__round_up(o->phantom, align), rkm__round_up(c.fwd_ws, align), rkm__round_up(c.bwd_ws, align),
+                         rkm__round_up(o->scratch, align), o->flags};
+        r = rkm_graph_add_op(n, &d, NULL);
+    }
+    if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = rkm_graph_finalize(n);
+    return r;
+}
+
+/* The graph a planner plans with at alignment `align`: g with every byte
+ * count rounded up to it, so that the planners' own accounting (the
+ * simulator's peak of that graph) bounds the plan's aligned peak. *out
+ * NULL when g's counts are multiples of align already (g itself serves). */
+RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
+{
+    *out = NULL;
+    int aligned = 1;
+    for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = g->tensors[t].bytes % align == 0;
+    for (size_t i = 0; i < g->n_ops && aligned; i++) {
+        const rkm__op *o = &g->ops[i];
+        aligned = (o->phantom | o->fwd_ws | o->bwd_ws | o->scratch) % align == 0;
+    }
+    if (aligned) return RKM_OK;
+    rkm_graph *n;
+    rkm_result r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, align, n))) rkm_graph_destroy(n);
+    if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
+                        "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
+    if (!r) *out = n;
+    return r;
+}
+
+rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!costs) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: costs is NULL");
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_costs");
+    if (r) return r;
+    rkm_graph *n;
+    if ((r = rkm_graph_create(g->ctx, &n))) return r;
+    if ((r = rkm__graph_rebuild(g, costs, 1, n))) {
+        rkm_graph_destroy(n);
+        return r;
+    }
+    *out = n;
+    return RKM_OK;
+}
+
+rkm_context *rkm_graph_context(const rkm_graph *g) { return g ? g->ctx : NULL; }
+int rkm_graph_is_finalized(const rkm_graph *g) { return g ? g->finalized : 0; }
+int32_t rkm_graph_num_tensors(const rkm_graph *g) { return g ? (int32_t)g->n_tensors : 0; }
+int32_t rkm_graph_num_ops(const rkm_graph *g) { return g ? (int32_t)g->n_ops : 0; }
+int32_t rkm_graph_loss(const rkm_graph *g) { return g ? g->loss : -1; }
+
+int32_t rkm_graph_find_tensor(const rkm_graph *g, const char *name)
+{
+    return g && name ? rkm__map_find(&g->tensor_map, name, rkm__tensor_name_of, g) : -1;
+}
+
+int32_t rkm_graph_find_op(const rkm_graph *g, const char *name)
+{
+    return g && name ? rkm__map_find(&g->op_map, name, rkm__op_name_of, g) : -1;
+}
+
+/* What every info query checks: a graph, an output, an id in [0, n). */
+static rkm_result rkm__info_args(const rkm_graph *g, const void *out, int32_t id, size_t n, const char *fn,
+                                 const char *what)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
+    if (id < 0 || (size_t)id >= n) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s %d does not exist", fn, what, (int)id);
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info *out)
+{
+    rkm_result r = rkm__info_args(g, out, id, g ? g->n_tensors : 0, "rkm_graph_tensor_info", "tensor id");
+    if (r) return r;
+    const rkm__tensor *t = &g->tensors[id];
+    *out = (rkm_tensor_info){t->name, t->bytes, t->flags, t->producer, t->has_grad, t->n_contrib};
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
+{
+    rkm_result r = rkm__info_args(g, out, id, g ? g->n_ops : 0, "rkm_graph_op_info", "op id");
+    if (r) return r;
+    const rkm__op *o = &g->ops[id];
+    *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, o->flags};
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *out)
+{
+    rkm_result r = g ? rkm__check_finalized(g, "rkm_graph_block_info") : RKM_ERROR_ARGUMENT;
+    if (!r) r = rkm__info_args(g, out, b, (size_t)g->n_blocks, "rkm_graph_block_info", "block");
+    if (r) return r;
+    const rkm__block *k = &g->blocks[b];
+    *out = (rkm_block_info){k->ops, k->n_ops, k->in, k->out, k->cls};
+    return RKM_OK;
+}
+

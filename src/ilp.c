@@ -1,0 +1,1219 @@
+/* ilp.c -- the block ILP: the model and lp_solve (the one file that includes it)
+ *
+ * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, ilp_sched.c. */
+#include "internal.h"
+
+/* A block: forward ops (global ids, topological order) of a finalized graph,
+ * the separator x_in entering it (-1: none) and x_out leaving it (the loss
+ * tensor for the last block). Its schedule is two runs of graph-level steps:
+ *   F  from inputs + x_in: every block op's forward once, in order, with
+ *      `save` where the phantom is kept; frees. Ends with x_in, x_out and
+ *      whatever B needs live ("kept").
+ *   B  from F's end state plus grad(x_out) live and complete (the caller sets
+ *      it with rkm__sim_give_grad; the last block starts B with `loss`):
+ *      recomputations, every block backward once, frees. Ends with inputs +
+ *      x_in live, grad(x_in) live (if it has one), nothing else.
+ *
+ *   rkm__ilp_block_create(g, ops, n_ops, x_in, x_out, is_last, &b)
+ *      builds the budget-independent model (the whole graph: x_in = -1,
+ *      x_out = loss, is_last = 1: that is Checkmate's whole-graph form).
+ *   rkm__ilp_block_solve(b, peak_budget, kept_budget, time_limit_s, &steps,
+ *                        &n_fwd, &n_bwd, &stats, &found)
+ *      least-time schedule whose replayed peak is <= peak_budget and whose
+ *      memory at the end of F ("kept", x_in and x_out included) is <=
+ *      kept_budget (UINT64_MAX: no limit); absolute bytes, inputs included,
+ *      like every memory figure of a block (see options.c).
+ *      steps[0..n_fwd) is F, then n_bwd steps of B; the caller frees them
+ *      with rkm__free(ctx, steps, (n_fwd + n_bwd) * sizeof *steps).
+ *      found = 0 (steps NULL) when no schedule fits; that is RKM_OK too.
+ *      time_limit_s (<= 0: 1 s) is turned into work budgets (lp_solve
+ *      callbacks, steps replayed by the greedy) worth about that much time,
+ *      so that the result is the same on every machine; a wall clock at
+ *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
+ *      (results may then differ).
+ *      Stats counters accumulate (zero them first); proven/bound/time
+ *      describe this call.
+ *   rkm__ilp_block_destroy(b)
+ *
+ * A block is four parts, each with one owner and its own init and free:
+ * rkm__ilp_shape (numbering and structure, fixed at create), rkm__ilp_model
+ * (the lprec and its column maps), rkm__ilp_memo (what solves learn: found
+ * schedules, budget pairs proven empty, the floors) and rkm__ilp_scratch
+ * (one solve's working memory, handed explicitly to the functions using it).
+ *
+ * Shape of the model (docs: lpsolve.md, formulation `fb`): stage 0 runs the
+ * forward ops in order, then stage t = 1..nb runs the recomputations it
+ * chooses (topological order) and the t-th backward (reverse order). Stage 1
+ * opens with the "loss node": grad(x_out) appears. Values are data tensors
+ * made by block ops (S: live at a stage start), phantoms (RP: the one stage
+ * whose run of the op saves it; it then lives until the op's backward) and
+ * gradients (fixed by the backward order: constants). Memory is the chain of
+ * Q columns (a node's peak, bounded by the peak budget); the kept budget
+ * plus grad(x_out) is the bound of the loss node's Q. Frees are continuous F columns (disaggregated).
+ * A solution is read out as "who runs where" only; the steps free every
+ * tensor right after its last use, which never needs more memory than the
+ * model counted. Every schedule is replayed by the simulator before use.
+ * Stages never reorder backwards and the forward pass never recomputes: the
+ * optimum is over that family of schedules (tests/test_ilp.c checks it
+ * against an exhaustive search of that family, and of all plans).
+ *
+ * Around the ILP, per solve: budgets below a floor (what some step always
+ * needs) or under a pair already proven empty answer at once; a schedule
+ * proven optimal for larger budgets that fits is optimal here too; else the
+ * fastest fitting schedule among those found by earlier solves of the block
+ * and a greedy (local search over per-op modes: keep, recompute in every
+ * stage that reads it, recompute once and keep) is the incumbent, and
+ * lp_solve runs with its objective as a cutoff (status INFEASIBLE or 25
+ * then proves it optimal). The stage-window LNS of lpsolve.md was tried on
+ * the whole-graph form of gpt2-tiny, peer-gpt and mlp16 and never improved
+ * the incumbent, so it is not here. */
+
+#ifdef RKM_OMIT_SOLVER
+
+struct rkm__ilp_block {
+    int unused;
+};
+
+RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                        int32_t x_out, int is_last, rkm__ilp_block **out)
+{
+    (void)ops, (void)n_ops, (void)x_in, (void)x_out, (void)is_last;
+    *out = NULL;
+    return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "block ILP: built without lp_solve (RKM_OMIT_SOLVER)");
+}
+
+RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
+                                       double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
+                                       rkm__ilp_stats *st, int *found)
+{
+    (void)b, (void)peak_budget, (void)kept_budget, (void)time_limit_s, (void)st;
+    *steps = NULL;
+    *n_fwd = *n_bwd = 0;
+    *found = 0;
+    /* No block, so no context for a message: rkm__ilp_block_create refused. */
+    return RKM_ERROR_INTERNAL;
+}
+
+RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+
+#else /* !RKM_OMIT_SOLVER */
+
+#include <lpsolve/lp_lib.h>
+
+/* ---- the one lock around lp_solve ---------------------------------------- */
+
+#if !defined(__STDC_NO_THREADS__)
+#include <threads.h>
+static mtx_t rkm__ilp_mtx;
+static once_flag rkm__ilp_once = ONCE_FLAG_INIT;
+static void rkm__ilp_mtx_init(void) { (void)mtx_init(&rkm__ilp_mtx, mtx_plain); }
+static void rkm__ilp_lock(void)
+{
+    call_once(&rkm__ilp_once, rkm__ilp_mtx_init);
+    (void)mtx_lock(&rkm__ilp_mtx);
+}
+static void rkm__ilp_unlock(void) { (void)mtx_unlock(&rkm__ilp_mtx); }
+#else
+#include <pthread.h>
+static pthread_mutex_t rkm__ilp_mtx = PTHREAD_MUTEX_INITIALIZER;
+static void rkm__ilp_lock(void) { (void)pthread_mutex_lock(&rkm__ilp_mtx); }
+static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
+#endif
+
+/* ---- the block ----------------------------------------------------------- */
+
+#define RKM__ILP_ONE (-1) /* a variable reference that is the constant 1 */
+
+/* Work budgets, so that results do not depend on the machine's speed: a
+ * time limit of 1 s allows lp_solve this many abort-callback calls times
+ * model size (columns + rows), and the greedy half this many replayed steps
+ * (each about 1 s on a 2020s core); the wall clock at RKM__ILP_WALL_SAFETY
+ * times the limit stops a slow machine anyway. */
+#define RKM__ILP_CALLS_PER_S 2.0e7
+#define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
+/* 20: only a pathological solve meets the wall clock, so that a slow,
+ * loaded or sanitized build plans the same as any other. */
+#define RKM__ILP_WALL_SAFETY 20.0
+#define RKM__ILP_MAX_COLS 200000 /* beyond, building the model alone takes too long */
+
+RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
+{
+    if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
+    return rkm__now() > u->deadline;
+}
+
+/* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
+static int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
+{
+    void **p = where;
+    if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
+    *p = rkm__calloc(ctx, count, elem);
+    if (!*p) return 0;
+    a->at[a->n] = p;
+    a->bytes[a->n++] = count * elem;
+    return 1;
+}
+
+static void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
+{
+    for (int k = 0; k < a->n; k++) {
+        rkm__free(ctx, *a->at[k], a->bytes[k]);
+        *a->at[k] = NULL;
+    }
+    a->n = 0;
+}
+
+/* Scratch in the ILP: a forward's transient bytes count as
+ * rkm__fwd_ws_most on every run. The simulator counts the scratch only on
+ * runs that keep no saved state, so the ILP over-counts a `save` run by at
+ * most the scratch (<= phantom): its schedules stay within their budgets. */
+
+struct rkm__ilp_block {
+    rkm__ilp_shape shape;
+    rkm__ilp_model model;
+    rkm__ilp_memo memo;
+    rkm__ilp_scratch scratch;
+};
+
+RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
+
+static rkm__ilp_free *rkm__ilp_fend(const rkm__ilp_model *md, int32_t k)
+{
+    return md->fcand + (k + 1 < md->n_nodes ? md->node[k + 1].f0 : md->n_fcand);
+}
+
+static int rkm__ilp_sched_alloc(const rkm__ilp_shape *b, rkm__ilp_sched *s)
+{
+    s->r_bytes = rkm__ilp_rsize(b) + 1;
+    s->n_save = (size_t)b->n + 1;
+    s->r = rkm__calloc(b->ctx, s->r_bytes, 1);
+    s->save = rkm__calloc(b->ctx, s->n_save, sizeof *s->save);
+    return s->r && s->save;
+}
+
+static void rkm__ilp_sched_free(rkm_context *ctx, rkm__ilp_sched *s)
+{
+    rkm__free(ctx, s->r, s->r_bytes);
+    rkm__free(ctx, s->save, s->n_save * sizeof *s->save);
+    s->r = NULL;
+    s->save = NULL;
+}
+
+/* Copy src's contents and figures into dst, which keeps its own arrays. */
+RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
+{
+    rkm__ilp_sched own = *dst;
+    memcpy(own.r, src->r, rkm__ilp_rsize(b));
+    memcpy(own.save, src->save, (size_t)b->n * sizeof *own.save);
+    *dst = *src;
+    dst->r = own.r;
+    dst->save = own.save;
+    dst->r_bytes = own.r_bytes;
+    dst->n_save = own.n_save;
+}
+
+/* Report an error of block b: "block ILP: first..last: why". */
+RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
+{
+    char why[RKM_ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return rkm__err(b->ctx, code, "block ILP: %s..%s: %s", b->g->ops[b->op[0]].name, b->g->ops[b->op[b->n - 1]].name,
+                    why);
+}
+
+RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
+{
+    const rkm__op *o = &b->g->ops[b->op[v]];
+    return o->phantom > 0 && o->has_bwd;
+}
+
+/* Local tensor of global t if it is a block tensor, else -1. */
+RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
+
+/* Does stage t's backward read block tensor i (saved)? */
+RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
+{
+    if (t < 1 || t > b->nb) return 0;
+    const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
+    return rkm__list_has(o->saved, o->n_saved, b->tg[i]);
+}
+
+/* ---- the model ----------------------------------------------------------- */
+
+static int32_t rkm__ilp_R(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t t, int32_t v)
+{
+    return t == 0 ? RKM__ILP_ONE : md->colR[(size_t)t * (size_t)b->n + (size_t)v];
+}
+
+static int32_t rkm__ilp_RP(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t t, int32_t v)
+{
+    return md->colRP[(size_t)t * (size_t)b->n + (size_t)v];
+}
+
+static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t t, int32_t i)
+{
+    return t >= 1 && t <= b->nb + 1 ? md->colS[(size_t)t * (size_t)b->nt + (size_t)i] : 0;
+}
+
+/* Append a node (and its free candidates: block tensors it reads or makes,
+ * unless the stage's backward is sure to read them later). */
+static void rkm__ilp_add_node(const rkm__ilp_shape *b, rkm__ilp_model *md, int32_t t, int kind, int32_t v, int32_t *c,
+                              int32_t *nn, int32_t *nf)
+{
+    const rkm_graph *g = b->g;
+    int32_t q = ++*c;
+    if (md->node) md->node[*nn] = (rkm__ilp_node){kind, v, q, *nf};
+    ++*nn;
+    if (t == 0) return; /* stage 0 frees are fixed by S[1] */
+    const rkm__op *o = v >= 0 ? &g->ops[b->op[v]] : NULL;
+    for (int32_t l = 0; l < (kind == RKM__ILP_NODE_FWD ? 2 : 1); l++) {
+        const int32_t *list = kind == RKM__ILP_NODE_LOSS ? &b->x_out
+                              : kind == RKM__ILP_NODE_BWD ? o->saved
+                              : l == 0                    ? o->in
+                                                          : o->out;
+        int32_t len = kind == RKM__ILP_NODE_LOSS ? 1
+                      : kind == RKM__ILP_NODE_BWD ? o->n_saved
+                      : l == 0                    ? o->n_in
+                                                  : o->n_out;
+        for (int32_t k = 0; k < len; k++) {
+            int32_t i = b->lt[list[k]];
+            if (i < 0 || (kind == RKM__ILP_NODE_FWD && rkm__ilp_bwd_reads(b, t, i))) continue;
+            int32_t f = ++*c;
+            if (md->node) md->fcand[*nf] = (rkm__ilp_free){i, f};
+            ++*nf;
+        }
+    }
+}
+
+/* Give every variable its column; list each stage's nodes. Counting pass
+ * when md->node is NULL (column numbers are the same in both passes). */
+static void rkm__ilp_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    int32_t c = 0, nn = 0, nf = 0, xo = b->lt[b->x_out];
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++)
+            if (b->need_o[v] >= t) md->colR[(size_t)t * (size_t)b->n + (size_t)v] = ++c;
+    for (int32_t t = 0; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++)
+            if (rkm__ilp_phantom(b, v) && t <= b->st[v]) md->colRP[(size_t)t * (size_t)b->n + (size_t)v] = ++c;
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t i = 0; i < b->nt; i++)
+            if (t <= b->need_t[i])
+                md->colS[(size_t)t * (size_t)b->nt + (size_t)i] = t == 1 && i == xo ? RKM__ILP_ONE : ++c;
+    for (int32_t t = 0; t <= b->nb; t++) {
+        if (md->node) md->node_off[t] = nn;
+        if (t == 1) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_LOSS, -1, &c, &nn, &nf);
+        for (int32_t v = 0; v < b->n; v++)
+            if (rkm__ilp_R(b, md, t, v)) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_FWD, v, &c, &nn, &nf);
+        if (t >= 1) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_BWD, b->bop[t], &c, &nn, &nf);
+    }
+    if (md->node) md->node_off[b->nb + 1] = nn;
+    md->ncols = c;
+    md->n_nodes = nn;
+    md->n_fcand = nf;
+}
+
+/* The gathered model: an entry (a row's column and coefficient), and a row
+ * (its first entry, type LE, GE or EQ, and right-hand side). */
+typedef struct rkm__ilp_entry {
+    int col;
+    REAL val;
+} rkm__ilp_entry;
+typedef struct rkm__ilp_rowhead {
+    size_t start;
+    int type;
+    REAL rhs;
+} rkm__ilp_rowhead;
+
+/* A row being built: coefficients merged per column, constants apart. */
+typedef struct rkm__ilp_row {
+    rkm_context *ctx;
+    int *col;
+    REAL *val;
+    double *dense;  /* [ncols+1] */
+    uint8_t *seen;  /* [ncols+1] */
+    int n;
+    double k;       /* constant part of the left-hand side */
+    int bad;        /* a row without columns that cannot hold */
+    int nomem;      /* the gathered rows could not grow */
+    /* The rows, gathered whole before lp_solve sees any (rkm__ilp_load):
+     * lp_solve keeps the column bounds after the rows in one array, so a
+     * row added to a model that has its columns moves them all, and that
+     * was half of rockmate's planning time on a 60-op block. */
+    rkm__ilp_entry *ent; /* row after row */
+    size_t n_ent, cap_ent;
+    rkm__ilp_rowhead *rows;
+    size_t n_rows, cap_rows;
+    REAL *obj;      /* [ncols+1] objective coefficients */
+} rkm__ilp_row;
+
+/* Add coef * ref (a column, RKM__ILP_ONE, or 0: nothing). */
+static void rkm__ilp_term(rkm__ilp_row *w, int32_t ref, double coef)
+{
+    if (ref == RKM__ILP_ONE) w->k += coef;
+    if (ref <= 0) return;
+    if (!w->seen[ref]) {
+        w->seen[ref] = 1;
+        w->col[w->n++] = ref;
+    }
+    w->dense[ref] += coef;
+}
+
+/* Gather the row `lhs type rhs` and reset the builder. */
+static void rkm__ilp_emit_row(rkm__ilp_row *w, int type, double rhs)
+{
+    int m = 0;
+    for (int j = 0; j < w->n; j++) {
+        int c = w->col[j];
+        if (w->dense[c] != 0) {
+            w->col[m] = c;
+            w->val[m++] = w->dense[c];
+        }
+        w->dense[c] = 0;
+        w->seen[c] = 0;
+    }
+    rhs -= w->k;
+    if (m == 0) {
+        if ((type == LE && rhs < -1e-9) || (type == GE && rhs > 1e-9) || (type == EQ && fabs(rhs) > 1e-9)) w->bad = 1;
+    } else if (!rkm__reserve(w->ctx, (void **)&w->ent, &w->cap_ent, w->n_ent + (size_t)m, sizeof *w->ent) ||
+               !rkm__reserve(w->ctx, (void **)&w->rows, &w->cap_rows, w->n_rows + 1, sizeof *w->rows)) {
+        w->nomem = 1;
+    } else {
+        w->rows[w->n_rows++] = (rkm__ilp_rowhead){w->n_ent, type, rhs};
+        for (int j = 0; j < m; j++) w->ent[w->n_ent++] = (rkm__ilp_entry){w->col[j], w->val[j]};
+    }
+    w->n = 0;
+    w->k = 0;
+}
+
+/* Stage of node k. */
+static int32_t rkm__ilp_stage_of(const rkm__ilp_model *md, int32_t k)
+{
+    int32_t t = 0;
+    while (k >= md->node_off[t + 1]) t++;
+    return t;
+}
+
+/* Row sets of the model (see the comment at the top of the section).
+ * Dependencies, and recompute only what is not live. */
+static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    const rkm_graph *g = b->g;
+    for (int32_t k = md->node_off[1]; k < md->n_nodes; k++) {
+        const rkm__ilp_node *nd = &md->node[k];
+        if (nd->kind == RKM__ILP_NODE_LOSS) continue;
+        int32_t t = rkm__ilp_stage_of(md, k);
+        const rkm__op *o = &g->ops[b->op[nd->v]];
+        int fwd = nd->kind == RKM__ILP_NODE_FWD;
+        const int32_t *list = fwd ? o->in : o->saved;
+        for (int32_t j = 0; j < (fwd ? o->n_in : o->n_saved); j++) {
+            int32_t i = b->lt[list[j]];
+            if (i < 0) continue;
+            /* fwd: R[t,v] <= R[t,p] + S[t,i];  bwd: R[t,p] + S[t,i] >= 1 */
+            if (fwd) rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), fwd ? -1 : 1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), fwd ? -1 : 1);
+            rkm__ilp_emit_row(w, fwd ? LE : GE, fwd ? 0 : 1);
+        }
+        if (!fwd) continue;
+        for (int32_t j = 0; j < o->n_out; j++) {
+            /* recompute only what is not live: R[t,v] + S[t,T] <= 1; but the
+             * loss node may free x_out before stage 1 recomputes it (counted
+             * as new memory: exact or more) */
+            if (t == 1 && o->out[j] == b->x_out) continue;
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, b->lt[o->out[j]]), 1);
+            rkm__ilp_emit_row(w, LE, 1);
+        }
+    }
+}
+
+/* Checkpoint continuity and the phantoms' save runs. */
+static void rkm__ilp_rows_carry(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    for (int32_t i = 0; i < b->nt; i++) /* S[t+1,i] <= S[t,i] + R[t,p] */
+        for (int32_t t = 1; t < b->need_t[i]; t++) {
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), 1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), -1);
+            rkm__ilp_emit_row(w, LE, 0);
+        }
+    for (int32_t v = 0; v < b->n; v++) { /* one save run, on a run: sum_t RP[t,v] = 1, RP <= R */
+        if (!rkm__ilp_phantom(b, v)) continue;
+        for (int32_t t = 0; t <= b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
+        rkm__ilp_emit_row(w, EQ, 1);
+        for (int32_t t = 1; t <= b->st[v]; t++) {
+            rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -1);
+            rkm__ilp_emit_row(w, LE, 0);
+        }
+        /* dominance: an op recomputed in its own backward's stage saves there */
+        for (int32_t t = 0; t < b->st[v]; t++) rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), 1);
+        rkm__ilp_term(w, rkm__ilp_R(b, md, b->st[v], v), 1);
+        rkm__ilp_emit_row(w, LE, 1);
+    }
+}
+
+/* Is later node j (same stage) a recomputation reading block tensor i? */
+static int rkm__ilp_node_reads(const rkm__ilp_shape *b, const rkm__ilp_node *nd, int32_t i)
+{
+    if (nd->kind != RKM__ILP_NODE_FWD) return 0;
+    const rkm__op *o = &b->g->ops[b->op[nd->v]];
+    return rkm__list_has(o->in, o->n_in, b->tg[i]);
+}
+
+/* F[t,i,k] <= R[t,k];  F + S[t+1,i] <= 1;  F + R[t,j] <= 1 for later readers j.
+ * The loss node may free x_out only if stage 1 makes it again before the
+ * backward reads it or stage 2 keeps it: there the hazards allow R[1,p]. */
+static void rkm__ilp_rows_frees(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    for (int32_t k = md->node_off[1]; k < md->n_nodes; k++) {
+        const rkm__ilp_node *nd = &md->node[k];
+        int32_t t = rkm__ilp_stage_of(md, k), end = md->node_off[t + 1];
+        int loss = nd->kind == RKM__ILP_NODE_LOSS;
+        int32_t remake = loss ? rkm__ilp_R(b, md, 1, b->tprod[b->lt[b->x_out]]) : 0;
+        for (const rkm__ilp_free *f = md->fcand + nd->f0; f < rkm__ilp_fend(md, k); f++) {
+            if (nd->kind == RKM__ILP_NODE_FWD || (loss && rkm__ilp_bwd_reads(b, 1, f->i))) {
+                rkm__ilp_term(w, f->col, 1);
+                rkm__ilp_term(w, loss ? remake : rkm__ilp_R(b, md, t, nd->v), -1);
+                rkm__ilp_emit_row(w, LE, 0);
+            }
+            if (rkm__ilp_S(b, md, t + 1, f->i)) {
+                rkm__ilp_term(w, f->col, 1);
+                rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, f->i), 1);
+                rkm__ilp_term(w, remake, -1);
+                rkm__ilp_emit_row(w, LE, 1);
+            }
+            for (int32_t j = k + 1; j < end; j++)
+                if (rkm__ilp_node_reads(b, &md->node[j], f->i)) {
+                    rkm__ilp_term(w, f->col, 1);
+                    rkm__ilp_term(w, rkm__ilp_R(b, md, t, md->node[j].v), 1);
+                    rkm__ilp_emit_row(w, LE, 1);
+                }
+        }
+    }
+}
+
+/* Memory: Q[k] = what the previous node left + what node k makes + its
+ * workspace. Stage 0 frees each tensor after its last stage-0 use unless
+ * kept (S[1]); later stages start from what is kept. In mscale units. */
+static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    const rkm_graph *g = b->g;
+    double ms = b->mscale;
+    for (int32_t k = 0; k < md->n_nodes; k++) {
+        const rkm__ilp_node *nd = &md->node[k];
+        int32_t t = rkm__ilp_stage_of(md, k), v = nd->v;
+        const rkm__op *o = v >= 0 ? &g->ops[b->op[v]] : NULL;
+        rkm__ilp_term(w, nd->q, 1);
+        if (k > md->node_off[t]) { /* what node k-1 left */
+            const rkm__ilp_node *pv = &md->node[k - 1];
+            const rkm__op *po = pv->v >= 0 ? &g->ops[b->op[pv->v]] : NULL;
+            rkm__ilp_term(w, pv->q, -1);
+            if (pv->kind == RKM__ILP_NODE_FWD)
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, pv->v), (double)rkm__fwd_ws_most(po) / ms);
+            if (pv->kind == RKM__ILP_NODE_BWD)
+                rkm__ilp_term(w, RKM__ILP_ONE, ((double)po->bwd_ws + (double)b->gfree[t] + (double)po->phantom) / ms);
+            for (const rkm__ilp_free *f = md->fcand + pv->f0; t > 0 && f < rkm__ilp_fend(md, k - 1); f++)
+                rkm__ilp_term(w, f->col, (double)g->tensors[b->tg[f->i]].bytes / ms);
+            for (int32_t i = 0; t == 0 && i < b->nt; i++)
+                if (b->last0[i] == pv->v) {
+                    rkm__ilp_term(w, RKM__ILP_ONE, (double)g->tensors[b->tg[i]].bytes / ms);
+                    rkm__ilp_term(w, rkm__ilp_S(b, md, 1, i), -(double)g->tensors[b->tg[i]].bytes / ms);
+                }
+        } else { /* the stage start */
+            rkm__ilp_term(w, RKM__ILP_ONE, -(double)(b->static_bytes + b->gstart[t]) / ms);
+            for (int32_t i = 0; i < b->nt; i++)
+                rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -(double)g->tensors[b->tg[i]].bytes / ms);
+            for (int32_t u = 0; u < b->n; u++)
+                for (int32_t t0 = 0; t0 < t && rkm__ilp_phantom(b, u) && t <= b->st[u]; t0++)
+                    rkm__ilp_term(w, rkm__ilp_RP(b, md, t0, u), -(double)g->ops[b->op[u]].phantom / ms);
+        }
+        if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
+        if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
+        if (nd->kind == RKM__ILP_NODE_FWD) {
+            double made = (double)rkm__fwd_ws_most(o);
+            for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -made / ms);
+            if (rkm__ilp_phantom(b, v) && t <= b->st[v])
+                rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -(double)o->phantom / ms);
+        }
+        rkm__ilp_emit_row(w, EQ, 0);
+    }
+}
+
+/* Dominance: keep a tensor only if a stage reads or carries it; recompute an
+ * op only if something later in the stage reads it, carries it or its
+ * phantom is saved. They cut equivalent schedules, not the optimum. */
+static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    const rkm_graph *g = b->g;
+    int32_t xo = b->lt[b->x_out];
+    for (int32_t t = 1; t <= b->nb; t++) {
+        for (int32_t i = 0; i < b->nt; i++) {
+            if (rkm__ilp_S(b, md, t, i) <= 0 || rkm__ilp_bwd_reads(b, t, i) || (t == 1 && i == xo)) continue;
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), 1);
+            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
+            rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
+            rkm__ilp_emit_row(w, LE, 0);
+        }
+        for (int32_t v = 0; v < b->n; v++) {
+            if (!rkm__ilp_R(b, md, t, v)) continue;
+            const rkm__op *o = &g->ops[b->op[v]];
+            int sure = 0;
+            for (int32_t k = 0; k < o->n_out; k++) sure |= rkm__ilp_bwd_reads(b, t, b->lt[o->out[k]]);
+            if (sure) continue;
+            rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), 1);
+            for (int32_t k = 0; k < o->n_out; k++) {
+                int32_t i = b->lt[o->out[k]];
+                for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                    rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->rd[j]), -1);
+                rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), -1);
+            }
+            rkm__ilp_term(w, rkm__ilp_RP(b, md, t, v), -1);
+            rkm__ilp_emit_row(w, LE, 0);
+        }
+    }
+}
+
+/* ---- lp_solve ------------------------------------------------------------ */
+
+static int __WINAPI rkm__ilp_abortfn(lprec *lp, void *work)
+{
+    rkm__ilp_work *u = work;
+    (void)lp;
+    u->calls++;
+    return rkm__ilp_spent(u, 0) ? TRUE : FALSE;
+}
+
+static void __WINAPI rkm__ilp_logfn(lprec *lp, void *ctx, char *buf)
+{
+    (void)lp;
+    rkm__log((rkm_context *)ctx, RKM_LOG_DEBUG, "lp_solve: %s", buf);
+}
+
+/* The objective of a schedule: recomputation time in tscale units. */
+static double rkm__ilp_obj(const rkm__ilp_shape *b, const rkm__ilp_sched *s)
+{
+    double z = 0;
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++)
+            if (s->r[(size_t)t * (size_t)b->n + (size_t)v]) z += b->g->ops[b->op[v]].fwd / b->tscale;
+    return z;
+}
+
+/* The row builder's arrays, for nc - 1 columns. 0: no memory. */
+static int rkm__ilp_row_init(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
+{
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->col = rkm__alloc(ctx, nc * sizeof *w->col);
+    w->val = rkm__alloc(ctx, nc * sizeof *w->val);
+    w->dense = rkm__calloc(ctx, nc, sizeof *w->dense);
+    w->seen = rkm__calloc(ctx, nc, 1);
+    w->obj = rkm__calloc(ctx, nc, sizeof *w->obj);
+    return w->col && w->val && w->dense && w->seen && w->obj;
+}
+
+static void rkm__ilp_row_free(rkm_context *ctx, rkm__ilp_row *w, size_t nc)
+{
+    rkm__free(ctx, w->col, nc * sizeof *w->col);
+    rkm__free(ctx, w->val, nc * sizeof *w->val);
+    rkm__free(ctx, w->dense, nc * sizeof *w->dense);
+    rkm__free(ctx, w->seen, nc);
+    rkm__free(ctx, w->obj, nc * sizeof *w->obj);
+    rkm__free(ctx, w->ent, w->cap_ent * sizeof *w->ent);
+    rkm__free(ctx, w->rows, w->cap_rows * sizeof *w->rows);
+}
+
+/* The objective: the time of the forwards run in stages 1.., in w->obj. */
+static void rkm__ilp_objective(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++) {
+            int32_t c = rkm__ilp_R(b, md, t, v);
+            if (c > 0) w->obj[c] += b->g->ops[b->op[v]].fwd / b->tscale;
+        }
+}
+
+/* Binary columns and the bounds of the F columns. */
+static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    lprec *lp = md->lp;
+    for (size_t j = 0; j < (size_t)(b->nb + 1) * (size_t)b->n; j++) {
+        if (md->colR[j] > 0) set_binary(lp, md->colR[j], TRUE);
+        if (md->colRP[j] > 0) set_binary(lp, md->colRP[j], TRUE);
+    }
+    for (size_t j = 0; j < (size_t)(b->nb + 2) * (size_t)b->nt; j++)
+        if (md->colS[j] > 0) set_binary(lp, md->colS[j], TRUE);
+    for (int32_t f = 0; f < md->n_fcand; f++) set_upbo(lp, md->fcand[f].col, 1);
+}
+
+/* The gathered rows and objective as columns (row 0 the objective), each
+ * in row order: ent[at[c] .. at[c + 1]). 0: no memory. */
+static int rkm__ilp_by_column(const rkm__ilp_row *w, size_t nc, size_t *at, int *row, REAL *val)
+{
+    size_t *fill = rkm__calloc(w->ctx, nc, sizeof *fill);
+    if (!fill) return 0;
+    memset(at, 0, (nc + 1) * sizeof *at);
+    for (size_t c = 1; c < nc; c++) at[c + 1] = w->obj[c] != 0;
+    for (size_t e = 0; e < w->n_ent; e++) at[w->ent[e].col + 1]++;
+    for (size_t c = 1; c < nc; c++) at[c + 1] += at[c];
+    for (size_t c = 1; c < nc; c++) {
+        fill[c] = at[c];
+        if (w->obj[c] != 0) row[fill[c]] = 0, val[fill[c]++] = w->obj[c];
+    }
+    for (size_t i = 0; i < w->n_rows; i++)
+        for (size_t e = w->rows[i].start; e < (i + 1 < w->n_rows ? w->rows[i + 1].start : w->n_ent); e++) {
+            size_t c = (size_t)w->ent[e].col;
+            row[fill[c]] = (int)i + 1;
+            val[fill[c]++] = w->ent[e].val;
+        }
+    rkm__free(w->ctx, fill, nc * sizeof *fill);
+    return 1;
+}
+
+/* A new lprec from the gathered model (under the lock): the rows first,
+ * then each column appended at the end, which moves nothing. */
+static rkm_result rkm__ilp_load(const rkm__ilp_shape *b, rkm__ilp_model *md, const rkm__ilp_row *w)
+{
+    size_t nc = (size_t)md->ncols + 1, ne = w->n_ent + nc;
+    size_t *at = rkm__alloc(b->ctx, (nc + 1) * sizeof *at);
+    int *row = rkm__alloc(b->ctx, ne * sizeof *row);
+    REAL *val = rkm__alloc(b->ctx, ne * sizeof *val);
+    rkm_result r = RKM_OK;
+    if (!at || !row || !val || !rkm__ilp_by_column(w, nc, at, row, val))
+        r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model");
+    rkm__ilp_lock();
+    if (!r && !(md->lp = make_lp((int)w->n_rows, 0))) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "lp_solve: out of memory");
+    if (!r) {
+        int ok = 1;
+        set_outputfile(md->lp, "");
+        set_verbose(md->lp, NEUTRAL);
+        put_logfunc(md->lp, rkm__ilp_logfn, b->ctx);
+        for (size_t i = 0; i < w->n_rows && ok; i++)
+            ok = set_constr_type(md->lp, (int)i + 1, w->rows[i].type) && set_rh(md->lp, (int)i + 1, w->rows[i].rhs);
+        for (size_t c = 1; c < nc && ok; c++) ok = add_columnex(md->lp, (int)(at[c + 1] - at[c]), val + at[c], row + at[c]);
+        if (ok) rkm__ilp_set_columns(b, md);
+        set_minim(md->lp);
+        set_bb_floorfirst(md->lp, BRANCH_FLOOR);
+        md->nrows = get_Nrows(md->lp);
+        if (!ok) r = rkm__ilp_err(b, RKM_ERROR_SOLVER, "lp_solve refused the model");
+    }
+    rkm__ilp_unlock();
+    rkm__free(b->ctx, at, (nc + 1) * sizeof *at);
+    rkm__free(b->ctx, row, ne * sizeof *row);
+    rkm__free(b->ctx, val, ne * sizeof *val);
+    return r;
+}
+
+/* Build the lprec: objective and rows gathered, then loaded. */
+static rkm_result rkm__ilp_build(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    size_t nc = (size_t)md->ncols + 1;
+    rkm__ilp_row w;
+    rkm_result r = RKM_OK;
+    if (!rkm__ilp_row_init(b->ctx, &w, nc)) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a row");
+    if (!r) {
+        rkm__ilp_objective(b, md, &w);
+        rkm__ilp_rows_deps(b, md, &w);
+        rkm__ilp_rows_carry(b, md, &w);
+        rkm__ilp_rows_frees(b, md, &w);
+        rkm__ilp_rows_memory(b, md, &w);
+        rkm__ilp_rows_dominance(b, md, &w);
+        md->bad = w.bad;
+        r = w.nomem ? rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's rows") : rkm__ilp_load(b, md, &w);
+    }
+    rkm__ilp_row_free(b->ctx, &w, nc);
+    return r;
+}
+
+/* lp_solve's solution as a schedule: r and save of *s. */
+static void rkm__ilp_read_solution(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_sched *s)
+{
+    get_variables(md->lp, md->x);
+    for (int32_t t = 1; t <= b->nb; t++)
+        for (int32_t v = 0; v < b->n; v++) {
+            int32_t c = rkm__ilp_R(b, md, t, v);
+            s->r[(size_t)t * (size_t)b->n + (size_t)v] = c > 0 && md->x[c - 1] > 0.5;
+        }
+    for (int32_t v = 0; v < b->n; v++) {
+        s->save[v] = -1;
+        for (int32_t t = 0; t <= b->nb && rkm__ilp_phantom(b, v); t++) {
+            int32_t c = rkm__ilp_RP(b, md, t, v);
+            if (c > 0 && md->x[c - 1] > 0.5) s->save[v] = t;
+        }
+    }
+    memset(s->r, 1, (size_t)b->n);
+}
+
+/* Solve under the budgets (under the lock): the peak budget bounds every
+ * node's Q, the kept budget (memory at the end of F) plus grad(x_out) the
+ * loss node's. cutoff < 0: none. Reads a solution into *out (r, save) when
+ * lp_solve has one. *root: the LP bound lp_solve found at the root
+ * (objective units), or -1. */
+static int rkm__ilp_run(const rkm__ilp_shape *b, rkm__ilp_model *md, uint64_t peak_budget, uint64_t kept_budget,
+                        double cutoff, rkm__ilp_work *work, rkm__ilp_sched *out, double *root)
+{
+    const double lim = 9007199254740992.0; /* 2^53: exact as a double */
+    double xb = (double)b->g->tensors[b->x_out].bytes;
+    rkm__ilp_lock();
+    lprec *lp = md->lp;
+    double inf = get_infinite(lp);
+    double q_peak = (double)peak_budget >= lim ? inf : (double)peak_budget / b->mscale;
+    double q_loss = (double)kept_budget >= lim - xb ? inf : ((double)kept_budget + xb) / b->mscale;
+    for (int32_t k = 0; k < md->n_nodes; k++) set_upbo(lp, md->node[k].q, q_peak);
+    set_upbo(lp, md->node[md->node_off[1]].q, q_loss < q_peak ? q_loss : q_peak);
+    set_obj_bound(lp, cutoff >= 0 ? cutoff : inf);
+    put_abortfunc(lp, rkm__ilp_abortfn, work);
+    int status = solve(lp);
+    *root = lp->real_solution < inf && lp->real_solution > -inf ? lp->real_solution : -1;
+    if (status == OPTIMAL || status == SUBOPTIMAL) rkm__ilp_read_solution(b, md, out);
+    put_abortfunc(lp, NULL, NULL);
+    rkm__ilp_unlock();
+    return status;
+}
+
+/* ---- entry points -------------------------------------------------------- */
+
+/* Remember a found schedule (ring of RKM__ILP_CACHE, no duplicates), with
+ * the budgets it is proven optimal for, if it is. */
+static void rkm__ilp_remember(const rkm__ilp_shape *b, rkm__ilp_memo *memo, rkm__ilp_sched *s, uint64_t peak_budget,
+                              uint64_t kept_budget, int proven)
+{
+    s->proven = proven;
+    s->peak_budget = peak_budget;
+    s->kept_budget = kept_budget;
+    for (int32_t c = 0; c < memo->n_cache; c++) {
+        rkm__ilp_sched *e = &memo->cache[c];
+        if (memcmp(e->r, s->r, rkm__ilp_rsize(b)) || memcmp(e->save, s->save, (size_t)b->n * sizeof *s->save)) continue;
+        if (proven && (!e->proven || (peak_budget >= e->peak_budget && kept_budget >= e->kept_budget))) {
+            e->proven = 1;
+            e->peak_budget = peak_budget;
+            e->kept_budget = kept_budget;
+        }
+        return;
+    }
+    rkm__ilp_sched_copy(b, &memo->cache[memo->cache_next], s);
+    memo->cache_next = (memo->cache_next + 1) % RKM__ILP_CACHE;
+    if (memo->n_cache < RKM__ILP_CACHE) memo->n_cache++;
+}
+
+/* Remember budgets that admit nothing. */
+static void rkm__ilp_remember_none(rkm__ilp_memo *memo, uint64_t peak_budget, uint64_t kept_budget)
+{
+    memo->none[memo->none_next] = (rkm__ilp_none){peak_budget, kept_budget};
+    memo->none_next = (memo->none_next + 1) % RKM__ILP_CACHE;
+    if (memo->n_none < RKM__ILP_CACHE) memo->n_none++;
+}
+
+/* Take schedule s as the incumbent *best if it fits and is faster (or there
+ * is none yet: *have = 0). */
+static void rkm__ilp_consider(const rkm__ilp_shape *b, const rkm__ilp_sched *s, rkm__ilp_sched *best,
+                              uint64_t peak_budget, uint64_t kept_budget, int *have)
+{
+    if (!rkm__ilp_fits(s, peak_budget, kept_budget) || (*have && !(s->time < best->time))) return;
+    rkm__ilp_sched_copy(b, best, s);
+    *have = 1;
+}
+
+/* What earlier solves settle: 1 if nothing fits (proven), 2 if *best is
+ * proven optimal; else 0, with *best the fastest fitting schedule seen
+ * (*have). */
+static int rkm__ilp_recall(const rkm__ilp_shape *b, const rkm__ilp_memo *memo, uint64_t peak_budget,
+                           uint64_t kept_budget, rkm__ilp_sched *best, int *have)
+{
+    *have = 0;
+    if (peak_budget < memo->min_peak || kept_budget < memo->min_kept) return 1;
+    for (int32_t c = 0; c < memo->n_none; c++)
+        if (peak_budget <= memo->none[c].peak_budget && kept_budget <= memo->none[c].kept_budget) return 1;
+    for (int32_t c = 0; c < memo->n_cache; c++) {
+        const rkm__ilp_sched *s = &memo->cache[c];
+        if (!rkm__ilp_fits(s, peak_budget, kept_budget)) continue;
+        if (s->proven && peak_budget <= s->peak_budget && kept_budget <= s->kept_budget) {
+            rkm__ilp_sched_copy(b, best, s);
+            *have = 1;
+            return 2;
+        }
+        rkm__ilp_consider(b, s, best, peak_budget, kept_budget, have);
+    }
+    return 0;
+}
+
+/* The steps of schedule s, in an allocation of exactly their size. */
+static rkm_result rkm__ilp_output(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+                                  rkm_step **steps, size_t *n_fwd, size_t *n_bwd)
+{
+    rkm__ilp_out o;
+    rkm_result r = rkm__ilp_emit(b, rp, s, &o);
+    if (r) return r;
+    size_t n = o.l.n;
+    rkm_step *out = rkm__steps_take(&o.l);
+    if (!out && n) {
+        rkm__steps_free(&o.l);
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
+    }
+    *steps = out;
+    *n_fwd = o.n_fwd;
+    *n_bwd = n - o.n_fwd;
+    return RKM_OK;
+}
+
+/* Measure lp_solve's solution s (*valid: it replays) and consider it. */
+static rkm_result rkm__ilp_offer(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s,
+                                 rkm__ilp_sched *best, uint64_t peak_budget, uint64_t kept_budget, int *have,
+                                 int *valid)
+{
+    rkm_result r = RKM_OK;
+    *valid = rkm__ilp_measure(b, rp, s, &r);
+    if (*valid) rkm__ilp_consider(b, s, best, peak_budget, kept_budget, have);
+    return r;
+}
+
+/* lp_solve's verdict into the stats; returns whether the best (or "none")
+ * is proven optimal. */
+static int rkm__ilp_verdict(const rkm__ilp_shape *b, int status, int cutoff, int have, int valid, rkm__ilp_stats *st)
+{
+    st->solves++;
+    switch (status) {
+    case OPTIMAL:
+        st->optimal++;
+        return valid;
+    case SUBOPTIMAL: st->suboptimal++; return 0;
+    case INFEASIBLE:
+    case ACCURACYERROR:
+        /* under a cutoff both mean "nothing better than the incumbent" */
+        if (cutoff) {
+            st->optimal++;
+            return 1;
+        }
+        if (status == INFEASIBLE) {
+            st->infeasible++;
+            return !have;
+        }
+        break;
+    case USERABORT:
+    case TIMEOUT: st->timeout++; return 0;
+    default: break;
+    }
+    st->failed++;
+    rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: lp_solve returned status %d", status);
+    return 0;
+}
+
+/* Hand the incumbent out: its steps, time and bound. */
+static rkm_result rkm__ilp_finish(const rkm__ilp_shape *b, rkm__ilp_scratch *sc, double t0, rkm_step **steps,
+                                  size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found)
+{
+    st->time = sc->best.time;
+    if (st->proven || st->bound > st->time) st->bound = st->time;
+    rkm_result r = rkm__ilp_output(b, &sc->rp, &sc->best, steps, n_fwd, n_bwd);
+    *found = r == RKM_OK;
+    st->seconds += rkm__now() - t0;
+    return r;
+}
+
+/* A fresh lprec for the block (the old one is deleted). */
+static rkm_result rkm__ilp_rebuild(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    rkm__ilp_lock();
+    delete_lp(md->lp);
+    md->lp = NULL;
+    rkm__ilp_unlock();
+    return rkm__ilp_build(b, md);
+}
+
+/* lp_solve on the model, with the incumbent's objective (if *have) as a
+ * cutoff; its solution, if valid and better, becomes the incumbent. Sets
+ * *proven and *root (see rkm__ilp_run). */
+static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                 int *have, int *proven, double *root, rkm__ilp_stats *st)
+{
+    const rkm__ilp_shape *b = &bk->shape;
+    rkm__ilp_scratch *sc = &bk->scratch;
+    rkm_result r;
+    int valid = 0;
+    double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
+    double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
+    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
+    /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
+     * last solve was aborted: such a model is rebuilt before reuse. */
+    if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    if (status == OPTIMAL || status == SUBOPTIMAL) {
+        if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
+        if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
+    }
+    *proven = rkm__ilp_verdict(b, status, cutoff >= 0, *have, valid, st);
+    return RKM_OK;
+}
+
+RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
+                                       double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
+                                       rkm__ilp_stats *st, int *found)
+{
+    const rkm__ilp_shape *b = &bk->shape;
+    rkm__ilp_scratch *sc = &bk->scratch;
+    double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
+    rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
+                          lim * RKM__ILP_STEPS_PER_S / 2, t0 + lim * RKM__ILP_WALL_SAFETY};
+    *steps = NULL;
+    *n_fwd = *n_bwd = 0;
+    *found = 0;
+    st->proven = 0;
+    st->time = st->bound = 0;
+    int have = 0, known = rkm__ilp_recall(b, &bk->memo, peak_budget, kept_budget, &sc->best, &have);
+    if (known) {
+        st->proven = 1;
+        if (known == 1) {
+            st->seconds += rkm__now() - t0;
+            return RKM_OK;
+        }
+        return rkm__ilp_finish(b, sc, t0, steps, n_fwd, n_bwd, st, found);
+    }
+    rkm_result r = rkm__ilp_greedy(b, &sc->gr, &sc->rp, peak_budget, kept_budget, &work, &sc->found);
+    if (r) return r;
+    rkm__ilp_consider(b, &sc->found, &sc->best, peak_budget, kept_budget, &have);
+    /* Nothing recomputed: no schedule is faster. */
+    int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
+    double root = -1;
+    if (!proven && !bk->model.bad &&
+        (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
+        return r;
+    if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
+    st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);
+    st->proven = proven;
+    if (!have) {
+        st->seconds += rkm__now() - t0;
+        return RKM_OK;
+    }
+    st->bound = proven ? sc->best.time : b->base_time + (root > 0 ? root * b->tscale : 0);
+    rkm__ilp_remember(b, &bk->memo, &sc->best, peak_budget, kept_budget, proven);
+    return rkm__ilp_finish(b, sc, t0, steps, n_fwd, n_bwd, st, found);
+}
+
+/* ---- the parts: init and free -------------------------------------------- */
+
+/* Local ids: ops (checked topological), block tensors and their producers. */
+static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t *opl)
+{
+    const rkm_graph *g = b->g;
+    b->nt = 0;
+    b->max_list = 1;
+    for (int32_t v = 0; v < b->n; v++) {
+        int32_t x = ops[v];
+        if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
+                                                        "and increasing", (int)v, (int)x);
+        b->op[v] = x;
+        opl[x] = v;
+        const rkm__op *o = &g->ops[x];
+        b->nt += o->n_out;
+        if (o->n_in >= b->max_list) b->max_list = o->n_in + 1;
+        if (o->n_saved >= b->max_list) b->max_list = o->n_saved + 1;
+    }
+    return RKM_OK;
+}
+
+/* The shape's arrays whose size is known once n, nt, nb are. 0: no memory. */
+static int rkm__ilp_shape_arrays(rkm__ilp_shape *b)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &b->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
+    return rkm__ilp_take(ctx, a, &b->tg, nt, sizeof *b->tg) && rkm__ilp_take(ctx, a, &b->tprod, nt, sizeof *b->tprod) &&
+           rkm__ilp_take(ctx, a, &b->rd_off, nt + 1, sizeof *b->rd_off) &&
+           rkm__ilp_take(ctx, a, &b->st, n, sizeof *b->st) && rkm__ilp_take(ctx, a, &b->bop, nb + 1, sizeof *b->bop) &&
+           rkm__ilp_take(ctx, a, &b->need_o, n, sizeof *b->need_o) &&
+           rkm__ilp_take(ctx, a, &b->need_t, nt, sizeof *b->need_t) &&
+           rkm__ilp_take(ctx, a, &b->last0, nt, sizeof *b->last0) &&
+           rkm__ilp_take(ctx, a, &b->gstart, nb + 2, sizeof *b->gstart) &&
+           rkm__ilp_take(ctx, a, &b->gnew, nb + 1, sizeof *b->gnew) &&
+           rkm__ilp_take(ctx, a, &b->gfree, nb + 1, sizeof *b->gfree);
+}
+
+/* Number block tensors and stages; allocate the shape's arrays. */
+static rkm_result rkm__ilp_number(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    int32_t i = 0;
+    b->nb = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        b->nb += o->has_bwd ? 1 : 0;
+        for (int32_t k = 0; k < o->n_out; k++) b->lt[o->out[k]] = i++;
+    }
+    if ((double)(b->nb + 1) * b->n > 20.0 * RKM__ILP_MAX_COLS)
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops are too many for one model", (int)b->n);
+    if (!rkm__ilp_shape_arrays(b)) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the block's structure");
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_out; k++) {
+            b->tg[b->lt[o->out[k]]] = o->out[k];
+            b->tprod[b->lt[o->out[k]]] = v;
+        }
+    }
+    return RKM_OK;
+}
+
+/* Readers, stages, needs (see rkm__ilp_derive) and constants. */
+static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    size_t n_rd = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) n_rd += b->lt[o->in[k]] >= 0;
+    }
+    int32_t *fill = rkm__calloc(b->ctx, (size_t)b->nt + 1, sizeof *fill);
+    if (!fill || !rkm__ilp_take(b->ctx, &b->arrays, &b->rd, n_rd + 1, sizeof *b->rd)) {
+        rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the readers");
+    }
+    rkm__ilp_derive(b, fill);
+    rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+    return rkm__ilp_constants(b);
+}
+
+/* (a) The block's shape: checked against the graph, numbered, derived. */
+static rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                      int32_t x_out, int is_last, rkm__ilp_shape *b)
+{
+    rkm_context *ctx = g->ctx;
+    b->g = g;
+    b->ctx = ctx;
+    b->n = n_ops;
+    b->x_in = x_in;
+    b->x_out = x_out;
+    b->is_last = is_last ? 1 : 0;
+    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
+    rkm_result r = RKM_OK;
+    if (!opl || !rkm__ilp_take(ctx, &b->arrays, &b->lt, g->n_tensors + 1, sizeof *b->lt) ||
+        !rkm__ilp_take(ctx, &b->arrays, &b->op, (size_t)n_ops, sizeof *b->op))
+        r = rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    if (!r) {
+        for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
+        for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
+        r = rkm__ilp_locals(b, ops, opl);
+    }
+    if (!r) r = rkm__ilp_number(b);
+    if (!r) r = rkm__ilp_check(b, opl);
+    if (!r) r = rkm__ilp_structure(b);
+    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
+    return r;
+}
+
+/* (b) The model: columns, nodes, free candidates, and the lprec. */
+static rkm_result rkm__ilp_model_init(const rkm__ilp_shape *b, rkm__ilp_model *md)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &md->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
+    if (!rkm__ilp_take(ctx, a, &md->colR, (nb + 1) * n, sizeof *md->colR) ||
+        !rkm__ilp_take(ctx, a, &md->colRP, (nb + 1) * n, sizeof *md->colRP) ||
+        !rkm__ilp_take(ctx, a, &md->colS, (nb + 2) * nt, sizeof *md->colS) ||
+        !rkm__ilp_take(ctx, a, &md->node_off, nb + 2, sizeof *md->node_off))
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's columns");
+    rkm__ilp_columns(b, md); /* count */
+    if (md->ncols > RKM__ILP_MAX_COLS)
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops make %d columns, more than lp_solve can take (%d)", (int)b->n,
+                            (int)md->ncols, RKM__ILP_MAX_COLS);
+    if (!rkm__ilp_take(ctx, a, &md->node, (size_t)md->n_nodes, sizeof *md->node) ||
+        !rkm__ilp_take(ctx, a, &md->fcand, (size_t)md->n_fcand, sizeof *md->fcand) ||
+        !rkm__ilp_take(ctx, a, &md->x, (size_t)md->ncols + 1, sizeof *md->x))
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's nodes");
+    rkm__ilp_columns(b, md);
+    return rkm__ilp_build(b, md);
+}
+
+static void rkm__ilp_model_free(rkm_context *ctx, rkm__ilp_model *md)
+{
+    if (md->lp) {
+        rkm__ilp_lock();
+        delete_lp(md->lp);
+        rkm__ilp_unlock();
+        md->lp = NULL;
+    }
+    rkm__ilp_drop(ctx, &md->arrays);
+}
+
+/* (c) The memo: the floors, and room for the cache's schedules. */
+static rkm_result rkm__ilp_memo_init(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
+{
+    rkm__ilp_floors(b, memo);
+    for (int c = 0; c < RKM__ILP_CACHE; c++)
+        if (!rkm__ilp_sched_alloc(b, &memo->cache[c]))
+            return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the schedule cache");
+    return RKM_OK;
+}
+
+static void rkm__ilp_memo_free(rkm_context *ctx, rkm__ilp_memo *memo)
+{
+    for (int c = 0; c < RKM__ILP_CACHE; c++) rkm__ilp_sched_free(ctx, &memo->cache[c]);
+}
+
+/* (d) The scratch of a solve. */
+static rkm_result rkm__ilp_scratch_init(const rkm__ilp_shape *b, rkm__ilp_scratch *sc)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &sc->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt;
+    if (!rkm__ilp_take(ctx, a, &sc->gr.x, n, 1) || !rkm__ilp_take(ctx, a, &sc->gr.seen2, n, 1) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.live, nt, sizeof *sc->rp.live) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.rbuf, (size_t)b->max_list, sizeof *sc->rp.rbuf) ||
+        !rkm__ilp_sched_alloc(b, &sc->gr.trial) || !rkm__ilp_sched_alloc(b, &sc->gr.alt) ||
+        !rkm__ilp_sched_alloc(b, &sc->best) || !rkm__ilp_sched_alloc(b, &sc->found))
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a solve's scratch");
+    rkm_result r = rkm__sim_init(b->g, &sc->rp.sim);
+    return r ? rkm__ilp_err(b, r, "out of memory for the simulator") : RKM_OK;
+}
+
+static void rkm__ilp_scratch_free(rkm_context *ctx, rkm__ilp_scratch *sc)
+{
+    rkm__sim_free(&sc->rp.sim);
+    rkm__ilp_sched_free(ctx, &sc->gr.trial);
+    rkm__ilp_sched_free(ctx, &sc->gr.alt);
+    rkm__ilp_sched_free(ctx, &sc->best);
+    rkm__ilp_sched_free(ctx, &sc->found);
+    rkm__ilp_drop(ctx, &sc->arrays);
+}
+
+RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *bk)
+{
+    if (!bk) return;
+    rkm_context *ctx = bk->shape.ctx;
+    rkm__ilp_model_free(ctx, &bk->model);
+    rkm__ilp_memo_free(ctx, &bk->memo);
+    rkm__ilp_scratch_free(ctx, &bk->scratch);
+    rkm__ilp_drop(ctx, &bk->shape.arrays);
+    rkm__free(ctx, bk, sizeof *bk);
+}
+
+RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                        int32_t x_out, int is_last, rkm__ilp_block **out)
+{
+    *out = NULL;
+    rkm_context *ctx = g->ctx;
+    if (!g->finalized) return rkm__err(ctx, RKM_ERROR_STATE, "block ILP: the graph is not finalized");
+    if (!ops || n_ops < 1 || (size_t)n_ops > g->n_ops || x_out < 0 || (size_t)x_out >= g->n_tensors ||
+        x_in < -1 || (x_in >= 0 && (size_t)x_in >= g->n_tensors) || (is_last && x_out != g->loss))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "block ILP: bad block (ops, x_in, x_out or is_last)");
+    rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
+    if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
+    if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
+    if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);
+    if (!r) r = rkm__ilp_scratch_init(&bk->shape, &bk->scratch);
+    if (r) {
+        rkm__ilp_block_destroy(bk);
+        return r;
+    }
+    *out = bk;
+    return RKM_OK;
+}
+
+#endif /* RKM_OMIT_SOLVER */
+

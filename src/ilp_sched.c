@@ -1,0 +1,515 @@
+/* ilp_sched.c -- the block ILP's schedules: steps, replay, the greedy, a block's shape
+ *
+ * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, ilp.c. */
+#include "internal.h"
+
+#ifndef RKM_OMIT_SOLVER
+
+/* ---- schedules: steps, replay ------------------------------------------- */
+
+static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
+{
+    return rkm__steps_push(&o->l, kind, index, save);
+}
+
+/* One compute event of a schedule. */
+typedef struct rkm__ilp_event {
+    int32_t kind, v, t;
+} rkm__ilp_event;
+
+/* Events of a schedule in order: stage 0's forwards, the loss node, then per
+ * stage its recomputations and its backward. Returns the count. */
+static size_t rkm__ilp_events(const rkm__ilp_shape *b, const rkm__ilp_sched *s, rkm__ilp_event *ev)
+{
+    size_t m = 0;
+    for (int32_t v = 0; v < b->n; v++) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, 0};
+    ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_LOSS, -1, 1};
+    for (int32_t t = 1; t <= b->nb; t++) {
+        for (int32_t v = 0; v < b->n; v++)
+            if (s->r[(size_t)t * (size_t)b->n + (size_t)v]) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, t};
+        ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_BWD, b->bop[t], t};
+    }
+    return m;
+}
+
+/* Block tensors an event reads, through a callback-free list: fills buf
+ * (capacity enough for any op's in/saved list) and returns the count. */
+static int32_t rkm__ilp_reads(const rkm__ilp_shape *b, const rkm__ilp_event *e, int32_t *buf)
+{
+    int32_t k = 0;
+    if (e->kind == RKM__ILP_NODE_LOSS) {
+        buf[k++] = rkm__ilp_loc(b, b->x_out);
+        return k;
+    }
+    const rkm__op *o = &b->g->ops[b->op[e->v]];
+    const int32_t *list = e->kind == RKM__ILP_NODE_FWD ? o->in : o->saved;
+    int32_t nl = e->kind == RKM__ILP_NODE_FWD ? o->n_in : o->n_saved;
+    for (int32_t j = 0; j < nl; j++)
+        if (rkm__ilp_loc(b, list[j]) >= 0) buf[k++] = rkm__ilp_loc(b, list[j]);
+    return k;
+}
+
+typedef struct rkm__ilp_freeat {
+    size_t e;
+    int32_t i;
+} rkm__ilp_freeat;
+
+static int rkm__ilp_freeat_cmp(const void *a, const void *c)
+{
+    const rkm__ilp_freeat *x = a, *y = c;
+    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/* Emit the main step of event e. */
+static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e,
+                               rkm__ilp_out *o)
+{
+    const rkm_graph *g = b->g;
+    if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(o, RKM_STEP_LOSS, g->loss, 0) : 1;
+    int32_t gop = b->op[e->v];
+    if (e->kind == RKM__ILP_NODE_FWD)
+        return rkm__ilp_push(o, RKM_STEP_FWD, gop, rkm__ilp_phantom(b, e->v) && s->save[e->v] == e->t);
+    return rkm__ilp_push(o, RKM_STEP_BWD, gop, 0);
+}
+
+/* After a backward: its saved state and its outputs' gradients are dead. */
+static int rkm__ilp_emit_bwd_frees(const rkm__ilp_shape *b, int32_t v, rkm__ilp_out *o)
+{
+    const rkm__op *op = &b->g->ops[b->op[v]];
+    if (op->phantom > 0 && !rkm__ilp_push(o, RKM_STEP_FREE_SAVED, b->op[v], 0)) return 0;
+    for (int32_t k = 0; k < op->n_out; k++)
+        if (b->g->tensors[op->out[k]].has_grad && !rkm__ilp_push(o, RKM_STEP_FREE_GRAD, op->out[k], 0)) return 0;
+    return 1;
+}
+
+/* Free points of schedule s's block tensors, sorted: each right after its
+ * last use before it is made again, or right after it is made if nothing
+ * reads it. *fr is allocated through the context (*cap items). 0: no memory. */
+static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_event *ev, size_t m,
+                                rkm__ilp_freeat **fr, size_t *n_fr, size_t *cap)
+{
+    int32_t *live = rp->live;
+    int ok = 1;
+    for (int32_t i = 0; i < b->nt; i++) live[i] = -1;
+    /* Lifetimes: live[i] is the last event that touched i since it was made. */
+    for (size_t e = 0; e < m && ok; e++) {
+        int32_t nr = rkm__ilp_reads(b, &ev[e], rp->rbuf);
+        for (int32_t j = 0; j < nr; j++) live[rp->rbuf[j]] = (int32_t)e;
+        if (ev[e].kind != RKM__ILP_NODE_FWD) continue;
+        const rkm__op *op = &b->g->ops[b->op[ev[e].v]];
+        for (int32_t k = 0; k < op->n_out && ok; k++) {
+            int32_t i = rkm__ilp_loc(b, op->out[k]);
+            if (live[i] >= 0) {
+                ok = rkm__reserve(b->ctx, (void **)fr, cap, *n_fr + 1, sizeof **fr);
+                if (ok) (*fr)[(*n_fr)++] = (rkm__ilp_freeat){(size_t)live[i], i};
+            }
+            live[i] = (int32_t)e;
+        }
+    }
+    for (int32_t i = 0; i < b->nt && ok; i++)
+        if (live[i] >= 0) {
+            ok = rkm__reserve(b->ctx, (void **)fr, cap, *n_fr + 1, sizeof **fr);
+            if (ok) (*fr)[(*n_fr)++] = (rkm__ilp_freeat){(size_t)live[i], i};
+        }
+    if (ok && *n_fr) qsort(*fr, *n_fr, sizeof **fr, rkm__ilp_freeat_cmp);
+    return ok;
+}
+
+/* The steps of schedule s: events in order, each followed by the frees
+ * rkm__ilp_free_points puts there, in o->l (the context's allocation). */
+RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+                                rkm__ilp_out *o)
+{
+    rkm_context *ctx = b->ctx;
+    size_t cap_ev = (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
+    rkm__ilp_event *ev = rkm__alloc(ctx, cap_ev * sizeof *ev);
+    rkm__ilp_freeat *fr = NULL;
+    size_t n_fr = 0, cap_fr = 0;
+    int ok = ev != NULL;
+    memset(o, 0, sizeof *o);
+    o->l.ctx = ctx;
+    size_t m = ok ? rkm__ilp_events(b, s, ev) : 0;
+    ok = ok && rkm__ilp_free_points(b, rp, ev, m, &fr, &n_fr, &cap_fr);
+    size_t f = 0;
+    for (size_t e = 0; e < m && ok; e++) {
+        ok = rkm__ilp_emit_event(b, s, &ev[e], o);
+        if (ok && ev[e].kind == RKM__ILP_NODE_BWD) ok = rkm__ilp_emit_bwd_frees(b, ev[e].v, o);
+        for (; ok && f < n_fr && fr[f].e == e; f++) ok = rkm__ilp_push(o, RKM_STEP_FREE, b->tg[fr[f].i], 0);
+        if (ok && e + 1 < m && ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->l.n;
+    }
+    rkm__free(ctx, ev, cap_ev * sizeof *ev);
+    rkm__free(ctx, fr, cap_fr * sizeof *fr);
+    if (!ok) {
+        rkm__steps_free(&o->l);
+        o->n_fwd = 0;
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
+    }
+    return RKM_OK;
+}
+
+/* Does the simulator's state hold exactly the block's end state? */
+static int rkm__ilp_end_ok(const rkm__ilp_shape *b, const rkm__sim *s)
+{
+    const rkm_graph *g = b->g;
+    for (int32_t v = 0; v < b->n; v++) {
+        int32_t x = b->op[v];
+        if ((g->ops[x].has_bwd && !s->bwd_done[x]) || s->P[x]) return 0;
+    }
+    if (b->is_last && !s->loss_done) return 0;
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        int is_in = (g->tensors[t].flags & RKM_TENSOR_INPUT) || (int32_t)t == b->x_in;
+        if (s->D[t] != is_in) return 0;
+        int want_g = (int32_t)t == b->x_in && g->tensors[t].has_grad;
+        if (s->G[t] != want_g) return 0;
+        if (want_g && !rkm__grad_complete(s, (int32_t)t)) return 0;
+    }
+    return 1;
+}
+
+/* Replay a block schedule from the block's start state; fills the figures
+ * of s (absolute bytes; kept: all that is live at the end of F). Returns 1
+ * if it is valid and ends in the block's end state. */
+static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__ilp_out *o, rkm__ilp_sched *s)
+{
+    rkm_sim_result r1, r2;
+    rkm__sim_reset(sim);
+    rkm__sim_give_tensor(sim, b->x_in);
+    if (!rkm__sim_run(sim, o->l.s, o->n_fwd, &r1, NULL)) return 0;
+    s->kept = sim->mem;
+    if (!b->is_last) rkm__sim_give_grad(sim, b->x_out);
+    if (!rkm__sim_run(sim, o->l.s + o->n_fwd, o->l.n - o->n_fwd, &r2, NULL)) return 0;
+    s->peak = r1.peak > r2.peak ? r1.peak : r2.peak;
+    s->time = r1.time + r2.time;
+    return rkm__ilp_end_ok(b, sim);
+}
+
+/* Emit and replay schedule s, setting its figures. Returns 1 if valid;
+ * RKM_ERROR_NOMEM is reported through *res. */
+RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
+{
+    rkm__ilp_out o;
+    *res = rkm__ilp_emit(b, rp, s, &o);
+    if (*res) return 0;
+    int ok = rkm__ilp_replay(b, &rp->sim, &o, s);
+    rp->last_steps = o.l.n;
+    rkm__steps_free(&o.l);
+    return ok;
+}
+
+RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
+{
+    return s->peak <= peak_budget && s->kept <= kept_budget;
+}
+
+/* ---- greedy: a recompute set -------------------------------------------- */
+
+/* Mark op v to run in stage row r when the recompute set says it does not
+ * keep its outputs from earlier: 1, recompute in every stage that reads
+ * them; 2, recompute in the first such stage and keep them (and the
+ * phantom) from there. */
+static void rkm__ilp_greedy_need(const rkm__ilp_greedy_ws *gw, uint8_t *r, int32_t v)
+{
+    if (gw->x[v] == 1 || (gw->x[v] == 2 && !gw->seen2[v])) r[v] = 1;
+}
+
+/* The schedule that the recompute set gw->x describes: each stage
+ * recomputes, from what is live, what its backward reads (the phantom of an
+ * op with x != 0 included). */
+static void rkm__ilp_greedy_sched(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_sched *s)
+{
+    const rkm_graph *g = b->g;
+    const uint8_t *x = gw->x;
+    size_t n = (size_t)b->n;
+    memset(s->r, 0, rkm__ilp_rsize(b));
+    memset(s->r, 1, n);
+    memset(gw->seen2, 0, n);
+    for (int32_t v = 0; v < b->n; v++) s->save[v] = !rkm__ilp_phantom(b, v) ? -1 : x[v] ? b->st[v] : 0;
+    for (int32_t t = 1; t <= b->nb; t++) {
+        uint8_t *r = s->r + (size_t)t * n;
+        int32_t o = b->bop[t];
+        const rkm__op *bo = &g->ops[b->op[o]];
+        if (rkm__ilp_phantom(b, o)) rkm__ilp_greedy_need(gw, r, o);
+        for (int32_t k = 0; k < bo->n_saved; k++) {
+            int32_t i = rkm__ilp_loc(b, bo->saved[k]);
+            if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
+        }
+        for (int32_t v = b->n; v-- > 0;) {
+            if (!r[v]) continue;
+            const rkm__op *op = &g->ops[b->op[v]];
+            for (int32_t k = 0; k < op->n_in; k++) {
+                int32_t i = rkm__ilp_loc(b, op->in[k]);
+                if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
+            }
+        }
+        for (int32_t v = 0; v < b->n; v++)
+            if (r[v] && x[v] == 2) {
+                gw->seen2[v] = 1;
+                if (rkm__ilp_phantom(b, v)) s->save[v] = t;
+            }
+    }
+}
+
+/* How far s is over the budgets (0: fits). */
+static uint64_t rkm__ilp_excess(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
+{
+    uint64_t e = s->peak > peak_budget ? s->peak - peak_budget : 0;
+    uint64_t f = s->kept > kept_budget ? s->kept - kept_budget : 0;
+    return e > UINT64_MAX - f ? UINT64_MAX : e + f;
+}
+
+/* Is a better than c: fitting first, then less excess, then less time? */
+static int rkm__ilp_better(const rkm__ilp_sched *a, const rkm__ilp_sched *c, uint64_t peak_budget,
+                           uint64_t kept_budget)
+{
+    uint64_t ea = rkm__ilp_excess(a, peak_budget, kept_budget), ec = rkm__ilp_excess(c, peak_budget, kept_budget);
+    if (ea != ec) return ea < ec;
+    return a->time < c->time;
+}
+
+/* Evaluate the recompute set with op v set to `val` into gw->trial.
+ * Returns 1 if valid. */
+static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, int32_t v,
+                               uint8_t val, rkm_result *res)
+{
+    uint8_t keep = gw->x[v];
+    gw->x[v] = val;
+    rkm__ilp_greedy_sched(b, gw, &gw->trial);
+    int ok = rkm__ilp_measure(b, rp, &gw->trial, res);
+    gw->x[v] = keep;
+    return ok;
+}
+
+/* One round of the local search: every change of one op's mode, the best
+ * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
+ * *to its new mode. */
+static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                        uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                        rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
+{
+    rkm_result res = RKM_OK;
+    int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
+    *pick = -1;
+    for (int32_t v = 0; v < b->n; v++)
+        for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
+            if (val == gw->x[v]) continue;
+            int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);
+            work->evals += (double)rp->last_steps;
+            if (!ok) {
+                if (res) return res;
+                continue;
+            }
+            if (rkm__ilp_better(&gw->trial, out, peak_budget, kept_budget)) {
+                *pick = v;
+                *to = val;
+                rkm__ilp_sched_copy(b, out, &gw->trial);
+            }
+        }
+    return RKM_OK;
+}
+
+/* Local search over recompute sets from gw->x: take the change of one op's
+ * mode that gives the best (excess, time) while it improves. Leaves the
+ * best schedule in *out (not gw->trial or gw->alt). */
+static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                   uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                   rkm__ilp_sched *out)
+{
+    rkm_result res = RKM_OK;
+    rkm__ilp_greedy_sched(b, gw, out);
+    if (!rkm__ilp_measure(b, rp, out, &res)) {
+        if (res) return res;
+        return rkm__ilp_err(b, RKM_ERROR_INTERNAL, "internal error: the greedy's first schedule does not replay");
+    }
+    for (int32_t round = 0; round < 4 * b->n && !rkm__ilp_spent(work, 1); round++) {
+        int32_t pick;
+        uint8_t to = 0;
+        if ((res = rkm__ilp_greedy_round(b, gw, rp, peak_budget, kept_budget, work, out, &pick, &to))) return res;
+        if (pick < 0) break;
+        gw->x[pick] = to;
+    }
+    return RKM_OK;
+}
+
+/* Greedy: the local search from "recompute nothing" and from "recompute
+ * everything", the better of the two in *out (valid, maybe not fitting). */
+RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                  uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out)
+{
+    memset(gw->x, 1, (size_t)b->n);
+    rkm_result r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, &gw->alt);
+    if (r) return r;
+    memset(gw->x, 0, (size_t)b->n);
+    if ((r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, out))) return r;
+    if (rkm__ilp_better(&gw->alt, out, peak_budget, kept_budget)) rkm__ilp_sched_copy(b, out, &gw->alt);
+    return RKM_OK;
+}
+
+/* ---- structure of a block ------------------------------------------------ */
+
+/* Check the block against the graph: ops in topological order, reads only
+ * inputs, x_in and block tensors, block tensors read outside only if x_out. */
+RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
+{
+    const rkm_graph *g = b->g;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            if (b->lt[t] >= 0 || t == b->x_in || (g->tensors[t].flags & RKM_TENSOR_INPUT)) {
+                if (t != b->x_out || b->is_last) continue;
+                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads the block's output %s", o->name,
+                                    g->tensors[t].name);
+            }
+            return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads %s, made outside the block", o->name,
+                                g->tensors[t].name);
+        }
+    }
+    for (size_t x = 0; x < g->n_ops; x++) {
+        if (opl[x] >= 0) continue;
+        const rkm__op *o = &g->ops[x];
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (b->lt[o->in[k]] >= 0 && o->in[k] != b->x_out)
+                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "%s is read by op %s outside the block",
+                                    g->tensors[o->in[k]].name, o->name);
+    }
+    if (b->x_in >= 0 && b->lt[b->x_in] >= 0)
+        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_in %s is made inside the block", g->tensors[b->x_in].name);
+    if (b->lt[b->x_out] < 0) return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "no block op makes x_out");
+    if (!g->tensors[b->x_out].has_grad)
+        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_out %s has no gradient", g->tensors[b->x_out].name);
+    return RKM_OK;
+}
+
+/* Stages (backwards in reverse order), readers, and how late each op and
+ * tensor can be useful (need). fill: [nt] zeroed counters. */
+RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
+{
+    const rkm_graph *g = b->g;
+    int32_t t = 0;
+    for (int32_t v = b->n; v-- > 0;) {
+        b->st[v] = g->ops[b->op[v]].has_bwd ? ++t : 0;
+        if (b->st[v]) b->bop[b->st[v]] = v;
+    }
+    for (int32_t i = 0; i <= b->nt; i++) b->rd_off[i] = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (b->lt[o->in[k]] >= 0) b->rd_off[b->lt[o->in[k]] + 1]++;
+    }
+    for (int32_t i = 0; i < b->nt; i++) b->rd_off[i + 1] += b->rd_off[i];
+    for (int32_t i = 0; i < b->nt; i++) b->last0[i] = b->tprod[i];
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t i = b->lt[o->in[k]];
+            if (i < 0) continue;
+            b->rd[b->rd_off[i] + fill[i]++] = v;
+            b->last0[i] = v;
+        }
+    }
+    for (int32_t v = b->n; v-- > 0;) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        int32_t nv = rkm__ilp_phantom(b, v) ? b->st[v] : 0;
+        for (int32_t k = 0; k < o->n_out; k++) {
+            int32_t i = b->lt[o->out[k]], nd = o->out[k] == b->x_out ? 1 : 0;
+            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                if (b->need_o[b->rd[j]] > nd) nd = b->need_o[b->rd[j]];
+            for (int32_t s = 1; s <= b->nb; s++)
+                if (s > nd && rkm__ilp_bwd_reads(b, s, i)) nd = s;
+            b->need_t[i] = nd;
+            if (nd > nv) nv = nd;
+        }
+        b->need_o[v] = nv;
+    }
+}
+
+/* Sum of bytes of the block tensors in a list. */
+static uint64_t rkm__ilp_list_bytes(const rkm__ilp_shape *b, const int32_t *list, int32_t n)
+{
+    uint64_t m = 0;
+    for (int32_t k = 0; k < n; k++)
+        if (b->lt[list[k]] >= 0) m += b->g->tensors[list[k]].bytes;
+    return m;
+}
+
+/* What must be live at some node of every schedule: x_out (and its
+ * gradient) at the boundary, an op's inputs and outputs in the forward pass,
+ * a backward's saved tensors, phantom and gradients. */
+RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
+{
+    const rkm_graph *g = b->g;
+    uint64_t xo = g->tensors[b->x_out].bytes;
+    memo->min_kept = b->static_bytes + xo;
+    memo->min_peak = memo->min_kept + xo;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        uint64_t m = b->static_bytes + rkm__ilp_list_bytes(b, o->in, o->n_in) + rkm__ilp_list_bytes(b, o->out, o->n_out);
+        if (m + rkm__fwd_ws_most(o) > memo->min_peak) memo->min_peak = m + rkm__fwd_ws_most(o);
+        int32_t t = b->st[v];
+        if (!t) continue;
+        m = b->static_bytes + (t == 1 ? xo : b->gstart[t]) + b->gnew[t] + o->bwd_ws + o->phantom +
+            rkm__ilp_list_bytes(b, o->saved, o->n_saved);
+        if (m > memo->min_peak) memo->min_peak = m;
+    }
+}
+
+/* Gradient bytes along the backward order (fixed, so constants). */
+static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    uint8_t *gl = rkm__calloc(b->ctx, g->n_tensors + 1, 1);
+    if (!gl) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the gradient bytes");
+    uint64_t live = g->tensors[b->x_out].bytes;
+    gl[b->x_out] = 1;
+    b->gstart[1] = 0;
+    for (int32_t t = 1; t <= b->nb; t++) {
+        if (t > 1) b->gstart[t] = live;
+        const rkm__op *o = &g->ops[b->op[b->bop[t]]];
+        b->gnew[t] = b->gfree[t] = 0;
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (g->tensors[o->in[k]].has_grad && !gl[o->in[k]]) {
+                gl[o->in[k]] = 1;
+                b->gnew[t] += g->tensors[o->in[k]].bytes;
+            }
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].has_grad && gl[o->out[k]]) {
+                gl[o->out[k]] = 0;
+                b->gfree[t] += g->tensors[o->out[k]].bytes;
+            }
+        live = live + b->gnew[t] - b->gfree[t];
+    }
+    b->gstart[b->nb + 1] = live;
+    rkm__free(b->ctx, gl, g->n_tensors + 1);
+    return RKM_OK;
+}
+
+/* Gradient bytes, static bytes, base time and the two scales. */
+RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    uint64_t mx = 1;
+    rkm_result r = rkm__ilp_grad_bytes(b);
+    if (r) return r;
+    b->static_bytes = g->input_bytes;
+    if (b->x_in >= 0 && !(g->tensors[b->x_in].flags & RKM_TENSOR_INPUT)) b->static_bytes += g->tensors[b->x_in].bytes;
+    b->base_time = 0;
+    b->tscale = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        b->base_time += o->fwd + (o->has_bwd ? o->bwd : 0);
+        if (o->fwd > b->tscale) b->tscale = o->fwd;
+        uint64_t m = o->phantom > rkm__fwd_ws_most(o) ? o->phantom : rkm__fwd_ws_most(o);
+        if (o->bwd_ws > m) m = o->bwd_ws;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].bytes > m) m = g->tensors[o->out[k]].bytes;
+        if (m > mx) mx = m;
+    }
+    if (!(b->tscale > 0)) b->tscale = 1;
+    /* A power of two: bytes / mscale is exact in a double. */
+    b->mscale = 1;
+    while (b->mscale * 2 <= (double)mx) b->mscale *= 2;
+    return RKM_OK;
+}
+
+#endif /* RKM_OMIT_SOLVER */

@@ -1,0 +1,710 @@
+/* internal.h -- what the library's source files share: system headers, the
+ * tuning table, internal types and the functions one file defines and
+ * others call. Private: never installed, never included by users.
+ *
+ * Every source file in src/ includes this header first and nothing else of ours. The
+ * amalgamation (make amalgamation -> rockmate.c) is this header followed by
+ * the files in pipeline order; there RKM_PRIVATE is `static`, so the
+ * library exports only the rkm_ API. */
+#ifndef RKM_INTERNAL_H
+#define RKM_INTERNAL_H
+
+#if !defined(_POSIX_C_SOURCE) && !defined(_WIN32)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include "rockmate.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h> /* the chain DP's min loops */
+#endif
+
+#ifdef RKM_AMALGAMATION
+#define RKM_PRIVATE static
+#else
+#define RKM_PRIVATE
+#endif
+
+struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
+
+/* ---- base.c ---- */
+
+#define RKM_ERRMSG_SIZE 512
+#define RKM_NAME_MAX 255
+
+struct rkm_context {
+    rkm_alloc_fn alloc;
+    void *alloc_user;
+    rkm_log_fn log;
+    void *log_user;
+    int log_level;
+    char errmsg[RKM_ERRMSG_SIZE];
+};
+
+/* A name -> id map: open addressing over FNV-1a hashes, ids index `names`. */
+typedef struct rkm__map {
+    int32_t *slots; /* -1 empty, else id */
+    size_t cap;     /* power of two */
+    size_t count;
+} rkm__map;
+
+typedef const char *(*rkm__name_of)(const void *owner, int32_t id);
+
+
+/* ---- graph.c ---- */
+
+typedef struct rkm__tensor {
+    char *name;
+    uint64_t bytes;
+    unsigned flags;
+    int32_t producer;      /* op id, -1 for inputs and not-yet-produced */
+    int32_t line;          /* source line, 0 when built through the API */
+    int has_grad;
+    int32_t n_contrib;     /* backwards reading it (+1 for the loss tensor) */
+    int32_t n_readers;     /* ops reading it */
+} rkm__tensor;
+
+typedef struct rkm__op {
+    char *name;
+    double fwd, bwd;
+    int32_t *in, *out, *saved; /* one allocation: in, then out, then saved */
+    int32_t n_in, n_out, n_saved;
+    uint64_t phantom, fwd_ws, bwd_ws;
+    uint64_t scratch; /* of the phantom, written by every forward (transient without save) */
+    unsigned flags;   /* RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE */
+    int32_t line;
+    int has_bwd;
+} rkm__op;
+
+typedef struct rkm__block {
+    int32_t *ops;      /* op ids in topological order (points into block_ops) */
+    int32_t n_ops;
+    int32_t in;        /* separator entering, -1 for the first block */
+    int32_t out;       /* separator leaving; the loss tensor for the last block */
+    int32_t cls;       /* class id */
+} rkm__block;
+
+struct rkm_graph {
+    rkm_context *ctx;
+    rkm__tensor *tensors;
+    size_t n_tensors, cap_tensors;
+    rkm__op *ops;
+    size_t n_ops, cap_ops;
+    rkm__map tensor_map, op_map;
+    int32_t loss;
+    int32_t loss_line;
+    int finalized;
+    int has_inplace; /* some op declares RKM_OP_INPLACE or RKM_OP_GRAD_INPLACE (at finalize) */
+    uint64_t input_bytes;
+    rkm__block *blocks;
+    int32_t n_blocks, n_classes;
+    int32_t *block_ops; /* storage for all blocks' op lists (n_ops entries) */
+    rkm_graph_stats stats; /* computed once by finalize */
+    /* Set by a reader so that builder errors can name file:line. */
+    const char *src_name;
+    int32_t src_line;
+};
+
+
+/* ---- rkg.c ---- */
+
+#define RKM_MAX_TOKENS 16
+
+/* A statement reader shared by the .rkg and .rkp parsers: one statement a
+ * line, tokens split by spaces or tabs, '#' to the end of the line ignored. */
+typedef struct rkm__reader {
+    rkm_context *ctx;
+    const char *src;
+    const char *p, *end;
+    int32_t line;
+    char *buf;
+    size_t cap;
+    char *tok[RKM_MAX_TOKENS];
+    int ntok;
+} rkm__reader;
+
+/* Buffered output through a rkm_write_fn. */
+typedef struct rkm__out {
+    rkm_write_fn fn;
+    void *user;
+    char buf[4096];
+    size_t n;
+    int failed;
+} rkm__out;
+
+
+/* ---- plan.c ---- */
+
+/* A plan is born checked (rkm__plan_birth, sim.c) and never changes. */
+struct rkm_plan {
+    const rkm_graph *g;
+    rkm_context *ctx;
+    rkm_step *steps;
+    size_t n_steps;
+    uint64_t *mem_after, *step_peak; /* [n_steps] */
+    /* Executor annotations: for step i, flag_off[i] indexes `flags`:
+     * fwd -> [recompute, out_new...], bwd -> [in_grad...]. */
+    size_t *flag_off;
+    uint8_t *flags;
+    size_t n_flags;
+    rkm_buffer *buffers; /* lifetimes from the replay; offsets 0 (rkm_plan_layout places them) */
+    size_t n_buffers, cap_buffers;
+    rkm_plan_stats stats;
+};
+
+/* A growable step list: what producers of plans build, before birth. */
+typedef struct rkm__steps {
+    rkm_context *ctx;
+    rkm_step *s;
+    size_t n, cap;
+} rkm__steps;
+
+
+/* ---- sim.c ---- */
+
+/* Replay state. Everything that measures memory or time (the checker, the
+ * baseline, block options, the planner) goes through rkm__sim_step. */
+typedef struct rkm__sim {
+    const rkm_graph *g;
+    uint8_t *D;        /* per tensor: live */
+    uint8_t *G;        /* per tensor: gradient live */
+    int32_t *recv;     /* per tensor: contributions received by grad(T) */
+    uint8_t *P;        /* per op: saved state (phantom) live */
+    uint8_t *fwd_done; /* per op: forward ran at least once */
+    uint8_t *bwd_done; /* per op: backward ran */
+    int loss_done;
+    uint64_t mem;
+} rkm__sim;
+
+/* What a plan's birth records besides its figures: the executor's flags
+ * and every buffer's lifetime. open_*: per tensor / tensor / op, its open
+ * buffer (-1 if none). */
+typedef struct rkm__recorder {
+    rkm_plan *p;
+    int64_t *open_t, *open_g, *open_p;
+    size_t n_open;
+    size_t at; /* next free entry of p->flags */
+} rkm__recorder;
+
+
+/* ---- layout.c ---- */
+
+/* The placer's stages (rkm__layout's `stages`; bench_layout compares them). */
+#define RKM__LAY_SKYLINE 1u
+
+/* ---- options.c ---- */
+
+/* An option of a block: a schedule of the block's own steps (forward part
+ * then backward part, global ids) and its five figures, all measured by
+ * replaying the schedule in the simulator from the block's start state:
+ *   pf   peak of the forward part
+ *   kept memory live after the forward part
+ *   pb   peak of the backward part (starts from kept plus grad(x_out)) */
+typedef struct rkm__option {
+    rkm_step *steps;
+    size_t n_fwd, n_bwd;
+    double tf, tb;
+    uint64_t kept, pf, pb;
+    size_t seq; /* order of arrival: the last tie-break, so sorting is total */
+} rkm__option;
+
+/* Per block: the no-save forward (run to reach a checkpoint) and options. */
+typedef struct rkm__bopts {
+    rkm_step *nosave;
+    size_t n_nosave;
+    double tfn;
+    uint64_t pfn;
+    rkm__option *opt;
+    size_t n_opt, cap_opt;
+    size_t arrived; /* options offered so far */
+} rkm__bopts;
+
+
+/* ---- ilp.c ---- */
+
+typedef struct rkm__ilp_stats {
+    int32_t solves, optimal, suboptimal, infeasible, timeout, failed; /* lp_solve outcomes (accumulated) */
+    double seconds;  /* wall time in rkm__ilp_block_solve (accumulated) */
+    double work;     /* solver work spent, in seconds of its calibration (accumulated; deterministic) */
+    int proven;      /* this call: the schedule (or "none fits") is optimal for the model */
+    double time;     /* this call: the returned schedule's time (0 if none) */
+    double bound;    /* this call: a lower bound on the model's optimal time */
+} rkm__ilp_stats;
+
+typedef struct rkm__ilp_block rkm__ilp_block;
+
+
+#ifndef RKM_OMIT_SOLVER
+#define RKM__ILP_CACHE 64 /* schedules remembered per block */
+enum { RKM__ILP_NODE_FWD, RKM__ILP_NODE_BWD, RKM__ILP_NODE_LOSS };
+
+typedef struct rkm__ilp_node {
+    int32_t kind; /* RKM__ILP_NODE_* */
+    int32_t v;    /* local op (fwd: the op run; bwd: the op whose backward runs) */
+    int32_t q;    /* its Q column */
+    int32_t f0;   /* its free candidates: fcand[f0 .. next node's f0) */
+} rkm__ilp_node;
+
+typedef struct rkm__ilp_free {
+    int32_t i;   /* local tensor */
+    int32_t col; /* its F column */
+} rkm__ilp_free;
+
+/* A schedule as the model sees it: who runs in which stage, where each
+ * phantom is saved; and its replayed figures (absolute bytes, like every
+ * memory figure and budget of the block ILP). */
+typedef struct rkm__ilp_sched {
+    uint8_t *r;    /* [(nb+1)*n]: r[t*n+v], op v runs in stage t (row 0 all 1) */
+    int32_t *save; /* [n]: stage of v's save run, -1 if none */
+    size_t r_bytes, n_save; /* allocated */
+    uint64_t peak, kept;
+    double time;
+    /* in the cache: proven optimal for every budget pair up to these */
+    int proven;
+    uint64_t peak_budget, kept_budget;
+} rkm__ilp_sched;
+
+/* A budget pair proven to admit no schedule (nor does any smaller pair). */
+typedef struct rkm__ilp_none {
+    uint64_t peak_budget, kept_budget;
+} rkm__ilp_none;
+
+/* What a solve may spend: work units (deterministic) and a wall clock. */
+typedef struct rkm__ilp_work {
+    double calls, max_calls; /* lp_solve abort-callback calls */
+    double evals, max_evals; /* steps of the schedules the greedy replayed */
+    double deadline;         /* rkm__now() past which everything stops */
+} rkm__ilp_work;
+
+/* The arrays of one part of a block, each recorded with its size when it
+ * is allocated, so that the part frees exactly what it took. */
+#define RKM__ILP_MAX_ARRAYS 16
+typedef struct rkm__ilp_arrays {
+    void **at[RKM__ILP_MAX_ARRAYS];
+    size_t bytes[RKM__ILP_MAX_ARRAYS];
+    int n;
+} rkm__ilp_arrays;
+
+/* (a) The block: its numbering and structure, fixed once created. */
+typedef struct rkm__ilp_shape {
+    const rkm_graph *g;
+    rkm_context *ctx;
+    int32_t n, nt, nb;        /* forward ops, block tensors, backward stages */
+    int32_t x_in, x_out, is_last;
+    int32_t *op;              /* [n] global id of local op v */
+    int32_t *lt;              /* [g->n_tensors] local index of a block tensor, else -1 */
+    int32_t *tg;              /* [nt] global id of local tensor i */
+    int32_t *tprod;           /* [nt] local producer of i */
+    int32_t *rd_off, *rd;     /* readers of i among the block ops: rd[rd_off[i] .. rd_off[i+1]) */
+    int32_t *st;              /* [n] stage of v's backward, 0 if it has none */
+    int32_t *bop;             /* [nb+1] local op whose backward is stage t */
+    int32_t *need_o, *need_t; /* last stage where an op's run / a tensor can be useful */
+    int32_t *last0;           /* [nt] last stage-0 node that touches i */
+    int32_t max_list;         /* longest in or saved list of an op, plus one */
+    uint64_t static_bytes;    /* inputs + x_in: live all along */
+    uint64_t *gstart;         /* [nb+2] gradient bytes live at the start of stage t */
+    uint64_t *gnew, *gfree;   /* [nb+1] gradient bytes made / freed by stage t's backward */
+    double base_time;         /* every forward once and every backward */
+    double tscale, mscale;    /* objective and byte divisors */
+    rkm__ilp_arrays arrays;
+} rkm__ilp_shape;
+
+/* (b) The LP model of the block, budget-independent: budgets are bounds
+ * that each solve sets. */
+typedef struct rkm__ilp_model {
+    struct _lprec *lp; /* lp_solve's lprec; only ilp.c includes lp_lib.h */
+    int32_t ncols, nrows;
+    int32_t *colR, *colRP;    /* [(nb+1)*n], 0: no column */
+    int32_t *colS;            /* [(nb+2)*nt] */
+    rkm__ilp_node *node;      /* stage t's nodes: node[node_off[t] .. node_off[t+1]) */
+    int32_t *node_off;        /* [nb+2] */
+    int32_t n_nodes;
+    rkm__ilp_free *fcand;
+    int32_t n_fcand;
+    int bad;                  /* a row that never holds: no schedule at any budget */
+    double *x;                /* [ncols] solution */
+    rkm__ilp_arrays arrays;
+} rkm__ilp_model;
+
+/* (c) What solves of the block learn and later solves use. */
+typedef struct rkm__ilp_memo {
+    rkm__ilp_sched cache[RKM__ILP_CACHE]; /* schedules found so far (ring) */
+    int32_t n_cache, cache_next;
+    rkm__ilp_none none[RKM__ILP_CACHE];   /* budget pairs proven empty (ring) */
+    int32_t n_none, none_next;
+    uint64_t min_peak, min_kept;          /* no schedule has a lower peak / kept memory */
+} rkm__ilp_memo;
+
+/* (d) Scratch of one solve, in three parts with one user each. Emitting and
+ * replaying a schedule (rkm__ilp_measure): */
+typedef struct rkm__ilp_replayer {
+    int32_t *live;     /* [nt] last event that touched a tensor */
+    int32_t *rbuf;     /* [max_list] one op's in or saved list */
+    size_t last_steps; /* steps of the last schedule measured (work count) */
+    rkm__sim sim;
+} rkm__ilp_replayer;
+
+/* The greedy (rkm__ilp_greedy) and its two trial schedules: */
+typedef struct rkm__ilp_greedy_ws {
+    uint8_t *x;     /* [n] the recompute set: 0 keep, 1 always, 2 once */
+    uint8_t *seen2; /* [n] ops with x = 2 that have run again */
+    rkm__ilp_sched trial, alt;
+} rkm__ilp_greedy_ws;
+
+/* And rkm__ilp_block_solve's own two schedules. */
+typedef struct rkm__ilp_scratch {
+    rkm__ilp_replayer rp;
+    rkm__ilp_greedy_ws gr;
+    rkm__ilp_sched best;  /* the incumbent */
+    rkm__ilp_sched found; /* the greedy's result, then lp_solve's solution */
+    rkm__ilp_arrays arrays;
+} rkm__ilp_scratch;
+
+
+/* ---- ilp_sched.c ---- */
+
+/* A schedule's steps, and where its forward part ends. */
+typedef struct rkm__ilp_out {
+    rkm__steps l;
+    size_t n_fwd;
+} rkm__ilp_out;
+
+#endif
+
+/* ---- chain.c ---- */
+
+/* ===========================================================================
+ * 10. Chain DP
+ * ===========================================================================
+ *
+ * An abstract chain of blocks 0..n-1. Block i reads x_{i-1} (nothing for
+ * block 0) and writes x_i (the loss for the last block, counted inside that
+ * block's own numbers: its output has 0 slots). Memory is in integer slots
+ * above the graph's inputs (rkm__planner_chain converts the blocks' bytes,
+ * options.c, to them).
+ * Per block: in_sz (slots of x_{i-1}), g_out (slots of grad(x_i)), a no-save
+ * forward (time tfn, peak pfn counting x_{i-1} and x_i) and options k, each
+ * (tf, tb, kept, pf, pb): F_k leaves x_{i-1}, x_i and `kept` slots live and
+ * peaks at pf (counting them); B_k starts from x_{i-1}, x_i, kept, grad(x_i),
+ * peaks at pb (counting them), and leaves x_{i-1} and grad(x_{i-1}).
+ *
+ * Peaks are raised to the live sets they count (rkm__dp_pf and friends): a
+ * caller rounds each size and peak up to slots on its own, so a rounded peak
+ * can fall below the sum of its rounded parts; the raise keeps the DP from
+ * promising memory that is not there.
+ *
+ * Opt(a, b, m): least time for blocks a..b when x_{a-1} is live (held by the
+ * caller), grad(x_b) is live, and m slots hold everything of the segment,
+ * x_{a-1} and grad(x_b) included. It ends with x_{a-1} and grad(x_{a-1}).
+ *   option k:      F_k(a), Opt(a+1, b, m - in_a - kept_k), B_k(a)
+ *   checkpoint j:  no-save forward a..j-1 (x_{t-1} freed after block t > a),
+ *                  Opt(j, b, m - in_a), free x_{j-1}, Opt(a, j-1, m)
+ * Ties (exactly equal times) go to the first candidate in this order:
+ * options in their given order, then checkpoints by increasing j.
+ * Infeasible cells have cost INFINITY and decision RKM__DP_NONE; a cost of 0
+ * is an ordinary cost.
+ *
+ * Block-level schedules (rkm__dp_ops) are what the planner flattens; the DP's
+ * reconstruction and the sqrt schedule produce them, rkm__dp_eval measures
+ * them with the rules of rkm__dp_apply. */
+typedef struct rkm__dp_option {
+    double tf, tb;   /* forward and backward time */
+    int32_t kept;    /* slots kept from F_k to B_k, besides x_{i-1} and x_i */
+    int32_t pf, pb;  /* peak slots of F_k and B_k (see above) */
+} rkm__dp_option;
+
+typedef struct rkm__dp_block {
+    int32_t in_sz;   /* slots of x_{i-1}; must be 0 for the first block */
+    int32_t g_out;   /* slots of grad(x_i); must be 0 for the last block */
+    int32_t pfn;     /* peak of the no-save forward, counting x_{i-1} and x_i */
+    double tfn;      /* time of the no-save forward */
+    int32_t n_opt;
+    const rkm__dp_option *opt;
+} rkm__dp_block;
+
+enum {
+    RKM__DP_FWD_OPT,    /* F_k of `block`, k = `option` */
+    RKM__DP_BWD_OPT,    /* B_k of `block` (the last block's includes the loss step) */
+    RKM__DP_FWD_NOSAVE, /* no-save forward of `block`: only x_block is left */
+    RKM__DP_FREE_OUT    /* free x_block, the output of `block` */
+};
+
+typedef struct rkm__dp_op {
+    int32_t kind, block, option; /* option: -1 unless FWD_OPT or BWD_OPT */
+} rkm__dp_op;
+
+typedef struct rkm__dp_ops {
+    rkm__dp_op *v;
+    size_t n, cap;
+} rkm__dp_ops;
+
+/* A candidate of a cell (a, b, m), m >= start: its cost is base, plus
+ * Opt of pair p1 at m - sh, plus Opt of pair p2 at m (RKM__DP_NOROW: none). */
+typedef struct rkm__dp_term {
+    double base;
+    int32_t start, sh;
+    uint32_t p1, p2;
+} rkm__dp_term;
+
+/* The same, while enumerating: constant for m >= cf, decision dec. */
+typedef struct rkm__dp_cand {
+    rkm__dp_term x;
+    int64_t cf;
+    uint16_t dec;
+} rkm__dp_cand;
+
+typedef struct rkm__dp_table {
+    const rkm__dp_block *bl; /* the chain (the caller keeps it alive) */
+    int32_t n, M;
+    size_t row;      /* M + 1 cells per pair (a, b) */
+    double *cost;    /* Opt(a, b, m) at [rkm__dp_pair(n, a, b) * row + m] */
+    int64_t *lo;     /* per pair: least feasible m (may exceed M) */
+    int32_t *hi;     /* per pair: the cost is constant for m >= hi */
+    rkm__dp_cand *cands; /* scratch: the candidates of one pair */
+    double *bound;       /* scratch: a bound per candidate of one pair */
+    size_t n_cands;      /* capacity of both: most options of a block + n */
+    rkm__dp_term *terms; /* while solving: every pair's feasible candidates */
+    size_t n_terms, cap_terms;
+    size_t *term_at;     /* per pair: its first term; its last is term_at[p] + term_n[p] */
+    uint32_t *term_n;
+} rkm__dp_table;
+
+/* About the most memory the DP's table for n blocks and M slots takes: its
+ * rows (n^2/2 x M), and its candidate terms (every option and every
+ * checkpoint position of every pair: n^3/6, twice over for the growth of
+ * their array). The planner checks it against RKM_DP_MAX_BYTES before
+ * anything is allocated, so that a long chain is refused at once, with the
+ * figure, instead of taking the process down. */
+#define RKM_DP_MAX_BYTES (1024.0 * 1024 * 1024)
+
+/* ---- dtr.c ---- */
+
+/* Eviction scores, least evicted first. DTR's own is cost / (bytes x
+ * staleness); the planner tries them all and keeps the fastest plan, since
+ * which one wins depends on the graph. */
+enum {
+    RKM__DTR_H,        /* cost / (bytes x staleness) */
+    RKM__DTR_H_EQ,     /* the same, cost counting evicted inputs to recompute too */
+    RKM__DTR_COST,     /* cost / bytes: cheapest per byte */
+    RKM__DTR_LRU,      /* 1 / staleness */
+    RKM__DTR_SCORES
+};
+
+
+/* ---- planner.c ---- */
+
+struct rkm_planner {
+    const rkm_graph *g;      /* what it plans with: the user's graph, sizes rounded up to the alignment */
+    const rkm_graph *user;   /* the user's graph: its plans are born there */
+    rkm_graph *own;          /* g when it is a copy (sizes not already multiples of the alignment) */
+    rkm_context *ctx;
+    rkm_solve_desc d;
+    uint64_t base_peak;      /* the graph's figures */
+    double base_time;
+    uint64_t lower_bound;
+    double t0;               /* planner creation time: the time budget runs from here */
+    rkm__bopts *bo;          /* per block, NULL for checkmate and none */
+    uint64_t q;              /* bytes per DP slot */
+    rkm__dp_block *dpb;      /* the chain in slots */
+    rkm__dp_option *dpo;
+    size_t n_dpo;
+    rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
+    double create_seconds;
+    rkm__ilp_stats ilp;      /* ILP counters */
+    uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
+    rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
+    uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
+    uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
+    int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
+    uint64_t chain_floor;    /* the least peak of the chain DP's plans, once scanned; 0: not yet */
+    int64_t chain_floor_slots; /* the slot budget whose plan peaks there */
+    int32_t depth;           /* 0; a nested planner (one block planned as a graph): its parent's + 1 */
+    double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
+    int32_t nested;          /* classes whose options came from a nested planner */
+    uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
+};
+
+
+/* ---- search.c ---- */
+
+/* Graphs this small also get the whole-graph ILP inside rockmate, for this
+ * long a solve (its deterministic work limit): measured on the bundled
+ * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
+ * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
+#define RKM_WHOLE_GRAPH_OPS 64
+#define RKM_WHOLE_GRAPH_SECONDS 0.5
+
+
+/* ===========================================================================
+ * Functions one file defines and others call
+ * ======================================================================== */
+
+/* base.c */
+RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
+RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
+RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
+RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
+RKM_PRIVATE int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
+RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
+RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
+RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...);
+RKM_PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where);
+RKM_PRIVATE double rkm__now(void);
+RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out);
+RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
+RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
+RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
+RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
+
+/* graph.c */
+RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
+RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
+RKM_PRIVATE int rkm__name_ok(const char *s);
+RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
+RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
+RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
+RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+
+/* rkg.c */
+RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
+RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
+RKM_PRIVATE void rkm__reader_free(rkm__reader *r);
+RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out);
+RKM_PRIVATE size_t rkm__decimal_len(const char *s);
+RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out);
+RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len);
+RKM_PRIVATE void rkm__out_flush(rkm__out *o);
+RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
+RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
+
+/* plan.c */
+RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save);
+RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
+RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
+RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
+RKM_PRIVATE int rkm__step_on_op(int32_t kind);
+RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
+
+/* sim.c */
+RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
+RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
+RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
+RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
+RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);
+RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t);
+RKM_PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save);
+RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj);
+RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
+RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
+RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
+RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+
+/* layout.c */
+RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
+RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
+RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
+RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
+
+/* baseline.c */
+RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o);
+RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
+RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
+RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
+RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
+RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
+
+/* structure.c */
+RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
+RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
+
+/* options.c */
+RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
+RKM_PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o);
+RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid);
+RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y);
+RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo);
+RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st);
+
+/* ilp.c */
+RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
+RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
+RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
+
+#ifndef RKM_OMIT_SOLVER
+RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
+RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
+RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
+RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...);
+RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
+RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
+RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
+#endif
+
+/* ilp_sched.c */
+
+#ifndef RKM_OMIT_SOLVER
+RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
+RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
+RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
+RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out);
+RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl);
+RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill);
+RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo);
+RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b);
+#endif
+
+/* chain.c */
+RKM_PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o);
+RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops, double *time, int64_t *peak);
+RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
+RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
+RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
+RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t);
+RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
+RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
+RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
+
+/* dtr.c */
+RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, double max_time, rkm__steps *draft);
+
+/* planner.c */
+RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
+RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
+RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* nest.c */
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
+
+/* planner.c */
+RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+
+/* search.c */
+RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
+RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* planner.c */
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+
+#endif /* RKM_INTERNAL_H */

@@ -1,0 +1,208 @@
+/* nest.c -- nesting: a big block planned as a graph of its own
+ *
+ * Uses (through internal.h): base.c, graph.c, plan.c, planner.c. */
+#include "internal.h"
+
+/* ---- nesting: a big block planned as a graph of its own ------------------
+ *
+ * A block without separators inside may have some once its input is held:
+ * a U-Net's outer block is a pooling, the whole inner U-Net and a decoder
+ * level, tied together only by the skip tensor, which is the block's input.
+ * The block as a graph of its own (its input and the graph's inputs are
+ * inputs there, a stand-in loss reads and saves its output) is cut into a
+ * chain by the same structure detection, and a planner one level down (the
+ * same pipeline, so big blocks there nest again) gives it options: its
+ * chain DP's plans at a grid of peak budgets, mapped back op for op, are
+ * offered to the block like the ILP's, and the replay decides as always.
+ * Budgets are the same bytes at both levels: the nested graph's inputs
+ * are exactly what is live all the time in the block's own replay. */
+#define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
+#define RKM_NEST_DEPTH 16 /* levels at most */
+#define RKM_NEST_POINTS 8 /* peak budgets of the grid */
+
+/* Op `op` of g added to h, its tensors renamed by `to` (g's id -> h's);
+ * the outputs become h's tensors (their names are their ids in g, so none
+ * can clash) and map[h's id] = g's id. ids: scratch for the three lists. */
+static rkm_result rkm__nest_op(const rkm_graph *g, rkm_graph *h, int32_t op, int32_t *to, int32_t *map, int32_t *ids)
+{
+    const rkm__op *o = &g->ops[op];
+    char name[32];
+    rkm_result r = RKM_OK;
+    for (int32_t k = 0; k < o->n_out && !r; k++) {
+        const rkm__tensor *t = &g->tensors[o->out[k]];
+        snprintf(name, sizeof name, "t%d", (int)o->out[k]);
+        r = rkm_graph_add_tensor(h, name, t->bytes, t->flags & RKM_TENSOR_NOGRAD, &to[o->out[k]]);
+        if (!r) map[to[o->out[k]]] = o->out[k];
+    }
+    int32_t *in = ids, *out = in + o->n_in, *saved = out + o->n_out;
+    for (int32_t k = 0; k < o->n_in; k++) in[k] = to[o->in[k]];
+    for (int32_t k = 0; k < o->n_out; k++) out[k] = to[o->out[k]];
+    for (int32_t k = 0; k < o->n_saved; k++) saved[k] = to[o->saved[k]];
+    snprintf(name, sizeof name, "o%d", (int)op);
+    /* in-place words left out: planner models do not count them anyway */
+    rkm_op_desc d = {name, o->fwd, o->bwd, in, o->n_in, out, o->n_out, saved, o->n_saved,
+                     o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, 0};
+    return r ? r : rkm_graph_add_op(h, &d, NULL);
+}
+
+/* The loss of h: g's loss when block b has it, else a stand-in that reads
+ * and saves b's output (so that the output is live when the forward part
+ * of a nested plan ends, as a block option leaves it). */
+static rkm_result rkm__nest_loss(const rkm_graph *g, const rkm__block *b, rkm_graph *h, const int32_t *to)
+{
+    if (b->out == g->loss) return rkm_graph_set_loss(h, to[g->loss]);
+    int32_t loss, x = to[b->out];
+    rkm_result r = rkm_graph_add_tensor(h, "loss", 4, 0, &loss);
+    rkm_op_desc d = {"loss", 0, 0, &x, 1, &loss, 1, &x, 1, 0, 0, 0, 0, 0};
+    if (!r) r = rkm_graph_add_op(h, &d, NULL);
+    return r ? r : rkm_graph_set_loss(h, loss);
+}
+
+/* Block b of g as a graph of its own, finalized, in *out; map[h's tensor]
+ * = g's tensor (h's stand-in loss excepted). */
+static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32_t *map, rkm_graph **out)
+{
+    *out = NULL;
+    int32_t most = 0;
+    for (int32_t j = 0; j < b->n_ops; j++) {
+        const rkm__op *o = &g->ops[b->ops[j]];
+        if (o->n_in + o->n_out + o->n_saved > most) most = o->n_in + o->n_out + o->n_saved;
+    }
+    int32_t *to = rkm__alloc(g->ctx, g->n_tensors * sizeof *to), *ids = rkm__alloc(g->ctx, (size_t)most * sizeof *ids);
+    rkm_graph *h = NULL;
+    rkm_result r = to && ids ? rkm_graph_create(g->ctx, &h) : rkm__nomem(g->ctx, "nested graph");
+    char name[32];
+    for (size_t t = 0; t < g->n_tensors && !r; t++) {
+        to[t] = -1;
+        if (!(g->tensors[t].flags & RKM_TENSOR_INPUT) && (int32_t)t != b->in) continue;
+        snprintf(name, sizeof name, "t%zu", t);
+        r = rkm_graph_add_tensor(h, name, g->tensors[t].bytes, RKM_TENSOR_INPUT, &to[t]);
+        if (!r) map[to[t]] = (int32_t)t;
+    }
+    for (int32_t j = 0; j < b->n_ops && !r; j++) r = rkm__nest_op(g, h, b->ops[j], to, map, ids);
+    if (!r) r = rkm__nest_loss(g, b, h, to);
+    if (!r) r = rkm_graph_finalize(h);
+    if (r && r != RKM_ERROR_NOMEM) { /* g was valid, so its block is: a bug */
+        char why[RKM_ERRMSG_SIZE];
+        snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
+        r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s as a graph of its own: %s",
+                     g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name, why);
+    }
+    rkm__free(g->ctx, to, g->n_tensors * sizeof *to);
+    rkm__free(g->ctx, ids, (size_t)most * sizeof *ids);
+    if (r) rkm_graph_destroy(h);
+    else *out = h;
+    return r;
+}
+
+/* Does h cut b into a chain worth planning (its largest block peels at
+ * least RKM_NEST_PEEL ops off b)? */
+static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
+{
+    int32_t most = 0;
+    for (int32_t k = 0; k < h->n_blocks; k++)
+        if (h->blocks[k].n_ops > most) most = h->blocks[k].n_ops;
+    return most <= b->n_ops - RKM_NEST_PEEL;
+}
+
+/* Nested plan p (of h) as block b's steps: in g's ids, the stand-in
+ * loss's steps left out, the forward part (*nf steps) being what comes
+ * before the loss step; *steps (p's step count long) is the caller's. */
+static rkm_result rkm__nest_steps(const rkm_graph *g, const rkm__block *b, const rkm_plan *p, const int32_t *map,
+                                  rkm_step **steps, size_t *n, size_t *nf)
+{
+    const rkm_graph *h = p->g;
+    int stand = b->out != g->loss;
+    int32_t loss_op = h->tensors[h->loss].producer;
+    rkm_step *st = *steps = rkm__alloc(g->ctx, p->n_steps * sizeof *st);
+    if (!st) return rkm__nomem(g->ctx, "nested options");
+    *n = *nf = 0;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        rkm_step x = p->steps[i];
+        int on_op = rkm__step_on_op(x.kind);
+        if (x.kind == RKM_STEP_LOSS) *nf = *n;
+        if (stand && (on_op ? x.index == loss_op : x.index == h->loss)) continue;
+        x.index = on_op ? b->ops[x.index] : map[x.index];
+        st[(*n)++] = x;
+    }
+    return RKM_OK;
+}
+
+/* Nested plan p as an option offered to block b's class. */
+static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block *b, const rkm_plan *p,
+                                  const int32_t *map)
+{
+    rkm_step *st = NULL;
+    size_t n = 0, nf = 0;
+    rkm_result r = rkm__nest_steps(pl->g, b, p, map, &st, &n, &nf);
+    if (!r) r = rkm__class_add(pl, s, b, st, nf, n - nf);
+    if (st) rkm__free(pl->ctx, st, p->n_steps * sizeof *st);
+    return r;
+}
+
+/* The nested planner's counters, added to its parent's (its classes only
+ * when it gave options: `offered`). */
+static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered)
+{
+    if (offered) pl->nested += 1 + sub->nested;
+    pl->ilp_skipped += sub->ilp_skipped;
+    pl->ilp.solves += sub->ilp.solves;
+    pl->ilp.optimal += sub->ilp.optimal;
+    pl->ilp.suboptimal += sub->ilp.suboptimal;
+    pl->ilp.infeasible += sub->ilp.infeasible;
+    pl->ilp.timeout += sub->ilp.timeout;
+    pl->ilp.failed += sub->ilp.failed;
+    pl->ilp.seconds += sub->ilp.seconds;
+    pl->ilp.work += sub->ilp.work;
+}
+
+/* Block b's options from a nested planner (whose block ILP budget is
+ * `allow`), over peak budgets from the nested floor (or the block's, if
+ * higher) to peak_hi; *nested: some were offered. Nothing happens for
+ * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, once
+ * time_limit is spent, or where b does not cut. */
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
+                                    uint64_t peak_hi, double allow, int *nested)
+{
+    const rkm_graph *g = pl->g;
+    double left = pl->d.time_limit - rkm__elapsed(pl);
+    *nested = 0;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || left <= 0) return RKM_OK;
+    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
+    rkm_graph *h = NULL;
+    rkm_planner *sub = NULL;
+    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
+    if (!r && rkm__nest_worth(h, b)) {
+        rkm_solve_desc d = pl->d;
+        d.time_limit = left;
+        d.ilp_budget = allow > 0 ? allow : 1e-9;
+        uint64_t floor = 0, dtr = 0;
+        int64_t slots;
+        r = rkm__planner_make(h, &d, pl->depth + 1, &sub);
+        if (!r) r = rkm__chain_floor(sub, &floor, &slots);
+        if (!r) r = rkm__dtr_min_budget(sub, &dtr);
+        if (floor == 0 || dtr < floor) floor = dtr;
+        /* grad(x_in) is not in h (its input has none): the nested plans are
+         * made for that much less, so that the options fit the grid's peaks */
+        uint64_t gx = b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0;
+        uint64_t lo = floor + gx > peak_lo ? floor + gx : peak_lo;
+        if (lo < gx) lo = gx; /* never: the block's floor counts x_in */
+        uint64_t hi = peak_hi > lo ? peak_hi : lo;
+        /* the chain DP's plan and DTR's at each point: DTR reaches below
+         * the chain's floor, where the nested blocks' boundaries are held */
+        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r; i++) {
+            rkm_plan *p = NULL;
+            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
+            r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);
+            if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
+            *nested |= p != NULL;
+            rkm_plan_destroy(p);
+        }
+        if (sub) rkm__nest_count(pl, sub, *nested);
+    }
+    rkm_planner_destroy(sub);
+    rkm_graph_destroy(h);
+    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
+    return r;
+}
+

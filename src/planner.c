@@ -1,0 +1,1101 @@
+/* planner.c -- the planner: its API, the algorithms, flattening, budgets
+ *
+ * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
+#include "internal.h"
+
+#define RKM_DEFAULT_SLOTS 1000
+#define RKM_DEFAULT_TIME_LIMIT 60.0
+#define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
+#define RKM_DEFAULT_PEAK_POINTS 5
+#define RKM_DEFAULT_KEPT_POINTS 10
+#define RKM_DEFAULT_NEST_OPS 24
+#define RKM_DEFAULT_ILP_BUDGET 2.0
+#define RKM_MAX_ALIGNMENT ((uint64_t)1 << 30)
+/* Plans for a budget whose arena is over it: planned again for that much
+ * less, this many times at most (the first arena misses the aligned peak on
+ * about one plan in ten, and the next fits). */
+#define RKM_LAYOUT_TRIES 4
+
+/* The planner's figures so far, ILP counters included. */
+static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->algo = pl->d.algo;
+    st->blocks = pl->g->n_blocks;
+    st->block_classes = pl->g->n_classes;
+    st->options = (int32_t)pl->n_dpo;
+    st->ilp_solves = pl->ilp.solves;
+    st->ilp_optimal = pl->ilp.optimal;
+    st->ilp_suboptimal = pl->ilp.suboptimal;
+    st->ilp_infeasible = pl->ilp.infeasible;
+    st->ilp_timeout = pl->ilp.timeout;
+    st->ilp_failed = pl->ilp.failed;
+    st->ilp_skipped = pl->ilp_skipped;
+    st->ilp_seconds = pl->ilp.seconds;
+    st->create_seconds = pl->create_seconds;
+    st->nested_classes = pl->nested;
+}
+
+static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+/* Bytes and DP slots: the planner's only conversions. A slot is pl->q
+ * bytes above the input tensors (always live). */
+
+/* Slots for a byte count, rounded up (so the DP never under-counts). */
+static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
+{
+    uint64_t s = rkm__ceil_div(bytes, pl->q);
+    return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
+}
+
+/* The slots a budget (absolute bytes) affords, rounded down and at most the
+ * table's; -1 when the inputs alone do not fit. */
+static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
+{
+    if (budget < pl->g->input_bytes) return -1;
+    uint64_t m = (budget - pl->g->input_bytes) / pl->q;
+    return m > (uint64_t)pl->d.slots ? pl->d.slots : (int64_t)m;
+}
+
+/* The absolute bytes of m slots: the budget they stand for. */
+RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
+
+/* The DP's view of the chain: every figure converted to slots, the one
+ * place where block figures (absolute bytes, options.c) become the DP's
+ * (slots above the inputs, chain.c): tensor sizes round up on their own,
+ * memory figures round up once the inputs are taken off. */
+static rkm_result rkm__planner_chain(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    size_t n_opt = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) n_opt += pl->bo[b].n_opt;
+    pl->dpb = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->dpb);
+    pl->dpo = rkm__calloc(pl->ctx, n_opt, sizeof *pl->dpo);
+    pl->n_dpo = n_opt;
+    if (!pl->dpb || !pl->dpo) return rkm__nomem(pl->ctx, "planner");
+    size_t at = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) {
+        const rkm__block *k = &g->blocks[b];
+        const rkm__bopts *bo = &pl->bo[b];
+        rkm__dp_block *x = &pl->dpb[b];
+        x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
+        x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
+        x->tfn = bo->tfn;
+        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
+        uint64_t out_bytes = g->tensors[k->out].bytes;
+        x->opt = pl->dpo + at;
+        x->n_opt = (int32_t)bo->n_opt;
+        for (size_t i = 0; i < bo->n_opt; i++, at++) {
+            const rkm__option *o = &bo->opt[i];
+            rkm__dp_option *y = &pl->dpo[at];
+            y->tf = o->tf;
+            y->tb = o->tb;
+            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
+             * it, as the DP subtracts them together. */
+            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
+            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
+            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
+        }
+    }
+    return RKM_OK;
+}
+
+/* Turn block-level operations into graph-level steps. */
+static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm__steps *p)
+{
+    const rkm_graph *g = pl->g;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+        const rkm__bopts *bo = &pl->bo[ops[i].block];
+        const rkm_step *s = NULL;
+        size_t m = 0;
+        switch (ops[i].kind) {
+        case RKM__DP_FWD_OPT: s = bo->opt[ops[i].option].steps, m = bo->opt[ops[i].option].n_fwd; break;
+        case RKM__DP_BWD_OPT:
+            s = bo->opt[ops[i].option].steps + bo->opt[ops[i].option].n_fwd, m = bo->opt[ops[i].option].n_bwd;
+            break;
+        case RKM__DP_FWD_NOSAVE: s = bo->nosave, m = bo->n_nosave; break;
+        case RKM__DP_FREE_OUT: ok = rkm__steps_push(p, RKM_STEP_FREE, g->blocks[ops[i].block].out, 0); break;
+        }
+        for (size_t k = 0; k < m && ok; k++) ok = rkm__steps_push(p, s[k].kind, s[k].index, s[k].save);
+    }
+    return ok ? RKM_OK : rkm__nomem(pl->ctx, "plan");
+}
+
+RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
+
+/* Peak a block's ops need at least: the inputs stay live throughout, plus
+ * the largest single step. */
+static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
+{
+    uint64_t need = 0;
+    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
+        const rkm__op *o = &g->ops[i];
+        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + rkm__fwd_ws_most(o);
+        uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
+                                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
+                                : 0;
+        if (f > need) need = f;
+        if (k > need) need = k;
+    }
+    return g->input_bytes + need;
+}
+
+/* Add a schedule found on block `from` to every block of its class. */
+RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
+                                 size_t nb)
+{
+    const rkm_graph *g = pl->g;
+    for (int32_t k = 0; k < g->n_blocks; k++) {
+        if (g->blocks[k].cls != from->cls) continue;
+        rkm__option o;
+        memset(&o, 0, sizeof o);
+        o.n_fwd = nf;
+        o.n_bwd = nb;
+        o.steps = rkm__alloc(pl->ctx, (nf + nb) * sizeof *o.steps);
+        if (!o.steps) return rkm__nomem(pl->ctx, "block options");
+        for (size_t t = 0; t < nf + nb; t++) o.steps[t] = rkm__map_step(g, from, &g->blocks[k], steps[t]);
+        int valid;
+        if (!rkm__bopts_add(pl->ctx, s, &g->blocks[k], &pl->bo[k], &o, &valid)) return rkm__nomem(pl->ctx, "block options");
+    }
+    return RKM_OK;
+}
+
+/* Blocks of more ops than this have no block ILP when a nested planner
+ * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
+ * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
+ * or worse. */
+#define RKM_ILP_FLAT_OPS 24
+/* Blocks of more ops than this get no block ILP at all (their options are
+ * the two extremes, and the nested planner's where they nest): every solve
+ * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
+ * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
+ * chain DP's plan with those options stayed at 650 % overhead. DTR, the
+ * squeeze and (up to 64 ops) the whole-graph ILP plan such graphs: without
+ * these solves the 100-op DAG plans in 0.06..0.18 s, no slower at 90..45 %
+ * (15.63 -> 14.92 % at 45 %), dag60 in half the time, 0.1 % slower once
+ * (16.51 -> 16.62 % at 50 %). */
+#define RKM_ILP_MAX_OPS 48
+#define RKM_ILP_MIN_SHARE 0.1
+/* rockmate's DTR candidates: on graphs of at most this many ops x tensors
+ * (about 6000 ops; gpt2-xl has 485) */
+#define RKM_DTR_MAX_WORK 4e7
+
+/* A class's claim on the block ILP budget: its blocks' forward time (what
+ * recomputing can cost, so what a better option can save) times its ops
+ * (what a solve of its block takes); never 0 for a block with ops. */
+static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
+{
+    const rkm_graph *g = pl->g;
+    double w = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) {
+        const rkm__block *b = &g->blocks[k];
+        if (b->cls != cls) continue;
+        double fwd = pl->base_time * 1e-6;
+        for (int32_t j = 0; j < b->n_ops; j++) fwd += g->ops[b->ops[j]].fwd;
+        w += fwd * b->n_ops;
+    }
+    return w;
+}
+
+/* ILP options of block b's class, from `allow` seconds of solver work (the
+ * class's share): solve on b over a grid of (peak_budget, kept_budget) pairs
+ * and replay every schedule on every block of the class (mapped op for op);
+ * replay decides what becomes an option. Per peak budget the kept budgets
+ * go from loose to tight: a schedule that already fits a tighter kept
+ * budget is that budget's answer too (the optimum of a looser problem that
+ * is feasible in a tighter one), and a proven infeasible kept budget ends
+ * the row. A solve gets at most ilp_time_limit, and what is left of the
+ * share and of time_limit; once either is spent the rest are left out. */
+static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
+                                 double allow)
+{
+    const rkm_graph *g = pl->g;
+    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
+    /* kept when nothing but the inputs, x_in and x_out is */
+    uint64_t kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
+    if (r) return r;
+    int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
+    double work0 = pl->ilp.work;
+    for (int32_t i = 0; i < np && !r; i++) {
+        double fp = np > 1 ? (double)i / (np - 1) : 1.0;
+        uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
+        uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
+        for (int32_t j = nk - 1; j >= 0 && !r; j--) {
+            double left = pl->d.time_limit - rkm__elapsed(pl), share = allow - (pl->ilp.work - work0);
+            double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
+            uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
+            if (kept <= kept_budget) continue;
+            if (left <= 0 || share <= 0) {
+                pl->ilp_skipped++;
+                continue;
+            }
+            rkm_step *steps = NULL;
+            size_t nf = 0, nb = 0;
+            int found = 0;
+            double lim = fmin(pl->d.ilp_time_limit, fmin(left, share));
+            r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            if (!r && !found && pl->ilp.proven) break;
+            if (r || !found) continue;
+            rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
+            if (rkm__option_measure(s, b, &o)) kept = o.kept;
+            r = rkm__class_add(pl, s, b, steps, nf, nb);
+            rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+        }
+    }
+    rkm__ilp_block_destroy(ib);
+    return r;
+}
+
+/* Options of one class, solved on its first block: a nested planner's
+ * where the block nests, the block ILP's unless the nested planner covered
+ * a block too big for it or the block is too big for the ILP at all. The
+ * class spends the block ILP budget left times its weight w over wl, its
+ * own and that of the classes still to come, so what one class leaves goes
+ * to the next. */
+static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
+{
+    const rkm_graph *g = pl->g;
+    int32_t rep = 0;
+    while (g->blocks[rep].cls != cls) rep++;
+    const rkm__block *b = &g->blocks[rep];
+    /* The block's baseline (its only option yet) bounds the grid. */
+    const rkm__option *all = &pl->bo[rep].opt[0];
+    uint64_t peak_hi = all->pf > all->pb ? all->pf : all->pb, peak_lo = rkm__block_floor(g, b);
+    if (peak_lo > peak_hi) peak_lo = peak_hi;
+    double work0 = pl->ilp.work, allow = pl->pool * w / wl;
+    int nested = 0;
+    rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
+    double left = allow - (pl->ilp.work - work0);
+    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS) {
+        /* a share below a tenth of one solve's limit buys no solve but costs
+         * the model's build (a chain of 5000 distinct blocks: 17 s of it);
+         * it is spent all the same, or the last of many such classes would
+         * get the others' and build after all */
+        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
+            pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
+            pl->pool = fmax(0, pl->pool - left);
+        } else
+            r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, left);
+    }
+    pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
+    return r;
+}
+
+/* Every class's options, heaviest class first (by rkm__class_weight, then
+ * in order): what it leaves of its share goes to the lighter ones, which
+ * often need less than they would be given (peer-gpt: with the default
+ * budget, lightest first leaves 12 of 72 solves out, heaviest first none). */
+static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
+{
+    int32_t n = pl->g->n_classes;
+    double *w = rkm__alloc(pl->ctx, (size_t)n * sizeof *w), wl = 0;
+    int32_t *order = rkm__alloc(pl->ctx, (size_t)n * sizeof *order);
+    rkm_result r = w && order ? RKM_OK : rkm__nomem(pl->ctx, "planner");
+    for (int32_t c = 0; c < n && !r; c++) {
+        w[c] = rkm__class_weight(pl, c);
+        wl += w[c];
+        int32_t k = c; /* insertion, stable: equal weights keep their order */
+        for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
+        order[k] = c;
+    }
+    for (int32_t i = 0; i < n && !r; i++) {
+        r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
+        wl -= w[order[i]];
+    }
+    rkm__free(pl->ctx, w, (size_t)n * sizeof *w);
+    rkm__free(pl->ctx, order, (size_t)n * sizeof *order);
+    return r;
+}
+
+/* Every block's options: the two extremes, and for rockmate the ILP's. */
+static rkm_result rkm__planner_options(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    pl->bo = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->bo);
+    if (!pl->bo) return rkm__nomem(pl->ctx, "planner");
+    rkm__sim s;
+    rkm_result r = rkm__sim_init(g, &s);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
+    if (pl->ilp_skipped && !pl->depth)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "%s ran out: %d block ILP solves left out; plans may be worse",
+                 rkm__elapsed(pl) >= pl->d.time_limit ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 (int)pl->ilp_skipped);
+    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
+                 "solver's best within it; a larger ilp_time_limit may find better ones",
+                 (int)pl->ilp.solves, pl->d.ilp_time_limit);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++)
+        qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
+    if (s.g) rkm__sim_free(&s);
+    return r;
+}
+
+void rkm_planner_destroy(rkm_planner *pl)
+{
+    if (!pl) return;
+    if (pl->bo)
+        for (int32_t b = 0; b < pl->g->n_blocks; b++) rkm__bopts_free(pl->ctx, &pl->bo[b]);
+    rkm__free(pl->ctx, pl->bo, (size_t)pl->g->n_blocks * sizeof *pl->bo);
+    rkm__free(pl->ctx, pl->dpb, (size_t)pl->g->n_blocks * sizeof *pl->dpb);
+    rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
+    rkm__dp_table_free(pl->ctx, &pl->table);
+    rkm_plan_destroy(pl->min_plan);
+    rkm_graph_destroy(pl->own);
+    rkm__free(pl->ctx, pl, sizeof *pl);
+}
+
+#ifdef RKM_OMIT_SOLVER
+#define RKM__ALGO_BEST RKM_ALGO_ROTOR
+#else
+#define RKM__ALGO_BEST RKM_ALGO_ROCKMATE
+#endif
+
+/* A count option: 0 means default; negative refused. */
+static rkm_result rkm__desc_count(rkm_context *ctx, const char *what, int32_t *v, int32_t dflt)
+{
+    if (*v < 0) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %d (positive, or 0 for the default)", what, (int)*v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+/* A seconds option: 0 means default; negative, NaN or infinite refused. */
+static rkm_result rkm__desc_seconds(rkm_context *ctx, const char *what, double *v, double dflt)
+{
+    if (!(*v >= 0) || !isfinite(*v))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %g (finite and positive, or 0 for the default)", what, *v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    if (desc) *d = *desc;
+    rkm_context *ctx = g->ctx;
+    if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
+    if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM__ALGO_BEST;
+    rkm_result r;
+    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
+        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
+        return r;
+    if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
+    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
+                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
+    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
+    if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
+#ifdef RKM_OMIT_SOLVER
+    if (d->algo == RKM_ALGO_ROCKMATE || d->algo == RKM_ALGO_CHECKMATE)
+        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
+                        rkm_algo_name(d->algo));
+#endif
+    return RKM_OK;
+}
+
+static rkm_result rkm__planner_dp(rkm_planner *pl);
+
+static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
+
+/* A planner for g with settings d (defaults applied), `depth` levels
+ * below the one the user made: nested planners do not log. */
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out)
+{
+    const rkm_solve_desc d = *desc;
+    rkm_result r = RKM_OK;
+    const rkm_graph_stats gs = g->stats;
+    rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
+    if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
+    pl->g = pl->user = g;
+    pl->ctx = g->ctx;
+    pl->d = d;
+    pl->depth = depth;
+    pl->pool = d.ilp_budget;
+    pl->kick_work = rkm__kick_work(g);
+    pl->t0 = rkm__now();
+    pl->base_peak = gs.baseline_peak;
+    pl->base_time = gs.baseline_time;
+    pl->lower_bound = gs.lower_bound;
+    uint64_t span = gs.baseline_peak - g->input_bytes;
+    pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
+    if (rkm__uses_chain(d.algo)) {
+        r = rkm__planner_options(pl);
+        if (!r) r = rkm__planner_chain(pl);
+        if (!r && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options (%d classes nested); %d ILP "
+                     "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
+                     (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
+        double t = rkm__now();
+        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
+        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
+                     (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
+    }
+    if (r) {
+        rkm_planner_destroy(pl);
+        return r;
+    }
+    pl->create_seconds = rkm__elapsed(pl);
+    *out = pl;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
+    if (r) return r;
+    rkm_solve_desc d;
+    rkm_graph *ag;
+    if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
+    if ((r = rkm__planner_make(ag ? ag : g, &d, 0, out))) {
+        rkm_graph_destroy(ag);
+        return r;
+    }
+    (*out)->user = g;
+    (*out)->own = ag;
+    return RKM_OK;
+}
+
+/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
+ * has nothing to plan with: refused, with the figure and the knob. Rockmate
+ * goes on without the chain DP (sqrt, DTR), with a warning. */
+static rkm_result rkm__planner_dp(rkm_planner *pl)
+{
+    int32_t n = pl->g->n_blocks, M = pl->d.slots;
+    double need = rkm__dp_bytes(pl->dpb, n, M);
+    if (need <= RKM_DP_MAX_BYTES) return rkm__dp_solve(pl->ctx, pl->dpb, n, M, &pl->table);
+    if (pl->d.algo == RKM_ALGO_ROCKMATE) {
+        rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
+                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
+        return RKM_OK;
+    }
+    int32_t fit = M;
+    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
+    char hint[96];
+    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
+        snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
+    else
+        snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
+    return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
+                    "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
+                    "plan with rockmate or dtr",
+                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
+}
+
+/* Birth of a draft the planner made (taken): an invalid one is a bug. */
+RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+{
+    rkm_result r = rkm__lower_inplace(pl->g, draft);
+    if (r) {
+        rkm__steps_free(draft);
+        return r;
+    }
+    r = rkm__plan_birth(pl->g, draft, NULL, out);
+    if (r != RKM_ERROR_PLAN) return r;
+    char why[RKM_ERRMSG_SIZE];
+    snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
+    return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay: %s",
+                    rkm_algo_name(pl->d.algo), why);
+}
+
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* The planner's plan p (taken) as the host gets it: born on the user's
+ * graph (p is of the aligned one, unless they are the same) and laid out
+ * at the desc's alignment. */
+static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
+{
+    *out = NULL;
+    rkm_result r = RKM_OK;
+    if (pl->g != pl->user) {
+        rkm__steps d;
+        r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan");
+        if (!r && (r = rkm__plan_birth(pl->user, &d, NULL, out)) == RKM_ERROR_PLAN)
+            r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
+                         rkm_algo_name(pl->d.algo));
+        if (!r) (*out)->stats.gap = p->stats.gap;
+        rkm_plan_destroy(p);
+        if (r) return r;
+    } else
+        *out = p;
+    if ((r = rkm__plan_seal(*out, pl->d.alignment))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
+/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
+ * plan for the budget (its peak, counted at the alignment, within it), and
+ * where that plan's layout misses its aligned peak by more than the room
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most. *need
+ * (if not NULL): the least arena of the plans that did not fit, 0 if
+ * none. */
+static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+{
+    *out = NULL;
+    if (need) *need = 0;
+    uint64_t b = budget;
+    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+        rkm_plan *p, *q;
+        rkm_result r = rkm__planner_try(pl, b, &p);
+        if (r || !p) return r;
+        if ((r = rkm__planner_handout(pl, p, &q))) return r;
+        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
+        if (arena <= budget) {
+            *out = q;
+            return RKM_OK;
+        }
+        rkm_plan_destroy(q);
+        if (need && (!*need || arena < *need)) *need = arena;
+        /* below this plan's own aligned peak: a budget between the two
+         * would give the same plan */
+        uint64_t below = at < b ? at : b;
+        if (below <= arena - budget) break;
+        b = below - (arena - budget);
+    }
+    return RKM_OK;
+}
+
+/* The planner's figures of a plan it hands out; over budget is a bug. */
+static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
+{
+    rkm_plan_stats *st = &p->stats;
+    if (st->peak > budget || st->arena_bytes > budget)
+        return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
+                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
+                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
+    st->algo = pl->d.algo;
+    st->budget = budget;
+    st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    return RKM_OK;
+}
+
+/* A draft from a block-level schedule; freed on failure. */
+static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, rkm__steps *d)
+{
+    rkm_result r = rkm__flatten(pl, ops->v, ops->n, d);
+    if (r) rkm__steps_free(d);
+    return r;
+}
+
+/* The chain DP's block-level schedule for m slots into ops, or ops empty
+ * when it has none. */
+static rkm_result rkm__chain_ops(rkm_planner *pl, int sqrt_rule, int64_t m, rkm__dp_ops *ops)
+{
+    const rkm_graph *g = pl->g;
+    if (sqrt_rule) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    if (!pl->table.n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
+    double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
+    int64_t peak = 0;
+    if (!isfinite(opt)) return RKM_OK;
+    rkm_result r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, ops);
+    /* The block-level schedule must be the DP's own answer (its time is
+     * summed in another order, hence the relative tolerance). */
+    if (!r) r = rkm__dp_eval(pl->ctx, pl->dpb, g->n_blocks, ops, &t, &peak);
+    if (!r && (fabs(t - opt) > 1e-9 * opt || peak > (int64_t)m))
+        r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: chain DP schedule takes %g s and %lld slots, not %g s in %llu",
+                     t, (long long)peak, opt, (unsigned long long)m);
+    return r;
+}
+
+/* The chain's plan for `budget` (sqrt_rule: sqrt's fixed checkpoints, else
+ * the DP's), or *out NULL when it has none. */
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    int64_t m = rkm__budget_slots(pl, budget);
+    if (m < 0) return RKM_OK;
+    rkm__dp_ops ops = {NULL, 0, 0};
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    rkm_result r = rkm__chain_ops(pl, sqrt_rule, m, &ops);
+    if (!r && ops.n) r = rkm__draft_from_ops(pl, &ops, &d);
+    rkm__dp_ops_free(pl->ctx, &ops);
+    if (!r && d.n) r = rkm__planned_birth(pl, &d, out);
+    if (!r && *out && (*out)->stats.peak > budget) { /* sqrt: a fixed schedule fits or not */
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
+/* Slot budgets the chain DP tries above a given one. Sizes round up to
+ * slots one by one, so a plan for m slots may peak well below m slots'
+ * bytes, and one for more slots may still fit them: the floor scans this
+ * many above the smallest feasible budget for the least peak, and a budget
+ * tries this many above its own for a faster plan that fits. */
+#define RKM__SLOTS_UP 16
+
+/* The chain DP's floor: the least peak among its plans for the smallest
+ * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
+ * Computed once; 0 when the DP has no plan at all. */
+RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
+{
+    if (!pl->chain_floor && pl->table.n) {
+        int64_t m = 0;
+        rkm_result r = rkm__dp_min_slots(pl->ctx, pl->dpb, pl->g->n_blocks, &m);
+        if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
+        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= pl->d.slots; k++) {
+            rkm_plan *p;
+            r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+            if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
+                pl->chain_floor = p->stats.peak;
+                pl->chain_floor_slots = k;
+            }
+            rkm_plan_destroy(p);
+        }
+        if (r) return r;
+    }
+    *peak = pl->chain_floor;
+    *slots = pl->chain_floor_slots;
+    return RKM_OK;
+}
+
+/* The chain DP's plan for `budget`: below the DP's own slot budget but at
+ * or above its floor, the floor's plan, so that every budget from the
+ * reported floor up has a plan. */
+RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_result r = rkm__solve_chain(pl, 0, budget, out);
+    uint64_t floor;
+    int64_t slots;
+    if (r || *out || (r = rkm__chain_floor(pl, &floor, &slots)) || !floor || budget < floor) return r;
+    return rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
+}
+
+/* The fastest of the chain DP's plans for the RKM__SLOTS_UP slot budgets
+ * above `budget`'s own that still peak within it, when faster than `own`
+ * (rkm__solve_dp_at's plan), else *out NULL. Sizes round up to slots one
+ * by one, so a plan for more slots than the budget affords often fits it
+ * in bytes (on mlp16 at 36.85 %: 51.4 % overhead for 2 slots more, against
+ * 75.7 %). Only slot budgets where the DP's time falls are flattened. */
+RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out)
+{
+    *out = NULL;
+    int64_t m = rkm__budget_slots(pl, budget);
+    if (!own || m < 0) return RKM_OK; /* below the floor: none, as the floor says */
+    double last = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)m);
+    rkm_result r = RKM_OK;
+    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= pl->d.slots && !r; k++) {
+        double opt = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)k);
+        if (!(opt < last)) continue;
+        last = opt;
+        rkm_plan *p = NULL;
+        r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+        if (p && (p->stats.peak > budget || !(p->stats.time < own->stats.time))) {
+            rkm_plan_destroy(p);
+            p = NULL;
+        }
+        *out = rkm__faster(*out, p);
+    }
+    return r;
+}
+
+/* The chain DP's plan for `budget`: the faster of rkm__solve_dp_at's and
+ * rkm__solve_dp_up's. Below the floor there is still no plan (the floor
+ * stays the smallest budget met); above it the result is monotone in the
+ * budget: a larger one tries the same slot budgets or ones the DP says are
+ * faster. */
+RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_plan *up = NULL;
+    rkm_result r = rkm__solve_dp_at(pl, budget, out);
+    if (!r) r = rkm__solve_dp_up(pl, budget, *out, &up);
+    *out = rkm__faster(up, *out);
+    return r;
+}
+
+/* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
+RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+{
+    *out = NULL;
+    const rkm_graph *g = pl->g;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, &ib);
+    if (r) return r;
+    rkm_step *steps = NULL;
+    size_t nf = 0, nb = 0;
+    int found = 0;
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    if (!r && found) {
+        rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
+        steps = NULL;
+        r = rkm__planned_birth(pl, &d, out);
+    }
+    /* The gap to the LP bound: over the ILP's schedule family only. */
+    if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
+    rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+    rkm__ilp_block_destroy(ib);
+    return r;
+}
+
+/* A bytes-mode plan stays only if its layout fits the budget (*p NULL
+ * otherwise): where it does, it is often faster than the allocator's, which
+ * evicts to make holes a placer that knows every lifetime does not need.
+ * The skyline and first fit only (the search's work, on every candidate,
+ * made the planner fuzzer 8x slower); the plan's own layout at its birth
+ * is never worse. */
+static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    size_t n = (*p)->n_buffers;
+    rkm_buffer *b = rkm__alloc(pl->ctx, (n + 1) * sizeof *b);
+    uint64_t arena = UINT64_MAX, peak;
+    rkm_result r = b ? RKM_OK : rkm__nomem(pl->ctx, "dtr layout");
+    if (b) memcpy(b, (*p)->buffers, n * sizeof *b);
+    if (!r && rkm__layout(pl->ctx, b, n, pl->d.alignment, RKM__LAY_SKYLINE, &arena, &peak))
+        r = rkm__nomem(pl->ctx, "dtr layout");
+    rkm__free(pl->ctx, b, (n + 1) * sizeof *b);
+    if (r || arena > budget) {
+        rkm_plan_destroy(*p);
+        *p = NULL;
+    }
+    return r;
+}
+
+/* The fastest of DTR's plans for exactly `budget` (one per eviction score
+ * on the allocator, then in bytes mode where the layout fits), or *out
+ * NULL where none meets it. first: stop at the first plan (to learn
+ * whether there is one; the allocator's only). */
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out)
+{
+    *out = NULL;
+    rkm_result r = RKM_OK;
+    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out); k++) {
+        rkm__steps d = {pl->ctx, NULL, 0, 0};
+        rkm_plan *p = NULL;
+        int bytes = k >= RKM__DTR_SCORES;
+        /* a score whose compute passes the best plan's time stops there (a
+         * thrashing one would run to max_steps) */
+        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
+        if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
+        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p);
+        *out = rkm__faster(*out, p);
+    }
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    if (!rkm__dtr_affordable(pl)) return RKM_OK;
+    rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
+    if (r || *out) return r;
+    uint64_t min;
+    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
+    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
+    return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
+}
+
+/* Whether rockmate tries DTR's plans: a DTR run is O(steps x live
+ * buffers), which a long graph cannot afford among several candidates (a
+ * chain of 20000 ops: 9 s a run); `--algo dtr` always runs. */
+RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
+{
+    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM_DTR_MAX_WORK;
+}
+
+/* The faster of two plans (a on a tie); the other is destroyed. */
+RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
+{
+    if (!a || !b) return a ? a : b;
+    int keep_a = a->stats.time <= b->stats.time;
+    rkm_plan_destroy(keep_a ? b : a);
+    return keep_a ? a : b;
+}
+
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    rkm_algo a = pl->d.algo;
+    if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out);
+    if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
+        rkm_result r = rkm__solve_chain(pl, 1, budget, out);
+        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
+    }
+    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
+    /* One solve's work is worth about its limit (on a slow machine it may
+     * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
+    return RKM_OK;
+}
+
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
+
+/* The smallest budget the planner meets, and the plan that meets it
+ * (pl->min_plan): from the least budget the algorithm plans for (its peaks
+ * counted at the alignment) upwards, by the least arena of the plans that
+ * did not fit, else by steps that double from 1/256 of the way to the
+ * baseline peak, until a plan fits (the baseline's arena always does);
+ * then down, while the budget one byte under the plan's arena finds a
+ * plan. The budget is that plan's arena: rkm_planner_solve meets any
+ * budget from there on, with this plan where its own search finds none
+ * (the searches are not monotone in the budget). */
+static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t m, at;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__min_budget(pl, &m, &at);
+    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / 256 : 0;
+    for (int k = 0; !r && !p; k++) {
+        uint64_t need = 0;
+        if (k == 2 * RKM_LAYOUT_TRIES) { /* the baseline, laid out, fits its own arena */
+            if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
+        } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
+            uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
+            if (at > m) at = 0; /* first, the budget the least peak was made for */
+            else step *= 2;
+            m = need > m ? need : m + up;
+        }
+    }
+    /* then down: a budget just under that arena may find another plan */
+    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES && p->stats.arena_bytes; k++) {
+        rkm_plan *q = NULL;
+        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
+        rkm_plan_destroy(p);
+        p = q;
+    }
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    pl->min_plan = p;
+    *out = p->stats.arena_bytes;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    if (!pl->min_budget) {
+        rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
+        if (r) {
+            pl->min_budget = 0;
+            return r;
+        }
+    }
+    *out = pl->min_budget;
+    return RKM_OK;
+}
+
+/* Checkmate's smallest budget: bisection on bytes (feasibility is monotone
+ * in the budget), 12 probes sharing the time limit. A probe that times out
+ * counts as infeasible, so this is the least budget the solver could meet. */
+static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
+{
+    rkm_result r = RKM_OK;
+    uint64_t lo = pl->lower_bound, hi = pl->base_peak;
+    for (int it = 0; it < 12 && lo < hi && !r; it++) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        rkm_plan *p;
+        r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
+        if (!r && p) hi = p->stats.peak;
+        else if (!r) lo = mid + 1;
+        rkm_plan_destroy(p);
+    }
+    *out = hi;
+    return r;
+}
+
+/* DTR's smallest budget: bisection between the lower bound and the baseline
+ * peak (which the baseline meets) on the budgets it meets (DTR plans on an
+ * allocator of the budget's bytes: a plan's peak can be below the arena it
+ * needed). DTR's success is not monotone, so this is the least the
+ * bisection found. Kept after the first call. */
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (pl->dtr_min) {
+        *out = pl->dtr_min;
+        return RKM_OK;
+    }
+    rkm_result r = RKM_OK;
+    uint64_t lo = pl->lower_bound, hi = pl->base_peak, at = pl->base_peak;
+    for (int it = 0; it < 40 && lo < hi && !r; it++) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        rkm_plan *p;
+        r = rkm__dtr_plan(pl, mid, 1, &p);
+        if (!r && p) hi = mid, at = mid;
+        else if (!r) lo = mid + 1;
+        rkm_plan_destroy(p);
+    }
+    if (!r) pl->dtr_min = hi, pl->dtr_min_at = at;
+    *out = hi;
+    return r;
+}
+
+/* On graphs small enough for the whole-graph ILP, rockmate's candidates
+ * reach below the floors of the chain DP, sqrt and DTR (a random DAG of 60
+ * ops: 41.5 % where they stop at 42.2 %): a bisection between the lower
+ * bound and *out on the whole-graph ILP's plans (at a fifth of a solve's
+ * work, which the solve's own search extends) and the squeeze's lowers *out
+ * to the least peak met. */
+#define RKM_FLOOR_STEPS 8
+static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t *at)
+{
+    rkm_result r = RKM_OK;
+    uint64_t lo = pl->lower_bound;
+    for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r; it++) {
+        uint64_t mid = lo + (*out - lo) / 2;
+        rkm_plan *p = NULL;
+        r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
+        if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__solve_rockmate: the squeeze stands */
+        if (!r && !p) r = rkm__solve_squeezed(pl, mid, &p);
+        if (!r && p) *out = p->stats.peak, *at = mid;
+        else if (!r) lo = mid + 1;
+        rkm_plan_destroy(p);
+    }
+    return r;
+}
+
+/* The least peak of the plans the planner's algorithm makes (*out), and
+ * the budget the plan of that peak was made for (*at, at least *out): the
+ * searches are not monotone in the budget. */
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
+{
+    rkm_result r = RKM_OK;
+    *out = *at = pl->base_peak;
+    if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
+        uint64_t floor;
+        int64_t slots;
+        if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
+    } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
+        r = rkm__min_budget_checkmate(pl, out), *at = *out;
+    /* sqrt's one schedule: rockmate has it among its candidates, so its
+     * floor too (in place, it can peak below the chain DP's) */
+    if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
+        rkm_plan *p;
+        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
+        rkm_plan_destroy(p);
+    }
+    if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
+        uint64_t dtr;
+        if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
+    }
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
+        r = rkm__min_budget_small(pl, out, at);
+    if (*at < *out) *at = *out;
+    return r;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    double t = rkm__now();
+    rkm_plan *p;
+    rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
+    if (r) return r;
+    if (!p) {
+        uint64_t min;
+        if ((r = rkm_planner_min_budget(pl, &min))) return r;
+        if (budget < min)
+            return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
+                            "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                            rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
+    }
+    if ((r = rkm__planner_finish(pl, p, budget, t))) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__planner_figures(pl, out);
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    rkm_planner *pl;
+    rkm_result r = rkm_planner_create(g, desc, &pl);
+    if (r) return r;
+    r = rkm_planner_solve(pl, budget, out);
+    rkm_planner_destroy(pl);
+    return r;
+}
+
+rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
+{
+    if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = p->stats;
+    return RKM_OK;
+}
+
+static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"};
+
+const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
+
+rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
+{
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!name || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_algo_from_name: name or out is NULL");
+    for (int a = 0; a < RKM_ALGO_COUNT; a++)
+        if (strcmp(name, rkm__algo_names[a]) == 0) {
+            *out = (rkm_algo)a;
+            return RKM_OK;
+        }
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none or dtr)",
+                    name);
+}
+
+/* The number and unit of a budget; 0 if the text is not one. */
+static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t *out)
+{
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"B", 1}, {"", 1}};
+    size_t n = rkm__decimal_len(text);
+    if (n && (text[n] == 0 || (text[n] == 'B' && text[n + 1] == 0))) { /* bytes: exact when an integer */
+        char digits[32];
+        if (n < sizeof digits) {
+            memcpy(digits, text, n);
+            digits[n] = 0;
+            if (rkm__parse_u64(digits, out)) return 1;
+        }
+    }
+    const char *end = text + n;
+    double v;
+    if (!rkm__decimal_value(text, n, &v)) return 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) != 0) continue;
+        double bytes = units[i].mult < 0 ? v / 100.0 * (double)baseline_peak : v * units[i].mult;
+        if (bytes >= 18446744073709551615.0) return 0;
+        *out = (uint64_t)bytes;
+        return 1;
+    }
+    return 0;
+}
+
+rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out)
+{
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!text || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
+    if (rkm__budget_value(text, baseline_peak, out)) return RKM_OK;
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT,
+                    "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the baseline peak", text);
+}
+

@@ -1,0 +1,570 @@
+/* sim.c -- the simulator: the one memory and time accounting
+ *
+ * Uses (through internal.h): base.c, plan.c. */
+#include "internal.h"
+
+RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
+{
+    if (!s->g) return;
+    rkm_context *ctx = s->g->ctx;
+    rkm__free(ctx, s->D, s->g->n_tensors * 2 + s->g->n_ops * 3 + 1);
+    rkm__free(ctx, s->recv, (s->g->n_tensors + 1) * sizeof *s->recv);
+    memset(s, 0, sizeof *s);
+}
+
+/* The contract's start state: inputs live, nothing else. */
+RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
+{
+    const rkm_graph *g = s->g;
+    memset(s->D, 0, g->n_tensors * 2 + g->n_ops * 3 + 1);
+    memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
+    s->loss_done = 0;
+    s->mem = 0;
+    for (size_t t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
+            s->D[t] = 1;
+            s->mem += g->tensors[t].bytes;
+        }
+}
+
+RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
+{
+    memset(s, 0, sizeof *s);
+    size_t nb = g->n_tensors * 2 + g->n_ops * 3 + 1;
+    uint8_t *b = rkm__alloc(g->ctx, nb);
+    int32_t *recv = rkm__alloc(g->ctx, (g->n_tensors + 1) * sizeof *recv);
+    if (!b || !recv) {
+        rkm__free(g->ctx, b, nb);
+        rkm__free(g->ctx, recv, (g->n_tensors + 1) * sizeof *recv);
+        return rkm__nomem(g->ctx, "simulator");
+    }
+    s->g = g;
+    s->D = b;
+    s->G = b + g->n_tensors;
+    s->P = s->G + g->n_tensors;
+    s->fwd_done = s->P + g->n_ops;
+    s->bwd_done = s->fwd_done + g->n_ops;
+    s->recv = recv;
+    rkm__sim_reset(s);
+    return RKM_OK;
+}
+
+/* Make tensor t live (a block replay's starting checkpoint). */
+RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
+{
+    if (t < 0 || s->D[t]) return;
+    s->D[t] = 1;
+    s->mem += s->g->tensors[t].bytes;
+}
+
+/* Make grad(t) live and complete (as if every contributor had run). */
+RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
+{
+    if (t < 0 || s->G[t]) return;
+    s->G[t] = 1;
+    s->recv[t] = s->g->tensors[t].n_contrib;
+    s->mem += s->g->tensors[t].bytes;
+}
+
+RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
+{
+    return s->G[t] && s->recv[t] == s->g->tensors[t].n_contrib;
+}
+
+/* What a forward of o adds to the live memory: its outputs not live yet,
+ * its saved state when run with save. */
+/* The transient bytes of a forward of op x: its workspace, and its scratch
+ * when the run keeps no saved state (with save, or with the saved state
+ * live already, the scratch is written into the saved state). */
+RKM_PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save)
+{
+    return o->fwd_ws + (!save && !s->P[x] ? o->scratch : 0);
+}
+
+/* What a forward of o adds to the live memory: its outputs not live yet
+ * (but out[0] of a run in place, which takes in[0]'s bytes), its saved
+ * state when run with save. */
+static uint64_t rkm__sim_fwd_adds(const rkm__sim *s, const rkm__op *o, int save, int inplace)
+{
+    uint64_t add = save ? o->phantom : 0;
+    for (int32_t k = inplace ? 1 : 0; k < o->n_out; k++)
+        if (!s->D[o->out[k]]) add += s->g->tensors[o->out[k]].bytes;
+    return add;
+}
+
+/* What a backward of o adds: the gradients of its inputs not live yet (but
+ * grad(in[0]) of a run in place, which takes grad(out[0])'s bytes). */
+static uint64_t rkm__sim_bwd_adds(const rkm__sim *s, const rkm__op *o, int inplace)
+{
+    uint64_t add = 0;
+    for (int32_t k = inplace ? 1 : 0; k < o->n_in; k++) {
+        const rkm__tensor *t = &s->g->tensors[o->in[k]];
+        if (t->has_grad && !s->G[o->in[k]]) add += t->bytes;
+    }
+    return add;
+}
+
+/* The in-place rules of a fwd or bwd step of o (RKM_RULE_NONE without
+ * inplace): declared, and the buffer it makes not live yet. */
+static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, const rkm__op *o, int32_t *obj)
+{
+    if (!st->inplace) return RKM_RULE_NONE;
+    int fwd = st->kind == RKM_STEP_FWD;
+    if (!(o->flags & (fwd ? RKM_OP_INPLACE : RKM_OP_GRAD_INPLACE))) return RKM_RULE_INPLACE_NOT_DECLARED;
+    *obj = fwd ? o->out[0] : o->in[0];
+    if (fwd && s->D[o->out[0]]) return RKM_RULE_INPLACE_OUT_LIVE;
+    if (!fwd && s->G[o->in[0]]) return RKM_RULE_INPLACE_GRAD_LIVE;
+    *obj = st->index;
+    return RKM_RULE_NONE;
+}
+
+/* Check one step's requirements; on success apply it, set *peak to the
+ * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
+ * and *obj names the op or tensor concerned. */
+RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+{
+    const rkm_graph *g = s->g;
+    *obj = -1;
+    if (!rkm__step_index_ok(g, st)) return RKM_RULE_BAD_STEP;
+    int32_t x = st->index;
+    *obj = x;
+    *peak = s->mem;
+    switch (st->kind) {
+    case RKM_STEP_FWD: {
+        const rkm__op *o = &g->ops[x];
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (!s->D[o->in[k]]) {
+                *obj = o->in[k];
+                return RKM_RULE_FWD_INPUT_MISSING;
+            }
+        if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
+        if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
+        rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
+        if (rule != RKM_RULE_NONE) return rule;
+        uint64_t add = rkm__sim_fwd_adds(s, o, st->save, st->inplace);
+        *peak = s->mem + add + rkm__sim_fwd_ws(s, o, x, st->save);
+        if (st->inplace) s->D[o->in[0]] = 0; /* out[0] has its bytes */
+        for (int32_t k = 0; k < o->n_out; k++) s->D[o->out[k]] = 1;
+        if (st->save) s->P[x] = 1;
+        s->fwd_done[x] = 1;
+        s->mem += add;
+        return RKM_RULE_NONE;
+    }
+    case RKM_STEP_LOSS:
+        if (s->loss_done) return RKM_RULE_LOSS_TWICE;
+        if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
+        *peak = s->mem + g->tensors[x].bytes;
+        s->loss_done = 1;
+        s->G[x] = 1;
+        s->recv[x] = 1;
+        s->mem += g->tensors[x].bytes;
+        return RKM_RULE_NONE;
+    case RKM_STEP_BWD: {
+        const rkm__op *o = &g->ops[x];
+        if (!o->has_bwd) return RKM_RULE_BWD_NO_BACKWARD;
+        if (s->bwd_done[x]) return RKM_RULE_BWD_TWICE;
+        for (int32_t k = 0; k < o->n_saved; k++)
+            if (!s->D[o->saved[k]]) {
+                *obj = o->saved[k];
+                return RKM_RULE_BWD_SAVED_MISSING;
+            }
+        if (o->phantom > 0 && !s->P[x]) return RKM_RULE_BWD_PHANTOM_MISSING;
+        for (int32_t k = 0; k < o->n_out; k++) {
+            int32_t t = o->out[k];
+            if (!g->tensors[t].has_grad) continue;
+            *obj = t;
+            if (!s->G[t]) return RKM_RULE_BWD_GRAD_MISSING;
+            if (!rkm__grad_complete(s, t)) return RKM_RULE_BWD_GRAD_INCOMPLETE;
+        }
+        *obj = x;
+        rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
+        if (rule != RKM_RULE_NONE) return rule;
+        uint64_t add = rkm__sim_bwd_adds(s, o, st->inplace);
+        *peak = s->mem + add + o->bwd_ws;
+        if (st->inplace) s->G[o->out[0]] = 0; /* grad(in[0]) has its bytes */
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            if (!g->tensors[t].has_grad) continue;
+            s->G[t] = 1;
+            s->recv[t]++;
+        }
+        s->bwd_done[x] = 1;
+        s->mem += add;
+        return RKM_RULE_NONE;
+    }
+    case RKM_STEP_FREE:
+        if (g->tensors[x].flags & RKM_TENSOR_INPUT) return RKM_RULE_FREE_INPUT;
+        if (!s->D[x]) return RKM_RULE_FREE_NOT_LIVE;
+        s->D[x] = 0;
+        s->mem -= g->tensors[x].bytes;
+        return RKM_RULE_NONE;
+    case RKM_STEP_FREE_SAVED:
+        if (!s->P[x]) return RKM_RULE_FREE_SAVED_NOT_LIVE;
+        s->P[x] = 0;
+        s->mem -= g->ops[x].phantom;
+        return RKM_RULE_NONE;
+    case RKM_STEP_FREE_GRAD:
+        if (!s->G[x]) return RKM_RULE_FREE_GRAD_NOT_LIVE;
+        if (!rkm__grad_complete(s, x)) return RKM_RULE_FREE_GRAD_INCOMPLETE;
+        s->G[x] = 0;
+        s->mem -= g->tensors[x].bytes;
+        return RKM_RULE_NONE;
+    }
+    return RKM_RULE_BAD_STEP;
+}
+
+/* The contract's end-of-plan rules. */
+RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
+{
+    const rkm_graph *g = s->g;
+    *obj = -1;
+    if (!s->loss_done) return RKM_RULE_END_LOSS_MISSING;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        *obj = (int32_t)i;
+        if (g->ops[i].has_bwd && !s->bwd_done[i]) return RKM_RULE_END_BWD_MISSING;
+        if (s->P[i]) return RKM_RULE_END_SAVED_LIVE;
+    }
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        *obj = (int32_t)t;
+        if (s->D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_END_TENSOR_LIVE;
+        if (s->G[t]) return RKM_RULE_END_GRAD_LIVE;
+    }
+    *obj = -1;
+    return RKM_RULE_NONE;
+}
+
+static int rkm__buf_open(rkm__recorder *rc, int32_t kind, int32_t index, int64_t step, uint64_t bytes)
+{
+    rkm_plan *p = rc->p;
+    if (!rkm__reserve(p->ctx, (void **)&p->buffers, &p->cap_buffers, p->n_buffers + 1, sizeof *p->buffers)) return 0;
+    rkm_buffer *x = &p->buffers[p->n_buffers];
+    memset(x, 0, sizeof *x);
+    x->kind = kind;
+    x->index = index;
+    x->first_step = x->last_step = step;
+    x->bytes = bytes;
+    x->takes_over = -1;
+    if (kind == RKM_BUFFER_TENSOR) rc->open_t[index] = (int64_t)p->n_buffers;
+    if (kind == RKM_BUFFER_GRAD) rc->open_g[index] = (int64_t)p->n_buffers;
+    if (kind == RKM_BUFFER_PHANTOM) rc->open_p[index] = (int64_t)p->n_buffers;
+    p->n_buffers++;
+    return 1;
+}
+
+static void rkm__buf_close(rkm__recorder *rc, int64_t *open, int32_t index, int64_t step)
+{
+    rc->p->buffers[open[index]].last_step = step;
+    open[index] = -1;
+}
+
+/* An in-place step i: the buffer open in from[from_index] passes its bytes
+ * to a new buffer (kind, index) that takes it over. */
+static int rkm__buf_take_over(rkm__recorder *rc, int64_t *from, int32_t from_index, int32_t kind, int32_t index,
+                              int64_t i)
+{
+    int64_t old = from[from_index];
+    if (old < 0) return 1; /* not live: the step breaks a rule */
+    rkm__buf_close(rc, from, from_index, i);
+    if (!rkm__buf_open(rc, kind, index, i, rc->p->buffers[old].bytes)) return 0;
+    rc->p->buffers[rc->p->n_buffers - 1].takes_over = old;
+    return 1;
+}
+
+static void rkm__recorder_free(rkm__recorder *rc)
+{
+    rkm__free(rc->p->ctx, rc->open_t, rc->n_open * sizeof *rc->open_t);
+    rc->open_t = NULL;
+}
+
+/* Open arrays, and the input tensors' buffers: live from before the first
+ * step to after the last. */
+static rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
+{
+    const rkm_graph *g = p->g;
+    memset(rc, 0, sizeof *rc);
+    rc->p = p;
+    size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
+    rc->n_open = 2 * nt + no;
+    rc->open_t = rkm__alloc(p->ctx, rc->n_open * sizeof *rc->open_t);
+    if (!rc->open_t) return rkm__nomem(p->ctx, "plan");
+    rc->open_g = rc->open_t + nt;
+    rc->open_p = rc->open_g + nt;
+    for (size_t i = 0; i < rc->n_open; i++) rc->open_t[i] = -1;
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        if (!(g->tensors[t].flags & RKM_TENSOR_INPUT)) continue;
+        if (!rkm__buf_open(rc, RKM_BUFFER_TENSOR, (int32_t)t, -1, g->tensors[t].bytes)) {
+            rkm__recorder_free(rc);
+            return rkm__nomem(p->ctx, "plan");
+        }
+        p->buffers[p->n_buffers - 1].last_step = (int64_t)p->n_steps;
+    }
+    return RKM_OK;
+}
+
+/* Before step i (s: the state before it, st's index in range): the flags
+ * the executor passes and the buffers the step creates. */
+static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_step *st, int64_t i)
+{
+    const rkm_graph *g = s->g;
+    uint8_t *fl = rc->p->flags;
+    int32_t x = st->index;
+    rc->p->flag_off[i] = rc->at;
+    switch (st->kind) {
+    case RKM_STEP_FWD: {
+        const rkm__op *o = &g->ops[x];
+        uint64_t ws = rkm__sim_fwd_ws(s, o, x, st->save);
+        fl[rc->at++] = s->fwd_done[x];
+        fl[rc->at++] = ws != o->fwd_ws; /* the call's workspace holds the scratch */
+        for (int32_t k = 0; k < o->n_out; k++)
+            fl[rc->at++] = k == 0 && st->inplace ? RKM_OUT_INPLACE : s->D[o->out[k]] ? RKM_OUT_LIVE : RKM_OUT_NEW;
+        if (st->inplace && !rkm__buf_take_over(rc, rc->open_t, o->in[0], RKM_BUFFER_TENSOR, o->out[0], i)) return 0;
+        for (int32_t k = st->inplace ? 1 : 0; k < o->n_out; k++)
+            if (!s->D[o->out[k]] && !rkm__buf_open(rc, RKM_BUFFER_TENSOR, o->out[k], i, g->tensors[o->out[k]].bytes))
+                return 0;
+        if (st->save && !rkm__buf_open(rc, RKM_BUFFER_PHANTOM, x, i, o->phantom)) return 0;
+        return !ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, ws);
+    }
+    case RKM_STEP_BWD: {
+        const rkm__op *o = &g->ops[x];
+        if (st->inplace && !rkm__buf_take_over(rc, rc->open_g, o->out[0], RKM_BUFFER_GRAD, o->in[0], i)) return 0;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            int new_grad = g->tensors[t].has_grad && !s->G[t];
+            fl[rc->at++] = k == 0 && st->inplace ? RKM_GRAD_INPLACE : !g->tensors[t].has_grad ? RKM_GRAD_NONE
+                           : new_grad ? RKM_GRAD_NEW : RKM_GRAD_ACCUMULATE;
+            if (new_grad && rc->open_g[t] < 0 && !rkm__buf_open(rc, RKM_BUFFER_GRAD, t, i, g->tensors[t].bytes)) return 0;
+        }
+        for (int32_t k = 0; k < o->n_out; k++) fl[rc->at++] = (uint8_t)g->tensors[o->out[k]].has_grad;
+        return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
+    }
+    case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
+    }
+    return 1;
+}
+
+/* After step i held: the buffers it releases. */
+static void rkm__record_after(rkm__recorder *rc, const rkm_step *st, int64_t i)
+{
+    switch (st->kind) {
+    case RKM_STEP_FREE: rkm__buf_close(rc, rc->open_t, st->index, i); break;
+    case RKM_STEP_FREE_SAVED: rkm__buf_close(rc, rc->open_p, st->index, i); break;
+    case RKM_STEP_FREE_GRAD: rkm__buf_close(rc, rc->open_g, st->index, i); break;
+    }
+}
+
+/* Replay steps[0..n) from the current state. Fills res (peak, time, and on
+ * failure rule/fail_step/fail_object), and when given: mem_after and
+ * step_peak per step, and what a plan's birth records (rc). Returns 1 if
+ * every step held, -1 if recording ran out of memory, 0 otherwise. */
+RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
+                              uint64_t *step_peak, rkm__recorder *rc)
+{
+    memset(res, 0, sizeof *res);
+    res->fail_step = -1;
+    res->fail_object = -1;
+    res->peak = s->mem;
+    res->peak_step = -1;
+    res->num_steps = n;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t pk;
+        int32_t obj;
+        if (rc && rkm__step_index_ok(s->g, &steps[i]) && !rkm__record_before(rc, s, &steps[i], (int64_t)i)) return -1;
+        rkm_rule rule = rkm__sim_step(s, &steps[i], &pk, &obj);
+        if (rule != RKM_RULE_NONE) {
+            res->rule = rule;
+            res->fail_step = (int64_t)i;
+            res->fail_object = obj;
+            res->failed = steps[i];
+            return 0;
+        }
+        if (rc) rkm__record_after(rc, &steps[i], (int64_t)i);
+        if (res->peak_step < 0 || pk > res->peak) {
+            res->peak = pk;
+            res->peak_step = (int64_t)i;
+        }
+        if (steps[i].kind == RKM_STEP_FWD) res->time += s->g->ops[steps[i].index].fwd;
+        else if (steps[i].kind == RKM_STEP_BWD) res->time += s->g->ops[steps[i].index].bwd;
+        if (mem_after) mem_after[i] = s->mem;
+        if (step_peak) step_peak[i] = pk;
+    }
+    return 1;
+}
+
+RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
+{
+    return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL, NULL) == 1;
+}
+
+/* Each rule: its text, and whether the object it names is an op (else a
+ * tensor). */
+static const struct rkm__rule_info {
+    const char *text;
+    int on_op;
+} rkm__rules[RKM_RULE_COUNT] = {
+    [RKM_RULE_NONE] = {"no rule broken", 0},
+    [RKM_RULE_FWD_INPUT_MISSING] = {"fwd: every in tensor must be live", 0},
+    [RKM_RULE_SAVE_NOT_ALLOWED] = {"fwd save: the op must have phantom > 0 and a backward", 1},
+    [RKM_RULE_SAVE_ALREADY_LIVE] = {"fwd save: the op's saved state must not be live already", 1},
+    [RKM_RULE_LOSS_TENSOR_MISSING] = {"loss: the loss tensor must be live", 0},
+    [RKM_RULE_LOSS_TWICE] = {"loss: runs exactly once", 0},
+    [RKM_RULE_BWD_NO_BACKWARD] = {"bwd: the op must have a backward", 1},
+    [RKM_RULE_BWD_TWICE] = {"bwd: each backward runs exactly once", 1},
+    [RKM_RULE_BWD_SAVED_MISSING] = {"bwd: every saved tensor must be live", 0},
+    [RKM_RULE_BWD_PHANTOM_MISSING] = {"bwd: the op's saved state (phantom) must be live", 1},
+    [RKM_RULE_BWD_GRAD_MISSING] = {"bwd: the gradient of every output with a gradient must be live", 0},
+    [RKM_RULE_BWD_GRAD_INCOMPLETE] = {"bwd: the gradient of every output must be complete (all contributors ran)", 0},
+    [RKM_RULE_FREE_NOT_LIVE] = {"free: the tensor must be live", 0},
+    [RKM_RULE_FREE_INPUT] = {"free: an input tensor is never freed", 0},
+    [RKM_RULE_FREE_SAVED_NOT_LIVE] = {"free_saved: the op's saved state must be live", 1},
+    [RKM_RULE_FREE_GRAD_NOT_LIVE] = {"free_grad: the gradient must be live", 0},
+    [RKM_RULE_FREE_GRAD_INCOMPLETE] = {"free_grad: the gradient must be complete (all contributors ran)", 0},
+    [RKM_RULE_END_LOSS_MISSING] = {"end: the loss step must have run", 0},
+    [RKM_RULE_END_BWD_MISSING] = {"end: every op with a backward must run it", 1},
+    [RKM_RULE_END_TENSOR_LIVE] = {"end: only input tensors may be live", 0},
+    [RKM_RULE_END_SAVED_LIVE] = {"end: no saved state may be live", 1},
+    [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live", 0},
+    [RKM_RULE_BAD_STEP] = {"step kind or index out of range", 0},
+    [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
+    [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
+    [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
+};
+
+const char *rkm_rule_string(rkm_rule rule)
+{
+    if ((int)rule < 0 || rule >= RKM_RULE_COUNT) return "unknown rule";
+    return rkm__rules[rule].text;
+}
+
+static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
+{
+    if (obj < 0) return "";
+    if (rkm__rules[rule].on_op) return (size_t)obj < g->n_ops ? g->ops[obj].name : "";
+    return (size_t)obj < g->n_tensors ? g->tensors[obj].name : "";
+}
+
+/* Forward steps of ops whose forward came earlier in the list. */
+static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *steps, size_t n, size_t *out)
+{
+    uint8_t *ran = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    if (!ran) return rkm__nomem(g->ctx, "plan");
+    *out = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || (size_t)steps[i].index >= g->n_ops) continue;
+        *out += ran[steps[i].index];
+        ran[steps[i].index] = 1;
+    }
+    rkm__free(g->ctx, ran, g->n_ops + 1);
+    return RKM_OK;
+}
+
+/* An empty plan that takes the draft's steps and has room for every
+ * per-step record. The draft is emptied whatever happens. */
+static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+{
+    *out = NULL;
+    size_t n = draft->n, nf = 0;
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *st = &draft->s[i];
+        if (!rkm__step_index_ok(g, st)) continue;
+        if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
+        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
+    }
+    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
+    rkm_step *steps = rkm__steps_take(draft);
+    if (!p || (n && !steps)) {
+        rkm__steps_free(draft);
+        rkm__free(g->ctx, steps, n * sizeof *steps);
+        rkm__free(g->ctx, p, sizeof *p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    p->g = g;
+    p->ctx = g->ctx;
+    p->steps = steps;
+    p->n_steps = n;
+    p->n_flags = nf + 1;
+    p->mem_after = rkm__calloc(g->ctx, n + 1, sizeof *p->mem_after);
+    p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
+    p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
+    p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
+    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags) {
+        rkm_plan_destroy(p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+/* Replay the plan once, recording everything a query may later ask. 1:
+ * valid, 0: a rule broke (res says which), -1: out of memory. */
+static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
+{
+    rkm__sim s;
+    rkm__recorder rc;
+    if (rkm__recorder_init(&rc, p)) return -1;
+    if (rkm__sim_init(p->g, &s)) {
+        rkm__recorder_free(&rc);
+        return -1;
+    }
+    int ok = rkm__sim_run_peaks(&s, p->steps, p->n_steps, res, p->mem_after, p->step_peak, &rc);
+    int32_t obj = -1;
+    rkm_rule rule = ok == 1 ? rkm__sim_end(&s, &obj) : RKM_RULE_NONE;
+    if (rule != RKM_RULE_NONE) {
+        ok = 0;
+        res->rule = rule;
+        res->fail_step = (int64_t)p->n_steps;
+        res->fail_object = obj;
+    }
+    rkm__sim_free(&s);
+    rkm__recorder_free(&rc);
+    res->valid = ok == 1;
+    return ok;
+}
+
+/* The message of an invalid plan: the step and the rule. */
+static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
+{
+    char text[300] = "end of plan";
+    if (res->fail_step < (int64_t)p->n_steps) rkm_step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
+    const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
+    return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
+                    rkm_rule_string(res->rule), *on ? ": " : "", on);
+}
+
+/* The one way a plan comes to be: the draft's steps (taken) replayed once;
+ * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
+RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
+{
+    rkm_sim_result tmp;
+    if (!res) res = &tmp;
+    memset(res, 0, sizeof *res);
+    res->fail_step = res->peak_step = -1;
+    res->fail_object = -1;
+    *out = NULL;
+    rkm_plan *p;
+    size_t recomputes = 0;
+    rkm_result r = rkm__count_recomputes(g, draft->s, draft->n, &recomputes);
+    if (r) {
+        rkm__steps_free(draft);
+        return r;
+    }
+    if ((r = rkm__plan_alloc(g, draft, &p))) return r;
+    int ok = rkm__plan_replay(p, res);
+    res->recomputes = recomputes;
+    if (ok != 1) {
+        r = ok < 0 ? rkm__nomem(g->ctx, "plan") : rkm__plan_refuse(p, res);
+        rkm_plan_destroy(p);
+        return r;
+    }
+    rkm_plan_stats *st = &p->stats;
+    st->algo = RKM_ALGO_NONE;
+    st->peak = res->peak;
+    st->peak_step = res->peak_step;
+    st->time = res->time;
+    st->recomputes = recomputes;
+    st->baseline_peak = g->stats.baseline_peak;
+    st->baseline_time = g->stats.baseline_time;
+    st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
+    *out = p;
+    return RKM_OK;
+}
+
