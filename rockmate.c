@@ -559,6 +559,7 @@ struct rkm_planner {
     double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
+    uint64_t work_left;      /* the search's work left in this solve (search.c) */
 };
 
 
@@ -570,6 +571,10 @@ struct rkm_planner {
  * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
 #define RKM_WHOLE_GRAPH_OPS 64
 #define RKM_WHOLE_GRAPH_SECONDS 0.5
+/* The search's work per solve, in replayed steps: on the bundled graphs a
+ * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
+ * kicks 10 M), so this bounds a pathological solve without changing any. */
+#define RKM_SOLVE_WORK 64000000u
 
 
 /* ===========================================================================
@@ -730,6 +735,7 @@ RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 
 /* search.c */
+RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
@@ -8104,6 +8110,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->depth = depth;
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
+    rkm__search_begin(pl); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
@@ -8505,6 +8512,7 @@ RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
+    rkm__search_begin(pl);
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
@@ -8637,6 +8645,7 @@ static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t
     for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r; it++) {
         uint64_t mid = lo + (*out - lo) / 2;
         rkm_plan *p = NULL;
+        rkm__search_begin(pl);
         r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
         if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__solve_rockmate: the squeeze stands */
         if (!r && !p) r = rkm__solve_squeezed(pl, mid, &p);
@@ -8998,6 +9007,21 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
  *
  * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c. */
 
+/* ---- the solve's work -----------------------------------------------------
+ *
+ * One meter per solve (rkm__search_begin): every step the search replays,
+ * in polish, the squeeze and the kicks, is taken off pl->work_left, and
+ * each stops when it is spent. Within it, the squeeze and the kicks have
+ * shares of their own (their tuning constants), so that one does not starve
+ * the next. Work is counted in replayed steps, not time, so plans do not
+ * depend on the machine. */
+RKM_PRIVATE void rkm__search_begin(rkm_planner *pl) { pl->work_left = RKM_SOLVE_WORK; }
+
+/* What a part of the search may spend: its share, or what the solve has left. */
+static uint64_t rkm__share(const rkm_planner *pl, uint64_t cap) { return cap < pl->work_left ? cap : pl->work_left; }
+
+static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < pl->work_left ? pl->work_left - work : 0; }
+
 /* ---- polish: local search on a plan's compute steps ----------------------
  *
  * Any valid plan is its compute steps (fwd, loss, bwd) plus frees. The
@@ -9011,9 +9035,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
  * search drops one recomputing forward at a time (its outputs then live on
  * from the op's previous forward, which takes over its save) and keeps the
  * change when the simulator replays the result valid, within the budget
- * and faster. Work is counted in
- * replayed steps, not time, so results do not depend on the machine. */
-#define RKM_POLISH_WORK 20000000u
+ * and faster, until a sweep keeps none or the solve's work is spent. */
 
 typedef struct rkm__polish {
     const rkm_graph *g;
@@ -9028,6 +9050,7 @@ typedef struct rkm__polish {
     uint8_t *need;    /* per tensor: read before it is made again */
     uint8_t *pneed;   /* per op: its backward comes before its next save */
     uint64_t budget, work;
+    uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
     double time;
 } rkm__polish;
 
@@ -9181,9 +9204,9 @@ static void rkm__polish_free(rkm__polish *w)
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
-    while (kept && w->work < RKM_POLISH_WORK) {
+    while (kept && w->work < w->limit) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && w->work < RKM_POLISH_WORK; j++) {
+        for (size_t j = 0; j < w->cur.n && w->work < w->limit; j++) {
             int k;
             int64_t h = rkm__polish_drop(w, j);
             if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
@@ -9198,6 +9221,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm
     memset(w, 0, sizeof *w);
     w->g = g;
     w->budget = budget;
+    w->limit = UINT64_MAX;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
     w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = g->ctx;
     w->need = rkm__alloc(g->ctx, g->n_tensors);
@@ -9217,6 +9241,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm__polish w;
     int kept = 0;
     rkm_result r = rkm__polish_init(&w, pl->g, *p, budget);
+    w.limit = pl->work_left;
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
         rkm__steps_free(&w.cand);
@@ -9230,6 +9255,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
             *p = np;
         }
     }
+    rkm__spend(pl, w.work);
     rkm__polish_free(&w);
     return r;
 }
@@ -9611,6 +9637,18 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     return r;
 }
 
+/* rkm__squeeze_plan within the part's share *left and the solve's work,
+ * taking what it did off both. */
+static rkm_result rkm__squeeze_metered(rkm_planner *pl, const rkm_plan *p, uint64_t budget, uint64_t *left,
+                                       uint64_t *look_left, rkm_plan **out)
+{
+    uint64_t have = rkm__share(pl, *left), l = have;
+    rkm_result r = rkm__squeeze_plan(pl, p, budget, &l, look_left, out);
+    *left -= have - l;
+    rkm__spend(pl, have - l);
+    return r;
+}
+
 /* The squeeze starts from the chain DP's plans for the budget's multiples
  * 1 + RKM_SQUEEZE_STEP * 2^i, i < RKM_SQUEEZE_STARTS (5 % to 160 % more
  * memory), and below the DP's floor from the floor's plan: on the bundled
@@ -9647,13 +9685,13 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
     double last_time = -1;
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && left > 0; i++) {
+    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && rkm__share(pl, left) > 0; i++) {
         rkm_plan *a = NULL, *b = NULL;
         r = rkm__squeeze_start(pl, budget, i, &a);
         if (!r && a && a->stats.peak > budget && !(a->stats.time == last_time && a->stats.peak == last_peak)) {
             last_time = a->stats.time;
             last_peak = a->stats.peak;
-            r = rkm__squeeze_plan(pl, a, budget, &left, &look_left, &b);
+            r = rkm__squeeze_metered(pl, a, budget, &left, &look_left, &b);
             if (!r && b) r = rkm__polish_plan(pl, budget, &b);
         }
         rkm_plan_destroy(a);
@@ -9723,7 +9761,7 @@ static rkm_result rkm__kick_one(rkm_planner *pl, rkm__polish *w, size_t j, uint6
     rkm_result r = h >= 0 ? rkm__kick_candidate(pl, w, &a) : RKM_OK;
     if (!r && a) {
         (*trials)++;
-        r = rkm__squeeze_plan(pl, a, budget, left, NULL, &b); /* many kicks: no lookahead */
+        r = rkm__squeeze_metered(pl, a, budget, left, NULL, &b); /* many kicks: no lookahead */
         if (!r && b) r = rkm__polish_plan(pl, budget, &b);
         if (!r && b && b->stats.time < (*best)->stats.time) {
             rkm_plan_destroy(*best);
@@ -9744,14 +9782,15 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
     int trials = 0, improved = 1;
     rkm_result r = RKM_OK;
     uint64_t left = pl->kick_work;
-    while (!r && improved && trials < max_trials && left > 0) {
+    while (!r && improved && trials < max_trials && rkm__share(pl, left) > 0) {
         rkm__polish w;
         int kept = 0;
         improved = 0;
         r = rkm__polish_init(&w, pl->g, *best, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
-        for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && left > 0; j++)
+        for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && rkm__share(pl, left) > 0; j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);
+        rkm__spend(pl, w.work);
         rkm__polish_free(&w);
     }
     return r;
@@ -9785,45 +9824,67 @@ static rkm_result rkm__solve_rung(rkm_planner *pl, uint64_t target, uint64_t bud
     return r;
 }
 
-/* Rockmate's plan: the fastest of the chain DP's (its plan for the budget's
- * own slots and, apart, the faster one for a few slots more: each is
- * polished on its own, and the slower one before polish may end faster),
- * sqrt's, DTR's, for small graphs the whole-graph ILP's, and the squeeze's
- * of the DP's plans for more memory; any of them may have none. */
-RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* ---- the portfolio: where rockmate's search starts ---------------------
+ *
+ * Each start is a plan for the budget, or none: the chain DP's for the
+ * budget's own slots and, apart, its faster one for a few slots more (each
+ * is polished on its own, and the slower one before polish may end faster),
+ * sqrt's, DTR's, the whole-graph ILP's on graphs small enough for it, and
+ * the squeeze's of plans for more memory. The order is the tie-break: of
+ * two plans as fast, the earlier start's stays. */
+enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__START_ILP, RKM__START_SQUEEZE, RKM__STARTS };
+
+/* The whole-graph ILP's plan: one start among several, so where lp_solve
+ * fails on it the others stand. */
+static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    rkm_plan *p[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    rkm_result r = rkm__solve_dp_at(pl, budget, &p[0]);
-    if (!r) r = rkm__solve_dp_up(pl, budget, p[0], &p[4]);
-    if (!r) r = rkm__solve_chain(pl, 1, budget, &p[1]);
-    if (!r) r = rkm__solve_dtr(pl, budget, &p[2]);
-    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
-        /* one candidate among four: if lp_solve fails on it, the others stand */
-        r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[3]);
-        if (r == RKM_ERROR_SOLVER) {
-            rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
-            r = RKM_OK;
-        }
-    }
-    for (int k = 0; k < 5 && !r; k++)
-        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
-    if (!r) r = rkm__solve_squeezed(pl, budget, &p[5]); /* polished already */
-    for (int k = 1; k < 6; k++) p[0] = rkm__faster(p[0], p[k]);
-    if (!r && p[0]) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &p[0]);
-    for (int k = 0; k < RKM_RUNGS && !r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
-        rkm_plan *q = NULL;
-        r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
-        p[0] = rkm__faster(p[0], q);
-    }
-    if (r) {
-        rkm_plan_destroy(p[0]);
-        return r;
-    }
-    *out = p[0];
+    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS) return RKM_OK;
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, out);
+    if (r != RKM_ERROR_SOLVER) return r;
+    rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
     return RKM_OK;
 }
 
-/* One plan for `budget` from the planner's algorithm, or *out NULL. */
+/* Start k at `budget` into p[k] (DP_UP reads p[DP]); the squeeze's comes
+ * polished. */
+static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan **p)
+{
+    switch (k) {
+    case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
+    case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
+    case RKM__START_SQRT: return rkm__solve_chain(pl, 1, budget, &p[k]);
+    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k]);
+    case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
+    default: return rkm__solve_squeezed(pl, budget, &p[k]);
+    }
+}
+
+/* Rockmate's plan: every start but the squeeze's, each polished; the
+ * squeeze's; the fastest of them kicked; then, on graphs small enough, the
+ * rungs below the budget. All of it within the solve's work. */
+RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_plan *p[RKM__STARTS] = {NULL};
+    rkm_result r = RKM_OK;
+    for (int k = 0; k < RKM__START_SQUEEZE && !r; k++) r = rkm__start(pl, k, budget, p);
+    for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
+        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
+    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p);
+    rkm_plan *best = NULL;
+    for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
+    if (!r && best) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &best);
+    for (int k = 0; k < RKM_RUNGS && !r && best && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
+        rkm_plan *q = NULL;
+        r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
+        best = rkm__faster(best, q);
+    }
+    if (r) {
+        rkm_plan_destroy(best);
+        return r;
+    }
+    *out = best;
+    return RKM_OK;
+}
 
 /* ==== src/exec.c ==== */
 

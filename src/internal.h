@@ -529,6 +529,7 @@ struct rkm_planner {
     double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
+    uint64_t work_left;      /* the search's work left in this solve (search.c) */
 };
 
 
@@ -540,6 +541,10 @@ struct rkm_planner {
  * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
 #define RKM_WHOLE_GRAPH_OPS 64
 #define RKM_WHOLE_GRAPH_SECONDS 0.5
+/* The search's work per solve, in replayed steps: on the bundled graphs a
+ * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
+ * kicks 10 M), so this bounds a pathological solve without changing any. */
+#define RKM_SOLVE_WORK 64000000u
 
 
 /* ===========================================================================
@@ -700,6 +705,7 @@ RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 
 /* search.c */
+RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);

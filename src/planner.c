@@ -422,6 +422,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->depth = depth;
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
+    rkm__search_begin(pl); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
@@ -823,6 +824,7 @@ RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
+    rkm__search_begin(pl);
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
@@ -955,6 +957,7 @@ static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t
     for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r; it++) {
         uint64_t mid = lo + (*out - lo) / 2;
         rkm_plan *p = NULL;
+        rkm__search_begin(pl);
         r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
         if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__solve_rockmate: the squeeze stands */
         if (!r && !p) r = rkm__solve_squeezed(pl, mid, &p);
