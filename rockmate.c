@@ -575,6 +575,13 @@ struct rkm_planner {
  * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
  * kicks 10 M), so this bounds a pathological solve without changing any. */
 #define RKM_SOLVE_WORK 64000000u
+/* Probes of the smallest-budget bisections (planner.c, rkm__bisect):
+ * checkmate's (sharing half the time limit), DTR's (cheap: down to a byte
+ * on the bundled graphs) and, on graphs small enough for the whole-graph
+ * ILP, rockmate's below the chain DP's floor. */
+#define RKM_BISECT_CHECKMATE 12
+#define RKM_BISECT_DTR 40
+#define RKM_BISECT_SMALL 8
 
 
 /* ===========================================================================
@@ -8586,74 +8593,68 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-/* Checkmate's smallest budget: bisection on bytes (feasibility is monotone
- * in the budget), 12 probes sharing the time limit. A probe that times out
- * counts as infeasible, so this is the least budget the solver could meet. */
-static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
+/* One bisection serves every smallest-budget search: between lo and *hi
+ * (a budget met), `probes` probes; a probe that finds a plan at budget m
+ * sets *at = m and *hi = m, or the plan's peak when by_peak (where every
+ * budget from a plan's peak on is met too); one that finds none moves lo
+ * above m. Where success is not monotone in the budget (DTR, the search)
+ * this is the least budget the probes met. */
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                              uint64_t *at)
 {
     rkm_result r = RKM_OK;
-    uint64_t lo = pl->lower_bound, hi = pl->base_peak;
-    for (int it = 0; it < 12 && lo < hi && !r; it++) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        rkm_plan *p;
-        r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
-        if (!r && p) hi = p->stats.peak;
+    for (int it = 0; it < probes && lo < *hi && !r; it++) {
+        uint64_t mid = lo + (*hi - lo) / 2;
+        rkm_plan *p = NULL;
+        r = probe(pl, mid, &p);
+        if (!r && p) *hi = by_peak ? p->stats.peak : mid, *at = mid;
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
-    *out = hi;
     return r;
 }
 
-/* DTR's smallest budget: bisection between the lower bound and the baseline
- * peak (which the baseline meets) on the budgets it meets (DTR plans on an
- * allocator of the budget's bytes: a plan's peak can be below the arena it
- * needed). DTR's success is not monotone, so this is the least the
- * bisection found. Kept after the first call. */
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+/* Checkmate: feasibility is monotone in the budget; the probes share the
+ * time limit, and one that times out counts as infeasible, so this is the
+ * least budget the solver could meet. */
+static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    if (pl->dtr_min) {
-        *out = pl->dtr_min;
-        return RKM_OK;
-    }
-    rkm_result r = RKM_OK;
-    uint64_t lo = pl->lower_bound, hi = pl->base_peak, at = pl->base_peak;
-    for (int it = 0; it < 40 && lo < hi && !r; it++) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        rkm_plan *p;
-        r = rkm__dtr_plan(pl, mid, 1, &p);
-        if (!r && p) hi = mid, at = mid;
-        else if (!r) lo = mid + 1;
-        rkm_plan_destroy(p);
-    }
-    if (!r) pl->dtr_min = hi, pl->dtr_min_at = at;
-    *out = hi;
-    return r;
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit / (2 * RKM_BISECT_CHECKMATE), out);
+}
+
+/* DTR plans on an allocator of the budget's bytes: a plan's peak can be
+ * below the arena it needed, so the budget, not the peak, is what is met. */
+static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    return rkm__dtr_plan(pl, budget, 1, out);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
  * reach below the floors of the chain DP, sqrt and DTR (a random DAG of 60
- * ops: 41.5 % where they stop at 42.2 %): a bisection between the lower
- * bound and *out on the whole-graph ILP's plans (at a fifth of a solve's
- * work, which the solve's own search extends) and the squeeze's lowers *out
- * to the least peak met. */
-#define RKM_FLOOR_STEPS 8
-static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t *at)
+ * ops: 41.5 % where they stop at 42.2 %): the whole-graph ILP's plan (at a
+ * fifth of a solve's work, which the solve's own search extends), else the
+ * squeeze's. */
+static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    rkm_result r = RKM_OK;
-    uint64_t lo = pl->lower_bound;
-    for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r; it++) {
-        uint64_t mid = lo + (*out - lo) / 2;
-        rkm_plan *p = NULL;
-        rkm__search_begin(pl);
-        r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
-        if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__solve_rockmate: the squeeze stands */
-        if (!r && !p) r = rkm__solve_squeezed(pl, mid, &p);
-        if (!r && p) *out = p->stats.peak, *at = mid;
-        else if (!r) lo = mid + 1;
-        rkm_plan_destroy(p);
+    rkm__search_begin(pl);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS / 5, out);
+    if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
+    return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
+}
+
+/* DTR's smallest budget, kept after the first call. */
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl->dtr_min) {
+        uint64_t hi = pl->base_peak, at = pl->base_peak;
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at);
+        if (r) return r;
+        pl->dtr_min = hi, pl->dtr_min_at = at;
     }
-    return r;
+    *out = pl->dtr_min;
+    return RKM_OK;
 }
 
 /* The least peak of the plans the planner's algorithm makes (*out), and
@@ -8667,8 +8668,11 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         uint64_t floor;
         int64_t slots;
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
-    } else if (pl->d.algo == RKM_ALGO_CHECKMATE)
-        r = rkm__min_budget_checkmate(pl, out), *at = *out;
+    } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
+        uint64_t ignored;
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored);
+        *at = *out;
+    }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
      * floor too (in place, it can peak below the chain DP's) */
     if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
@@ -8681,7 +8685,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
-        r = rkm__min_budget_small(pl, out, at);
+        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at);
     if (*at < *out) *at = *out;
     return r;
 }

@@ -545,6 +545,13 @@ struct rkm_planner {
  * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
  * kicks 10 M), so this bounds a pathological solve without changing any. */
 #define RKM_SOLVE_WORK 64000000u
+/* Probes of the smallest-budget bisections (planner.c, rkm__bisect):
+ * checkmate's (sharing half the time limit), DTR's (cheap: down to a byte
+ * on the bundled graphs) and, on graphs small enough for the whole-graph
+ * ILP, rockmate's below the chain DP's floor. */
+#define RKM_BISECT_CHECKMATE 12
+#define RKM_BISECT_DTR 40
+#define RKM_BISECT_SMALL 8
 
 
 /* ===========================================================================
