@@ -366,7 +366,7 @@ typedef struct rkm_block_info {
     int32_t input;       /* separator tensor entering the block, -1 for the first */
     int32_t output;      /* separator leaving it; the loss tensor for the last */
     int32_t class_id;    /* blocks with the same class_id have the same structure, sizes and
-                            flags, and op times within 20 %: they share ILP schedules */
+                            flags, and op times within a tolerance: they share ILP schedules */
 } rkm_block_info;
 rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t block, rkm_block_info *out);
 
@@ -555,7 +555,7 @@ typedef struct rkm_solve_desc {
     /* Seconds per ILP solve; 0: 0.03. Enforced as a deterministic amount of
      * solver work calibrated to about that time on a current core, so that
      * plans do not depend on the machine's speed or load; a wall-clock stop
-     * at 20 times it catches only pathological solves. */
+     * far beyond it catches only pathological solves. */
     double ilp_time_limit;
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
     int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 10 */
@@ -631,13 +631,14 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 /* The smallest budget (bytes) the planner meets: the arena of the plan it
  * found there. The first call computes it (the least peak of the
  * algorithm's plans: for checkmate a bisection of solves; for DTR, and
- * for rockmate on graphs of up to 64 ops, a bisection too; then, from
+ * for rockmate on graphs small enough for the whole-graph ILP, a
+ * bisection too; then, from
  * there upwards, the solve itself until a plan's arena fits, and down
  * while one byte under that arena still finds a plan); later calls return
  * the same value. rkm_planner_solve meets it and every budget above it
  * (where its own search finds no plan there, it hands out a copy of this
- * one), and not one byte under it (the descent stops there, or after 16
- * plans). The searches are not monotone in the
+ * one), and not one byte under it (the descent stops there, or after a
+ * few plans). The searches are not monotone in the
  * budget, so a budget further below may still be met: "smallest" is the
  * least this search found, not a proof. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);

@@ -269,7 +269,6 @@ static void rkm__kept_states(const rkm_graph *g, uint8_t *read_by_bwd, uint64_t 
  * cap bytes. Bytes are counted in units of cap / RKM__BOUND_UNITS, each
  * item rounded down, so any set that truly fits fits here: the maximum
  * found is at least the true one. best has RKM__BOUND_UNITS + 1 entries. */
-#define RKM__BOUND_UNITS 4096
 static double rkm__kept_time(const rkm_graph *g, const uint64_t *state, uint64_t cap, double *best)
 {
     uint64_t unit = cap / RKM__BOUND_UNITS + 1;

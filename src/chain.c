@@ -8,8 +8,6 @@
 #define RKM__DP_NONE 0xFFFFu
 #define RKM__DP_MAX_OPT 0x7FFF
 #define RKM__DP_MAX_BLOCKS 0x7FFE
-/* Columns solved together (see rkm__dp_solve). */
-#define RKM__DP_TILE 256
 /* "No m is enough"; far from overflow when a few slot counts are added. */
 #define RKM__DP_INF_SLOTS (INT64_MAX / 4)
 

@@ -417,7 +417,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->score = score;
     d->max_time = max_time;
     d->out.ctx = g->ctx;
-    d->max_steps = 16 * (2 * g->n_ops + g->n_tensors) + 64;
+    d->max_steps = RKM_DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM_DTR_STEPS_MIN;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
     int64_t *mem = rkm__calloc(g->ctx, 2 * nt + 2 * no, sizeof(int64_t));
     if (!mem) return rkm__nomem(g->ctx, "dtr");

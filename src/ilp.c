@@ -124,17 +124,6 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 
 #define RKM__ILP_ONE (-1) /* a variable reference that is the constant 1 */
 
-/* Work budgets, so that results do not depend on the machine's speed: a
- * time limit of 1 s allows lp_solve this many abort-callback calls times
- * model size (columns + rows), and the greedy half this many replayed steps
- * (each about 1 s on a 2020s core); the wall clock at RKM__ILP_WALL_SAFETY
- * times the limit stops a slow machine anyway. */
-#define RKM__ILP_CALLS_PER_S 2.0e7
-#define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
-/* 20: only a pathological solve meets the wall clock, so that a slow,
- * loaded or sanitized build plans the same as any other. */
-#define RKM__ILP_WALL_SAFETY 20.0
-#define RKM__ILP_MAX_COLS 200000 /* beyond, building the model alone takes too long */
 
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {

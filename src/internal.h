@@ -34,6 +34,215 @@
 
 struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
+/* ===========================================================================
+ * Tuning: every constant that the plans or the planning effort depend on,
+ * with the measurement that set it (luaconf.h's way). Figures are from the
+ * bundled graphs (tests/graphs) on the project's 2-core machine. Work is
+ * counted in deterministic units (replayed steps, solver calls), never in
+ * seconds, so that a plan is the same on every machine.
+ * ======================================================================== */
+
+/* ---- rkm_solve_desc's defaults (rockmate.h documents each) ---- */
+
+#define RKM_DEFAULT_SLOTS 1000
+#define RKM_DEFAULT_TIME_LIMIT 60.0
+#define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
+#define RKM_DEFAULT_PEAK_POINTS 5
+#define RKM_DEFAULT_KEPT_POINTS 10
+#define RKM_DEFAULT_NEST_OPS 24
+#define RKM_DEFAULT_ILP_BUDGET 2.0
+#define RKM_MAX_ALIGNMENT ((uint64_t)1 << 30)
+
+/* ---- structure (structure.c) ---- */
+
+/* Relative tolerance for op times within a class of identical blocks. A
+ * class shares its ILP schedules only: every block's option figures come
+ * from replaying the schedule on that block, so the tolerance trades option
+ * quality for fewer solves, never correctness. */
+#define RKM_CLASS_TIME_TOLERANCE 0.20
+/* Blocks of fewer ops are merged into runs of at most this many (see
+ * rkm__structure_detect): runs of 4 take rockmate's smallest budget on
+ * gpt2-124M from 65 % to 49 % and its overhead on gpt2-tiny at 41 % from
+ * 31 % to 20 %; longer runs gain little more for rockmate and cost rotor
+ * more of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
+#define RKM_MERGE_RUN 4
+
+/* ---- block options: the block ILP (ilp.c) and who gets it (planner.c) ---- */
+
+/* Work budgets, so that results do not depend on the machine's speed: a
+ * time limit of 1 s allows lp_solve this many abort-callback calls times
+ * model size (columns + rows), and the greedy half this many replayed steps
+ * (each about 1 s on a 2020s core); the wall clock at RKM__ILP_WALL_SAFETY
+ * times the limit stops a slow machine anyway. */
+#define RKM__ILP_CALLS_PER_S 2.0e7
+#define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
+/* 20: only a pathological solve meets the wall clock, so that a slow,
+ * loaded or sanitized build plans the same as any other. */
+#define RKM__ILP_WALL_SAFETY 20.0
+/* A size limit, not a tuning: beyond, building the model alone takes too
+ * long for the work budgets above to mean anything. */
+#define RKM__ILP_MAX_COLS 200000
+#define RKM__ILP_CACHE 64 /* schedules remembered per block */
+/* Blocks of more ops than this have no block ILP when a nested planner
+ * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
+ * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
+ * or worse. */
+#define RKM_ILP_FLAT_OPS 24
+/* Blocks of more ops than this get no block ILP at all (their options are
+ * the two extremes, and the nested planner's where they nest): every solve
+ * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
+ * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
+ * chain DP's plan with those options stayed at 650 % overhead. DTR, the
+ * squeeze and (up to RKM_WHOLE_GRAPH_OPS) the whole-graph ILP plan such
+ * graphs: without these solves the 100-op DAG plans in 0.06..0.18 s, no
+ * slower at 90..45 % (15.63 -> 14.92 % at 45 %), dag60 in half the time,
+ * 0.1 % slower once (16.51 -> 16.62 % at 50 %). */
+#define RKM_ILP_MAX_OPS 48
+/* A class whose share of the ILP pool is below this many of one solve's
+ * ilp_time_limit gets no ILP options: the share buys no solve but costs the
+ * model's build (a chain of 5000 distinct blocks: 17 s of it). */
+#define RKM_ILP_MIN_SHARE 0.1
+
+/* ---- nesting (nest.c) ---- */
+
+#define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
+#define RKM_NEST_DEPTH 16 /* levels at most */
+#define RKM_NEST_POINTS 8 /* peak budgets of the grid */
+
+/* ---- the chain DP (chain.c, planner.c) ---- */
+
+/* About the most memory the DP's table for n blocks and M slots may take
+ * (rkm__dp_bytes): the planner checks it before anything is allocated, so
+ * that a long chain is refused at once, with the figure, instead of taking
+ * the process down. A size limit, not a tuning. */
+#define RKM_DP_MAX_BYTES (1024.0 * 1024 * 1024)
+/* Slot budgets the chain DP tries above a given one. Sizes round up to
+ * slots one by one, so a plan for m slots may peak well below m slots'
+ * bytes, and one for more slots may still fit them: the floor scans this
+ * many above the smallest feasible budget for the least peak, and a budget
+ * tries this many above its own for a faster plan that fits. */
+#define RKM__SLOTS_UP 16
+/* Columns of the DP's table solved together (rkm__dp_solve): speed only. */
+#define RKM__DP_TILE 256
+
+/* ---- bounds (baseline.c) ---- */
+
+/* The time bound's knapsack counts bytes in 1/this of its capacity (each
+ * item rounded down, so the bound stays a bound): finer is tighter and
+ * slower. */
+#define RKM__BOUND_UNITS 4096
+
+/* ---- DTR (dtr.c) ---- */
+
+/* rockmate's DTR candidates: on graphs of at most this many ops x tensors
+ * (about 6000 ops; gpt2-xl has 485): a DTR run is O(steps x live buffers),
+ * and a chain of 20000 ops takes 9 s a run. */
+#define RKM_DTR_MAX_WORK 4e7
+/* A DTR run stops (no plan) after this many steps per op and tensor: a
+ * thrashing eviction order would otherwise run on. */
+#define RKM_DTR_STEPS_PER_OBJECT 16
+#define RKM_DTR_STEPS_MIN 64
+
+/* ---- the search (search.c): one work budget a solve ---- */
+
+/* The search's work per solve, in replayed steps: on the bundled graphs a
+ * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
+ * kicks 10 M), so this bounds a pathological solve without changing any. */
+#define RKM_SOLVE_WORK 64000000u
+/* The squeeze's share of a solve, and the longest chain of forwards one of
+ * its moves inserts. */
+#define RKM_SQUEEZE_WORK 20000000u
+#define RKM_SQUEEZE_CHAIN 32
+/* Lookahead: the RKM_SQUEEZE_LOOK moves of a round with the best scores are
+ * each applied and pruned (recomputing forwards dropped while the excess
+ * does not grow) and scored again, and the applied move is pruned too: a
+ * move often makes other recomputations redundant, which its own score does
+ * not see (gpt2-tiny at 27.98 %: recomputing h1.res3 from h1.res2 serves
+ * gelu's backward too; 71.7 % overhead without the lookahead, 67.9 % with
+ * it). It costs about that many prunes a round, so a solve's squeezes look
+ * ahead for their first RKM_SQUEEZE_LOOK_WORK of work only (replayed steps:
+ * gpt2-tiny's need 2 M in all; peer-gpt's would take 19 M, 0.25 s more), and
+ * the kicks' squeezes not at all. */
+#define RKM_SQUEEZE_LOOK 4
+#define RKM_SQUEEZE_LOOK_WORK 4000000u
+/* The squeeze's starts: the chain DP's plans for the budget's multiples
+ * 1 + RKM_SQUEEZE_STEP * 2^i, i < RKM_SQUEEZE_STARTS (5 % to 160 % more
+ * memory), then DTR's for the first RKM_SQUEEZE_DTR_STARTS of them: on the
+ * bundled graphs the start that squeezes best lies anywhere from 7 % to 86 %
+ * above the budget, so one start is not enough. */
+#define RKM_SQUEEZE_STARTS 6
+#define RKM_SQUEEZE_STEP 0.05
+#define RKM_SQUEEZE_DTR_STARTS 3
+/* At most RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish):
+ * measured on the bundled graphs, 64 reach what 200 do but on peer-gpt
+ * (27.05 % against 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
+#define RKM_KICK_TRIALS 64
+/* The kicks' squeeze work on graphs too big for the whole-graph ILP, where
+ * a kick's squeeze costs more and the squeeze's whole work took 0.3..0.5 s
+ * on chains of 50-op random-DAG blocks (205 ops): half of it finds most of
+ * what the whole does (40 %: 10.99 % against 10.92 %, 11.40 % unkicked) in
+ * 0.1..0.2 s. Graphs of more than RKM_KICK_MAX_OPS get no kicks: on gpt2-xl
+ * (485 ops) they found nothing at 90..25 % and cost 0.1..0.2 s a solve. */
+#define RKM_KICK_WORK_LARGE (RKM_SQUEEZE_WORK / 2)
+#define RKM_KICK_MAX_OPS 256
+/* Rungs: the budget's fractions that the search also squeezes and kicks at
+ * (on graphs small enough for the whole-graph ILP), each plan then polished
+ * at the budget itself: on mlp16, rockmate's plan costs 37.86 % at 36.85 %
+ * to 38 % of the baseline peak but 40.56 % at 39 % to 42 %, and squeezing
+ * and kicking at 96 % or 90 % of those budgets finds the 37.86 % plan. */
+#define RKM_RUNGS 2
+#define RKM_RUNG_FRACTIONS {0.96, 0.90}
+/* Kicks a rung: 32 keep mlp16's 37.86 % at 37..42 % (16 lose it at 39, 41
+ * and 42 %) and take peer-gpt's planning at 25 % from 1.00..1.03 s to
+ * 0.90..0.95 s here, against 64. */
+#define RKM_RUNG_KICK_TRIALS 32
+/* Graphs this small also get the whole-graph ILP inside rockmate, for this
+ * long a solve (its deterministic work limit): measured on the bundled
+ * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
+ * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
+#define RKM_WHOLE_GRAPH_OPS 64
+#define RKM_WHOLE_GRAPH_SECONDS 0.5
+/* checkmate's share of time_limit for one solve (the rest is left to its
+ * smallest-budget bisection). */
+#define RKM_CHECKMATE_SHARE 0.5
+
+/* ---- the smallest budget (planner.c) ---- */
+
+/* Probes of the bisections (rkm__bisect): checkmate's (sharing
+ * RKM_CHECKMATE_SHARE of the time limit), DTR's (cheap: down to a byte on
+ * the bundled graphs) and, on graphs small enough for the whole-graph ILP,
+ * rockmate's below the chain DP's floor, whose ILP gets a fifth of a
+ * solve's (the solve's own search extends it). */
+#define RKM_BISECT_CHECKMATE 12
+#define RKM_BISECT_DTR 40
+#define RKM_BISECT_SMALL 8
+#define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
+/* From the least peak up to a plan that fits its arena: steps of 1/this of
+ * the way to the baseline peak, doubling, RKM_MIN_BUDGET_UP tries before
+ * the baseline itself; then down, while one byte under the plan's arena
+ * still plans, RKM_MIN_BUDGET_DOWN plans at most. */
+#define RKM_MIN_BUDGET_STEPS 256
+#define RKM_MIN_BUDGET_UP (2 * RKM_LAYOUT_TRIES)
+#define RKM_MIN_BUDGET_DOWN (4 * RKM_LAYOUT_TRIES)
+
+/* ---- the arena (layout.c, planner.c) ---- */
+
+/* Plans for a budget whose arena is over it: planned again for that much
+ * less, this many times at most (the first arena misses the aligned peak on
+ * about one plan in ten, and the next fits). */
+#define RKM_LAYOUT_TRIES 4
+/* Work of the stages after the skyline, per layout: 10 M units is at most
+ * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
+ * rockmate (every bundled graph at 90..30 % and its smallest budget; the
+ * skyline alone: 48 at the bound), 2 M units brought 67 to the bound, 10 M
+ * 78, 20 M 79. */
+#define RKM_LAYOUT_WORK 10000000u
+#define RKM_LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
+/* First fit's own work: it is what makes a DTR plan fit (DTR spent as much
+ * placing its buffers), so it runs apart from the stages' shared work; 200
+ * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
+#define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
+
 /* ---- base.c ---- */
 
 #define RKM_ERRMSG_SIZE 512
@@ -242,7 +451,6 @@ typedef struct rkm__ilp_block rkm__ilp_block;
 
 
 #ifndef RKM_OMIT_SOLVER
-#define RKM__ILP_CACHE 64 /* schedules remembered per block */
 enum { RKM__ILP_NODE_FWD, RKM__ILP_NODE_BWD, RKM__ILP_NODE_LOSS };
 
 typedef struct rkm__ilp_node {
@@ -476,13 +684,6 @@ typedef struct rkm__dp_table {
     uint32_t *term_n;
 } rkm__dp_table;
 
-/* About the most memory the DP's table for n blocks and M slots takes: its
- * rows (n^2/2 x M), and its candidate terms (every option and every
- * checkpoint position of every pair: n^3/6, twice over for the growth of
- * their array). The planner checks it against RKM_DP_MAX_BYTES before
- * anything is allocated, so that a long chain is refused at once, with the
- * figure, instead of taking the process down. */
-#define RKM_DP_MAX_BYTES (1024.0 * 1024 * 1024)
 
 /* ---- dtr.c ---- */
 
@@ -535,23 +736,6 @@ struct rkm_planner {
 
 /* ---- search.c ---- */
 
-/* Graphs this small also get the whole-graph ILP inside rockmate, for this
- * long a solve (its deterministic work limit): measured on the bundled
- * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
- * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
-#define RKM_WHOLE_GRAPH_OPS 64
-#define RKM_WHOLE_GRAPH_SECONDS 0.5
-/* The search's work per solve, in replayed steps: on the bundled graphs a
- * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
- * kicks 10 M), so this bounds a pathological solve without changing any. */
-#define RKM_SOLVE_WORK 64000000u
-/* Probes of the smallest-budget bisections (planner.c, rkm__bisect):
- * checkmate's (sharing half the time limit), DTR's (cheap: down to a byte
- * on the bundled graphs) and, on graphs small enough for the whole-graph
- * ILP, rockmate's below the chain DP's floor. */
-#define RKM_BISECT_CHECKMATE 12
-#define RKM_BISECT_DTR 40
-#define RKM_BISECT_SMALL 8
 
 
 /* ===========================================================================

@@ -31,17 +31,6 @@
  *    (bench_layout; 10x the work moves a few plans, at 10x the time).
  * ------------------------------------------------------------------------- */
 
-/* Work of the stages after the skyline, per layout: 10 M units is at most
- * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
- * rockmate (every bundled graph at 90..30 % and its smallest budget; the
- * skyline alone: 48 at the bound), 2 M units brought 67 to the bound, 10 M
- * 78, 20 M 79. */
-#define RKM_LAYOUT_WORK 10000000u
-#define RKM_LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
-/* First fit's own work: it is what makes a DTR plan fit (DTR spent as much
- * placing its buffers), so it runs apart from the stages' shared work; 200
- * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
-#define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
 
 /* A placement problem, in units of the alignment. Items are the buffers to
  * place; their lifetimes are section ranges [s0, s1) of a time axis

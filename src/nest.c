@@ -16,9 +16,6 @@
  * offered to the block like the ILP's, and the replay decides as always.
  * Budgets are the same bytes at both levels: the nested graph's inputs
  * are exactly what is live all the time in the block's own replay. */
-#define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
-#define RKM_NEST_DEPTH 16 /* levels at most */
-#define RKM_NEST_POINTS 8 /* peak budgets of the grid */
 
 /* Op `op` of g added to h, its tensors renamed by `to` (g's id -> h's);
  * the outputs become h's tensors (their names are their ids in g, so none

@@ -3,18 +3,6 @@
  * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
 #include "internal.h"
 
-#define RKM_DEFAULT_SLOTS 1000
-#define RKM_DEFAULT_TIME_LIMIT 60.0
-#define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
-#define RKM_DEFAULT_PEAK_POINTS 5
-#define RKM_DEFAULT_KEPT_POINTS 10
-#define RKM_DEFAULT_NEST_OPS 24
-#define RKM_DEFAULT_ILP_BUDGET 2.0
-#define RKM_MAX_ALIGNMENT ((uint64_t)1 << 30)
-/* Plans for a budget whose arena is over it: planned again for that much
- * less, this many times at most (the first arena misses the aligned peak on
- * about one plan in ten, and the next fits). */
-#define RKM_LAYOUT_TRIES 4
 
 /* The planner's figures so far, ILP counters included. */
 static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
@@ -161,25 +149,6 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
     return RKM_OK;
 }
 
-/* Blocks of more ops than this have no block ILP when a nested planner
- * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
- * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
- * or worse. */
-#define RKM_ILP_FLAT_OPS 24
-/* Blocks of more ops than this get no block ILP at all (their options are
- * the two extremes, and the nested planner's where they nest): every solve
- * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
- * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
- * chain DP's plan with those options stayed at 650 % overhead. DTR, the
- * squeeze and (up to 64 ops) the whole-graph ILP plan such graphs: without
- * these solves the 100-op DAG plans in 0.06..0.18 s, no slower at 90..45 %
- * (15.63 -> 14.92 % at 45 %), dag60 in half the time, 0.1 % slower once
- * (16.51 -> 16.62 % at 50 %). */
-#define RKM_ILP_MAX_OPS 48
-#define RKM_ILP_MIN_SHARE 0.1
-/* rockmate's DTR candidates: on graphs of at most this many ops x tensors
- * (about 6000 ops; gpt2-xl has 485) */
-#define RKM_DTR_MAX_WORK 4e7
 
 /* A class's claim on the block ILP budget: its blocks' forward time (what
  * recomputing can cost, so what a better option can save) times its ops
@@ -633,12 +602,6 @@ RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t
     return r;
 }
 
-/* Slot budgets the chain DP tries above a given one. Sizes round up to
- * slots one by one, so a plan for m slots may peak well below m slots'
- * bytes, and one for more slots may still fit them: the floor scans this
- * many above the smallest feasible budget for the least peak, and a budget
- * tries this many above its own for a faster plan that fits. */
-#define RKM__SLOTS_UP 16
 
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
@@ -836,7 +799,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
     /* One solve's work is worth about its limit (on a slow machine it may
      * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit / 2, out);
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE, out);
     return RKM_OK;
 }
 
@@ -856,10 +819,10 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t m, at;
     rkm_plan *p = NULL;
     rkm_result r = rkm__min_budget(pl, &m, &at);
-    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / 256 : 0;
+    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
-        if (k == 2 * RKM_LAYOUT_TRIES) { /* the baseline, laid out, fits its own arena */
+        if (k == RKM_MIN_BUDGET_UP) { /* the baseline, laid out, fits its own arena */
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
@@ -869,7 +832,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         }
     }
     /* then down: a budget just under that arena may find another plan */
-    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES && p->stats.arena_bytes; k++) {
+    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes; k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -926,7 +889,7 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
  * least budget the solver could meet. */
 static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    return rkm__solve_checkmate(pl, budget, pl->d.time_limit / (2 * RKM_BISECT_CHECKMATE), out);
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
 }
 
 /* DTR plans on an allocator of the budget's bytes: a plan's peak can be
@@ -944,7 +907,7 @@ static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **ou
 static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm__search_begin(pl);
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS / 5, out);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_BISECT_SMALL_SECONDS, out);
     if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }

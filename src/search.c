@@ -276,20 +276,6 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
  * the search stops when the plan fits, when no move lowers the excess, or
  * when the work (replayed steps, not seconds) runs out. The caller polishes
  * what fits: the greedy moves leave recomputations that polish drops. */
-#define RKM_SQUEEZE_CHAIN 32
-#define RKM_SQUEEZE_WORK 20000000u
-/* Lookahead: the RKM_SQUEEZE_LOOK moves of a round with the best scores are
- * each applied and pruned (recomputing forwards dropped while the excess
- * does not grow) and scored again, and the applied move is pruned too: a
- * move often makes other recomputations redundant, which its own score does
- * not see (gpt2-tiny at 27.98 %: recomputing h1.res3 from h1.res2 serves
- * gelu's backward too; 71.7 % overhead without the lookahead, 67.9 % with
- * it). It costs about that many prunes a round, so a solve's squeezes look
- * ahead for their first RKM_SQUEEZE_LOOK_WORK of work only (replayed steps:
- * gpt2-tiny's need 2 M in all; peer-gpt's would take 19 M, 0.25 s more), and
- * the kicks' squeezes not at all. */
-#define RKM_SQUEEZE_LOOK 4
-#define RKM_SQUEEZE_LOOK_WORK 4000000u
 
 typedef struct rkm__squeeze {
     rkm__polish w;
@@ -650,9 +636,6 @@ static rkm_result rkm__squeeze_metered(rkm_planner *pl, const rkm_plan *p, uint6
  * memory), and below the DP's floor from the floor's plan: on the bundled
  * graphs the start that squeezes best lies anywhere from 7 % to 86 % above
  * the budget, so one start is not enough. */
-#define RKM_SQUEEZE_STARTS 6
-#define RKM_SQUEEZE_STEP 0.05
-#define RKM_SQUEEZE_DTR_STARTS 3
 
 /* The chain DP's plan for start i of the squeeze at `budget` (-1: the
  * floor's, when the budget is below it), or NULL. */
@@ -712,15 +695,6 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
  * RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish): measured on
  * the bundled graphs, 64 reach what 200 do but on peer-gpt (27.05 % against
  * 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
-#define RKM_KICK_TRIALS 64
-/* The kicks' squeeze work on graphs too big for the whole-graph ILP, where
- * a kick's squeeze costs more and the squeeze's whole work took 0.3..0.5 s
- * on chains of 50-op random-DAG blocks (205 ops): half of it finds most of
- * what the whole does (40 %: 10.99 % against 10.92 %, 11.40 % unkicked) in
- * 0.1..0.2 s. Graphs of more than RKM_KICK_MAX_OPS get no kicks: on gpt2-xl
- * (485 ops) they found nothing at 90..25 % and cost 0.1..0.2 s a solve. */
-#define RKM_KICK_WORK_LARGE (RKM_SQUEEZE_WORK / 2)
-#define RKM_KICK_MAX_OPS 256
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
 {
     if (g->n_ops > RKM_KICK_MAX_OPS) return 0;
@@ -799,12 +773,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
  * finds the 37.86 % plan again. So on graphs small enough for the kicks,
  * where the budget has a plan, these rungs below it are tried too, each
  * then polished at the budget itself. */
-#define RKM_RUNGS 2
-static const double rkm__rungs[RKM_RUNGS] = {0.96, 0.90};
-/* Kicks a rung: 32 keep mlp16's 37.86 % at 37..42 % (16 lose it at 39, 41
- * and 42 %) and take peer-gpt's planning at 25 % from 1.00..1.03 s to
- * 0.90..0.95 s here, against 64. */
-#define RKM_RUNG_KICK_TRIALS 32
+static const double rkm__rungs[RKM_RUNGS] = RKM_RUNG_FRACTIONS;
 
 /* The squeeze's plan for `target`, kicked there, then polished within
  * `budget` (>= target), or *out NULL. */

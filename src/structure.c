@@ -3,12 +3,6 @@
  * Uses (through internal.h): base.c, graph.c. */
 #include "internal.h"
 
-/* Relative tolerance for op times within a class of identical blocks. A
- * class shares its ILP schedules only: every block's option figures come
- * from replaying the schedule on that block, so the tolerance trades option
- * quality for fewer solves, never correctness. */
-#define RKM_CLASS_TIME_TOLERANCE 0.20
-
 /* Separators are the tensors that dominate the loss in the graph that
  * runs from a virtual source to the first ops (those that read only input
  * tensors, which are live all the time), from each op to its outputs and
@@ -215,7 +209,6 @@ static rkm_result rkm__classes(rkm_graph *g)
  * 49 % and its overhead on gpt2-tiny at 41 % from 31 % to 20 %; longer runs
  * gain little more for rockmate and cost rotor (two options a block) more
  * of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
-#define RKM_MERGE_RUN 4
 RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
 {
     rkm__graph_free_blocks(g);
