@@ -31,6 +31,11 @@
  *   rkm_context_errmsg(). A failed call leaves its output pointer NULL and
  *   nothing half-built. RKM_ERROR_INTERNAL is a bug in the library, never a
  *   consequence of the input; please report it with the message.
+ * - No call crashes on a NULL pointer: one given a NULL object returns
+ *   RKM_ERROR_ARGUMENT (a function without a result does nothing, a query
+ *   answers 0, -1, NULL or RKM_ARENA_NONE, a stats call zeroes its output);
+ *   a NULL output or input beside a valid object is RKM_ERROR_ARGUMENT with
+ *   a message.
  * - Every allocation goes through the context's allocator (Lua style: one
  *   function, user data, the old size on realloc and free).
  * - The library never aborts and never prints; messages go to the optional
@@ -824,7 +829,8 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  *
  * Errors: messages go to the graph's context (for an exec) or the one given
  * to rkm_arena_create; a call given a NULL object returns
- * RKM_ERROR_ARGUMENT without a message. RKM_ERROR_INTERNAL is a bug (the
+ * RKM_ERROR_ARGUMENT without a message (rkm_arena_stats_get and
+ * rkm_arena_exec_arena_stats zero *out, reset_peak and clear do nothing). RKM_ERROR_INTERNAL is a bug (the
  * bookkeeping disagrees with the plan). */
 
 #define RKM_ARENA_ALIGN 256u
