@@ -4489,7 +4489,7 @@ static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__b
 static uint64_t rkm__block_sig(const rkm_graph *g, const rkm__block *b)
 {
     uint64_t h = 14695981039346656037ull;
-#define RKM__MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+#define RKM__MIX(v) (h = (h ^ (uint64_t)(v)) * UINT64_C(1099511628211))
     RKM__MIX(b->n_ops);
     RKM__MIX(b->in < 0 ? 0 : g->tensors[b->in].bytes + 1);
     RKM__MIX(b->out == g->loss);
@@ -4949,11 +4949,32 @@ RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
 
 #else /* !RKM_OMIT_SOLVER */
 
+/* Without lp_solve's header, say what to do rather than only that a file
+ * is missing (where the compiler can tell: __has_include, gcc 5, clang). */
+#if defined(__has_include)
+#if !__has_include(<lpsolve/lp_lib.h>)
+#error "rockmate: <lpsolve/lp_lib.h> not found. Install lp_solve (Debian, Ubuntu: apt-get install liblpsolve55-dev libsuitesparse-dev) or build without the solver: cc -DRKM_OMIT_SOLVER -c rockmate.c (see rockmate.h, COMPILE-TIME SWITCHES)"
+#endif
+#endif
 #include <lpsolve/lp_lib.h>
 
 /* ---- the one lock around lp_solve ---------------------------------------- */
 
-#if !defined(__STDC_NO_THREADS__)
+/* C11 threads where the C library has them; pthreads where it says it has
+ * none (__STDC_NO_THREADS__), where <threads.h> is missing although the
+ * macro is not defined (macOS: __has_include tells), or on request
+ * (RKM_USE_PTHREADS). */
+#if !defined(RKM_USE_PTHREADS) && !defined(__STDC_NO_THREADS__)
+#if defined(__has_include)
+#if __has_include(<threads.h>)
+#define RKM__C11_THREADS 1
+#endif
+#else
+#define RKM__C11_THREADS 1
+#endif
+#endif
+
+#ifdef RKM__C11_THREADS
 #include <threads.h>
 static mtx_t rkm__ilp_mtx;
 static once_flag rkm__ilp_once = ONCE_FLAG_INIT;
@@ -6696,11 +6717,10 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     int64_t in = bl[i].in_sz, out = rkm__dp_out(bl, n, i), peak, mem;
     double t;
     switch (op->kind) {
-    case RKM__DP_FWD_OPT:
-        if (k < 0 || k >= bl[i].n_opt) return "option out of range";
-        /* fall through */
+    case RKM__DP_FWD_OPT: /* one case, no fallthrough: clang's -Wimplicit-fallthrough */
     case RKM__DP_FWD_NOSAVE: {
         int save = op->kind == RKM__DP_FWD_OPT;
+        if (save && (k < 0 || k >= bl[i].n_opt)) return "option out of range";
         if (!rkm__dp_fwd_ok(s, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
         peak = s->mem - in + (save ? rkm__dp_pf(bl, n, i, k) : rkm__dp_pfn(bl, n, i));
         mem = s->mem + out + (save ? bl[i].opt[k].kept : 0);

@@ -124,6 +124,16 @@
  *                    sqrt and none still plan, and RKM_ALGO_DEFAULT (a zeroed
  *                    solve desc) means rotor; loading, checking and executing
  *                    plans is unaffected. No LGPL code is linked.
+ *
+ *   RKM_USE_PTHREADS use pthreads for the one lock around lp_solve. By
+ *                    default the lock is C11's <threads.h> where the C
+ *                    library has it, and pthreads where it does not: where
+ *                    __STDC_NO_THREADS__ is defined, or where the compiler
+ *                    has __has_include (gcc 5, clang) and finds no
+ *                    <threads.h> (macOS). Either way link with -pthread.
+ *                    Without RKM_OMIT_SOLVER and without lp_solve's header,
+ *                    such a compiler stops with an #error that says what to
+ *                    install (Debian: liblpsolve55-dev libsuitesparse-dev).
  */
 #ifndef ROCKMATE_H
 #define ROCKMATE_H
