@@ -4668,7 +4668,7 @@ static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__b
 static uint64_t rkm__block_sig(const rkm_graph *g, const rkm__block *b)
 {
     uint64_t h = 14695981039346656037ull;
-#define RKM__MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+#define RKM__MIX(v) (h = (h ^ (uint64_t)(v)) * UINT64_C(1099511628211))
     RKM__MIX(b->n_ops);
     RKM__MIX(b->in < 0 ? 0 : g->tensors[b->in].bytes + 1);
     RKM__MIX(b->out == g->loss);
@@ -5127,11 +5127,32 @@ RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
 
 #else /* !RKM_OMIT_SOLVER */
 
+/* Without lp_solve's header, say what to do rather than only that a file
+ * is missing (where the compiler can tell: __has_include, gcc 5, clang). */
+#if defined(__has_include)
+#if !__has_include(<lpsolve/lp_lib.h>)
+#error "rockmate: <lpsolve/lp_lib.h> not found. Install lp_solve (Debian, Ubuntu: apt-get install liblpsolve55-dev libsuitesparse-dev) or build without the solver: cc -DRKM_OMIT_SOLVER -c rockmate.c (see rockmate.h, COMPILE-TIME SWITCHES)"
+#endif
+#endif
 #include <lpsolve/lp_lib.h>
 
 /* ---- the one lock around lp_solve ---------------------------------------- */
 
-#if !defined(__STDC_NO_THREADS__)
+/* C11 threads where the C library has them; pthreads where it says it has
+ * none (__STDC_NO_THREADS__), where <threads.h> is missing although the
+ * macro is not defined (macOS: __has_include tells), or on request
+ * (RKM_USE_PTHREADS). */
+#if !defined(RKM_USE_PTHREADS) && !defined(__STDC_NO_THREADS__)
+#if defined(__has_include)
+#if __has_include(<threads.h>)
+#define RKM__C11_THREADS 1
+#endif
+#else
+#define RKM__C11_THREADS 1
+#endif
+#endif
+
+#ifdef RKM__C11_THREADS
 #include <threads.h>
 static mtx_t rkm__ilp_mtx;
 static once_flag rkm__ilp_once = ONCE_FLAG_INIT;
@@ -6861,11 +6882,10 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     int64_t in = bl[i].in_sz, out = rkm__dp_out(bl, n, i), peak, mem;
     double t;
     switch (op->kind) {
-    case RKM__DP_FWD_OPT:
-        if (k < 0 || k >= bl[i].n_opt) return "option out of range";
-        /* fall through */
+    case RKM__DP_FWD_OPT: /* one case, no fallthrough: clang's -Wimplicit-fallthrough */
     case RKM__DP_FWD_NOSAVE: {
         int save = op->kind == RKM__DP_FWD_OPT;
+        if (save && (k < 0 || k >= bl[i].n_opt)) return "option out of range";
         if (!rkm__dp_fwd_ok(s, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
         peak = s->mem - in + (save ? rkm__dp_pf(bl, n, i, k) : rkm__dp_pfn(bl, n, i));
         mem = s->mem + out + (save ? bl[i].opt[k].kept : 0);
@@ -8807,8 +8827,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
 
 rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
+    if (out) *out = NULL;
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
     double t = rkm__now();
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
@@ -10199,9 +10219,9 @@ static uint64_t rkm__arena_aligned(const rkm_arena *a, uint64_t bytes)
 
 rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_blocks, rkm_arena **out)
 {
+    if (out) *out = NULL;
     if (!ctx) return RKM_ERROR_ARGUMENT;
     if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_create: out is NULL");
-    *out = NULL;
     if (max_blocks == 0 || max_blocks == UINT32_MAX)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_create: max_blocks %lu is not in 1..%lu",
                                 (unsigned long)max_blocks, (unsigned long)UINT32_MAX - 1);
@@ -10235,6 +10255,7 @@ void rkm_arena_destroy(rkm_arena *a)
 
 void rkm_arena_clear(rkm_arena *a)
 {
+    if (!a) return;
     a->n_used = 0;
     a->current = 0;
     a->n_free = a->capacity > 0;
@@ -10392,8 +10413,14 @@ rkm_result rkm_arena_free(rkm_arena *a, uint64_t offset)
     return RKM_OK;
 }
 
+/* A NULL arena reads as an empty one: the call has no result to fail with. */
 void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out)
 {
+    if (!out) return;
+    if (!a) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
     out->capacity = a->capacity;
     out->current = a->current;
     out->peak = a->peak;
@@ -10401,7 +10428,10 @@ void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out)
     out->blocks = a->n_used;
 }
 
-void rkm_arena_reset_peak(rkm_arena *a) { a->peak = a->current; }
+void rkm_arena_reset_peak(rkm_arena *a)
+{
+    if (a) a->peak = a->current;
+}
 
 /* --- Running a plan with buffers carved from an arena ---------------------- */
 
@@ -11056,7 +11086,10 @@ void rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *f
     if (bwd_ws) *bwd_ws = ok ? x->bwd_ws[op] : 0;
 }
 
-void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out) { rkm_arena_stats_get(x->arena, out); }
+void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out)
+{
+    rkm_arena_stats_get(x ? x->arena : NULL, out);
+}
 
 rkm_result rkm_arena_layout(const rkm_plan *plan, rkm_arena_layout_info *out)
 {

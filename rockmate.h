@@ -31,8 +31,18 @@
  *   rkm_context_errmsg(). A failed call leaves its output pointer NULL and
  *   nothing half-built. RKM_ERROR_INTERNAL is a bug in the library, never a
  *   consequence of the input; please report it with the message.
- * - Every allocation goes through the context's allocator (Lua style: one
- *   function, user data, the old size on realloc and free).
+ * - No call crashes on a NULL pointer: one given a NULL object returns
+ *   RKM_ERROR_ARGUMENT (a function without a result does nothing, a query
+ *   answers 0, -1, NULL or RKM_ARENA_NONE, a stats call zeroes its output);
+ *   a NULL output or input beside a valid object is RKM_ERROR_ARGUMENT with
+ *   a message.
+ * - Every allocation of the library's own goes through the context's
+ *   allocator (Lua style: one function, user data, the old size on realloc
+ *   and free). lp_solve's do not: it calls malloc and free itself. So the
+ *   allocator sees everything in a RKM_OMIT_SOLVER build, and in a build
+ *   with lp_solve in every call but planning with RKM_ALGO_ROCKMATE (block
+ *   and whole-graph ILPs) or RKM_ALGO_CHECKMATE (the whole-graph ILP), and
+ *   so RKM_ALGO_DEFAULT, which is rockmate there.
  * - The library never aborts and never prints; messages go to the optional
  *   logger.
  * - Objects have one owner and one destroy function. A graph must outlive the
@@ -119,6 +129,16 @@
  *                    sqrt and none still plan, and RKM_ALGO_DEFAULT (a zeroed
  *                    solve desc) means rotor; loading, checking and executing
  *                    plans is unaffected. No LGPL code is linked.
+ *
+ *   RKM_USE_PTHREADS use pthreads for the one lock around lp_solve. By
+ *                    default the lock is C11's <threads.h> where the C
+ *                    library has it, and pthreads where it does not: where
+ *                    __STDC_NO_THREADS__ is defined, or where the compiler
+ *                    has __has_include (gcc 5, clang) and finds no
+ *                    <threads.h> (macOS). Either way link with -pthread.
+ *                    Without RKM_OMIT_SOLVER and without lp_solve's header,
+ *                    such a compiler stops with an #error that says what to
+ *                    install (Debian: liblpsolve55-dev libsuitesparse-dev).
  */
 #ifndef ROCKMATE_H
 #define ROCKMATE_H
@@ -173,7 +193,8 @@ const char *rkm_result_string(rkm_result r);
 
 typedef struct rkm_context rkm_context;
 
-/* One allocator for everything, as in Lua: new_size == 0 frees `ptr` (whose
+/* One allocator for everything the library allocates (not lp_solve: see
+ * CONVENTIONS), as in Lua: new_size == 0 frees `ptr` (whose
  * size was old_size) and returns NULL; otherwise it returns a block of
  * new_size bytes holding the first min(old, new) bytes of `ptr` (ptr may be
  * NULL, then old_size is 0), or NULL on failure, leaving ptr untouched. */
@@ -547,7 +568,8 @@ const char *rkm_algo_name(rkm_algo algo); /* "default", "rockmate", ... */
 rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out);
 
 /* Zero means default for every field; negative, NaN or infinite values are
- * refused (RKM_ERROR_ARGUMENT naming the field). */
+ * refused (RKM_ERROR_ARGUMENT naming the field), but for nest_ops, where
+ * any negative value means never. */
 typedef struct rkm_solve_desc {
     rkm_algo algo;
     int32_t slots;           /* DP memory slots over the baseline peak; 0: 1000 */
@@ -587,7 +609,10 @@ typedef struct rkm_solve_desc {
 typedef struct rkm_plan_stats {
     rkm_algo algo;          /* the planner's algorithm; RKM_ALGO_NONE for a plan not
                                made by a planner (baseline, read, hand-built) */
-    uint64_t budget;        /* the budget it was planned for; 0 if none */
+    uint64_t budget;        /* the budget it was planned for (a planner's plan); for
+                               rkm_plan_baseline's plan its peak (the least budget it
+                               meets in exact bytes: its arena may be above it); 0 for
+                               a read or hand-built plan */
     uint64_t peak;          /* the simulator's peak */
     int64_t peak_step;      /* the first step that reaches it */
     double time;            /* the simulator's time */
@@ -765,7 +790,26 @@ typedef struct rkm_callbacks {
     int (*free_grad)(void *user, const rkm_buffer_call *call);
 } rkm_callbacks;
 
-/* Walk the plan (valid: every plan is). Never allocates. */
+/* Walk the plan (valid: every plan is). Never allocates.
+ *
+ * After a failure (a callback returned non-zero at step s, the `step` of
+ * its call) nothing more is called: the buffers the host allocated in the
+ * steps before s and was not told to free are still its own, and so is
+ * what the failed call did. Those are the plan's buffers with
+ * first_step < s <= last_step (rkm_plan_layout; the inputs, first_step -1,
+ * are the host's anyway). A host that keeps a pointer per tensor, gradient
+ * and saved state, NULL when free, can instead free every non-NULL one.
+ *
+ *     rkm_buffer *b = malloc(rkm_plan_num_buffers(p) * sizeof *b);
+ *     uint64_t arena;
+ *     if (b && rkm_plan_layout(p, 0, b, &arena) == RKM_OK)
+ *         for (size_t i = 0; i < rkm_plan_num_buffers(p); i++)
+ *             if (b[i].first_step >= 0 && b[i].first_step < s && b[i].last_step >= s)
+ *                 my_release(b[i].kind, b[i].index);   // tensor, phantom or gradient
+ *     free(b);
+ *
+ * rkm_arena_exec_run does this itself: a failed run releases every buffer
+ * but the inputs. */
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
 
 /* ---------------------------------------------------------------------------
@@ -823,9 +867,33 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  *     rkm_arena_exec_run(x, plan);   // callbacks: rkm_arena_ptr(base, rkm_arena_exec_tensor(x, t))
  *     rkm_arena_exec_destroy(x);
  *
+ * The host's callbacks in an exec allocate and free nothing: each buffer a
+ * step makes (grad(loss) included) is carved before the host's callback
+ * and found with rkm_arena_exec_tensor/grad/saved; a free step releases it
+ * after the host's free callback, which is still called (so that a device
+ * host may order its stream). Callbacks written for rkm_plan_execute that
+ * malloc and free each buffer must not be reused as they are: set the free
+ * callbacks NULL or make them no-ops, or they free the arena's memory.
+ * And the exec is made after its callbacks: their `user` must lead to the
+ * exec (and the region) once rkm_arena_exec_create* returns, as in
+ *
+ *     typedef struct { rkm_arena_exec *x; char *base; } my_host;
+ *     static int my_fwd(void *user, const rkm_fwd_call *c)
+ *     {
+ *         my_host *h = user;
+ *         float *y = rkm_arena_ptr(h->base, rkm_arena_exec_tensor(h->x, c->out[0]));
+ *         ...
+ *     }
+ *     my_host h = {0};
+ *     rkm_callbacks cb = {&h, my_fwd, my_bwd, my_loss, NULL, NULL, NULL};  // no frees
+ *     rkm_arena_exec_desc d = {.graph = g, .host = &cb, .allocate = 1};
+ *     if (rkm_arena_exec_create_layout(&d, plan, &h.x) == RKM_OK)
+ *         h.base = rkm_arena_exec_base(h.x);                // before the first run
+ *
  * Errors: messages go to the graph's context (for an exec) or the one given
  * to rkm_arena_create; a call given a NULL object returns
- * RKM_ERROR_ARGUMENT without a message. RKM_ERROR_INTERNAL is a bug (the
+ * RKM_ERROR_ARGUMENT without a message (rkm_arena_stats_get and
+ * rkm_arena_exec_arena_stats zero *out, reset_peak and clear do nothing). RKM_ERROR_INTERNAL is a bug (the
  * bookkeeping disagrees with the plan). */
 
 #define RKM_ARENA_ALIGN 256u

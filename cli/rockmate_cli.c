@@ -193,8 +193,14 @@ static int cli_parse_algo_list(rkm_context *ctx, cli_opts *o, const char *list, 
         if (n == 0 || n >= sizeof name) return cli_usage_error(cmd, "bad --algo list '%s'", list);
         memcpy(name, p, n);
         name[n] = 0;
-        if (rkm_algo_from_name(ctx, name, &a) != RKM_OK || a == RKM_ALGO_DEFAULT)
-            return cli_usage_error(cmd, "unknown algorithm '%s' (rockmate, rotor, sqrt, checkmate, none)", name);
+        if (rkm_algo_from_name(ctx, name, &a) != RKM_OK || a == RKM_ALGO_DEFAULT) {
+            /* The names from the library, so that the list cannot drift. */
+            char names[128] = "";
+            for (int k = CLI_FIRST_ALGO; k < RKM_ALGO_COUNT; k++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k > CLI_FIRST_ALGO ? ", " : "",
+                         rkm_algo_name((rkm_algo)k));
+            return cli_usage_error(cmd, "unknown algorithm '%s' (%s)", name, names);
+        }
         for (int k = 0; k < o->n_algos; k++)
             if (o->algos[k] == a) return cli_usage_error(cmd, "algorithm '%s' is listed twice", name);
         if (o->n_algos == RKM_ALGO_COUNT) return cli_usage_error(cmd, "bad --algo list '%s'", list);

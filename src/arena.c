@@ -36,9 +36,9 @@ static uint64_t rkm__arena_aligned(const rkm_arena *a, uint64_t bytes)
 
 rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_blocks, rkm_arena **out)
 {
+    if (out) *out = NULL;
     if (!ctx) return RKM_ERROR_ARGUMENT;
     if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_create: out is NULL");
-    *out = NULL;
     if (max_blocks == 0 || max_blocks == UINT32_MAX)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_create: max_blocks %lu is not in 1..%lu",
                                 (unsigned long)max_blocks, (unsigned long)UINT32_MAX - 1);
@@ -72,6 +72,7 @@ void rkm_arena_destroy(rkm_arena *a)
 
 void rkm_arena_clear(rkm_arena *a)
 {
+    if (!a) return;
     a->n_used = 0;
     a->current = 0;
     a->n_free = a->capacity > 0;
@@ -229,8 +230,14 @@ rkm_result rkm_arena_free(rkm_arena *a, uint64_t offset)
     return RKM_OK;
 }
 
+/* A NULL arena reads as an empty one: the call has no result to fail with. */
 void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out)
 {
+    if (!out) return;
+    if (!a) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
     out->capacity = a->capacity;
     out->current = a->current;
     out->peak = a->peak;
@@ -238,7 +245,10 @@ void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out)
     out->blocks = a->n_used;
 }
 
-void rkm_arena_reset_peak(rkm_arena *a) { a->peak = a->current; }
+void rkm_arena_reset_peak(rkm_arena *a)
+{
+    if (a) a->peak = a->current;
+}
 
 /* --- Running a plan with buffers carved from an arena ---------------------- */
 
@@ -893,7 +903,10 @@ void rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *f
     if (bwd_ws) *bwd_ws = ok ? x->bwd_ws[op] : 0;
 }
 
-void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out) { rkm_arena_stats_get(x->arena, out); }
+void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out)
+{
+    rkm_arena_stats_get(x ? x->arena : NULL, out);
+}
 
 rkm_result rkm_arena_layout(const rkm_plan *plan, rkm_arena_layout_info *out)
 {

@@ -105,11 +105,10 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     int64_t in = bl[i].in_sz, out = rkm__dp_out(bl, n, i), peak, mem;
     double t;
     switch (op->kind) {
-    case RKM__DP_FWD_OPT:
-        if (k < 0 || k >= bl[i].n_opt) return "option out of range";
-        /* fall through */
+    case RKM__DP_FWD_OPT: /* one case, no fallthrough: clang's -Wimplicit-fallthrough */
     case RKM__DP_FWD_NOSAVE: {
         int save = op->kind == RKM__DP_FWD_OPT;
+        if (save && (k < 0 || k >= bl[i].n_opt)) return "option out of range";
         if (!rkm__dp_fwd_ok(s, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
         peak = s->mem - in + (save ? rkm__dp_pf(bl, n, i, k) : rkm__dp_pfn(bl, n, i));
         mem = s->mem + out + (save ? bl[i].opt[k].kept : 0);

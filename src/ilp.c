@@ -98,11 +98,32 @@ RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
 
 #else /* !RKM_OMIT_SOLVER */
 
+/* Without lp_solve's header, say what to do rather than only that a file
+ * is missing (where the compiler can tell: __has_include, gcc 5, clang). */
+#if defined(__has_include)
+#if !__has_include(<lpsolve/lp_lib.h>)
+#error "rockmate: <lpsolve/lp_lib.h> not found. Install lp_solve (Debian, Ubuntu: apt-get install liblpsolve55-dev libsuitesparse-dev) or build without the solver: cc -DRKM_OMIT_SOLVER -c rockmate.c (see rockmate.h, COMPILE-TIME SWITCHES)"
+#endif
+#endif
 #include <lpsolve/lp_lib.h>
 
 /* ---- the one lock around lp_solve ---------------------------------------- */
 
-#if !defined(__STDC_NO_THREADS__)
+/* C11 threads where the C library has them; pthreads where it says it has
+ * none (__STDC_NO_THREADS__), where <threads.h> is missing although the
+ * macro is not defined (macOS: __has_include tells), or on request
+ * (RKM_USE_PTHREADS). */
+#if !defined(RKM_USE_PTHREADS) && !defined(__STDC_NO_THREADS__)
+#if defined(__has_include)
+#if __has_include(<threads.h>)
+#define RKM__C11_THREADS 1
+#endif
+#else
+#define RKM__C11_THREADS 1
+#endif
+#endif
+
+#ifdef RKM__C11_THREADS
 #include <threads.h>
 static mtx_t rkm__ilp_mtx;
 static once_flag rkm__ilp_once = ONCE_FLAG_INIT;

@@ -960,8 +960,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
 
 rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
+    if (out) *out = NULL;
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
     double t = rkm__now();
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);

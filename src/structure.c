@@ -140,7 +140,7 @@ static int rkm__same_block(const rkm_graph *g, const rkm__block *a, const rkm__b
 static uint64_t rkm__block_sig(const rkm_graph *g, const rkm__block *b)
 {
     uint64_t h = 14695981039346656037ull;
-#define RKM__MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+#define RKM__MIX(v) (h = (h ^ (uint64_t)(v)) * UINT64_C(1099511628211))
     RKM__MIX(b->n_ops);
     RKM__MIX(b->in < 0 ? 0 : g->tensors[b->in].bytes + 1);
     RKM__MIX(b->out == g->loss);

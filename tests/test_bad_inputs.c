@@ -185,9 +185,213 @@ TEST(api_misuse_is_refused_by_name)
     rkm_context_destroy(ctx);
 }
 
+/* Every public function given a NULL object: RKM_ERROR_ARGUMENT (or, for
+ * one without a result, nothing done and a neutral answer), no crash under
+ * the sanitizers, and the context's message left alone (there is no
+ * context to write to). Then each NULL pointer argument beside a valid
+ * object: RKM_ERROR_ARGUMENT with a message naming the call. The list
+ * follows rockmate.h; a function added there belongs here. */
+TEST(null_arguments_are_refused)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL, *gout;
+    rkm_plan *p = NULL, *pout;
+    rkm_planner *pl = NULL, *plout;
+    rkm_arena *a = NULL, *aout;
+    rkm_arena_exec *x = NULL, *xout;
+    CHECK(rkm_graph_read_string(ctx, PLAN_GRAPH, strlen(PLAN_GRAPH), "g.rkg", &g) == RKM_OK);
+    if (!g) return;
+    rkm_solve_desc sd = {.algo = RKM_ALGO_ROTOR};
+    CHECK(rkm_planner_create(g, &sd, &pl) == RKM_OK);
+    CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+    CHECK(rkm_arena_create(ctx, 4096, 4, &a) == RKM_OK);
+    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+    rkm_arena_exec_desc xd = {.graph = g, .host = &cb, .allocate = 1};
+    CHECK(rkm_arena_exec_create_layout(&xd, p, &x) == RKM_OK);
+    if (!pl || !p || !a || !x) return;
+
+    /* A failure of our own, which no NULL-object call below may overwrite. */
+    CHECK(rkm_graph_find_op(g, "f") == 0);
+    CHECK(rkm_algo_from_name(ctx, "marker", &sd.algo) == RKM_ERROR_ARGUMENT);
+    char marker[256];
+    snprintf(marker, sizeof marker, "%s", rkm_context_errmsg(ctx));
+
+    const rkm_result A = RKM_ERROR_ARGUMENT;
+    /* The call fails with A and clears the output it was given. */
+#define NULLED(call, out) ((out) = (void *)1, (call) == A && (out) == NULL)
+    int32_t id = 0;
+    uint64_t u = 7, u2 = 7;
+    double dsec = 1;
+    char buf[16] = "x";
+    rkm_step step = {RKM_STEP_FWD, 0, 0, 0};
+    rkm_op_desc od = {"h", 1, 1, &id, 1, &id, 1, NULL, 0, 0, 0, 0, 0, 0};
+    rkm_tensor_info ti;
+    rkm_block_info bi;
+    rkm_graph_stats gs;
+    rkm_plan_stats ps;
+    rkm_planner_stats pst;
+    rkm_arena_stats as = {1, 1, 1, 1, 1};
+    rkm_arena_layout_info li;
+    rkm_buffer bufs[64];
+    rkm_op_costs costs[2] = {{1, 1, 0, 0}, {1, 1, 0, 0}};
+    rkm_profile_desc prof = {0};
+
+    /* NULL objects. */
+    CHECK(rkm_context_create(NULL, NULL) == A);
+    CHECK(strcmp(rkm_context_errmsg(NULL), "") == 0);
+    CHECK(rkm_context_realloc(NULL, NULL, 0, 8) == NULL);
+    CHECK(rkm_context_fail(NULL, RKM_ERROR_IO, "x") == RKM_ERROR_IO);
+    rkm_context_destroy(NULL);
+    CHECK(NULLED(rkm_graph_create(NULL, &gout), gout));
+    rkm_graph_destroy(NULL);
+    CHECK(rkm_graph_add_tensor(NULL, "t", 1, 0, &id) == A);
+    CHECK(rkm_graph_add_op(NULL, &od, &id) == A);
+    CHECK(rkm_graph_set_loss(NULL, 0) == A);
+    CHECK(rkm_graph_finalize(NULL) == A);
+    CHECK(NULLED(rkm_graph_read_file(NULL, "x.rkg", &gout), gout));
+    CHECK(NULLED(rkm_graph_read_string(NULL, "x", 1, "x", &gout), gout));
+    CHECK(rkm_graph_write(NULL, sbuf_write, NULL) == A);
+    CHECK(rkm_graph_write_file(NULL, "/nonexistent/x.rkg") == A);
+    CHECK(NULLED(rkm_graph_with_costs(NULL, costs, &gout), gout));
+    CHECK(rkm_graph_context(NULL) == NULL && rkm_graph_is_finalized(NULL) == 0);
+    CHECK(rkm_graph_num_tensors(NULL) == 0 && rkm_graph_num_ops(NULL) == 0 && rkm_graph_loss(NULL) == -1);
+    CHECK(rkm_graph_find_tensor(NULL, "x") == -1 && rkm_graph_find_op(NULL, "f") == -1);
+    CHECK(rkm_graph_tensor_info(NULL, 0, &ti) == A);
+    CHECK(rkm_graph_op_info(NULL, 0, &od) == A);
+    CHECK(rkm_graph_stats_get(NULL, &gs) == A);
+    CHECK(rkm_graph_time_bound(NULL, 100, &dsec) == A);
+    CHECK(rkm_graph_block_info(NULL, 0, &bi) == A);
+    CHECK(NULLED(rkm_graph_profile(NULL, &cb, &prof, &gout), gout));
+    rkm_step_text(NULL, &step, buf, sizeof buf);
+    CHECK(buf[0] == '\0');
+    rkm_step_text(g, &step, NULL, 8);
+    CHECK(NULLED(rkm_plan_create(NULL, &step, 1, NULL, &pout), pout));
+    CHECK(NULLED(rkm_plan_read_file(NULL, "x.rkp", NULL, &pout), pout));
+    CHECK(NULLED(rkm_plan_read_string(NULL, "x", 1, "x", NULL, &pout), pout));
+    CHECK(NULLED(rkm_plan_baseline(NULL, &pout), pout));
+    rkm_plan_destroy(NULL);
+    CHECK(rkm_plan_write(NULL, sbuf_write, NULL) == A);
+    CHECK(rkm_plan_write_file(NULL, "/nonexistent/x.rkp") == A);
+    CHECK(rkm_plan_graph(NULL) == NULL && rkm_plan_num_steps(NULL) == 0 && rkm_plan_steps(NULL) == NULL);
+    CHECK(rkm_plan_mem_after(NULL) == NULL && rkm_plan_step_peaks(NULL) == NULL && rkm_plan_num_buffers(NULL) == 0);
+    CHECK(rkm_plan_layout(NULL, 0, bufs, &u) == A);
+    CHECK(rkm_plan_stats_get(NULL, &ps) == A);
+    CHECK(NULLED(rkm_planner_create(NULL, &sd, &plout), plout));
+    rkm_planner_destroy(NULL);
+    CHECK(NULLED(rkm_planner_solve(NULL, 100, &pout), pout));
+    CHECK(rkm_planner_min_budget(NULL, &u) == A);
+    CHECK(rkm_planner_stats_get(NULL, &pst) == A);
+    CHECK(NULLED(rkm_plan_solve(NULL, &sd, 100, &pout), pout));
+    CHECK(rkm_algo_from_name(NULL, "rotor", &sd.algo) == A);
+    CHECK(rkm_parse_budget(NULL, "1", 0, &u) == A);
+    CHECK(rkm_plan_execute(NULL, &cb) == A);
+    CHECK(NULLED(rkm_arena_create(NULL, 1024, 4, &aout), aout));
+    rkm_arena_destroy(NULL);
+    CHECK(rkm_arena_alloc(NULL, 1, &u) == A);
+    CHECK(rkm_arena_free(NULL, 0) == A);
+    rkm_arena_stats_get(NULL, &as);
+    CHECK(as.capacity == 0 && as.current == 0 && as.peak == 0 && as.high_water == 0 && as.blocks == 0);
+    rkm_arena_reset_peak(NULL);
+    rkm_arena_clear(NULL);
+    CHECK(NULLED(rkm_arena_exec_create(NULL, &xout), xout));
+    CHECK(NULLED(rkm_arena_exec_create_layout(NULL, p, &xout), xout));
+    rkm_arena_exec_desc xd0 = {0};
+    CHECK(NULLED(rkm_arena_exec_create(&xd0, &xout), xout));
+    rkm_arena_exec_destroy(NULL);
+    CHECK(rkm_arena_exec_is_layout(NULL) == 0);
+    CHECK(rkm_arena_exec_run(NULL, p) == A);
+    CHECK(rkm_arena_exec_host_fail(NULL, RKM_ERROR_IO, "x") != 0);
+    CHECK(rkm_arena_exec_tensor(NULL, 0) == RKM_ARENA_NONE && rkm_arena_exec_grad(NULL, 0) == RKM_ARENA_NONE);
+    CHECK(rkm_arena_exec_saved(NULL, 0) == RKM_ARENA_NONE && rkm_arena_exec_base(NULL) == NULL);
+    CHECK(rkm_arena_ptr(NULL, 0) == NULL);
+    CHECK(rkm_arena_exec_scratch(NULL, 8, &u) == A);
+    rkm_arena_exec_measured_ws(NULL, 0, &u, &u2);
+    CHECK(u == 0 && u2 == 0);
+    as.capacity = 1;
+    rkm_arena_exec_arena_stats(NULL, &as);
+    CHECK(as.capacity == 0);
+    CHECK(rkm_arena_layout(NULL, &li) == A);
+    CHECK(rkm_trimmed_mean(NULL, 3, 0.2) == 0.0);
+    CHECK(strcmp(rkm_context_errmsg(ctx), marker) == 0);
+#undef NULLED
+
+    /* NULL pointers beside valid objects: refused by name. */
+#define CALL(expr, frag) check_call(#expr, (expr), A, (frag), ctx)
+    CALL(rkm_graph_read_file(ctx, "x.rkg", NULL), "rkm_graph_read_file: out is NULL");
+    CALL(rkm_graph_read_file(ctx, NULL, &gout), "rkm_graph_read_file: path is NULL");
+    CALL(rkm_graph_read_string(ctx, NULL, 4, "x", &gout), "rkm_graph_read_string: text is NULL");
+    CALL(rkm_graph_write(g, NULL, NULL), "rkm_graph_write: write function is NULL");
+    CALL(rkm_graph_write_file(g, NULL), "path is NULL");
+    CALL(rkm_graph_with_costs(g, NULL, &gout), "rkm_graph_with_costs: costs is NULL");
+    CALL(rkm_graph_tensor_info(g, 0, NULL), "rkm_graph_tensor_info: out is NULL");
+    CALL(rkm_graph_op_info(g, 0, NULL), "rkm_graph_op_info: out is NULL");
+    CALL(rkm_graph_stats_get(g, NULL), "rkm_graph_stats_get: out is NULL");
+    CALL(rkm_graph_time_bound(g, 100, NULL), "rkm_graph_time_bound: extra_seconds is NULL");
+    CALL(rkm_graph_block_info(g, 0, NULL), "rkm_graph_block_info: out is NULL");
+    CALL(rkm_graph_profile(g, NULL, &prof, &gout), "rkm_graph_profile: callbacks are NULL");
+    CALL(rkm_graph_profile(g, &cb, &prof, NULL), "rkm_graph_profile: out is NULL");
+    CALL(rkm_plan_create(g, &step, 1, NULL, NULL), "rkm_plan_create");
+    CALL(rkm_plan_read_file(g, NULL, NULL, &pout), "rkm_plan_read_file: path is NULL");
+    CALL(rkm_plan_read_string(g, NULL, 4, "x", NULL, &pout), "rkm_plan_read_string: text is NULL");
+    CALL(rkm_plan_baseline(g, NULL), "rkm_plan_baseline");
+    CALL(rkm_plan_write(p, NULL, NULL), "rkm_plan_write: write function is NULL");
+    CALL(rkm_plan_write_file(p, NULL), "path is NULL");
+    CALL(rkm_plan_layout(p, 0, NULL, &u), "rkm_plan_layout: an output pointer is NULL");
+    CALL(rkm_plan_layout(p, 0, bufs, NULL), "rkm_plan_layout: an output pointer is NULL");
+    CALL(rkm_plan_stats_get(p, NULL), "rkm_plan_stats_get: out is NULL");
+    CALL(rkm_planner_create(g, &sd, NULL), "rkm_planner_create: out is NULL");
+    CALL(rkm_planner_solve(pl, 100, NULL), "rkm_planner_solve: out is NULL");
+    CALL(rkm_planner_min_budget(pl, NULL), "rkm_planner_min_budget: out is NULL");
+    CALL(rkm_planner_stats_get(pl, NULL), "rkm_planner_stats_get: out is NULL");
+    CALL(rkm_plan_solve(g, &sd, 100, NULL), "rkm_plan_solve: out is NULL");
+    CALL(rkm_algo_from_name(ctx, NULL, &sd.algo), "rkm_algo_from_name: name or out is NULL");
+    CALL(rkm_algo_from_name(ctx, "rotor", NULL), "rkm_algo_from_name: name or out is NULL");
+    CALL(rkm_parse_budget(ctx, NULL, 0, &u), "rkm_parse_budget: text or out is NULL");
+    CALL(rkm_parse_budget(ctx, "1", 0, NULL), "rkm_parse_budget: text or out is NULL");
+    CALL(rkm_plan_execute(p, NULL), "rkm_plan_execute: callbacks are NULL");
+    CALL(rkm_arena_create(ctx, 1024, 4, NULL), "rkm_arena_create: out is NULL");
+    CALL(rkm_arena_alloc(a, 1, NULL), "rkm_arena_alloc: offset is NULL");
+    CALL(rkm_arena_exec_create(&xd, NULL), "rkm_arena_exec_create: out is NULL");
+    CALL(rkm_arena_exec_create_layout(&xd, NULL, &xout), "rkm_arena_exec_create_layout: plan is NULL");
+    CALL(rkm_arena_exec_create_layout(&xd, p, NULL), "rkm_arena_exec_create_layout: out is NULL");
+    CALL(rkm_arena_exec_run(x, NULL), "rkm_arena_exec_run: plan is NULL");
+    CALL(rkm_arena_exec_scratch(x, 8, NULL), "rkm_arena_exec_scratch: offset is NULL");
+    CALL(rkm_arena_layout(p, NULL), "rkm_arena_layout: out is NULL");
+    rkm_graph *b = NULL;
+    CHECK(rkm_graph_create(ctx, &b) == RKM_OK);
+    if (b) {
+        CALL(rkm_graph_create(ctx, NULL), "rkm_graph_create: out is NULL");
+        CALL(rkm_graph_add_tensor(b, NULL, 4, 0, &id), "name is NULL");
+        CALL(rkm_graph_add_op(b, NULL, &id), "rkm_graph_add_op: desc or its name is NULL");
+        CHECK(rkm_graph_add_tensor(b, "x", 4, RKM_TENSOR_INPUT, &id) == RKM_OK);
+        od.in = NULL;
+        CALL(rkm_graph_add_op(b, &od, &id), "in");
+        od.in = &id;
+        od.out = NULL;
+        CALL(rkm_graph_add_op(b, &od, &id), "out");
+        rkm_graph_destroy(b);
+    }
+#undef CALL
+    /* The ones without a result: nothing done, nothing crashed. */
+    rkm_arena_stats_get(a, NULL);
+    rkm_arena_exec_arena_stats(x, NULL);
+    rkm_arena_exec_measured_ws(x, 0, NULL, NULL);
+    CHECK(rkm_context_fail(ctx, RKM_ERROR_IO, NULL) == RKM_ERROR_IO);
+    CHECK(rkm_arena_exec_host_fail(x, RKM_ERROR_IO, NULL) != 0);
+    CHECK(rkm_graph_find_tensor(g, NULL) == -1 && rkm_graph_find_op(g, NULL) == -1);
+
+    rkm_arena_exec_destroy(x);
+    rkm_arena_destroy(a);
+    rkm_plan_destroy(p);
+    rkm_planner_destroy(pl);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(bad_files_are_refused_by_name);
     RUN(api_misuse_is_refused_by_name);
+    RUN(null_arguments_are_refused);
     TEST_END();
 }

@@ -256,6 +256,8 @@ usage_case "option without value" plan "$g0" --budget
 usage_case "option given twice" plan "$g0" --budget 1 --budget 2
 usage_case "option of another command" check "$g0" x.rkp --svg x.svg
 usage_case "unknown algorithm" plan "$g0" --budget 50% --algo magic
+check "unknown algorithm: lists every algorithm, dtr included" \
+    grep -q "(rockmate, rotor, sqrt, checkmate, none, dtr)" "$tmp/err"
 usage_case "list for plan" plan "$g0" --budget 50% --algo rotor,sqrt
 usage_case "algorithm twice" sweep "$g0" --algo rotor,rotor
 usage_case "bad budget" plan "$g0" --budget 12XB

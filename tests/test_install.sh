@@ -2,7 +2,9 @@
 # make install into a temporary prefix, then the README's commands: the C
 # example linked against the shared library (pkg-config, PKG_CONFIG_PATH,
 # LD_LIBRARY_PATH) and fully statically (pkg-config --static), both run;
-# the soname is versioned; make uninstall leaves nothing behind.
+# the soname is versioned; make uninstall leaves nothing behind. Then the
+# README's Vendoring commands, in a folder holding only rockmate.h,
+# rockmate.c and the example, each program run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 build=${RKM_BUILD:-build}
@@ -31,5 +33,26 @@ else
 fi
 check "make uninstall" make -s BUILD="$build" uninstall PREFIX="$prefix"
 check "uninstall leaves nothing" test ! -e "$prefix"
+# Vendoring: the README's `cc` lines of that section, in order (with
+# lp_solve, then without), each program run from here (it reads
+# tests/graphs/).
+vendor=$tmp/vendor
+mkdir -p "$vendor" && cp rockmate.h rockmate.c "$tmp/app.c" "$vendor/"
+awk '/^## /{f = $0 == "## Vendoring"; next} f && /^    cc /{sub(/^    /, ""); print}' README.md >"$tmp/vendor.lines"
+check "the README's Vendoring section has two compile and two link lines" test "$(wc -l <"$tmp/vendor.lines")" -eq 4
+has_lp=0
+printf '#include <lpsolve/lp_lib.h>\n' | cc -E -x c - >/dev/null 2>&1 && has_lp=1
+while IFS= read -r line; do
+    if ((!has_lp)) && [[ $line == *-llpsolve55* || ($line == *" -c "* && $line != *RKM_OMIT_SOLVER*) ]]; then
+        echo "test_install.sh: no lp_solve here, skipped: $line"
+        continue
+    fi
+    check "vendoring: $line" bash -c "cd '$vendor' && $line"
+    case $line in
+    *"-o app"*) check "vendoring: the program runs ($line)" "$vendor/app" ;;
+    esac
+done <"$tmp/vendor.lines"
+check "vendoring without lp_solve links nothing but libc and libm" \
+    bash -c "! ldd '$vendor/app' | grep -qE 'lpsolve|colamd|suitesparse'"
 echo "test_install.sh: $passed passed, $failed failed"
 ((failed == 0))
