@@ -124,11 +124,16 @@
  *
  * COMPILE-TIME SWITCHES
  *
- *   RKM_OMIT_SOLVER  leave lp_solve out: RKM_ALGO_ROCKMATE and
- *                    RKM_ALGO_CHECKMATE return RKM_ERROR_UNSUPPORTED; rotor,
- *                    sqrt and none still plan, and RKM_ALGO_DEFAULT (a zeroed
- *                    solve desc) means rotor; loading, checking and executing
- *                    plans is unaffected. No LGPL code is linked.
+ *   RKM_OMIT_SOLVER  leave lp_solve out: RKM_ALGO_CHECKMATE returns
+ *                    RKM_ERROR_UNSUPPORTED; RKM_ALGO_ROCKMATE (and
+ *                    RKM_ALGO_DEFAULT, a zeroed solve desc, as in the full
+ *                    build) is the same search without the block ILP's
+ *                    options: a block's options are its two extremes and,
+ *                    for a big block that nests, the nested planner's, and
+ *                    the whole-graph ILP gives no candidate; rotor, sqrt,
+ *                    dtr and none plan as in the full build; loading,
+ *                    checking and executing plans is unaffected. No LGPL
+ *                    code is linked.
  *
  *   RKM_USE_PTHREADS use pthreads for the one lock around lp_solve. By
  *                    default the lock is C11's <threads.h> where the C
@@ -551,12 +556,13 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
  * ------------------------------------------------------------------------- */
 
 typedef enum rkm_algo {
-    RKM_ALGO_DEFAULT = 0,  /* the best the build has: rockmate, or rotor under RKM_OMIT_SOLVER */
+    RKM_ALGO_DEFAULT = 0,  /* rockmate, in either build */
     RKM_ALGO_ROCKMATE,     /* blocks, ILP (and nested) options per block class, chain DP,
-                              and the best of that, sqrt, DTR and the whole-graph ILP */
+                              and the best of that, sqrt, DTR and the whole-graph ILP;
+                              under RKM_OMIT_SOLVER the same without either ILP */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
-    RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs) */
+    RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */
     RKM_ALGO_NONE,         /* the baseline plan */
     RKM_ALGO_DTR,          /* DTR (Kirisame et al.) simulated offline: any graph, any budget it meets */
     RKM_ALGO_COUNT

@@ -26,8 +26,8 @@
  * (RKM_OP_GRAD_INPLACE): the residual stream's gradient then stays in one
  * buffer down the layers, as llm.c's dresidual; gradients are the same.
  * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
- * Without --algo the library's default plans: rockmate, or rotor in a build
- * without lp_solve (make OMIT=1). The op costs are profiled first, and the
+ * Without --algo the library's default plans: rockmate (without its ILP
+ * options in a build without lp_solve, make OMIT=1). The op costs are profiled first, and the
  * profiled graph is the one planned and run (profiling runs through the
  * counting allocator: the arenas are laid out for the profiled graph's plans).
  * Exit status: 0 ok, 1 a failure (the check included), 2 bad usage, 3 no

@@ -6,7 +6,7 @@
  * What it does: profile the baseline step on the GPU (event times and
  * workspaces make a new graph, which every plan below is made on), run the
  * baseline plan, then for each budget plan with the chosen algorithm (the
- * library's default: rockmate, or rotor in a build without lp_solve) and
+ * library's default: rockmate, without its ILP options in a build without lp_solve) and
  * run the plan, and print per budget the measured peak (the arena's, in
  * the contract's bytes), the simulated peak, the arena (the device region
  * the plan's layout reserves), the measured step time, the predicted and
@@ -1029,7 +1029,7 @@ static int parse(rkm_context *ctx, options *o, int argc, char **argv)
     memset(o, 0, sizeof *o);
     preset(o, "124M");
     parse_budgets(o, "100,50,33");
-    o->algo = RKM_ALGO_DEFAULT; /* rockmate, or rotor in a build without lp_solve */
+    o->algo = RKM_ALGO_DEFAULT; /* rockmate (without its ILP options in a build without lp_solve) */
     o->steps = 5;
     o->warmup = 1;
     o->profile_runs = 5;

@@ -576,8 +576,8 @@ static int usage(FILE *f, int status)
 {
     fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace]\n"
                     "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
-                    "  A: default (rockmate; rotor without lp_solve), rockmate, rotor, sqrt, dtr,\n"
-                    "     checkmate, none\n"
+                    "  A: default (rockmate), rockmate, rotor, sqrt, dtr, none, checkmate\n"
+                    "     (checkmate needs lp_solve; without it rockmate has no ILP options)\n"
                     "  N: training steps (default 5); L: 2..%d layers (default 8)\n"
                     "  M: arena (default: one allocation per plan, the library's layout) or\n"
                     "     malloc (a counted malloc and free per buffer)\n"

@@ -268,23 +268,32 @@ run plan "$g0" --budget 50B --algo rotor
 expect "explicit bytes below 4 KiB: planned or refused as a budget, not as usage" 3
 usage_case "bad --slots" plan "$g0" --budget 50% --slots -3
 usage_case "bad --ilp-time-limit" plan "$g0" --budget 50% --ilp-time-limit 0
-run plan "$g0" --budget 90% -o /dev/null
-if [[ $rc == 0 ]]; then # rockmate is built in (not under OMIT=1)
+# The default, rockmate, plans in either build; checkmate needs lp_solve.
+run plan "$g0" --budget 95% -o /dev/null
+expect "the default algorithm plans" 0
+run plan tests/graphs/multi-output.rkg --budget 100% --algo checkmate -o /dev/null
+if [[ $rc == 0 ]]; then # lp_solve is built in (not under OMIT=1)
     run plan tests/graphs/peer-gpt.rkg --budget 50% --ilp-time-limit 1e-6 -v -o /dev/null
     expect "--ilp-time-limit 1e-6 still plans" 0
     check "-v warns when every block ILP solve reaches its work limit" grep -q "every block ILP solve" "$tmp/err"
     run plan tests/graphs/peer-gpt.rkg --budget 50% --time-limit 1e-9 -o /dev/null
     expect "--time-limit 1e-9 still plans" 0
     check "a time limit that ran out is said" grep -q "ILP solves skipped: the time limit or the ILP budget ran out" "$tmp/out"
-    run plan tests/graphs/unet-d4.rkg --budget 60% -o "$tmp/nest.rkp"
-    expect "a U-Net plans with nesting" 0
-    check "plan says which classes came from nested planners" grep -q "2 classes from nested planners" "$tmp/out"
-    run plan tests/graphs/unet-d4.rkg --budget 60% --nest-ops never --json
-    expect "--nest-ops never plans" 0
-    check "--nest-ops never: no nested class" grep -q '"nested_classes": 0' "$tmp/out"
-    run check tests/graphs/unet-d4.rkg "$tmp/nest.rkp" --budget 60%
-    expect "the nested plan replays within its budget" 0
+else
+    expect "without lp_solve, checkmate is bad input" 1
+    check "without lp_solve, checkmate says it needs lp_solve" err_is "checkmate needs lp_solve"
+    run plan tests/graphs/peer-gpt.rkg --budget 50% --json -o /dev/null
+    expect "without lp_solve, rockmate plans" 0
+    check "without lp_solve, rockmate makes no ILP solve" grep -q '"solves": 0' "$tmp/out"
 fi
+run plan tests/graphs/unet-d4.rkg --budget 60% -o "$tmp/nest.rkp"
+expect "a U-Net plans with nesting" 0
+check "plan says which classes came from nested planners" grep -q "2 classes from nested planners" "$tmp/out"
+run plan tests/graphs/unet-d4.rkg --budget 60% --nest-ops never --json
+expect "--nest-ops never plans" 0
+check "--nest-ops never: no nested class" grep -q '"nested_classes": 0' "$tmp/out"
+run check tests/graphs/unet-d4.rkg "$tmp/nest.rkp" --budget 60%
+expect "the nested plan replays within its budget" 0
 usage_case "bad --nest-ops" plan "$g0" --budget 50% --nest-ops sometimes
 usage_case "--nest-ops 0" plan "$g0" --budget 50% --nest-ops 0
 usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon

@@ -53,9 +53,6 @@ if [[ ! -x $bin ]]; then
     echo "test_cuda_dummy.sh: 0 passed, 0 failed"
     exit 0
 fi
-solver=1
-grep -q RKM_OMIT_SOLVER "$build/flags" 2>/dev/null && solver=0
-
 # start NAME ENV ARGS...: run the trainer in the background (at most
 # jobs_max at once), its output and status into $out_dir/NAME.{out,rc}.
 # ENV: VAR=VALUE for the dummy (RKM_DUMMY_FAIL), or "-".
@@ -85,11 +82,7 @@ clean='0 faults, device peak [0-9]+ bytes; left at exit: 0 device and 0 pinned a
 # algorithm: the library's default must plan, in either build.
 matrix=()
 default=
-for algo in rockmate rotor; do
-    if [[ $algo == rockmate ]] && ((!solver)); then
-        skip "rockmate on the dummy device: a build without lp_solve (OMIT=1)"
-        continue
-    fi
+for algo in rockmate rotor; do # rockmate in either build (without lp_solve: no ILP options)
     for dropout in 0 0.1; do
         for inplace in 0 1; do
             name="${algo}_d${dropout}_i${inplace}"

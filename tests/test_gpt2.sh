@@ -38,11 +38,7 @@ ok='^demo: ok budget=([0-9]+) predicted_peak=([0-9]+) measured_peak=\2 overhead_
 expect baseline 0 "$ok" "${tiny[@]}" --algo none --budget 100%
 expect rotor_dropout_45 0 "$ok" "${tiny[@]}" --algo rotor --dropout 0.1 --budget 45%
 expect rotor_min 0 "$ok" "${tiny[@]}" --algo rotor --budget min --steps 1
-if grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
-    expect rockmate_omitted 1 'FAILED planning' "${tiny[@]}" --algo rockmate --budget 60% --steps 1
-else
-    expect rockmate_dropout_50 0 "$ok" "${tiny[@]}" --algo rockmate --dropout 0.1 --budget 50%
-fi
+expect rockmate_dropout_50 0 "$ok" "${tiny[@]}" --algo rockmate --dropout 0.1 --budget 50%
 
 # both_modes NAME ARGS...: --memory arena and --memory malloc each pass (the
 # demo line, their memory line) and give the same digest (every training

@@ -41,11 +41,7 @@ expect rotor_60 0 'equal the baseline' --budget 60%
 expect rotor_min 0 'equal the baseline' --budget min --steps 2
 expect rotor_deep_40 0 'equal the baseline' --layers 24 --budget 40% --steps 1
 expect sqrt_min 0 'equal the baseline' --algo sqrt --budget min --steps 1
-if grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
-    expect rockmate_omitted 1 '' --algo rockmate --budget 60% --steps 1
-else
-    expect rockmate_60 0 'equal the baseline' --algo rockmate --budget 60% --steps 1
-fi
+expect rockmate_60 0 'equal the baseline' --algo rockmate --budget 60% --steps 1
 expect malloc_baseline 0 'all checks passed' --memory malloc --steps 2
 expect malloc_rotor_60 0 'equal the baseline' --memory malloc --budget 60%
 expect malloc_sqrt_min 0 'equal the baseline' --memory malloc --algo sqrt --budget min --steps 1
@@ -71,9 +67,7 @@ expect inplace_baseline 0 'all checks passed' --inplace --steps 2
 expect inplace_rotor_60 0 'equal the baseline' --inplace --budget 60% --steps 2
 expect inplace_dtr_min 0 'equal the baseline' --inplace --algo dtr --budget min --steps 1
 expect inplace_malloc_min 0 'equal the baseline' --inplace --memory malloc --budget min --steps 1
-if ! grep -q RKM_OMIT_SOLVER "${RKM_BUILD:-build}/flags" 2>/dev/null; then
-    expect inplace_rockmate_50 0 'equal the baseline' --inplace --algo rockmate --budget 50% --steps 1
-fi
+expect inplace_rockmate_50 0 'equal the baseline' --inplace --algo rockmate --budget 50% --steps 1
 # rotor's chain DP meets 40 KiB only with the ReLUs in place
 expect plain_rotor_40k 3 '' --algo rotor --budget 40KiB --steps 1
 expect inplace_rotor_40k 0 'equal the baseline' --inplace --algo rotor --budget 40KiB --steps 1

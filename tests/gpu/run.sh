@@ -33,7 +33,7 @@
 #    logits' gradient (3 x 1.65 GB, 33.7 % of the 14.66 GB baseline peak:
 #    the graph's lower bound).
 # Without lp_solve the library is built without the solver (OMIT=1) and the
-# trainer's default algorithm is then rotor.
+# trainer's default algorithm, rockmate, plans without its ILP options.
 #
 # Exit status: 0 every step passed; 77 no GPU; 78 a GPU but no way to
 # build for it (make, cc, nvcc or cuBLAS missing); else the first failed
@@ -134,11 +134,11 @@ sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)
 found compute-sanitizer "${sanitizer:-not found (step 3 skipped)}"
 
 # Without lp_solve the library builds without the solver: the trainer's
-# default algorithm is then rotor.
+# default algorithm, rockmate, then plans without its ILP options.
 OMIT=0
 case "$(${CC:-cc} -print-file-name=liblpsolve55.a 2>/dev/null)" in
 /*) found lp_solve "yes" ;;
-*) found lp_solve "not found: building with OMIT=1 (the trainer plans with rotor)"; OMIT=1 ;;
+*) found lp_solve "not found: building with OMIT=1 (rockmate plans without its ILP options)"; OMIT=1 ;;
 esac
 if [ -n "$missing" ]; then
     echo "tests/gpu/run.sh: cannot build for the GPU, missing:$missing"
