@@ -540,6 +540,15 @@ struct rkm_planner {
     double base_time;
     uint64_t lower_bound;
     double t0;               /* planner creation time: the time budget runs from here */
+    /* The wall-clock safety stop (desc.time_limit): the call in progress
+     * (create, a solve, min_budget) stops its search past it, at the checks
+     * of rkm__over; cut says that happened, so the result may depend on
+     * the machine. Without a cut the deadline never changed a thing. */
+    double deadline;
+    int cut;                 /* the call in progress was cut */
+    int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
+    int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
+    int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
     rkm__dp_block *dpb;      /* the chain in slots */
@@ -669,6 +678,7 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
 RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
@@ -710,6 +720,7 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
 /* planner.c */
 RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
@@ -4882,6 +4893,8 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
  *      so that the result is the same on every machine; a wall clock at
  *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
  *      (results may then differ).
+ *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
+ *      (the planner's time_limit; results may then differ too).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -4946,6 +4959,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
 }
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
 
 #else /* !RKM_OMIT_SOLVER */
 
@@ -5024,7 +5038,12 @@ struct rkm__ilp_block {
     rkm__ilp_model model;
     rkm__ilp_memo memo;
     rkm__ilp_scratch scratch;
+    double deadline; /* the caller's wall-clock stop (its planner's), INFINITY: none */
 };
+
+/* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
+ * the planner's time_limit. */
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
 
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
@@ -5810,7 +5829,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, t0 + lim * RKM__ILP_WALL_SAFETY};
+                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline)};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
@@ -6054,6 +6073,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "block ILP: bad block (ops, x_in, x_out or is_last)");
     rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
     if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    bk->deadline = INFINITY;
     rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
     if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
     if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);
@@ -7716,6 +7736,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->ilp_seconds = pl->ilp.seconds;
     st->create_seconds = pl->create_seconds;
     st->nested_classes = pl->nested;
+    st->cut = pl->cuts;
 }
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -7806,6 +7827,26 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
+/* Past the call's deadline (time_limit): 1, and the call is cut. Checked
+ * between candidates, moves and probes, never inside one, so a call
+ * overruns its deadline by one such unit of work and its finish (the
+ * slack rockmate.h gives); while it returns 0 it changes nothing, so an
+ * uncut call is as deterministic as if there were no limit. */
+RKM_PRIVATE int rkm__over(rkm_planner *pl)
+{
+    if (!pl->cut && rkm__now() > pl->deadline) pl->cut = 1;
+    return pl->cut;
+}
+
+/* A call on a made planner (solve, min_budget) starts at `now`: it gets
+ * what the planner's creation left of time_limit, so that creation and
+ * the call together, one plan's planning, stay within it. */
+static void rkm__call_start(rkm_planner *pl, double now)
+{
+    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
+    pl->cut = 0;
+}
+
 /* Peak a block's ops need at least: the inputs stay live throughout, plus
  * the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
@@ -7887,8 +7928,9 @@ static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
  * go from loose to tight: a schedule that already fits a tighter kept
  * budget is that budget's answer too (the optimum of a looser problem that
  * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. A solve gets at most ilp_time_limit, and what is left of the
- * share and of time_limit; once either is spent the rest are left out. */
+ * the row. A solve gets at most ilp_time_limit and what is left of the
+ * share, and stops at the deadline; once either is spent, or the deadline
+ * passed, the rest are left out. */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
@@ -7899,6 +7941,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     double work0 = pl->ilp.work;
     for (int32_t i = 0; i < np && !r; i++) {
@@ -7906,19 +7949,20 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
         uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
         uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
-            double left = pl->d.time_limit - rkm__elapsed(pl), share = allow - (pl->ilp.work - work0);
+            double share = allow - (pl->ilp.work - work0);
             double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
             uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (kept <= kept_budget) continue;
-            if (left <= 0 || share <= 0) {
+            if (share <= 0 || rkm__over(pl)) {
                 pl->ilp_skipped++;
                 continue;
             }
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
-            double lim = fmin(pl->d.ilp_time_limit, fmin(left, share));
+            double lim = fmin(pl->d.ilp_time_limit, share);
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            (void)rkm__over(pl); /* the solve may have stopped at the deadline */
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
             rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
@@ -8005,7 +8049,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     if (pl->ilp_skipped && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "%s ran out: %d block ILP solves left out; plans may be worse",
-                 rkm__elapsed(pl) >= pl->d.time_limit ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
                  (int)pl->ilp_skipped);
     if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
@@ -8105,6 +8149,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
     pl->t0 = rkm__now();
+    pl->deadline = pl->t0 + d.time_limit;
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
     pl->lower_bound = gs.lower_bound;
@@ -8128,6 +8173,8 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
         return r;
     }
     pl->create_seconds = rkm__elapsed(pl);
+    pl->create_cut = pl->cut;
+    pl->cuts = pl->cut;
     *out = pl;
     return RKM_OK;
 }
@@ -8263,6 +8310,7 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     st->algo = pl->d.algo;
     st->budget = budget;
     st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    st->cut = pl->cut || pl->create_cut;
     return RKM_OK;
 }
 
@@ -8411,7 +8459,9 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     rkm_step *steps = NULL;
     size_t nf = 0, nb = 0;
     int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
         steps = NULL;
@@ -8455,7 +8505,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out); k++) {
+    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
         int bytes = k >= RKM__DTR_SCORES;
@@ -8478,10 +8528,10 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
     *out = NULL;
     if (!rkm__dtr_affordable(pl)) return RKM_OK;
     rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
-    if (r || *out) return r;
+    if (r || *out || rkm__over(pl)) return r;
     uint64_t min;
-    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
-    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
+    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget || rkm__over(pl)) return r;
+    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out || rkm__over(pl)) return r;
     return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
 }
 
@@ -8539,7 +8589,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / 256 : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
-        if (k == 2 * RKM_LAYOUT_TRIES) { /* the baseline, laid out, fits its own arena */
+        /* the baseline, laid out, fits its own arena; past the deadline,
+         * after one try at the least peak */
+        if (k == 2 * RKM_LAYOUT_TRIES || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
@@ -8549,7 +8601,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         }
     }
     /* then down: a budget just under that arena may find another plan */
-    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES && p->stats.arena_bytes; k++) {
+    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES && p->stats.arena_bytes && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -8564,18 +8616,31 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+/* The smallest budget, kept unless a cut call found it (then the next call
+ * looks again), within the call's deadline. */
+static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (!pl->min_budget) {
+    if (!pl->min_budget || pl->min_cut) {
+        rkm_plan_destroy(pl->min_plan);
+        pl->min_plan = NULL;
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
         if (r) {
             pl->min_budget = 0;
             return r;
         }
+        pl->min_cut = pl->cut;
     }
     *out = pl->min_budget;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__call_start(pl, rkm__now());
+    rkm_result r = rkm__min_budget_get(pl, out);
+    pl->cuts += pl->cut;
+    return r;
 }
 
 /* Checkmate's smallest budget: bisection on bytes (feasibility is monotone
@@ -8585,7 +8650,7 @@ static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
 {
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound, hi = pl->base_peak;
-    for (int it = 0; it < 12 && lo < hi && !r; it++) {
+    for (int it = 0; it < 12 && lo < hi && !r && !rkm__over(pl); it++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *p;
         r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
@@ -8601,7 +8666,7 @@ static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
  * peak (which the baseline meets) on the budgets it meets (DTR plans on an
  * allocator of the budget's bytes: a plan's peak can be below the arena it
  * needed). DTR's success is not monotone, so this is the least the
- * bisection found. Kept after the first call. */
+ * bisection found. Kept after the first call the deadline did not cut. */
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (pl->dtr_min) {
@@ -8610,7 +8675,8 @@ RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
     }
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound, hi = pl->base_peak, at = pl->base_peak;
-    for (int it = 0; it < 40 && lo < hi && !r; it++) {
+    int stopped = 0;
+    for (int it = 0; it < 40 && lo < hi && !r && !(stopped = rkm__over(pl)); it++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *p;
         r = rkm__dtr_plan(pl, mid, 1, &p);
@@ -8618,7 +8684,8 @@ RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
-    if (!r) pl->dtr_min = hi, pl->dtr_min_at = at;
+    pl->dtr_min_at = at;
+    if (!r && !stopped) pl->dtr_min = hi; /* a cut bisection is not kept */
     *out = hi;
     return r;
 }
@@ -8634,7 +8701,7 @@ static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t
 {
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound;
-    for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r; it++) {
+    for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r && !rkm__over(pl); it++) {
         uint64_t mid = lo + (*out - lo) / 2;
         rkm_plan *p = NULL;
         r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
@@ -8677,21 +8744,28 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     return r;
 }
 
-rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call was cut (a search
+ * to the end might have found one), else RKM_ERROR_BUDGET. */
+static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 {
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    double t = rkm__now();
+    if (pl->cut)
+        return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
+                        "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
+                        "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
+                        rkm_algo_name(pl->d.algo), pl->d.time_limit, (unsigned long long)budget, pl->create_seconds);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+}
+
+static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
+{
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
     if (r) return r;
     if (!p) {
         uint64_t min;
-        if ((r = rkm_planner_min_budget(pl, &min))) return r;
-        if (budget < min)
-            return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
-                            "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
-                            rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if ((r = rkm__min_budget_get(pl, &min))) return r;
+        if (budget < min) return rkm__no_plan(pl, budget, min);
         if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
@@ -8700,6 +8774,17 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     }
     *out = p;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    double t = rkm__now();
+    rkm__call_start(pl, t);
+    rkm_result r = rkm__planner_solve(pl, budget, t, out);
+    pl->cuts += pl->cut;
+    return r;
 }
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
@@ -8931,6 +9016,7 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
 {
     if (offered) pl->nested += 1 + sub->nested;
     pl->ilp_skipped += sub->ilp_skipped;
+    pl->cut |= sub->cut;
     pl->ilp.solves += sub->ilp.solves;
     pl->ilp.optimal += sub->ilp.optimal;
     pl->ilp.suboptimal += sub->ilp.suboptimal;
@@ -8944,22 +9030,21 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
 /* Block b's options from a nested planner (whose block ILP budget is
  * `allow`), over peak budgets from the nested floor (or the block's, if
  * higher) to peak_hi; *nested: some were offered. Nothing happens for
- * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, once
- * time_limit is spent, or where b does not cut. */
+ * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, past the
+ * deadline, or where b does not cut. */
 RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
                                     uint64_t peak_hi, double allow, int *nested)
 {
     const rkm_graph *g = pl->g;
-    double left = pl->d.time_limit - rkm__elapsed(pl);
     *nested = 0;
-    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || left <= 0) return RKM_OK;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
     rkm_graph *h = NULL;
     rkm_planner *sub = NULL;
     rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
     if (!r && rkm__nest_worth(h, b)) {
         rkm_solve_desc d = pl->d;
-        d.time_limit = left;
+        d.time_limit = fmax(pl->deadline - rkm__now(), 1e-9); /* its deadline is ours */
         d.ilp_budget = allow > 0 ? allow : 1e-9;
         uint64_t floor = 0, dtr = 0;
         int64_t slots;
@@ -8975,7 +9060,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         uint64_t hi = peak_hi > lo ? peak_hi : lo;
         /* the chain DP's plan and DTR's at each point: DTR reaches below
          * the chain's floor, where the nested blocks' boundaries are held */
-        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r; i++) {
+        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
             uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
             r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);
@@ -9017,6 +9102,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
 
 typedef struct rkm__polish {
     const rkm_graph *g;
+    rkm_planner *pl;  /* its deadline stops the search (rkm__over) */
     rkm__sim sim;
     rkm__steps cur;   /* the compute steps of the best plan so far */
     rkm__steps cand;  /* a candidate's compute steps */
@@ -9177,13 +9263,13 @@ static void rkm__polish_free(rkm__polish *w)
 }
 
 /* Drop recomputations while one fits, sweeping the steps in order until a
- * sweep keeps none or the work runs out. 0 on NOMEM. */
+ * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
     while (kept && w->work < RKM_POLISH_WORK) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && w->work < RKM_POLISH_WORK; j++) {
+        for (size_t j = 0; j < w->cur.n && w->work < RKM_POLISH_WORK && !rkm__over(w->pl); j++) {
             int k;
             int64_t h = rkm__polish_drop(w, j);
             if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
@@ -9193,10 +9279,12 @@ static int rkm__polish_search(rkm__polish *w)
     return 1;
 }
 
-static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm_plan *p, uint64_t budget)
+static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget)
 {
+    const rkm_graph *g = pl->g;
     memset(w, 0, sizeof *w);
     w->g = g;
+    w->pl = pl;
     w->budget = budget;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
     w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = g->ctx;
@@ -9216,7 +9304,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl->g, *p, budget);
+    rkm_result r = rkm__polish_init(&w, pl, *p, budget);
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
         rkm__steps_free(&w.cand);
@@ -9288,6 +9376,9 @@ typedef struct rkm__squeeze {
     int32_t top_obj[RKM_SQUEEZE_LOOK];
     int top_early[RKM_SQUEEZE_LOOK];
 } rkm__squeeze;
+
+/* Whether the squeeze may go on: work left and the deadline not passed. */
+static int rkm__squeeze_more(rkm__squeeze *q) { return q->w.work < q->limit && !rkm__over(q->w.pl); }
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
  * the budget or -1, *time), 0 when not, -1 on NOMEM. */
@@ -9459,7 +9550,7 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
 {
     rkm__polish *w = &q->w;
-    for (size_t j = 0; j < w->cur.n && w->work < q->limit; j++) {
+    for (size_t j = 0; j < w->cur.n && rkm__squeeze_more(q); j++) {
         double ex, time;
         int64_t f;
         int64_t h = rkm__polish_drop(w, j);
@@ -9526,7 +9617,7 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
     *bt = -1;
     *bex = q->excess;
     const rkm_step *at = &w->cur.s[c];
-    for (size_t t = 0; t < g->n_tensors + g->n_ops && w->work < q->limit; t++) {
+    for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__squeeze_more(q); t++) {
         int32_t o = (int32_t)(t - g->n_tensors);
         if (t < g->n_tensors ? !q->live[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT) || rkm__step_touches(g, at, (int32_t)t)
                              : !q->livep[o] || (at->kind == RKM_STEP_BWD && at->index == o))
@@ -9585,7 +9676,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     q.limit = *left;
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
-    rkm_result r = rkm__polish_init(&q.w, g, p, budget);
+    rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
@@ -9594,7 +9685,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     int64_t first = -1;
     int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__squeeze_eval(&q, &q.excess, &first, &q.time) : -1;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
-    while (ok > 0 && first >= 0 && q.w.work < q.limit) {
+    while (ok > 0 && first >= 0 && rkm__squeeze_more(&q)) {
         int32_t t;
         int early = 0;
         double ex;
@@ -9647,7 +9738,7 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
     double last_time = -1;
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && left > 0; i++) {
+    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && left > 0 && !rkm__over(pl); i++) {
         rkm_plan *a = NULL, *b = NULL;
         r = rkm__squeeze_start(pl, budget, i, &a);
         if (!r && a && a->stats.peak > budget && !(a->stats.time == last_time && a->stats.peak == last_peak)) {
@@ -9744,13 +9835,14 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
     int trials = 0, improved = 1;
     rkm_result r = RKM_OK;
     uint64_t left = pl->kick_work;
-    while (!r && improved && trials < max_trials && left > 0) {
+    while (!r && improved && trials < max_trials && left > 0 && !rkm__over(pl)) {
         rkm__polish w;
         int kept = 0;
         improved = 0;
-        r = rkm__polish_init(&w, pl->g, *best, budget);
+        r = rkm__polish_init(&w, pl, *best, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
-        for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && left > 0; j++)
+        for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && left > 0 && !rkm__over(pl);
+             j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);
         rkm__polish_free(&w);
     }
@@ -9793,11 +9885,13 @@ static rkm_result rkm__solve_rung(rkm_planner *pl, uint64_t target, uint64_t bud
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    /* the chain DP's plan always; then each candidate while the deadline
+     * has not passed (the search below checks it between its moves) */
     rkm_result r = rkm__solve_dp_at(pl, budget, &p[0]);
-    if (!r) r = rkm__solve_dp_up(pl, budget, p[0], &p[4]);
-    if (!r) r = rkm__solve_chain(pl, 1, budget, &p[1]);
-    if (!r) r = rkm__solve_dtr(pl, budget, &p[2]);
-    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
+    if (!r && !rkm__over(pl)) r = rkm__solve_dp_up(pl, budget, p[0], &p[4]);
+    if (!r && !rkm__over(pl)) r = rkm__solve_chain(pl, 1, budget, &p[1]);
+    if (!r && !rkm__over(pl)) r = rkm__solve_dtr(pl, budget, &p[2]);
+    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl)) {
         /* one candidate among four: if lp_solve fails on it, the others stand */
         r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[3]);
         if (r == RKM_ERROR_SOLVER) {
@@ -9806,11 +9900,11 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
         }
     }
     for (int k = 0; k < 5 && !r; k++)
-        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
+        if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__solve_squeezed(pl, budget, &p[5]); /* polished already */
     for (int k = 1; k < 6; k++) p[0] = rkm__faster(p[0], p[k]);
     if (!r && p[0]) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &p[0]);
-    for (int k = 0; k < RKM_RUNGS && !r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
+    for (int k = 0; k < RKM_RUNGS && !r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
         p[0] = rkm__faster(p[0], q);

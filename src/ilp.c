@@ -31,6 +31,8 @@
  *      so that the result is the same on every machine; a wall clock at
  *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
  *      (results may then differ).
+ *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
+ *      (the planner's time_limit; results may then differ too).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -95,6 +97,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
 }
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
 
 #else /* !RKM_OMIT_SOLVER */
 
@@ -173,7 +176,12 @@ struct rkm__ilp_block {
     rkm__ilp_model model;
     rkm__ilp_memo memo;
     rkm__ilp_scratch scratch;
+    double deadline; /* the caller's wall-clock stop (its planner's), INFINITY: none */
 };
+
+/* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
+ * the planner's time_limit. */
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
 
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
@@ -959,7 +967,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, t0 + lim * RKM__ILP_WALL_SAFETY};
+                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline)};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
@@ -1203,6 +1211,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "block ILP: bad block (ops, x_in, x_out or is_last)");
     rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
     if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    bk->deadline = INFINITY;
     rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
     if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
     if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);

@@ -34,6 +34,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->ilp_seconds = pl->ilp.seconds;
     st->create_seconds = pl->create_seconds;
     st->nested_classes = pl->nested;
+    st->cut = pl->cuts;
 }
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -124,6 +125,26 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
+/* Past the call's deadline (time_limit): 1, and the call is cut. Checked
+ * between candidates, moves and probes, never inside one, so a call
+ * overruns its deadline by one such unit of work and its finish (the
+ * slack rockmate.h gives); while it returns 0 it changes nothing, so an
+ * uncut call is as deterministic as if there were no limit. */
+RKM_PRIVATE int rkm__over(rkm_planner *pl)
+{
+    if (!pl->cut && rkm__now() > pl->deadline) pl->cut = 1;
+    return pl->cut;
+}
+
+/* A call on a made planner (solve, min_budget) starts at `now`: it gets
+ * what the planner's creation left of time_limit, so that creation and
+ * the call together, one plan's planning, stay within it. */
+static void rkm__call_start(rkm_planner *pl, double now)
+{
+    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
+    pl->cut = 0;
+}
+
 /* Peak a block's ops need at least: the inputs stay live throughout, plus
  * the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
@@ -205,8 +226,9 @@ static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
  * go from loose to tight: a schedule that already fits a tighter kept
  * budget is that budget's answer too (the optimum of a looser problem that
  * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. A solve gets at most ilp_time_limit, and what is left of the
- * share and of time_limit; once either is spent the rest are left out. */
+ * the row. A solve gets at most ilp_time_limit and what is left of the
+ * share, and stops at the deadline; once either is spent, or the deadline
+ * passed, the rest are left out. */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
@@ -217,6 +239,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     double work0 = pl->ilp.work;
     for (int32_t i = 0; i < np && !r; i++) {
@@ -224,19 +247,20 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
         uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
         uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
-            double left = pl->d.time_limit - rkm__elapsed(pl), share = allow - (pl->ilp.work - work0);
+            double share = allow - (pl->ilp.work - work0);
             double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
             uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (kept <= kept_budget) continue;
-            if (left <= 0 || share <= 0) {
+            if (share <= 0 || rkm__over(pl)) {
                 pl->ilp_skipped++;
                 continue;
             }
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
-            double lim = fmin(pl->d.ilp_time_limit, fmin(left, share));
+            double lim = fmin(pl->d.ilp_time_limit, share);
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            (void)rkm__over(pl); /* the solve may have stopped at the deadline */
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
             rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
@@ -323,7 +347,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     if (pl->ilp_skipped && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "%s ran out: %d block ILP solves left out; plans may be worse",
-                 rkm__elapsed(pl) >= pl->d.time_limit ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
                  (int)pl->ilp_skipped);
     if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
@@ -423,6 +447,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
     pl->t0 = rkm__now();
+    pl->deadline = pl->t0 + d.time_limit;
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
     pl->lower_bound = gs.lower_bound;
@@ -446,6 +471,8 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
         return r;
     }
     pl->create_seconds = rkm__elapsed(pl);
+    pl->create_cut = pl->cut;
+    pl->cuts = pl->cut;
     *out = pl;
     return RKM_OK;
 }
@@ -581,6 +608,7 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     st->algo = pl->d.algo;
     st->budget = budget;
     st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    st->cut = pl->cut || pl->create_cut;
     return RKM_OK;
 }
 
@@ -729,7 +757,9 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     rkm_step *steps = NULL;
     size_t nf = 0, nb = 0;
     int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
         steps = NULL;
@@ -773,7 +803,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out); k++) {
+    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
         int bytes = k >= RKM__DTR_SCORES;
@@ -796,10 +826,10 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
     *out = NULL;
     if (!rkm__dtr_affordable(pl)) return RKM_OK;
     rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
-    if (r || *out) return r;
+    if (r || *out || rkm__over(pl)) return r;
     uint64_t min;
-    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
-    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
+    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget || rkm__over(pl)) return r;
+    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out || rkm__over(pl)) return r;
     return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
 }
 
@@ -857,7 +887,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / 256 : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
-        if (k == 2 * RKM_LAYOUT_TRIES) { /* the baseline, laid out, fits its own arena */
+        /* the baseline, laid out, fits its own arena; past the deadline,
+         * after one try at the least peak */
+        if (k == 2 * RKM_LAYOUT_TRIES || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
@@ -867,7 +899,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         }
     }
     /* then down: a budget just under that arena may find another plan */
-    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES && p->stats.arena_bytes; k++) {
+    for (int k = 0; !r && k < 4 * RKM_LAYOUT_TRIES && p->stats.arena_bytes && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -882,18 +914,31 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+/* The smallest budget, kept unless a cut call found it (then the next call
+ * looks again), within the call's deadline. */
+static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (!pl->min_budget) {
+    if (!pl->min_budget || pl->min_cut) {
+        rkm_plan_destroy(pl->min_plan);
+        pl->min_plan = NULL;
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
         if (r) {
             pl->min_budget = 0;
             return r;
         }
+        pl->min_cut = pl->cut;
     }
     *out = pl->min_budget;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__call_start(pl, rkm__now());
+    rkm_result r = rkm__min_budget_get(pl, out);
+    pl->cuts += pl->cut;
+    return r;
 }
 
 /* Checkmate's smallest budget: bisection on bytes (feasibility is monotone
@@ -903,7 +948,7 @@ static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
 {
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound, hi = pl->base_peak;
-    for (int it = 0; it < 12 && lo < hi && !r; it++) {
+    for (int it = 0; it < 12 && lo < hi && !r && !rkm__over(pl); it++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *p;
         r = rkm__solve_checkmate(pl, mid, pl->d.time_limit / 24, &p);
@@ -919,7 +964,7 @@ static rkm_result rkm__min_budget_checkmate(rkm_planner *pl, uint64_t *out)
  * peak (which the baseline meets) on the budgets it meets (DTR plans on an
  * allocator of the budget's bytes: a plan's peak can be below the arena it
  * needed). DTR's success is not monotone, so this is the least the
- * bisection found. Kept after the first call. */
+ * bisection found. Kept after the first call the deadline did not cut. */
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (pl->dtr_min) {
@@ -928,7 +973,8 @@ RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
     }
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound, hi = pl->base_peak, at = pl->base_peak;
-    for (int it = 0; it < 40 && lo < hi && !r; it++) {
+    int stopped = 0;
+    for (int it = 0; it < 40 && lo < hi && !r && !(stopped = rkm__over(pl)); it++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *p;
         r = rkm__dtr_plan(pl, mid, 1, &p);
@@ -936,7 +982,8 @@ RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
-    if (!r) pl->dtr_min = hi, pl->dtr_min_at = at;
+    pl->dtr_min_at = at;
+    if (!r && !stopped) pl->dtr_min = hi; /* a cut bisection is not kept */
     *out = hi;
     return r;
 }
@@ -952,7 +999,7 @@ static rkm_result rkm__min_budget_small(rkm_planner *pl, uint64_t *out, uint64_t
 {
     rkm_result r = RKM_OK;
     uint64_t lo = pl->lower_bound;
-    for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r; it++) {
+    for (int it = 0; it < RKM_FLOOR_STEPS && lo < *out && !r && !rkm__over(pl); it++) {
         uint64_t mid = lo + (*out - lo) / 2;
         rkm_plan *p = NULL;
         r = rkm__solve_checkmate(pl, mid, RKM_WHOLE_GRAPH_SECONDS / 5, &p);
@@ -995,21 +1042,28 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     return r;
 }
 
-rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call was cut (a search
+ * to the end might have found one), else RKM_ERROR_BUDGET. */
+static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 {
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    double t = rkm__now();
+    if (pl->cut)
+        return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
+                        "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
+                        "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
+                        rkm_algo_name(pl->d.algo), pl->d.time_limit, (unsigned long long)budget, pl->create_seconds);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+}
+
+static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
+{
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
     if (r) return r;
     if (!p) {
         uint64_t min;
-        if ((r = rkm_planner_min_budget(pl, &min))) return r;
-        if (budget < min)
-            return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
-                            "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
-                            rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if ((r = rkm__min_budget_get(pl, &min))) return r;
+        if (budget < min) return rkm__no_plan(pl, budget, min);
         if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
@@ -1018,6 +1072,17 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     }
     *out = p;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    double t = rkm__now();
+    rkm__call_start(pl, t);
+    rkm_result r = rkm__planner_solve(pl, budget, t, out);
+    pl->cuts += pl->cut;
+    return r;
 }
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)

@@ -22,6 +22,7 @@
 
 typedef struct rkm__polish {
     const rkm_graph *g;
+    rkm_planner *pl;  /* its deadline stops the search (rkm__over) */
     rkm__sim sim;
     rkm__steps cur;   /* the compute steps of the best plan so far */
     rkm__steps cand;  /* a candidate's compute steps */
@@ -182,13 +183,13 @@ static void rkm__polish_free(rkm__polish *w)
 }
 
 /* Drop recomputations while one fits, sweeping the steps in order until a
- * sweep keeps none or the work runs out. 0 on NOMEM. */
+ * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
     while (kept && w->work < RKM_POLISH_WORK) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && w->work < RKM_POLISH_WORK; j++) {
+        for (size_t j = 0; j < w->cur.n && w->work < RKM_POLISH_WORK && !rkm__over(w->pl); j++) {
             int k;
             int64_t h = rkm__polish_drop(w, j);
             if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
@@ -198,10 +199,12 @@ static int rkm__polish_search(rkm__polish *w)
     return 1;
 }
 
-static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm_plan *p, uint64_t budget)
+static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget)
 {
+    const rkm_graph *g = pl->g;
     memset(w, 0, sizeof *w);
     w->g = g;
+    w->pl = pl;
     w->budget = budget;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
     w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = g->ctx;
@@ -221,7 +224,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl->g, *p, budget);
+    rkm_result r = rkm__polish_init(&w, pl, *p, budget);
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
         rkm__steps_free(&w.cand);
@@ -293,6 +296,9 @@ typedef struct rkm__squeeze {
     int32_t top_obj[RKM_SQUEEZE_LOOK];
     int top_early[RKM_SQUEEZE_LOOK];
 } rkm__squeeze;
+
+/* Whether the squeeze may go on: work left and the deadline not passed. */
+static int rkm__squeeze_more(rkm__squeeze *q) { return q->w.work < q->limit && !rkm__over(q->w.pl); }
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
  * the budget or -1, *time), 0 when not, -1 on NOMEM. */
@@ -464,7 +470,7 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
 {
     rkm__polish *w = &q->w;
-    for (size_t j = 0; j < w->cur.n && w->work < q->limit; j++) {
+    for (size_t j = 0; j < w->cur.n && rkm__squeeze_more(q); j++) {
         double ex, time;
         int64_t f;
         int64_t h = rkm__polish_drop(w, j);
@@ -531,7 +537,7 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
     *bt = -1;
     *bex = q->excess;
     const rkm_step *at = &w->cur.s[c];
-    for (size_t t = 0; t < g->n_tensors + g->n_ops && w->work < q->limit; t++) {
+    for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__squeeze_more(q); t++) {
         int32_t o = (int32_t)(t - g->n_tensors);
         if (t < g->n_tensors ? !q->live[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT) || rkm__step_touches(g, at, (int32_t)t)
                              : !q->livep[o] || (at->kind == RKM_STEP_BWD && at->index == o))
@@ -590,7 +596,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     q.limit = *left;
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
-    rkm_result r = rkm__polish_init(&q.w, g, p, budget);
+    rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
@@ -599,7 +605,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     int64_t first = -1;
     int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__squeeze_eval(&q, &q.excess, &first, &q.time) : -1;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
-    while (ok > 0 && first >= 0 && q.w.work < q.limit) {
+    while (ok > 0 && first >= 0 && rkm__squeeze_more(&q)) {
         int32_t t;
         int early = 0;
         double ex;
@@ -652,7 +658,7 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
     double last_time = -1;
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && left > 0; i++) {
+    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && left > 0 && !rkm__over(pl); i++) {
         rkm_plan *a = NULL, *b = NULL;
         r = rkm__squeeze_start(pl, budget, i, &a);
         if (!r && a && a->stats.peak > budget && !(a->stats.time == last_time && a->stats.peak == last_peak)) {
@@ -749,13 +755,14 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
     int trials = 0, improved = 1;
     rkm_result r = RKM_OK;
     uint64_t left = pl->kick_work;
-    while (!r && improved && trials < max_trials && left > 0) {
+    while (!r && improved && trials < max_trials && left > 0 && !rkm__over(pl)) {
         rkm__polish w;
         int kept = 0;
         improved = 0;
-        r = rkm__polish_init(&w, pl->g, *best, budget);
+        r = rkm__polish_init(&w, pl, *best, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
-        for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && left > 0; j++)
+        for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && left > 0 && !rkm__over(pl);
+             j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);
         rkm__polish_free(&w);
     }
@@ -798,11 +805,13 @@ static rkm_result rkm__solve_rung(rkm_planner *pl, uint64_t target, uint64_t bud
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    /* the chain DP's plan always; then each candidate while the deadline
+     * has not passed (the search below checks it between its moves) */
     rkm_result r = rkm__solve_dp_at(pl, budget, &p[0]);
-    if (!r) r = rkm__solve_dp_up(pl, budget, p[0], &p[4]);
-    if (!r) r = rkm__solve_chain(pl, 1, budget, &p[1]);
-    if (!r) r = rkm__solve_dtr(pl, budget, &p[2]);
-    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
+    if (!r && !rkm__over(pl)) r = rkm__solve_dp_up(pl, budget, p[0], &p[4]);
+    if (!r && !rkm__over(pl)) r = rkm__solve_chain(pl, 1, budget, &p[1]);
+    if (!r && !rkm__over(pl)) r = rkm__solve_dtr(pl, budget, &p[2]);
+    if (!r && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl)) {
         /* one candidate among four: if lp_solve fails on it, the others stand */
         r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, &p[3]);
         if (r == RKM_ERROR_SOLVER) {
@@ -811,11 +820,11 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
         }
     }
     for (int k = 0; k < 5 && !r; k++)
-        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
+        if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__solve_squeezed(pl, budget, &p[5]); /* polished already */
     for (int k = 1; k < 6; k++) p[0] = rkm__faster(p[0], p[k]);
     if (!r && p[0]) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &p[0]);
-    for (int k = 0; k < RKM_RUNGS && !r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
+    for (int k = 0; k < RKM_RUNGS && !r && p[0] && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
         p[0] = rkm__faster(p[0], q);
