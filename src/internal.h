@@ -679,7 +679,7 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
 RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
 RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
 RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t);
+RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
 RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
 RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
 RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);

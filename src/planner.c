@@ -49,13 +49,17 @@ static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
     return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
 }
 
+/* The most slots the chain DP's table holds: d.slots, fewer where the time
+ * limit cut its solve. */
+static int32_t rkm__top_slots(const rkm_planner *pl) { return pl->table.n ? pl->table.M : pl->d.slots; }
+
 /* The slots a budget (absolute bytes) affords, rounded down and at most the
  * table's; -1 when the inputs alone do not fit. */
 static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
 {
     if (budget < pl->g->input_bytes) return -1;
     uint64_t m = (budget - pl->g->input_bytes) / pl->q;
-    return m > (uint64_t)pl->d.slots ? pl->d.slots : (int64_t)m;
+    return m > (uint64_t)rkm__top_slots(pl) ? rkm__top_slots(pl) : (int64_t)m;
 }
 
 /* The absolute bytes of m slots: the budget they stand for. */
@@ -503,7 +507,12 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 {
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) return rkm__dp_solve(pl->ctx, pl->dpb, n, M, &pl->table);
+    if (need <= RKM_DP_MAX_BYTES) {
+        int cut;
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->deadline, &pl->table, &cut);
+        pl->cut |= cut;
+        return r;
+    }
     if (pl->d.algo == RKM_ALGO_ROCKMATE) {
         rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
                  (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
@@ -676,7 +685,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
         int64_t m = 0;
         rkm_result r = rkm__dp_min_slots(pl->ctx, pl->dpb, pl->g->n_blocks, &m);
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
-        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= pl->d.slots; k++) {
+        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl); k++) {
             rkm_plan *p;
             r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
             if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
@@ -717,7 +726,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
     if (!own || m < 0) return RKM_OK; /* below the floor: none, as the floor says */
     double last = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)m);
     rkm_result r = RKM_OK;
-    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= pl->d.slots && !r; k++) {
+    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl) && !r; k++) {
         double opt = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)k);
         if (!(opt < last)) continue;
         last = opt;
