@@ -63,7 +63,11 @@ static const char cli_usage_text[] =
     "  --log             the chart's vertical axis on a log scale (memory of a\n"
     "                    plan at a small budget, overheads that span decades)\n"
     "  --slots N         memory slots of the chain dynamic program\n"
-    "  --time-limit S    seconds of planning per algorithm\n"
+    "  --time-limit S    wall-clock seconds of planning per plan and algorithm\n"
+    "                    (default 60), a safety stop: plans do not depend on it\n"
+    "                    unless it is reached; then the best plan found so far\n"
+    "                    is kept (plan says \"cut by the time limit\"), or, where\n"
+    "                    none was, the exit status is 3\n"
     "  --ilp-time-limit S  effort per block ILP solve, in seconds of a current\n"
     "                    core (a deterministic amount of solver work; default\n"
     "                    0.03): more finds better block options, slower\n"
@@ -77,7 +81,8 @@ static const char cli_usage_text[] =
     "  -h, --help        this text\n"
     "  --version         the library version\n"
     "\n"
-    "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n";
+    "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n"
+    "(or none was found within --time-limit)\n";
 /* clang-format on */
 
 /* ===========================================================================
@@ -334,7 +339,7 @@ static int cli_fail(const rkm_context *ctx, rkm_result r, const char *prefix)
     if (!*msg) msg = rkm_result_string(r);
     for (; *msg; msg++) fputc(*msg == '\n' || *msg == '\r' ? ' ' : *msg, stderr);
     fputc('\n', stderr);
-    return r == RKM_ERROR_BUDGET ? CLI_BUDGET : CLI_INPUT;
+    return r == RKM_ERROR_BUDGET || r == RKM_ERROR_TIMEOUT ? CLI_BUDGET : CLI_INPUT;
 }
 
 /* An error the tool itself finds: one line, exit status 1. */
@@ -716,6 +721,7 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
         cli_json_null(j, "overhead");
     cli_json_num(j, "peak_percent", valid ? cli_percent((double)r->ps.peak, (double)G->st.baseline_peak) : NAN);
     cli_json_num(j, "solve_seconds", r->ps.solve_seconds);
+    cli_json_i64(j, "cut", valid ? r->ps.cut : 0);
     cli_json_i64(j, "blocks", G->st.blocks);
     cli_json_i64(j, "block_classes", G->st.block_classes);
     cli_json_i64(j, "options", r->pls.options);
@@ -1083,6 +1089,7 @@ static void cli_text_ilp(const cli_result *r)
     if (pls->ilp_skipped)
         printf("; %d ILP solves skipped: the time limit or the ILP budget ran out, the plan may be worse",
                (int)pls->ilp_skipped);
+    if (r->plan && r->ps.cut) printf("; cut by the time limit: the best plan found by then");
     printf("\n");
 }
 
@@ -1503,6 +1510,7 @@ static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s, uint64_t align)
             r->budget = s->budgets[i];
             if (r->budget < s->min[k]) continue;
             rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan, &r->pls);
+            if (e == RKM_ERROR_TIMEOUT) continue; /* no plan within --time-limit: a gap, as below the smallest */
             if (!e) e = cli_result_fill(s->G, r->plan, align, r);
             if (e) return cli_fail(ctx, e, s->G->path);
         }
