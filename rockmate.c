@@ -359,6 +359,7 @@ typedef struct rkm__ilp_model {
     rkm__ilp_free *fcand;
     int32_t n_fcand;
     int bad;                  /* a row that never holds: no schedule at any budget */
+    int stale;                /* its last solve was aborted: rebuilt before the next */
     double *x;                /* [ncols] solution */
     rkm__ilp_arrays arrays;
 } rkm__ilp_model;
@@ -5809,10 +5810,14 @@ static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint6
     int valid = 0;
     double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
     double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
-    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
     /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
-     * last solve was aborted: such a model is rebuilt before reuse. */
-    if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+     * last solve was aborted: such a model is rebuilt before reuse (not
+     * at once: the whole-graph ILP's block is not reused, and a solve the
+     * time limit stopped should return at once). */
+    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    bk->model.stale = 0;
+    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
+    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
     if (status == OPTIMAL || status == SUBOPTIMAL) {
         if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
         if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
@@ -5850,8 +5855,12 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     /* Nothing recomputed: no schedule is faster. */
     int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    if (!proven && !bk->model.bad &&
-        (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
+    /* lp_solve only before the wall clock's stop: past it, it would stop at
+     * once, after its own set-up (tens of ms on 60 ops); counted so */
+    if (!proven && !bk->model.bad && rkm__now() > work.deadline)
+        st->solves++, st->timeout++;
+    else if (!proven && !bk->model.bad &&
+             (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
         return r;
     if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
     st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);
@@ -6374,7 +6383,8 @@ static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, 
 
 /* One round of the local search: every change of one op's mode, the best
  * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
- * *to its new mode. */
+ * *to its new mode. The wall clock (not the work, which stops between
+ * rounds) ends a round early: a round of a 60-op block takes tens of ms. */
 static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
                                         uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
                                         rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
@@ -6382,7 +6392,7 @@ static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy
     rkm_result res = RKM_OK;
     int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
     *pick = -1;
-    for (int32_t v = 0; v < b->n; v++)
+    for (int32_t v = 0; v < b->n && !(v > 0 && rkm__now() > work->deadline); v++)
         for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
             if (val == gw->x[v]) continue;
             int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);
@@ -8290,7 +8300,8 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most. *need
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * past the deadline: each try ends in a layout, which it does not cut). *need
  * (if not NULL): the least arena of the plans that did not fit, 0 if
  * none. */
 static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
@@ -8298,7 +8309,7 @@ static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **
     *out = NULL;
     if (need) *need = 0;
     uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p, *q;
         rkm_result r = rkm__planner_try(pl, b, &p);
         if (r || !p) return r;

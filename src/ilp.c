@@ -947,10 +947,14 @@ static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint6
     int valid = 0;
     double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
     double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
-    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
     /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
-     * last solve was aborted: such a model is rebuilt before reuse. */
-    if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+     * last solve was aborted: such a model is rebuilt before reuse (not
+     * at once: the whole-graph ILP's block is not reused, and a solve the
+     * time limit stopped should return at once). */
+    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    bk->model.stale = 0;
+    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
+    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
     if (status == OPTIMAL || status == SUBOPTIMAL) {
         if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
         if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
@@ -988,8 +992,12 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     /* Nothing recomputed: no schedule is faster. */
     int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    if (!proven && !bk->model.bad &&
-        (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
+    /* lp_solve only before the wall clock's stop: past it, it would stop at
+     * once, after its own set-up (tens of ms on 60 ops); counted so */
+    if (!proven && !bk->model.bad && rkm__now() > work.deadline)
+        st->solves++, st->timeout++;
+    else if (!proven && !bk->model.bad &&
+             (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
         return r;
     if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
     st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);

@@ -329,6 +329,7 @@ typedef struct rkm__ilp_model {
     rkm__ilp_free *fcand;
     int32_t n_fcand;
     int bad;                  /* a row that never holds: no schedule at any budget */
+    int stale;                /* its last solve was aborted: rebuilt before the next */
     double *x;                /* [ncols] solution */
     rkm__ilp_arrays arrays;
 } rkm__ilp_model;

@@ -577,7 +577,8 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most. *need
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * past the deadline: each try ends in a layout, which it does not cut). *need
  * (if not NULL): the least arena of the plans that did not fit, 0 if
  * none. */
 static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
@@ -585,7 +586,7 @@ static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **
     *out = NULL;
     if (need) *need = 0;
     uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p, *q;
         rkm_result r = rkm__planner_try(pl, b, &p);
         if (r || !p) return r;
