@@ -1261,10 +1261,11 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
 
 /* Per algorithm of `info`: its smallest budget, or why there is none. */
 /* An algorithm's smallest budget for info: bytes, or why there is none;
- * skipped: ILP solves the time limit or the ILP budget left out (the figure may be higher). */
+ * skipped: ILP solves the time limit or the ILP budget left out (the figure may be higher);
+ * cut: the time limit cut its search (the same). */
 typedef struct cli_floor {
     uint64_t bytes;
-    int32_t skipped;
+    int32_t skipped, cut;
     char why[256];
 } cli_floor;
 
@@ -1281,7 +1282,7 @@ static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floo
         rkm_result e = cli_planner_open(G, a, o, &cp);
         if (!e) e = cli_planner_min(&cp, &fl[a].bytes);
         if (e) snprintf(fl[a].why, sizeof fl[a].why, "%s: %s", rkm_result_string(e), rkm_context_errmsg(ctx));
-        if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl[a].skipped = pls.ilp_skipped;
+        if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl[a].skipped = pls.ilp_skipped, fl[a].cut = pls.cut;
         cli_planner_close(&cp);
     }
 }
@@ -1397,7 +1398,9 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
         else
             printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)%s\n", rkm_algo_name((rkm_algo)k),
                    cli_size(a, sizeof a, fl[k].bytes), fl[k].bytes, cli_percent((double)fl[k].bytes, bp),
-                   fl[k].skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more" : "");
+                   fl[k].cut       ? " -- cut by the time limit: may be lower with more"
+                   : fl[k].skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more"
+                                   : "");
     }
     printf("  blocks         %d in %d classes\n", (int)G->st.blocks, (int)G->st.block_classes);
     printf("    %5s %5s %6s  %-24s %s\n", "block", "class", "ops", "input", "output");
