@@ -1052,11 +1052,12 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     return r;
 }
 
-/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call was cut (a search
- * to the end might have found one), else RKM_ERROR_BUDGET. */
+/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call or the planner's
+ * creation was cut (a search to the end, from all the options, might have
+ * found one), else RKM_ERROR_BUDGET. */
 static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 {
-    if (pl->cut)
+    if (pl->cut || pl->create_cut)
         return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
                         "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
                         "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
