@@ -647,7 +647,8 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
 void rkm_planner_destroy(rkm_planner *pl);
 /* A plan for `budget` bytes, or RKM_ERROR_BUDGET with the message giving
  * the smallest budget this algorithm can meet (RKM_ERROR_TIMEOUT instead
- * where the time limit cut the search before it found one). The budget is the memory
+ * where the time limit cut the search, or the planner's creation, before
+ * one was found). The budget is the memory
  * the host allocates for the step: the plan's arena (its own layout, at
  * the desc's alignment) is at most `budget`, and so are its aligned peak
  * and its peak. The planners count every buffer rounded up to the
