@@ -567,6 +567,7 @@ typedef struct rkm__ilp_model {
     rkm__ilp_free *fcand;
     int32_t n_fcand;
     int bad;                  /* a row that never holds: no schedule at any budget */
+    int stale;                /* its last solve was aborted: rebuilt before the next */
     double *x;                /* [ncols] solution */
     rkm__ilp_arrays arrays;
 } rkm__ilp_model;
@@ -741,6 +742,15 @@ struct rkm_planner {
     double base_time;
     uint64_t lower_bound;
     double t0;               /* planner creation time: the time budget runs from here */
+    /* The wall-clock safety stop (desc.time_limit): the call in progress
+     * (create, a solve, min_budget) stops its search past it, at the checks
+     * of rkm__over; cut says that happened, so the result may depend on
+     * the machine. Without a cut the deadline never changed a thing. */
+    double deadline;
+    int cut;                 /* the call in progress was cut */
+    int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
+    int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
+    int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
     rkm__dp_block *dpb;      /* the chain in slots */
@@ -865,6 +875,7 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
 RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
@@ -895,7 +906,7 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
 RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
 RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
 RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t);
+RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
 RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
 RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
 RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
@@ -906,6 +917,7 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
 /* planner.c */
 RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
@@ -5060,6 +5072,8 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
  *      so that the result is the same on every machine; a wall clock at
  *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
  *      (results may then differ).
+ *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
+ *      (the planner's time_limit; results may then differ too).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -5124,6 +5138,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
 }
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
 
 #else /* !RKM_OMIT_SOLVER */
 
@@ -5212,7 +5227,12 @@ struct rkm__ilp_block {
     rkm__ilp_model model;
     rkm__ilp_memo memo;
     rkm__ilp_scratch scratch;
+    double deadline; /* the caller's wall-clock stop (its planner's), INFINITY: none */
 };
+
+/* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
+ * the planner's time_limit. */
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
 
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
@@ -5978,10 +5998,14 @@ static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint6
     int valid = 0;
     double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
     double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
-    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
     /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
-     * last solve was aborted: such a model is rebuilt before reuse. */
-    if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+     * last solve was aborted: such a model is rebuilt before reuse (not
+     * at once: the whole-graph ILP's block is not reused, and a solve the
+     * time limit stopped should return at once). */
+    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    bk->model.stale = 0;
+    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
+    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
     if (status == OPTIMAL || status == SUBOPTIMAL) {
         if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
         if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
@@ -5998,7 +6022,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, t0 + lim * RKM__ILP_WALL_SAFETY};
+                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline)};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
@@ -6019,8 +6043,12 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     /* Nothing recomputed: no schedule is faster. */
     int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    if (!proven && !bk->model.bad &&
-        (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
+    /* lp_solve only before the wall clock's stop: past it, it would stop at
+     * once, after its own set-up (tens of ms on 60 ops); counted so */
+    if (!proven && !bk->model.bad && rkm__now() > work.deadline)
+        st->solves++, st->timeout++;
+    else if (!proven && !bk->model.bad &&
+             (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
         return r;
     if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
     st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);
@@ -6242,6 +6270,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "block ILP: bad block (ops, x_in, x_out or is_last)");
     rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
     if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    bk->deadline = INFINITY;
     rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
     if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
     if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);
@@ -6542,7 +6571,8 @@ static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, 
 
 /* One round of the local search: every change of one op's mode, the best
  * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
- * *to its new mode. */
+ * *to its new mode. The wall clock (not the work, which stops between
+ * rounds) ends a round early: a round of a 60-op block takes tens of ms. */
 static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
                                         uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
                                         rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
@@ -6550,7 +6580,7 @@ static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy
     rkm_result res = RKM_OK;
     int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
     *pick = -1;
-    for (int32_t v = 0; v < b->n; v++)
+    for (int32_t v = 0; v < b->n && !(v > 0 && rkm__now() > work->deadline); v++)
         for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
             if (val == gw->x[v]) continue;
             int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);
@@ -7222,9 +7252,15 @@ RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
  * RKM__DP_TILE, all pairs per tile (a cell needs only cells of shorter pairs
  * at the same or fewer slots): a candidate's cost at the end of the tile then
  * bounds it over the tile, which prunes far more than its cost at M, and a
- * tile reads less memory than whole rows. */
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t)
+ * tile reads less memory than whole rows. The solve stops between tiles
+ * once rkm__now() passes `deadline` (the planner's time limit; INFINITY:
+ * never): the table then holds the columns solved so far, at least the
+ * first tile's (t->M is the last: a valid table for fewer slots), and *cut
+ * (when not NULL) is 1. */
+RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline,
+                                     rkm__dp_table *t, int *cut)
 {
+    if (cut) *cut = 0;
     memset(t, 0, sizeof *t);
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
@@ -7248,6 +7284,11 @@ RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, 
     rkm__dp_fill_lo(bl, n, t->lo);
     if (!rkm__dp_prepare(ctx, t)) goto nomem;
     for (int32_t m0 = 0; m0 <= M; m0 += RKM__DP_TILE) {
+        if (m0 > 0 && rkm__now() > deadline) {
+            t->M = m0 - 1;
+            if (cut) *cut = 1;
+            break;
+        }
         int32_t m1 = M + 1 - m0 > RKM__DP_TILE ? m0 + RKM__DP_TILE : M + 1;
         for (int32_t a = n - 1; a >= 0; a--)
             for (int32_t b = a; b < n; b++) rkm__dp_solve_tile(t, rkm__dp_pair(n, a, b), m0, m1);
@@ -7889,6 +7930,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->ilp_seconds = pl->ilp.seconds;
     st->create_seconds = pl->create_seconds;
     st->nested_classes = pl->nested;
+    st->cut = pl->cuts;
 }
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -7903,13 +7945,17 @@ static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
     return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
 }
 
+/* The most slots the chain DP's table holds: d.slots, fewer where the time
+ * limit cut its solve. */
+static int32_t rkm__top_slots(const rkm_planner *pl) { return pl->table.n ? pl->table.M : pl->d.slots; }
+
 /* The slots a budget (absolute bytes) affords, rounded down and at most the
  * table's; -1 when the inputs alone do not fit. */
 static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
 {
     if (budget < pl->g->input_bytes) return -1;
     uint64_t m = (budget - pl->g->input_bytes) / pl->q;
-    return m > (uint64_t)pl->d.slots ? pl->d.slots : (int64_t)m;
+    return m > (uint64_t)rkm__top_slots(pl) ? rkm__top_slots(pl) : (int64_t)m;
 }
 
 /* The absolute bytes of m slots: the budget they stand for. */
@@ -7979,6 +8025,26 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
+/* Past the call's deadline (time_limit): 1, and the call is cut. Checked
+ * between candidates, moves and probes, never inside one, so a call
+ * overruns its deadline by one such unit of work and its finish (the
+ * slack rockmate.h gives); while it returns 0 it changes nothing, so an
+ * uncut call is as deterministic as if there were no limit. */
+RKM_PRIVATE int rkm__over(rkm_planner *pl)
+{
+    if (!pl->cut && rkm__now() > pl->deadline) pl->cut = 1;
+    return pl->cut;
+}
+
+/* A call on a made planner (solve, min_budget) starts at `now`: it gets
+ * what the planner's creation left of time_limit, so that creation and
+ * the call together, one plan's planning, stay within it. */
+static void rkm__call_start(rkm_planner *pl, double now)
+{
+    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
+    pl->cut = 0;
+}
+
 /* Peak a block's ops need at least: the inputs stay live throughout, plus
  * the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
@@ -8041,8 +8107,9 @@ static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
  * go from loose to tight: a schedule that already fits a tighter kept
  * budget is that budget's answer too (the optimum of a looser problem that
  * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. A solve gets at most ilp_time_limit, and what is left of the
- * share and of time_limit; once either is spent the rest are left out. */
+ * the row. A solve gets at most ilp_time_limit and what is left of the
+ * share, and stops at the deadline; once either is spent, or the deadline
+ * passed, the rest are left out. */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
@@ -8053,6 +8120,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     double work0 = pl->ilp.work;
     for (int32_t i = 0; i < np && !r; i++) {
@@ -8060,19 +8128,20 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
         uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
         uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
-            double left = pl->d.time_limit - rkm__elapsed(pl), share = allow - (pl->ilp.work - work0);
+            double share = allow - (pl->ilp.work - work0);
             double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
             uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (kept <= kept_budget) continue;
-            if (left <= 0 || share <= 0) {
+            if (share <= 0 || rkm__over(pl)) {
                 pl->ilp_skipped++;
                 continue;
             }
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
-            double lim = fmin(pl->d.ilp_time_limit, fmin(left, share));
+            double lim = fmin(pl->d.ilp_time_limit, share);
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            (void)rkm__over(pl); /* the solve may have stopped at the deadline */
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
             rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
@@ -8166,7 +8235,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     if (pl->ilp_skipped && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "%s ran out: %d block ILP solves left out; plans may be worse",
-                 rkm__elapsed(pl) >= pl->d.time_limit ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
                  (int)pl->ilp_skipped);
     if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
@@ -8262,6 +8331,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->kick_work = rkm__kick_work(g);
     rkm__search_begin(pl); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
+    pl->deadline = pl->t0 + d.time_limit;
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
     pl->lower_bound = gs.lower_bound;
@@ -8285,6 +8355,8 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
         return r;
     }
     pl->create_seconds = rkm__elapsed(pl);
+    pl->create_cut = pl->cut;
+    pl->cuts = pl->cut;
     *out = pl;
     return RKM_OK;
 }
@@ -8315,7 +8387,12 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 {
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) return rkm__dp_solve(pl->ctx, pl->dpb, n, M, &pl->table);
+    if (need <= RKM_DP_MAX_BYTES) {
+        int cut;
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->deadline, &pl->table, &cut);
+        pl->cut |= cut;
+        return r;
+    }
     if (pl->d.algo == RKM_ALGO_ROCKMATE) {
         rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
                  (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
@@ -8380,7 +8457,8 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most. *need
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * past the deadline: each try ends in a layout, which it does not cut). *need
  * (if not NULL): the least arena of the plans that did not fit, 0 if
  * none. */
 static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
@@ -8388,7 +8466,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
     *out = NULL;
     if (need) *need = 0;
     uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p, *q;
         rkm_result r = rkm__planner_try(pl, b, &p);
         if (r || !p) return r;
@@ -8447,6 +8525,7 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     st->algo = pl->d.algo;
     st->budget = budget;
     st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    st->cut = pl->cut || pl->create_cut;
     return RKM_OK;
 }
 
@@ -8508,7 +8587,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
         int64_t m = 0;
         rkm_result r = rkm__dp_min_slots(pl->ctx, pl->dpb, pl->g->n_blocks, &m);
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
-        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= pl->d.slots; k++) {
+        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl); k++) {
             rkm_plan *p;
             r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
             if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
@@ -8549,7 +8628,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
     if (!own || m < 0) return RKM_OK; /* below the floor: none, as the floor says */
     double last = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)m);
     rkm_result r = RKM_OK;
-    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= pl->d.slots && !r; k++) {
+    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl) && !r; k++) {
         double opt = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)k);
         if (!(opt < last)) continue;
         last = opt;
@@ -8592,7 +8671,9 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     rkm_step *steps = NULL;
     size_t nf = 0, nb = 0;
     int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
         steps = NULL;
@@ -8636,7 +8717,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out); k++) {
+    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
         int bytes = k >= RKM__DTR_SCORES;
@@ -8659,10 +8740,10 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
     *out = NULL;
     if (!rkm__dtr_affordable(pl)) return RKM_OK;
     rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
-    if (r || *out) return r;
+    if (r || *out || rkm__over(pl)) return r;
     uint64_t min;
-    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
-    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
+    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget || rkm__over(pl)) return r;
+    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out || rkm__over(pl)) return r;
     return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
 }
 
@@ -8707,10 +8788,10 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
 /* The smallest budget the planner meets, and the plan that meets it
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
  * counted at the alignment) upwards, by the least arena of the plans that
- * did not fit, else by steps that double from 1/256 of the way to the
- * baseline peak, until a plan fits (the baseline's arena always does);
- * then down, while the budget one byte under the plan's arena finds a
- * plan. The budget is that plan's arena: rkm_planner_solve meets any
+ * did not fit, else by steps that double from 1/RKM_MIN_BUDGET_STEPS of the
+ * way to the baseline peak, until a plan fits (the baseline's arena always
+ * does); then down, while the budget one byte under the plan's arena finds
+ * a plan. The budget is that plan's arena: rkm_planner_solve meets any
  * budget from there on, with this plan where its own search finds none
  * (the searches are not monotone in the budget). */
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
@@ -8721,7 +8802,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
-        if (k == RKM_MIN_BUDGET_UP) { /* the baseline, laid out, fits its own arena */
+        /* the baseline, laid out, fits its own arena; past the deadline,
+         * after one try at the least peak */
+        if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
@@ -8731,7 +8814,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         }
     }
     /* then down: a budget just under that arena may find another plan */
-    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes; k++) {
+    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -8746,33 +8829,48 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+/* The smallest budget, kept unless a cut call found it (then the next call
+ * looks again), within the call's deadline. */
+static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (!pl->min_budget) {
+    if (!pl->min_budget || pl->min_cut) {
+        rkm_plan_destroy(pl->min_plan);
+        pl->min_plan = NULL;
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
         if (r) {
             pl->min_budget = 0;
             return r;
         }
+        pl->min_cut = pl->cut;
     }
     *out = pl->min_budget;
     return RKM_OK;
 }
 
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__call_start(pl, rkm__now());
+    rkm_result r = rkm__min_budget_get(pl, out);
+    pl->cuts += pl->cut;
+    return r;
+}
+
 /* One bisection serves every smallest-budget search: between lo and *hi
- * (a budget met), `probes` probes; a probe that finds a plan at budget m
- * sets *at = m and *hi = m, or the plan's peak when by_peak (where every
- * budget from a plan's peak on is met too); one that finds none moves lo
- * above m. Where success is not monotone in the budget (DTR, the search)
- * this is the least budget the probes met. */
+ * (a budget met), `probes` probes, none started past the deadline; a probe
+ * that finds a plan at budget m sets *at = m and *hi = m, or the plan's
+ * peak when by_peak (where every budget from a plan's peak on is met too);
+ * one that finds none moves lo above m. Where success is not monotone in
+ * the budget (DTR, the search) this is the least budget the probes met.
+ * *stopped (if not NULL): the deadline ended it. */
 typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 
 static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                              uint64_t *at)
+                              uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
-    for (int it = 0; it < probes && lo < *hi && !r; it++) {
+    int over = 0;
+    for (int it = 0; it < probes && lo < *hi && !r && !(over = rkm__over(pl)); it++) {
         uint64_t mid = lo + (*hi - lo) / 2;
         rkm_plan *p = NULL;
         r = probe(pl, mid, &p);
@@ -8780,6 +8878,7 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
+    if (stopped) *stopped = over;
     return r;
 }
 
@@ -8811,14 +8910,21 @@ static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }
 
-/* DTR's smallest budget, kept after the first call. */
+/* DTR's smallest budget, kept after the first call the deadline did not
+ * cut. */
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->dtr_min) {
         uint64_t hi = pl->base_peak, at = pl->base_peak;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at);
+        int stopped;
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
         if (r) return r;
-        pl->dtr_min = hi, pl->dtr_min_at = at;
+        pl->dtr_min_at = at;
+        if (stopped) { /* a cut bisection is not kept */
+            *out = hi;
+            return RKM_OK;
+        }
+        pl->dtr_min = hi;
     }
     *out = pl->dtr_min;
     return RKM_OK;
@@ -8837,7 +8943,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
         uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored);
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
         *at = *out;
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
@@ -8852,26 +8958,34 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
-        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at);
+        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     if (*at < *out) *at = *out;
     return r;
 }
 
-rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call or the planner's
+ * creation was cut (a search to the end, from all the options, might have
+ * found one), else RKM_ERROR_BUDGET. */
+static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 {
-    if (out) *out = NULL;
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    double t = rkm__now();
+    if (pl->cut || pl->create_cut)
+        return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
+                        "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
+                        "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
+                        rkm_algo_name(pl->d.algo), pl->d.time_limit, (unsigned long long)budget, pl->create_seconds);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+}
+
+static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
+{
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
     if (r) return r;
     if (!p) {
         uint64_t min;
-        if ((r = rkm_planner_min_budget(pl, &min))) return r;
-        if (budget < min)
-            return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
-                            "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
-                            rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if ((r = rkm__min_budget_get(pl, &min))) return r;
+        if (budget < min) return rkm__no_plan(pl, budget, min);
         if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
@@ -8880,6 +8994,17 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     }
     *out = p;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (out) *out = NULL;
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    double t = rkm__now();
+    rkm__call_start(pl, t);
+    rkm_result r = rkm__planner_solve(pl, budget, t, out);
+    pl->cuts += pl->cut;
+    return r;
 }
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
@@ -9108,6 +9233,7 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
 {
     if (offered) pl->nested += 1 + sub->nested;
     pl->ilp_skipped += sub->ilp_skipped;
+    pl->cut |= sub->cut;
     pl->ilp.solves += sub->ilp.solves;
     pl->ilp.optimal += sub->ilp.optimal;
     pl->ilp.suboptimal += sub->ilp.suboptimal;
@@ -9121,22 +9247,21 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
 /* Block b's options from a nested planner (whose block ILP budget is
  * `allow`), over peak budgets from the nested floor (or the block's, if
  * higher) to peak_hi; *nested: some were offered. Nothing happens for
- * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, once
- * time_limit is spent, or where b does not cut. */
+ * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, past the
+ * deadline, or where b does not cut. */
 RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
                                     uint64_t peak_hi, double allow, int *nested)
 {
     const rkm_graph *g = pl->g;
-    double left = pl->d.time_limit - rkm__elapsed(pl);
     *nested = 0;
-    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || left <= 0) return RKM_OK;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
     rkm_graph *h = NULL;
     rkm_planner *sub = NULL;
     rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
     if (!r && rkm__nest_worth(h, b)) {
         rkm_solve_desc d = pl->d;
-        d.time_limit = left;
+        d.time_limit = fmax(pl->deadline - rkm__now(), 1e-9); /* its deadline is ours */
         d.ilp_budget = allow > 0 ? allow : 1e-9;
         uint64_t floor = 0, dtr = 0;
         int64_t slots;
@@ -9152,7 +9277,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         uint64_t hi = peak_hi > lo ? peak_hi : lo;
         /* the chain DP's plan and DTR's at each point: DTR reaches below
          * the chain's floor, where the nested blocks' boundaries are held */
-        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r; i++) {
+        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
             uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
             r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);
@@ -9185,8 +9310,13 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
  * depend on the machine. */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl) { pl->work_left = RKM_SOLVE_WORK; }
 
-/* What a part of the search may spend: its share, or what the solve has left. */
-static uint64_t rkm__share(const rkm_planner *pl, uint64_t cap) { return cap < pl->work_left ? cap : pl->work_left; }
+/* What a part of the search may spend: its share, or what the solve has
+ * left; nothing past the deadline. */
+static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
+{
+    if (rkm__over(pl)) return 0;
+    return cap < pl->work_left ? cap : pl->work_left;
+}
 
 static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < pl->work_left ? pl->work_left - work : 0; }
 
@@ -9207,6 +9337,7 @@ static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < 
 
 typedef struct rkm__polish {
     const rkm_graph *g;
+    rkm_planner *pl;  /* its deadline stops the search (rkm__over) */
     rkm__sim sim;
     rkm__steps cur;   /* the compute steps of the best plan so far */
     rkm__steps cand;  /* a candidate's compute steps */
@@ -9368,13 +9499,13 @@ static void rkm__polish_free(rkm__polish *w)
 }
 
 /* Drop recomputations while one fits, sweeping the steps in order until a
- * sweep keeps none or the work runs out. 0 on NOMEM. */
+ * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
     while (kept && w->work < w->limit) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && w->work < w->limit; j++) {
+        for (size_t j = 0; j < w->cur.n && w->work < w->limit && !rkm__over(w->pl); j++) {
             int k;
             int64_t h = rkm__polish_drop(w, j);
             if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
@@ -9384,10 +9515,12 @@ static int rkm__polish_search(rkm__polish *w)
     return 1;
 }
 
-static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm_plan *p, uint64_t budget)
+static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget)
 {
+    const rkm_graph *g = pl->g;
     memset(w, 0, sizeof *w);
     w->g = g;
+    w->pl = pl;
     w->budget = budget;
     w->limit = UINT64_MAX;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
@@ -9408,7 +9541,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl->g, *p, budget);
+    rkm_result r = rkm__polish_init(&w, pl, *p, budget);
     w.limit = pl->work_left;
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
@@ -9468,6 +9601,9 @@ typedef struct rkm__squeeze {
     int32_t top_obj[RKM_SQUEEZE_LOOK];
     int top_early[RKM_SQUEEZE_LOOK];
 } rkm__squeeze;
+
+/* Whether the squeeze may go on: work left and the deadline not passed. */
+static int rkm__squeeze_more(rkm__squeeze *q) { return q->w.work < q->limit && !rkm__over(q->w.pl); }
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
  * the budget or -1, *time), 0 when not, -1 on NOMEM. */
@@ -9639,7 +9775,7 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
 {
     rkm__polish *w = &q->w;
-    for (size_t j = 0; j < w->cur.n && w->work < q->limit; j++) {
+    for (size_t j = 0; j < w->cur.n && rkm__squeeze_more(q); j++) {
         double ex, time;
         int64_t f;
         int64_t h = rkm__polish_drop(w, j);
@@ -9706,7 +9842,7 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
     *bt = -1;
     *bex = q->excess;
     const rkm_step *at = &w->cur.s[c];
-    for (size_t t = 0; t < g->n_tensors + g->n_ops && w->work < q->limit; t++) {
+    for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__squeeze_more(q); t++) {
         int32_t o = (int32_t)(t - g->n_tensors);
         if (t < g->n_tensors ? !q->live[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT) || rkm__step_touches(g, at, (int32_t)t)
                              : !q->livep[o] || (at->kind == RKM_STEP_BWD && at->index == o))
@@ -9765,7 +9901,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     q.limit = *left;
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
-    rkm_result r = rkm__polish_init(&q.w, g, p, budget);
+    rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
@@ -9774,7 +9910,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     int64_t first = -1;
     int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__squeeze_eval(&q, &q.excess, &first, &q.time) : -1;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
-    while (ok > 0 && first >= 0 && q.w.work < q.limit) {
+    while (ok > 0 && first >= 0 && rkm__squeeze_more(&q)) {
         int32_t t;
         int early = 0;
         double ex;
@@ -9928,7 +10064,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
         rkm__polish w;
         int kept = 0;
         improved = 0;
-        r = rkm__polish_init(&w, pl->g, *best, budget);
+        r = rkm__polish_init(&w, pl, *best, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
         for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && rkm__share(pl, left) > 0; j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);
@@ -9998,19 +10134,20 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
 
 /* Rockmate's plan: every start but the squeeze's, each polished; the
  * squeeze's; the fastest of them kicked; then, on graphs small enough, the
- * rungs below the budget. All of it within the solve's work. */
+ * rungs below the budget. All of it within the solve's work and, past the
+ * chain DP's plan, its deadline. */
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL};
     rkm_result r = RKM_OK;
-    for (int k = 0; k < RKM__START_SQUEEZE && !r; k++) r = rkm__start(pl, k, budget, p);
+    for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++) r = rkm__start(pl, k, budget, p);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
-        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
+        if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p);
     rkm_plan *best = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &best);
-    for (int k = 0; k < RKM_RUNGS && !r && best && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
+    for (int k = 0; k < RKM_RUNGS && !r && best && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
         best = rkm__faster(best, q);

@@ -183,7 +183,7 @@ typedef enum rkm_result {
     RKM_ERROR_BUDGET,      /* no plan of the chosen algorithm fits the budget */
     RKM_ERROR_CALLBACK,    /* a host callback returned non-zero */
     RKM_ERROR_SOLVER,      /* lp_solve failed in a way that left no usable result */
-    RKM_ERROR_TIMEOUT,     /* the planning time budget ran out before any plan */
+    RKM_ERROR_TIMEOUT,     /* rkm_solve_desc.time_limit ran out before any plan was found */
     RKM_ERROR_UNSUPPORTED, /* compiled out (RKM_OMIT_SOLVER) */
     RKM_ERROR_INTERNAL,    /* a bug in the library: a check of its own results failed */
     RKM_RESULT_COUNT
@@ -579,7 +579,28 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
 typedef struct rkm_solve_desc {
     rkm_algo algo;
     int32_t slots;           /* DP memory slots over the baseline peak; 0: 1000 */
-    double time_limit;       /* seconds for the whole planning; 0: 60 */
+    /* Wall-clock seconds for planning one plan; 0: 60 (there is no "no
+     * limit": a large value is one). rkm_planner_create runs within it, and
+     * each rkm_planner_solve or rkm_planner_min_budget call within what the
+     * creation left of it (the limit minus create_seconds), so that
+     * rkm_plan_solve as a whole does. It is a safety stop checked between
+     * the search's candidates, moves and probes, never inside one, and
+     * every call makes its first candidate (rockmate and rotor: the chain
+     * DP's plan, from at least its first 256 slots; DTR: one run;
+     * checkmate: one solve, stopped at the limit). So a call overruns the
+     * limit by the unit of work in progress and its finish, above all the
+     * layout of the plan it hands out (bounded in work, not time: up to
+     * 0.08 s on the bundled graphs): measured, at most 0.13 s past limits
+     * of 0.005, 0.05 and 0.5 s on every bundled graph, on a loaded 2-core
+     * machine (bench/bench_timeout.c, bench/RESULTS.md). A call the limit cuts
+     * returns the best plan found by then, flagged (rkm_plan_stats.cut,
+     * rkm_planner_stats.cut), or RKM_ERROR_TIMEOUT where it found none; a
+     * cut plan may differ from run to run. Plans the limit does not cut
+     * are the same on every machine, as if there were none: the searches
+     * are bounded by counts of work (ilp_time_limit, ilp_budget), not by
+     * the clock. Checkmate also spends it as work: half of it a solve (a
+     * 24th a probe of its smallest budget), measured like ilp_time_limit. */
+    double time_limit;
     /* Seconds per ILP solve; 0: 0.03. Enforced as a deterministic amount of
      * solver work calibrated to about that time on a current core, so that
      * plans do not depend on the machine's speed or load; a wall-clock stop
@@ -641,6 +662,11 @@ typedef struct rkm_plan_stats {
                                the alignment: no layout at it is smaller; >= peak */
     uint64_t arena_bytes;   /* the layout's arena, what a host allocates: >= aligned_peak,
                                equal to it on most plans; a planned plan's is <= its budget */
+    /* 1: rkm_solve_desc.time_limit cut the planning of this plan (its
+     * planner's creation included): the best plan found by then, which may
+     * differ from run to run and machine to machine. 0: planned to the end,
+     * and for plans not made by a planner. */
+    int cut;
 } rkm_plan_stats;
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
@@ -651,7 +677,9 @@ typedef struct rkm_planner rkm_planner;
 rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out);
 void rkm_planner_destroy(rkm_planner *pl);
 /* A plan for `budget` bytes, or RKM_ERROR_BUDGET with the message giving
- * the smallest budget this algorithm can meet. The budget is the memory
+ * the smallest budget this algorithm can meet (RKM_ERROR_TIMEOUT instead
+ * where the time limit cut the search, or the planner's creation, before
+ * one was found). The budget is the memory
  * the host allocates for the step: the plan's arena (its own layout, at
  * the desc's alignment) is at most `budget`, and so are its aligned peak
  * and its peak. The planners count every buffer rounded up to the
@@ -682,14 +710,21 @@ typedef struct rkm_planner_stats {
     int32_t ilp_solves, ilp_optimal, ilp_suboptimal, ilp_infeasible, ilp_timeout, ilp_failed;
     /* Block ILP solves left out because desc.ilp_budget (solver work) or
      * desc.time_limit (wall clock: the plans then depend on the machine's
-     * speed) ran out: the options, the plans and the smallest budget may
-     * be worse than with more. 0 when neither was reached. */
+     * speed, and `cut` counts the creation) ran out: the options, the plans
+     * and the smallest budget may be worse than with more. 0 when neither
+     * was reached. */
     int32_t ilp_skipped;
     double ilp_seconds;
     double create_seconds;  /* wall time of rkm_planner_create */
     /* Block classes given options by a nested planner (rkm_solve_desc.nest_ops),
      * at every level; the ILP counters above include the nested planners'. */
     int32_t nested_classes;
+    /* Calls on this planner (its creation, solves, rkm_planner_min_budget)
+     * that desc.time_limit cut; 0: none. A cut creation left options out,
+     * so every plan of the planner is flagged cut; a cut min_budget returns
+     * the smallest budget found by then (at worst the baseline's arena),
+     * and the next call looks again. */
+    int32_t cut;
 } rkm_planner_stats;
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out);
 

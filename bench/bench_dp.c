@@ -68,7 +68,7 @@ int main(void)
                 for (int run = 0; run < 3 || (spent < 0.3 && run < 50); run++) {
                     rkm__dp_table t;
                     clock_t t0 = clock();
-                    if (rkm__dp_solve(ctx, blocks, n, M, &t) != RKM_OK) {
+                    if (rkm__dp_solve(ctx, blocks, n, M, INFINITY, &t, NULL) != RKM_OK) {
                         fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
                         return 1;
                     }

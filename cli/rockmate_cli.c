@@ -65,7 +65,11 @@ static const char cli_usage_text[] =
     "  --log             the chart's vertical axis on a log scale (memory of a\n"
     "                    plan at a small budget, overheads that span decades)\n"
     "  --slots N         memory slots of the chain dynamic program\n"
-    "  --time-limit S    seconds of planning per algorithm\n"
+    "  --time-limit S    wall-clock seconds of planning per plan and algorithm\n"
+    "                    (default 60), a safety stop: plans do not depend on it\n"
+    "                    unless it is reached; then the best plan found so far\n"
+    "                    is kept (plan says \"cut by the time limit\"), or, where\n"
+    "                    none was, the exit status is 3\n"
     "  --ilp-time-limit S  effort per block ILP solve, in seconds of a current\n"
     "                    core (a deterministic amount of solver work; default\n"
     "                    0.03): more finds better block options, slower\n"
@@ -79,7 +83,8 @@ static const char cli_usage_text[] =
     "  -h, --help        this text\n"
     "  --version         the library version\n"
     "\n"
-    "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n";
+    "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n"
+    "(or none was found within --time-limit)\n";
 /* clang-format on */
 
 /* ===========================================================================
@@ -342,7 +347,7 @@ static int cli_fail(const rkm_context *ctx, rkm_result r, const char *prefix)
     if (!*msg) msg = rkm_result_string(r);
     for (; *msg; msg++) fputc(*msg == '\n' || *msg == '\r' ? ' ' : *msg, stderr);
     fputc('\n', stderr);
-    return r == RKM_ERROR_BUDGET ? CLI_BUDGET : CLI_INPUT;
+    return r == RKM_ERROR_BUDGET || r == RKM_ERROR_TIMEOUT ? CLI_BUDGET : CLI_INPUT;
 }
 
 /* An error the tool itself finds: one line, exit status 1. */
@@ -724,6 +729,7 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
         cli_json_null(j, "overhead");
     cli_json_num(j, "peak_percent", valid ? cli_percent((double)r->ps.peak, (double)G->st.baseline_peak) : NAN);
     cli_json_num(j, "solve_seconds", r->ps.solve_seconds);
+    cli_json_i64(j, "cut", valid ? r->ps.cut : 0);
     cli_json_i64(j, "blocks", G->st.blocks);
     cli_json_i64(j, "block_classes", G->st.block_classes);
     cli_json_i64(j, "options", r->pls.options);
@@ -1091,6 +1097,7 @@ static void cli_text_ilp(const cli_result *r)
     if (pls->ilp_skipped)
         printf("; %d ILP solves skipped: the time limit or the ILP budget ran out, the plan may be worse",
                (int)pls->ilp_skipped);
+    if (r->plan && r->ps.cut) printf("; cut by the time limit: the best plan found by then");
     printf("\n");
 }
 
@@ -1262,10 +1269,11 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
 
 /* Per algorithm of `info`: its smallest budget, or why there is none. */
 /* An algorithm's smallest budget for info: bytes, or why there is none;
- * skipped: ILP solves the time limit or the ILP budget left out (the figure may be higher). */
+ * skipped: ILP solves the time limit or the ILP budget left out (the figure may be higher);
+ * cut: the time limit cut its search (the same). */
 typedef struct cli_floor {
     uint64_t bytes;
-    int32_t skipped;
+    int32_t skipped, cut;
     char why[256];
 } cli_floor;
 
@@ -1282,7 +1290,7 @@ static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floo
         rkm_result e = cli_planner_open(G, a, o, &cp);
         if (!e) e = cli_planner_min(&cp, &fl[a].bytes);
         if (e) snprintf(fl[a].why, sizeof fl[a].why, "%s: %s", rkm_result_string(e), rkm_context_errmsg(ctx));
-        if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl[a].skipped = pls.ilp_skipped;
+        if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl[a].skipped = pls.ilp_skipped, fl[a].cut = pls.cut;
         cli_planner_close(&cp);
     }
 }
@@ -1398,7 +1406,9 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
         else
             printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)%s\n", rkm_algo_name((rkm_algo)k),
                    cli_size(a, sizeof a, fl[k].bytes), fl[k].bytes, cli_percent((double)fl[k].bytes, bp),
-                   fl[k].skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more" : "");
+                   fl[k].cut       ? " -- cut by the time limit: may be lower with more"
+                   : fl[k].skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more"
+                                   : "");
     }
     printf("  blocks         %d in %d classes\n", (int)G->st.blocks, (int)G->st.block_classes);
     printf("    %5s %5s %6s  %-24s %s\n", "block", "class", "ops", "input", "output");
@@ -1511,6 +1521,7 @@ static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s, uint64_t align)
             r->budget = s->budgets[i];
             if (r->budget < s->min[k]) continue;
             rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan, &r->pls);
+            if (e == RKM_ERROR_TIMEOUT) continue; /* no plan within --time-limit: a gap, as below the smallest */
             if (!e) e = cli_result_fill(s->G, r->plan, align, r);
             if (e) return cli_fail(ctx, e, s->G->path);
         }

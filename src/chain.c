@@ -445,9 +445,15 @@ RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
  * RKM__DP_TILE, all pairs per tile (a cell needs only cells of shorter pairs
  * at the same or fewer slots): a candidate's cost at the end of the tile then
  * bounds it over the tile, which prunes far more than its cost at M, and a
- * tile reads less memory than whole rows. */
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t)
+ * tile reads less memory than whole rows. The solve stops between tiles
+ * once rkm__now() passes `deadline` (the planner's time limit; INFINITY:
+ * never): the table then holds the columns solved so far, at least the
+ * first tile's (t->M is the last: a valid table for fewer slots), and *cut
+ * (when not NULL) is 1. */
+RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline,
+                                     rkm__dp_table *t, int *cut)
 {
+    if (cut) *cut = 0;
     memset(t, 0, sizeof *t);
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
@@ -471,6 +477,11 @@ RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, 
     rkm__dp_fill_lo(bl, n, t->lo);
     if (!rkm__dp_prepare(ctx, t)) goto nomem;
     for (int32_t m0 = 0; m0 <= M; m0 += RKM__DP_TILE) {
+        if (m0 > 0 && rkm__now() > deadline) {
+            t->M = m0 - 1;
+            if (cut) *cut = 1;
+            break;
+        }
         int32_t m1 = M + 1 - m0 > RKM__DP_TILE ? m0 + RKM__DP_TILE : M + 1;
         for (int32_t a = n - 1; a >= 0; a--)
             for (int32_t b = a; b < n; b++) rkm__dp_solve_tile(t, rkm__dp_pair(n, a, b), m0, m1);

@@ -31,6 +31,8 @@
  *      so that the result is the same on every machine; a wall clock at
  *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
  *      (results may then differ).
+ *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
+ *      (the planner's time_limit; results may then differ too).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -95,6 +97,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
 }
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
 
 #else /* !RKM_OMIT_SOLVER */
 
@@ -183,7 +186,12 @@ struct rkm__ilp_block {
     rkm__ilp_model model;
     rkm__ilp_memo memo;
     rkm__ilp_scratch scratch;
+    double deadline; /* the caller's wall-clock stop (its planner's), INFINITY: none */
 };
+
+/* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
+ * the planner's time_limit. */
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
 
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
@@ -949,10 +957,14 @@ static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint6
     int valid = 0;
     double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
     double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
-    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
     /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
-     * last solve was aborted: such a model is rebuilt before reuse. */
-    if (status != OPTIMAL && status != INFEASIBLE && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+     * last solve was aborted: such a model is rebuilt before reuse (not
+     * at once: the whole-graph ILP's block is not reused, and a solve the
+     * time limit stopped should return at once). */
+    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    bk->model.stale = 0;
+    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
+    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
     if (status == OPTIMAL || status == SUBOPTIMAL) {
         if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
         if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
@@ -969,7 +981,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, t0 + lim * RKM__ILP_WALL_SAFETY};
+                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline)};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
@@ -990,8 +1002,12 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     /* Nothing recomputed: no schedule is faster. */
     int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    if (!proven && !bk->model.bad &&
-        (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
+    /* lp_solve only before the wall clock's stop: past it, it would stop at
+     * once, after its own set-up (tens of ms on 60 ops); counted so */
+    if (!proven && !bk->model.bad && rkm__now() > work.deadline)
+        st->solves++, st->timeout++;
+    else if (!proven && !bk->model.bad &&
+             (r = rkm__ilp_exact(bk, peak_budget, kept_budget, &work, &have, &proven, &root, st)))
         return r;
     if (!have && proven) rkm__ilp_remember_none(&bk->memo, peak_budget, kept_budget);
     st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);
@@ -1213,6 +1229,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "block ILP: bad block (ops, x_in, x_out or is_last)");
     rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
     if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    bk->deadline = INFINITY;
     rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
     if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
     if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);

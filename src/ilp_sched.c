@@ -282,7 +282,8 @@ static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, 
 
 /* One round of the local search: every change of one op's mode, the best
  * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
- * *to its new mode. */
+ * *to its new mode. The wall clock (not the work, which stops between
+ * rounds) ends a round early: a round of a 60-op block takes tens of ms. */
 static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
                                         uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
                                         rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
@@ -290,7 +291,7 @@ static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy
     rkm_result res = RKM_OK;
     int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
     *pick = -1;
-    for (int32_t v = 0; v < b->n; v++)
+    for (int32_t v = 0; v < b->n && !(v > 0 && rkm__now() > work->deadline); v++)
         for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
             if (val == gw->x[v]) continue;
             int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);

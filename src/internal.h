@@ -537,6 +537,7 @@ typedef struct rkm__ilp_model {
     rkm__ilp_free *fcand;
     int32_t n_fcand;
     int bad;                  /* a row that never holds: no schedule at any budget */
+    int stale;                /* its last solve was aborted: rebuilt before the next */
     double *x;                /* [ncols] solution */
     rkm__ilp_arrays arrays;
 } rkm__ilp_model;
@@ -711,6 +712,15 @@ struct rkm_planner {
     double base_time;
     uint64_t lower_bound;
     double t0;               /* planner creation time: the time budget runs from here */
+    /* The wall-clock safety stop (desc.time_limit): the call in progress
+     * (create, a solve, min_budget) stops its search past it, at the checks
+     * of rkm__over; cut says that happened, so the result may depend on
+     * the machine. Without a cut the deadline never changed a thing. */
+    double deadline;
+    int cut;                 /* the call in progress was cut */
+    int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
+    int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
+    int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
     rkm__dp_block *dpb;      /* the chain in slots */
@@ -835,6 +845,7 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
 RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
+RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
@@ -865,7 +876,7 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
 RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
 RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
 RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, rkm__dp_table *t);
+RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
 RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
 RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
 RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
@@ -876,6 +887,7 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
 /* planner.c */
 RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);

@@ -143,6 +143,7 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
 {
     if (offered) pl->nested += 1 + sub->nested;
     pl->ilp_skipped += sub->ilp_skipped;
+    pl->cut |= sub->cut;
     pl->ilp.solves += sub->ilp.solves;
     pl->ilp.optimal += sub->ilp.optimal;
     pl->ilp.suboptimal += sub->ilp.suboptimal;
@@ -156,22 +157,21 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
 /* Block b's options from a nested planner (whose block ILP budget is
  * `allow`), over peak budgets from the nested floor (or the block's, if
  * higher) to peak_hi; *nested: some were offered. Nothing happens for
- * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, once
- * time_limit is spent, or where b does not cut. */
+ * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, past the
+ * deadline, or where b does not cut. */
 RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
                                     uint64_t peak_hi, double allow, int *nested)
 {
     const rkm_graph *g = pl->g;
-    double left = pl->d.time_limit - rkm__elapsed(pl);
     *nested = 0;
-    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || left <= 0) return RKM_OK;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
     rkm_graph *h = NULL;
     rkm_planner *sub = NULL;
     rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
     if (!r && rkm__nest_worth(h, b)) {
         rkm_solve_desc d = pl->d;
-        d.time_limit = left;
+        d.time_limit = fmax(pl->deadline - rkm__now(), 1e-9); /* its deadline is ours */
         d.ilp_budget = allow > 0 ? allow : 1e-9;
         uint64_t floor = 0, dtr = 0;
         int64_t slots;
@@ -187,7 +187,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         uint64_t hi = peak_hi > lo ? peak_hi : lo;
         /* the chain DP's plan and DTR's at each point: DTR reaches below
          * the chain's floor, where the nested blocks' boundaries are held */
-        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r; i++) {
+        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
             uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
             r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);

@@ -22,6 +22,7 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->ilp_seconds = pl->ilp.seconds;
     st->create_seconds = pl->create_seconds;
     st->nested_classes = pl->nested;
+    st->cut = pl->cuts;
 }
 
 static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
@@ -36,13 +37,17 @@ static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
     return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
 }
 
+/* The most slots the chain DP's table holds: d.slots, fewer where the time
+ * limit cut its solve. */
+static int32_t rkm__top_slots(const rkm_planner *pl) { return pl->table.n ? pl->table.M : pl->d.slots; }
+
 /* The slots a budget (absolute bytes) affords, rounded down and at most the
  * table's; -1 when the inputs alone do not fit. */
 static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
 {
     if (budget < pl->g->input_bytes) return -1;
     uint64_t m = (budget - pl->g->input_bytes) / pl->q;
-    return m > (uint64_t)pl->d.slots ? pl->d.slots : (int64_t)m;
+    return m > (uint64_t)rkm__top_slots(pl) ? rkm__top_slots(pl) : (int64_t)m;
 }
 
 /* The absolute bytes of m slots: the budget they stand for. */
@@ -112,6 +117,26 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
+/* Past the call's deadline (time_limit): 1, and the call is cut. Checked
+ * between candidates, moves and probes, never inside one, so a call
+ * overruns its deadline by one such unit of work and its finish (the
+ * slack rockmate.h gives); while it returns 0 it changes nothing, so an
+ * uncut call is as deterministic as if there were no limit. */
+RKM_PRIVATE int rkm__over(rkm_planner *pl)
+{
+    if (!pl->cut && rkm__now() > pl->deadline) pl->cut = 1;
+    return pl->cut;
+}
+
+/* A call on a made planner (solve, min_budget) starts at `now`: it gets
+ * what the planner's creation left of time_limit, so that creation and
+ * the call together, one plan's planning, stay within it. */
+static void rkm__call_start(rkm_planner *pl, double now)
+{
+    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
+    pl->cut = 0;
+}
+
 /* Peak a block's ops need at least: the inputs stay live throughout, plus
  * the largest single step. */
 static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
@@ -174,8 +199,9 @@ static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
  * go from loose to tight: a schedule that already fits a tighter kept
  * budget is that budget's answer too (the optimum of a looser problem that
  * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. A solve gets at most ilp_time_limit, and what is left of the
- * share and of time_limit; once either is spent the rest are left out. */
+ * the row. A solve gets at most ilp_time_limit and what is left of the
+ * share, and stops at the deadline; once either is spent, or the deadline
+ * passed, the rest are left out. */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
@@ -186,6 +212,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
     double work0 = pl->ilp.work;
     for (int32_t i = 0; i < np && !r; i++) {
@@ -193,19 +220,20 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
         uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
         uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
         for (int32_t j = nk - 1; j >= 0 && !r; j--) {
-            double left = pl->d.time_limit - rkm__elapsed(pl), share = allow - (pl->ilp.work - work0);
+            double share = allow - (pl->ilp.work - work0);
             double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
             uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
             if (kept <= kept_budget) continue;
-            if (left <= 0 || share <= 0) {
+            if (share <= 0 || rkm__over(pl)) {
                 pl->ilp_skipped++;
                 continue;
             }
             rkm_step *steps = NULL;
             size_t nf = 0, nb = 0;
             int found = 0;
-            double lim = fmin(pl->d.ilp_time_limit, fmin(left, share));
+            double lim = fmin(pl->d.ilp_time_limit, share);
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+            (void)rkm__over(pl); /* the solve may have stopped at the deadline */
             if (!r && !found && pl->ilp.proven) break;
             if (r || !found) continue;
             rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
@@ -299,7 +327,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     if (pl->ilp_skipped && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "%s ran out: %d block ILP solves left out; plans may be worse",
-                 rkm__elapsed(pl) >= pl->d.time_limit ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
                  (int)pl->ilp_skipped);
     if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
         rkm__log(pl->ctx, RKM_LOG_WARN,
@@ -395,6 +423,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->kick_work = rkm__kick_work(g);
     rkm__search_begin(pl); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
+    pl->deadline = pl->t0 + d.time_limit;
     pl->base_peak = gs.baseline_peak;
     pl->base_time = gs.baseline_time;
     pl->lower_bound = gs.lower_bound;
@@ -418,6 +447,8 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
         return r;
     }
     pl->create_seconds = rkm__elapsed(pl);
+    pl->create_cut = pl->cut;
+    pl->cuts = pl->cut;
     *out = pl;
     return RKM_OK;
 }
@@ -448,7 +479,12 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 {
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) return rkm__dp_solve(pl->ctx, pl->dpb, n, M, &pl->table);
+    if (need <= RKM_DP_MAX_BYTES) {
+        int cut;
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->deadline, &pl->table, &cut);
+        pl->cut |= cut;
+        return r;
+    }
     if (pl->d.algo == RKM_ALGO_ROCKMATE) {
         rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
                  (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
@@ -513,7 +549,8 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most. *need
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * past the deadline: each try ends in a layout, which it does not cut). *need
  * (if not NULL): the least arena of the plans that did not fit, 0 if
  * none. */
 static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
@@ -521,7 +558,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
     *out = NULL;
     if (need) *need = 0;
     uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p, *q;
         rkm_result r = rkm__planner_try(pl, b, &p);
         if (r || !p) return r;
@@ -580,6 +617,7 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     st->algo = pl->d.algo;
     st->budget = budget;
     st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    st->cut = pl->cut || pl->create_cut;
     return RKM_OK;
 }
 
@@ -641,7 +679,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
         int64_t m = 0;
         rkm_result r = rkm__dp_min_slots(pl->ctx, pl->dpb, pl->g->n_blocks, &m);
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
-        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= pl->d.slots; k++) {
+        for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl); k++) {
             rkm_plan *p;
             r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
             if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
@@ -682,7 +720,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
     if (!own || m < 0) return RKM_OK; /* below the floor: none, as the floor says */
     double last = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)m);
     rkm_result r = RKM_OK;
-    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= pl->d.slots && !r; k++) {
+    for (int64_t k = m + 1; k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl) && !r; k++) {
         double opt = rkm__dp_opt(&pl->table, 0, pl->g->n_blocks - 1, (int32_t)k);
         if (!(opt < last)) continue;
         last = opt;
@@ -725,7 +763,9 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     rkm_step *steps = NULL;
     size_t nf = 0, nb = 0;
     int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
         steps = NULL;
@@ -769,7 +809,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out); k++) {
+    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
         int bytes = k >= RKM__DTR_SCORES;
@@ -792,10 +832,10 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
     *out = NULL;
     if (!rkm__dtr_affordable(pl)) return RKM_OK;
     rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
-    if (r || *out) return r;
+    if (r || *out || rkm__over(pl)) return r;
     uint64_t min;
-    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget) return r;
-    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out) return r;
+    if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget || rkm__over(pl)) return r;
+    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out || rkm__over(pl)) return r;
     return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
 }
 
@@ -840,10 +880,10 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
 /* The smallest budget the planner meets, and the plan that meets it
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
  * counted at the alignment) upwards, by the least arena of the plans that
- * did not fit, else by steps that double from 1/256 of the way to the
- * baseline peak, until a plan fits (the baseline's arena always does);
- * then down, while the budget one byte under the plan's arena finds a
- * plan. The budget is that plan's arena: rkm_planner_solve meets any
+ * did not fit, else by steps that double from 1/RKM_MIN_BUDGET_STEPS of the
+ * way to the baseline peak, until a plan fits (the baseline's arena always
+ * does); then down, while the budget one byte under the plan's arena finds
+ * a plan. The budget is that plan's arena: rkm_planner_solve meets any
  * budget from there on, with this plan where its own search finds none
  * (the searches are not monotone in the budget). */
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
@@ -854,7 +894,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
-        if (k == RKM_MIN_BUDGET_UP) { /* the baseline, laid out, fits its own arena */
+        /* the baseline, laid out, fits its own arena; past the deadline,
+         * after one try at the least peak */
+        if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
@@ -864,7 +906,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         }
     }
     /* then down: a budget just under that arena may find another plan */
-    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes; k++) {
+    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -879,33 +921,48 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+/* The smallest budget, kept unless a cut call found it (then the next call
+ * looks again), within the call's deadline. */
+static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    if (!pl->min_budget) {
+    if (!pl->min_budget || pl->min_cut) {
+        rkm_plan_destroy(pl->min_plan);
+        pl->min_plan = NULL;
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
         if (r) {
             pl->min_budget = 0;
             return r;
         }
+        pl->min_cut = pl->cut;
     }
     *out = pl->min_budget;
     return RKM_OK;
 }
 
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__call_start(pl, rkm__now());
+    rkm_result r = rkm__min_budget_get(pl, out);
+    pl->cuts += pl->cut;
+    return r;
+}
+
 /* One bisection serves every smallest-budget search: between lo and *hi
- * (a budget met), `probes` probes; a probe that finds a plan at budget m
- * sets *at = m and *hi = m, or the plan's peak when by_peak (where every
- * budget from a plan's peak on is met too); one that finds none moves lo
- * above m. Where success is not monotone in the budget (DTR, the search)
- * this is the least budget the probes met. */
+ * (a budget met), `probes` probes, none started past the deadline; a probe
+ * that finds a plan at budget m sets *at = m and *hi = m, or the plan's
+ * peak when by_peak (where every budget from a plan's peak on is met too);
+ * one that finds none moves lo above m. Where success is not monotone in
+ * the budget (DTR, the search) this is the least budget the probes met.
+ * *stopped (if not NULL): the deadline ended it. */
 typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 
 static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                              uint64_t *at)
+                              uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
-    for (int it = 0; it < probes && lo < *hi && !r; it++) {
+    int over = 0;
+    for (int it = 0; it < probes && lo < *hi && !r && !(over = rkm__over(pl)); it++) {
         uint64_t mid = lo + (*hi - lo) / 2;
         rkm_plan *p = NULL;
         r = probe(pl, mid, &p);
@@ -913,6 +970,7 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
+    if (stopped) *stopped = over;
     return r;
 }
 
@@ -944,14 +1002,21 @@ static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }
 
-/* DTR's smallest budget, kept after the first call. */
+/* DTR's smallest budget, kept after the first call the deadline did not
+ * cut. */
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->dtr_min) {
         uint64_t hi = pl->base_peak, at = pl->base_peak;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at);
+        int stopped;
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
         if (r) return r;
-        pl->dtr_min = hi, pl->dtr_min_at = at;
+        pl->dtr_min_at = at;
+        if (stopped) { /* a cut bisection is not kept */
+            *out = hi;
+            return RKM_OK;
+        }
+        pl->dtr_min = hi;
     }
     *out = pl->dtr_min;
     return RKM_OK;
@@ -970,7 +1035,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
         uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored);
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
         *at = *out;
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
@@ -985,26 +1050,34 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
-        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at);
+        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     if (*at < *out) *at = *out;
     return r;
 }
 
-rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call or the planner's
+ * creation was cut (a search to the end, from all the options, might have
+ * found one), else RKM_ERROR_BUDGET. */
+static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 {
-    if (out) *out = NULL;
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    double t = rkm__now();
+    if (pl->cut || pl->create_cut)
+        return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
+                        "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
+                        "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
+                        rkm_algo_name(pl->d.algo), pl->d.time_limit, (unsigned long long)budget, pl->create_seconds);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+}
+
+static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
+{
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
     if (r) return r;
     if (!p) {
         uint64_t min;
-        if ((r = rkm_planner_min_budget(pl, &min))) return r;
-        if (budget < min)
-            return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
-                            "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
-                            rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+        if ((r = rkm__min_budget_get(pl, &min))) return r;
+        if (budget < min) return rkm__no_plan(pl, budget, min);
         if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
@@ -1013,6 +1086,17 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     }
     *out = p;
     return RKM_OK;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (out) *out = NULL;
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    double t = rkm__now();
+    rkm__call_start(pl, t);
+    rkm_result r = rkm__planner_solve(pl, budget, t, out);
+    pl->cuts += pl->cut;
+    return r;
 }
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)

@@ -13,8 +13,13 @@
  * depend on the machine. */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl) { pl->work_left = RKM_SOLVE_WORK; }
 
-/* What a part of the search may spend: its share, or what the solve has left. */
-static uint64_t rkm__share(const rkm_planner *pl, uint64_t cap) { return cap < pl->work_left ? cap : pl->work_left; }
+/* What a part of the search may spend: its share, or what the solve has
+ * left; nothing past the deadline. */
+static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
+{
+    if (rkm__over(pl)) return 0;
+    return cap < pl->work_left ? cap : pl->work_left;
+}
 
 static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < pl->work_left ? pl->work_left - work : 0; }
 
@@ -35,6 +40,7 @@ static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < 
 
 typedef struct rkm__polish {
     const rkm_graph *g;
+    rkm_planner *pl;  /* its deadline stops the search (rkm__over) */
     rkm__sim sim;
     rkm__steps cur;   /* the compute steps of the best plan so far */
     rkm__steps cand;  /* a candidate's compute steps */
@@ -196,13 +202,13 @@ static void rkm__polish_free(rkm__polish *w)
 }
 
 /* Drop recomputations while one fits, sweeping the steps in order until a
- * sweep keeps none or the work runs out. 0 on NOMEM. */
+ * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
     while (kept && w->work < w->limit) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && w->work < w->limit; j++) {
+        for (size_t j = 0; j < w->cur.n && w->work < w->limit && !rkm__over(w->pl); j++) {
             int k;
             int64_t h = rkm__polish_drop(w, j);
             if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
@@ -212,10 +218,12 @@ static int rkm__polish_search(rkm__polish *w)
     return 1;
 }
 
-static rkm_result rkm__polish_init(rkm__polish *w, const rkm_graph *g, const rkm_plan *p, uint64_t budget)
+static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget)
 {
+    const rkm_graph *g = pl->g;
     memset(w, 0, sizeof *w);
     w->g = g;
+    w->pl = pl;
     w->budget = budget;
     w->limit = UINT64_MAX;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
@@ -236,7 +244,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl->g, *p, budget);
+    rkm_result r = rkm__polish_init(&w, pl, *p, budget);
     w.limit = pl->work_left;
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
@@ -296,6 +304,9 @@ typedef struct rkm__squeeze {
     int32_t top_obj[RKM_SQUEEZE_LOOK];
     int top_early[RKM_SQUEEZE_LOOK];
 } rkm__squeeze;
+
+/* Whether the squeeze may go on: work left and the deadline not passed. */
+static int rkm__squeeze_more(rkm__squeeze *q) { return q->w.work < q->limit && !rkm__over(q->w.pl); }
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
  * the budget or -1, *time), 0 when not, -1 on NOMEM. */
@@ -467,7 +478,7 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
 {
     rkm__polish *w = &q->w;
-    for (size_t j = 0; j < w->cur.n && w->work < q->limit; j++) {
+    for (size_t j = 0; j < w->cur.n && rkm__squeeze_more(q); j++) {
         double ex, time;
         int64_t f;
         int64_t h = rkm__polish_drop(w, j);
@@ -534,7 +545,7 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
     *bt = -1;
     *bex = q->excess;
     const rkm_step *at = &w->cur.s[c];
-    for (size_t t = 0; t < g->n_tensors + g->n_ops && w->work < q->limit; t++) {
+    for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__squeeze_more(q); t++) {
         int32_t o = (int32_t)(t - g->n_tensors);
         if (t < g->n_tensors ? !q->live[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT) || rkm__step_touches(g, at, (int32_t)t)
                              : !q->livep[o] || (at->kind == RKM_STEP_BWD && at->index == o))
@@ -593,7 +604,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     q.limit = *left;
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
-    rkm_result r = rkm__polish_init(&q.w, g, p, budget);
+    rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
@@ -602,7 +613,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     int64_t first = -1;
     int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__squeeze_eval(&q, &q.excess, &first, &q.time) : -1;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
-    while (ok > 0 && first >= 0 && q.w.work < q.limit) {
+    while (ok > 0 && first >= 0 && rkm__squeeze_more(&q)) {
         int32_t t;
         int early = 0;
         double ex;
@@ -756,7 +767,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
         rkm__polish w;
         int kept = 0;
         improved = 0;
-        r = rkm__polish_init(&w, pl->g, *best, budget);
+        r = rkm__polish_init(&w, pl, *best, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
         for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && rkm__share(pl, left) > 0; j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);
@@ -826,19 +837,20 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
 
 /* Rockmate's plan: every start but the squeeze's, each polished; the
  * squeeze's; the fastest of them kicked; then, on graphs small enough, the
- * rungs below the budget. All of it within the solve's work. */
+ * rungs below the budget. All of it within the solve's work and, past the
+ * chain DP's plan, its deadline. */
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL};
     rkm_result r = RKM_OK;
-    for (int k = 0; k < RKM__START_SQUEEZE && !r; k++) r = rkm__start(pl, k, budget, p);
+    for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++) r = rkm__start(pl, k, budget, p);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
-        if (p[k]) r = rkm__polish_plan(pl, budget, &p[k]);
+        if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p);
     rkm_plan *best = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &best);
-    for (int k = 0; k < RKM_RUNGS && !r && best && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS; k++) {
+    for (int k = 0; k < RKM_RUNGS && !r && best && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
         best = rkm__faster(best, q);

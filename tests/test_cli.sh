@@ -279,6 +279,10 @@ if [[ $rc == 0 ]]; then # lp_solve is built in (not under OMIT=1)
     run plan tests/graphs/peer-gpt.rkg --budget 50% --time-limit 1e-9 -o /dev/null
     expect "--time-limit 1e-9 still plans" 0
     check "a time limit that ran out is said" grep -q "ILP solves skipped: the time limit or the ILP budget ran out" "$tmp/out"
+    check "a plan the time limit cut says so" grep -q "cut by the time limit" "$tmp/out"
+    run plan tests/graphs/random30.rkg --budget 30% --time-limit 1e-9 -o /dev/null
+    expect "no plan found within --time-limit" 3
+    check "a time limit with no plan is named" grep -q "the time limit of 1e-09 s ran out" "$tmp/err"
 else
     expect "without lp_solve, checkmate is bad input" 1
     check "without lp_solve, checkmate says it needs lp_solve" err_is "checkmate needs lp_solve"

@@ -288,7 +288,7 @@ static void check_chain(rkm_context *ctx, const chain *c, int32_t mmax, int brut
     rkm__dp_table t;
     int64_t lo = -1;
     CHECK(rkm__dp_min_slots(ctx, c->b, c->n, &lo) == RKM_OK);
-    CHECK(rkm__dp_solve(ctx, c->b, c->n, mmax, &t) == RKM_OK);
+    CHECK(rkm__dp_solve(ctx, c->b, c->n, mmax, INFINITY, &t, NULL) == RKM_OK);
     if (!t.cost) return;
     for (int32_t m = 0; m <= mmax; m++) {
         double opt = rkm__dp_opt(&t, 0, c->n - 1, m);
@@ -330,7 +330,7 @@ TEST(dp_persistent_gap)
         rkm__dp_table t;
         int64_t lo;
         CHECK(rkm__dp_min_slots(ctx, c.b, c.n, &lo) == RKM_OK);
-        CHECK(rkm__dp_solve(ctx, c.b, c.n, (int32_t)lo + 12, &t) == RKM_OK);
+        CHECK(rkm__dp_solve(ctx, c.b, c.n, (int32_t)lo + 12, INFINITY, &t, NULL) == RKM_OK);
         for (int32_t m = (int32_t)lo - 1; m <= lo + 12; m += 3) {
             double all = brute(&c, m, ALL, 0), opt = rkm__dp_opt(&t, 0, c.n - 1, m);
             CHECK(all <= opt);
@@ -367,7 +367,7 @@ TEST(dp_rotor_hand_worked)
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     int64_t lo = 0;
-    CHECK(rkm__dp_solve(ctx, c.b, 3, 14, &t) == RKM_OK);
+    CHECK(rkm__dp_solve(ctx, c.b, 3, 14, INFINITY, &t, NULL) == RKM_OK);
     CHECK(rkm__dp_min_slots(ctx, c.b, 3, &lo) == RKM_OK && lo == 9);
     static const double want[] = {INFINITY, 11, 10, 10, 10, 9, 9};
     for (int32_t m = 8; m <= 14; m++) CHECK(rkm__dp_opt(&t, 0, 2, m) == want[m - 8]);
@@ -404,7 +404,7 @@ TEST(dp_sqrt_schedule)
         CHECK(rkm__dp_sqrt(ctx, c.b, c.n, &ops) == RKM_OK);
         CHECK(rkm__dp_eval(ctx, c.b, c.n, &ops, &time, &peak) == RKM_OK);
         rkm__dp_table t;
-        CHECK(peak >= 0 && rkm__dp_solve(ctx, c.b, c.n, (int32_t)peak, &t) == RKM_OK);
+        CHECK(peak >= 0 && rkm__dp_solve(ctx, c.b, c.n, (int32_t)peak, INFINITY, &t, NULL) == RKM_OK);
         CHECK(rkm__dp_opt(&t, 0, c.n - 1, (int32_t)peak) <= time);
         rkm__dp_table_free(ctx, &t);
         rkm__dp_ops_free(ctx, &ops);
@@ -438,6 +438,38 @@ TEST(dp_sqrt_shape)
     rkm_context_destroy(ctx);
 }
 
+/* A solve whose deadline has passed stops after its first tile of columns:
+ * the table holds those (M is the last), each the full table's, with its
+ * schedules; where it was not cut, the deadline changed nothing. */
+TEST(dp_deadline_keeps_the_columns_done)
+{
+    rkm_context *ctx = test_new_ctx();
+    chain c;
+    rng_seed(7);
+    chain_random(&c, 6, MAXK);
+    int32_t M = 3 * 256 + 10;
+    rkm__dp_table full, part, ample;
+    int cut = -1, cut2 = -1;
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, M, INFINITY, &full, NULL) == RKM_OK);
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, M, -1.0, &part, &cut) == RKM_OK); /* passed at once */
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, M, 1e300, &ample, &cut2) == RKM_OK);
+    CHECK(cut == 1 && part.M == 255 && cut2 == 0 && ample.M == M);
+    for (int32_t m = 0; m <= M && full.cost && part.cost && ample.cost; m++) {
+        double f = rkm__dp_opt(&full, 0, c.n - 1, m);
+        CHECK(rkm__dp_opt(&ample, 0, c.n - 1, m) == f);
+        if (m > part.M) continue;
+        CHECK(rkm__dp_opt(&part, 0, c.n - 1, m) == f);
+        if (isfinite(f)) check_schedule(ctx, &c, &part, m);
+    }
+    rkm__dp_ops ops = {NULL, 0, 0};
+    CHECK(rkm__dp_schedule(ctx, &part, part.M + 1, &ops) == RKM_ERROR_ARGUMENT); /* past the columns done */
+    rkm__dp_ops_free(ctx, &ops);
+    rkm__dp_table_free(ctx, &full);
+    rkm__dp_table_free(ctx, &part);
+    rkm__dp_table_free(ctx, &ample);
+    rkm_context_destroy(ctx);
+}
+
 /* Equal candidates: the first option wins; options before checkpoints. */
 TEST(dp_ties)
 {
@@ -445,7 +477,7 @@ TEST(dp_ties)
     rkm__dp_block b[2] = {{0, 1, 0, 0, 3, o}, {1, 0, 0, 0, 3, o}};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
-    CHECK(rkm__dp_solve(ctx, b, 2, 20, &t) == RKM_OK);
+    CHECK(rkm__dp_solve(ctx, b, 2, 20, INFINITY, &t, NULL) == RKM_OK);
     /* Every choice costs 4 at m = 20 (no-save forwards are free). */
     CHECK(rkm__dp_opt(&t, 0, 1, 20) == 4);
     CHECK(rkm__dp_decision(&t, 0, 1, 20) == 0);
@@ -486,7 +518,7 @@ TEST(dp_nomem_and_arguments)
         if (!ctx) continue;
         long long base = f.live;
         rkm__dp_table t;
-        rkm_result r = rkm__dp_solve(ctx, c.b, c.n, 40, &t);
+        rkm_result r = rkm__dp_solve(ctx, c.b, c.n, 40, INFINITY, &t, NULL);
         rkm__dp_ops ops = {NULL, 0, 0};
         if (r == RKM_OK) {
             rkm_result r2 = rkm__dp_schedule(ctx, &t, 40, &ops);
@@ -503,16 +535,16 @@ TEST(dp_nomem_and_arguments)
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     c.b[0].in_sz = 1;
-    CHECK(rkm__dp_solve(ctx, c.b, c.n, 10, &t) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, 10, INFINITY, &t, NULL) == RKM_ERROR_ARGUMENT);
     c.b[0].in_sz = 0;
     c.b[2].tfn = NAN;
-    CHECK(rkm__dp_solve(ctx, c.b, c.n, 10, &t) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, 10, INFINITY, &t, NULL) == RKM_ERROR_ARGUMENT);
     c.b[2].tfn = 1;
-    CHECK(rkm__dp_solve(ctx, c.b, c.n, -1, &t) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, -1, INFINITY, &t, NULL) == RKM_ERROR_ARGUMENT);
     c.b[3].n_opt = 0; /* a block without options: never feasible */
     int64_t lo;
     CHECK(rkm__dp_min_slots(ctx, c.b, c.n, &lo) == RKM_ERROR_BUDGET);
-    CHECK(rkm__dp_solve(ctx, c.b, c.n, 50, &t) == RKM_OK);
+    CHECK(rkm__dp_solve(ctx, c.b, c.n, 50, INFINITY, &t, NULL) == RKM_OK);
     CHECK(!isfinite(rkm__dp_opt(&t, 0, c.n - 1, 50)));
     rkm__dp_table_free(ctx, &t);
     rkm_context_destroy(ctx);
@@ -585,6 +617,7 @@ int main(void)
     RUN(dp_sqrt_schedule);
     RUN(dp_sqrt_shape);
     RUN(dp_ties);
+    RUN(dp_deadline_keeps_the_columns_done);
     RUN(dp_nomem_and_arguments);
     RUN(dp_eval_rejects);
     TEST_END();
