@@ -145,14 +145,14 @@ static inline rkm_graph *test_load_graph(rkm_context *ctx, const char *name)
     return g;
 }
 
-/* Bundled graph `name` rebuilt with each op's desc changed by edit (which
- * may read src). NULL, and the current test failed, when it cannot be
- * built. */
-static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *name, const char *what,
-                                                void (*edit)(const rkm_graph *src, rkm_op_desc *d))
+/* Graph src rebuilt in its context with each op's desc changed by edit
+ * (which may read src): RKM_OK and *out, or the builder's error (a graph
+ * the edit breaks) and *out NULL. */
+static inline rkm_result test_edited_copy(const rkm_graph *src, void (*edit)(const rkm_graph *src, rkm_op_desc *d),
+                                          rkm_graph **out)
 {
-    rkm_graph *src = test_load_graph(ctx, name), *g = NULL;
-    rkm_result r = src ? rkm_graph_create(ctx, &g) : RKM_ERROR_ARGUMENT;
+    rkm_graph *g = NULL;
+    rkm_result r = rkm_graph_create(rkm_graph_context(src), &g);
     for (int32_t t = 0; !r && t < rkm_graph_num_tensors(src); t++) {
         rkm_tensor_info ti;
         r = rkm_graph_tensor_info(src, t, &ti);
@@ -166,11 +166,23 @@ static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *na
     }
     if (!r) r = rkm_graph_set_loss(g, rkm_graph_loss(src));
     if (!r) r = rkm_graph_finalize(g);
+    if (r) rkm_graph_destroy(g);
+    *out = r ? NULL : g;
+    return r;
+}
+
+/* Bundled graph `name` rebuilt with each op's desc changed by edit (which
+ * may read src). NULL, and the current test failed, when it cannot be
+ * built. */
+static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *name, const char *what,
+                                                void (*edit)(const rkm_graph *src, rkm_op_desc *d))
+{
+    rkm_graph *src = test_load_graph(ctx, name), *g = NULL;
+    rkm_result r = src ? test_edited_copy(src, edit, &g) : RKM_ERROR_ARGUMENT;
     if (r) fprintf(stderr, "test graph %s with %s: %s\n", name, what, rkm_context_errmsg(ctx));
     if (r) TEST_GRAPH_FAILED();
     rkm_graph_destroy(src);
-    if (r) rkm_graph_destroy(g);
-    return r ? NULL : g;
+    return g;
 }
 
 static inline void test_edit_scratch(const rkm_graph *src, rkm_op_desc *d)
