@@ -7475,7 +7475,7 @@ typedef struct rkm__dtr {
      * (UINT64_MAX: none); the blocks of the step being placed. */
     uint64_t *at, *end;
     int64_t *own;          /* per block: tensor t, n_tensors + op for a saved state, -1 pinned */
-    size_t n_blk, cap_blk;
+    size_t n_blk, cap_at, cap_end, cap_own; /* apart: a growth that fails leaves them apart */
     double *cost;          /* per block, rkm__dtr_window's scratch */
     size_t cap_cost;
     uint64_t *off_t, *off_g, *off_p;
@@ -7538,15 +7538,12 @@ static int rkm__dtr_alloc(rkm__dtr *d, uint64_t bytes, int64_t owner, uint64_t *
     size_t k = 0;
     for (; k < d->n_blk && d->at[k] - lo < bytes; k++) lo = d->end[k];
     if (k == d->n_blk && (lo > d->cap || d->cap - lo < bytes)) return 0;
-    size_t c1 = d->cap_blk, c2 = d->cap_blk, c3 = d->cap_blk;
-    if (!rkm__reserve(d->g->ctx, (void **)&d->at, &c1, d->n_blk + 1, sizeof *d->at) ||
-        !rkm__reserve(d->g->ctx, (void **)&d->end, &c2, d->n_blk + 1, sizeof *d->end) ||
-        !rkm__reserve(d->g->ctx, (void **)&d->own, &c3, d->n_blk + 1, sizeof *d->own)) {
+    if (!rkm__reserve(d->g->ctx, (void **)&d->at, &d->cap_at, d->n_blk + 1, sizeof *d->at) ||
+        !rkm__reserve(d->g->ctx, (void **)&d->end, &d->cap_end, d->n_blk + 1, sizeof *d->end) ||
+        !rkm__reserve(d->g->ctx, (void **)&d->own, &d->cap_own, d->n_blk + 1, sizeof *d->own)) {
         d->failed = -1;
         return 0;
     }
-    d->cap_blk = c1 < c2 ? c1 : c2;
-    d->cap_blk = d->cap_blk < c3 ? d->cap_blk : c3;
     memmove(d->at + k + 1, d->at + k, (d->n_blk - k) * sizeof *d->at);
     memmove(d->end + k + 1, d->end + k, (d->n_blk - k) * sizeof *d->end);
     memmove(d->own + k + 1, d->own + k, (d->n_blk - k) * sizeof *d->own);
@@ -7826,9 +7823,9 @@ static void rkm__dtr_free(rkm__dtr *d)
     size_t nt = d->g->n_tensors + 1, no = d->g->n_ops + 1;
     rkm__free(ctx, d->lock_t, (2 * nt + 2 * no) * sizeof(int64_t));
     rkm__free(ctx, d->off_t, (2 * nt + no) * sizeof *d->off_t);
-    rkm__free(ctx, d->at, d->cap_blk * sizeof *d->at);
-    rkm__free(ctx, d->end, d->cap_blk * sizeof *d->end);
-    rkm__free(ctx, d->own, d->cap_blk * sizeof *d->own);
+    rkm__free(ctx, d->at, d->cap_at * sizeof *d->at);
+    rkm__free(ctx, d->end, d->cap_end * sizeof *d->end);
+    rkm__free(ctx, d->own, d->cap_own * sizeof *d->own);
     rkm__free(ctx, d->cost, d->cap_cost * sizeof *d->cost);
     rkm__sim_free(&d->s);
     rkm__steps_free(&d->out);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the whole suite: every test program BUILD/tests/test_* and every
 # tests/test_*.sh script, from the repository root. Each prints a line
-# "NAME: N passed, N failed"; this adds them up and ends with the total line
-# "N passed, N failed". Exit status 0 only if nothing failed.
+# "NAME: N passed, N failed" (", N skipped" after it when tests could not
+# run in this build); this adds them up and ends with the total line
+# "N passed, N failed, N skipped". Exit status 0 only if nothing failed.
 #
 # A program that exits non-zero without reporting a failure (a crash, a
 # sanitizer report at exit, no summary line) counts as one more failure.
@@ -25,6 +26,7 @@ trap 'rm -rf "$out_dir"' EXIT
 
 total_passed=0
 total_failed=0
+total_skipped=0
 failed_names=()
 
 # start NAME CMD...: run CMD in the background, its output, status and
@@ -42,16 +44,17 @@ start() {
 
 # report NAME: show a finished program's output and add up its counts.
 report() {
-    local name=$1 out rc line passed=0 failed=0
+    local name=$1 out rc line passed=0 failed=0 skipped=0
     out=$(cat "$out_dir/$name.out")
     rc=$(cat "$out_dir/$name.rc")
     echo "== $name"
     printf '%s\n' "$out"
     echo "-- $name: $(cat "$out_dir/$name.s") s"
-    line=$(printf '%s\n' "$out" | grep -E ': [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
-    if [[ $line =~ :\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    line=$(printf '%s\n' "$out" | grep -E ': [0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' | tail -n 1)
+    if [[ $line =~ :\ ([0-9]+)\ passed,\ ([0-9]+)\ failed(,\ ([0-9]+)\ skipped)?$ ]]; then
         passed=${BASH_REMATCH[1]}
         failed=${BASH_REMATCH[2]}
+        skipped=${BASH_REMATCH[4]:-0}
     fi
     if ((rc != 0 && failed == 0)); then
         if ((rc == 124)); then
@@ -63,6 +66,7 @@ report() {
     fi
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failed))
+    total_skipped=$((total_skipped + skipped))
     if ((failed != 0)); then failed_names+=("$name"); fi
 }
 
@@ -99,5 +103,5 @@ done
 if ((${#failed_names[@]} != 0)); then
     echo "failing: ${failed_names[*]}"
 fi
-echo "$total_passed passed, $total_failed failed"
+echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
 ((total_failed == 0))

@@ -2,8 +2,11 @@
  *
  * Each tests/test_*.c is one program: TEST(name) functions, run from main()
  * with RUN(name), ending with TEST_END() which prints
- * "<file>: N passed, N failed" and returns non-zero on failure. It also
- * compiles as C++ (tests/test_cuda.cc).
+ * "<file>: N passed, N failed" (", N skipped" after it when some were) and
+ * returns non-zero on failure. A test that cannot run in this build
+ * (RKM_OMIT_SOLVER, say) says so with TEST_SKIP, or RUN_SOLVER in main(),
+ * and counts as skipped, never as passed. It also compiles as C++
+ * (tests/test_cuda.cc).
  * tests/run.sh runs every program and prints the total line. */
 #ifndef RKM_TEST_H
 #define RKM_TEST_H
@@ -14,7 +17,8 @@
 
 /* TEST_HELPERS_ONLY: just the shared helpers below (the fuzz harnesses). */
 #ifndef TEST_HELPERS_ONLY
-static int test_passed, test_failed, test_current_failed;
+static int test_passed, test_failed, test_skipped, test_current_failed, test_current_skipped;
+static const char *test_current_name = "";
 
 #define CHECK(cond)                                                                  \
     do {                                                                             \
@@ -36,15 +40,28 @@ static int test_passed, test_failed, test_current_failed;
 
 #define TEST(name) static void name(void)
 
+/* TEST_SKIP("why"): the current test cannot run in this build; it prints
+ * "SKIP name: why", counts as skipped (unless a check failed before) and
+ * returns from the test, so free what it holds first. */
+#define TEST_SKIP(why)                                                  \
+    do {                                                                \
+        fprintf(stderr, "SKIP %s: %s\n", test_current_name, why);       \
+        test_current_skipped = 1;                                       \
+        return;                                                         \
+    } while (0)
+
 /* RKM_TEST_TIMES set: each test's CPU seconds on stderr (what to trim). */
 #define RUN(name)                                                                      \
     do {                                                                               \
         clock_t t0_ = clock();                                                         \
-        test_current_failed = 0;                                                       \
+        test_current_failed = test_current_skipped = 0;                                \
+        test_current_name = #name;                                                     \
         name();                                                                        \
         if (test_current_failed) {                                                     \
             test_failed++;                                                             \
             fprintf(stderr, "FAIL %s\n", #name);                                       \
+        } else if (test_current_skipped) {                                             \
+            test_skipped++;                                                            \
         } else {                                                                       \
             test_passed++;                                                             \
         }                                                                              \
@@ -52,10 +69,29 @@ static int test_passed, test_failed, test_current_failed;
             fprintf(stderr, "  %s: %.1f s\n", #name, (double)(clock() - t0_) / CLOCKS_PER_SEC); \
     } while (0)
 
-#define TEST_END()                                                             \
-    do {                                                                       \
-        printf("%s: %d passed, %d failed\n", __FILE__, test_passed, test_failed); \
-        return test_failed != 0;                                               \
+/* A test compiled out in this build, counted as skipped. */
+#define RUN_SKIPPED(name, why)                          \
+    do {                                                \
+        fprintf(stderr, "SKIP %s: %s\n", #name, why);   \
+        test_skipped++;                                 \
+    } while (0)
+
+/* RUN_SOLVER(name): a test that needs lp_solve (its definition may be
+ * compiled out under RKM_OMIT_SOLVER), skipped there. */
+#ifdef RKM_OMIT_SOLVER
+#define RUN_SOLVER(name) RUN_SKIPPED(name, "needs lp_solve (built with RKM_OMIT_SOLVER)")
+#else
+#define RUN_SOLVER(name) RUN(name)
+#endif
+
+#define TEST_END()                                                                          \
+    do {                                                                                    \
+        if (test_skipped)                                                                   \
+            printf("%s: %d passed, %d failed, %d skipped\n", __FILE__, test_passed, test_failed, \
+                   test_skipped);                                                           \
+        else                                                                                \
+            printf("%s: %d passed, %d failed\n", __FILE__, test_passed, test_failed);       \
+        return test_failed != 0;                                                            \
     } while (0)
 
 #endif /* TEST_HELPERS_ONLY */
@@ -85,24 +121,38 @@ static inline const char *test_graph_path(char *buf, size_t size, const char *na
     return buf;
 }
 
+/* A bundled graph that is missing or cannot be built fails the current
+ * test, whatever the caller does with the NULL (a test that skips its work
+ * on NULL would otherwise pass without having run). The fuzz harnesses
+ * (TEST_HELPERS_ONLY) check the NULL themselves. */
+#ifndef TEST_HELPERS_ONLY
+#define TEST_GRAPH_FAILED() (test_current_failed = 1)
+#else
+#define TEST_GRAPH_FAILED() ((void)0)
+#endif
+
 /* Read bundled graph `name` (no ".rkg"); NULL, with the reader's message on
- * stderr, when it fails. */
+ * stderr and the current test failed, when it fails. */
 static inline rkm_graph *test_load_graph(rkm_context *ctx, const char *name)
 {
     char path[512];
     rkm_graph *g = NULL;
     test_graph_path(path, sizeof path, name);
-    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) fprintf(stderr, "%s: %s\n", path, rkm_context_errmsg(ctx));
+    if (rkm_graph_read_file(ctx, path, &g) != RKM_OK) {
+        fprintf(stderr, "test graph %s: %s\n", path, rkm_context_errmsg(ctx));
+        TEST_GRAPH_FAILED();
+    }
     return g;
 }
 
-/* Bundled graph `name` rebuilt with each op's desc changed by edit (which
- * may read src). NULL when it cannot be built. */
-static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *name, const char *what,
-                                                void (*edit)(const rkm_graph *src, rkm_op_desc *d))
+/* Graph src rebuilt in its context with each op's desc changed by edit
+ * (which may read src): RKM_OK and *out, or the builder's error (a graph
+ * the edit breaks) and *out NULL. */
+static inline rkm_result test_edited_copy(const rkm_graph *src, void (*edit)(const rkm_graph *src, rkm_op_desc *d),
+                                          rkm_graph **out)
 {
-    rkm_graph *src = test_load_graph(ctx, name), *g = NULL;
-    rkm_result r = src ? rkm_graph_create(ctx, &g) : RKM_ERROR_ARGUMENT;
+    rkm_graph *g = NULL;
+    rkm_result r = rkm_graph_create(rkm_graph_context(src), &g);
     for (int32_t t = 0; !r && t < rkm_graph_num_tensors(src); t++) {
         rkm_tensor_info ti;
         r = rkm_graph_tensor_info(src, t, &ti);
@@ -116,10 +166,23 @@ static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *na
     }
     if (!r) r = rkm_graph_set_loss(g, rkm_graph_loss(src));
     if (!r) r = rkm_graph_finalize(g);
-    if (r) fprintf(stderr, "%s with %s: %s\n", name, what, rkm_context_errmsg(ctx));
-    rkm_graph_destroy(src);
     if (r) rkm_graph_destroy(g);
-    return r ? NULL : g;
+    *out = r ? NULL : g;
+    return r;
+}
+
+/* Bundled graph `name` rebuilt with each op's desc changed by edit (which
+ * may read src). NULL, and the current test failed, when it cannot be
+ * built. */
+static inline rkm_graph *test_load_edited_graph(rkm_context *ctx, const char *name, const char *what,
+                                                void (*edit)(const rkm_graph *src, rkm_op_desc *d))
+{
+    rkm_graph *src = test_load_graph(ctx, name), *g = NULL;
+    rkm_result r = src ? test_edited_copy(src, edit, &g) : RKM_ERROR_ARGUMENT;
+    if (r) fprintf(stderr, "test graph %s with %s: %s\n", name, what, rkm_context_errmsg(ctx));
+    if (r) TEST_GRAPH_FAILED();
+    rkm_graph_destroy(src);
+    return g;
 }
 
 static inline void test_edit_scratch(const rkm_graph *src, rkm_op_desc *d)

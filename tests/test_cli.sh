@@ -473,12 +473,14 @@ pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.
 # null (compiled out) is skipped with a note.
 planner_algos() {
     case $1 in
-    multi-output) echo rotor sqrt rockmate checkmate ;;
+    multi-output | inplace-split) echo rotor sqrt rockmate checkmate ;;
     gpt2-tiny | mlp16 | resnet18-like-b32 | gpt2-124M-b4-t64) echo rotor sqrt rockmate ;;
     *) echo rotor sqrt ;;
     esac
 }
-for name in multi-output gpt2-tiny mlp16 random30 peer-gpt resnet18-like-b32 gpt2-124M-b4-t64; do
+# inplace-split (issue 20): an in-place op whose input is read again later;
+# checkmate's smallest budget was one its own plan refused.
+for name in multi-output inplace-split gpt2-tiny mlp16 random30 peer-gpt resnet18-like-b32 gpt2-124M-b4-t64; do
     g=tests/graphs/$name.rkg
     algos=$(planner_algos "$name")
     list=$(echo $algos none | tr ' ' ,)

@@ -774,17 +774,16 @@ TEST(ilp_omitted)
 
 int main(void)
 {
-#ifndef RKM_OMIT_SOLVER
-    RUN(ilp_bad_blocks);
-    RUN(ilp_infeasible_budget);
-    RUN(ilp_whole_graph_matches_brute_force);
-    RUN(ilp_blocks_match_brute_force);
-    RUN(ilp_multi_output_graph_blocks);
-    RUN(ilp_gpt2_blocks_replay);
-    RUN(ilp_time_limit);
-    RUN(ilp_monotone_in_budget);
-    RUN(planner_time_limit_is_reported);
-#else
+    RUN_SOLVER(ilp_bad_blocks);
+    RUN_SOLVER(ilp_infeasible_budget);
+    RUN_SOLVER(ilp_whole_graph_matches_brute_force);
+    RUN_SOLVER(ilp_blocks_match_brute_force);
+    RUN_SOLVER(ilp_multi_output_graph_blocks);
+    RUN_SOLVER(ilp_gpt2_blocks_replay);
+    RUN_SOLVER(ilp_time_limit);
+    RUN_SOLVER(ilp_monotone_in_budget);
+    RUN_SOLVER(planner_time_limit_is_reported);
+#ifdef RKM_OMIT_SOLVER
     RUN(ilp_omitted);
 #endif
     TEST_END();

@@ -90,6 +90,11 @@ typedef struct op_under_test {
     void (*drop)(void *out);
 } op_under_test;
 
+/* 1: every_failure fails every allocation in turn; k: every k-th (1, 1 + k,
+ * ...), for the one operation whose thousands of allocations times its
+ * run's length would take minutes. */
+static long fail_stride = 1;
+
 /* Run op clean, count its allocations, then fail each one in turn; ctx is
  * the context whose messages tell what went wrong. */
 static void every_failure(const op_under_test *op, void *env, const rkm_context *ctx)
@@ -109,7 +114,7 @@ static void every_failure(const op_under_test *op, void *env, const rkm_context 
     }
     CHECK_EQ_U64(A.live, live0);
     long fails = 0;
-    for (long n = 1; n <= clean_calls; n++) {
+    for (long n = 1; n <= clean_calls; n += fail_stride) {
         out = &A; /* a failed run must set it to NULL */
         A.fail_at = A.calls + n;
         r = op->run(env, &out);
@@ -490,6 +495,7 @@ typedef struct solve_env {
     rkm_solve_desc desc;
     uint64_t budget;
     size_t n_steps; /* the clean run's: plans are deterministic */
+    uint64_t min;   /* the clean run's smallest budget (run_min_budget) */
 } solve_env;
 
 static rkm_result run_solve(void *env, void **out)
@@ -524,6 +530,76 @@ TEST(planners)
             e.n_steps = 0;
             op_under_test op = {rkm_algo_name(runs[k].algo), run_solve, check_solve, drop_plan};
             every_failure(&op, &e, ctx);
+        }
+    }
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
+/* rockmate (the default), checkmate and DTR: with every allocation of a
+ * solve failing in turn, the search, the block and whole-graph ILPs, the
+ * squeeze and the kicks run past their NOMEM branches, and then those of
+ * the smallest budget's search (up, then down) with the plan at it. So the
+ * graph is tiny (4 ops, one in place, one with two outputs: a clean
+ * rockmate solve makes about 5000 allocations) and the budget a third of
+ * the way from its lower bound to its baseline peak, at alignment 1 so that
+ * the bytes are the contract's. */
+static const char tiny_graph[] = "rockmate-graph 1\ntensor x 64 input\ntensor h 128\ntensor a 128\ntensor b 96\n"
+                                 "tensor c 32\ntensor loss 4\nop fc fwd=2e-3 bwd=4e-3 in=x out=h saved=x fwd_ws=16\n"
+                                 "op relu fwd=1e-3 bwd=1e-3 in=h out=a saved=h inplace\n"
+                                 "op split fwd=1e-3 bwd=1e-3 in=a out=b,c saved=a phantom=32\n"
+                                 "op ce fwd=1e-3 bwd=1e-3 in=b,c out=loss saved=b,c\nloss loss\n";
+
+/* A planner's smallest budget (its search up, then down while one byte
+ * under still finds a plan), and the plan at it: its arena is that budget. */
+static rkm_result run_min_budget(void *env, void **out)
+{
+    solve_env *e = env;
+    rkm_planner *pl = NULL;
+    uint64_t min = 0;
+    *out = NULL;
+    rkm_result r = rkm_planner_create(e->g, &e->desc, &pl);
+    if (!r) r = rkm_planner_min_budget(pl, &min);
+    if (!r) r = rkm_planner_solve(pl, min, (rkm_plan **)out);
+    rkm_planner_destroy(pl);
+    return r;
+}
+
+static int check_min_budget(void *env, void *out)
+{
+    solve_env *e = env;
+    rkm_plan_stats ps;
+    if (rkm_plan_stats_get(out, &ps) != RKM_OK) return 0;
+    if (!e->n_steps) e->n_steps = rkm_plan_num_steps(out), e->min = ps.arena_bytes;
+    return rkm_plan_num_steps(out) == e->n_steps && ps.arena_bytes == e->min && ps.budget == e->min;
+}
+
+TEST(search_planners)
+{
+    static const rkm_algo algos[] = {RKM_ALGO_ROCKMATE, RKM_ALGO_CHECKMATE, RKM_ALGO_DTR};
+    rkm_context *ctx = new_ctx();
+    solve_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(rkm_graph_read_string(ctx, tiny_graph, strlen(tiny_graph), "tiny.rkg", &e.g) == RKM_OK);
+    rkm_graph_stats st;
+    if (e.g && rkm_graph_stats_get(e.g, &st) == RKM_OK) {
+        CHECK(st.lower_bound < st.baseline_peak);
+        e.budget = st.lower_bound + (st.baseline_peak - st.lower_bound) / 3;
+        e.desc.alignment = 1;
+        for (size_t k = 0; k < N_OF(algos); k++) {
+            e.desc.algo = algos[k];
+            e.n_steps = 0;
+            rkm_plan *p = NULL;
+            if (rkm_plan_solve(e.g, &e.desc, e.budget, &p) == RKM_ERROR_UNSUPPORTED) continue; /* RKM_OMIT_SOLVER */
+            rkm_plan_destroy(p);
+            op_under_test op = {rkm_algo_name(algos[k]), run_solve, check_solve, drop_plan};
+            every_failure(&op, &e, ctx);
+            /* rockmate's: about 9500 allocations, every 4th failed */
+            op_under_test min = {"smallest budget", run_min_budget, check_min_budget, drop_plan};
+            e.n_steps = 0;
+            fail_stride = algos[k] == RKM_ALGO_ROCKMATE ? 4 : 1;
+            every_failure(&min, &e, ctx);
+            fail_stride = 1;
         }
     }
     rkm_graph_destroy(e.g);
@@ -597,6 +673,7 @@ int main(void)
     RUN(new_costs_new_graph);
     RUN(plans);
     RUN(planners);
+    RUN(search_planners);
     RUN(nest_graph);
     RUN(allocator_totals);
     free(A.b);

@@ -300,6 +300,7 @@ TEST(kicks_run_on_large_graphs)
     rkm_planner *pl[2] = {NULL, NULL};
     for (int k = 0; k < 2 && g; k++) {
         rkm_solve_desc d = {0};
+        d.algo = RKM_ALGO_ROCKMATE;
         CHECK(rkm_planner_create(g, &d, &pl[k]) == RKM_OK);
     }
     int faster = 0;
@@ -338,12 +339,10 @@ int main(void)
     RUN(kicks_run_on_large_graphs);
     RUN(rockmate_never_worse_than_the_others);
     RUN(rockmate_falls_back_on_dtr_where_its_arena_is_over);
-#ifndef RKM_OMIT_SOLVER
-    RUN(rockmate_squeezes_plans_for_more_memory);
-    RUN(rockmate_meets_the_reference_plans);
-    RUN(u_net_blocks_nest);
-    RUN(nested_plans_map_to_block_options);
-    RUN(nesting_never_worse_than_the_flat_ilp);
-#endif
+    RUN_SOLVER(rockmate_squeezes_plans_for_more_memory);
+    RUN_SOLVER(rockmate_meets_the_reference_plans);
+    RUN_SOLVER(u_net_blocks_nest);
+    RUN_SOLVER(nested_plans_map_to_block_options);
+    RUN_SOLVER(nesting_never_worse_than_the_flat_ilp);
     TEST_END();
 }

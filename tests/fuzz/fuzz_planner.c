@@ -1,47 +1,99 @@
 /* fuzz_planner: the planners on fuzzed graphs. Every graph that reads (of
- * at most 40 ops, to keep each run short) is planned by rotor, sqrt and dtr
- * at four budgets between its lower bound and its baseline peak; every plan
- * handed out fits its budget (its arena, so its peak too), passes the plan checks and is no faster
- * than rkm_graph_time_bound allows, and a refusal is a budget error naming
- * the smallest budget. */
+ * at most 40 ops, to keep each run short) is planned by rotor, sqrt and
+ * dtr, and one input in eight (by its length) of at most FUZZ_SLOW_OPS ops
+ * by rockmate and checkmate (at a fifth of a second of ILP work) too, at
+ * four budgets between its lower bound and its baseline peak; an
+ * input of odd length is planned with every op that can run in place
+ * declared so (test_edit_inplace), so that in-place runs are always
+ * covered. Every plan handed out fits its budget (its arena, so its peak
+ * too), passes the plan checks and is no faster than rkm_graph_time_bound
+ * allows, and a refusal is a budget error naming the smallest budget.
+ * Every algorithm meets its own smallest budget (rkm_planner_min_budget),
+ * on its planner and on a fresh one (`rockmate info`, then `rockmate plan`
+ * at that budget: issue 20). */
 #include "fuzz.h"
+
+/* rockmate's smallest budget bisects on whole-graph ILPs, checkmate's on
+ * its ILP: seconds a graph beyond this, and a fifth of a second on every
+ * input would make the corpus's replay (make test) minutes. */
+#define FUZZ_SLOW_OPS 12
+
+static void check_plan_at(const rkm_graph *g, const rkm_graph_stats *gs, const rkm_plan *p, uint64_t budget)
+{
+    rkm_plan_stats st;
+    FUZZ_CHECK(rkm_plan_stats_get(p, &st) == RKM_OK && st.peak <= budget);
+    FUZZ_CHECK(st.aligned_peak <= st.arena_bytes && st.arena_bytes <= budget);
+    fuzz_check_plan(p);
+    double extra = -1; /* no plan beats the time bound */
+    FUZZ_CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
+    FUZZ_CHECK(st.time - gs->baseline_time >= extra - 1e-9 * (gs->baseline_time + extra));
+}
+
+/* The planner meets its smallest budget, and so does a fresh one. */
+static void check_min_budget(rkm_context *ctx, const rkm_graph *g, const rkm_graph_stats *gs,
+                             const rkm_solve_desc *d, rkm_planner *pl)
+{
+    uint64_t min = 0;
+    rkm_result r = rkm_planner_min_budget(pl, &min);
+    FUZZ_CHECK(r == RKM_OK || r == RKM_ERROR_NOMEM);
+    if (r) return;
+    FUZZ_CHECK(min >= gs->lower_bound);
+    rkm_plan *p = NULL, *q = NULL;
+    r = rkm_planner_solve(pl, min, &p);
+    if (r) fprintf(stderr, "%s: smallest budget %llu refused: %s\n", rkm_algo_name(d->algo), (unsigned long long)min,
+                   rkm_context_errmsg(ctx));
+    FUZZ_CHECK(r == RKM_OK);
+    check_plan_at(g, gs, p, min);
+    r = rkm_plan_solve(g, d, min, &q);
+    if (r) fprintf(stderr, "%s: smallest budget %llu refused by a fresh planner: %s\n", rkm_algo_name(d->algo),
+                   (unsigned long long)min, rkm_context_errmsg(ctx));
+    FUZZ_CHECK(r == RKM_OK);
+    check_plan_at(g, gs, q, min);
+    rkm_plan_destroy(q);
+    rkm_plan_destroy(p);
+}
+
+static void plan_all(rkm_context *ctx, const rkm_graph *g, int slow_too)
+{
+    static const rkm_algo algos[] = {RKM_ALGO_ROTOR, RKM_ALGO_SQRT, RKM_ALGO_DTR, RKM_ALGO_ROCKMATE,
+                                     RKM_ALGO_CHECKMATE};
+    rkm_graph_stats gs;
+    if (rkm_graph_stats_get(g, &gs) != RKM_OK) return;
+    for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++) {
+        int slow = algos[a] == RKM_ALGO_ROCKMATE || algos[a] == RKM_ALGO_CHECKMATE;
+        if (slow && (!slow_too || rkm_graph_num_ops(g) > FUZZ_SLOW_OPS)) continue;
+        rkm_solve_desc d = {0};
+        d.algo = algos[a];
+        d.slots = 100;
+        d.time_limit = algos[a] == RKM_ALGO_CHECKMATE ? 0.2 : 0; /* ILP work, the same on every machine */
+        rkm_planner *pl = NULL;
+        rkm_result r = rkm_planner_create(g, &d, &pl);
+        FUZZ_CHECK(r == RKM_OK || r == RKM_ERROR_NOMEM || (slow && r == RKM_ERROR_UNSUPPORTED));
+        for (int k = 0; pl && k <= 3; k++) {
+            uint64_t span = gs.baseline_peak - gs.lower_bound;
+            uint64_t budget = gs.lower_bound + span / 3 * (uint64_t)k;
+            rkm_plan *p = NULL;
+            r = rkm_planner_solve(pl, budget, &p);
+            FUZZ_CHECK(r == RKM_OK || r == RKM_ERROR_BUDGET);
+            if (r == RKM_ERROR_BUDGET) FUZZ_CHECK(strstr(rkm_context_errmsg(ctx), "smallest") != NULL);
+            if (p) check_plan_at(g, &gs, p, budget);
+            rkm_plan_destroy(p);
+        }
+        if (pl) check_min_budget(ctx, g, &gs, &d, pl);
+        rkm_planner_destroy(pl);
+    }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const rkm_algo algos[] = {RKM_ALGO_ROTOR, RKM_ALGO_SQRT, RKM_ALGO_DTR};
     rkm_context *ctx = fuzz_ctx();
-    rkm_graph *g = NULL;
-    rkm_graph_stats gs;
-    if (rkm_graph_read_string(ctx, (const char *)data, size, "fuzz.rkg", &g) == RKM_OK && rkm_graph_num_ops(g) <= 40 &&
-        rkm_graph_stats_get(g, &gs) == RKM_OK) {
-        for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++) {
-            rkm_solve_desc d = {0};
-            d.algo = algos[a];
-            d.slots = 100;
-            rkm_planner *pl = NULL;
-            rkm_result r = rkm_planner_create(g, &d, &pl);
-            FUZZ_CHECK(r == RKM_OK || r == RKM_ERROR_NOMEM);
-            for (int k = 0; pl && k <= 3; k++) {
-                uint64_t span = gs.baseline_peak - gs.lower_bound;
-                uint64_t budget = gs.lower_bound + span / 3 * (uint64_t)k;
-                rkm_plan *p = NULL;
-                r = rkm_planner_solve(pl, budget, &p);
-                FUZZ_CHECK(r == RKM_OK || r == RKM_ERROR_BUDGET);
-                if (r == RKM_ERROR_BUDGET) FUZZ_CHECK(strstr(rkm_context_errmsg(ctx), "smallest") != NULL);
-                if (p) {
-                    rkm_plan_stats st;
-                    FUZZ_CHECK(rkm_plan_stats_get(p, &st) == RKM_OK && st.peak <= budget);
-                    FUZZ_CHECK(st.aligned_peak <= st.arena_bytes && st.arena_bytes <= budget);
-                    fuzz_check_plan(p);
-                    double extra = -1; /* no plan beats the time bound */
-                    FUZZ_CHECK(rkm_graph_time_bound(g, budget, &extra) == RKM_OK);
-                    FUZZ_CHECK(st.time - gs.baseline_time >= extra - 1e-9 * (gs.baseline_time + extra));
-                }
-                rkm_plan_destroy(p);
-            }
-            rkm_planner_destroy(pl);
-        }
+    rkm_graph *g = NULL, *ip = NULL;
+    if (rkm_graph_read_string(ctx, (const char *)data, size, "fuzz.rkg", &g) == RKM_OK && rkm_graph_num_ops(g) <= 40) {
+        int slow_too = size / 2 % 8 == 0; /* in place or not */
+        if (size % 2 && test_edited_copy(g, test_edit_inplace, &ip) == RKM_OK) plan_all(ctx, ip, slow_too);
+        else plan_all(ctx, g, slow_too);
     }
+    rkm_graph_destroy(ip);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
     return 0;
