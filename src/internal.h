@@ -896,24 +896,20 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-
-/* nest.c */
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
-
-/* planner.c */
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+
+/* nest.c */
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
 /* search.c */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-
-/* planner.c */
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 #endif /* RKM_INTERNAL_H */
