@@ -59,7 +59,10 @@ static const char cli_usage_text[] =
     "                    small graphs, so it runs only when named; it needs\n"
     "                    lp_solve: a build without it (OMIT=1) refuses it and\n"
     "                    plans rockmate without its block ILP options\n"
-    "  --json            print one JSON object (sweep: an array) on standard output\n"
+    "  --json            print one JSON object (sweep: an array) on standard output;\n"
+    "                    plan prints one with exit status 3 too: error (budget\n"
+    "                    or timeout), error_id, message, budget and min_budget\n"
+    "                    (the smallest budget that fits, bytes; null if unknown)\n"
     "  -o, --output PLAN write the plan file\n"
     "  --svg FILE        write a chart\n"
     "  --log             the chart's vertical axis on a log scale (memory of a\n"
@@ -604,20 +607,57 @@ static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan *
     return r;
 }
 
-/* "no rotor plan fits in ...; the smallest budget rotor can meet is ...". */
-static int cli_budget_fail(rkm_context *ctx, cli_planner *cp, uint64_t budget)
+/* Why plan found no plan (exit status 3, or 1 for another error on the
+ * way): the error, its one line for stderr (without "rockmate: "), and
+ * the smallest budget where the planner gave it. */
+typedef struct cli_nofit {
+    rkm_result error;
+    int has_min;
+    uint64_t min;
+    char message[2048];
+} cli_nofit;
+
+/* Names of the results for JSON, in rkm_result's order. */
+static const char *const cli_result_names[] = {"ok",     "nomem",   "argument",    "state",    "io",
+                                               "parse",  "graph",   "plan",        "budget",   "callback",
+                                               "solver", "timeout", "unsupported", "internal"};
+_Static_assert(sizeof cli_result_names / sizeof *cli_result_names == RKM_RESULT_COUNT, "a name per rkm_result");
+
+/* The line cli_fail prints, into nf->message. */
+static void cli_nofit_fail(const rkm_context *ctx, rkm_result r, const char *prefix, cli_nofit *nf)
+{
+    const char *msg = rkm_context_errmsg(ctx);
+    if (!*msg) msg = rkm_result_string(r);
+    nf->error = r;
+    snprintf(nf->message, sizeof nf->message, "%s%s%s", prefix ? prefix : "", prefix ? ": " : "", msg);
+    for (char *c = nf->message; *c; c++)
+        if (*c == '\n' || *c == '\r') *c = ' ';
+}
+
+/* e, the planner's RKM_ERROR_BUDGET or RKM_ERROR_TIMEOUT, into nf: for a
+ * budget, "no rotor plan fits in ...; the smallest budget rotor can meet
+ * is ..."; the exit status. */
+static int cli_budget_fail(rkm_context *ctx, cli_planner *cp, rkm_result e, uint64_t budget, cli_nofit *nf)
 {
     const char *name = rkm_algo_name(cp->algo);
     uint64_t peak = cp->G->st.baseline_peak, min;
     char a[32], b[32];
-    rkm_result r = cli_planner_min(cp, &min);
-    if (r) return cli_fail(ctx, r, cp->G->path);
-    fprintf(stderr,
-            "rockmate: no %s plan fits in %s (%" PRIu64 " bytes, %.1f%% of the baseline peak); "
-            "the smallest budget %s can meet is %s (%" PRIu64 " bytes, %.1f%%)\n",
-            name, cli_size(a, sizeof a, budget), budget, cli_percent((double)budget, (double)peak), name,
-            cli_size(b, sizeof b, min), min, cli_percent((double)min, (double)peak));
-    return CLI_BUDGET;
+    memset(nf, 0, sizeof *nf);
+    rkm_result r = e == RKM_ERROR_BUDGET ? cli_planner_min(cp, &min) : e;
+    if (r) {
+        cli_nofit_fail(ctx, r, cp->G->path, nf);
+    } else {
+        nf->error = e;
+        nf->has_min = 1;
+        nf->min = min;
+        snprintf(nf->message, sizeof nf->message,
+                 "no %s plan fits in %s (%" PRIu64 " bytes, %.1f%% of the baseline peak); "
+                 "the smallest budget %s can meet is %s (%" PRIu64 " bytes, %.1f%%)",
+                 name, cli_size(a, sizeof a, budget), budget, cli_percent((double)budget, (double)peak), name,
+                 cli_size(b, sizeof b, min), min, cli_percent((double)min, (double)peak));
+    }
+    fprintf(stderr, "rockmate: %s\n", nf->message);
+    return nf->error == RKM_ERROR_BUDGET || nf->error == RKM_ERROR_TIMEOUT ? CLI_BUDGET : CLI_INPUT;
 }
 
 /* What the tool reports about one plan. */
@@ -1164,8 +1204,9 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     if (!rc) e = cli_planner_open(&G, o->algos[0], o, &cp);
     if (!rc && !e) e = cli_planner_solve(&cp, r.budget, &r.plan, &r.pls);
     if (!rc && !e) e = cli_result_fill(&G, r.plan, o->alignment, &r);
-    if (!rc && e == RKM_ERROR_BUDGET)
-        rc = cli_budget_fail(ctx, &cp, r.budget);
+    cli_nofit nf = {0};
+    if (!rc && (e == RKM_ERROR_BUDGET || e == RKM_ERROR_TIMEOUT))
+        rc = cli_budget_fail(ctx, &cp, e, r.budget, &nf);
     else if (!rc && e)
         rc = cli_fail(ctx, e, G.path);
     r.has_algo = r.has_budget = 1;
@@ -1175,6 +1216,22 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
         cli_json j = {stdout, 0, 1};
         cli_json_open(&j, NULL, '{');
         cli_json_plan_members(&j, &G, &r);
+        cli_json_close(&j, '}');
+    } else if (rc == CLI_BUDGET && nf.error && o->value[OPT_JSON]) {
+        /* no plan: the error, the budget asked and the smallest that fits */
+        cli_json j = {stdout, 0, 1};
+        cli_json_open(&j, NULL, '{');
+        cli_json_str(&j, "graph", G.path);
+        cli_json_str(&j, "algo", rkm_algo_name(r.algo));
+        cli_json_str(&j, "error", cli_result_names[nf.error]);
+        cli_json_i64(&j, "error_id", (int64_t)nf.error);
+        cli_json_str(&j, "message", nf.message);
+        cli_json_u64(&j, "budget", r.budget);
+        if (nf.has_min)
+            cli_json_u64(&j, "min_budget", nf.min);
+        else
+            cli_json_null(&j, "min_budget");
+        cli_json_u64(&j, "baseline_peak", G.st.baseline_peak);
         cli_json_close(&j, '}');
     } else if (!rc && !(o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0)) {
         printf("%s: %s plan\n", G.path, rkm_algo_name(r.algo));

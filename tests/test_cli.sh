@@ -152,6 +152,18 @@ def invalid(inv1, tensor, inv2, steps):
     if d is not None:
         report("truncated plan: fails at the end of the plan", d["valid"] is False and d["fail_step"] == int(steps), d)
 
+def nofit(name, out, err, budget, min_budget, error):
+    """plan --json with exit status 3: the error, the budget asked, the smallest that fits."""
+    d = load(out, name + ": plan --json, no plan fits")
+    if d is None:
+        return
+    line = open(err).read().rstrip("\n")
+    want_min = None if min_budget == "null" else int(min_budget)
+    report(name + ": exit 3 --json: error and its id, the stderr line as message, the budget asked, the smallest budget",
+           isinstance(d, dict) and d.get("error") == error and d.get("error_id") == {"budget": 8, "timeout": 11}[error]
+           and "rockmate: " + str(d.get("message")) == line and d.get("budget") == int(budget)
+           and "min_budget" in d and d["min_budget"] == want_min and d.get("baseline_peak", 0) > 0, d)
+
 def odd(out, path):
     d = load(out, "info on an odd path")
     if d is not None:
@@ -283,6 +295,10 @@ if [[ $rc == 0 ]]; then # lp_solve is built in (not under OMIT=1)
     run plan tests/graphs/random30.rkg --budget 30% --time-limit 1e-9 -o /dev/null
     expect "no plan found within --time-limit" 3
     check "a time limit with no plan is named" grep -q "the time limit of 1e-09 s ran out" "$tmp/err"
+    run plan tests/graphs/random30.rkg --budget 1271808 --time-limit 1e-9 --json
+    expect "no plan found within --time-limit, --json" 3
+    check "no plan found within --time-limit, --json: one line on stderr" err_lines 1
+    pycheck nofit "time limit" "$tmp/out" "$tmp/err" 1271808 null timeout
 else
     expect "without lp_solve, checkmate is bad input" 1
     check "without lp_solve, checkmate says it needs lp_solve" err_is "checkmate needs lp_solve"
@@ -398,6 +414,10 @@ for g in tests/graphs/*.rkg; do
     expect "$name: plan --algo none below the lower bound" 3
     check "$name: exit 3 gives the smallest budget (the baseline's arena)" \
         err_is "smallest budget none can meet is [^(]*\($nb bytes"
+    run plan "$g" --algo none --budget "$((lb - 1))" --json
+    expect "$name: plan --algo none below the lower bound, --json" 3
+    check "$name: exit 3 with --json: one line on stderr" err_lines 1
+    pycheck nofit "$name" "$tmp/out" "$tmp/err" "$((lb - 1))" "$nb" budget
     for cmd in info plan check; do
         case $cmd in
         info) run info "$g" --algo none,sqrt,rotor ;;
