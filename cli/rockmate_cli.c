@@ -46,7 +46,8 @@ static const char cli_usage_text[] =
     "        overhead against budget, from the smallest feasible budget to\n"
     "        100% of the baseline peak (N budgets, default 12, denser toward\n"
     "        the smallest, where the curves are steep)\n"
-    "  GRAPH may be - to read the graph from standard input\n"
+    "  GRAPH may be - to read the graph from standard input, and so may\n"
+    "  check's PLAN (but not both)\n"
     "\n"
     "options:\n"
     "  --budget B        bytes (a decimal number: 4096, 1.5e6, or 512B), optionally\n"
@@ -293,6 +294,8 @@ static int cli_convert_options(cli_opts *o)
     if ((rc = cli_seconds(o, OPT_TIME, &o->time_limit)) || (rc = cli_seconds(o, OPT_ILP_TIME, &o->ilp_time_limit)))
         return rc;
     if (o->cmd == CMD_PLAN && !o->value[OPT_BUDGET]) return cli_usage_error(cmd, "--budget is required");
+    if (o->cmd == CMD_CHECK && strcmp(o->operand[0], "-") == 0 && strcmp(o->operand[1], "-") == 0)
+        return cli_usage_error(cmd, "GRAPH and PLAN cannot both be - (standard input)");
     if (o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0 && o->value[OPT_JSON])
         return cli_usage_error(cmd, "-o - and --json both want standard output");
     return -1;
@@ -1246,18 +1249,29 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     return rc;
 }
 
-/* Read the plan file: a plan the library accepts, with its figures, or one
- * it refuses (RKM_ERROR_PLAN: r->plan NULL, r->sim and r->message say
- * why). Anything else (unreadable, bad syntax) is an error. */
+/* Read the plan file (standard input for "-"): a plan the library
+ * accepts, with its figures, or one it refuses (RKM_ERROR_PLAN: r->plan
+ * NULL, r->sim and r->message say why). Anything else (unreadable, bad
+ * syntax) is an error. */
 static int cli_check_read(rkm_context *ctx, const cli_graph *G, const char *plan_path, uint64_t align, cli_result *r)
 {
-    rkm_result e = rkm_plan_read_file(G->g, plan_path, &r->sim, &r->plan);
+    rkm_result e;
+    if (strcmp(plan_path, "-") != 0) {
+        e = rkm_plan_read_file(G->g, plan_path, &r->sim, &r->plan);
+    } else {
+        size_t len;
+        char *text = cli_read_stdin(&len);
+        if (!text) return cli_error("<stdin>: cannot read: %s", strerror(errno));
+        e = rkm_plan_read_string(G->g, text, len, "<stdin>", &r->sim, &r->plan);
+        free(text);
+    }
     if (e == RKM_ERROR_PLAN) {
         snprintf(r->message, sizeof r->message, "%s", rkm_context_errmsg(ctx));
         return CLI_OK;
     }
     if (e) return cli_fail(ctx, e, NULL);
-    if ((e = cli_result_fill(G, r->plan, align, r)) != RKM_OK) return cli_fail(ctx, e, plan_path);
+    if ((e = cli_result_fill(G, r->plan, align, r)) != RKM_OK)
+        return cli_fail(ctx, e, strcmp(plan_path, "-") == 0 ? "<stdin>" : plan_path);
     return CLI_OK;
 }
 
@@ -1267,6 +1281,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
     cli_result r;
     memset(&r, 0, sizeof r);
     const char *plan_path = o->operand[1];
+    const char *plan_name = strcmp(plan_path, "-") == 0 ? "<stdin>" : plan_path; /* for people */
     int rc = cli_graph_load(ctx, o->operand[0], &G);
     if (!rc && o->value[OPT_BUDGET]) {
         rc = cli_budget(&G, o->value[OPT_BUDGET], "check", &r.budget);
@@ -1299,7 +1314,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
         }
         cli_json_close(&j, '}');
     } else if (valid) {
-        printf("%s: valid plan for %s\n", plan_path, G.path);
+        printf("%s: valid plan for %s\n", plan_name, G.path);
         cli_text_plan(&G, &r);
     }
     if (!valid) {
@@ -1311,12 +1326,12 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
         if (r.ps.peak > r.budget)
             fprintf(stderr,
                     "rockmate: %s: the plan peaks at %s (%" PRIu64 " bytes), over the budget %s (%" PRIu64 " bytes)\n",
-                    plan_path, cli_size(a, sizeof a, r.ps.peak), r.ps.peak, cli_size(b, sizeof b, r.budget), r.budget);
+                    plan_name, cli_size(a, sizeof a, r.ps.peak), r.ps.peak, cli_size(b, sizeof b, r.budget), r.budget);
         else
             fprintf(stderr,
                     "rockmate: %s: the plan's arena at %" PRIu64 "-byte alignment is %s (%" PRIu64 " bytes), over the "
                     "budget %s (%" PRIu64 " bytes), though its peak (%" PRIu64 " bytes) is within it\n",
-                    plan_path, r.alignment, cli_size(a, sizeof a, r.arena), r.arena, cli_size(b, sizeof b, r.budget),
+                    plan_name, r.alignment, cli_size(a, sizeof a, r.arena), r.arena, cli_size(b, sizeof b, r.budget),
                     r.budget, r.ps.peak);
     }
     rkm_plan_destroy(r.plan);

@@ -354,6 +354,23 @@ echo junk | "$cli" info - >/dev/null 2>"$tmp/err"
 rc=$?
 expect "junk on standard input" 1
 check "junk on standard input: names <stdin>:1" err_is '<stdin>:1:'
+# check GRAPH -: the plan from standard input (not both from it).
+"$cli" plan "$g0" --algo none --budget 100% -o "$tmp/stdin-base.rkp" >/dev/null 2>&1
+"$cli" check "$g0" "$tmp/stdin-base.rkp" --json >"$tmp/plan-file.json" 2>/dev/null
+run check "$g0" - --json <"$tmp/stdin-base.rkp"
+expect "a plan on standard input" 0
+check "a plan on standard input: the same figures as from its file" \
+    cmp -s <(grep -v '"plan"\|seconds' "$tmp/out") <(grep -v '"plan"\|seconds' "$tmp/plan-file.json")
+run check "$g0" - --budget 4096B <"$tmp/stdin-base.rkp"
+expect "a plan on standard input over --budget" 3
+check "a plan on standard input over --budget: one line naming <stdin>" err_is '^rockmate: <stdin>: the plan peaks at'
+run check "$g0" - <<<"junk"
+expect "junk plan on standard input" 1
+check "junk plan on standard input: names <stdin>:1" err_is '<stdin>:1:'
+run check - - </dev/null
+expect "usage: GRAPH and PLAN both -" 2
+check "usage: GRAPH and PLAN both -: one line and a hint on stderr" err_lines 2
+check "usage: GRAPH and PLAN both -: nothing on stdout" test ! -s "$tmp/out"
 run info tests/graphs
 expect "a folder given as a graph" 1
 check "a folder given as a graph: says it is a directory" err_is 'tests/graphs: .*[Ii]s a directory'
