@@ -47,8 +47,17 @@
  *   logger.
  * - Objects have one owner and one destroy function. A graph must outlive the
  *   plans and planners made from it; a context must outlive everything made
- *   with it. Objects are not thread-safe; distinct objects may be used from
- *   distinct threads (lp_solve calls are serialised by one internal lock).
+ *   with it.
+ * - Threads: a context is shared by everything made with it: every failing
+ *   call on any of its graphs, plans, planners or executors writes the
+ *   context's one message and calls its logger and allocator. So the objects
+ *   made from one context, together with the context, are used from one
+ *   thread at a time (two graphs of one context in two threads race). To
+ *   work in several threads at once, give each thread its own context and
+ *   make its objects from that context; objects of distinct contexts may be
+ *   used in distinct threads at the same time. Their only shared state is
+ *   lp_solve, whose calls are serialised by one internal lock; an allocator
+ *   or logger given to several such contexts must itself be thread-safe.
  * - Ids are dense int32 indices: tensors 0..num_tensors-1 in declaration
  *   order, ops 0..num_ops-1 in declaration (topological) order.
  * - Output is deterministic: the same graph and options give the same plan,
