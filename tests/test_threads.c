@@ -52,8 +52,9 @@ static void run_job(job *j)
         }
         /* A tensor id out of range fails: the message is this context's own. */
         rkm_tensor_info ti;
-        if (rkm_graph_tensor_info(g, rkm_graph_num_tensors(g), &ti) != RKM_ERROR_ARGUMENT || !*rkm_context_errmsg(ctx) ||
-            sbuf_write(&j->out, rkm_context_errmsg(ctx), strlen(rkm_context_errmsg(ctx))))
+        const char *msg = rkm_context_errmsg(ctx);
+        if (rkm_graph_tensor_info(g, rkm_graph_num_tensors(g), &ti) != RKM_ERROR_ARGUMENT || !*msg ||
+            sbuf_write(&j->out, msg, strlen(msg)))
             j->failed = 1;
         rkm_planner_destroy(pl);
     }
