@@ -47,8 +47,17 @@
  *   logger.
  * - Objects have one owner and one destroy function. A graph must outlive the
  *   plans and planners made from it; a context must outlive everything made
- *   with it. Objects are not thread-safe; distinct objects may be used from
- *   distinct threads (lp_solve calls are serialised by one internal lock).
+ *   with it.
+ * - Threads: a context is shared by everything made with it: every failing
+ *   call on any of its graphs, plans, planners or executors writes the
+ *   context's one message and calls its logger and allocator. So the objects
+ *   made from one context, together with the context, are used from one
+ *   thread at a time (two graphs of one context in two threads race). To
+ *   work in several threads at once, give each thread its own context and
+ *   make its objects from that context; objects of distinct contexts may be
+ *   used in distinct threads at the same time. Their only shared state is
+ *   lp_solve, whose calls are serialised by one internal lock; an allocator
+ *   or logger given to several such contexts must itself be thread-safe.
  * - Ids are dense int32 indices: tensors 0..num_tensors-1 in declaration
  *   order, ops 0..num_ops-1 in declaration (topological) order.
  * - Output is deterministic: the same graph and options give the same plan,
@@ -155,13 +164,32 @@
 extern "C" {
 #endif
 
+/* Versions and the ABI. The version here is the one source: the Makefile
+ * reads RKM_VERSION_STRING for the shared library's file name
+ * (librockmate.so.MAJOR.MINOR.PATCH) and its soname (librockmate.so.MAJOR),
+ * and for rockmate.pc.
+ * - A change to the ABI: a public struct's size or layout (a field added,
+ *   removed, moved or retyped), a function's signature, an enum's values,
+ *   bumps the minor while the major is 0 (0.x makes no binary promise
+ *   across minors; the soname stays librockmate.so.0), and the major from
+ *   1.0 on, which renames the soname. A fix that changes none of these
+ *   bumps the patch.
+ * - Descs are read with zero meaning "the default", so a field added at the
+ *   end of a desc keeps source compatibility (code that zeroes its desc and
+ *   sets the fields it knows still builds and means what it meant), but not
+ *   binary compatibility: the library reads the new field past the end of
+ *   an old program's desc. Rebuild against the new header.
+ * - tests/test_abi.c pins every public struct's size and layout (LP64), so
+ *   an ABI change cannot go in unnoticed.
+ * 0.2.0: the public structs changed since 0.1.0 (rkm_step grew from 12 to
+ * 16 bytes with inplace; descs gained fields; structs were added). */
 #define RKM_VERSION_MAJOR 0
-#define RKM_VERSION_MINOR 1
+#define RKM_VERSION_MINOR 2
 #define RKM_VERSION_PATCH 0
-#define RKM_VERSION_STRING "0.1.0"
+#define RKM_VERSION_STRING "0.2.0"
 #define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
 
-/* The version of the compiled library, e.g. "0.1.0". */
+/* The version of the compiled library, e.g. "0.2.0". */
 const char *rkm_version(void);
 int rkm_version_number(void);
 

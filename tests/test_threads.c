@@ -1,12 +1,17 @@
 /* test_threads: contexts used by different threads at once.
  *
- * A context (and everything made with it) is used by one thread at a time;
- * different contexts may be used in parallel, the only shared state being
- * the lock around lp_solve. Four threads, each with its own context, read
- * bundled graphs and plan them with four algorithms at half the baseline; the
- * plans must be those of the same work done one after another, step for
- * step. Built under ThreadSanitizer (the Makefile's tests-tsan rule) so
- * that a data race fails the run. */
+ * The rule of rockmate.h's CONVENTIONS: a context (and everything made with
+ * it) is used by one thread at a time; different contexts may be used in
+ * parallel, the only shared state being the lock around lp_solve. Four
+ * threads, each with its own context, read bundled graphs and plan them with
+ * four algorithms at half the baseline, so four rockmate plannings (block
+ * ILPs through lp_solve, in a build with it) run at once and meet at the
+ * lock. Each job also makes one failing call (a tensor id out of range), so
+ * every thread writes its own context's message while the others plan. The plans and the
+ * messages must be those of the same work done one after another, byte for
+ * byte. Built under ThreadSanitizer (build/tests/test_threads-tsan) so that
+ * a data race fails the run. Nothing here shares a context between threads:
+ * that is the documented race, not tested. */
 #include "test.h"
 
 #include <pthread.h>
@@ -45,6 +50,12 @@ static void run_job(job *j)
             if (r) j->failed = 1;
             rkm_plan_destroy(p);
         }
+        /* A tensor id out of range fails: the message is this context's own. */
+        rkm_tensor_info ti;
+        const char *msg = rkm_context_errmsg(ctx);
+        if (rkm_graph_tensor_info(g, rkm_graph_num_tensors(g), &ti) != RKM_ERROR_ARGUMENT || !*msg ||
+            sbuf_write(&j->out, msg, strlen(msg)))
+            j->failed = 1;
         rkm_planner_destroy(pl);
     }
     rkm_graph_destroy(g);
