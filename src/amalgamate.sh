@@ -27,11 +27,20 @@ emit() {
     printf '%s\n' ' * See rockmate.h for the public API and docs/formats.md for the contract.'
     printf '%s\n' ' * Build: cc -c rockmate.c (with lp_solve) or cc -DRKM_OMIT_SOLVER -c rockmate.c. */'
     printf '%s\n' '#define RKM_AMALGAMATION 1'
-    for f in internal.h $(printf 'src/%s.c ' $FILES | sed 's|src/||g'); do
+    for f in internal.h $(for x in $FILES; do printf '%s.c ' "$x"; done); do
         printf '\n/* ==== src/%s ==== */\n\n' "$f"
         sed '/^#include "internal.h"$/d' "src/$f"
     done
 }
+
+# A source file missing from FILES would be left out of rockmate.c.
+for path in src/*.c; do
+    name=$(basename "$path" .c)
+    case " $(echo $FILES) " in
+    *" $name "*) ;;
+    *) echo "src/amalgamate.sh: $path is not in FILES: add it where it belongs in the pipeline" >&2; exit 1 ;;
+    esac
+done
 
 case "$1" in
 --check)
