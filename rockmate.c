@@ -9491,14 +9491,18 @@ static void rkm__polish_free(rkm__polish *w)
     rkm__free(w->g->ctx, w->pneed, w->g->n_ops);
 }
 
+/* Whether polish, or the squeeze on it, may go on: work left within its
+ * limit and the deadline not passed. */
+static int rkm__polish_more(rkm__polish *w) { return w->work < w->limit && !rkm__over(w->pl); }
+
 /* Drop recomputations while one fits, sweeping the steps in order until a
  * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
-    while (kept && w->work < w->limit) {
+    while (kept && rkm__polish_more(w)) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && w->work < w->limit && !rkm__over(w->pl); j++) {
+        for (size_t j = 0; j < w->cur.n && rkm__polish_more(w); j++) {
             int k;
             int64_t h = rkm__polish_drop(w, j);
             if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
@@ -9587,16 +9591,12 @@ typedef struct rkm__squeeze {
     size_t *pos;    /* per step of w.cur: its index in base */
     size_t cap_pos;
     double excess, time; /* of w.cur */
-    uint64_t limit;      /* the work it may do */
-    uint64_t look_limit; /* the work up to which rounds look ahead */
+    uint64_t look_limit; /* the work up to which rounds look ahead (w.limit: all it may do) */
     int n_top;           /* the moves of a round with the best scores, best first */
     double top_score[RKM_SQUEEZE_LOOK];
     int32_t top_obj[RKM_SQUEEZE_LOOK];
     int top_early[RKM_SQUEEZE_LOOK];
 } rkm__squeeze;
-
-/* Whether the squeeze may go on: work left and the deadline not passed. */
-static int rkm__squeeze_more(rkm__squeeze *q) { return q->w.work < q->limit && !rkm__over(q->w.pl); }
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
  * the budget or -1, *time), 0 when not, -1 on NOMEM. */
@@ -9768,7 +9768,7 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
 {
     rkm__polish *w = &q->w;
-    for (size_t j = 0; j < w->cur.n && rkm__squeeze_more(q); j++) {
+    for (size_t j = 0; j < w->cur.n && rkm__polish_more(&q->w); j++) {
         double ex, time;
         int64_t f;
         int64_t h = rkm__polish_drop(w, j);
@@ -9835,7 +9835,7 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
     *bt = -1;
     *bex = q->excess;
     const rkm_step *at = &w->cur.s[c];
-    for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__squeeze_more(q); t++) {
+    for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__polish_more(&q->w); t++) {
         int32_t o = (int32_t)(t - g->n_tensors);
         if (t < g->n_tensors ? !q->live[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT) || rkm__step_touches(g, at, (int32_t)t)
                              : !q->livep[o] || (at->kind == RKM_STEP_BWD && at->index == o))
@@ -9891,10 +9891,10 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     const rkm_graph *g = pl->g;
     rkm__squeeze q;
     memset(&q, 0, sizeof q);
-    q.limit = *left;
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
     rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
+    q.w.limit = *left;
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
@@ -9903,7 +9903,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     int64_t first = -1;
     int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__squeeze_eval(&q, &q.excess, &first, &q.time) : -1;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
-    while (ok > 0 && first >= 0 && rkm__squeeze_more(&q)) {
+    while (ok > 0 && first >= 0 && rkm__polish_more(&q.w)) {
         int32_t t;
         int early = 0;
         double ex;
