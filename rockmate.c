@@ -296,7 +296,6 @@ typedef struct rkm__map {
 
 typedef const char *(*rkm__name_of)(const void *owner, int32_t id);
 
-
 /* ---- graph.c ---- */
 
 typedef struct rkm__tensor {
@@ -351,7 +350,6 @@ struct rkm_graph {
     int32_t src_line;
 };
 
-
 /* ---- rkg.c ---- */
 
 #define RKM_MAX_TOKENS 16
@@ -377,7 +375,6 @@ typedef struct rkm__out {
     size_t n;
     int failed;
 } rkm__out;
-
 
 /* ---- plan.c ---- */
 
@@ -405,7 +402,6 @@ typedef struct rkm__steps {
     size_t n, cap;
 } rkm__steps;
 
-
 /* ---- sim.c ---- */
 
 /* Replay state. Everything that measures memory or time (the checker, the
@@ -431,7 +427,6 @@ typedef struct rkm__recorder {
     size_t n_open;
     size_t at; /* next free entry of p->flags */
 } rkm__recorder;
-
 
 /* ---- layout.c ---- */
 
@@ -465,7 +460,6 @@ typedef struct rkm__bopts {
     size_t arrived; /* options offered so far */
 } rkm__bopts;
 
-
 /* ---- ilp.c ---- */
 
 typedef struct rkm__ilp_stats {
@@ -478,7 +472,6 @@ typedef struct rkm__ilp_stats {
 } rkm__ilp_stats;
 
 typedef struct rkm__ilp_block rkm__ilp_block;
-
 
 #ifndef RKM_OMIT_SOLVER
 enum { RKM__ILP_NODE_FWD, RKM__ILP_NODE_BWD, RKM__ILP_NODE_LOSS };
@@ -606,7 +599,6 @@ typedef struct rkm__ilp_scratch {
     rkm__ilp_arrays arrays;
 } rkm__ilp_scratch;
 
-
 /* ---- ilp_sched.c ---- */
 
 /* A schedule's steps, and where its forward part ends. */
@@ -715,7 +707,6 @@ typedef struct rkm__dp_table {
     uint32_t *term_n;
 } rkm__dp_table;
 
-
 /* ---- dtr.c ---- */
 
 /* Eviction scores, least evicted first. DTR's own is cost / (bytes x
@@ -728,7 +719,6 @@ enum {
     RKM__DTR_LRU,      /* 1 / staleness */
     RKM__DTR_SCORES
 };
-
 
 /* ---- planner.c ---- */
 
@@ -773,10 +763,7 @@ struct rkm_planner {
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
 };
 
-
 /* ---- search.c ---- */
-
-
 
 /* ===========================================================================
  * Functions one file defines and others call
@@ -3029,7 +3016,6 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
  *    (bench_layout; 10x the work moves a few plans, at 10x the time).
  * ------------------------------------------------------------------------- */
 
-
 /* A placement problem, in units of the alignment. Items are the buffers to
  * place; their lifetimes are section ranges [s0, s1) of a time axis
  * compressed to where lifetimes start and end. */
@@ -5184,7 +5170,6 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 /* ---- the block ----------------------------------------------------------- */
 
 #define RKM__ILP_ONE (-1) /* a variable reference that is the constant 1 */
-
 
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
@@ -7904,7 +7889,6 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
  *
  * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
 
-
 /* The planner's figures so far, ILP counters included. */
 static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
 {
@@ -8074,7 +8058,6 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
     }
     return RKM_OK;
 }
-
 
 /* A class's claim on the block ILP budget: its blocks' forward time (what
  * recomputing can cost, so what a better option can save) times its ops
@@ -8569,7 +8552,6 @@ RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t
     }
     return r;
 }
-
 
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.

@@ -148,7 +148,6 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 
 #define RKM__ILP_ONE (-1) /* a variable reference that is the constant 1 */
 
-
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;

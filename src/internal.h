@@ -266,7 +266,6 @@ typedef struct rkm__map {
 
 typedef const char *(*rkm__name_of)(const void *owner, int32_t id);
 
-
 /* ---- graph.c ---- */
 
 typedef struct rkm__tensor {
@@ -321,7 +320,6 @@ struct rkm_graph {
     int32_t src_line;
 };
 
-
 /* ---- rkg.c ---- */
 
 #define RKM_MAX_TOKENS 16
@@ -347,7 +345,6 @@ typedef struct rkm__out {
     size_t n;
     int failed;
 } rkm__out;
-
 
 /* ---- plan.c ---- */
 
@@ -375,7 +372,6 @@ typedef struct rkm__steps {
     size_t n, cap;
 } rkm__steps;
 
-
 /* ---- sim.c ---- */
 
 /* Replay state. Everything that measures memory or time (the checker, the
@@ -401,7 +397,6 @@ typedef struct rkm__recorder {
     size_t n_open;
     size_t at; /* next free entry of p->flags */
 } rkm__recorder;
-
 
 /* ---- layout.c ---- */
 
@@ -435,7 +430,6 @@ typedef struct rkm__bopts {
     size_t arrived; /* options offered so far */
 } rkm__bopts;
 
-
 /* ---- ilp.c ---- */
 
 typedef struct rkm__ilp_stats {
@@ -448,7 +442,6 @@ typedef struct rkm__ilp_stats {
 } rkm__ilp_stats;
 
 typedef struct rkm__ilp_block rkm__ilp_block;
-
 
 #ifndef RKM_OMIT_SOLVER
 enum { RKM__ILP_NODE_FWD, RKM__ILP_NODE_BWD, RKM__ILP_NODE_LOSS };
@@ -576,7 +569,6 @@ typedef struct rkm__ilp_scratch {
     rkm__ilp_arrays arrays;
 } rkm__ilp_scratch;
 
-
 /* ---- ilp_sched.c ---- */
 
 /* A schedule's steps, and where its forward part ends. */
@@ -685,7 +677,6 @@ typedef struct rkm__dp_table {
     uint32_t *term_n;
 } rkm__dp_table;
 
-
 /* ---- dtr.c ---- */
 
 /* Eviction scores, least evicted first. DTR's own is cost / (bytes x
@@ -698,7 +689,6 @@ enum {
     RKM__DTR_LRU,      /* 1 / staleness */
     RKM__DTR_SCORES
 };
-
 
 /* ---- planner.c ---- */
 
@@ -743,10 +733,7 @@ struct rkm_planner {
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
 };
 
-
 /* ---- search.c ---- */
-
-
 
 /* ===========================================================================
  * Functions one file defines and others call

@@ -31,7 +31,6 @@
  *    (bench_layout; 10x the work moves a few plans, at 10x the time).
  * ------------------------------------------------------------------------- */
 
-
 /* A placement problem, in units of the alignment. Items are the buffers to
  * place; their lifetimes are section ranges [s0, s1) of a time axis
  * compressed to where lifetimes start and end. */

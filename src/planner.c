@@ -3,7 +3,6 @@
  * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
 #include "internal.h"
 
-
 /* The planner's figures so far, ILP counters included. */
 static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
 {
@@ -173,7 +172,6 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
     }
     return RKM_OK;
 }
-
 
 /* A class's claim on the block ILP budget: its blocks' forward time (what
  * recomputing can cost, so what a better option can save) times its ops
@@ -668,7 +666,6 @@ RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t
     }
     return r;
 }
-
 
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
