@@ -8752,8 +8752,8 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
         return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
     }
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
-    /* One solve's work is worth about its limit (on a slow machine it may
-     * take longer: the wall-clock stop is RKM__ILP_WALL_SAFETY times it). */
+    /* One solve's work is worth about its share of the limit; on a slow
+     * machine the call's deadline (rkm__over) stops it first. */
     if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE, out);
     return RKM_OK;
 }
