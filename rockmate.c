@@ -10557,19 +10557,19 @@ rkm_result rkm_arena_free(rkm_arena *a, uint64_t offset)
     return RKM_OK;
 }
 
-/* A NULL arena reads as an empty one: the call has no result to fail with. */
-void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out)
+/* A NULL arena reads as an empty one, and says so. */
+rkm_result rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out)
 {
-    if (!out) return;
-    if (!a) {
-        memset(out, 0, sizeof *out);
-        return;
-    }
+    if (!out) return a ? rkm__err(a->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_stats_get: out is NULL")
+                       : RKM_ERROR_ARGUMENT;
+    memset(out, 0, sizeof *out);
+    if (!a) return RKM_ERROR_ARGUMENT;
     out->capacity = a->capacity;
     out->current = a->current;
     out->peak = a->peak;
     out->high_water = a->high_water;
     out->blocks = a->n_used;
+    return RKM_OK;
 }
 
 void rkm_arena_reset_peak(rkm_arena *a)
@@ -10596,7 +10596,8 @@ struct rkm_arena_exec {
     const rkm_graph *g;
     int32_t n_tensors, n_ops;
     rkm_arena *arena;
-    int measure;
+    rkm_arena_mode mode;
+    int measure;      /* mode == RKM_ARENA_MEASURE */
     int has_host;
     rkm_callbacks host;
     uint64_t *t_off, *g_off, *p_off; /* offsets of live data, gradients, phantoms */
@@ -10952,25 +10953,30 @@ static rkm_result rkm__exec_take_inputs(rkm_arena_exec *x, const char *fn)
     return RKM_OK;
 }
 
-/* The exec's tables and its arena: over the plan's layout (layout mode,
- * plan not NULL) or over d->capacity (first fit). */
-static rkm_result rkm__exec_tables(rkm_arena_exec *x, const rkm_arena_exec_desc *d, const rkm_plan *plan,
-                                   const char *fn)
+/* The exec's tables and its arena over `capacity` bytes; in layout mode
+ * also the plan's layout, whose arena is the capacity when none was given. */
+static rkm_result rkm__exec_tables(rkm_arena_exec *x, const rkm_arena_exec_desc *d, uint64_t capacity)
 {
+    const char *fn = "rkm_arena_exec_create";
     size_t nt = (size_t)x->n_tensors, no = (size_t)x->n_ops;
-    uint64_t capacity = d->capacity;
     x->t_off = rkm__calloc(x->ctx, nt * 2 + no * 3, sizeof *x->t_off);
     if (!x->t_off)
         return rkm__err(x->ctx, RKM_ERROR_NOMEM, "%s: no memory for the offsets of %zu tensors and %zu ops",
                                 fn, nt, no);
-    if (plan) {
-        x->n_lay = plan->n_buffers;
+    if (d->mode == RKM_ARENA_LAYOUT) {
+        x->n_lay = d->plan->n_buffers;
         x->lay = rkm__calloc(x->ctx, x->n_lay, sizeof *x->lay);
         if (!x->lay)
             return rkm__err(x->ctx, RKM_ERROR_NOMEM, "%s: no memory for the layout's %zu buffers", fn,
                                     x->n_lay);
-        rkm_result r = rkm_plan_layout(plan, 0, x->lay, &capacity); /* the plan's own */
+        uint64_t arena_bytes;
+        rkm_result r = rkm_plan_layout(d->plan, 0, x->lay, &arena_bytes); /* the plan's own */
         if (r != RKM_OK) return r;
+        if (capacity && capacity < arena_bytes)
+            return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "%s: capacity %llu is below the plan's arena of %llu "
+                            "bytes (layout mode; 0 takes the arena)", fn, (unsigned long long)capacity,
+                            (unsigned long long)arena_bytes);
+        if (!capacity) capacity = arena_bytes;
     }
     x->g_off = x->t_off + nt;
     x->p_off = x->g_off + nt;
@@ -10986,64 +10992,82 @@ static rkm_result rkm__exec_tables(rkm_arena_exec *x, const rkm_arena_exec_desc 
     rkm_result r = rkm_arena_create(x->ctx, capacity, (uint32_t)blocks, &x->arena);
     /* the alignment the plan was laid out at (a plan without a layout gets
      * one at RKM_ARENA_ALIGN) */
-    if (r == RKM_OK && plan && plan->stats.alignment) x->arena->align = plan->stats.alignment;
+    if (r == RKM_OK && x->lay && d->plan->stats.alignment) x->arena->align = d->plan->stats.alignment;
     return r;
 }
 
 /* desc.allocate: the one block of the arena's capacity, from the context's
  * allocator. */
-static rkm_result rkm__exec_region(rkm_arena_exec *x, const char *fn)
+static rkm_result rkm__exec_region(rkm_arena_exec *x)
 {
     uint64_t bytes = x->arena->capacity;
     if (bytes <= SIZE_MAX) x->base = rkm__alloc(x->ctx, (size_t)bytes);
     if (!x->base)
-        return rkm__err(x->ctx, RKM_ERROR_NOMEM, "%s: no memory for the arena's region of %llu bytes", fn,
-                        (unsigned long long)bytes);
+        return rkm__err(x->ctx, RKM_ERROR_NOMEM, "rkm_arena_exec_create: no memory for the arena's region of "
+                        "%llu bytes", (unsigned long long)bytes);
     x->base_bytes = (size_t)bytes;
     return RKM_OK;
 }
 
-/* The desc's rules, for both modes. */
-static rkm_result rkm__exec_check_desc(rkm_context *ctx, const rkm_arena_exec_desc *d, const rkm_plan *plan,
-                                       const char *fn)
+/* The desc's rules: each field means the same in every mode. */
+static rkm_result rkm__exec_check_desc(rkm_context *ctx, const rkm_arena_exec_desc *d)
 {
-    if (!d->graph->finalized)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the graph is not finalized", fn);
+    const char *fn = "rkm_arena_exec_create";
+    if (!d->graph->finalized) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the graph is not finalized", fn);
+    if (d->mode != RKM_ARENA_LAYOUT && d->mode != RKM_ARENA_FIRST_FIT && d->mode != RKM_ARENA_MEASURE)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: mode %d is not RKM_ARENA_LAYOUT (0), RKM_ARENA_FIRST_FIT "
+                        "(1) or RKM_ARENA_MEASURE (2)", fn, (int)d->mode);
+    if (d->mode == RKM_ARENA_LAYOUT && !d->plan)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: layout mode (mode 0) needs desc.plan, the plan whose "
+                        "layout it follows", fn);
+    if (!d->plan && !d->capacity)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: capacity 0 sizes the region for desc.plan, which is NULL",
+                        fn);
+    if (d->plan && d->plan->g != d->graph)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: desc.plan is not of desc.graph", fn);
     if (d->host && (!d->host->forward || !d->host->backward))
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the host's forward and backward are required", fn);
-    if (d->allocate && !plan && d->capacity == RKM_ARENA_UNBOUNDED)
+    if (d->allocate && d->capacity == RKM_ARENA_UNBOUNDED)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: allocate needs a bounded capacity", fn);
-    if (plan && d->measure)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: layout mode does not measure (measure must be 0)", fn);
-    if (plan && plan->g != d->graph)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the plan is not of the desc's graph", fn);
     return RKM_OK;
 }
 
-/* Both modes: layout (plan not NULL) or first fit. */
-static rkm_result rkm__exec_create(const rkm_arena_exec_desc *d, const rkm_plan *plan, rkm_arena_exec **out,
-                                   const char *fn)
+/* The exec and its region (x is half-built until the inputs are carved). */
+static rkm_result rkm__exec_build(rkm_arena_exec *x, const rkm_arena_exec_desc *d)
+{
+    uint64_t capacity = d->capacity;
+    rkm_result r = RKM_OK;
+    if (!capacity && d->mode != RKM_ARENA_LAYOUT) { /* the layout's arena comes with its tables */
+        rkm_arena_capacity_info need;
+        r = rkm_arena_capacity(d->plan, d->mode, &need);
+        capacity = need.capacity;
+    }
+    if (r == RKM_OK) r = rkm__exec_tables(x, d, capacity);
+    if (r == RKM_OK && d->allocate) r = rkm__exec_region(x);
+    if (r == RKM_OK) r = rkm__exec_take_inputs(x, "rkm_arena_exec_create");
+    return r;
+}
+
+rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **out)
 {
     if (out) *out = NULL;
     if (!d || !d->graph) return RKM_ERROR_ARGUMENT; /* no context to tell */
     rkm_context *ctx = d->graph->ctx;
-    if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
-    rkm_result r = rkm__exec_check_desc(ctx, d, plan, fn);
+    if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_create: out is NULL");
+    rkm_result r = rkm__exec_check_desc(ctx, d);
     if (r != RKM_OK) return r;
     rkm_arena_exec *x = rkm__calloc(ctx, 1, sizeof *x);
-    if (!x) return rkm__err(ctx, RKM_ERROR_NOMEM, "%s: no memory for the exec", fn);
+    if (!x) return rkm__err(ctx, RKM_ERROR_NOMEM, "rkm_arena_exec_create: no memory for the exec");
     x->ctx = ctx;
     x->g = d->graph;
     x->step = -1;
     x->n_tensors = (int32_t)d->graph->n_tensors;
     x->n_ops = (int32_t)d->graph->n_ops;
-    x->measure = d->measure != 0;
+    x->mode = d->mode;
+    x->measure = d->mode == RKM_ARENA_MEASURE;
     x->has_host = d->host != NULL;
     if (d->host) x->host = *d->host;
-    r = rkm__exec_tables(x, d, plan, fn);
-    if (r == RKM_OK && d->allocate) r = rkm__exec_region(x, fn);
-    if (r == RKM_OK) r = rkm__exec_take_inputs(x, fn);
-    if (r != RKM_OK) {
+    if ((r = rkm__exec_build(x, d)) != RKM_OK) {
         rkm_arena_exec_destroy(x);
         return r;
     }
@@ -11052,21 +11076,7 @@ static rkm_result rkm__exec_create(const rkm_arena_exec_desc *d, const rkm_plan 
     return RKM_OK;
 }
 
-rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **out)
-{
-    return rkm__exec_create(d, NULL, out, "rkm_arena_exec_create");
-}
-
-rkm_result rkm_arena_exec_create_layout(const rkm_arena_exec_desc *d, const rkm_plan *plan, rkm_arena_exec **out)
-{
-    if (d && d->graph && !plan) {
-        if (out) *out = NULL;
-        return rkm__err(d->graph->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_create_layout: plan is NULL");
-    }
-    return rkm__exec_create(d, plan, out, "rkm_arena_exec_create_layout");
-}
-
-int rkm_arena_exec_is_layout(const rkm_arena_exec *x) { return x && x->lay != NULL; }
+rkm_arena_mode rkm_arena_exec_mode(const rkm_arena_exec *x) { return x ? x->mode : RKM_ARENA_LAYOUT; }
 
 /* Release the live buffer *slot of `bytes` (after a failed step). */
 static void rkm__exec_drop(rkm_arena_exec *x, uint64_t *slot, uint64_t bytes)
@@ -11223,39 +11233,65 @@ rkm_result rkm_arena_exec_scratch(rkm_arena_exec *x, uint64_t bytes, uint64_t *o
     return RKM_OK;
 }
 
-void rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *fwd_ws, uint64_t *bwd_ws)
+rkm_result rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *fwd_ws, uint64_t *bwd_ws)
 {
     int ok = x && op >= 0 && op < x->n_ops;
     if (fwd_ws) *fwd_ws = ok ? x->fwd_ws[op] : 0;
     if (bwd_ws) *bwd_ws = ok ? x->bwd_ws[op] : 0;
+    if (!x) return RKM_ERROR_ARGUMENT;
+    if (!ok)
+        return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_measured_ws: op %d is not in 0..%d",
+                        (int)op, (int)x->n_ops - 1);
+    return RKM_OK;
 }
 
-void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out)
+rkm_result rkm_arena_exec_stats_get(const rkm_arena_exec *x, rkm_arena_stats *out)
 {
-    rkm_arena_stats_get(x ? x->arena : NULL, out);
+    if (x && !out) return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_stats_get: out is NULL");
+    return rkm_arena_stats_get(x ? x->arena : NULL, out);
 }
 
-rkm_result rkm_arena_layout(const rkm_plan *plan, rkm_arena_layout_info *out)
+/* First fit (and measure, which sizes like it): run the plan on an
+ * unbounded region and take its high-water mark. */
+static rkm_result rkm__first_fit_capacity(const rkm_plan *plan, rkm_arena_capacity_info *out)
 {
-    if (!plan) return RKM_ERROR_ARGUMENT;
-    const rkm_graph *g = plan->g;
-    rkm_context *ctx = plan->ctx;
-    if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_layout: out is NULL");
-    memset(out, 0, sizeof *out);
-    rkm_arena_exec_desc d = {.graph = g, .capacity = RKM_ARENA_UNBOUNDED};
+    rkm_arena_exec_desc d = {.graph = plan->g, .mode = RKM_ARENA_FIRST_FIT, .capacity = RKM_ARENA_UNBOUNDED};
     rkm_arena_exec *x;
     rkm_result r = rkm_arena_exec_create(&d, &x);
     if (r != RKM_OK) return r;
     r = rkm_arena_exec_run(x, plan);
     rkm_arena_stats st;
-    rkm_arena_stats_get(x->arena, &st);
+    (void)rkm_arena_stats_get(x->arena, &st);
     rkm_arena_exec_destroy(x);
     if (r != RKM_OK) return r;
     if (st.peak != plan->stats.peak)
-        return rkm__err(ctx, RKM_ERROR_INTERNAL, "rkm_arena_layout: the arena's peak %llu differs from the plan's "
-                        "peak %llu", (unsigned long long)st.peak, (unsigned long long)plan->stats.peak);
-    out->peak = st.peak;
+        return rkm__err(plan->ctx, RKM_ERROR_INTERNAL, "rkm_arena_capacity: the arena's peak %llu differs from "
+                        "the plan's peak %llu", (unsigned long long)st.peak,
+                        (unsigned long long)plan->stats.peak);
     out->capacity = st.high_water;
-    out->slack = st.high_water - st.peak;
+    return RKM_OK;
+}
+
+rkm_result rkm_arena_capacity(const rkm_plan *plan, rkm_arena_mode mode, rkm_arena_capacity_info *out)
+{
+    if (!plan) return RKM_ERROR_ARGUMENT;
+    rkm_context *ctx = plan->ctx;
+    if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_capacity: out is NULL");
+    memset(out, 0, sizeof *out);
+    rkm_result r = RKM_OK;
+    if (mode == RKM_ARENA_LAYOUT) {
+        if (!plan->stats.alignment)
+            return rkm__err(ctx, RKM_ERROR_NOMEM, "rkm_arena_capacity: the plan has no layout (its buffers "
+                            "rounded up to %u bytes add up past 64 bits)", RKM_ARENA_ALIGN);
+        out->capacity = plan->stats.arena_bytes;
+    } else if (mode == RKM_ARENA_FIRST_FIT || mode == RKM_ARENA_MEASURE) {
+        r = rkm__first_fit_capacity(plan, out);
+    } else {
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_capacity: mode %d is not RKM_ARENA_LAYOUT (0), "
+                        "RKM_ARENA_FIRST_FIT (1) or RKM_ARENA_MEASURE (2)", (int)mode);
+    }
+    if (r != RKM_OK) return r;
+    out->peak = plan->stats.peak;
+    out->slack = out->capacity - out->peak;
     return RKM_OK;
 }

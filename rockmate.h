@@ -182,14 +182,17 @@ extern "C" {
  * - tests/test_abi.c pins every public struct's size and layout (LP64), so
  *   an ABI change cannot go in unnoticed.
  * 0.2.0: the public structs changed since 0.1.0 (rkm_step grew from 12 to
- * 16 bytes with inplace; descs gained fields; structs were added). */
+ * 16 bytes with inplace; descs gained fields; structs were added).
+ * 0.3.0: the arena exec has one desc with a mode (rkm_arena_exec_desc.mode,
+ * .plan) and one constructor; rkm_arena_layout became rkm_arena_capacity;
+ * every stats getter returns an rkm_result. */
 #define RKM_VERSION_MAJOR 0
-#define RKM_VERSION_MINOR 2
+#define RKM_VERSION_MINOR 3
 #define RKM_VERSION_PATCH 0
-#define RKM_VERSION_STRING "0.2.0"
+#define RKM_VERSION_STRING "0.3.0"
 #define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
 
-/* The version of the compiled library, e.g. "0.2.0". */
+/* The version of the compiled library, e.g. "0.3.0". */
 const char *rkm_version(void);
 int rkm_version_number(void);
 
@@ -882,12 +885,12 @@ typedef struct rkm_callbacks {
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
 
 /* ---------------------------------------------------------------------------
- * Arena: one allocation, an offset per buffer
+ * Arena: one region per training step, an offset per buffer
  * ------------------------------------------------------------------------- */
 
 /* Every activation, phantom, gradient and workspace of a training step
  * carved from one region instead of one allocation per buffer (glibc's
- * malloc of 128 KiB and more is an mmap/munmap each time).
+ * malloc of 128 KiB and more is an mmap/munmap each time). Two objects:
  *
  * rkm_arena: an allocator over offsets in [0, capacity): 256-byte aligned
  * offsets, first fit, neighbours coalesced on free. Deterministic. It counts
@@ -895,30 +898,35 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * the high-water mark (max of offset + requested bytes).
  *
  * rkm_arena_exec: runs a plan (rkm_plan_execute) with every buffer carved
- * from an arena: the `input` tensors once at creation (fill them before a
+ * from a region: the `input` tensors once at creation (fill them before a
  * run), then per step what the step creates (new outputs, the phantom of a
  * `save`, new gradients, grad(loss), the call's workspace), released by the
  * free steps. The host's own callbacks (desc.host) run inside each step,
  * after its buffers are carved and before they are released, and find them
- * with rkm_arena_exec_tensor/grad/saved. The arena's current bytes follow
+ * with rkm_arena_exec_tensor/grad/saved. The region's current bytes follow
  * rkm_plan_mem_after step for step and its peak is the plan's peak, to the
- * byte. Three ways to place buffers:
- * - layout (rkm_arena_exec_create_layout, what a host normally wants): every
- *   buffer at its offset in the plan's own layout (rkm_plan_layout with
- *   alignment 0), in a region of the plan's arena_bytes, which for a
- *   planned plan is at most its budget; offsets and scratch are aligned as
- *   the plan was laid out (rkm_plan_stats.alignment: 256 unless the solve
- *   desc said otherwise); the exec runs that plan only.
- * - first fit (rkm_arena_exec_create, measure 0): in a region of
- *   desc.capacity, each buffer at the lowest 256-aligned offset free when it
- *   is made, as a dynamic allocator would: it can need more than the plan's
- *   arena, since it does not know the lifetimes ahead (on 349 plans of
- *   the bundled graphs, 5.5 % more than the peak on geometric mean, up
- *   to 47 %; bench/bench_layout);
- *   rkm_arena_layout gives the exact capacity a plan needs that way, and
- *   the stats' high_water what a run took.
- * - measure (measure 1, for profiling): first fit, and each op's workspace is
- *   measured as what its scratch requests took (see rkm_arena_exec_scratch).
+ * byte.
+ *
+ * One desc makes every exec; its mode says where buffers go, and each field
+ * means the same in every mode:
+ * - RKM_ARENA_LAYOUT (0, what a host normally wants): every buffer at its
+ *   offset in desc.plan's own layout (rkm_plan_layout with alignment 0),
+ *   offsets and scratch aligned as the plan was laid out
+ *   (rkm_plan_stats.alignment: 256 unless the solve desc said otherwise).
+ *   The region it needs is the plan's arena_bytes, which for a planned plan
+ *   is at most its budget. The exec runs that plan only.
+ * - RKM_ARENA_FIRST_FIT: each buffer at the lowest 256-aligned offset free
+ *   when it is made, as a dynamic allocator would; it runs any plan of the
+ *   graph. It can need more than the plan's arena, since it does not know
+ *   the lifetimes ahead (on 349 plans of the bundled graphs, 5.5 % more
+ *   than the peak on geometric mean, up to 47 %; bench/bench_layout).
+ * - RKM_ARENA_MEASURE (profiling): first fit, and each op's workspace is
+ *   measured as what its scratch requests took (rkm_arena_exec_scratch).
+ *
+ * desc.capacity is the region's bytes in every mode; 0 means what desc.plan
+ * needs in that mode (rkm_arena_capacity). Layout mode needs a plan and at
+ * least its arena_bytes; the first-fit modes take a plan only to size the
+ * region.
  *
  * Where the region is: the exec deals in offsets. A CPU host sets
  * desc.allocate and the exec allocates the region itself, once, through the
@@ -927,9 +935,9 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * rkm_arena_ptr(base, offset) is the buffer's address. The library never
  * touches the region's bytes: new buffers are not zeroed.
  *
- *     rkm_arena_exec_desc d = {.graph = g, .host = &callbacks, .allocate = 1};
+ *     rkm_arena_exec_desc d = {.graph = g, .plan = plan, .host = &callbacks, .allocate = 1};
  *     rkm_arena_exec *x;
- *     rkm_arena_exec_create_layout(&d, plan, &x);      // the one allocation
+ *     rkm_arena_exec_create(&d, &x);                   // the one allocation
  *     void *base = rkm_arena_exec_base(x);
  *     float *inp = rkm_arena_ptr(base, rkm_arena_exec_tensor(x, input_id));
  *     ... fill the inputs; then per training step:
@@ -944,7 +952,7 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * malloc and free each buffer must not be reused as they are: set the free
  * callbacks NULL or make them no-ops, or they free the arena's memory.
  * And the exec is made after its callbacks: their `user` must lead to the
- * exec (and the region) once rkm_arena_exec_create* returns, as in
+ * exec (and the region) once rkm_arena_exec_create returns, as in
  *
  *     typedef struct { rkm_arena_exec *x; char *base; } my_host;
  *     static int my_fwd(void *user, const rkm_fwd_call *c)
@@ -955,15 +963,16 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  *     }
  *     my_host h = {0};
  *     rkm_callbacks cb = {&h, my_fwd, my_bwd, my_loss, NULL, NULL, NULL};  // no frees
- *     rkm_arena_exec_desc d = {.graph = g, .host = &cb, .allocate = 1};
- *     if (rkm_arena_exec_create_layout(&d, plan, &h.x) == RKM_OK)
+ *     rkm_arena_exec_desc d = {.graph = g, .plan = plan, .host = &cb, .allocate = 1};
+ *     if (rkm_arena_exec_create(&d, &h.x) == RKM_OK)
  *         h.base = rkm_arena_exec_base(h.x);                // before the first run
  *
  * Errors: messages go to the graph's context (for an exec) or the one given
- * to rkm_arena_create; a call given a NULL object returns
- * RKM_ERROR_ARGUMENT without a message (rkm_arena_stats_get and
- * rkm_arena_exec_arena_stats zero *out, reset_peak and clear do nothing). RKM_ERROR_INTERNAL is a bug (the
- * bookkeeping disagrees with the plan). */
+ * to rkm_arena_create. Every call that can fail returns an rkm_result; one
+ * given a NULL object returns RKM_ERROR_ARGUMENT without a message (the
+ * stats getters zero *out first), rkm_arena_reset_peak and rkm_arena_clear
+ * do nothing. RKM_ERROR_INTERNAL is a bug (the bookkeeping disagrees with
+ * the plan). */
 
 #define RKM_ARENA_ALIGN 256u
 /* Offset of a buffer that is not live. */
@@ -994,43 +1003,50 @@ rkm_result rkm_arena_alloc(rkm_arena *a, uint64_t bytes, uint64_t *offset);
 /* Release the block that starts at offset; RKM_ERROR_ARGUMENT, naming the
  * offset, if no live block starts there. */
 rkm_result rkm_arena_free(rkm_arena *a, uint64_t offset);
-void rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out);
+rkm_result rkm_arena_stats_get(const rkm_arena *a, rkm_arena_stats *out);
 void rkm_arena_reset_peak(rkm_arena *a); /* peak = current */
 void rkm_arena_clear(rkm_arena *a);      /* release every block (peak and high water kept) */
+
+typedef enum rkm_arena_mode {
+    RKM_ARENA_LAYOUT = 0,    /* every buffer at its offset in desc.plan's layout */
+    RKM_ARENA_FIRST_FIT = 1, /* the lowest free offset when a buffer is made */
+    RKM_ARENA_MEASURE = 2    /* first fit, and the ops' workspaces measured */
+} rkm_arena_mode;
 
 typedef struct rkm_arena_exec rkm_arena_exec;
 
 typedef struct rkm_arena_exec_desc {
     const rkm_graph *graph;     /* finalized; outlives the exec; its context takes the messages */
-    uint64_t capacity;          /* first fit: the region's bytes (RKM_ARENA_UNBOUNDED allowed
-                                   without allocate); layout mode: ignored */
-    int measure;                /* 0: reserve the declared workspaces; 1: measure them */
+    rkm_arena_mode mode;        /* 0: layout */
+    const rkm_plan *plan;       /* of graph; layout: the plan whose layout the exec follows
+                                   (copied: the plan may go); first fit: sizes capacity 0 */
+    uint64_t capacity;          /* the region's bytes; 0: what plan needs in this mode
+                                   (rkm_arena_capacity); RKM_ARENA_UNBOUNDED (first fit,
+                                   without allocate): a region that never runs out */
     const rkm_callbacks *host;  /* called inside each step (copied); NULL: bookkeeping only */
     int allocate;               /* 1: the exec allocates the region (rkm_arena_exec_base) */
 } rkm_arena_exec_desc;
 
-/* First fit over desc->capacity. Carves the inputs (in id order).
+/* Carves the inputs (in id order; in layout mode at the layout's offsets).
  * RKM_ERROR_NOMEM if they do not fit or the region cannot be allocated;
- * RKM_ERROR_ARGUMENT for a graph not finalized, a host without forward or
- * backward, or allocate with an unbounded capacity. */
+ * RKM_ERROR_ARGUMENT, naming the field, for a graph not finalized, an
+ * unknown mode, layout mode without a plan or with a capacity below the
+ * plan's arena_bytes, capacity 0 without a plan, a plan of another graph,
+ * a host without forward or backward, or allocate with an unbounded
+ * capacity. */
 rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *desc, rkm_arena_exec **out);
-/* Layout mode for `plan` (of desc->graph; measure must be 0). The layout is
- * copied, so the plan may go, but rkm_arena_exec_run must be given a plan
- * that creates the same buffers in the same order (RKM_ERROR_STATE
- * otherwise). */
-rkm_result rkm_arena_exec_create_layout(const rkm_arena_exec_desc *desc, const rkm_plan *plan,
-                                        rkm_arena_exec **out);
 void rkm_arena_exec_destroy(rkm_arena_exec *x);
-int rkm_arena_exec_is_layout(const rkm_arena_exec *x); /* 1: made by create_layout */
+rkm_arena_mode rkm_arena_exec_mode(const rkm_arena_exec *x); /* RKM_ARENA_LAYOUT for NULL */
 
 /* One training step: rkm_plan_execute(plan) with the buffers carved and
  * released around the host's callbacks. The peak is reset to the inputs
- * first, so the stats afterwards give this step's peak. On failure every
- * buffer but the inputs is released and the message names the step:
- * RKM_ERROR_NOMEM (region too small), RKM_ERROR_CALLBACK (a host callback
- * returned non-zero; a failed scratch request of that call is appended),
- * RKM_ERROR_STATE (a plan that is not the layout's), the code given to
- * rkm_arena_exec_host_fail, or RKM_ERROR_INTERNAL. */
+ * first, so the stats afterwards give this step's peak. In layout mode the
+ * plan must create the same buffers in the same order as the desc's plan
+ * (RKM_ERROR_STATE otherwise). On failure every buffer but the inputs is
+ * released and the message names the step: RKM_ERROR_NOMEM (region too
+ * small), RKM_ERROR_CALLBACK (a host callback returned non-zero; a failed
+ * scratch request of that call is appended), RKM_ERROR_STATE, the code
+ * given to rkm_arena_exec_host_fail, or RKM_ERROR_INTERNAL. */
 rkm_result rkm_arena_exec_run(rkm_arena_exec *x, const rkm_plan *plan);
 
 /* For a host callback that fails for a reason of its own (a CUDA error):
@@ -1056,26 +1072,30 @@ void *rkm_arena_ptr(void *base, uint64_t offset);
 
 /* During a forward or backward callback: a scratch buffer of `bytes`,
  * released when the callback returns; each counts rounded up to 256 bytes.
- * Plan and layout mode: cut from the op's declared workspace (fwd_ws or
+ * Layout and first fit: cut from the op's declared workspace (fwd_ws or
  * bwd_ws, reserved before the call); more is RKM_ERROR_NOMEM. Measure mode:
- * carved from the arena (RKM_ERROR_NOMEM beyond its capacity or
+ * carved from the region (RKM_ERROR_NOMEM beyond its capacity or
  * RKM_ARENA_MAX_SCRATCH buffers), and the op's workspace is measured as
- * the arena's peak during the call minus the live bytes before it minus
+ * the region's peak during the call minus the live bytes before it minus
  * what the call creates. RKM_ERROR_STATE outside a call. */
 rkm_result rkm_arena_exec_scratch(rkm_arena_exec *x, uint64_t bytes, uint64_t *offset);
 
-/* Measure mode: the largest workspace seen per op so far (0 if none ran). */
-void rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *fwd_ws, uint64_t *bwd_ws);
-void rkm_arena_exec_arena_stats(const rkm_arena_exec *x, rkm_arena_stats *out);
+/* Measure mode: the largest workspace seen per op so far (0 if none ran);
+ * RKM_ERROR_ARGUMENT (both 0) for an op out of range. */
+rkm_result rkm_arena_exec_measured_ws(const rkm_arena_exec *x, int32_t op, uint64_t *fwd_ws, uint64_t *bwd_ws);
+/* The region's figures (rkm_arena_stats_get of the exec's arena). */
+rkm_result rkm_arena_exec_stats_get(const rkm_arena_exec *x, rkm_arena_stats *out);
 
-/* The capacity a first-fit exec needs for `plan`: runs it on an unbounded
- * arena; the peak equals the plan's (checked). */
-typedef struct rkm_arena_layout_info {
+/* The region an exec in `mode` needs for `plan`: layout, the plan's
+ * arena_bytes; first fit and measure, the high-water mark of a first-fit
+ * run of the plan on an unbounded region (its peak checked against the
+ * plan's; measure mode reserves the declared workspaces here). */
+typedef struct rkm_arena_capacity_info {
     uint64_t peak;     /* requested bytes: the plan's peak */
     uint64_t capacity; /* the region to allocate: peak + slack */
     uint64_t slack;    /* alignment and fragmentation */
-} rkm_arena_layout_info;
-rkm_result rkm_arena_layout(const rkm_plan *plan, rkm_arena_layout_info *out);
+} rkm_arena_capacity_info;
+rkm_result rkm_arena_capacity(const rkm_plan *plan, rkm_arena_mode mode, rkm_arena_capacity_info *out);
 
 /* ---------------------------------------------------------------------------
  * Profiling: measure each op's times through the host's callbacks

@@ -62,8 +62,8 @@ static void one_plan(const char *name, rkm_algo a, int pct, const rkm_plan *p, t
         ts[k] = bench_now() - t0;
     }
     free(buf);
-    rkm_arena_layout_info ff = {0};
-    (void)rkm_arena_layout(p, &ff);
+    rkm_arena_capacity_info ff = {0};
+    (void)rkm_arena_capacity(p, RKM_ARENA_FIRST_FIT, &ff);
     char b[16];
     if (pct) snprintf(b, sizeof b, "%d%%", pct);
     else snprintf(b, sizeof b, "min");
@@ -89,7 +89,7 @@ static void bundled(void)
 {
     totals t = {0};
     printf("bytes; arena/aligned: arena over the aligned peak; ff/peak: the region a dynamic first fit needs "
-           "(rkm_arena_layout) over the peak; layout s: the placer on that plan, median of 3\n");
+           "(rkm_arena_capacity, first fit) over the peak; layout s: the placer on that plan, median of 3\n");
     printf("%-18s %-9s %-5s %12s %12s %12s %12s %12s %7s %7s %7s %8s\n", "graph", "algo", "at", "budget", "peak",
            "aligned peak", "old arena", "arena", "old/al", "new/al", "ff/peak", "layout s");
     for (size_t gi = 0; gi < sizeof graphs / sizeof graphs[0]; gi++) {
@@ -119,7 +119,7 @@ static void bundled(void)
            "old %.4f, skyline alone %.4f, new %.4f; old arena over the budget: %d (new: never, by construction)\n",
            t.plans, t.at_bound_old, t.at_bound_sky, t.at_bound_new, exp(t.log_old / t.plans), exp(t.log_sky / t.plans),
            exp(t.log_new / t.plans), t.over_old);
-    printf("a dynamic first fit (rkm_arena_exec_create without the layout) needs over the peak: geometric mean "
+    printf("a dynamic first fit (an exec in RKM_ARENA_FIRST_FIT mode) needs over the peak: geometric mean "
            "%.4f, at most %.4f\n", exp(t.log_ff / t.plans), t.max_ff);
 }
 

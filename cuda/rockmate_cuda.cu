@@ -121,15 +121,15 @@ static int rkm__cu_free_grad(void *user, const rkm_buffer_call *c) { return rkm_
  * The arena
  * ------------------------------------------------------------------------- */
 
-/* The desc's own rules (the exec checks the rest: graph, layout plan). */
+/* The desc's own rules (the exec checks the rest: graph, mode, plan). */
 static rkm_result rkm__cu_check_desc(rkm_context *ctx, const rkm_cuda_arena_desc *d)
 {
     if (!d->host || !d->host->forward || !d->host->backward)
         return rkm_context_fail(ctx, RKM_ERROR_ARGUMENT,
                                 "rkm_cuda_arena_create: the host's forward and backward callbacks are required");
-    if (!d->layout && d->capacity == RKM_ARENA_UNBOUNDED)
+    if (d->capacity == RKM_ARENA_UNBOUNDED)
         return rkm_context_fail(ctx, RKM_ERROR_ARGUMENT,
-                                "rkm_cuda_arena_create: a device arena needs a bounded capacity or a layout plan");
+                                "rkm_cuda_arena_create: a device arena needs a bounded capacity (or 0 and a plan)");
     return RKM_OK;
 }
 
@@ -138,7 +138,7 @@ static rkm_result rkm__cu_check_desc(rkm_context *ctx, const rkm_cuda_arena_desc
 static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca)
 {
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(ca->x, &st);
+    rkm_arena_exec_stats_get(ca->x, &st);
     ca->capacity = st.capacity;
     if (ca->capacity == 0) return RKM_OK;
     cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
@@ -166,14 +166,20 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     ca->ctx = ctx;
     ca->g = d->graph;
     ca->n_ops = rkm_graph_num_ops(d->graph);
-    ca->measure = d->measure != 0;
+    ca->measure = d->mode == RKM_ARENA_MEASURE;
     ca->poison = d->poison != 0;
     ca->host = *d->host;
     ca->stream = d->stream;
     rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
                            rkm__cu_free_saved, rkm__cu_free_grad};
-    rkm_arena_exec_desc xd = {d->graph, d->capacity, d->measure, &layer, 0};
-    r = d->layout ? rkm_arena_exec_create_layout(&xd, d->layout, &ca->x) : rkm_arena_exec_create(&xd, &ca->x);
+    rkm_arena_exec_desc xd;
+    memset(&xd, 0, sizeof xd);
+    xd.graph = d->graph;
+    xd.mode = d->mode;
+    xd.plan = d->plan;
+    xd.capacity = d->capacity;
+    xd.host = &layer;
+    r = rkm_arena_exec_create(&xd, &ca->x);
     if (r == RKM_OK) r = rkm__cu_malloc(ca);
     if (r != RKM_OK) {
         rkm_cuda_arena_destroy(ca);
@@ -184,23 +190,23 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
 }
 
 rkm_result rkm_cuda_arena_create_for_plan(const rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
-                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout)
+                                          rkm_cuda_arena **out, rkm_arena_capacity_info *info)
 {
     if (out) *out = NULL;
     if (!plan) return RKM_ERROR_ARGUMENT;
     rkm_cuda_arena_desc d;
     memset(&d, 0, sizeof d);
     d.graph = rkm_plan_graph(plan);
-    d.layout = plan;
+    d.plan = plan; /* layout mode (0) */
     d.host = host;
     d.stream = stream;
     rkm_result r = rkm_cuda_arena_create(&d, out);
-    if (r != RKM_OK || !layout) return r;
+    if (r != RKM_OK || !info) return r;
     rkm_plan_stats ps;
     (void)rkm_plan_stats_get(plan, &ps); /* cannot fail: plan is not NULL */
-    layout->peak = ps.peak;
-    layout->capacity = (*out)->capacity;
-    layout->slack = layout->capacity - ps.peak;
+    info->peak = ps.peak;
+    info->capacity = (*out)->capacity;
+    info->slack = info->capacity - ps.peak;
     return RKM_OK;
 }
 
@@ -257,7 +263,7 @@ rkm_result rkm_cuda_scratch(rkm_cuda_arena *ca, uint64_t bytes, void **ptr)
     return r;
 }
 
-void rkm_cuda_arena_stats(const rkm_cuda_arena *ca, rkm_arena_stats *out) { rkm_arena_exec_arena_stats(ca->x, out); }
+void rkm_cuda_arena_stats(const rkm_cuda_arena *ca, rkm_arena_stats *out) { rkm_arena_exec_stats_get(ca->x, out); }
 
 rkm_arena_exec *rkm_cuda_arena_exec(const rkm_cuda_arena *ca) { return ca ? ca->x : NULL; }
 
@@ -426,7 +432,7 @@ rkm_result rkm_cuda_profile(rkm_cuda_arena *ca, const rkm_cuda_profile_desc *des
     if (!out) return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT, "rkm_cuda_profile: out is NULL");
     if (!ca->measure)
         return rkm_context_fail(ca->ctx, RKM_ERROR_ARGUMENT,
-                                "rkm_cuda_profile: the arena does not measure (create it with measure = 1)");
+                                "rkm_cuda_profile: the arena does not measure (create it in RKM_ARENA_MEASURE mode)");
     rkm__cu_prof p;
     memset(&p, 0, sizeof p);
     rkm_result r = rkm__cu_prof_desc(ca, desc, &p);

@@ -1,11 +1,11 @@
 /* rockmate_cuda.h -- what a CUDA host needs to run rockmate plans on a GPU.
  *
  * 1. A device activation arena (rkm_cuda_arena): ONE cudaMalloc, sized
- *    for a plan either by the library's layout (layout mode, what
- *    rkm_cuda_arena_create_for_plan uses: rkm_plan_layout's arena_bytes, an
- *    offset per buffer) or by rkm_arena_layout (the plan's peak plus the
- *    alignment and fragmentation slack of the library's deterministic
- *    first-fit arena, rockmate.h "Arena"), out of which every activation,
+ *    for a plan in one of the library's arena modes (rockmate.h "Arena"):
+ *    layout (what rkm_cuda_arena_create_for_plan uses: rkm_plan_layout's
+ *    arena_bytes, an offset per buffer) or first fit (rkm_arena_capacity:
+ *    the plan's peak plus the alignment and fragmentation slack of the
+ *    library's deterministic first-fit arena), out of which every activation,
  *    phantom, gradient and workspace of a training step is carved as the
  *    executor's callbacks ask. The host's own rkm_callbacks run inside; they
  *    find their device buffers with rkm_cuda_tensor / rkm_cuda_grad /
@@ -76,14 +76,15 @@ typedef struct rkm_cuda_arena rkm_cuda_arena;
 
 typedef struct rkm_cuda_arena_desc {
     const rkm_graph *graph;    /* finalized; outlives the arena; its context takes the messages */
-    uint64_t capacity;         /* device bytes to allocate (not RKM_ARENA_UNBOUNDED) */
-    int measure;               /* 0: plan mode (declared workspaces); 1: measure (profiling) */
+    /* As rkm_arena_exec_desc's: the mode (0: layout; RKM_ARENA_MEASURE for
+     * rkm_cuda_profile), the plan (layout: the one it runs; first fit:
+     * sizes capacity 0) and the device bytes to allocate (0: what the plan
+     * needs in the mode; never RKM_ARENA_UNBOUNDED). */
+    rkm_arena_mode mode;
+    const rkm_plan *plan;
+    uint64_t capacity;
     const rkm_callbacks *host; /* the host's callbacks (copied); forward and backward required */
     cudaStream_t stream;       /* the one stream the host's kernels run on */
-    const rkm_plan *layout;    /* not NULL: layout mode for this plan (of graph; measure 0):
-                                  capacity is ignored, the device region is rkm_plan_layout's
-                                  arena_bytes and every buffer sits at its layout offset; the
-                                  arena then runs this plan only (rkm_arena_exec_create_layout) */
     int poison;                /* 1: poison the region and every buffer released (above) */
 } rkm_cuda_arena_desc;
 
@@ -92,11 +93,11 @@ typedef struct rkm_cuda_arena_desc {
 rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out);
 /* The arena for `plan` in layout mode: one cudaMalloc of rkm_plan_layout's
  * arena_bytes, every buffer at its layout offset; it runs this plan (as
- * rkm_cuda_arena_create with desc.layout = plan, without poisoning). If
- * layout is not NULL it receives the plan's peak, the capacity (the
- * layout's arena size) and slack (capacity - peak). */
+ * rkm_cuda_arena_create with desc.plan = plan in layout mode, without
+ * poisoning). If info is not NULL it receives the plan's peak, the capacity
+ * (the layout's arena size) and slack (capacity - peak). */
 rkm_result rkm_cuda_arena_create_for_plan(const rkm_plan *plan, const rkm_callbacks *host, cudaStream_t stream,
-                                          rkm_cuda_arena **out, rkm_arena_layout_info *layout);
+                                          rkm_cuda_arena **out, rkm_arena_capacity_info *info);
 /* Frees the device memory (cudaFree synchronises with pending work). */
 void rkm_cuda_arena_destroy(rkm_cuda_arena *ca);
 

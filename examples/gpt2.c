@@ -256,8 +256,8 @@ static int open_arenas(trainer *tr)
     if (gpt2_step_open(&tr->st, tr->base, &tr->base_ax) != RKM_OK ||
         gpt2_step_open(&tr->st, tr->plan, &tr->plan_ax) != RKM_OK)
         return fail(tr, "arena");
-    rkm_arena_exec_arena_stats(tr->base_ax, &bs);
-    rkm_arena_exec_arena_stats(tr->plan_ax, &ps);
+    rkm_arena_exec_stats_get(tr->base_ax, &bs);
+    rkm_arena_exec_stats_get(tr->plan_ax, &ps);
     tr->plan_arena = ps.capacity;
     printf("memory: arena, one region per plan from its layout (baseline %llu bytes, plan %llu bytes: %s the "
            "budget), allocated once; a training step allocates nothing\n",

@@ -1079,19 +1079,20 @@ static int parse(rkm_context *ctx, options *o, int argc, char **argv)
     return 0;
 }
 
-/* A device arena for tr's graph: desc's measure and layout, tr's callbacks
- * and stream, poisoned with --poison. */
-static rkm_result arena_create(trainer *tr, const options *o, uint64_t capacity, int measure, const rkm_plan *layout)
+/* A device arena for tr's graph: desc's mode, plan and capacity, tr's
+ * callbacks and stream, poisoned with --poison. */
+static rkm_result arena_create(trainer *tr, const options *o, rkm_arena_mode mode, const rkm_plan *plan,
+                               uint64_t capacity)
 {
     rkm_callbacks cb = trainer_callbacks(tr);
     rkm_cuda_arena_desc d;
     memset(&d, 0, sizeof d);
     d.graph = tr->gg.g;
+    d.mode = mode;
+    d.plan = plan;
     d.capacity = capacity;
-    d.measure = measure;
     d.host = &cb;
     d.stream = tr->stream;
-    d.layout = layout;
     d.poison = o->poison;
     return rkm_cuda_arena_create(&d, &tr->ca);
 }
@@ -1103,13 +1104,13 @@ static rkm_result arena_create(trainer *tr, const options *o, uint64_t capacity,
 static int profile(trainer *tr, const options *o)
 {
     rkm_plan *base = NULL;
-    rkm_arena_layout_info lay;
+    rkm_arena_capacity_info lay;
     rkm_result r = rkm_plan_baseline(tr->gg.g, &base);
-    if (r == RKM_OK) r = rkm_arena_layout(base, &lay);
+    if (r == RKM_OK) r = rkm_arena_capacity(base, RKM_ARENA_FIRST_FIT, &lay);
     rkm_plan_destroy(base);
     if (r != RKM_OK) return fail_msg(tr, "baseline layout: %s", lib_msg(tr));
     /* The declared workspaces are a guess: leave room for more. */
-    if ((r = arena_create(tr, o, lay.capacity + lay.capacity / 4 + (64u << 20), 1, NULL)) != RKM_OK)
+    if ((r = arena_create(tr, o, RKM_ARENA_MEASURE, NULL, lay.capacity + lay.capacity / 4 + (64u << 20))) != RKM_OK)
         return fail_lib(tr, "profiling arena", r);
     int rc = load_batch(tr);
     rkm_cuda_profile_desc pd = {o->profile_runs, o->warmup > 0 ? o->warmup : -1, 0.2};
@@ -1157,7 +1158,7 @@ static int run_plan(trainer *tr, const options *o, const rkm_plan *plan, float *
     rkm_result r = rkm_plan_stats_get(plan, &ps);
     if (r != RKM_OK) return fail_lib(tr, "plan", r);
     tr->err[0] = 0;
-    if ((r = arena_create(tr, o, 0, 0, plan)) != RKM_OK) return fail_lib(tr, "arena", r);
+    if ((r = arena_create(tr, o, RKM_ARENA_LAYOUT, plan, 0)) != RKM_OK) return fail_lib(tr, "arena", r);
     int rc = load_batch(tr);
     if (!rc) rc = timed_steps(tr, plan, o->warmup, o->steps, &out->step_seconds);
     if (!rc) rc = fetch_results(tr, grads, &out->loss, losses);

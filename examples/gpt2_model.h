@@ -780,8 +780,9 @@ static inline rkm_result gpt2_step_open(gpt2_step *st, const rkm_plan *plan, rkm
     memset(&d, 0, sizeof d);
     d.graph = st->gg->g;
     d.host = &cb;
+    d.plan = plan; /* layout mode (0): every buffer at its offset in the plan's layout */
     d.allocate = 1;
-    return rkm_arena_exec_create_layout(&d, plan, out);
+    return rkm_arena_exec_create(&d, out);
 }
 
 /* Loads a batch of B*T tokens and targets. Malloc mode: into the input
@@ -900,7 +901,7 @@ static inline rkm_result gpt2_step_run_arena(gpt2_step *st, rkm_arena_exec *x, c
         inputs += gpt2__tbytes(st, ids[i]);
     }
     r = rkm_arena_exec_run(x, plan);
-    rkm_arena_exec_arena_stats(x, &as);
+    rkm_arena_exec_stats_get(x, &as);
     st->peak = as.peak;
     if (r == RKM_OK && (gpt2_step_leaks(st) != 0 || as.current != inputs)) {
         snprintf(st->err, sizeof st->err, "%lld buffers (%llu bytes) still live after the step",

@@ -163,7 +163,7 @@ static rkm_result arena_step(run *r, const rkm_plan *plan, rkm_arena_stats *as)
     rkm_arena_exec *x = NULL;
     rkm_result res = llmc_step_open(&r->sta, plan, &x);
     if (res == RKM_OK) res = llmc_step_run_arena(&r->sta, x, plan, r->model.num_parameters);
-    if (res == RKM_OK) rkm_arena_exec_arena_stats(x, as);
+    if (res == RKM_OK) rkm_arena_exec_stats_get(x, as);
     rkm_arena_exec_destroy(x);
     return res;
 }

@@ -410,8 +410,9 @@ static inline rkm_result llmc_step_open(llmc_step *st, const rkm_plan *plan, rkm
     memset(&d, 0, sizeof d);
     d.graph = st->gg->g;
     d.host = &cb; /* copied by the exec */
+    d.plan = plan; /* layout mode (0): every buffer at its offset in the plan's layout */
     d.allocate = 1;
-    if ((r = rkm_arena_exec_create_layout(&d, plan, out)) != RKM_OK) return r;
+    if ((r = rkm_arena_exec_create(&d, out)) != RKM_OK) return r;
     for (int i = 0; i < 2; i++)
         memcpy(rkm_arena_ptr(rkm_arena_exec_base(*out), rkm_arena_exec_tensor(*out, ids[i])), st->batch[i],
                (size_t)llmc__tbytes(st, ids[i]));
@@ -519,7 +520,7 @@ static inline rkm_result llmc_step_run_arena(llmc_step *st, rkm_arena_exec *x, c
         inputs += llmc__tbytes(st, ids[i]);
     }
     r = rkm_arena_exec_run(x, plan);
-    rkm_arena_exec_arena_stats(x, &as);
+    rkm_arena_exec_stats_get(x, &as);
     st->peak = as.peak;
     if (r == RKM_OK && (llmc_step_leaks(st) != 0 || as.current != inputs)) {
         snprintf(st->err, sizeof st->err, "%lld buffers (%llu bytes) besides the inputs live after the step",

@@ -9,7 +9,7 @@
  * workspace lives where --memory says:
  *
  * - arena (the default): one arena per plan, laid out by the library
- *   (rkm_arena_exec_create_layout with allocate: one allocation, made before
+ *   (rkm_arena_exec_create in layout mode with allocate: one allocation, made before
  *   training; a training step allocates nothing). The callbacks find their
  *   buffers at rkm_arena_ptr(base, offset) and take the workspace with
  *   rkm_arena_exec_scratch. The measured peak is the arena's.
@@ -498,8 +498,8 @@ static int open_run(Host *h, Run *run, int arena)
     run->ax = NULL;
     if (!arena) return 1;
     rkm_callbacks cb = host_callbacks(h);
-    rkm_arena_exec_desc d = {.graph = h->g, .host = &cb, .allocate = 1};
-    if (rkm_arena_exec_create_layout(&d, run->plan, &run->ax) != RKM_OK) return 0;
+    rkm_arena_exec_desc d = {.graph = h->g, .plan = run->plan, .host = &cb, .allocate = 1};
+    if (rkm_arena_exec_create(&d, &run->ax) != RKM_OK) return 0;
     void *base = rkm_arena_exec_base(run->ax);
     fill_inputs(h, rkm_arena_ptr(base, rkm_arena_exec_tensor(run->ax, h->x)),
                 rkm_arena_ptr(base, rkm_arena_exec_tensor(run->ax, h->targets)));
@@ -526,7 +526,7 @@ static int run_step(Host *h, const Run *run, Measured *m)
     m->arena = 0;
     if (h->ax) {
         rkm_arena_stats st;
-        rkm_arena_exec_arena_stats(h->ax, &st);
+        rkm_arena_exec_stats_get(h->ax, &st);
         cur = (size_t)st.current;
         m->peak = (size_t)st.peak;
         m->arena = st.capacity;

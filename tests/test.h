@@ -390,10 +390,12 @@ static inline void test_check_arena_runs(const rkm_graph *g, const rkm_plan *p, 
         memset(&d, 0, sizeof d);
         memset(&as, 0, sizeof as);
         d.graph = g;
+        d.mode = layout ? RKM_ARENA_LAYOUT : RKM_ARENA_FIRST_FIT;
+        d.plan = layout ? p : NULL;
         d.capacity = RKM_ARENA_UNBOUNDED;
-        CHECK((layout ? rkm_arena_exec_create_layout(&d, p, &x) : rkm_arena_exec_create(&d, &x)) == RKM_OK);
+        CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK);
         CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
-        rkm_arena_exec_arena_stats(x, &as);
+        CHECK(rkm_arena_exec_stats_get(x, &as) == RKM_OK);
         CHECK_EQ_U64(as.peak, peak);
         rkm_arena_exec_destroy(x);
     }

@@ -8,7 +8,7 @@
  * keeps source compatibility (a zeroed desc still means the defaults), never
  * binary compatibility.
  *
- * The figures are those of version 0.2.0 on LP64 (x86-64; aarch64 and the
+ * The figures are those of version 0.3.0 on LP64 (x86-64; aarch64 and the
  * other LP64 ABIs lay these structs out the same). Elsewhere (32-bit, LLP64
  * Windows) they differ, and the test says SKIP. Sizes pin every struct; the
  * offsets pin the last field of each (a field inserted or moved before it
@@ -96,11 +96,12 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_callbacks, free_grad, 48);
     CHECK_SIZE(rkm_arena_stats, 40);
     CHECK_OFFSET(rkm_arena_stats, blocks, 32);
-    CHECK_SIZE(rkm_arena_exec_desc, 40);
-    CHECK_OFFSET(rkm_arena_exec_desc, host, 24);
-    CHECK_OFFSET(rkm_arena_exec_desc, allocate, 32);
-    CHECK_SIZE(rkm_arena_layout_info, 24);
-    CHECK_OFFSET(rkm_arena_layout_info, slack, 16);
+    CHECK_SIZE(rkm_arena_exec_desc, 48);
+    CHECK_OFFSET(rkm_arena_exec_desc, plan, 16);
+    CHECK_OFFSET(rkm_arena_exec_desc, host, 32);
+    CHECK_OFFSET(rkm_arena_exec_desc, allocate, 40);
+    CHECK_SIZE(rkm_arena_capacity_info, 24);
+    CHECK_OFFSET(rkm_arena_capacity_info, slack, 16);
     CHECK_SIZE(rkm_profile_desc, 40);
     CHECK_OFFSET(rkm_profile_desc, user, 32);
 }

@@ -63,13 +63,13 @@ TEST(arena_first_fit_and_counts)
     CHECK(rkm_arena_alloc(a, 100, &o1) == RKM_OK && o1 == 0);
     CHECK(rkm_arena_alloc(a, 300, &o2) == RKM_OK && o2 == 256);
     CHECK(rkm_arena_alloc(a, 1, &o3) == RKM_OK && o3 == 768);
-    rkm_arena_stats_get(a, &st);
+    CHECK(rkm_arena_stats_get(a, &st) == RKM_OK);
     CHECK_EQ_U64(st.current, 401); /* requested bytes, not aligned ones */
     CHECK_EQ_U64(st.peak, 401);
     CHECK_EQ_U64(st.high_water, 769);
     CHECK_EQ_U64(st.blocks, 3);
     CHECK(rkm_arena_free(a, o2) == RKM_OK);
-    rkm_arena_stats_get(a, &st);
+    CHECK(rkm_arena_stats_get(a, &st) == RKM_OK);
     CHECK_EQ_U64(st.current, 101);
     CHECK_EQ_U64(st.peak, 401);
     /* The hole at 256 (512 bytes) is the first that fits 200 bytes... */
@@ -79,7 +79,7 @@ TEST(arena_first_fit_and_counts)
     /* 257 bytes do not fit anywhere below 768: after the block at 768. */
     CHECK(rkm_arena_alloc(a, 257, &o2) == RKM_OK && o2 == 1024);
     rkm_arena_reset_peak(a);
-    rkm_arena_stats_get(a, &st);
+    CHECK(rkm_arena_stats_get(a, &st) == RKM_OK);
     CHECK_EQ_U64(st.peak, st.current);
     rkm_arena_destroy(a);
     rkm_context_destroy(ctx);
@@ -197,7 +197,7 @@ TEST(arena_matches_reference_model)
             live_bytes[i] = live_bytes[n_live];
         }
         rkm_arena_stats st;
-        rkm_arena_stats_get(a, &st);
+        CHECK(rkm_arena_stats_get(a, &st) == RKM_OK);
         CHECK_EQ_U64(st.current, cur);
         CHECK_EQ_U64(st.peak, peak);
         CHECK_EQ_U64(st.blocks, n_live);
@@ -233,7 +233,7 @@ static int replay_sequence(uint64_t capacity, uint64_t *offs, uint64_t *high)
         }
     }
     rkm_arena_stats st;
-    rkm_arena_stats_get(a, &st);
+    CHECK(rkm_arena_stats_get(a, &st) == RKM_OK);
     *high = st.high_water;
     rkm_arena_destroy(a);
     rkm_context_destroy(ctx);
@@ -358,7 +358,7 @@ static int take_scratch(checker *c, int32_t op, uint64_t ws, int bwd)
 static void check_current(checker *c, int64_t step, uint64_t ws)
 {
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(c->x, &st);
+    CHECK(rkm_arena_exec_stats_get(c->x, &st) == RKM_OK);
     if (!c->measure && st.current != c->mem_after[step] + ws) c->problems++;
 }
 
@@ -413,7 +413,7 @@ typedef struct harness {
     checker c;
     rkm_plan *p;
     uint64_t peak; /* the plan's */
-    rkm_arena_layout_info lay;
+    rkm_arena_capacity_info lay; /* first fit's */
     rkm_callbacks cb;
 } harness;
 
@@ -426,7 +426,7 @@ static int harness_init(harness *h, rkm_plan *p, uint64_t capacity, int measure)
     h->peak = plan_peak(p);
     h->c.ranges = calloc(nb + 1, sizeof h->c.ranges[0]);
     if (!h->c.ranges) return 0;
-    if (rkm_arena_layout(p, &h->lay) != RKM_OK) {
+    if (rkm_arena_capacity(p, RKM_ARENA_FIRST_FIT, &h->lay) != RKM_OK) {
         fprintf(stderr, "layout: %s\n", msg_of(g));
         return 0;
     }
@@ -438,7 +438,8 @@ static int harness_init(harness *h, rkm_plan *p, uint64_t capacity, int measure)
     h->c.host_fail_op = -1;
     rkm_callbacks cb = {&h->c, chk_forward, chk_backward, chk_loss, NULL, NULL, NULL};
     h->cb = cb;
-    rkm_arena_exec_desc d = {.graph = g, .capacity = h->c.capacity, .measure = measure, .host = &h->cb};
+    rkm_arena_exec_desc d = {.graph = g, .mode = measure ? RKM_ARENA_MEASURE : RKM_ARENA_FIRST_FIT,
+                             .capacity = h->c.capacity, .host = &h->cb};
     return rkm_arena_exec_create(&d, &h->c.x) == RKM_OK;
 }
 
@@ -485,7 +486,7 @@ static int run_exact(harness *h, rkm_plan *p, const char *label)
     h->c.scratch_mode = 1;
     CHECK(rkm_arena_exec_run(h->c.x, p) == RKM_OK);
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h->c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.peak, h->peak);
     CHECK_EQ_U64(st.current, input_bytes(rkm_plan_graph(p)));
     CHECK(h->c.problems == 0);
@@ -500,7 +501,7 @@ static void exec_baseline_plan(rkm_plan *p, const char *label)
     harness h;
     if (!run_exact(&h, p, label)) return;
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(h.c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h.c.x, &st) == RKM_OK);
     CHECK_EQ_U64(h.lay.peak, h.peak);
     CHECK(h.lay.capacity >= h.lay.peak);
     CHECK_EQ_U64(st.high_water, h.lay.capacity);
@@ -628,7 +629,7 @@ TEST(exec_arena_one_byte_short)
         CHECK(strstr(msg_of(g), "arena full") != NULL);
         CHECK(strncmp(msg_of(g), "step ", 5) == 0); /* the run names the step */
         rkm_arena_stats st;
-        rkm_arena_exec_arena_stats(h.c.x, &st);
+        CHECK(rkm_arena_exec_stats_get(h.c.x, &st) == RKM_OK);
         CHECK_EQ_U64(st.current, input_bytes(g));
         CHECK(rkm_arena_exec_run(h.c.x, p) == RKM_ERROR_NOMEM);
         CHECK(rkm_arena_exec_run(probe.c.x, p) == RKM_OK);
@@ -667,7 +668,7 @@ static void host_failure_and_overrun(harness *h, const rkm_graph *g)
     h->c.fail_op = rkm_graph_find_op(g, "attend");
     CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_ERROR_CALLBACK);
     CHECK(strstr(msg_of(g), "returned 7") != NULL);
-    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h->c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.current, input_bytes(g));
     /* Plan mode: one byte beyond the declared workspace is refused. */
     h->c.fail_op = -1;
@@ -676,7 +677,7 @@ static void host_failure_and_overrun(harness *h, const rkm_graph *g)
     /* The executor names the callback, the exec the refused request. */
     CHECK(strstr(msg_of(g), "returned 9, after rkm_arena_exec_scratch: forward of ") != NULL);
     CHECK(strstr(msg_of(g), "declared workspace") != NULL);
-    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h->c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.current, input_bytes(g));
     CHECK(h->c.problems == 0);
     /* Outside a call there is no scratch. */
@@ -688,7 +689,7 @@ static void host_failure_and_overrun(harness *h, const rkm_graph *g)
     h->c.host_fail_op = rkm_graph_find_op(g, "attend");
     CHECK(rkm_arena_exec_run(h->c.x, h->p) == RKM_ERROR_IO);
     CHECK(strncmp(msg_of(g), "step ", 5) == 0 && strstr(msg_of(g), ": device 42 lost") != NULL);
-    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h->c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.current, input_bytes(g));
     h->c.host_fail_op = -1;
     CHECK(rkm_arena_exec_run(h->c.x, NULL) == RKM_ERROR_ARGUMENT);
@@ -711,7 +712,7 @@ static void measures_workspace(harness *h, const rkm_graph *g)
         CHECK_EQ_U64(b, has_backward(g, o) ? round256(100u * (uint64_t)o + 1) + 256 + 256 : 0);
     }
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h->c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.current, input_bytes(g));
     CHECK(h->c.problems == 0);
 }
@@ -734,7 +735,7 @@ static void measure_agrees(harness *h, const rkm_graph *g)
         CHECK_EQ_U64(b, has_backward(g, o) ? oi.bwd_ws : 0);
     }
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(h->c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(h->c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.peak, h->peak);
     CHECK(h->c.problems == 0);
 }
@@ -773,8 +774,11 @@ TEST(allocation_goes_through_the_context)
     rkm_arena_destroy(a);
     CHECK(counted_bytes == bytes);
     rkm_arena_exec *x = NULL, *xl = NULL;
-    rkm_arena_exec_desc d = {.graph = g, .capacity = 1u << 20};
-    CHECK(p && rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_create_layout(&d, p, &xl) == RKM_OK);
+    rkm_arena_exec_desc d = {.graph = g, .mode = RKM_ARENA_FIRST_FIT, .capacity = 1u << 20};
+    CHECK(p && rkm_arena_exec_create(&d, &x) == RKM_OK);
+    d.mode = RKM_ARENA_LAYOUT;
+    d.plan = p;
+    CHECK(rkm_arena_exec_create(&d, &xl) == RKM_OK);
     CHECK(x && xl && rkm_arena_exec_run(x, p) == RKM_OK && rkm_arena_exec_run(xl, p) == RKM_OK);
     rkm_arena_exec_destroy(x);
     rkm_arena_exec_destroy(xl);
@@ -858,12 +862,12 @@ static void region_run(rkm_plan *p, const char *label)
     rkm_context *ctx = rkm_graph_context(g);
     writer w = {NULL, g, 0, 0};
     rkm_callbacks cb = {&w, wr_forward, wr_backward, wr_loss, NULL, NULL, NULL};
-    rkm_arena_exec_desc d = {.graph = g, .host = &cb, .allocate = 1};
+    rkm_arena_exec_desc d = {.graph = g, .plan = p, .host = &cb, .allocate = 1};
     rkm_arena_stats st;
     long long bytes = counted_bytes;
-    CHECK(rkm_arena_exec_create_layout(&d, p, &w.x) == RKM_OK && w.x);
+    CHECK(rkm_arena_exec_create(&d, &w.x) == RKM_OK && w.x);
     if (!w.x) return;
-    rkm_arena_exec_arena_stats(w.x, &st);
+    CHECK(rkm_arena_exec_stats_get(w.x, &st) == RKM_OK);
     CHECK(rkm_arena_exec_base(w.x) != NULL);
     CHECK(counted_bytes - bytes >= (long long)st.capacity);
     for (int32_t t = 0; t < rkm_graph_num_tensors(g); t++) /* the inputs, as a host fills them */
@@ -913,11 +917,11 @@ TEST(region_pointers_and_rules)
     rkm_graph *g = test_load_graph(ctx, "multi-output");
     rkm_plan *p = NULL;
     CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
-    rkm_arena_layout_info lay;
-    CHECK(p && rkm_arena_layout(p, &lay) == RKM_OK);
+    rkm_arena_capacity_info lay;
+    CHECK(p && rkm_arena_capacity(p, RKM_ARENA_FIRST_FIT, &lay) == RKM_OK);
     rkm_arena_exec *x = NULL;
     /* Without allocate the host has the region: no base. */
-    rkm_arena_exec_desc d = {.graph = g, .capacity = lay.capacity};
+    rkm_arena_exec_desc d = {.graph = g, .mode = RKM_ARENA_FIRST_FIT, .capacity = lay.capacity};
     CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_base(x) == NULL);
     rkm_arena_exec_destroy(x);
     /* First fit with allocate: a region of the capacity. */
@@ -928,9 +932,29 @@ TEST(region_pointers_and_rules)
     d.capacity = RKM_ARENA_UNBOUNDED;
     CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && x == NULL);
     CHECK(strstr(rkm_context_errmsg(ctx), "rkm_arena_exec_create: allocate needs a bounded capacity") != NULL);
-    /* Layout mode ignores the capacity: the region is the layout's. */
-    CHECK(rkm_arena_exec_create_layout(&d, p, &x) == RKM_OK && rkm_arena_exec_base(x) != NULL);
+    /* Capacity 0 is what the plan needs in the mode: first fit's, or the
+     * layout's arena; a layout region may be larger, never smaller. */
+    rkm_arena_capacity_info need;
+    rkm_arena_stats st;
+    d.capacity = 0;
+    d.plan = p;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_base(x) != NULL);
+    CHECK(rkm_arena_exec_stats_get(x, &st) == RKM_OK && st.capacity == lay.capacity);
+    CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK);
     rkm_arena_exec_destroy(x);
+    d.mode = RKM_ARENA_LAYOUT;
+    CHECK(rkm_arena_capacity(p, RKM_ARENA_LAYOUT, &need) == RKM_OK && need.peak == lay.peak);
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_base(x) != NULL);
+    CHECK(rkm_arena_exec_stats_get(x, &st) == RKM_OK && st.capacity == need.capacity);
+    CHECK(rkm_arena_exec_mode(x) == RKM_ARENA_LAYOUT);
+    rkm_arena_exec_destroy(x);
+    d.capacity = need.capacity + 4096;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK && rkm_arena_exec_stats_get(x, &st) == RKM_OK);
+    CHECK(st.capacity == need.capacity + 4096 && x && rkm_arena_exec_run(x, p) == RKM_OK);
+    rkm_arena_exec_destroy(x);
+    d.capacity = need.capacity - 1;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && x == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "is below the plan's arena") != NULL);
     rkm_plan_destroy(p);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
@@ -953,7 +977,7 @@ TEST(region_that_cannot_be_allocated)
     rkm_context *ctx = test_new_ctx_alloc(small_alloc);
     rkm_graph *g = test_load_graph(ctx, "multi-output");
     rkm_arena_exec *x = NULL;
-    rkm_arena_exec_desc d = {.graph = g, .capacity = 1u << 24, .allocate = 1};
+    rkm_arena_exec_desc d = {.graph = g, .mode = RKM_ARENA_FIRST_FIT, .capacity = 1u << 24, .allocate = 1};
     CHECK(g && rkm_arena_exec_create(&d, &x) == RKM_ERROR_NOMEM && x == NULL);
     CHECK(strstr(rkm_context_errmsg(ctx), "no memory for the arena's region of 16777216 bytes") != NULL);
     rkm_graph_destroy(g);
@@ -1113,22 +1137,22 @@ static void check_layout_run(rkm_plan *p, const char *label)
     CHECK(l.b && rkm_plan_layout(p, RKM_ARENA_ALIGN, l.b, &l.arena) == RKM_OK);
     rkm_callbacks cb = {&l, lchk_forward, lchk_backward, lchk_loss, lchk_free_tensor, lchk_free_saved,
                         lchk_free_grad};
-    rkm_arena_exec_desc d = {.graph = g, .host = &cb};
-    CHECK(rkm_arena_exec_create_layout(&d, p, &l.c.x) == RKM_OK);
+    rkm_arena_exec_desc d = {.graph = g, .plan = p, .host = &cb};
+    CHECK(rkm_arena_exec_create(&d, &l.c.x) == RKM_OK);
     l.live = calloc(l.n + 1, 1);
     l.seen = calloc(l.n + 1, 1);
     if (!l.c.x || !l.b || !l.live || !l.seen || !l.c.ranges) {
         CHECK(0);
         goto done;
     }
-    CHECK(rkm_arena_exec_is_layout(l.c.x));
+    CHECK(rkm_arena_exec_mode(l.c.x) == RKM_ARENA_LAYOUT);
     l.c.g = g;
     l.c.mem_after = rkm_plan_mem_after(p);
     l.c.capacity = l.arena;
     l.c.fail_op = -1;
     l.c.host_fail_op = -1;
     rkm_arena_stats st;
-    rkm_arena_exec_arena_stats(l.c.x, &st);
+    CHECK(rkm_arena_exec_stats_get(l.c.x, &st) == RKM_OK);
     CHECK_EQ_U64(st.capacity, l.arena);
     for (int run = 0; run < 2; run++) {
         /* The inputs, carved at creation, are the layout's first buffers. */
@@ -1145,7 +1169,7 @@ static void check_layout_run(rkm_plan *p, const char *label)
         rkm_result r = rkm_arena_exec_run(l.c.x, p);
         if (r != RKM_OK) fprintf(stderr, "%s: %s\n", label, msg_of(g));
         CHECK(r == RKM_OK);
-        rkm_arena_exec_arena_stats(l.c.x, &st);
+        CHECK(rkm_arena_exec_stats_get(l.c.x, &st) == RKM_OK);
         CHECK_EQ_U64(st.peak, peak);
         CHECK_EQ_U64(st.capacity, l.arena);
         CHECK(st.high_water <= l.arena);
@@ -1155,8 +1179,8 @@ static void check_layout_run(rkm_plan *p, const char *label)
         CHECK(l.problems == 0);
         CHECK(l.c.problems == 0);
     }
-    rkm_arena_layout_info ff;
-    CHECK(rkm_arena_layout(p, &ff) == RKM_OK);
+    rkm_arena_capacity_info ff;
+    CHECK(rkm_arena_capacity(p, RKM_ARENA_FIRST_FIT, &ff) == RKM_OK);
     if (getenv("TEST_VERBOSE"))
         fprintf(stderr, "  %-28s peak %10llu  layout arena %10llu  (+%.2f%%)  first-fit %10llu\n", label,
                 (unsigned long long)peak, (unsigned long long)l.arena,
@@ -1173,8 +1197,10 @@ done:
 TEST(layout_mode_baselines_on_all_graphs) { for_baseline_plans(check_layout_run); }
 
 
-/* Layout mode refuses what it cannot honour: measure mode, a plan of
- * another graph, and a run of a plan whose buffers are not the layout's. */
+/* The desc's rules (each field means one thing in every mode): layout
+ * mode needs a plan, of the desc's graph; an unknown mode and capacity 0
+ * without a plan are refused; a layout exec refuses a run of a plan whose
+ * buffers are not the layout's. */
 TEST(layout_mode_rejects_other_plans)
 {
     rkm_context *ctx;
@@ -1185,14 +1211,23 @@ TEST(layout_mode_rejects_other_plans)
     rkm_arena_exec *x = NULL;
     CHECK(g && g2 && rkm_plan_baseline(g, &base) == RKM_OK && rkm_plan_baseline(g2, &other) == RKM_OK);
     if (base && other) {
-        rkm_arena_exec_desc d = {.graph = g, .measure = 1};
-        CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_ERROR_ARGUMENT && !x);
-        CHECK(strstr(msg_of(g), "measure") != NULL);
-        d.measure = 0;
-        CHECK(rkm_arena_exec_create_layout(&d, other, &x) == RKM_ERROR_ARGUMENT && !x);
-        CHECK(strstr(msg_of(g), "not of the desc's graph") != NULL);
-        CHECK(rkm_arena_exec_create_layout(&d, base, &x) == RKM_OK);
-        CHECK(!rkm_arena_exec_is_layout(NULL));
+        rkm_arena_exec_desc d = {.graph = g};
+        CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(strstr(msg_of(g), "layout mode (mode 0) needs desc.plan") != NULL);
+        d.mode = RKM_ARENA_MEASURE;
+        CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(strstr(msg_of(g), "capacity 0 sizes the region for desc.plan, which is NULL") != NULL);
+        d.mode = (rkm_arena_mode)3;
+        d.plan = base;
+        CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(strstr(msg_of(g), "mode 3 is not") != NULL);
+        d.mode = RKM_ARENA_LAYOUT;
+        d.plan = other;
+        CHECK(rkm_arena_exec_create(&d, &x) == RKM_ERROR_ARGUMENT && !x);
+        CHECK(strstr(msg_of(g), "desc.plan is not of desc.graph") != NULL);
+        d.plan = base;
+        CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK);
+        CHECK(rkm_arena_exec_mode(NULL) == RKM_ARENA_LAYOUT);
         rkm_solve_desc sd;
         rkm_planner *pl = NULL;
         uint64_t minb = 0;
@@ -1205,7 +1240,7 @@ TEST(layout_mode_rejects_other_plans)
             rkm_arena_stats st;
             CHECK(rkm_arena_exec_run(x, rec) == RKM_ERROR_STATE);
             CHECK(strstr(msg_of(g), "layout") != NULL);
-            rkm_arena_exec_arena_stats(x, &st);
+            CHECK(rkm_arena_exec_stats_get(x, &st) == RKM_OK);
             CHECK_EQ_U64(st.current, input_bytes(g));
             /* The failure left the exec usable for its own plan. */
             CHECK(rkm_arena_exec_run(x, base) == RKM_OK);

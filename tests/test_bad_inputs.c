@@ -206,8 +206,8 @@ TEST(null_arguments_are_refused)
     CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
     CHECK(rkm_arena_create(ctx, 4096, 4, &a) == RKM_OK);
     rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
-    rkm_arena_exec_desc xd = {.graph = g, .host = &cb, .allocate = 1};
-    CHECK(rkm_arena_exec_create_layout(&xd, p, &x) == RKM_OK);
+    rkm_arena_exec_desc xd = {.graph = g, .plan = p, .host = &cb, .allocate = 1};
+    CHECK(rkm_arena_exec_create(&xd, &x) == RKM_OK);
     if (!pl || !p || !a || !x) return;
 
     /* A failure of our own, which no NULL-object call below may overwrite. */
@@ -231,7 +231,7 @@ TEST(null_arguments_are_refused)
     rkm_plan_stats ps;
     rkm_planner_stats pst;
     rkm_arena_stats as = {1, 1, 1, 1, 1};
-    rkm_arena_layout_info li;
+    rkm_arena_capacity_info li;
     rkm_buffer bufs[64];
     rkm_op_costs costs[2] = {{1, 1, 0, 0}, {1, 1, 0, 0}};
     rkm_profile_desc prof = {0};
@@ -289,28 +289,27 @@ TEST(null_arguments_are_refused)
     rkm_arena_destroy(NULL);
     CHECK(rkm_arena_alloc(NULL, 1, &u) == A);
     CHECK(rkm_arena_free(NULL, 0) == A);
-    rkm_arena_stats_get(NULL, &as);
+    CHECK(rkm_arena_stats_get(NULL, &as) == A);
     CHECK(as.capacity == 0 && as.current == 0 && as.peak == 0 && as.high_water == 0 && as.blocks == 0);
     rkm_arena_reset_peak(NULL);
     rkm_arena_clear(NULL);
     CHECK(NULLED(rkm_arena_exec_create(NULL, &xout), xout));
-    CHECK(NULLED(rkm_arena_exec_create_layout(NULL, p, &xout), xout));
     rkm_arena_exec_desc xd0 = {0};
     CHECK(NULLED(rkm_arena_exec_create(&xd0, &xout), xout));
     rkm_arena_exec_destroy(NULL);
-    CHECK(rkm_arena_exec_is_layout(NULL) == 0);
+    CHECK(rkm_arena_exec_mode(NULL) == RKM_ARENA_LAYOUT);
     CHECK(rkm_arena_exec_run(NULL, p) == A);
     CHECK(rkm_arena_exec_host_fail(NULL, RKM_ERROR_IO, "x") != 0);
     CHECK(rkm_arena_exec_tensor(NULL, 0) == RKM_ARENA_NONE && rkm_arena_exec_grad(NULL, 0) == RKM_ARENA_NONE);
     CHECK(rkm_arena_exec_saved(NULL, 0) == RKM_ARENA_NONE && rkm_arena_exec_base(NULL) == NULL);
     CHECK(rkm_arena_ptr(NULL, 0) == NULL);
     CHECK(rkm_arena_exec_scratch(NULL, 8, &u) == A);
-    rkm_arena_exec_measured_ws(NULL, 0, &u, &u2);
+    CHECK(rkm_arena_exec_measured_ws(NULL, 0, &u, &u2) == A);
     CHECK(u == 0 && u2 == 0);
     as.capacity = 1;
-    rkm_arena_exec_arena_stats(NULL, &as);
+    CHECK(rkm_arena_exec_stats_get(NULL, &as) == A);
     CHECK(as.capacity == 0);
-    CHECK(rkm_arena_layout(NULL, &li) == A);
+    CHECK(rkm_arena_capacity(NULL, RKM_ARENA_LAYOUT, &li) == A);
     CHECK(rkm_trimmed_mean(NULL, 3, 0.2) == 0.0);
     CHECK(strcmp(rkm_context_errmsg(ctx), marker) == 0);
 #undef NULLED
@@ -352,11 +351,12 @@ TEST(null_arguments_are_refused)
     CALL(rkm_arena_create(ctx, 1024, 4, NULL), "rkm_arena_create: out is NULL");
     CALL(rkm_arena_alloc(a, 1, NULL), "rkm_arena_alloc: offset is NULL");
     CALL(rkm_arena_exec_create(&xd, NULL), "rkm_arena_exec_create: out is NULL");
-    CALL(rkm_arena_exec_create_layout(&xd, NULL, &xout), "rkm_arena_exec_create_layout: plan is NULL");
-    CALL(rkm_arena_exec_create_layout(&xd, p, NULL), "rkm_arena_exec_create_layout: out is NULL");
     CALL(rkm_arena_exec_run(x, NULL), "rkm_arena_exec_run: plan is NULL");
     CALL(rkm_arena_exec_scratch(x, 8, NULL), "rkm_arena_exec_scratch: offset is NULL");
-    CALL(rkm_arena_layout(p, NULL), "rkm_arena_layout: out is NULL");
+    CALL(rkm_arena_capacity(p, RKM_ARENA_FIRST_FIT, NULL), "rkm_arena_capacity: out is NULL");
+    CALL(rkm_arena_stats_get(a, NULL), "rkm_arena_stats_get: out is NULL");
+    CALL(rkm_arena_exec_stats_get(x, NULL), "rkm_arena_exec_stats_get: out is NULL");
+    CALL(rkm_arena_exec_measured_ws(x, -1, &u, &u2), "rkm_arena_exec_measured_ws: op -1 is not in 0..");
     rkm_graph *b = NULL;
     CHECK(rkm_graph_create(ctx, &b) == RKM_OK);
     if (b) {
@@ -373,9 +373,7 @@ TEST(null_arguments_are_refused)
     }
 #undef CALL
     /* The ones without a result: nothing done, nothing crashed. */
-    rkm_arena_stats_get(a, NULL);
-    rkm_arena_exec_arena_stats(x, NULL);
-    rkm_arena_exec_measured_ws(x, 0, NULL, NULL);
+    CHECK(rkm_arena_exec_measured_ws(x, 0, NULL, NULL) == RKM_OK);
     CHECK(rkm_context_fail(ctx, RKM_ERROR_IO, NULL) == RKM_ERROR_IO);
     CHECK(rkm_arena_exec_host_fail(x, RKM_ERROR_IO, NULL) != 0);
     CHECK(rkm_graph_find_tensor(g, NULL) == -1 && rkm_graph_find_op(g, NULL) == -1);

@@ -326,7 +326,7 @@ static size_t unpoisoned_after_step(const rkm_graph *g, const rkm_plan *plan, in
     memset(&d, 0, sizeof d);
     d.graph = g;
     d.host = &cb;
-    d.layout = plan;
+    d.plan = plan;
     d.poison = poison;
     CHECK(cudaStreamCreate(&h.stream) == cudaSuccess);
     d.stream = h.stream;
@@ -490,7 +490,7 @@ static float stale_loss_of(int poison)
     memset(&d, 0, sizeof d);
     d.graph = g;
     d.host = &cb;
-    d.layout = p;
+    d.plan = p;
     d.poison = poison;
     float got = 0.0f;
     CHECK(cudaMalloc(&h.probe, bytes) == cudaSuccess);
@@ -567,7 +567,7 @@ static rkm_result profile_once(rkm_context *ctx, const rkm_graph *g, long fail_a
     memset(&d, 0, sizeof d);
     d.graph = g;
     d.host = &cb;
-    d.measure = 1;
+    d.mode = RKM_ARENA_MEASURE;
     d.capacity = 1u << 20;
     rkm_result r = rkm_cuda_arena_create(&d, &h.ca);
     rkm_graph *out = NULL;

@@ -511,9 +511,9 @@ static void check_arena_step(fixture *f, const rkm_plan *plan, uint64_t budget, 
     CHECK(rkm_plan_stats_get(plan, &ps) == RKM_OK);
     CHECK(llmc_step_open(&f->sta, plan, &x) == RKM_OK);
     if (!x) return;
-    CHECK(rkm_arena_exec_is_layout(x));
+    CHECK(rkm_arena_exec_mode(x) == RKM_ARENA_LAYOUT);
     CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_OK);
-    rkm_arena_exec_arena_stats(x, &as);
+    CHECK(rkm_arena_exec_stats_get(x, &as) == RKM_OK);
     CHECK(same_as_reference(f, f->sta.mean_loss));
     CHECK_EQ_U64(as.peak, ps.peak);
     CHECK_EQ_U64(f->sta.peak, ps.peak);
@@ -702,7 +702,7 @@ TEST(unzeroed_gradients_are_caught)
 static void check_clean_after_failure(fixture *f, rkm_arena_exec *x, const rkm_plan *plan)
 {
     rkm_arena_stats as;
-    rkm_arena_exec_arena_stats(x, &as);
+    CHECK(rkm_arena_exec_stats_get(x, &as) == RKM_OK);
     CHECK_EQ_U64(as.current, input_bytes(f));
     CHECK(llmc_step_leaks(&f->sta) == 0);
     CHECK(llmc_step_run_arena(&f->sta, x, plan, f->m.num_params) == RKM_OK);

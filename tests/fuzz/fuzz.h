@@ -42,12 +42,12 @@ static inline void fuzz_check_plan(const rkm_plan *p)
     rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
     FUZZ_CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
     /* the arena exec, in layout mode, runs it at its peak in the plan's arena */
-    rkm_arena_exec_desc d = {.graph = rkm_plan_graph(p)};
+    rkm_arena_exec_desc d = {.graph = rkm_plan_graph(p), .plan = p};
     rkm_arena_exec *x = NULL;
-    if (rkm_arena_exec_create_layout(&d, p, &x) == RKM_OK) {
+    if (rkm_arena_exec_create(&d, &x) == RKM_OK) {
         rkm_arena_stats as;
         FUZZ_CHECK(rkm_arena_exec_run(x, p) == RKM_OK);
-        rkm_arena_exec_arena_stats(x, &as);
+        FUZZ_CHECK(rkm_arena_exec_stats_get(x, &as) == RKM_OK);
         FUZZ_CHECK(as.peak == st.peak && as.capacity == st.arena_bytes && as.high_water <= st.arena_bytes);
     }
     rkm_arena_exec_destroy(x);
