@@ -23,8 +23,9 @@ what command makes it and of which kind it is:
           costs, smallest budgets, counts, constants of src/internal.h):
           --check regenerates and compares it
   timing  seconds on this machine (median of RUNS runs): full mode only
-  bench   deterministic but expensive (bench_layout plans 349 plans, minutes,
-          and gives checkmate a 10 s wall-clock limit): full mode only
+  bench   expensive (bench_layout plans some 349 plans, minutes) and not quite
+          deterministic (it gives checkmate a 10 s wall-clock limit, so under
+          load a plan can drop out): full mode only
   demo    the demo's transcript: the demo profiles its op times when it runs,
           so its step times, plan (peak, arena, overhead, steps, classes) and
           solve time vary; --check compares only its deterministic figures
@@ -34,6 +35,7 @@ what command makes it and of which kind it is:
 The charts docs/*.svg come from deterministic plans: --check draws them
 again in a temporary folder and compares them byte for byte.
 """
+import difflib
 import json
 import os
 import re
@@ -211,7 +213,8 @@ def figures(build, check, bench, svg_dir):
         m = re.search(r"^(\d+) plans: arena = aligned peak: old \d+, skyline alone \d+, new (\d+);", out, re.M)
         if not m:
             raise Fail("bench_layout: no summary line '<N> plans: arena = aligned peak: ...'")
-        f["layout-at-bound"] = ("bench", "%.1f %%" % (100 * int(m.group(2)) / int(m.group(1))))
+        n, at = int(m.group(1)), int(m.group(2))
+        f["layout-at-bound"] = ("bench", "%d of %d plans (%.1f %%)" % (at, n, 100 * at / n))
         sys.stderr.write("bench_layout: " + "\n".join(out.rstrip().split("\n")[-2:]) + "\n")
     return f
 
@@ -271,9 +274,13 @@ def main(argv):
             problems.append("README.md: figure %s (%s) has no <!-- figures:%s --> marker" % (name, kind, name))
         elif check and kind == "det" and (in_readme[name] != value if "\n" in value
                                           else " ".join(in_readme[name].split()) != value):
-            problems.append("figure %s drifted:\n  README.md: %s\n  now:       %s"
-                            % (name, in_readme[name].strip().replace("\n", "\n             "),
-                               value.strip().replace("\n", "\n             ")))
+            if "\n" in value:  # a block: the lines that differ
+                diff = difflib.unified_diff(in_readme[name].strip().split("\n"), value.strip().split("\n"),
+                                            "README.md", "now", n=0, lineterm="")
+                problems.append("figure %s drifted:\n  %s" % (name, "\n  ".join(list(diff)[2:])))
+            else:
+                problems.append("figure %s drifted:\n  README.md: %s\n  now:       %s"
+                                % (name, " ".join(in_readme[name].split()), value))
         elif check and kind == "demo":
             for (fact, old), (_, now) in zip(demo_facts(in_readme[name]), demo_facts(value)):
                 if old != now:
