@@ -918,7 +918,7 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * - RKM_ARENA_FIRST_FIT: each buffer at the lowest 256-aligned offset free
  *   when it is made, as a dynamic allocator would; it runs any plan of the
  *   graph. It can need more than the plan's arena, since it does not know
- *   the lifetimes ahead (on 349 plans of the bundled graphs, 5.5 % more
+ *   the lifetimes ahead (on 349 plans of the bundled graphs, 5.2 % more
  *   than the peak on geometric mean, up to 47 %; bench/bench_layout).
  * - RKM_ARENA_MEASURE (profiling): first fit, and each op's workspace is
  *   measured as what its scratch requests took (rkm_arena_exec_scratch).

@@ -27,7 +27,7 @@
  *    RKM_LAYOUT_FIRSTFIT_WORK units of work, the last two share
  *    RKM_LAYOUT_WORK (a unit: one buffer or section visited), so the
  *    layout is the same on every machine. All together, on 349 plans:
- *    88.5 % at the bound, the geometric mean of arena / bound 1.0021
+ *    89.1 % at the bound, the geometric mean of arena / bound 1.0015
  *    (bench_layout; 10x the work moves a few plans, at 10x the time).
  * ------------------------------------------------------------------------- */
 
