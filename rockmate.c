@@ -8771,7 +8771,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
  * (the searches are not monotone in the budget). */
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
-    uint64_t m, at;
+    uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm_result r = rkm__min_budget(pl, &m, &at);
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
@@ -8782,14 +8782,17 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
+            failed = m;
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
             if (at > m) at = 0; /* first, the budget the least peak was made for */
             else step *= 2;
             m = need > m ? need : m + up;
         }
     }
-    /* then down: a budget just under that arena may find another plan */
-    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes && !rkm__over(pl); k++) {
+    /* then down: a budget just under that arena may find another plan, but
+     * not one under a budget that found none on the way up (the searches
+     * are not monotone, but a failing solve is the dearest of all) */
+    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
