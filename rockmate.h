@@ -698,8 +698,8 @@ typedef enum rkm_stage {
 
 struct rkm_progress {
     rkm_stage stage;
-    const char *stage_name; /* "create", "solve" or "min_budget" (constant) */
     rkm_algo algo;          /* the planner's, never RKM_ALGO_DEFAULT */
+    const char *stage_name; /* "create", "solve" or "min_budget" (constant) */
     /* How much of this call's work is done, in [0, 1], never less than in
      * the call's previous report: the larger of the work meters' (block
      * ILP budget by class, the search's work, the ILP solve's, the

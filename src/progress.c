@@ -51,7 +51,7 @@ RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
     g->last = now;
     double span = pl->deadline - g->start, f = rkm__progress_work(pl);
     if (span > 0) f = fmax(f, (now - g->start) / span);
-    g->p.fraction = fmax(g->p.fraction, fmin(f, 1.0));
+    if (!force) g->p.fraction = fmax(g->p.fraction, fmin(f, 1.0)); /* the first report says 0 */
     g->p.seconds = now - g->start;
     g->cancelled = pl->d.progress(pl->d.progress_user, &g->p) != 0;
     return g->cancelled;
