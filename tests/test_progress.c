@@ -176,7 +176,9 @@ TEST(plans_unchanged)
     plans_unchanged_on("mlp16", RKM_ALGO_SQRT, 1);
 }
 
+#ifndef RKM_OMIT_SOLVER
 TEST(plans_unchanged_checkmate) { plans_unchanged_on("multi-output", RKM_ALGO_CHECKMATE, 1); }
+#endif
 
 /* Cancel the solve at budget at its k-th report: CANCELLED with a message
  * and no plan where the callback got that far, else the plan as usual; and
@@ -249,7 +251,9 @@ TEST(cancel_solve)
     cancel_on("gpt2-tiny", RKM_ALGO_DTR, 50);
 }
 
+#ifndef RKM_OMIT_SOLVER
 TEST(cancel_solve_checkmate) { cancel_on("multi-output", RKM_ALGO_CHECKMATE, 95); }
+#endif
 
 /* Cancelled at its k-th report, rkm_planner_create makes no planner and
  * leaks nothing; rkm_plan_solve likewise hands out no plan. */
