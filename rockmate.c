@@ -17,6 +17,7 @@
  *   chain.c      the chain DP (Rotor-style) over blocks and their options
  *   dtr.c        DTR: dynamic tensor rematerialization, simulated offline
  *   planner.c    the planner: its API, the algorithms, flattening, budgets
+ *   progress.c   a planner call's progress reports and their cancel (rkm_solve_desc.progress)
  *   nest.c       nesting: a big block planned as a graph of its own
  *   search.c     the local search: polish, squeeze, kick, rungs, the rockmate portfolio
  *   exec.c       the executor and the profiler
@@ -273,6 +274,19 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
 #define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
 
+/* ---- progress reports (progress.c): they change no plan ---- */
+
+/* A report at most every RKM_PROGRESS_SECONDS of wall clock: a terminal
+ * bar wants ~10 a second (the deadline's checks come ~10^5 a second on
+ * peer-gpt, so a count of them would be a poor clock). */
+#define RKM_PROGRESS_SECONDS 0.1
+/* The share of a call its first part takes in the reports' fraction:
+ * creation's block classes (the chain DP after them), min_budget's floors
+ * (the fit up and down after them). Rough: time_limit's share spent is
+ * the other measure. */
+#define RKM_PROGRESS_CLASSES 0.95
+#define RKM_PROGRESS_FLOORS 0.6
+
 /* ---- base.c ---- */
 
 #define RKM_ERRMSG_SIZE 512
@@ -512,6 +526,11 @@ typedef struct rkm__ilp_work {
     double calls, max_calls; /* lp_solve abort-callback calls */
     double evals, max_evals; /* steps of the schedules the greedy replayed */
     double deadline;         /* rkm__now() past which everything stops */
+    /* The caller's own check (its planner's rkm__over, which reports
+     * progress, `done` being how far this solve's work is), or NULL;
+     * non-zero stops the solve like the deadline. */
+    int (*stop)(void *user, double done);
+    void *user;
 } rkm__ilp_work;
 
 /* The arrays of one part of a block, each recorded with its size when it
@@ -722,6 +741,17 @@ enum {
 
 /* ---- planner.c ---- */
 
+/* The call in progress as desc.progress sees it (progress.c): how far it
+ * is, in a part [lo, hi] of the call's work whose own progress is `sub`,
+ * or the search's meter (work_left) in a solve. */
+typedef struct rkm__progress {
+    rkm_progress p;          /* the last report (fraction never goes back) */
+    double start, last;      /* rkm__now() at the call's start, at the last report */
+    double lo, hi, sub;      /* the part under way and how far it is, in [0, 1] */
+    double ilp;              /* how far the whole-graph ILP's solve under way is */
+    int cancelled;           /* the callback returned non-zero: the call stops */
+} rkm__progress;
+
 struct rkm_planner {
     const rkm_graph *g;      /* what it plans with: the user's graph, sizes rounded up to the alignment */
     const rkm_graph *user;   /* the user's graph: its plans are born there */
@@ -761,6 +791,10 @@ struct rkm_planner {
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
+    /* A nested planner's parent (nest.c), NULL at the top: its checks are
+     * the parent's too, so that the parent reports and a cancel stops it. */
+    rkm_planner *parent;
+    rkm__progress prog;      /* the call's progress (progress.c); only the top planner reports */
 };
 
 /* ---- search.c ---- */
@@ -863,6 +897,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
+RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
@@ -906,7 +941,7 @@ RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
 RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
@@ -919,6 +954,15 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+
+/* progress.c */
+RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
+RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
+RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
+RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
+RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
+RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
+RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
 
 /* nest.c */
 RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
@@ -1075,6 +1119,7 @@ const char *rkm_result_string(rkm_result r)
         "planning time ran out",
         "feature compiled out",
         "internal error (a bug in rockmate)",
+        "cancelled by the progress callback",
     };
     if ((int)r < 0 || r >= RKM_RESULT_COUNT) return "unknown result";
     return names[r];
@@ -5056,6 +5101,9 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
  *      (results may then differ).
  *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
  *      (the planner's time_limit; results may then differ too).
+ *   rkm__ilp_block_watch(b, stop, user): later solves also stop where
+ *      stop(user, done) answers non-zero (the planner's check, which
+ *      reports progress; `done`: the solve's work so far, 0..1).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -5121,6 +5169,10 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
+RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+{
+    (void)b, (void)stop, (void)user;
+}
 
 #else /* !RKM_OMIT_SOLVER */
 
@@ -5174,6 +5226,7 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
+    if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
     return rkm__now() > u->deadline;
 }
 
@@ -5209,11 +5262,22 @@ struct rkm__ilp_block {
     rkm__ilp_memo memo;
     rkm__ilp_scratch scratch;
     double deadline; /* the caller's wall-clock stop (its planner's), INFINITY: none */
+    int (*stop)(void *user, double done); /* the caller's own check, or NULL (rkm__ilp_work) */
+    void *stop_user;
 };
 
 /* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
  * the planner's time_limit. */
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
+
+/* Solves also stop where stop(user, done) answers non-zero, asked at every
+ * check of their work (the whole-graph ILP's planner reports its progress
+ * from there). */
+RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+{
+    b->stop = stop;
+    b->stop_user = user;
+}
 
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
@@ -6003,7 +6067,8 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline)};
+                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline),
+                          bk->stop, bk->stop_user};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
@@ -8002,24 +8067,30 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-/* Past the call's deadline (time_limit): 1, and the call is cut. Checked
- * between candidates, moves and probes, never inside one, so a call
- * overruns its deadline by one such unit of work and its finish (the
- * slack rockmate.h gives); while it returns 0 it changes nothing, so an
- * uncut call is as deterministic as if there were no limit. */
+/* Past the call's deadline (time_limit), or cancelled by the progress
+ * callback: 1, and the call is cut. Checked between candidates, moves and
+ * probes, never inside one, so a call overruns its deadline by one such
+ * unit of work and its finish (the slack rockmate.h gives); while it
+ * returns 0 it changes nothing, so an uncut call is as deterministic as if
+ * there were no limit. It is also where progress is reported (progress.c):
+ * a nested planner's checks are its parent's. */
 RKM_PRIVATE int rkm__over(rkm_planner *pl)
 {
-    if (!pl->cut && rkm__now() > pl->deadline) pl->cut = 1;
+    if (pl->cut) return 1;
+    double now = rkm__now();
+    if (pl->parent ? rkm__over(pl->parent) : rkm__progress_report(pl, now, 0)) pl->cut = 1;
+    if (now > pl->deadline) pl->cut = 1;
     return pl->cut;
 }
 
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
-static void rkm__call_start(rkm_planner *pl, double now)
+static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64_t budget)
 {
     pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
     pl->cut = 0;
+    rkm__progress_begin(pl, stage, budget);
 }
 
 /* Peak a block's ops need at least: the inputs stay live throughout, plus
@@ -8116,6 +8187,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
             size_t nf = 0, nb = 0;
             int found = 0;
             double lim = fmin(pl->d.ilp_time_limit, share);
+            rkm__progress_sub(pl, (pl->ilp.work - work0) / allow);
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
             (void)rkm__over(pl); /* the solve may have stopped at the deadline */
             if (!r && !found && pl->ilp.proven) break;
@@ -8189,7 +8261,9 @@ static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
         for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
         order[k] = c;
     }
+    double all = wl;
     for (int32_t i = 0; i < n && !r; i++) {
+        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
         r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
         wl -= w[order[i]];
     }
@@ -8208,7 +8282,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     rkm_result r = rkm__sim_init(g, &s);
     for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
-    if (pl->ilp_skipped && !pl->depth)
+    if (pl->ilp_skipped && !pl->depth && !pl->prog.cancelled)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "%s ran out: %d block ILP solves left out; plans may be worse",
                  pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
@@ -8290,10 +8364,12 @@ static rkm_result rkm__planner_dp(rkm_planner *pl);
 
 static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
 
-/* A planner for g with settings d (defaults applied), `depth` levels
- * below the one the user made: nested planners do not log. */
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out)
+/* A planner for g with settings d (defaults applied), below `parent` (NULL:
+ * the one the user made): nested planners do not log, and their checks
+ * are their parent's (rkm__over). */
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
 {
+    int32_t depth = parent ? parent->depth + 1 : 0;
     const rkm_solve_desc d = *desc;
     rkm_result r = RKM_OK;
     const rkm_graph_stats gs = g->stats;
@@ -8303,6 +8379,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->ctx = g->ctx;
     pl->d = d;
     pl->depth = depth;
+    pl->parent = parent;
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
     rkm__search_begin(pl); /* for white-box callers of the search's parts */
@@ -8313,6 +8390,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->lower_bound = gs.lower_bound;
     uint64_t span = gs.baseline_peak - g->input_bytes;
     pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
+    if (!parent) rkm__progress_begin(pl, RKM_STAGE_CREATE, 0);
     if (rkm__uses_chain(d.algo)) {
         r = rkm__planner_options(pl);
         if (!r) r = rkm__planner_chain(pl);
@@ -8326,6 +8404,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
             rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
                      (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
     }
+    if (!parent) r = rkm__progress_result(pl, r, "rkm_planner_create");
     if (r) {
         rkm_planner_destroy(pl);
         return r;
@@ -8347,7 +8426,7 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     rkm_solve_desc d;
     rkm_graph *ag;
     if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
-    if ((r = rkm__planner_make(ag ? ag : g, &d, 0, out))) {
+    if ((r = rkm__planner_make(ag ? ag : g, &d, NULL, out))) {
         rkm_graph_destroy(ag);
         return r;
     }
@@ -8364,8 +8443,8 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
     if (need <= RKM_DP_MAX_BYTES) {
-        int cut;
-        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->deadline, &pl->table, &cut);
+        int cut; /* past the deadline or cancelled: the first tile only */
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
         pl->cut |= cut;
         return r;
     }
@@ -8396,6 +8475,7 @@ RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rk
         return r;
     }
     r = rkm__plan_birth(pl->g, draft, NULL, out);
+    if (!r) rkm__progress_plan(pl, *out);
     if (r != RKM_ERROR_PLAN) return r;
     char why[RKM_ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
@@ -8647,7 +8727,9 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     size_t nf = 0, nb = 0;
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
+    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    pl->prog.ilp = 0;
     (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
@@ -8773,7 +8855,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
+    rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
     rkm_result r = rkm__min_budget(pl, &m, &at);
+    rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
@@ -8792,6 +8876,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     /* then down: a budget just under that arena may find another plan, but
      * not one under a budget that found none on the way up (the searches
      * are not monotone, but a failing solve is the dearest of all) */
+    rkm__progress_part(pl, (1 + RKM_PROGRESS_FLOORS) / 2, 1);
     for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
@@ -8828,10 +8913,11 @@ static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    rkm__call_start(pl, rkm__now());
+    rkm__call_start(pl, rkm__now(), RKM_STAGE_MIN_BUDGET, 0);
     rkm_result r = rkm__min_budget_get(pl, out);
-    pl->cuts += pl->cut;
-    return r;
+    if (pl->prog.cancelled) *out = 0;
+    pl->cuts += pl->cut && !pl->prog.cancelled;
+    return rkm__progress_result(pl, r, "rkm_planner_min_budget");
 }
 
 /* One bisection serves every smallest-budget search: between lo and *hi
@@ -8848,7 +8934,9 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
 {
     rkm_result r = RKM_OK;
     int over = 0;
+    double p0 = pl->prog.lo, p1 = pl->prog.hi;
     for (int it = 0; it < probes && lo < *hi && !r && !(over = rkm__over(pl)); it++) {
+        rkm__progress_part(pl, p0 + (p1 - p0) * it / probes, p0 + (p1 - p0) * (it + 1) / probes);
         uint64_t mid = lo + (*hi - lo) / 2;
         rkm_plan *p = NULL;
         r = probe(pl, mid, &p);
@@ -8856,6 +8944,7 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
+    rkm__progress_part(pl, p0, p1);
     if (stopped) *stopped = over;
     return r;
 }
@@ -8933,10 +9022,13 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
         uint64_t dtr;
+        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS / 2);
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
+        rkm__progress_part(pl, RKM_PROGRESS_FLOORS / 2, RKM_PROGRESS_FLOORS);
         r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+    }
     if (*at < *out) *at = *out;
     return r;
 }
@@ -8979,10 +9071,14 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     if (out) *out = NULL;
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
     double t = rkm__now();
-    rkm__call_start(pl, t);
+    rkm__call_start(pl, t, RKM_STAGE_SOLVE, budget);
     rkm_result r = rkm__planner_solve(pl, budget, t, out);
-    pl->cuts += pl->cut;
-    return r;
+    if (pl->prog.cancelled) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    pl->cuts += pl->cut && !pl->prog.cancelled;
+    return rkm__progress_result(pl, r, "rkm_planner_solve");
 }
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
@@ -9064,6 +9160,113 @@ rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baselin
                     "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the baseline peak", text);
 }
 
+
+/* ==== src/progress.c ==== */
+
+/* progress.c -- a planner call's progress reports and their cancel (rkm_solve_desc.progress)
+ *
+ * Uses (through internal.h): base.c, planner.c.
+ *
+ * A call reports as it starts (rkm__progress_begin) and then from its
+ * planner's checks of the deadline (rkm__over), rate-limited; a callback
+ * that returns non-zero marks the call cancelled, and rkm__over then
+ * answers 1 as if the deadline had passed, so that a cancelled call
+ * stops where a cut one would. The call's API function turns that into
+ * RKM_ERROR_CANCELLED (rkm__progress_result). Reports read the planner
+ * and change nothing it decides on: plans are the same with or without
+ * a callback. Only the top planner reports: a nested one's checks are its
+ * parent's (rkm__over). */
+
+static const char *const rkm__stage_names[] = {"", "create", "solve", "min_budget"};
+
+/* A call (stage) starts: the first report, fraction 0. */
+RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget)
+{
+    rkm__progress *g = &pl->prog;
+    memset(g, 0, sizeof *g);
+    g->p.stage = stage;
+    g->p.stage_name = rkm__stage_names[stage];
+    g->p.algo = pl->d.algo;
+    g->p.baseline_time = pl->base_time;
+    g->p.budget = stage == RKM_STAGE_SOLVE ? budget : 0;
+    g->start = rkm__now();
+    g->hi = 1;
+    (void)rkm__progress_report(pl, g->start, 1);
+}
+
+/* How far the call is by its work meters: the part under way (a block
+ * class, a probe) and how far it is, by the ILP solve's work, the search's
+ * meter or the part's own measure. */
+static double rkm__progress_work(const rkm_planner *pl)
+{
+    const rkm__progress *g = &pl->prog;
+    double in = fmax(g->sub, g->ilp);
+    if (g->p.stage == RKM_STAGE_SOLVE && pl->d.algo == RKM_ALGO_ROCKMATE)
+        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM_SOLVE_WORK);
+    return g->lo + (g->hi - g->lo) * fmin(fmax(in, 0), 1);
+}
+
+/* A report at `now` when one is due (force: always); 1 once cancelled. */
+RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
+{
+    rkm__progress *g = &pl->prog;
+    if (g->cancelled || !pl->d.progress) return g->cancelled;
+    if (!force && now - g->last < RKM_PROGRESS_SECONDS) return 0;
+    g->last = now;
+    double span = pl->deadline - g->start, f = rkm__progress_work(pl);
+    if (span > 0) f = fmax(f, (now - g->start) / span);
+    if (!force) g->p.fraction = fmax(g->p.fraction, fmin(f, 1.0)); /* the first report says 0 */
+    g->p.seconds = now - g->start;
+    g->cancelled = pl->d.progress(pl->d.progress_user, &g->p) != 0;
+    return g->cancelled;
+}
+
+/* The part [lo, hi] of the call's work starts (its progress `sub` 0); a
+ * nested planner's parts are inside its parent's, which stands for them. */
+RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
+{
+    if (pl->parent) return;
+    pl->prog.lo = lo;
+    pl->prog.hi = hi;
+    pl->prog.sub = pl->prog.ilp = 0;
+}
+
+/* How far the part under way is, in [0, 1]. */
+RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub)
+{
+    if (!pl->parent) pl->prog.sub = sub;
+}
+
+/* A plan the call made: the fastest within a solve's budget so far. */
+RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
+{
+    rkm__progress *g = &pl->prog;
+    if (pl->parent || !p || g->p.stage != RKM_STAGE_SOLVE || p->stats.peak > g->p.budget) return;
+    if (g->p.best_time == 0 || p->stats.time < g->p.best_time) g->p.best_time = p->stats.time;
+}
+
+/* The whole-graph ILP's check (rkm__ilp_work.stop): its progress, then the
+ * planner's rkm__over. */
+RKM_PRIVATE int rkm__progress_ilp(void *user, double done)
+{
+    rkm_planner *pl = user;
+    if (pl->d.algo == RKM_ALGO_CHECKMATE) pl->prog.ilp = done; /* rockmate's is one start of many */
+    return rkm__over(pl);
+}
+
+/* The call's result: RKM_ERROR_CANCELLED with where it stopped when the
+ * callback cancelled it and r is what a cut gives (a plan, none within the
+ * time, none within the budget), else r. `what` names the API call. */
+RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what)
+{
+    const rkm__progress *g = &pl->prog;
+    if (!g->cancelled || (r != RKM_OK && r != RKM_ERROR_TIMEOUT && r != RKM_ERROR_BUDGET)) return r;
+    char budget[48] = "";
+    if (g->p.budget) snprintf(budget, sizeof budget, " for %llu bytes", (unsigned long long)g->p.budget);
+    return rkm__err(pl->ctx, RKM_ERROR_CANCELLED,
+                    "%s: cancelled by the progress callback in its %s stage (%s%s), %.0f %% done after %.3g s", what,
+                    g->p.stage_name, rkm_algo_name(pl->d.algo), budget, 100 * g->p.fraction, rkm__now() - g->start);
+}
 
 /* ==== src/nest.c ==== */
 
@@ -9243,7 +9446,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         d.ilp_budget = allow > 0 ? allow : 1e-9;
         uint64_t floor = 0, dtr = 0;
         int64_t slots;
-        r = rkm__planner_make(h, &d, pl->depth + 1, &sub);
+        r = rkm__planner_make(h, &d, pl, &sub);
         if (!r) r = rkm__chain_floor(sub, &floor, &slots);
         if (!r) r = rkm__dtr_min_budget(sub, &dtr);
         if (floor == 0 || dtr < floor) floor = dtr;

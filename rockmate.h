@@ -185,7 +185,8 @@ extern "C" {
  * 16 bytes with inplace; descs gained fields; structs were added).
  * 0.3.0: the arena exec has one desc with a mode (rkm_arena_exec_desc.mode,
  * .plan) and one constructor; rkm_arena_layout became rkm_arena_capacity;
- * every stats getter returns an rkm_result. */
+ * every stats getter returns an rkm_result; rkm_solve_desc gained a
+ * progress callback (rkm_progress) and rkm_result RKM_ERROR_CANCELLED. */
 #define RKM_VERSION_MAJOR 0
 #define RKM_VERSION_MINOR 3
 #define RKM_VERSION_PATCH 0
@@ -217,6 +218,7 @@ typedef enum rkm_result {
     RKM_ERROR_TIMEOUT,     /* rkm_solve_desc.time_limit ran out before any plan was found */
     RKM_ERROR_UNSUPPORTED, /* compiled out (RKM_OMIT_SOLVER) */
     RKM_ERROR_INTERNAL,    /* a bug in the library: a check of its own results failed */
+    RKM_ERROR_CANCELLED,   /* rkm_solve_desc.progress returned non-zero: the call stopped */
     RKM_RESULT_COUNT
 } rkm_result;
 
@@ -604,6 +606,8 @@ const char *rkm_algo_name(rkm_algo algo); /* "default", "rockmate", ... */
  * message in ctx listing the names. */
 rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out);
 
+typedef struct rkm_progress rkm_progress; /* below */
+
 /* Zero means default for every field; negative, NaN or infinite values are
  * refused (RKM_ERROR_ARGUMENT naming the field), but for nest_ops, where
  * any negative value means never. */
@@ -661,7 +665,59 @@ typedef struct rkm_solve_desc {
      * (rkm_plan_layout with alignment 0) fits the budget. 1: exact bytes,
      * as the contract counts them. */
     uint64_t alignment;
+    /* Progress and cancellation (NULL: none; zeroed descs of older code
+     * stay valid): see rkm_progress below. */
+    int (*progress)(void *user, const rkm_progress *p);
+    void *progress_user;
 } rkm_solve_desc;
+
+/* What a planner call is doing, for rkm_solve_desc.progress.
+ *
+ * Planning a large graph takes seconds (peer-gpt: a 12 s sweep), so a host
+ * may want to show how far a call is, and to stop it. Every call that
+ * plans (rkm_planner_create, rkm_planner_solve, rkm_planner_min_budget, so
+ * rkm_plan_solve) reports once as it starts (fraction 0), then from the
+ * checks of time_limit (between candidates, moves and probes, and inside
+ * the whole-graph ILP's solve) at most every 0.1 s of wall clock; the
+ * chain DP (rkm_planner_create of rockmate and rotor, bounded) and a
+ * plan's layout run without reports.
+ * Reporting changes no plan: a callback that returns 0 leaves every plan
+ * byte for byte what it is without one (it costs one call per report).
+ *
+ * Returning non-zero cancels the call: it stops at the next check, as one
+ * that time_limit cut would, and returns RKM_ERROR_CANCELLED with a message
+ * naming the stage and how far it was; no plan is handed out (*out NULL),
+ * a cancelled rkm_planner_create makes no planner, and a planner whose
+ * solve or min_budget was cancelled plans on as if that call had never
+ * been made (the next call finds the same plans; a cancelled call is not
+ * counted in rkm_planner_stats.cut). The callback runs inside the call,
+ * for the whole-graph ILP while lp_solve's one lock is held: it must not
+ * call the library's planners, and should return quickly. */
+typedef enum rkm_stage {
+    RKM_STAGE_CREATE = 1,  /* rkm_planner_create: block options (block ILPs, nested
+                              planners), the chain DP */
+    RKM_STAGE_SOLVE,       /* rkm_planner_solve: the search for one budget */
+    RKM_STAGE_MIN_BUDGET   /* rkm_planner_min_budget: the smallest-budget search */
+} rkm_stage;
+
+struct rkm_progress {
+    rkm_stage stage;
+    rkm_algo algo;          /* the planner's, never RKM_ALGO_DEFAULT */
+    const char *stage_name; /* "create", "solve" or "min_budget" (constant) */
+    /* How much of this call's work is done, in [0, 1], never less than in
+     * the call's previous report: the larger of the work meters' (block
+     * ILP budget by class, the search's work, the ILP solve's, the
+     * bisection's probes) and the share of time_limit spent. An estimate:
+     * a call may end well before 1 (a search that converged early). */
+    double fraction;
+    /* The simulated time of the fastest plan the call found so far within
+     * its budget (its peak, counted at the alignment), 0 if none yet, and
+     * always 0 but in solves; with baseline_time, the overhead so far. */
+    double best_time;
+    double baseline_time;   /* the graph's, for best_time / baseline_time - 1 */
+    uint64_t budget;        /* solve: the budget being planned for (bytes); else 0 */
+    double seconds;         /* wall time since the call started */
+};
 
 /* A plan's own figures, fixed at its birth. */
 typedef struct rkm_plan_stats {

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { CLI_OK = 0, CLI_INPUT = 1, CLI_USAGE = 2, CLI_BUDGET = 3 };
 
@@ -84,6 +85,9 @@ static const char cli_usage_text[] =
     "  --align N         the host's buffer alignment, a power of two (default\n"
     "                    256): the arena is laid out, and a budget bounds it, at N\n"
     "  -v, --verbose     show the library's warnings and progress on stderr\n"
+    "  --no-progress     no progress bar (info, plan and sweep draw one on stderr\n"
+    "                    while they plan, erased when done, only where stderr is\n"
+    "                    a terminal and --json is not given)\n"
     "  -h, --help        this text\n"
     "  --version         the library version\n"
     "\n"
@@ -102,7 +106,7 @@ static const char *const cli_cmd_operands[CMD_COUNT][2] = {
     {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
 
 enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_NEST, OPT_POINTS,
-       OPT_ALIGN, OPT_VERBOSE, OPT_COUNT };
+       OPT_ALIGN, OPT_VERBOSE, OPT_NO_PROGRESS, OPT_COUNT };
 
 #define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
 
@@ -125,11 +129,23 @@ static const struct cli_optdef {
     [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1)},
     [OPT_ALIGN] = {"--align", NULL, 1, CMDS(1, 1, 1, 1)},
     [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
+    [OPT_NO_PROGRESS] = {"--no-progress", NULL, 0, CMDS(1, 1, 0, 1)},
 };
 /* clang-format on */
 
+/* The progress bar: one line on stderr, redrawn with \r while the library
+ * plans, erased before anything else is printed and after every planner
+ * call, so that none of it stays in the output. Only where stderr is a
+ * terminal, without --json and --no-progress. */
+typedef struct cli_bar {
+    int on;          /* drawing at all */
+    int shown;       /* a bar is on the line now */
+    char label[48];  /* what the command is at ("budget 3/12"), or "" */
+} cli_bar;
+
 typedef struct cli_opts {
     cli_cmd cmd;
+    cli_bar *bar;     /* the progress bar (main's) */
     const char *operand[2];
     const char *value[OPT_COUNT]; /* the option's text; "" for a given flag; NULL if absent */
     rkm_algo algos[RKM_ALGO_COUNT];
@@ -368,6 +384,45 @@ static int cli_error(const char *fmt, ...)
     return CLI_INPUT;
 }
 
+/* ===========================================================================
+ * The progress bar
+ * ========================================================================= */
+
+/* Erase the bar, if one is on the line: before any other output. */
+static void cli_bar_clear(cli_bar *b)
+{
+    if (!b || !b->shown) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    b->shown = 0;
+}
+
+/* rkm_solve_desc.progress: "rockmate solve budget 3/12 [#####     ] 45% best +27.3%".
+ * The library calls it at most about ten times a second. */
+static int cli_bar_draw(void *user, const rkm_progress *p)
+{
+    cli_bar *b = user;
+    enum { WIDTH = 20 };
+    char bar[WIDTH + 1], best[32] = "";
+    int fill = (int)(p->fraction * WIDTH + 0.5);
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+    bar[WIDTH] = 0;
+    if (p->best_time > 0 && p->baseline_time > 0)
+        snprintf(best, sizeof best, " best +%.1f%%", 100.0 * (p->best_time / p->baseline_time - 1));
+    fprintf(stderr, "\rrockmate: %s %s%s%s [%s] %3.0f%%%s\033[K", rkm_algo_name(p->algo), p->stage_name,
+            b->label[0] ? " " : "", b->label, bar, 100.0 * p->fraction, best);
+    fflush(stderr);
+    b->shown = 1;
+    return 0;
+}
+
+/* Whether to draw: stderr a terminal, no --json, no --no-progress. */
+static void cli_bar_init(cli_bar *b, const cli_opts *o)
+{
+    memset(b, 0, sizeof *b);
+    b->on = isatty(STDERR_FILENO) && !o->value[OPT_JSON] && !o->value[OPT_NO_PROGRESS];
+}
+
 /* "1.23 MiB": a size for people; exact byte counts are printed beside it. */
 static const char *cli_size(char *buf, size_t size, uint64_t bytes)
 {
@@ -574,6 +629,7 @@ typedef struct cli_planner {
     const cli_graph *G;
     rkm_algo algo;
     rkm_planner *pl;
+    cli_bar *bar;    /* erased after every planner call */
 } cli_planner;
 
 static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_opts *o, cli_planner *cp)
@@ -589,7 +645,14 @@ static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_
     d.ilp_time_limit = o->ilp_time_limit;
     d.nest_ops = o->nest_ops;
     d.alignment = o->alignment;
-    return rkm_planner_create(G->g, &d, &cp->pl);
+    cp->bar = o->bar;
+    if (o->bar && o->bar->on) {
+        d.progress = cli_bar_draw;
+        d.progress_user = o->bar;
+    }
+    rkm_result r = rkm_planner_create(G->g, &d, &cp->pl);
+    cli_bar_clear(cp->bar);
+    return r;
 }
 
 static void cli_planner_close(cli_planner *cp)
@@ -598,7 +661,12 @@ static void cli_planner_close(cli_planner *cp)
     cp->pl = NULL;
 }
 
-static rkm_result cli_planner_min(cli_planner *cp, uint64_t *out) { return rkm_planner_min_budget(cp->pl, out); }
+static rkm_result cli_planner_min(cli_planner *cp, uint64_t *out)
+{
+    rkm_result r = rkm_planner_min_budget(cp->pl, out);
+    cli_bar_clear(cp->bar);
+    return r;
+}
 
 /* A plan for the budget, and the planner's counters once it made it. */
 static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan **out, rkm_planner_stats *pls)
@@ -606,6 +674,7 @@ static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan *
     *out = NULL;
     memset(pls, 0, sizeof *pls);
     rkm_result r = rkm_planner_solve(cp->pl, budget, out);
+    cli_bar_clear(cp->bar);
     if (!r) r = rkm_planner_stats_get(cp->pl, pls);
     return r;
 }
@@ -623,7 +692,8 @@ typedef struct cli_nofit {
 /* Names of the results for JSON, in rkm_result's order. */
 static const char *const cli_result_names[] = {"ok",     "nomem",   "argument",    "state",    "io",
                                                "parse",  "graph",   "plan",        "budget",   "callback",
-                                               "solver", "timeout", "unsupported", "internal"};
+                                               "solver", "timeout", "unsupported", "internal",
+                                               "cancelled"};
 _Static_assert(sizeof cli_result_names / sizeof *cli_result_names == RKM_RESULT_COUNT, "a name per rkm_result");
 
 /* The line cli_fail prints, into nf->message. */
@@ -1592,6 +1662,8 @@ static int cli_sweep_solve(rkm_context *ctx, cli_sweep *s, uint64_t align)
             r->algo = s->algo[k];
             r->budget = s->budgets[i];
             if (r->budget < s->min[k]) continue;
+            if (s->cp[k].bar)
+                snprintf(s->cp[k].bar->label, sizeof s->cp[k].bar->label, "budget %zu/%zu", i + 1, s->n_budgets);
             rkm_result e = cli_planner_solve(&s->cp[k], r->budget, &r->plan, &r->pls);
             if (e == RKM_ERROR_TIMEOUT) continue; /* no plan within --time-limit: a gap, as below the smallest */
             if (!e) e = cli_result_fill(s->G, r->plan, align, r);
@@ -1738,8 +1810,8 @@ static int cmd_sweep(rkm_context *ctx, const cli_opts *o)
  * command that got them, once). */
 static void cli_log(void *user, rkm_log_level level, const char *message)
 {
-    (void)user;
     if (level == RKM_LOG_ERROR) return;
+    cli_bar_clear(user);
     fprintf(stderr, "rockmate: %s: %s\n", level == RKM_LOG_WARN ? "warning" : "info", message);
 }
 
@@ -1748,10 +1820,14 @@ int main(int argc, char **argv)
     cli_opts o;
     int rc = cli_parse(argc, argv, &o);
     if (rc >= 0) return rc;
+    cli_bar bar;
+    cli_bar_init(&bar, &o);
+    o.bar = &bar;
     rkm_context_desc cd;
     memset(&cd, 0, sizeof cd);
     if (o.value[OPT_VERBOSE]) {
         cd.log = cli_log;
+        cd.log_user = &bar;
         cd.log_level = RKM_LOG_INFO;
     }
     rkm_context *ctx;

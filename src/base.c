@@ -141,6 +141,7 @@ const char *rkm_result_string(rkm_result r)
         "planning time ran out",
         "feature compiled out",
         "internal error (a bug in rockmate)",
+        "cancelled by the progress callback",
     };
     if ((int)r < 0 || r >= RKM_RESULT_COUNT) return "unknown result";
     return names[r];

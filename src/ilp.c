@@ -33,6 +33,9 @@
  *      (results may then differ).
  *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
  *      (the planner's time_limit; results may then differ too).
+ *   rkm__ilp_block_watch(b, stop, user): later solves also stop where
+ *      stop(user, done) answers non-zero (the planner's check, which
+ *      reports progress; `done`: the solve's work so far, 0..1).
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
@@ -98,6 +101,10 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
+RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+{
+    (void)b, (void)stop, (void)user;
+}
 
 #else /* !RKM_OMIT_SOLVER */
 
@@ -151,6 +158,7 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
+    if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
     return rkm__now() > u->deadline;
 }
 
@@ -186,11 +194,22 @@ struct rkm__ilp_block {
     rkm__ilp_memo memo;
     rkm__ilp_scratch scratch;
     double deadline; /* the caller's wall-clock stop (its planner's), INFINITY: none */
+    int (*stop)(void *user, double done); /* the caller's own check, or NULL (rkm__ilp_work) */
+    void *stop_user;
 };
 
 /* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
  * the planner's time_limit. */
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
+
+/* Solves also stop where stop(user, done) answers non-zero, asked at every
+ * check of their work (the whole-graph ILP's planner reports its progress
+ * from there). */
+RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+{
+    b->stop = stop;
+    b->stop_user = user;
+}
 
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
@@ -980,7 +999,8 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline)};
+                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline),
+                          bk->stop, bk->stop_user};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;

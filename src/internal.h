@@ -243,6 +243,19 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
 #define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
 
+/* ---- progress reports (progress.c): they change no plan ---- */
+
+/* A report at most every RKM_PROGRESS_SECONDS of wall clock: a terminal
+ * bar wants ~10 a second (the deadline's checks come ~10^5 a second on
+ * peer-gpt, so a count of them would be a poor clock). */
+#define RKM_PROGRESS_SECONDS 0.1
+/* The share of a call its first part takes in the reports' fraction:
+ * creation's block classes (the chain DP after them), min_budget's floors
+ * (the fit up and down after them). Rough: time_limit's share spent is
+ * the other measure. */
+#define RKM_PROGRESS_CLASSES 0.95
+#define RKM_PROGRESS_FLOORS 0.6
+
 /* ---- base.c ---- */
 
 #define RKM_ERRMSG_SIZE 512
@@ -482,6 +495,11 @@ typedef struct rkm__ilp_work {
     double calls, max_calls; /* lp_solve abort-callback calls */
     double evals, max_evals; /* steps of the schedules the greedy replayed */
     double deadline;         /* rkm__now() past which everything stops */
+    /* The caller's own check (its planner's rkm__over, which reports
+     * progress, `done` being how far this solve's work is), or NULL;
+     * non-zero stops the solve like the deadline. */
+    int (*stop)(void *user, double done);
+    void *user;
 } rkm__ilp_work;
 
 /* The arrays of one part of a block, each recorded with its size when it
@@ -692,6 +710,17 @@ enum {
 
 /* ---- planner.c ---- */
 
+/* The call in progress as desc.progress sees it (progress.c): how far it
+ * is, in a part [lo, hi] of the call's work whose own progress is `sub`,
+ * or the search's meter (work_left) in a solve. */
+typedef struct rkm__progress {
+    rkm_progress p;          /* the last report (fraction never goes back) */
+    double start, last;      /* rkm__now() at the call's start, at the last report */
+    double lo, hi, sub;      /* the part under way and how far it is, in [0, 1] */
+    double ilp;              /* how far the whole-graph ILP's solve under way is */
+    int cancelled;           /* the callback returned non-zero: the call stops */
+} rkm__progress;
+
 struct rkm_planner {
     const rkm_graph *g;      /* what it plans with: the user's graph, sizes rounded up to the alignment */
     const rkm_graph *user;   /* the user's graph: its plans are born there */
@@ -731,6 +760,10 @@ struct rkm_planner {
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
+    /* A nested planner's parent (nest.c), NULL at the top: its checks are
+     * the parent's too, so that the parent reports and a cancel stops it. */
+    rkm_planner *parent;
+    rkm__progress prog;      /* the call's progress (progress.c); only the top planner reports */
 };
 
 /* ---- search.c ---- */
@@ -833,6 +866,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
+RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
@@ -876,7 +910,7 @@ RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
 RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
@@ -889,6 +923,15 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+
+/* progress.c */
+RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
+RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
+RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
+RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
+RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
+RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
+RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
 
 /* nest.c */
 RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);

@@ -175,7 +175,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         d.ilp_budget = allow > 0 ? allow : 1e-9;
         uint64_t floor = 0, dtr = 0;
         int64_t slots;
-        r = rkm__planner_make(h, &d, pl->depth + 1, &sub);
+        r = rkm__planner_make(h, &d, pl, &sub);
         if (!r) r = rkm__chain_floor(sub, &floor, &slots);
         if (!r) r = rkm__dtr_min_budget(sub, &dtr);
         if (floor == 0 || dtr < floor) floor = dtr;

@@ -116,24 +116,30 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-/* Past the call's deadline (time_limit): 1, and the call is cut. Checked
- * between candidates, moves and probes, never inside one, so a call
- * overruns its deadline by one such unit of work and its finish (the
- * slack rockmate.h gives); while it returns 0 it changes nothing, so an
- * uncut call is as deterministic as if there were no limit. */
+/* Past the call's deadline (time_limit), or cancelled by the progress
+ * callback: 1, and the call is cut. Checked between candidates, moves and
+ * probes, never inside one, so a call overruns its deadline by one such
+ * unit of work and its finish (the slack rockmate.h gives); while it
+ * returns 0 it changes nothing, so an uncut call is as deterministic as if
+ * there were no limit. It is also where progress is reported (progress.c):
+ * a nested planner's checks are its parent's. */
 RKM_PRIVATE int rkm__over(rkm_planner *pl)
 {
-    if (!pl->cut && rkm__now() > pl->deadline) pl->cut = 1;
+    if (pl->cut) return 1;
+    double now = rkm__now();
+    if (pl->parent ? rkm__over(pl->parent) : rkm__progress_report(pl, now, 0)) pl->cut = 1;
+    if (now > pl->deadline) pl->cut = 1;
     return pl->cut;
 }
 
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
-static void rkm__call_start(rkm_planner *pl, double now)
+static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64_t budget)
 {
     pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
     pl->cut = 0;
+    rkm__progress_begin(pl, stage, budget);
 }
 
 /* Peak a block's ops need at least: the inputs stay live throughout, plus
@@ -230,6 +236,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
             size_t nf = 0, nb = 0;
             int found = 0;
             double lim = fmin(pl->d.ilp_time_limit, share);
+            rkm__progress_sub(pl, (pl->ilp.work - work0) / allow);
             r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
             (void)rkm__over(pl); /* the solve may have stopped at the deadline */
             if (!r && !found && pl->ilp.proven) break;
@@ -303,7 +310,9 @@ static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
         for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
         order[k] = c;
     }
+    double all = wl;
     for (int32_t i = 0; i < n && !r; i++) {
+        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
         r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
         wl -= w[order[i]];
     }
@@ -322,7 +331,7 @@ static rkm_result rkm__planner_options(rkm_planner *pl)
     rkm_result r = rkm__sim_init(g, &s);
     for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
-    if (pl->ilp_skipped && !pl->depth)
+    if (pl->ilp_skipped && !pl->depth && !pl->prog.cancelled)
         rkm__log(pl->ctx, RKM_LOG_WARN,
                  "%s ran out: %d block ILP solves left out; plans may be worse",
                  pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
@@ -404,10 +413,12 @@ static rkm_result rkm__planner_dp(rkm_planner *pl);
 
 static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
 
-/* A planner for g with settings d (defaults applied), `depth` levels
- * below the one the user made: nested planners do not log. */
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, int32_t depth, rkm_planner **out)
+/* A planner for g with settings d (defaults applied), below `parent` (NULL:
+ * the one the user made): nested planners do not log, and their checks
+ * are their parent's (rkm__over). */
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
 {
+    int32_t depth = parent ? parent->depth + 1 : 0;
     const rkm_solve_desc d = *desc;
     rkm_result r = RKM_OK;
     const rkm_graph_stats gs = g->stats;
@@ -417,6 +428,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->ctx = g->ctx;
     pl->d = d;
     pl->depth = depth;
+    pl->parent = parent;
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
     rkm__search_begin(pl); /* for white-box callers of the search's parts */
@@ -427,6 +439,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     pl->lower_bound = gs.lower_bound;
     uint64_t span = gs.baseline_peak - g->input_bytes;
     pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
+    if (!parent) rkm__progress_begin(pl, RKM_STAGE_CREATE, 0);
     if (rkm__uses_chain(d.algo)) {
         r = rkm__planner_options(pl);
         if (!r) r = rkm__planner_chain(pl);
@@ -440,6 +453,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
             rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
                      (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
     }
+    if (!parent) r = rkm__progress_result(pl, r, "rkm_planner_create");
     if (r) {
         rkm_planner_destroy(pl);
         return r;
@@ -461,7 +475,7 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     rkm_solve_desc d;
     rkm_graph *ag;
     if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
-    if ((r = rkm__planner_make(ag ? ag : g, &d, 0, out))) {
+    if ((r = rkm__planner_make(ag ? ag : g, &d, NULL, out))) {
         rkm_graph_destroy(ag);
         return r;
     }
@@ -478,8 +492,8 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
     if (need <= RKM_DP_MAX_BYTES) {
-        int cut;
-        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->deadline, &pl->table, &cut);
+        int cut; /* past the deadline or cancelled: the first tile only */
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
         pl->cut |= cut;
         return r;
     }
@@ -510,6 +524,7 @@ RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rk
         return r;
     }
     r = rkm__plan_birth(pl->g, draft, NULL, out);
+    if (!r) rkm__progress_plan(pl, *out);
     if (r != RKM_ERROR_PLAN) return r;
     char why[RKM_ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
@@ -761,7 +776,9 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     size_t nf = 0, nb = 0;
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
+    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
     r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    pl->prog.ilp = 0;
     (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
@@ -887,7 +904,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
+    rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
     rkm_result r = rkm__min_budget(pl, &m, &at);
+    rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
@@ -906,6 +925,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     /* then down: a budget just under that arena may find another plan, but
      * not one under a budget that found none on the way up (the searches
      * are not monotone, but a failing solve is the dearest of all) */
+    rkm__progress_part(pl, (1 + RKM_PROGRESS_FLOORS) / 2, 1);
     for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
@@ -942,10 +962,11 @@ static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    rkm__call_start(pl, rkm__now());
+    rkm__call_start(pl, rkm__now(), RKM_STAGE_MIN_BUDGET, 0);
     rkm_result r = rkm__min_budget_get(pl, out);
-    pl->cuts += pl->cut;
-    return r;
+    if (pl->prog.cancelled) *out = 0;
+    pl->cuts += pl->cut && !pl->prog.cancelled;
+    return rkm__progress_result(pl, r, "rkm_planner_min_budget");
 }
 
 /* One bisection serves every smallest-budget search: between lo and *hi
@@ -962,7 +983,9 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
 {
     rkm_result r = RKM_OK;
     int over = 0;
+    double p0 = pl->prog.lo, p1 = pl->prog.hi;
     for (int it = 0; it < probes && lo < *hi && !r && !(over = rkm__over(pl)); it++) {
+        rkm__progress_part(pl, p0 + (p1 - p0) * it / probes, p0 + (p1 - p0) * (it + 1) / probes);
         uint64_t mid = lo + (*hi - lo) / 2;
         rkm_plan *p = NULL;
         r = probe(pl, mid, &p);
@@ -970,6 +993,7 @@ static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
+    rkm__progress_part(pl, p0, p1);
     if (stopped) *stopped = over;
     return r;
 }
@@ -1047,10 +1071,13 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
         uint64_t dtr;
+        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS / 2);
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS)
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
+        rkm__progress_part(pl, RKM_PROGRESS_FLOORS / 2, RKM_PROGRESS_FLOORS);
         r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+    }
     if (*at < *out) *at = *out;
     return r;
 }
@@ -1093,10 +1120,14 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
     if (out) *out = NULL;
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
     double t = rkm__now();
-    rkm__call_start(pl, t);
+    rkm__call_start(pl, t, RKM_STAGE_SOLVE, budget);
     rkm_result r = rkm__planner_solve(pl, budget, t, out);
-    pl->cuts += pl->cut;
-    return r;
+    if (pl->prog.cancelled) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    pl->cuts += pl->cut && !pl->prog.cancelled;
+    return rkm__progress_result(pl, r, "rkm_planner_solve");
 }
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)

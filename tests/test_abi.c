@@ -74,9 +74,16 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_buffer, bytes, 24);
     CHECK_OFFSET(rkm_buffer, offset, 32);
     CHECK_OFFSET(rkm_buffer, takes_over, 40);
-    CHECK_SIZE(rkm_solve_desc, 56);
+    CHECK_SIZE(rkm_solve_desc, 72);
     CHECK_OFFSET(rkm_solve_desc, ilp_budget, 40);
     CHECK_OFFSET(rkm_solve_desc, alignment, 48);
+    CHECK_OFFSET(rkm_solve_desc, progress, 56);
+    CHECK_OFFSET(rkm_solve_desc, progress_user, 64);
+    CHECK_SIZE(rkm_progress, 56);
+    CHECK_OFFSET(rkm_progress, algo, 4);
+    CHECK_OFFSET(rkm_progress, stage_name, 8);
+    CHECK_OFFSET(rkm_progress, fraction, 16);
+    CHECK_OFFSET(rkm_progress, seconds, 48);
     CHECK_SIZE(rkm_plan_stats, 120);
     CHECK_OFFSET(rkm_plan_stats, alignment, 88);
     CHECK_OFFSET(rkm_plan_stats, cut, 112);

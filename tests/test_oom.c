@@ -536,6 +536,47 @@ TEST(planners)
     rkm_context_destroy(ctx);
 }
 
+/* A progress callback that cancels every solve at its first report. */
+static int cancel_solves(void *user, const rkm_progress *p)
+{
+    (void)user;
+    return p->stage == RKM_STAGE_SOLVE;
+}
+
+/* A cancelled rkm_plan_solve (its creation goes on, its solve is
+ * cancelled) with every allocation failing in turn: RKM_ERROR_NOMEM or
+ * RKM_ERROR_CANCELLED, never a plan, never a leak. */
+TEST(cancelled_solves)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = NULL;
+    CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/mlp16.rkg", &g) == RKM_OK);
+    rkm_graph_stats st;
+    if (g && rkm_graph_stats_get(g, &st) == RKM_OK) {
+        rkm_solve_desc d;
+        memset(&d, 0, sizeof d);
+        d.algo = RKM_ALGO_ROTOR;
+        d.progress = cancel_solves;
+        size_t live0 = A.live;
+        long c0 = A.calls, clean_calls, fails = 0;
+        rkm_plan *p = NULL;
+        CHECK(rkm_plan_solve(g, &d, st.baseline_peak / 10 * 7, &p) == RKM_ERROR_CANCELLED && p == NULL);
+        clean_calls = A.calls - c0;
+        for (long n = 1; n <= clean_calls; n += fail_stride) {
+            p = (rkm_plan *)&A;
+            A.fail_at = A.calls + n;
+            rkm_result r = rkm_plan_solve(g, &d, st.baseline_peak / 10 * 7, &p);
+            A.fail_at = 0;
+            fails += r == RKM_ERROR_NOMEM;
+            CHECK((r == RKM_ERROR_NOMEM || r == RKM_ERROR_CANCELLED) && p == NULL);
+            CHECK_EQ_U64(A.live, live0);
+        }
+        CHECK(fails > 0);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* rockmate (the default), checkmate and DTR: with every allocation of a
  * solve failing in turn, the search, the block and whole-graph ILPs, the
  * squeeze and the kicks run past their NOMEM branches, and then those of
@@ -680,6 +721,7 @@ int main(void)
     RUN(new_costs_new_graph);
     RUN(plans);
     RUN(planners);
+    RUN(cancelled_solves);
     RUN(search_planners);
     RUN(nest_graph);
     RUN(allocator_totals);

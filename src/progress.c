@@ -1,0 +1,105 @@
+/* progress.c -- a planner call's progress reports and their cancel (rkm_solve_desc.progress)
+ *
+ * Uses (through internal.h): base.c, planner.c.
+ *
+ * A call reports as it starts (rkm__progress_begin) and then from its
+ * planner's checks of the deadline (rkm__over), rate-limited; a callback
+ * that returns non-zero marks the call cancelled, and rkm__over then
+ * answers 1 as if the deadline had passed, so that a cancelled call
+ * stops where a cut one would. The call's API function turns that into
+ * RKM_ERROR_CANCELLED (rkm__progress_result). Reports read the planner
+ * and change nothing it decides on: plans are the same with or without
+ * a callback. Only the top planner reports: a nested one's checks are its
+ * parent's (rkm__over). */
+#include "internal.h"
+
+static const char *const rkm__stage_names[] = {"", "create", "solve", "min_budget"};
+
+/* A call (stage) starts: the first report, fraction 0. */
+RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget)
+{
+    rkm__progress *g = &pl->prog;
+    memset(g, 0, sizeof *g);
+    g->p.stage = stage;
+    g->p.stage_name = rkm__stage_names[stage];
+    g->p.algo = pl->d.algo;
+    g->p.baseline_time = pl->base_time;
+    g->p.budget = stage == RKM_STAGE_SOLVE ? budget : 0;
+    g->start = rkm__now();
+    g->hi = 1;
+    (void)rkm__progress_report(pl, g->start, 1);
+}
+
+/* How far the call is by its work meters: the part under way (a block
+ * class, a probe) and how far it is, by the ILP solve's work, the search's
+ * meter or the part's own measure. */
+static double rkm__progress_work(const rkm_planner *pl)
+{
+    const rkm__progress *g = &pl->prog;
+    double in = fmax(g->sub, g->ilp);
+    if (g->p.stage == RKM_STAGE_SOLVE && pl->d.algo == RKM_ALGO_ROCKMATE)
+        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM_SOLVE_WORK);
+    return g->lo + (g->hi - g->lo) * fmin(fmax(in, 0), 1);
+}
+
+/* A report at `now` when one is due (force: always); 1 once cancelled. */
+RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
+{
+    rkm__progress *g = &pl->prog;
+    if (g->cancelled || !pl->d.progress) return g->cancelled;
+    if (!force && now - g->last < RKM_PROGRESS_SECONDS) return 0;
+    g->last = now;
+    double span = pl->deadline - g->start, f = rkm__progress_work(pl);
+    if (span > 0) f = fmax(f, (now - g->start) / span);
+    if (!force) g->p.fraction = fmax(g->p.fraction, fmin(f, 1.0)); /* the first report says 0 */
+    g->p.seconds = now - g->start;
+    g->cancelled = pl->d.progress(pl->d.progress_user, &g->p) != 0;
+    return g->cancelled;
+}
+
+/* The part [lo, hi] of the call's work starts (its progress `sub` 0); a
+ * nested planner's parts are inside its parent's, which stands for them. */
+RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
+{
+    if (pl->parent) return;
+    pl->prog.lo = lo;
+    pl->prog.hi = hi;
+    pl->prog.sub = pl->prog.ilp = 0;
+}
+
+/* How far the part under way is, in [0, 1]. */
+RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub)
+{
+    if (!pl->parent) pl->prog.sub = sub;
+}
+
+/* A plan the call made: the fastest within a solve's budget so far. */
+RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
+{
+    rkm__progress *g = &pl->prog;
+    if (pl->parent || !p || g->p.stage != RKM_STAGE_SOLVE || p->stats.peak > g->p.budget) return;
+    if (g->p.best_time == 0 || p->stats.time < g->p.best_time) g->p.best_time = p->stats.time;
+}
+
+/* The whole-graph ILP's check (rkm__ilp_work.stop): its progress, then the
+ * planner's rkm__over. */
+RKM_PRIVATE int rkm__progress_ilp(void *user, double done)
+{
+    rkm_planner *pl = user;
+    if (pl->d.algo == RKM_ALGO_CHECKMATE) pl->prog.ilp = done; /* rockmate's is one start of many */
+    return rkm__over(pl);
+}
+
+/* The call's result: RKM_ERROR_CANCELLED with where it stopped when the
+ * callback cancelled it and r is what a cut gives (a plan, none within the
+ * time, none within the budget), else r. `what` names the API call. */
+RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what)
+{
+    const rkm__progress *g = &pl->prog;
+    if (!g->cancelled || (r != RKM_OK && r != RKM_ERROR_TIMEOUT && r != RKM_ERROR_BUDGET)) return r;
+    char budget[48] = "";
+    if (g->p.budget) snprintf(budget, sizeof budget, " for %llu bytes", (unsigned long long)g->p.budget);
+    return rkm__err(pl->ctx, RKM_ERROR_CANCELLED,
+                    "%s: cancelled by the progress callback in its %s stage (%s%s), %.0f %% done after %.3g s", what,
+                    g->p.stage_name, rkm_algo_name(pl->d.algo), budget, 100 * g->p.fraction, rkm__now() - g->start);
+}
