@@ -13,25 +13,7 @@ build=${RKM_BUILD:-build}
 cli=${RKM_CLI:-$build/rockmate}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0
-failed=0
-
-ok() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
-# check NAME COMMAND...: one assertion, passes when COMMAND succeeds.
-check() {
-    local name=$1
-    shift
-    if "$@"; then ok; else fail "$name"; fi
-}
-finish() {
-    echo "test_cli.sh: $passed passed, $failed failed"
-    ((failed == 0))
-    exit
-}
+. tests/lib.sh
 
 # Build the tool if it is missing: through the Makefile, else directly.
 if [[ ! -x $cli ]]; then

@@ -13,24 +13,7 @@ build=${RKM_BUILD:-build}
 cli=${RKM_CLI:-$build/rockmate}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0
-failed=0
-
-ok() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
-check() {
-    local name=$1
-    shift
-    if "$@"; then ok; else fail "$name"; fi
-}
-finish() {
-    echo "test_progress_tty.sh: $passed passed, $failed failed"
-    ((failed == 0))
-    exit
-}
+. tests/lib.sh
 
 if ! command -v python3 >/dev/null || ! python3 -c 'import pty' 2>/dev/null; then
     echo "SKIP the progress bar: python3 (with pty) is needed to give the tool a terminal"

@@ -1,0 +1,23 @@
+# Sourced by the shell tests (test_cli.sh, test_progress_tty.sh): their
+# counters and assertions, and the summary line tests/run.sh adds up,
+# "NAME: N passed, N failed".
+passed=0
+failed=0
+
+ok() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+}
+# check NAME COMMAND...: one assertion, passes when COMMAND succeeds.
+check() {
+    local name=$1
+    shift
+    if "$@"; then ok; else fail "$name"; fi
+}
+# The summary line; exits non-zero when anything failed.
+finish() {
+    echo "$(basename "$0"): $passed passed, $failed failed"
+    ((failed == 0))
+    exit
+}
