@@ -907,6 +907,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
     rkm_result r = rkm__min_budget(pl, &m, &at);
     rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
+    pl->fitting_min = 1;
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
@@ -932,6 +933,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(p);
         p = q;
     }
+    pl->fitting_min = 0;
     if (r) {
         rkm_plan_destroy(p);
         return r;
