@@ -234,6 +234,25 @@ static inline rkm_context *test_new_ctx_alloc(rkm_alloc_fn alloc)
 
 static inline rkm_context *test_new_ctx(void) { return test_new_ctx_alloc(NULL); }
 
+/* A context allocator that counts the bytes outstanding (*test_live_bytes();
+ * the sizes the library passes must match), so that a test can check that
+ * everything it made went back. */
+static inline long long *test_live_bytes(void)
+{
+    static long long n;
+    return &n;
+}
+static inline void *test_count_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
+{
+    (void)user;
+    *test_live_bytes() += (long long)new_size - (long long)(ptr ? old_size : 0);
+    if (new_size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    return realloc(ptr, new_size);
+}
+
 /* xorshift64*: fixed seeds give the same sequences everywhere. */
 static inline uint64_t *test_rng_state(void)
 {

@@ -345,25 +345,12 @@ static double bf_solve(const rkm_graph *g, const int32_t *ops, int32_t n, int32_
 
 /* ---- helpers ------------------------------------------------------------ */
 
-/* A context whose allocator counts the bytes outstanding (sizes must match). */
-static long long live_bytes;
-static void *count_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
-{
-    (void)user;
-    live_bytes += (long long)new_size - (long long)(ptr ? old_size : 0);
-    if (new_size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    return realloc(ptr, new_size);
-}
-
 static rkm_context *new_ctx(void)
 {
     rkm_context_desc d = {0};
-    d.alloc = count_alloc;
+    d.alloc = test_count_alloc;
     rkm_context *ctx = NULL;
-    live_bytes = 0; /* each test checks its own */
+    *test_live_bytes() = 0; /* each test checks its own */
     CHECK(rkm_context_create(&d, &ctx) == RKM_OK);
     return ctx;
 }
@@ -484,7 +471,7 @@ TEST(ilp_whole_graph_matches_brute_force)
         }
         rkm_graph_destroy(g);
         rkm_context_destroy(ctx);
-        CHECK(live_bytes == 0);
+        CHECK(*test_live_bytes() == 0);
     }
     CHECK(graphs == 12);
     CHECK(found > 12); /* the budgets are not all infeasible */
@@ -509,7 +496,7 @@ TEST(ilp_blocks_match_brute_force)
         }
         rkm_graph_destroy(g);
         rkm_context_destroy(ctx);
-        CHECK(live_bytes == 0);
+        CHECK(*test_live_bytes() == 0);
     }
     CHECK(found > 20);
 }
@@ -536,7 +523,7 @@ TEST(ilp_multi_output_graph_blocks)
     CHECK(found >= 4);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* GPT-2 blocks: every schedule replays valid within its budgets, and a
@@ -582,7 +569,7 @@ TEST(ilp_gpt2_blocks_replay)
     }
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* A budget below what is always live: nothing found, proven, RKM_OK. */
@@ -611,7 +598,7 @@ TEST(ilp_infeasible_budget)
     }
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* A time limit too short for lp_solve: the call still returns, with a
@@ -647,7 +634,7 @@ TEST(ilp_time_limit)
     }
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* A planning time limit that runs out says so: the skipped block ILP
@@ -716,7 +703,7 @@ TEST(ilp_bad_blocks)
     CHECK(rkm__ilp_block_create(h, &none, 1, -1, 0, 1, &b) == RKM_ERROR_STATE);
     rkm_graph_destroy(h);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* Solving budgets of one block in increasing order reuses what was found:
@@ -752,7 +739,7 @@ TEST(ilp_monotone_in_budget)
     }
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 #else /* RKM_OMIT_SOLVER */

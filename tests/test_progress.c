@@ -10,19 +10,6 @@
 #include "../rockmate.h"
 #include "test.h"
 
-/* Bytes outstanding in the counting allocator. */
-static long long live_bytes;
-static void *count_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
-{
-    (void)user;
-    live_bytes += (long long)new_size - (long long)(ptr ? old_size : 0);
-    if (new_size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    return realloc(ptr, new_size);
-}
-
 /* What the callback saw in the current call, and when it cancels. */
 typedef struct recorder {
     int calls;        /* reports in this call */
@@ -140,7 +127,7 @@ static void compare_at(rkm_planner *plain, rkm_planner *watched, recorder *rec, 
 static void plans_unchanged_on(const char *name, rkm_algo algo, int full)
 {
     static const int pcts[] = {70, 40};
-    rkm_context *ctx = test_new_ctx_alloc(count_alloc);
+    rkm_context *ctx = test_new_ctx_alloc(test_count_alloc);
     rkm_graph *g = test_load_graph(ctx, name);
     if (!g) {
         rkm_context_destroy(ctx);
@@ -163,7 +150,7 @@ static void plans_unchanged_on(const char *name, rkm_algo algo, int full)
     rkm_planner_destroy(watched);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* unet-d4 nests (its nested planners check through their parent). */
@@ -208,7 +195,7 @@ static void cancel_solve_at(rkm_context *ctx, rkm_planner *pl, recorder *rec, in
 
 static void cancel_on(const char *name, rkm_algo algo, int pct)
 {
-    rkm_context *ctx = test_new_ctx_alloc(count_alloc);
+    rkm_context *ctx = test_new_ctx_alloc(test_count_alloc);
     rkm_graph *g = test_load_graph(ctx, name);
     if (!g) {
         rkm_context_destroy(ctx);
@@ -241,7 +228,7 @@ static void cancel_on(const char *name, rkm_algo algo, int pct)
     rkm_planner_destroy(pl);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 TEST(cancel_solve)
@@ -259,7 +246,7 @@ TEST(cancel_solve_checkmate) { cancel_on("multi-output", RKM_ALGO_CHECKMATE, 95)
  * leaks nothing; rkm_plan_solve likewise hands out no plan. */
 static void cancel_create_on(const char *name, rkm_algo algo)
 {
-    rkm_context *ctx = test_new_ctx_alloc(count_alloc);
+    rkm_context *ctx = test_new_ctx_alloc(test_count_alloc);
     rkm_graph *g = test_load_graph(ctx, name);
     if (!g) {
         rkm_context_destroy(ctx);
@@ -296,7 +283,7 @@ static void cancel_create_on(const char *name, rkm_algo algo)
     CHECK(rkm_plan_solve(g, &d, budget_of(g, 50), &p) == RKM_ERROR_CANCELLED && p == NULL);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 TEST(cancel_create)

@@ -7,23 +7,10 @@
 #include "../rockmate.c"
 #include "test.h"
 
-/* Bytes outstanding in the counting allocator (sizes must match). */
-static long long live_bytes;
-static void *count_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
-{
-    (void)user;
-    live_bytes += (long long)new_size - (long long)(ptr ? old_size : 0);
-    if (new_size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    return realloc(ptr, new_size);
-}
-
 static rkm_context *new_ctx(void)
 {
-    live_bytes = 0;
-    return test_new_ctx_alloc(count_alloc);
+    *test_live_bytes() = 0;
+    return test_new_ctx_alloc(test_count_alloc);
 }
 
 #define TINY 1e-9
@@ -117,7 +104,7 @@ TEST(tiny_limit_cuts_or_times_out)
     CHECK(cut > 0); /* the cut plans are there */
     if (getenv("RKM_TEST_TIMES")) fprintf(stderr, "  %d cut plans, %d timeouts\n", cut, timeouts);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* A limit that never runs out cuts nothing, and gives the plans of the
@@ -149,7 +136,7 @@ TEST(ample_limit_changes_nothing)
         rkm_graph_destroy(g);
     }
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 /* The smallest budget under a limit that ran out: a budget the planner
@@ -202,7 +189,7 @@ TEST(tiny_limit_min_budget_and_checkmate)
     }
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
-    CHECK(live_bytes == 0);
+    CHECK(*test_live_bytes() == 0);
 }
 
 int main(void)
