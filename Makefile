@@ -174,7 +174,7 @@ rockmate.c: $(SRC_FILES)
 # `make test` (the README's command, CI's) does not compile the ~20
 # sanitized copies of the library one by one. The tests then run from this
 # make, whose scripts call make without a jobserver.
-NPROC := $(shell nproc 2>/dev/null || echo 1)
+NPROC = $(shell nproc 2>/dev/null || echo 1)
 
 test: check-amalgamation | test-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) lib cli examples tests $(if $(NVCC),cuda)
