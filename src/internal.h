@@ -185,17 +185,17 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * (485 ops) they found nothing at 90..25 % and cost 0.1..0.2 s a solve. */
 #define RKM_KICK_WORK_LARGE (RKM_SQUEEZE_WORK / 2)
 #define RKM_KICK_MAX_OPS 256
-/* Rungs: the budget's fractions that the search also squeezes and kicks at
- * (on graphs small enough for the whole-graph ILP), each plan then polished
- * at the budget itself: on mlp16, rockmate's plan costs 37.86 % at 36.85 %
- * to 38 % of the baseline peak but 40.56 % at 39 % to 42 %, and squeezing
- * and kicking at 96 % or 90 % of those budgets finds the 37.86 % plan. */
-#define RKM_RUNGS 2
-#define RKM_RUNG_FRACTIONS {0.96, 0.90}
-/* Kicks a rung: 32 keep mlp16's 37.86 % at 37..42 % (16 lose it at 39, 41
- * and 42 %) and take peer-gpt's planning at 25 % from 1.00..1.03 s to
- * 0.90..0.95 s here, against 64. */
+/* The search's phases after the portfolio (search.c), {fraction of the
+ * budget, kicks at most}: kicks at the budget itself, then rungs that
+ * squeeze and kick at 96 % and 90 % of it (on graphs small enough for the
+ * whole-graph ILP), each plan then polished at the budget itself: on mlp16,
+ * rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline peak but
+ * 40.56 % at 39 % to 42 %, and the rungs find the 37.86 % plan. A rung's
+ * 32 kicks keep that at 37..42 % (16 lose it at 39, 41 and 42 %) and take
+ * peer-gpt's planning at 25 % from 1.00..1.03 s to 0.90..0.95 s here,
+ * against 64. */
 #define RKM_RUNG_KICK_TRIALS 32
+#define RKM_SEARCH_PHASES {{1.0, RKM_KICK_TRIALS}, {0.96, RKM_RUNG_KICK_TRIALS}, {0.90, RKM_RUNG_KICK_TRIALS}}
 /* Graphs this small also get the whole-graph ILP inside rockmate, for this
  * long a solve (its deterministic work limit): measured on the bundled
  * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against

@@ -1,4 +1,4 @@
-/* search.c -- the local search: polish, squeeze, kick, rungs, the rockmate portfolio
+/* search.c -- the local search: polish, squeeze, kick, the rockmate portfolio and phases
  *
  * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c. */
 #include "internal.h"
@@ -777,29 +777,6 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
     return r;
 }
 
-/* A plan for less memory fits too, and the squeeze and the kicks are local
- * searches that can end better from a tighter start: on mlp16, rockmate's
- * plan costs 37.86 % at 36.85 % to 38 % of the baseline peak but 40.56 % at
- * 39 % to 42 %, and squeezing and kicking at 96 % or 90 % of those budgets
- * finds the 37.86 % plan again. So on graphs small enough for the kicks,
- * where the budget has a plan, these rungs below it are tried too, each
- * then polished at the budget itself. */
-static const double rkm__rungs[RKM_RUNGS] = RKM_RUNG_FRACTIONS;
-
-/* The squeeze's plan for `target`, kicked there, then polished within
- * `budget` (>= target), or *out NULL. */
-static rkm_result rkm__solve_rung(rkm_planner *pl, uint64_t target, uint64_t budget, rkm_plan **out)
-{
-    rkm_result r = rkm__solve_squeezed(pl, target, out);
-    if (!r && *out) r = rkm__solve_kicked(pl, target, RKM_RUNG_KICK_TRIALS, out);
-    if (!r && *out) r = rkm__polish_plan(pl, budget, out);
-    if (r) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    return r;
-}
-
 /* ---- the portfolio: where rockmate's search starts ---------------------
  *
  * Each start is a plan for the budget, or none: the chain DP's for the
@@ -839,10 +816,48 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
     }
 }
 
+/* ---- the search's phases: kicks at the budget, then rungs below it -------
+ *
+ * After the portfolio, one loop over a table: the first phase kicks the
+ * best plan at the budget itself; each later one (a rung) squeezes at a
+ * fraction of the budget, kicks that plan there and polishes it at the
+ * budget, since a plan for less memory fits too and the squeeze and the
+ * kicks are local searches that can end better from a tighter start (on
+ * mlp16, rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline
+ * peak but 40.56 % at 39 % to 42 %, and squeezing and kicking at 96 % or
+ * 90 % of those budgets finds the 37.86 % plan again). Rungs run on graphs
+ * of up to RKM_WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
+ * from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
+ * one work meter and stops at its deadline. */
+typedef struct rkm__phase {
+    double at; /* the budget's fraction it searches at */
+    int kicks; /* at most this many kicks */
+} rkm__phase;
+
+static const rkm__phase rkm__phases[] = RKM_SEARCH_PHASES;
+
+/* Phase ph for `budget` from *best (the portfolio's plan, or the phases'
+ * so far): *best is the faster of it and the phase's plan. */
+static rkm_result rkm__phase_run(rkm_planner *pl, const rkm__phase *ph, uint64_t budget, rkm_plan **best)
+{
+    uint64_t target = ph->at < 1 ? (uint64_t)((double)budget * ph->at) : budget;
+    rkm_plan *q = NULL;
+    rkm_result r = RKM_OK;
+    if (ph->at < 1) r = rkm__solve_squeezed(pl, target, &q);
+    else q = *best, *best = NULL; /* kicked in place */
+    if (!r && q) r = rkm__solve_kicked(pl, target, ph->kicks, &q);
+    if (!r && q && ph->at < 1) r = rkm__polish_plan(pl, budget, &q);
+    if (r) {
+        rkm_plan_destroy(q);
+        return r;
+    }
+    *best = rkm__faster(*best, q);
+    return RKM_OK;
+}
+
 /* Rockmate's plan: every start but the squeeze's, each polished; the
- * squeeze's; the fastest of them kicked; then, on graphs small enough, the
- * rungs below the budget. All of it within the solve's work and, past the
- * chain DP's plan, its deadline. */
+ * squeeze's; the fastest of them through the phases. All of it within the
+ * solve's work and, past the chain DP's plan, its deadline. */
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL};
@@ -853,11 +868,9 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p);
     rkm_plan *best = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
-    if (!r && best) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &best);
-    for (int k = 0; k < RKM_RUNGS && !r && best && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS && !rkm__over(pl); k++) {
-        rkm_plan *q = NULL;
-        r = rkm__solve_rung(pl, (uint64_t)((double)budget * rkm__rungs[k]), budget, &q);
-        best = rkm__faster(best, q);
+    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best; k++) {
+        if (k > 0 && (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || rkm__over(pl))) break;
+        r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
     if (r) {
         rkm_plan_destroy(best);
