@@ -98,6 +98,18 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * slower at 90..45 % (15.63 -> 14.92 % at 45 %), dag60 in half the time,
  * 0.1 % slower once (16.51 -> 16.62 % at 50 %). */
 #define RKM_ILP_MAX_OPS 48
+/* A class whose block's first ILP solve to find a schedule reaches its
+ * work limit (random DAG blocks of 20 to 40 ops: 29 of 30 solves do) gets
+ * RKM_ILP_HARD_KEPT of the kept budgets, each solve RKM_ILP_HARD_EFFORT
+ * times the work (about the grid's work again): on 6 copies of a 30-op DAG
+ * (seed 17) at 70/50/30 %, 6.29/13.80/21.36 % -> 5.58/10.49/19.94 %, where
+ * the whole-graph ILP finds 5.82/12.12/20.42 % in 14 s; the fine grid's
+ * solves stop at plans that recompute a block 2.5 times as much as the
+ * whole-graph ILP's at the same kept memory. Measured against 3 x 6 at 3.2
+ * times, 3 x 10 at 2, 4 x 8 at 2 and 3 x 6 at 6 on four such chains: the
+ * only one as good or better at 18 of 20 points, within 0.06 at the others. */
+#define RKM_ILP_HARD_KEPT 0.6
+#define RKM_ILP_HARD_EFFORT 2.0
 /* A class whose share of the ILP pool is below this many of one solve's
  * ilp_time_limit gets no ILP options: the share buys no solve but costs the
  * model's build (a chain of 5000 distinct blocks: 17 s of it). */

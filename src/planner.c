@@ -196,57 +196,92 @@ static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
     return w;
 }
 
-/* ILP options of block b's class, from `allow` seconds of solver work (the
- * class's share): solve on b over a grid of (peak_budget, kept_budget) pairs
- * and replay every schedule on every block of the class (mapped op for op);
- * replay decides what becomes an option. Per peak budget the kept budgets
+/* A grid of block ILP solves for block b's class: np peak budgets from
+ * peak_lo to peak_hi by nk kept budgets from kept_lo to the baseline's
+ * kept, each solve at most `lim` seconds of work and what is left of the
+ * class's share `allow` (spent: pl->ilp.work - work0). Every schedule is
+ * replayed on every block of the class (mapped op for op) and replay
+ * decides what becomes an option. Per peak budget (a row) the kept budgets
  * go from loose to tight: a schedule that already fits a tighter kept
  * budget is that budget's answer too (the optimum of a looser problem that
  * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. A solve gets at most ilp_time_limit and what is left of the
- * share, and stops at the deadline; once either is spent, or the deadline
- * passed, the rest are left out. */
+ * the row. Once the share is spent, or the deadline passed, the rest are
+ * left out. */
+typedef struct rkm__grid {
+    uint64_t peak_lo, peak_hi, kept_lo;
+    int32_t np, nk;
+    double lim, allow, work0;
+    int32_t next;      /* the next point, row by row */
+    uint64_t row_kept; /* kept memory of the row's last schedule */
+} rkm__grid;
+
+/* The grid's points from gr->next on; with `probe`, up to the first solve
+ * that finds a schedule (*hard: it reached its work limit). */
+static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block *b, rkm__ilp_block *ib, rkm__grid *gr,
+                                  int probe, int *hard)
+{
+    const rkm_graph *g = pl->g;
+    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
+    rkm_result r = RKM_OK;
+    for (; gr->next < gr->np * gr->nk && !r; gr->next++) {
+        int32_t i = gr->next / gr->nk, j = gr->nk - 1 - gr->next % gr->nk;
+        if (j == gr->nk - 1) gr->row_kept = UINT64_MAX;
+        double fp = gr->np > 1 ? (double)i / (gr->np - 1) : 1.0, fk = gr->nk > 1 ? (double)j / (gr->nk - 1) : 1.0;
+        uint64_t peak_budget = gr->peak_lo + (uint64_t)((double)(gr->peak_hi - gr->peak_lo) * fp);
+        uint64_t kept_budget = gr->kept_lo + (uint64_t)((double)(all.kept - gr->kept_lo) * fk);
+        double share = gr->allow - (pl->ilp.work - gr->work0);
+        if (gr->row_kept <= kept_budget) continue;
+        if (share <= 0 || rkm__over(pl)) {
+            pl->ilp_skipped++;
+            continue;
+        }
+        rkm_step *steps = NULL;
+        size_t nf = 0, nb = 0;
+        int found = 0;
+        int32_t timeouts = pl->ilp.timeout;
+        rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
+        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
+        if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
+        if (r || !found) continue;
+        rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
+        if (rkm__option_measure(s, b, &o)) gr->row_kept = o.kept;
+        r = rkm__class_add(pl, s, b, steps, nf, nb);
+        rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+        if (probe) {
+            *hard = pl->ilp.timeout > timeouts;
+            gr->next++;
+            break;
+        }
+    }
+    return r;
+}
+
+/* ILP options of block b's class, from `allow` seconds of solver work (the
+ * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
+ * ilp_time_limit a solve, but where the first solve that finds a schedule
+ * reaches its work limit, the block is hard for the solver and its options
+ * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
     const rkm_graph *g = pl->g;
-    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
+    rkm__grid gr = {peak_lo, peak_hi, 0, pl->d.ilp_peak_points, pl->d.ilp_kept_points, pl->d.ilp_time_limit, allow,
+                    pl->ilp.work, 0, UINT64_MAX};
     /* kept when nothing but the inputs, x_in and x_out is */
-    uint64_t kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    gr.kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
     rkm__ilp_block *ib;
     rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
     if (r) return r;
     rkm__ilp_block_deadline(ib, pl->deadline);
-    int32_t np = pl->d.ilp_peak_points, nk = pl->d.ilp_kept_points;
-    double work0 = pl->ilp.work;
-    for (int32_t i = 0; i < np && !r; i++) {
-        double fp = np > 1 ? (double)i / (np - 1) : 1.0;
-        uint64_t peak_budget = peak_lo + (uint64_t)((double)(peak_hi - peak_lo) * fp);
-        uint64_t kept = UINT64_MAX; /* kept memory of the row's last schedule */
-        for (int32_t j = nk - 1; j >= 0 && !r; j--) {
-            double share = allow - (pl->ilp.work - work0);
-            double fk = nk > 1 ? (double)j / (nk - 1) : 1.0;
-            uint64_t kept_budget = kept_lo + (uint64_t)((double)(all.kept - kept_lo) * fk);
-            if (kept <= kept_budget) continue;
-            if (share <= 0 || rkm__over(pl)) {
-                pl->ilp_skipped++;
-                continue;
-            }
-            rkm_step *steps = NULL;
-            size_t nf = 0, nb = 0;
-            int found = 0;
-            double lim = fmin(pl->d.ilp_time_limit, share);
-            rkm__progress_sub(pl, (pl->ilp.work - work0) / allow);
-            r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
-            (void)rkm__over(pl); /* the solve may have stopped at the deadline */
-            if (!r && !found && pl->ilp.proven) break;
-            if (r || !found) continue;
-            rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
-            if (rkm__option_measure(s, b, &o)) kept = o.kept;
-            r = rkm__class_add(pl, s, b, steps, nf, nb);
-            rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
-        }
+    int hard = 0;
+    r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
+    if (!r && hard) { /* the probe's option stays; the grid starts over */
+        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
+        gr.lim *= RKM_ILP_HARD_EFFORT;
+        gr.next = 0;
     }
+    if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
     rkm__ilp_block_destroy(ib);
     return r;
 }
