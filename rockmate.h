@@ -642,7 +642,10 @@ typedef struct rkm_solve_desc {
      * far beyond it catches only pathological solves. */
     double ilp_time_limit;
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
-    int32_t ilp_kept_points; /* kept budgets per peak budget; 0: 10 */
+    /* Kept budgets per peak budget; 0: 10. A class whose first solve to
+     * find a schedule reaches ilp_time_limit gets 60 % of them (rounded up),
+     * each solve twice the work. */
+    int32_t ilp_kept_points;
     /* Nesting (rockmate): a block of more ops than this whose ops, with its
      * input held, cut into a chain of smaller blocks (a U-Net's levels) is
      * also planned as a graph of its own, and that nested planner's plans

@@ -742,6 +742,58 @@ TEST(ilp_monotone_in_budget)
     CHECK(*test_live_bytes() == 0);
 }
 
+/* A block of a random DAG is hard for the solver: its solves reach their
+ * work limit, so the planner gives such a class fewer solves with more work
+ * each (rkm__class_ilp). That pays because more work never gives a slower
+ * schedule, and here often a faster one: on a 30-op DAG block, at a grid of
+ * peak and kept budgets, each with a block of its own (nothing learnt from
+ * another solve), once and twice the default work. */
+TEST(ilp_more_work_on_a_hard_block)
+{
+    rkm_context *ctx = new_ctx();
+    rkm_graph *g = load(ctx, "dag6x30-s17");
+    const rkm__block *bk = g ? &g->blocks[3] : NULL;
+    CHECK(!bk || bk->n_ops == 30);
+    int faster = 0, timeouts = 0, solved = 0;
+    for (int i = 0; i < 3 && bk; i++)
+        for (int j = 0; j < 3; j++) {
+            double t[2] = {0, 0};
+            uint64_t peak = 0, kept = 0;
+            for (int e = 0; e < 2; e++) {
+                rkm__ilp_block *b = NULL;
+                CHECK(rkm__ilp_block_create(g, bk->ops, bk->n_ops, bk->in, bk->out, 0, &b) == RKM_OK);
+                if (!b) continue;
+                uint64_t p0, k0;
+                store_all(b, &p0, &k0);
+                peak = p0 - p0 / 8 * (uint64_t)(i + 1); /* 7/8 .. 5/8 of the stored-all peak */
+                kept = k0 - k0 / 4 * (uint64_t)(j + 1); /* 3/4 .. 1/4 of its kept */
+                rkm__ilp_stats st = {0};
+                rkm_step *s = NULL;
+                size_t nf = 0, nbw = 0;
+                int found = 0;
+                CHECK(rkm__ilp_block_solve(b, peak, kept, RKM_DEFAULT_ILP_TIME_LIMIT * (1 + e), &s, &nf, &nbw, &st,
+                                           &found) == RKM_OK);
+                timeouts += st.timeout;
+                if (found) {
+                    uint64_t pk, kp;
+                    double tm;
+                    CHECK(replay_block(g, bk->in, bk->out, s, nf, nbw, &pk, &kp, &tm));
+                    CHECK(pk <= peak && kp <= kept && close_to(tm, st.time));
+                    t[e] = tm;
+                }
+                rkm__free(ctx, s, (nf + nbw) * sizeof *s);
+                rkm__ilp_block_destroy(b);
+            }
+            if (t[0] > 0) CHECK(t[1] > 0 && t[1] <= t[0] * (1 + 1e-12));
+            solved += t[0] > 0;
+            faster += t[1] > 0 && t[1] < t[0] * (1 - 1e-9);
+        }
+    CHECK(solved >= 6 && timeouts >= 6 && faster >= 2);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+    CHECK(*test_live_bytes() == 0);
+}
+
 #else /* RKM_OMIT_SOLVER */
 
 TEST(ilp_omitted)
@@ -770,6 +822,7 @@ int main(void)
     RUN_SOLVER(ilp_time_limit);
     RUN_SOLVER(ilp_monotone_in_budget);
     RUN_SOLVER(planner_time_limit_is_reported);
+    RUN_SOLVER(ilp_more_work_on_a_hard_block);
 #ifdef RKM_OMIT_SOLVER
     RUN(ilp_omitted);
 #endif
