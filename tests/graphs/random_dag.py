@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes a random DAG graph: python3 random_dag.py OPS SEED OUT.rkg [BLOCKS]
-(dag60: 60 5; dag100: 100 7; dag4x50: 50 7 dag4x50.rkg 4)
+(dag60: 60 5; dag100: 100 7; dag4x50: 50 7 dag4x50.rkg 4; dag6x30-s17: 30 17
+dag6x30-s17.rkg 6)
 
 Each op reads the previous op's output and, two times in three, one or two
 earlier tensors (long skip edges, so the graph has few separators); sizes
