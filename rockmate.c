@@ -968,8 +968,9 @@ RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_pl
 RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
@@ -8564,6 +8565,18 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
     return r;
 }
 
+/* The arena plan p (kept) would have as the host gets it. */
+RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
+{
+    rkm_plan *c, *q;
+    rkm_result r = rkm__plan_copy(p, &c);
+    if (!r && !(r = rkm__planner_handout(pl, c, &q))) {
+        *arena = q->stats.arena_bytes;
+        rkm_plan_destroy(q);
+    }
+    return r;
+}
+
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
@@ -8610,7 +8623,7 @@ static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
-    if (!(r = rkm__solve_dtr(pl, budget, &p)) && p) r = rkm__planner_handout(pl, p, &q);
+    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__planner_handout(pl, p, &q);
     if (!r && q && q->stats.arena_bytes > budget) {
         rkm_plan_destroy(q);
         q = NULL;
@@ -8798,12 +8811,13 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
 }
 
 /* A bytes-mode plan stays only if its layout fits the budget (*p NULL
- * otherwise): where it does, it is often faster than the allocator's, which
- * evicts to make holes a placer that knows every lifetime does not need.
- * The skyline and first fit only (the search's work, on every candidate,
- * made the planner fuzzer 8x slower); the plan's own layout at its birth
- * is never worse. */
-static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+ * otherwise; then it goes to *missed, the faster, where that is not NULL):
+ * where it does, it is often faster than the allocator's, which evicts to
+ * make holes a placer that knows every lifetime does not need. The skyline
+ * and first fit only (the search's work, on every candidate, made the
+ * planner fuzzer 8x slower); the plan's own layout at its birth is never
+ * worse. */
+static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, rkm_plan **missed)
 {
     size_t n = (*p)->n_buffers;
     rkm_buffer *b = rkm__alloc(pl->ctx, (n + 1) * sizeof *b);
@@ -8814,7 +8828,8 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
         r = rkm__nomem(pl->ctx, "dtr layout");
     rkm__free(pl->ctx, b, (n + 1) * sizeof *b);
     if (r || arena > budget) {
-        rkm_plan_destroy(*p);
+        if (!r && missed) *missed = rkm__faster(*missed, *p);
+        else rkm_plan_destroy(*p);
         *p = NULL;
     }
     return r;
@@ -8823,8 +8838,9 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
  * on the allocator, then in bytes mode where the layout fits), or *out
  * NULL where none meets it. first: stop at the first plan (to learn
- * whether there is one; the allocator's only). */
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out)
+ * whether there is one; the allocator's only). missed (if not NULL): the
+ * fastest bytes-mode plan whose layout did not fit, or NULL. */
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
@@ -8836,26 +8852,33 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
          * thrashing one would run to max_steps) */
         r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
         if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
-        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p);
+        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
         *out = rkm__faster(*out, p);
     }
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
+        if (missed) {
+            rkm_plan_destroy(*missed);
+            *missed = NULL;
+        }
     }
     return r;
 }
 
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* DTR's plan for `budget`, else for its smallest budget where that is
+ * below; missed as in rkm__dtr_plan, for `budget` itself. */
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
+    if (missed) *missed = NULL;
     if (!rkm__dtr_affordable(pl)) return RKM_OK;
-    rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
+    rkm_result r = rkm__dtr_plan(pl, budget, 0, out, missed);
     if (r || *out || rkm__over(pl)) return r;
     uint64_t min;
     if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget || rkm__over(pl)) return r;
-    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out || rkm__over(pl)) return r;
-    return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
+    if ((r = rkm__dtr_plan(pl, min, 0, out, NULL)) || *out || rkm__over(pl)) return r;
+    return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out, NULL); /* the floor's own plan */
 }
 
 /* Whether rockmate tries DTR's plans: a DTR run is O(steps x live
@@ -8882,7 +8905,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
-    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out);
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
     if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
         rkm_result r = rkm__solve_chain(pl, 1, budget, out);
         return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
@@ -9017,7 +9040,7 @@ static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_pla
  * below the arena it needed, so the budget, not the peak, is what is met. */
 static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    return rkm__dtr_plan(pl, budget, 1, out);
+    return rkm__dtr_plan(pl, budget, 1, out, NULL);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
@@ -9517,7 +9540,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
             uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
-            r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);
+            r = i % 2 ? rkm__solve_dtr(sub, budget, &p, NULL) : rkm__solve_dp(sub, budget, &p);
             if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
             *nested |= p != NULL;
             rkm_plan_destroy(p);
@@ -10197,7 +10220,7 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
     double b = (double)budget * (1 + RKM_SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM_SQUEEZE_STARTS : i)));
     uint64_t at = b >= 0x1p64 ? UINT64_MAX : (uint64_t)b;
     if (dtr && !rkm__dtr_affordable(pl)) return RKM_OK;
-    return dtr ? rkm__dtr_plan(pl, at, 0, out) : rkm__solve_chain(pl, 0, at, out);
+    return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, 0, at, out);
 }
 
 /* The fastest plan within `budget` that the squeeze makes from its starts,
@@ -10337,14 +10360,14 @@ static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **ou
 }
 
 /* Start k at `budget` into p[k] (DP_UP reads p[DP]); the squeeze's comes
- * polished. */
-static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan **p)
+ * polished; DTR's sets *missed (below). */
+static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan **p, rkm_plan **missed)
 {
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
     case RKM__START_SQRT: return rkm__solve_chain(pl, 1, budget, &p[k]);
-    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k]);
+    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
     }
@@ -10389,23 +10412,55 @@ static rkm_result rkm__phase_run(rkm_planner *pl, const rkm__phase *ph, uint64_t
     return RKM_OK;
 }
 
+/* DTR's plans in bytes mode whose layout misses the budget are no starts:
+ * the portfolio's plans lay out within it, or the planner's fit plans
+ * again for less. Polished and kicked, though, such a plan often lays out
+ * within it (its frees move to the earliest), and the search from it is
+ * faster than from the starts (dag4x50 at 70/40/30 %: 4.05/14.05/18.76 ->
+ * 3.05/11.74/16.69 %): so it is a track of its own, which replaces *best
+ * where it ends faster and its arena fits. Not in the smallest budget's
+ * fits (whole solves, many of them). */
+static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *m, rkm_plan **best)
+{
+    rkm_plan *k = NULL; /* m kicked; the kicks may leave the arena over even where m's fits */
+    rkm_result r = rkm__over(pl) ? RKM_OK : rkm__polish_plan(pl, budget, &m);
+    if (!r && m) r = rkm__plan_copy(m, &k);
+    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &k);
+    for (int i = 0; i < 2 && !r; i++) { /* the kicked plan first, then m */
+        rkm_plan **c = i ? &m : &k;
+        uint64_t arena = UINT64_MAX;
+        if (!*c || !((*c)->stats.time < (*best)->stats.time)) continue;
+        if ((r = rkm__planner_arena(pl, *c, &arena)) || arena > budget) continue;
+        rkm_plan_destroy(*best);
+        *best = *c;
+        *c = NULL;
+    }
+    rkm_plan_destroy(k);
+    rkm_plan_destroy(m);
+    return r;
+}
+
 /* Rockmate's plan: every start but the squeeze's, each polished; the
- * squeeze's; the fastest of them through the phases. All of it within the
- * solve's work and, past the chain DP's plan, its deadline. */
+ * squeeze's; the fastest of them through the phases; DTR's missed plan's
+ * track. All of it within the solve's work and, past the chain DP's plan,
+ * its deadline. */
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    rkm_plan *p[RKM__STARTS] = {NULL};
+    rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++) r = rkm__start(pl, k, budget, p);
+    for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
+        r = rkm__start(pl, k, budget, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
-    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p);
+    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p, NULL);
     rkm_plan *best = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best; k++) {
         if (k > 0 && (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
+    if (!r && missed && best) r = rkm__missed_track(pl, budget, missed, &best);
+    else rkm_plan_destroy(missed);
     if (r) {
         rkm_plan_destroy(best);
         return r;

@@ -190,7 +190,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
             uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
-            r = i % 2 ? rkm__solve_dtr(sub, budget, &p) : rkm__solve_dp(sub, budget, &p);
+            r = i % 2 ? rkm__solve_dtr(sub, budget, &p, NULL) : rkm__solve_dp(sub, budget, &p);
             if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
             *nested |= p != NULL;
             rkm_plan_destroy(p);

@@ -594,6 +594,18 @@ static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **
     return r;
 }
 
+/* The arena plan p (kept) would have as the host gets it. */
+RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
+{
+    rkm_plan *c, *q;
+    rkm_result r = rkm__plan_copy(p, &c);
+    if (!r && !(r = rkm__planner_handout(pl, c, &q))) {
+        *arena = q->stats.arena_bytes;
+        rkm_plan_destroy(q);
+    }
+    return r;
+}
+
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
@@ -640,7 +652,7 @@ static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
-    if (!(r = rkm__solve_dtr(pl, budget, &p)) && p) r = rkm__planner_handout(pl, p, &q);
+    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__planner_handout(pl, p, &q);
     if (!r && q && q->stats.arena_bytes > budget) {
         rkm_plan_destroy(q);
         q = NULL;
@@ -828,12 +840,13 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
 }
 
 /* A bytes-mode plan stays only if its layout fits the budget (*p NULL
- * otherwise): where it does, it is often faster than the allocator's, which
- * evicts to make holes a placer that knows every lifetime does not need.
- * The skyline and first fit only (the search's work, on every candidate,
- * made the planner fuzzer 8x slower); the plan's own layout at its birth
- * is never worse. */
-static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+ * otherwise; then it goes to *missed, the faster, where that is not NULL):
+ * where it does, it is often faster than the allocator's, which evicts to
+ * make holes a placer that knows every lifetime does not need. The skyline
+ * and first fit only (the search's work, on every candidate, made the
+ * planner fuzzer 8x slower); the plan's own layout at its birth is never
+ * worse. */
+static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, rkm_plan **missed)
 {
     size_t n = (*p)->n_buffers;
     rkm_buffer *b = rkm__alloc(pl->ctx, (n + 1) * sizeof *b);
@@ -844,7 +857,8 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
         r = rkm__nomem(pl->ctx, "dtr layout");
     rkm__free(pl->ctx, b, (n + 1) * sizeof *b);
     if (r || arena > budget) {
-        rkm_plan_destroy(*p);
+        if (!r && missed) *missed = rkm__faster(*missed, *p);
+        else rkm_plan_destroy(*p);
         *p = NULL;
     }
     return r;
@@ -853,8 +867,9 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
  * on the allocator, then in bytes mode where the layout fits), or *out
  * NULL where none meets it. first: stop at the first plan (to learn
- * whether there is one; the allocator's only). */
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out)
+ * whether there is one; the allocator's only). missed (if not NULL): the
+ * fastest bytes-mode plan whose layout did not fit, or NULL. */
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
@@ -866,26 +881,33 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
          * thrashing one would run to max_steps) */
         r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
         if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
-        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p);
+        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
         *out = rkm__faster(*out, p);
     }
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
+        if (missed) {
+            rkm_plan_destroy(*missed);
+            *missed = NULL;
+        }
     }
     return r;
 }
 
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* DTR's plan for `budget`, else for its smallest budget where that is
+ * below; missed as in rkm__dtr_plan, for `budget` itself. */
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
+    if (missed) *missed = NULL;
     if (!rkm__dtr_affordable(pl)) return RKM_OK;
-    rkm_result r = rkm__dtr_plan(pl, budget, 0, out);
+    rkm_result r = rkm__dtr_plan(pl, budget, 0, out, missed);
     if (r || *out || rkm__over(pl)) return r;
     uint64_t min;
     if ((r = rkm__dtr_min_budget(pl, &min)) || min > budget || rkm__over(pl)) return r;
-    if ((r = rkm__dtr_plan(pl, min, 0, out)) || *out || rkm__over(pl)) return r;
-    return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out); /* the floor's own plan */
+    if ((r = rkm__dtr_plan(pl, min, 0, out, NULL)) || *out || rkm__over(pl)) return r;
+    return rkm__dtr_plan(pl, pl->dtr_min_at, 1, out, NULL); /* the floor's own plan */
 }
 
 /* Whether rockmate tries DTR's plans: a DTR run is O(steps x live
@@ -912,7 +934,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
-    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out);
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
     if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
         rkm_result r = rkm__solve_chain(pl, 1, budget, out);
         return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
@@ -1047,7 +1069,7 @@ static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_pla
  * below the arena it needed, so the budget, not the peak, is what is met. */
 static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    return rkm__dtr_plan(pl, budget, 1, out);
+    return rkm__dtr_plan(pl, budget, 1, out, NULL);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
