@@ -868,7 +868,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
     rkm_plan *k = NULL; /* m kicked; the kicks may leave the arena over even where m's fits */
     rkm_result r = rkm__over(pl) ? RKM_OK : rkm__polish_plan(pl, budget, &m);
     if (!r && m) r = rkm__plan_copy(m, &k);
-    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM_KICK_TRIALS, &k);
+    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM_MISSED_KICK_TRIALS, &k);
     for (int i = 0; i < 2 && !r; i++) { /* the kicked plan first, then m */
         rkm_plan **c = i ? &m : &k;
         uint64_t arena = UINT64_MAX;
