@@ -32,21 +32,6 @@ static const char *const graphs[] = {"dag6x30-s17", "dag4x50",     "dag6x30-s3",
 static const int pcts[] = {90, 80, 70, 60, 50, 40, 30};
 #define N_PCTS (sizeof pcts / sizeof pcts[0])
 
-/* The TSV's overhead for (graph, pct) in %, or NAN where it has none. */
-static double reference(const char *graph, int pct)
-{
-    FILE *f = fopen(DIR "checkmate-120.tsv", "r");
-    char line[160], name[64], val[32];
-    int p;
-    double out = NAN;
-    if (!f) return NAN;
-    while (fgets(line, sizeof line, f)) /* the header line does not scan */
-        if (sscanf(line, "%63s %d %31s", name, &p, val) == 3 && !strcmp(name, graph) && p == pct)
-            out = strcmp(val, "-") ? atof(val) : NAN;
-    fclose(f);
-    return out;
-}
-
 /* Overhead in % of the plan for budget, or NAN where none. */
 static double overhead(const rkm_plan *p, double base_time)
 {
@@ -103,7 +88,7 @@ int main(int argc, char **argv)
                 its = rkm_plan_solve(g, &dc, budget, &p) ? NAN : overhead(p, gs.baseline_time);
                 rkm_plan_destroy(p);
             } else
-                its = reference(graphs[k], pcts[i]);
+                its = bench_tsv(DIR "checkmate-120.tsv", graphs[k], pcts[i]);
             double ratio = isnan(ours) || isnan(its) ? NAN : (1 + ours / 100) / (1 + its / 100);
             if (!isnan(ratio)) {
                 rows++;

@@ -57,21 +57,6 @@ typedef struct row {
     double bound;     /* rkm_graph_time_bound: no plan at all beats it (NAN: below the lower bound) */
 } row;
 
-/* checkmate_overhead_pct from the tsv for graph at pct, NAN if absent. */
-static double tsv_checkmate(const char *graph, int pct)
-{
-    FILE *f = fopen(REF "checkmate-vs-rockmate.tsv", "r");
-    char line[256], g[64], cm[32];
-    int p;
-    double v = NAN;
-    if (!f) return NAN;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "%63s %d %31s", g, &p, cm) == 3 && strcmp(g, graph) == 0 && p == pct && strcmp(cm, "-") != 0)
-            v = atof(cm);
-    fclose(f);
-    return v;
-}
-
 /* Overhead in % of the plan of `algo` at `budget`; NAN when there is none.
  * *seconds: create + solve. */
 static double plan_overhead(const rkm_graph *g, rkm_algo algo, double limit, uint64_t budget, double *seconds)
@@ -156,7 +141,7 @@ static void bench_graph(rkm_context *ctx, const char *name, double cm_limit)
         w.budget = (uint64_t)((double)gs.baseline_peak * pcts[i] / 100.0);
         snprintf(w.label, sizeof w.label, "%d%%", pcts[i]);
         w.ref = NAN;
-        w.cm30 = tsv_checkmate(name, pcts[i]);
+        w.cm30 = bench_tsv(REF "checkmate-vs-rockmate.tsv", name, pcts[i]);
         fill_row(g, &w, cm_limit);
         print_row(name, &w);
     }
