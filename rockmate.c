@@ -377,6 +377,7 @@ struct rkm_graph {
     int32_t loss_line;
     int finalized;
     int has_inplace; /* some op declares RKM_OP_INPLACE or RKM_OP_GRAD_INPLACE (at finalize) */
+    rkm_copy_desc copy; /* copy bandwidths; d2h 0: no copies (offloading) */
     uint64_t input_bytes;
     rkm__block *blocks;
     int32_t n_blocks, n_classes;
@@ -427,6 +428,10 @@ struct rkm_plan {
     size_t *flag_off;
     uint8_t *flags;
     size_t n_flags;
+    /* Copies: for an offload or prefetch step the wait that completes it,
+     * for a wait the step that started its copy, -1 for other steps; NULL
+     * when the plan has no copy step. */
+    int64_t *peer;
     rkm_buffer *buffers; /* lifetimes from the replay; offsets 0 (rkm_plan_layout places them) */
     size_t n_buffers, cap_buffers;
     rkm_plan_stats stats;
@@ -453,7 +458,18 @@ typedef struct rkm__sim {
     uint8_t *bwd_done; /* per op: backward ran */
     int loss_done;
     uint64_t mem;
+    /* Copies (offloading): per tensor, whether it has a host copy (H) and
+     * which copy is in flight (RKM__COPY_*) ending when (copy_end); the
+     * streams' clocks; the host bytes. */
+    uint8_t *H, *inflight;
+    double *copy_end;
+    double clock, d2h_free, h2d_free, stall, d2h_busy, h2d_busy;
+    uint64_t host_mem;
 } rkm__sim;
+#define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
+#define RKM__COPY_NONE 0
+#define RKM__COPY_OFFLOAD 1
+#define RKM__COPY_PREFETCH 2
 
 /* What a plan's birth records besides its figures: the executor's flags
  * and every buffer's lifetime. open_*: per tensor / tensor / op, its open
@@ -1496,6 +1512,32 @@ rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
     return RKM_OK;
 }
 
+rkm_result rkm_graph_set_copy(rkm_graph *g, const rkm_copy_desc *copy)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_set_copy");
+    if (r) return r;
+    rkm_copy_desc c = {0, 0, 0};
+    if (copy) c = *copy;
+    int none = c.d2h_bytes_per_second == 0 && c.h2d_bytes_per_second == 0;
+    int ok = none || (isfinite(c.d2h_bytes_per_second) && c.d2h_bytes_per_second > 0 &&
+                      isfinite(c.h2d_bytes_per_second) && c.h2d_bytes_per_second > 0);
+    if (!ok || !(isfinite(c.latency_seconds) && c.latency_seconds >= 0))
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, g->src_line, "copy: d2h %g and h2d %g bytes/s, latency %g s (both "
+                         "bandwidths positive and finite, or both 0; latency finite, >= 0)", c.d2h_bytes_per_second,
+                         c.h2d_bytes_per_second, c.latency_seconds);
+    g->copy = none ? (rkm_copy_desc){0, 0, 0} : c;
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_copy_get: out is NULL");
+    *out = g->copy;
+    return RKM_OK;
+}
+
 rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
 {
     if (!g) return RKM_ERROR_ARGUMENT;
@@ -1650,7 +1692,8 @@ RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
  * NULL) and loss into the empty graph n, every byte count rounded up to
  * `align` (1: as they are), then finalize it: everything derived comes
  * from the new figures, as when the graph's file is read. */
-static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, uint64_t align, rkm_graph *n)
+static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
+                                     uint64_t align, rkm_graph *n)
 {
     rkm_result r = RKM_OK;
     for (size_t t = 0; t < g->n_tensors && !r; t++)
@@ -1665,6 +1708,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = rkm_graph_set_copy(n, copy);
     if (!r) r = rkm_graph_finalize(n);
     return r;
 }
@@ -1685,7 +1729,7 @@ RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rk
     if (aligned) return RKM_OK;
     rkm_graph *n;
     rkm_result r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, align, n))) rkm_graph_destroy(n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
     if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
                         "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
@@ -1703,12 +1747,25 @@ rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, r
     if (r) return r;
     rkm_graph *n;
     if ((r = rkm_graph_create(g->ctx, &n))) return r;
-    if ((r = rkm__graph_rebuild(g, costs, 1, n))) {
+    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
         rkm_graph_destroy(n);
         return r;
     }
     *out = n;
     return RKM_OK;
+}
+
+rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_copy: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
+    rkm_graph *n = NULL;
+    if (!r) r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
+    if (!r) *out = n;
+    return r;
 }
 
 rkm_context *rkm_graph_context(const rkm_graph *g) { return g ? g->ctx : NULL; }
@@ -1987,6 +2044,32 @@ static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
     return res;
 }
 
+/* copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND [latency=SECONDS] */
+static rkm_result rkm__read_copy(rkm__reader *r, rkm_graph *g)
+{
+    static const char *const keys[] = {"d2h", "h2d", "latency"};
+    double v[3] = {0, 0, 0};
+    int seen[3] = {0, 0, 0};
+    if (g->copy.d2h_bytes_per_second > 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: given twice (at most once)");
+    for (int i = 1; i < r->ntok; i++) {
+        char *eq = strchr(r->tok[i], '=');
+        int k = 0;
+        if (eq) *eq = 0;
+        while (k < 3 && strcmp(r->tok[i], keys[k]) != 0) k++;
+        if (!eq || k == 3 || seen[k])
+            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: expected 'copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND "
+                             "[latency=SECONDS]', not '%.64s' as word %d", r->tok[i], i + 1);
+        if (!rkm__parse_time(eq + 1, &v[k]))
+            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: %s=%.64s is not a non-negative decimal number", keys[k], eq + 1);
+        seen[k] = 1;
+    }
+    if (!seen[0] || !seen[1]) return rkm__rerr(r, RKM_ERROR_PARSE, "copy: d2h= and h2d= are required");
+    rkm_copy_desc c = {v[0], v[1], v[2]};
+    if (!(c.d2h_bytes_per_second > 0 && c.h2d_bytes_per_second > 0))
+        return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: both bandwidths must be positive");
+    return rkm_graph_set_copy(g, &c);
+}
+
 static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
 {
     rkm_result res = rkm__next_stmt(r);
@@ -2002,13 +2085,14 @@ static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
         const char *w = r->tok[0];
         if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
         else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
+        else if (strcmp(w, "copy") == 0) res = rkm__read_copy(r, g);
         else if (strcmp(w, "loss") == 0) {
             if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
             int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
             if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
             res = rkm_graph_set_loss(g, t);
         } else
-            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op or loss)", w);
+            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss or copy)", w);
         if (res) return res;
     }
     g->src_line = r->line;
@@ -2127,6 +2211,13 @@ static void rkm__fmt_time(double x, char *buf, size_t size)
     }
 }
 
+/* A bandwidth: whole bytes per second as an integer, else as a time. */
+static void rkm__fmt_rate(double x, char *buf, size_t size)
+{
+    if (x == floor(x) && x < 1e15) snprintf(buf, size, "%.0f", x);
+    else rkm__fmt_time(x, buf, size);
+}
+
 static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, const int32_t *ids, int32_t n)
 {
     if (!n) return;
@@ -2137,6 +2228,13 @@ static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, cons
 static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
 {
     rkm__outf(o, "rockmate-graph 1\n");
+    if (g->copy.d2h_bytes_per_second > 0) {
+        char d[40], h[40], l[40];
+        rkm__fmt_rate(g->copy.d2h_bytes_per_second, d, sizeof d);
+        rkm__fmt_rate(g->copy.h2d_bytes_per_second, h, sizeof h);
+        rkm__fmt_time(g->copy.latency_seconds, l, sizeof l);
+        rkm__outf(o, "copy d2h=%s h2d=%s latency=%s\n", d, h, l);
+    }
     for (size_t t = 0; t < g->n_tensors; t++) {
         const rkm__tensor *x = &g->tensors[t];
         rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,
@@ -2212,6 +2310,7 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p->step_peak, (p->n_steps + 1) * sizeof *p->step_peak);
     rkm__free(ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
     rkm__free(ctx, p->flags, p->n_flags);
+    if (p->peer) rkm__free(ctx, p->peer, p->n_steps * sizeof *p->peer);
     rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
     rkm__free(ctx, p, sizeof *p);
 }
@@ -2285,7 +2384,11 @@ RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
     case RKM_STEP_FREE_SAVED: return s->index >= 0 && (size_t)s->index < g->n_ops;
     case RKM_STEP_LOSS: return s->index == g->loss;
     case RKM_STEP_FREE:
-    case RKM_STEP_FREE_GRAD: return s->index >= 0 && (size_t)s->index < g->n_tensors;
+    case RKM_STEP_FREE_GRAD:
+    case RKM_STEP_OFFLOAD:
+    case RKM_STEP_PREFETCH:
+    case RKM_STEP_WAIT:
+    case RKM_STEP_FREE_HOST: return s->index >= 0 && (size_t)s->index < g->n_tensors && s->save == 0;
     default: return 0;
     }
 }
@@ -2297,7 +2400,8 @@ const uint64_t *rkm_plan_mem_after(const rkm_plan *p) { return p ? p->mem_after 
 const uint64_t *rkm_plan_step_peaks(const rkm_plan *p) { return p ? p->step_peak : NULL; }
 size_t rkm_plan_num_buffers(const rkm_plan *p) { return p ? p->n_buffers : 0; }
 
-static const char *const rkm__step_words[] = {"fwd", "loss", "bwd", "free", "free_saved", "free_grad"};
+static const char *const rkm__step_words[RKM__STEP_KINDS] = {"fwd",     "loss",     "bwd",  "free",     "free_saved",
+                                                             "free_grad", "offload", "prefetch", "wait", "free_host"};
 
 void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
 {
@@ -2363,10 +2467,11 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
 {
     const char *w = r->tok[0];
     int kind = -1;
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < RKM__STEP_KINDS; k++)
         if (strcmp(w, rkm__step_words[k]) == 0) kind = k;
     if (kind < 0)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad)", w);
+        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad, offload, "
+                         "prefetch, wait, free_host)", w);
     rkm_step st = {kind, 0, 0, 0};
     if (kind == RKM_STEP_LOSS) {
         if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
@@ -2486,12 +2591,17 @@ rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
  *
  * Uses (through internal.h): base.c, plan.c. */
 
+/* The simulator's byte flags: D, G, H, inflight per tensor; P, fwd_done,
+ * bwd_done per op. */
+static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 3 + 1; }
+
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 {
     if (!s->g) return;
     rkm_context *ctx = s->g->ctx;
-    rkm__free(ctx, s->D, s->g->n_tensors * 2 + s->g->n_ops * 3 + 1);
+    rkm__free(ctx, s->D, rkm__sim_bytes(s->g));
     rkm__free(ctx, s->recv, (s->g->n_tensors + 1) * sizeof *s->recv);
+    rkm__free(ctx, s->copy_end, (s->g->n_tensors + 1) * sizeof *s->copy_end);
     memset(s, 0, sizeof *s);
 }
 
@@ -2499,10 +2609,11 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 {
     const rkm_graph *g = s->g;
-    memset(s->D, 0, g->n_tensors * 2 + g->n_ops * 3 + 1);
+    memset(s->D, 0, rkm__sim_bytes(g));
     memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
     s->loss_done = 0;
-    s->mem = 0;
+    s->mem = s->host_mem = 0;
+    s->clock = s->d2h_free = s->h2d_free = s->stall = s->d2h_busy = s->h2d_busy = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
             s->D[t] = 1;
@@ -2513,21 +2624,26 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
-    size_t nb = g->n_tensors * 2 + g->n_ops * 3 + 1;
+    size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1;
     uint8_t *b = rkm__alloc(g->ctx, nb);
-    int32_t *recv = rkm__alloc(g->ctx, (g->n_tensors + 1) * sizeof *recv);
-    if (!b || !recv) {
+    int32_t *recv = rkm__alloc(g->ctx, nt * sizeof *recv);
+    double *end = rkm__alloc(g->ctx, nt * sizeof *end);
+    if (!b || !recv || !end) {
         rkm__free(g->ctx, b, nb);
-        rkm__free(g->ctx, recv, (g->n_tensors + 1) * sizeof *recv);
+        rkm__free(g->ctx, recv, nt * sizeof *recv);
+        rkm__free(g->ctx, end, nt * sizeof *end);
         return rkm__nomem(g->ctx, "simulator");
     }
     s->g = g;
     s->D = b;
     s->G = b + g->n_tensors;
-    s->P = s->G + g->n_tensors;
+    s->H = s->G + g->n_tensors;
+    s->inflight = s->H + g->n_tensors;
+    s->P = s->inflight + g->n_tensors;
     s->fwd_done = s->P + g->n_ops;
     s->bwd_done = s->fwd_done + g->n_ops;
     s->recv = recv;
+    s->copy_end = end;
     rkm__sim_reset(s);
     return RKM_OK;
 }
@@ -2601,6 +2717,60 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
     return RKM_RULE_NONE;
 }
 
+/* When a copy of tensor t started now on a stream free from *stream ends;
+ * the stream is busy until then. */
+static double rkm__sim_copy_start(rkm__sim *s, int32_t t, double bytes_per_second, double *stream, double *busy)
+{
+    double start = s->clock > *stream ? s->clock : *stream;
+    double took = s->g->copy.latency_seconds + (double)s->g->tensors[t].bytes / bytes_per_second;
+    *stream = start + took;
+    *busy += took;
+    return *stream;
+}
+
+/* offload, prefetch, wait, free_host (the index is a tensor in range). */
+static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *peak)
+{
+    const rkm_graph *g = s->g;
+    int32_t t = st->index;
+    uint64_t bytes = g->tensors[t].bytes;
+    int copying = st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH;
+    if (copying && !(g->copy.d2h_bytes_per_second > 0)) return RKM_RULE_COPY_NO_BANDWIDTH;
+    switch (st->kind) {
+    case RKM_STEP_OFFLOAD:
+        if (!s->D[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_OFFLOAD_NOT_LIVE;
+        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->H[t]) return RKM_RULE_OFFLOAD_ON_HOST;
+        s->H[t] = 1;
+        s->host_mem += bytes;
+        s->inflight[t] = RKM__COPY_OFFLOAD;
+        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
+        return RKM_RULE_NONE;
+    case RKM_STEP_PREFETCH:
+        if (!s->H[t]) return RKM_RULE_PREFETCH_NOT_ON_HOST;
+        if (s->D[t]) return RKM_RULE_PREFETCH_LIVE;
+        *peak = s->mem + bytes;
+        s->D[t] = 1;
+        s->mem += bytes;
+        s->inflight[t] = RKM__COPY_PREFETCH;
+        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
+        return RKM_RULE_NONE;
+    case RKM_STEP_WAIT:
+        if (!s->inflight[t]) return RKM_RULE_WAIT_NO_COPY;
+        s->inflight[t] = RKM__COPY_NONE;
+        s->stall = s->copy_end[t] > s->clock ? s->copy_end[t] - s->clock : 0;
+        s->clock += s->stall;
+        return RKM_RULE_NONE;
+    case RKM_STEP_FREE_HOST:
+        if (!s->H[t]) return RKM_RULE_FREE_HOST_NOT_ON_HOST;
+        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
+        s->H[t] = 0;
+        s->host_mem -= bytes;
+        return RKM_RULE_NONE;
+    }
+    return RKM_RULE_BAD_STEP;
+}
+
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
@@ -2615,11 +2785,18 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     switch (st->kind) {
     case RKM_STEP_FWD: {
         const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_in; k++)
-            if (!s->D[o->in[k]]) {
-                *obj = o->in[k];
-                return RKM_RULE_FWD_INPUT_MISSING;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            *obj = o->in[k];
+            if (!s->D[o->in[k]]) return RKM_RULE_FWD_INPUT_MISSING;
+            if (s->inflight[o->in[k]] == RKM__COPY_PREFETCH || (k == 0 && st->inplace && s->inflight[o->in[0]]))
+                return RKM_RULE_COPY_IN_FLIGHT;
+        }
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (s->inflight[o->out[k]]) { /* live: recomputed into, while a copy reads it */
+                *obj = o->out[k];
+                return RKM_RULE_COPY_IN_FLIGHT;
             }
+        *obj = x;
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
@@ -2631,11 +2808,13 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         if (st->save) s->P[x] = 1;
         s->fwd_done[x] = 1;
         s->mem += add;
+        s->clock += o->fwd;
         return RKM_RULE_NONE;
     }
     case RKM_STEP_LOSS:
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
+        if (s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
         *peak = s->mem + g->tensors[x].bytes;
         s->loss_done = 1;
         s->G[x] = 1;
@@ -2646,11 +2825,12 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         const rkm__op *o = &g->ops[x];
         if (!o->has_bwd) return RKM_RULE_BWD_NO_BACKWARD;
         if (s->bwd_done[x]) return RKM_RULE_BWD_TWICE;
-        for (int32_t k = 0; k < o->n_saved; k++)
-            if (!s->D[o->saved[k]]) {
-                *obj = o->saved[k];
-                return RKM_RULE_BWD_SAVED_MISSING;
-            }
+        for (int32_t k = 0; k < o->n_saved; k++) {
+            *obj = o->saved[k];
+            if (!s->D[o->saved[k]]) return RKM_RULE_BWD_SAVED_MISSING;
+            if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
+        }
+        *obj = x;
         if (o->phantom > 0 && !s->P[x]) return RKM_RULE_BWD_PHANTOM_MISSING;
         for (int32_t k = 0; k < o->n_out; k++) {
             int32_t t = o->out[k];
@@ -2673,11 +2853,13 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         }
         s->bwd_done[x] = 1;
         s->mem += add;
+        s->clock += o->bwd;
         return RKM_RULE_NONE;
     }
     case RKM_STEP_FREE:
         if (g->tensors[x].flags & RKM_TENSOR_INPUT) return RKM_RULE_FREE_INPUT;
         if (!s->D[x]) return RKM_RULE_FREE_NOT_LIVE;
+        if (s->inflight[x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->D[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
@@ -2692,8 +2874,8 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         s->G[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
+    default: return rkm__sim_copy_step(s, st, peak);
     }
-    return RKM_RULE_BAD_STEP;
 }
 
 /* The contract's end-of-plan rules. */
@@ -2709,8 +2891,10 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
         *obj = (int32_t)t;
+        if (s->inflight[t]) return RKM_RULE_END_COPY_IN_FLIGHT;
         if (s->D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_END_TENSOR_LIVE;
         if (s->G[t]) return RKM_RULE_END_GRAD_LIVE;
+        if (s->H[t]) return RKM_RULE_END_HOST_LIVE;
     }
     *obj = -1;
     return RKM_RULE_NONE;
@@ -2821,6 +3005,7 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
         return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
     }
     case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
+    case RKM_STEP_PREFETCH: return s->D[x] || rkm__buf_open(rc, RKM_BUFFER_TENSOR, x, i, g->tensors[x].bytes);
     }
     return 1;
 }
@@ -2867,6 +3052,11 @@ RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n,
         }
         if (steps[i].kind == RKM_STEP_FWD) res->time += s->g->ops[steps[i].index].fwd;
         else if (steps[i].kind == RKM_STEP_BWD) res->time += s->g->ops[steps[i].index].bwd;
+        else if (steps[i].kind == RKM_STEP_WAIT) {
+            res->time += s->stall;
+            res->wait_seconds += s->stall;
+        }
+        if (s->host_mem > res->host_peak) res->host_peak = s->host_mem;
         if (mem_after) mem_after[i] = s->mem;
         if (step_peak) step_peak[i] = pk;
     }
@@ -2910,6 +3100,17 @@ static const struct rkm__rule_info {
     [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
     [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
+    [RKM_RULE_COPY_NO_BANDWIDTH] = {"offload, prefetch: the graph must have a copy bandwidth", 0},
+    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor must be live and not an input", 0},
+    [RKM_RULE_OFFLOAD_ON_HOST] = {"offload: the tensor must have no host copy already", 0},
+    [RKM_RULE_PREFETCH_NOT_ON_HOST] = {"prefetch: the tensor must have a host copy", 0},
+    [RKM_RULE_PREFETCH_LIVE] = {"prefetch: the tensor must not be live", 0},
+    [RKM_RULE_WAIT_NO_COPY] = {"wait: the tensor must have a copy in flight", 0},
+    [RKM_RULE_COPY_IN_FLIGHT] = {"copy in flight: a tensor being prefetched is read, or one with a copy in flight is "
+                                 "written or freed, before its wait", 0},
+    [RKM_RULE_FREE_HOST_NOT_ON_HOST] = {"free_host: the tensor must have a host copy", 0},
+    [RKM_RULE_END_COPY_IN_FLIGHT] = {"end: every copy must have been waited for", 0},
+    [RKM_RULE_END_HOST_LIVE] = {"end: no host copy may be live", 0},
 };
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -2945,12 +3146,13 @@ static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *step
 static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
 {
     *out = NULL;
-    size_t n = draft->n, nf = 0;
+    size_t n = draft->n, nf = 0, copies = 0;
     for (size_t i = 0; i < n; i++) {
         const rkm_step *st = &draft->s[i];
         if (!rkm__step_index_ok(g, st)) continue;
         if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
         if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
+        copies += st->kind == RKM_STEP_WAIT;
     }
     rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
     rkm_step *steps = rkm__steps_take(draft);
@@ -2969,12 +3171,28 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
     p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
     p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
     p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
-    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags) {
+    if (copies) p->peer = rkm__alloc(g->ctx, n * sizeof *p->peer);
+    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags || (copies && !p->peer)) {
         rkm_plan_destroy(p);
         return rkm__nomem(g->ctx, "plan");
     }
     *out = p;
     return RKM_OK;
+}
+
+/* p->peer of a valid plan with copies; open (n_tensors entries) is
+ * scratch. */
+static void rkm__plan_peers(rkm_plan *p, int64_t *open)
+{
+    for (size_t t = 0; t < p->g->n_tensors; t++) open[t] = -1;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        const rkm_step *st = &p->steps[i];
+        p->peer[i] = -1;
+        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[st->index] = (int64_t)i;
+        if (st->kind != RKM_STEP_WAIT) continue;
+        p->peer[i] = open[st->index];
+        p->peer[open[st->index]] = (int64_t)i;
+    }
 }
 
 /* Replay the plan once, recording everything a query may later ask. 1:
@@ -2997,6 +3215,9 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
         res->fail_step = (int64_t)p->n_steps;
         res->fail_object = obj;
     }
+    p->stats.d2h_seconds = s.d2h_busy;
+    p->stats.h2d_seconds = s.h2d_busy;
+    if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
     rkm__sim_free(&s);
     rkm__recorder_free(&rc);
     res->valid = ok == 1;
@@ -3047,6 +3268,9 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
     st->baseline_peak = g->stats.baseline_peak;
     st->baseline_time = g->stats.baseline_time;
     st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
+    st->host_peak = res->host_peak;
+    st->wait_seconds = res->wait_seconds;
+    for (size_t i = 0; i < p->n_steps; i++) st->offloads += p->steps[i].kind == RKM_STEP_OFFLOAD;
     *out = p;
     return RKM_OK;
 }
@@ -4286,7 +4510,8 @@ RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step 
     case RKM_STEP_LOSS: *n = 1; return &st->index;
     case RKM_STEP_FREE: *n = !grads; return &st->index;
     case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
-    default: *n = 0; return NULL; /* free_saved: a saved state, no tensor */
+    case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
+    default: *n = !grads; return &st->index; /* a copy reads or makes the tensor */
     }
 }
 
@@ -10488,7 +10713,19 @@ static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, i
 }
 
 /* The callback each step kind calls (by rkm_step_kind), for messages. */
-static const char *const rkm__callback_names[] = {"forward", "loss", "backward", "free_tensor", "free_saved", "free_grad"};
+static const char *const rkm__callback_names[RKM__STEP_KINDS] = {
+    "forward", "loss", "backward", "free_tensor", "free_saved", "free_grad", "offload", "prefetch", "wait", "free_host"};
+
+/* The callback of a copy step. */
+static int (*rkm__copy_callback(const rkm_callbacks *cb, int32_t kind))(void *, const rkm_copy_call *)
+{
+    switch (kind) {
+    case RKM_STEP_OFFLOAD: return cb->offload;
+    case RKM_STEP_PREFETCH: return cb->prefetch;
+    case RKM_STEP_WAIT: return cb->wait;
+    default: return cb->free_host;
+    }
+}
 
 /* The optional callback of a step that is neither fwd nor bwd. */
 static int (*rkm__buffer_callback(const rkm_callbacks *cb, int32_t kind))(void *, const rkm_buffer_call *)
@@ -10517,6 +10754,11 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
         rkm_bwd_call c = {(int64_t)i, st->index, o->in,  o->n_in,     o->out,     o->n_out,
                           fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws};
         return cb->backward(cb->user, &c);
+    }
+    if (st->kind >= RKM_STEP_OFFLOAD) {
+        int (*copy)(void *, const rkm_copy_call *) = rkm__copy_callback(cb, st->kind);
+        rkm_copy_call c = {(int64_t)i, st->index, p->g->tensors[st->index].bytes, p->peer[i]};
+        return copy ? copy(cb->user, &c) : 0;
     }
     int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);
     uint64_t bytes = st->kind == RKM_STEP_FREE_SAVED ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
@@ -10562,19 +10804,22 @@ static rkm_result rkm__profile_run(const rkm_plan *p, const rkm_callbacks *cb, r
     return r;
 }
 
-/* The callbacks every walk needs. */
-static rkm_result rkm__callbacks_ok(rkm_context *ctx, const rkm_callbacks *cb, const char *fn)
+/* The callbacks a walk of plan p needs (p NULL: any plan without copies). */
+static rkm_result rkm__callbacks_ok(rkm_context *ctx, const rkm_plan *p, const rkm_callbacks *cb, const char *fn)
 {
     if (!cb) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: callbacks are NULL", fn);
     if (!cb->forward || !cb->backward)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the forward and backward callbacks are required", fn);
+    if (p && p->peer && (!cb->offload || !cb->prefetch || !cb->wait))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the plan copies tensors to the host: the offload, prefetch and "
+                        "wait callbacks are required", fn);
     return RKM_OK;
 }
 
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
 {
     if (!p) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__callbacks_ok(p->ctx, cb, "rkm_plan_execute");
+    rkm_result r = rkm__callbacks_ok(p->ctx, p, cb, "rkm_plan_execute");
     return r ? r : rkm__walk(p, cb, NULL);
 }
 
@@ -10639,7 +10884,7 @@ rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const 
     *out = NULL;
     if (!g) return RKM_ERROR_ARGUMENT;
     rkm_profile_desc d;
-    rkm_result r = rkm__callbacks_ok(g->ctx, cb, "rkm_graph_profile");
+    rkm_result r = rkm__callbacks_ok(g->ctx, NULL, cb, "rkm_graph_profile");
     if (!r) r = rkm__profile_defaults(g, desc, &d);
     rkm_plan *p = NULL;
     if (!r) r = rkm__plan_baseline(g, &p);
@@ -11011,9 +11256,6 @@ static void rkm__exec_enter(rkm_arena_exec *x, int64_t step)
     if (x->why_kind == RKM__WHY_SCRATCH) x->why_kind = RKM__WHY_NONE;
 }
 
-/* Layout mode: the buffer (kind, index, bytes), created by the step in
- * progress, is the layout's next one; carve it at the layout's offset.
- * Returns 0 or a wrapper failure: another plan's buffers are misuse. */
 /* Layout mode: the buffer (kind, index, bytes) that the step in progress
  * creates is the layout's next one (*out). Returns 0 or a wrapper failure:
  * another plan's buffers are misuse. */
@@ -11264,6 +11506,41 @@ static int rkm__exec_free(rkm_arena_exec *x, int32_t kind, const rkm_buffer_call
     return rkm__exec_give(x, &x->p_off[id], call->bytes, "saved state of", x->g->ops[id].name);
 }
 
+/* Copy steps: a prefetch carves the tensor's new buffer before the host
+ * starts the copy into it; the others touch no device buffer. */
+static int rkm__exec_copy(rkm_arena_exec *x, const rkm_copy_call *call, int (*hook)(void *, const rkm_copy_call *))
+{
+    rkm__exec_enter(x, call->step);
+    return x->has_host && hook ? hook(x->host.user, call) : 0;
+}
+
+static int rkm__exec_offload(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    return rkm__exec_copy(x, c, x->host.offload);
+}
+
+static int rkm__exec_prefetch(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    rkm__exec_enter(x, c->step);
+    int rc = rkm__exec_take(x, &x->t_off[c->tensor], RKM_BUFFER_TENSOR, c->tensor, c->bytes, "tensor",
+                            rkm__tensor_name_of(x->g, c->tensor));
+    return rc ? rc : rkm__exec_copy(x, c, x->host.prefetch);
+}
+
+static int rkm__exec_wait(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    return rkm__exec_copy(x, c, x->host.wait);
+}
+
+static int rkm__exec_free_host(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    return rkm__exec_copy(x, c, x->host.free_host);
+}
+
 static int rkm__exec_free_tensor(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_TENSOR, c); }
 static int rkm__exec_free_saved(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_PHANTOM, c); }
 static int rkm__exec_free_grad(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_GRAD, c); }
@@ -11473,8 +11750,14 @@ rkm_result rkm_arena_exec_run(rkm_arena_exec *x, const rkm_plan *plan)
     if (!plan) return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_run: plan is NULL");
     if (plan->g != x->g)
         return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_run: the plan is not of the exec's graph");
-    rkm_callbacks cb = {x, rkm__exec_forward, rkm__exec_backward, rkm__exec_loss, rkm__exec_free_tensor,
-                        rkm__exec_free_saved, rkm__exec_free_grad};
+    if (plan->peer && x->has_host && (!x->host.offload || !x->host.prefetch || !x->host.wait))
+        return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_run: the plan copies tensors to the host: the "
+                        "host's offload, prefetch and wait callbacks are required");
+    rkm_callbacks cb = {.user = x, .forward = rkm__exec_forward, .backward = rkm__exec_backward,
+                        .loss = rkm__exec_loss, .free_tensor = rkm__exec_free_tensor,
+                        .free_saved = rkm__exec_free_saved, .free_grad = rkm__exec_free_grad,
+                        .offload = rkm__exec_offload, .prefetch = rkm__exec_prefetch, .wait = rkm__exec_wait,
+                        .free_host = rkm__exec_free_host};
     x->why_kind = RKM__WHY_NONE;
     x->lay_next = x->lay_inputs;
     x->step = -1;

@@ -186,11 +186,14 @@ extern "C" {
  * 0.3.0: the arena exec has one desc with a mode (rkm_arena_exec_desc.mode,
  * .plan) and one constructor; rkm_arena_layout became rkm_arena_capacity;
  * every stats getter returns an rkm_result; rkm_solve_desc gained a
- * progress callback (rkm_progress) and rkm_result RKM_ERROR_CANCELLED. */
+ * progress callback (rkm_progress) and rkm_result RKM_ERROR_CANCELLED.
+ * 0.4.0: offloading: the copy steps (rkm_step_kind, rkm_rule), the graph's
+ * rkm_copy_desc, rkm_copy_call; rkm_sim_result, rkm_plan_stats and
+ * rkm_callbacks gained fields at their ends. */
 #define RKM_VERSION_MAJOR 0
-#define RKM_VERSION_MINOR 3
+#define RKM_VERSION_MINOR 4
 #define RKM_VERSION_PATCH 0
-#define RKM_VERSION_STRING "0.3.0"
+#define RKM_VERSION_STRING "0.4.0"
 #define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
 
 /* The version of the compiled library, e.g. "0.3.0". */
@@ -371,6 +374,25 @@ typedef struct rkm_op_costs {
  * .rkg file read back would. g is unchanged. */
 rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out);
 
+/* Copies between the device and host memory (offloading; docs/formats.md,
+ * "Offloading"). A copy of B bytes takes latency + B / bandwidth seconds
+ * on its own stream, one for each direction, beside the compute stream. A
+ * graph without them (all zero, the default) has no copies: its plans
+ * keep or recompute, exactly as before copies existed. */
+typedef struct rkm_copy_desc {
+    double d2h_bytes_per_second; /* device to host (offload); > 0, or 0 with h2d 0: none */
+    double h2d_bytes_per_second; /* host to device (prefetch) */
+    double latency_seconds;      /* per copy, >= 0 */
+} rkm_copy_desc;
+/* Builder call, before finalize (the .rkg statement `copy`); NULL or all
+ * zero clears it. Both bandwidths are positive and finite, or both 0. */
+rkm_result rkm_graph_set_copy(rkm_graph *g, const rkm_copy_desc *copy);
+/* The graph's copy figures (all zero: none). */
+rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out);
+/* A new finalized graph: g (finalized) with these copy figures (NULL: none),
+ * everything else as in g. g is unchanged. */
+rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rkm_graph **out);
+
 rkm_context *rkm_graph_context(const rkm_graph *g);
 int rkm_graph_is_finalized(const rkm_graph *g);
 int32_t rkm_graph_num_tensors(const rkm_graph *g);
@@ -441,7 +463,14 @@ typedef enum rkm_step_kind {
     RKM_STEP_BWD,        /* index: op */
     RKM_STEP_FREE,       /* index: tensor */
     RKM_STEP_FREE_SAVED, /* index: op */
-    RKM_STEP_FREE_GRAD   /* index: tensor */
+    RKM_STEP_FREE_GRAD,  /* index: tensor */
+    /* Copies to and from host memory (graphs with a copy bandwidth,
+     * rkm_graph_set_copy; docs/formats.md, "Offloading"): */
+    RKM_STEP_OFFLOAD,    /* index: tensor; start copying it to a new host copy */
+    RKM_STEP_PREFETCH,   /* index: tensor; start copying its host copy back into
+                            a new device buffer */
+    RKM_STEP_WAIT,       /* index: tensor; the compute stream waits for its copy */
+    RKM_STEP_FREE_HOST   /* index: tensor; release its host copy */
 } rkm_step_kind;
 
 typedef struct rkm_step {
@@ -481,6 +510,17 @@ typedef enum rkm_rule {
     RKM_RULE_INPLACE_NOT_DECLARED,  /* fwd/bwd inplace: the op does not declare it */
     RKM_RULE_INPLACE_OUT_LIVE,      /* fwd inplace: out[0] is live already */
     RKM_RULE_INPLACE_GRAD_LIVE,     /* bwd inplace: grad(in[0]) is live already */
+    RKM_RULE_COPY_NO_BANDWIDTH,     /* offload, prefetch: the graph has no copy bandwidth */
+    RKM_RULE_OFFLOAD_NOT_LIVE,      /* offload: the tensor is not live, or is an input */
+    RKM_RULE_OFFLOAD_ON_HOST,       /* offload: the tensor has a host copy already */
+    RKM_RULE_PREFETCH_NOT_ON_HOST,  /* prefetch: the tensor has no host copy */
+    RKM_RULE_PREFETCH_LIVE,         /* prefetch: the tensor is live already */
+    RKM_RULE_WAIT_NO_COPY,          /* wait: the tensor has no copy in flight */
+    RKM_RULE_COPY_IN_FLIGHT,        /* a step reads a tensor being prefetched, or writes or
+                                       frees one (or its host copy) with a copy in flight */
+    RKM_RULE_FREE_HOST_NOT_ON_HOST, /* free_host: the tensor has no host copy */
+    RKM_RULE_END_COPY_IN_FLIGHT,    /* end: a copy was never waited for */
+    RKM_RULE_END_HOST_LIVE,         /* end: a host copy is still live */
     RKM_RULE_COUNT
 } rkm_rule;
 
@@ -495,9 +535,12 @@ typedef struct rkm_sim_result {
     rkm_step failed;    /* the step at fail_step, as given (zeros for end-of-plan rules) */
     uint64_t peak;      /* max over the steps replayed of the step's peak */
     int64_t peak_step;  /* the first step that reaches the peak */
-    double time;        /* sum of fwd/bwd seconds of the steps replayed */
+    double time;        /* sum of fwd/bwd seconds of the steps replayed, plus the
+                           compute stream's waits for copies (wait_seconds) */
     size_t num_steps;   /* steps in the step list (all of them, valid or not) */
     size_t recomputes;  /* fwd steps (all of them) of an op whose fwd came earlier */
+    uint64_t host_peak; /* the most bytes of host copies live at once (0 without copies) */
+    double wait_seconds;/* the part of time the compute stream waited for copies */
 } rkm_sim_result;
 
 /* A step as a plan file spells it ("fwd h0.attn save"), NUL-terminated and
@@ -757,6 +800,12 @@ typedef struct rkm_plan_stats {
      * differ from run to run and machine to machine. 0: planned to the end,
      * and for plans not made by a planner. */
     int cut;
+    /* Offloading (docs/formats.md; all 0 for a plan without copies): */
+    uint64_t host_peak;     /* the most bytes of host copies live at once */
+    double wait_seconds;    /* the part of `time` the compute stream waited for copies */
+    double d2h_seconds;     /* the device-to-host copy stream's busy time */
+    double h2d_seconds;     /* the host-to-device copy stream's busy time */
+    size_t offloads;        /* offload steps */
 } rkm_plan_stats;
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
@@ -908,6 +957,18 @@ typedef struct rkm_buffer_call {
                        (free_saved: the op's phantom) */
 } rkm_buffer_call;
 
+/* The copy steps (offloading; docs/formats.md). The host keeps at most one
+ * host copy per tensor, which it allocates on offload and releases on
+ * free_host; the device buffer of a prefetch is new (allocate it, then
+ * start the copy into it), released by a later free step. */
+typedef struct rkm_copy_call {
+    int64_t step;      /* index in the plan */
+    int32_t tensor;
+    uint64_t bytes;
+    int64_t wait_step; /* offload, prefetch: the wait step that completes this copy;
+                          wait: the step that started it; free_host: -1 */
+} rkm_copy_call;
+
 /* Callbacks return 0 on success; any other value stops the walk and
  * rkm_plan_execute returns RKM_ERROR_CALLBACK naming the step and the value.
  * forward and backward are required, the others may be NULL (skipped). */
@@ -919,6 +980,17 @@ typedef struct rkm_callbacks {
     int (*free_tensor)(void *user, const rkm_buffer_call *call);
     int (*free_saved)(void *user, const rkm_buffer_call *call);
     int (*free_grad)(void *user, const rkm_buffer_call *call);
+    /* Required only by a plan with copy steps (rkm_plan_stats.offloads > 0):
+     * offload starts copying the tensor's device buffer into a new host
+     * copy and returns without waiting (a copy stream); prefetch starts
+     * copying the host copy into the tensor's new device buffer; wait
+     * returns once the copy started at call->wait_step is complete (a
+     * compute stream waits for it: later kernels may read the tensor, or
+     * its device buffer be released). free_host may be NULL. */
+    int (*offload)(void *user, const rkm_copy_call *call);
+    int (*prefetch)(void *user, const rkm_copy_call *call);
+    int (*wait)(void *user, const rkm_copy_call *call);
+    int (*free_host)(void *user, const rkm_copy_call *call);
 } rkm_callbacks;
 
 /* Walk the plan (valid: every plan is). Never allocates.
@@ -1021,7 +1093,7 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  *         ...
  *     }
  *     my_host h = {0};
- *     rkm_callbacks cb = {&h, my_fwd, my_bwd, my_loss, NULL, NULL, NULL};  // no frees
+ *     rkm_callbacks cb = {.user = &h, .forward = my_fwd, .backward = my_bwd, .loss = my_loss};  // no frees
  *     rkm_arena_exec_desc d = {.graph = g, .plan = plan, .host = &cb, .allocate = 1};
  *     if (rkm_arena_exec_create(&d, &h.x) == RKM_OK)
  *         h.base = rkm_arena_exec_base(h.x);                // before the first run

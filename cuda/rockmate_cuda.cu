@@ -170,8 +170,9 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     ca->poison = d->poison != 0;
     ca->host = *d->host;
     ca->stream = d->stream;
+    /* no copy steps yet: rkm_arena_exec_run refuses a plan with them */
     rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
-                           rkm__cu_free_saved, rkm__cu_free_grad};
+                           rkm__cu_free_saved, rkm__cu_free_grad, NULL, NULL, NULL, NULL};
     rkm_arena_exec_desc xd;
     memset(&xd, 0, sizeof xd);
     xd.graph = d->graph;

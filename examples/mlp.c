@@ -487,7 +487,8 @@ typedef struct Run {
 
 static rkm_callbacks host_callbacks(Host *h)
 {
-    rkm_callbacks cb = {h, on_forward, on_backward, on_loss, on_free_tensor, on_free_saved, on_free_grad};
+    rkm_callbacks cb = {.user = h, .forward = on_forward, .backward = on_backward, .loss = on_loss,
+                        .free_tensor = on_free_tensor, .free_saved = on_free_saved, .free_grad = on_free_grad};
     return cb;
 }
 

@@ -345,9 +345,6 @@ static void rkm__exec_enter(rkm_arena_exec *x, int64_t step)
     if (x->why_kind == RKM__WHY_SCRATCH) x->why_kind = RKM__WHY_NONE;
 }
 
-/* Layout mode: the buffer (kind, index, bytes), created by the step in
- * progress, is the layout's next one; carve it at the layout's offset.
- * Returns 0 or a wrapper failure: another plan's buffers are misuse. */
 /* Layout mode: the buffer (kind, index, bytes) that the step in progress
  * creates is the layout's next one (*out). Returns 0 or a wrapper failure:
  * another plan's buffers are misuse. */
@@ -598,6 +595,41 @@ static int rkm__exec_free(rkm_arena_exec *x, int32_t kind, const rkm_buffer_call
     return rkm__exec_give(x, &x->p_off[id], call->bytes, "saved state of", x->g->ops[id].name);
 }
 
+/* Copy steps: a prefetch carves the tensor's new buffer before the host
+ * starts the copy into it; the others touch no device buffer. */
+static int rkm__exec_copy(rkm_arena_exec *x, const rkm_copy_call *call, int (*hook)(void *, const rkm_copy_call *))
+{
+    rkm__exec_enter(x, call->step);
+    return x->has_host && hook ? hook(x->host.user, call) : 0;
+}
+
+static int rkm__exec_offload(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    return rkm__exec_copy(x, c, x->host.offload);
+}
+
+static int rkm__exec_prefetch(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    rkm__exec_enter(x, c->step);
+    int rc = rkm__exec_take(x, &x->t_off[c->tensor], RKM_BUFFER_TENSOR, c->tensor, c->bytes, "tensor",
+                            rkm__tensor_name_of(x->g, c->tensor));
+    return rc ? rc : rkm__exec_copy(x, c, x->host.prefetch);
+}
+
+static int rkm__exec_wait(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    return rkm__exec_copy(x, c, x->host.wait);
+}
+
+static int rkm__exec_free_host(void *user, const rkm_copy_call *c)
+{
+    rkm_arena_exec *x = user;
+    return rkm__exec_copy(x, c, x->host.free_host);
+}
+
 static int rkm__exec_free_tensor(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_TENSOR, c); }
 static int rkm__exec_free_saved(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_PHANTOM, c); }
 static int rkm__exec_free_grad(void *user, const rkm_buffer_call *c) { return rkm__exec_free(user, RKM_BUFFER_GRAD, c); }
@@ -807,8 +839,14 @@ rkm_result rkm_arena_exec_run(rkm_arena_exec *x, const rkm_plan *plan)
     if (!plan) return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_run: plan is NULL");
     if (plan->g != x->g)
         return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_run: the plan is not of the exec's graph");
-    rkm_callbacks cb = {x, rkm__exec_forward, rkm__exec_backward, rkm__exec_loss, rkm__exec_free_tensor,
-                        rkm__exec_free_saved, rkm__exec_free_grad};
+    if (plan->peer && x->has_host && (!x->host.offload || !x->host.prefetch || !x->host.wait))
+        return rkm__err(x->ctx, RKM_ERROR_ARGUMENT, "rkm_arena_exec_run: the plan copies tensors to the host: the "
+                        "host's offload, prefetch and wait callbacks are required");
+    rkm_callbacks cb = {.user = x, .forward = rkm__exec_forward, .backward = rkm__exec_backward,
+                        .loss = rkm__exec_loss, .free_tensor = rkm__exec_free_tensor,
+                        .free_saved = rkm__exec_free_saved, .free_grad = rkm__exec_free_grad,
+                        .offload = rkm__exec_offload, .prefetch = rkm__exec_prefetch, .wait = rkm__exec_wait,
+                        .free_host = rkm__exec_free_host};
     x->why_kind = RKM__WHY_NONE;
     x->lay_next = x->lay_inputs;
     x->step = -1;

@@ -11,7 +11,19 @@ static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, i
 }
 
 /* The callback each step kind calls (by rkm_step_kind), for messages. */
-static const char *const rkm__callback_names[] = {"forward", "loss", "backward", "free_tensor", "free_saved", "free_grad"};
+static const char *const rkm__callback_names[RKM__STEP_KINDS] = {
+    "forward", "loss", "backward", "free_tensor", "free_saved", "free_grad", "offload", "prefetch", "wait", "free_host"};
+
+/* The callback of a copy step. */
+static int (*rkm__copy_callback(const rkm_callbacks *cb, int32_t kind))(void *, const rkm_copy_call *)
+{
+    switch (kind) {
+    case RKM_STEP_OFFLOAD: return cb->offload;
+    case RKM_STEP_PREFETCH: return cb->prefetch;
+    case RKM_STEP_WAIT: return cb->wait;
+    default: return cb->free_host;
+    }
+}
 
 /* The optional callback of a step that is neither fwd nor bwd. */
 static int (*rkm__buffer_callback(const rkm_callbacks *cb, int32_t kind))(void *, const rkm_buffer_call *)
@@ -40,6 +52,11 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
         rkm_bwd_call c = {(int64_t)i, st->index, o->in,  o->n_in,     o->out,     o->n_out,
                           fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws};
         return cb->backward(cb->user, &c);
+    }
+    if (st->kind >= RKM_STEP_OFFLOAD) {
+        int (*copy)(void *, const rkm_copy_call *) = rkm__copy_callback(cb, st->kind);
+        rkm_copy_call c = {(int64_t)i, st->index, p->g->tensors[st->index].bytes, p->peer[i]};
+        return copy ? copy(cb->user, &c) : 0;
     }
     int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);
     uint64_t bytes = st->kind == RKM_STEP_FREE_SAVED ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
@@ -85,19 +102,22 @@ static rkm_result rkm__profile_run(const rkm_plan *p, const rkm_callbacks *cb, r
     return r;
 }
 
-/* The callbacks every walk needs. */
-static rkm_result rkm__callbacks_ok(rkm_context *ctx, const rkm_callbacks *cb, const char *fn)
+/* The callbacks a walk of plan p needs (p NULL: any plan without copies). */
+static rkm_result rkm__callbacks_ok(rkm_context *ctx, const rkm_plan *p, const rkm_callbacks *cb, const char *fn)
 {
     if (!cb) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: callbacks are NULL", fn);
     if (!cb->forward || !cb->backward)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the forward and backward callbacks are required", fn);
+    if (p && p->peer && (!cb->offload || !cb->prefetch || !cb->wait))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "%s: the plan copies tensors to the host: the offload, prefetch and "
+                        "wait callbacks are required", fn);
     return RKM_OK;
 }
 
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
 {
     if (!p) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__callbacks_ok(p->ctx, cb, "rkm_plan_execute");
+    rkm_result r = rkm__callbacks_ok(p->ctx, p, cb, "rkm_plan_execute");
     return r ? r : rkm__walk(p, cb, NULL);
 }
 
@@ -162,7 +182,7 @@ rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const 
     *out = NULL;
     if (!g) return RKM_ERROR_ARGUMENT;
     rkm_profile_desc d;
-    rkm_result r = rkm__callbacks_ok(g->ctx, cb, "rkm_graph_profile");
+    rkm_result r = rkm__callbacks_ok(g->ctx, NULL, cb, "rkm_graph_profile");
     if (!r) r = rkm__profile_defaults(g, desc, &d);
     rkm_plan *p = NULL;
     if (!r) r = rkm__plan_baseline(g, &p);

@@ -242,6 +242,32 @@ rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *d, int32_t *id)
     return RKM_OK;
 }
 
+rkm_result rkm_graph_set_copy(rkm_graph *g, const rkm_copy_desc *copy)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_set_copy");
+    if (r) return r;
+    rkm_copy_desc c = {0, 0, 0};
+    if (copy) c = *copy;
+    int none = c.d2h_bytes_per_second == 0 && c.h2d_bytes_per_second == 0;
+    int ok = none || (isfinite(c.d2h_bytes_per_second) && c.d2h_bytes_per_second > 0 &&
+                      isfinite(c.h2d_bytes_per_second) && c.h2d_bytes_per_second > 0);
+    if (!ok || !(isfinite(c.latency_seconds) && c.latency_seconds >= 0))
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, g->src_line, "copy: d2h %g and h2d %g bytes/s, latency %g s (both "
+                         "bandwidths positive and finite, or both 0; latency finite, >= 0)", c.d2h_bytes_per_second,
+                         c.h2d_bytes_per_second, c.latency_seconds);
+    g->copy = none ? (rkm_copy_desc){0, 0, 0} : c;
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_copy_get: out is NULL");
+    *out = g->copy;
+    return RKM_OK;
+}
+
 rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
 {
     if (!g) return RKM_ERROR_ARGUMENT;
@@ -396,7 +422,8 @@ RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
  * NULL) and loss into the empty graph n, every byte count rounded up to
  * `align` (1: as they are), then finalize it: everything derived comes
  * from the new figures, as when the graph's file is read. */
-static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, uint64_t align, rkm_graph *n)
+static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
+                                     uint64_t align, rkm_graph *n)
 {
     rkm_result r = RKM_OK;
     for (size_t t = 0; t < g->n_tensors && !r; t++)
@@ -411,6 +438,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = rkm_graph_set_copy(n, copy);
     if (!r) r = rkm_graph_finalize(n);
     return r;
 }
@@ -431,7 +459,7 @@ RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rk
     if (aligned) return RKM_OK;
     rkm_graph *n;
     rkm_result r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, align, n))) rkm_graph_destroy(n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
     if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
                         "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
@@ -449,12 +477,25 @@ rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, r
     if (r) return r;
     rkm_graph *n;
     if ((r = rkm_graph_create(g->ctx, &n))) return r;
-    if ((r = rkm__graph_rebuild(g, costs, 1, n))) {
+    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
         rkm_graph_destroy(n);
         return r;
     }
     *out = n;
     return RKM_OK;
+}
+
+rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_copy: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
+    rkm_graph *n = NULL;
+    if (!r) r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
+    if (!r) *out = n;
+    return r;
 }
 
 rkm_context *rkm_graph_context(const rkm_graph *g) { return g ? g->ctx : NULL; }

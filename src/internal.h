@@ -346,6 +346,7 @@ struct rkm_graph {
     int32_t loss_line;
     int finalized;
     int has_inplace; /* some op declares RKM_OP_INPLACE or RKM_OP_GRAD_INPLACE (at finalize) */
+    rkm_copy_desc copy; /* copy bandwidths; d2h 0: no copies (offloading) */
     uint64_t input_bytes;
     rkm__block *blocks;
     int32_t n_blocks, n_classes;
@@ -396,6 +397,10 @@ struct rkm_plan {
     size_t *flag_off;
     uint8_t *flags;
     size_t n_flags;
+    /* Copies: for an offload or prefetch step the wait that completes it,
+     * for a wait the step that started its copy, -1 for other steps; NULL
+     * when the plan has no copy step. */
+    int64_t *peer;
     rkm_buffer *buffers; /* lifetimes from the replay; offsets 0 (rkm_plan_layout places them) */
     size_t n_buffers, cap_buffers;
     rkm_plan_stats stats;
@@ -422,7 +427,18 @@ typedef struct rkm__sim {
     uint8_t *bwd_done; /* per op: backward ran */
     int loss_done;
     uint64_t mem;
+    /* Copies (offloading): per tensor, whether it has a host copy (H) and
+     * which copy is in flight (RKM__COPY_*) ending when (copy_end); the
+     * streams' clocks; the host bytes. */
+    uint8_t *H, *inflight;
+    double *copy_end;
+    double clock, d2h_free, h2d_free, stall, d2h_busy, h2d_busy;
+    uint64_t host_mem;
 } rkm__sim;
+#define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
+#define RKM__COPY_NONE 0
+#define RKM__COPY_OFFLOAD 1
+#define RKM__COPY_PREFETCH 2
 
 /* What a plan's birth records besides its figures: the executor's flags
  * and every buffer's lifetime. open_*: per tensor / tensor / op, its open

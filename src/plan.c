@@ -12,6 +12,7 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p->step_peak, (p->n_steps + 1) * sizeof *p->step_peak);
     rkm__free(ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
     rkm__free(ctx, p->flags, p->n_flags);
+    if (p->peer) rkm__free(ctx, p->peer, p->n_steps * sizeof *p->peer);
     rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
     rkm__free(ctx, p, sizeof *p);
 }
@@ -85,7 +86,11 @@ RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
     case RKM_STEP_FREE_SAVED: return s->index >= 0 && (size_t)s->index < g->n_ops;
     case RKM_STEP_LOSS: return s->index == g->loss;
     case RKM_STEP_FREE:
-    case RKM_STEP_FREE_GRAD: return s->index >= 0 && (size_t)s->index < g->n_tensors;
+    case RKM_STEP_FREE_GRAD:
+    case RKM_STEP_OFFLOAD:
+    case RKM_STEP_PREFETCH:
+    case RKM_STEP_WAIT:
+    case RKM_STEP_FREE_HOST: return s->index >= 0 && (size_t)s->index < g->n_tensors && s->save == 0;
     default: return 0;
     }
 }
@@ -97,7 +102,8 @@ const uint64_t *rkm_plan_mem_after(const rkm_plan *p) { return p ? p->mem_after 
 const uint64_t *rkm_plan_step_peaks(const rkm_plan *p) { return p ? p->step_peak : NULL; }
 size_t rkm_plan_num_buffers(const rkm_plan *p) { return p ? p->n_buffers : 0; }
 
-static const char *const rkm__step_words[] = {"fwd", "loss", "bwd", "free", "free_saved", "free_grad"};
+static const char *const rkm__step_words[RKM__STEP_KINDS] = {"fwd",     "loss",     "bwd",  "free",     "free_saved",
+                                                             "free_grad", "offload", "prefetch", "wait", "free_host"};
 
 void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
 {
@@ -163,10 +169,11 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
 {
     const char *w = r->tok[0];
     int kind = -1;
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < RKM__STEP_KINDS; k++)
         if (strcmp(w, rkm__step_words[k]) == 0) kind = k;
     if (kind < 0)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad)", w);
+        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad, offload, "
+                         "prefetch, wait, free_host)", w);
     rkm_step st = {kind, 0, 0, 0};
     if (kind == RKM_STEP_LOSS) {
         if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");

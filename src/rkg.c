@@ -217,6 +217,32 @@ static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
     return res;
 }
 
+/* copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND [latency=SECONDS] */
+static rkm_result rkm__read_copy(rkm__reader *r, rkm_graph *g)
+{
+    static const char *const keys[] = {"d2h", "h2d", "latency"};
+    double v[3] = {0, 0, 0};
+    int seen[3] = {0, 0, 0};
+    if (g->copy.d2h_bytes_per_second > 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: given twice (at most once)");
+    for (int i = 1; i < r->ntok; i++) {
+        char *eq = strchr(r->tok[i], '=');
+        int k = 0;
+        if (eq) *eq = 0;
+        while (k < 3 && strcmp(r->tok[i], keys[k]) != 0) k++;
+        if (!eq || k == 3 || seen[k])
+            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: expected 'copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND "
+                             "[latency=SECONDS]', not '%.64s' as word %d", r->tok[i], i + 1);
+        if (!rkm__parse_time(eq + 1, &v[k]))
+            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: %s=%.64s is not a non-negative decimal number", keys[k], eq + 1);
+        seen[k] = 1;
+    }
+    if (!seen[0] || !seen[1]) return rkm__rerr(r, RKM_ERROR_PARSE, "copy: d2h= and h2d= are required");
+    rkm_copy_desc c = {v[0], v[1], v[2]};
+    if (!(c.d2h_bytes_per_second > 0 && c.h2d_bytes_per_second > 0))
+        return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: both bandwidths must be positive");
+    return rkm_graph_set_copy(g, &c);
+}
+
 static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
 {
     rkm_result res = rkm__next_stmt(r);
@@ -232,13 +258,14 @@ static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
         const char *w = r->tok[0];
         if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
         else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
+        else if (strcmp(w, "copy") == 0) res = rkm__read_copy(r, g);
         else if (strcmp(w, "loss") == 0) {
             if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
             int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
             if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
             res = rkm_graph_set_loss(g, t);
         } else
-            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op or loss)", w);
+            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss or copy)", w);
         if (res) return res;
     }
     g->src_line = r->line;
@@ -357,6 +384,13 @@ static void rkm__fmt_time(double x, char *buf, size_t size)
     }
 }
 
+/* A bandwidth: whole bytes per second as an integer, else as a time. */
+static void rkm__fmt_rate(double x, char *buf, size_t size)
+{
+    if (x == floor(x) && x < 1e15) snprintf(buf, size, "%.0f", x);
+    else rkm__fmt_time(x, buf, size);
+}
+
 static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, const int32_t *ids, int32_t n)
 {
     if (!n) return;
@@ -367,6 +401,13 @@ static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, cons
 static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
 {
     rkm__outf(o, "rockmate-graph 1\n");
+    if (g->copy.d2h_bytes_per_second > 0) {
+        char d[40], h[40], l[40];
+        rkm__fmt_rate(g->copy.d2h_bytes_per_second, d, sizeof d);
+        rkm__fmt_rate(g->copy.h2d_bytes_per_second, h, sizeof h);
+        rkm__fmt_time(g->copy.latency_seconds, l, sizeof l);
+        rkm__outf(o, "copy d2h=%s h2d=%s latency=%s\n", d, h, l);
+    }
     for (size_t t = 0; t < g->n_tensors; t++) {
         const rkm__tensor *x = &g->tensors[t];
         rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,

@@ -3,12 +3,17 @@
  * Uses (through internal.h): base.c, plan.c. */
 #include "internal.h"
 
+/* The simulator's byte flags: D, G, H, inflight per tensor; P, fwd_done,
+ * bwd_done per op. */
+static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 3 + 1; }
+
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 {
     if (!s->g) return;
     rkm_context *ctx = s->g->ctx;
-    rkm__free(ctx, s->D, s->g->n_tensors * 2 + s->g->n_ops * 3 + 1);
+    rkm__free(ctx, s->D, rkm__sim_bytes(s->g));
     rkm__free(ctx, s->recv, (s->g->n_tensors + 1) * sizeof *s->recv);
+    rkm__free(ctx, s->copy_end, (s->g->n_tensors + 1) * sizeof *s->copy_end);
     memset(s, 0, sizeof *s);
 }
 
@@ -16,10 +21,11 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 {
     const rkm_graph *g = s->g;
-    memset(s->D, 0, g->n_tensors * 2 + g->n_ops * 3 + 1);
+    memset(s->D, 0, rkm__sim_bytes(g));
     memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
     s->loss_done = 0;
-    s->mem = 0;
+    s->mem = s->host_mem = 0;
+    s->clock = s->d2h_free = s->h2d_free = s->stall = s->d2h_busy = s->h2d_busy = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
             s->D[t] = 1;
@@ -30,21 +36,26 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
-    size_t nb = g->n_tensors * 2 + g->n_ops * 3 + 1;
+    size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1;
     uint8_t *b = rkm__alloc(g->ctx, nb);
-    int32_t *recv = rkm__alloc(g->ctx, (g->n_tensors + 1) * sizeof *recv);
-    if (!b || !recv) {
+    int32_t *recv = rkm__alloc(g->ctx, nt * sizeof *recv);
+    double *end = rkm__alloc(g->ctx, nt * sizeof *end);
+    if (!b || !recv || !end) {
         rkm__free(g->ctx, b, nb);
-        rkm__free(g->ctx, recv, (g->n_tensors + 1) * sizeof *recv);
+        rkm__free(g->ctx, recv, nt * sizeof *recv);
+        rkm__free(g->ctx, end, nt * sizeof *end);
         return rkm__nomem(g->ctx, "simulator");
     }
     s->g = g;
     s->D = b;
     s->G = b + g->n_tensors;
-    s->P = s->G + g->n_tensors;
+    s->H = s->G + g->n_tensors;
+    s->inflight = s->H + g->n_tensors;
+    s->P = s->inflight + g->n_tensors;
     s->fwd_done = s->P + g->n_ops;
     s->bwd_done = s->fwd_done + g->n_ops;
     s->recv = recv;
+    s->copy_end = end;
     rkm__sim_reset(s);
     return RKM_OK;
 }
@@ -118,6 +129,60 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
     return RKM_RULE_NONE;
 }
 
+/* When a copy of tensor t started now on a stream free from *stream ends;
+ * the stream is busy until then. */
+static double rkm__sim_copy_start(rkm__sim *s, int32_t t, double bytes_per_second, double *stream, double *busy)
+{
+    double start = s->clock > *stream ? s->clock : *stream;
+    double took = s->g->copy.latency_seconds + (double)s->g->tensors[t].bytes / bytes_per_second;
+    *stream = start + took;
+    *busy += took;
+    return *stream;
+}
+
+/* offload, prefetch, wait, free_host (the index is a tensor in range). */
+static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *peak)
+{
+    const rkm_graph *g = s->g;
+    int32_t t = st->index;
+    uint64_t bytes = g->tensors[t].bytes;
+    int copying = st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH;
+    if (copying && !(g->copy.d2h_bytes_per_second > 0)) return RKM_RULE_COPY_NO_BANDWIDTH;
+    switch (st->kind) {
+    case RKM_STEP_OFFLOAD:
+        if (!s->D[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_OFFLOAD_NOT_LIVE;
+        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->H[t]) return RKM_RULE_OFFLOAD_ON_HOST;
+        s->H[t] = 1;
+        s->host_mem += bytes;
+        s->inflight[t] = RKM__COPY_OFFLOAD;
+        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
+        return RKM_RULE_NONE;
+    case RKM_STEP_PREFETCH:
+        if (!s->H[t]) return RKM_RULE_PREFETCH_NOT_ON_HOST;
+        if (s->D[t]) return RKM_RULE_PREFETCH_LIVE;
+        *peak = s->mem + bytes;
+        s->D[t] = 1;
+        s->mem += bytes;
+        s->inflight[t] = RKM__COPY_PREFETCH;
+        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
+        return RKM_RULE_NONE;
+    case RKM_STEP_WAIT:
+        if (!s->inflight[t]) return RKM_RULE_WAIT_NO_COPY;
+        s->inflight[t] = RKM__COPY_NONE;
+        s->stall = s->copy_end[t] > s->clock ? s->copy_end[t] - s->clock : 0;
+        s->clock += s->stall;
+        return RKM_RULE_NONE;
+    case RKM_STEP_FREE_HOST:
+        if (!s->H[t]) return RKM_RULE_FREE_HOST_NOT_ON_HOST;
+        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
+        s->H[t] = 0;
+        s->host_mem -= bytes;
+        return RKM_RULE_NONE;
+    }
+    return RKM_RULE_BAD_STEP;
+}
+
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
@@ -132,11 +197,18 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     switch (st->kind) {
     case RKM_STEP_FWD: {
         const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_in; k++)
-            if (!s->D[o->in[k]]) {
-                *obj = o->in[k];
-                return RKM_RULE_FWD_INPUT_MISSING;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            *obj = o->in[k];
+            if (!s->D[o->in[k]]) return RKM_RULE_FWD_INPUT_MISSING;
+            if (s->inflight[o->in[k]] == RKM__COPY_PREFETCH || (k == 0 && st->inplace && s->inflight[o->in[0]]))
+                return RKM_RULE_COPY_IN_FLIGHT;
+        }
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (s->inflight[o->out[k]]) { /* live: recomputed into, while a copy reads it */
+                *obj = o->out[k];
+                return RKM_RULE_COPY_IN_FLIGHT;
             }
+        *obj = x;
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
@@ -148,11 +220,13 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         if (st->save) s->P[x] = 1;
         s->fwd_done[x] = 1;
         s->mem += add;
+        s->clock += o->fwd;
         return RKM_RULE_NONE;
     }
     case RKM_STEP_LOSS:
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
+        if (s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
         *peak = s->mem + g->tensors[x].bytes;
         s->loss_done = 1;
         s->G[x] = 1;
@@ -163,11 +237,12 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         const rkm__op *o = &g->ops[x];
         if (!o->has_bwd) return RKM_RULE_BWD_NO_BACKWARD;
         if (s->bwd_done[x]) return RKM_RULE_BWD_TWICE;
-        for (int32_t k = 0; k < o->n_saved; k++)
-            if (!s->D[o->saved[k]]) {
-                *obj = o->saved[k];
-                return RKM_RULE_BWD_SAVED_MISSING;
-            }
+        for (int32_t k = 0; k < o->n_saved; k++) {
+            *obj = o->saved[k];
+            if (!s->D[o->saved[k]]) return RKM_RULE_BWD_SAVED_MISSING;
+            if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
+        }
+        *obj = x;
         if (o->phantom > 0 && !s->P[x]) return RKM_RULE_BWD_PHANTOM_MISSING;
         for (int32_t k = 0; k < o->n_out; k++) {
             int32_t t = o->out[k];
@@ -190,11 +265,13 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         }
         s->bwd_done[x] = 1;
         s->mem += add;
+        s->clock += o->bwd;
         return RKM_RULE_NONE;
     }
     case RKM_STEP_FREE:
         if (g->tensors[x].flags & RKM_TENSOR_INPUT) return RKM_RULE_FREE_INPUT;
         if (!s->D[x]) return RKM_RULE_FREE_NOT_LIVE;
+        if (s->inflight[x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->D[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
@@ -209,8 +286,8 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         s->G[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
+    default: return rkm__sim_copy_step(s, st, peak);
     }
-    return RKM_RULE_BAD_STEP;
 }
 
 /* The contract's end-of-plan rules. */
@@ -226,8 +303,10 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
         *obj = (int32_t)t;
+        if (s->inflight[t]) return RKM_RULE_END_COPY_IN_FLIGHT;
         if (s->D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_END_TENSOR_LIVE;
         if (s->G[t]) return RKM_RULE_END_GRAD_LIVE;
+        if (s->H[t]) return RKM_RULE_END_HOST_LIVE;
     }
     *obj = -1;
     return RKM_RULE_NONE;
@@ -338,6 +417,7 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
         return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
     }
     case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
+    case RKM_STEP_PREFETCH: return s->D[x] || rkm__buf_open(rc, RKM_BUFFER_TENSOR, x, i, g->tensors[x].bytes);
     }
     return 1;
 }
@@ -384,6 +464,11 @@ RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n,
         }
         if (steps[i].kind == RKM_STEP_FWD) res->time += s->g->ops[steps[i].index].fwd;
         else if (steps[i].kind == RKM_STEP_BWD) res->time += s->g->ops[steps[i].index].bwd;
+        else if (steps[i].kind == RKM_STEP_WAIT) {
+            res->time += s->stall;
+            res->wait_seconds += s->stall;
+        }
+        if (s->host_mem > res->host_peak) res->host_peak = s->host_mem;
         if (mem_after) mem_after[i] = s->mem;
         if (step_peak) step_peak[i] = pk;
     }
@@ -427,6 +512,17 @@ static const struct rkm__rule_info {
     [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
     [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
+    [RKM_RULE_COPY_NO_BANDWIDTH] = {"offload, prefetch: the graph must have a copy bandwidth", 0},
+    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor must be live and not an input", 0},
+    [RKM_RULE_OFFLOAD_ON_HOST] = {"offload: the tensor must have no host copy already", 0},
+    [RKM_RULE_PREFETCH_NOT_ON_HOST] = {"prefetch: the tensor must have a host copy", 0},
+    [RKM_RULE_PREFETCH_LIVE] = {"prefetch: the tensor must not be live", 0},
+    [RKM_RULE_WAIT_NO_COPY] = {"wait: the tensor must have a copy in flight", 0},
+    [RKM_RULE_COPY_IN_FLIGHT] = {"copy in flight: a tensor being prefetched is read, or one with a copy in flight is "
+                                 "written or freed, before its wait", 0},
+    [RKM_RULE_FREE_HOST_NOT_ON_HOST] = {"free_host: the tensor must have a host copy", 0},
+    [RKM_RULE_END_COPY_IN_FLIGHT] = {"end: every copy must have been waited for", 0},
+    [RKM_RULE_END_HOST_LIVE] = {"end: no host copy may be live", 0},
 };
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -462,12 +558,13 @@ static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *step
 static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
 {
     *out = NULL;
-    size_t n = draft->n, nf = 0;
+    size_t n = draft->n, nf = 0, copies = 0;
     for (size_t i = 0; i < n; i++) {
         const rkm_step *st = &draft->s[i];
         if (!rkm__step_index_ok(g, st)) continue;
         if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
         if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
+        copies += st->kind == RKM_STEP_WAIT;
     }
     rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
     rkm_step *steps = rkm__steps_take(draft);
@@ -486,12 +583,28 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
     p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
     p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
     p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
-    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags) {
+    if (copies) p->peer = rkm__alloc(g->ctx, n * sizeof *p->peer);
+    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags || (copies && !p->peer)) {
         rkm_plan_destroy(p);
         return rkm__nomem(g->ctx, "plan");
     }
     *out = p;
     return RKM_OK;
+}
+
+/* p->peer of a valid plan with copies; open (n_tensors entries) is
+ * scratch. */
+static void rkm__plan_peers(rkm_plan *p, int64_t *open)
+{
+    for (size_t t = 0; t < p->g->n_tensors; t++) open[t] = -1;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        const rkm_step *st = &p->steps[i];
+        p->peer[i] = -1;
+        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[st->index] = (int64_t)i;
+        if (st->kind != RKM_STEP_WAIT) continue;
+        p->peer[i] = open[st->index];
+        p->peer[open[st->index]] = (int64_t)i;
+    }
 }
 
 /* Replay the plan once, recording everything a query may later ask. 1:
@@ -514,6 +627,9 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
         res->fail_step = (int64_t)p->n_steps;
         res->fail_object = obj;
     }
+    p->stats.d2h_seconds = s.d2h_busy;
+    p->stats.h2d_seconds = s.h2d_busy;
+    if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
     rkm__sim_free(&s);
     rkm__recorder_free(&rc);
     res->valid = ok == 1;
@@ -564,6 +680,9 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
     st->baseline_peak = g->stats.baseline_peak;
     st->baseline_time = g->stats.baseline_time;
     st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
+    st->host_peak = res->host_peak;
+    st->wait_seconds = res->wait_seconds;
+    for (size_t i = 0; i < p->n_steps; i++) st->offloads += p->steps[i].kind == RKM_STEP_OFFLOAD;
     *out = p;
     return RKM_OK;
 }

@@ -8,7 +8,7 @@
  * keeps source compatibility (a zeroed desc still means the defaults), never
  * binary compatibility.
  *
- * The figures are those of version 0.3.0 on LP64 (x86-64; aarch64 and the
+ * The figures are those of version 0.4.0 on LP64 (x86-64; aarch64 and the
  * other LP64 ABIs lay these structs out the same). Elsewhere (32-bit, LLP64
  * Windows) they differ, and the test says SKIP. Sizes pin every struct; the
  * offsets pin the last field of each (a field inserted or moved before it
@@ -66,9 +66,10 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_step, index, 4);
     CHECK_OFFSET(rkm_step, save, 8);
     CHECK_OFFSET(rkm_step, inplace, 12);
-    CHECK_SIZE(rkm_sim_result, 80);
+    CHECK_SIZE(rkm_sim_result, 96);
     CHECK_OFFSET(rkm_sim_result, failed, 20);
     CHECK_OFFSET(rkm_sim_result, recomputes, 72);
+    CHECK_OFFSET(rkm_sim_result, wait_seconds, 88);
     CHECK_SIZE(rkm_buffer, 48);
     CHECK_OFFSET(rkm_buffer, first_step, 8);
     CHECK_OFFSET(rkm_buffer, bytes, 24);
@@ -84,9 +85,10 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_progress, stage_name, 8);
     CHECK_OFFSET(rkm_progress, fraction, 16);
     CHECK_OFFSET(rkm_progress, seconds, 48);
-    CHECK_SIZE(rkm_plan_stats, 120);
+    CHECK_SIZE(rkm_plan_stats, 160);
     CHECK_OFFSET(rkm_plan_stats, alignment, 88);
     CHECK_OFFSET(rkm_plan_stats, cut, 112);
+    CHECK_OFFSET(rkm_plan_stats, offloads, 152);
     CHECK_SIZE(rkm_planner_stats, 72);
     CHECK_OFFSET(rkm_planner_stats, nested_classes, 64);
     CHECK_OFFSET(rkm_planner_stats, cut, 68);
@@ -98,9 +100,14 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_bwd_call, ws_bytes, 88);
     CHECK_SIZE(rkm_buffer_call, 24);
     CHECK_OFFSET(rkm_buffer_call, bytes, 16);
-    CHECK_SIZE(rkm_callbacks, 56);
+    CHECK_SIZE(rkm_callbacks, 88);
     CHECK_OFFSET(rkm_callbacks, forward, 8);
     CHECK_OFFSET(rkm_callbacks, free_grad, 48);
+    CHECK_OFFSET(rkm_callbacks, free_host, 80);
+    CHECK_SIZE(rkm_copy_desc, 24);
+    CHECK_OFFSET(rkm_copy_desc, latency_seconds, 16);
+    CHECK_SIZE(rkm_copy_call, 32);
+    CHECK_OFFSET(rkm_copy_call, wait_step, 24);
     CHECK_SIZE(rkm_arena_stats, 40);
     CHECK_OFFSET(rkm_arena_stats, blocks, 32);
     CHECK_SIZE(rkm_arena_exec_desc, 48);

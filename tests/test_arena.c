@@ -436,7 +436,7 @@ static int harness_init(harness *h, rkm_plan *p, uint64_t capacity, int measure)
     h->c.measure = measure;
     h->c.fail_op = -1;
     h->c.host_fail_op = -1;
-    rkm_callbacks cb = {&h->c, chk_forward, chk_backward, chk_loss, NULL, NULL, NULL};
+    rkm_callbacks cb = {.user = &h->c, .forward = chk_forward, .backward = chk_backward, .loss = chk_loss};
     h->cb = cb;
     rkm_arena_exec_desc d = {.graph = g, .mode = measure ? RKM_ARENA_MEASURE : RKM_ARENA_FIRST_FIT,
                              .capacity = h->c.capacity, .host = &h->cb};
@@ -861,7 +861,7 @@ static void region_run(rkm_plan *p, const char *label)
     const rkm_graph *g = rkm_plan_graph(p);
     rkm_context *ctx = rkm_graph_context(g);
     writer w = {NULL, g, 0, 0};
-    rkm_callbacks cb = {&w, wr_forward, wr_backward, wr_loss, NULL, NULL, NULL};
+    rkm_callbacks cb = {.user = &w, .forward = wr_forward, .backward = wr_backward, .loss = wr_loss};
     rkm_arena_exec_desc d = {.graph = g, .plan = p, .host = &cb, .allocate = 1};
     rkm_arena_stats st;
     long long bytes = counted_bytes;
@@ -1135,8 +1135,8 @@ static void check_layout_run(rkm_plan *p, const char *label)
     l.n = rkm_plan_num_buffers(p);
     l.b = calloc(l.n + 1, sizeof *l.b);
     CHECK(l.b && rkm_plan_layout(p, RKM_ARENA_ALIGN, l.b, &l.arena) == RKM_OK);
-    rkm_callbacks cb = {&l, lchk_forward, lchk_backward, lchk_loss, lchk_free_tensor, lchk_free_saved,
-                        lchk_free_grad};
+    rkm_callbacks cb = {.user = &l, .forward = lchk_forward, .backward = lchk_backward, .loss = lchk_loss,
+                        .free_tensor = lchk_free_tensor, .free_saved = lchk_free_saved, .free_grad = lchk_free_grad};
     rkm_arena_exec_desc d = {.graph = g, .plan = p, .host = &cb};
     CHECK(rkm_arena_exec_create(&d, &l.c.x) == RKM_OK);
     l.live = calloc(l.n + 1, 1);

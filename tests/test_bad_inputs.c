@@ -155,7 +155,7 @@ TEST(api_misuse_is_refused_by_name)
     rkm_tensor_info ti;
     rkm_graph_stats gs;
     rkm_profile_desc pd = {.runs = -1};
-    rkm_callbacks cb = {NULL, noop_fwd, NULL, NULL, NULL, NULL, NULL};
+    rkm_callbacks cb = {.forward = noop_fwd};
     CALL(rkm_graph_add_tensor(g, "y", 4, 0, NULL), RKM_ERROR_STATE, "finalized and read-only");
     CALL(rkm_graph_add_op(g, &d, NULL), RKM_ERROR_STATE, "finalized and read-only");
     CALL(rkm_graph_finalize(g), RKM_ERROR_STATE, "finalized and read-only");
@@ -205,7 +205,7 @@ TEST(null_arguments_are_refused)
     CHECK(rkm_planner_create(g, &sd, &pl) == RKM_OK);
     CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
     CHECK(rkm_arena_create(ctx, 4096, 4, &a) == RKM_OK);
-    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+    rkm_callbacks cb = {.forward = noop_fwd, .backward = noop_bwd};
     rkm_arena_exec_desc xd = {.graph = g, .plan = p, .host = &cb, .allocate = 1};
     CHECK(rkm_arena_exec_create(&xd, &x) == RKM_OK);
     if (!pl || !p || !a || !x) return;

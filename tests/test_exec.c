@@ -84,7 +84,8 @@ static int same_event(const event *a, const event *b)
 
 static rkm_callbacks tracer_callbacks(tracer *t)
 {
-    rkm_callbacks cb = {t, tr_forward, tr_backward, tr_loss, tr_free, tr_free_saved, tr_free_grad};
+    rkm_callbacks cb = {.user = t, .forward = tr_forward, .backward = tr_backward, .loss = tr_loss,
+                        .free_tensor = tr_free, .free_saved = tr_free_saved, .free_grad = tr_free_grad};
     return cb;
 }
 
@@ -285,7 +286,7 @@ TEST(optional_callbacks)
         memset(&t, 0, sizeof t);
         t.g = f.g;
         t.fail_at = -1;
-        rkm_callbacks cb = {&t, tr_forward, tr_backward, NULL, NULL, NULL, NULL};
+        rkm_callbacks cb = {.user = &t, .forward = tr_forward, .backward = tr_backward};
         CHECK(rkm_plan_execute(f.p, &cb) == RKM_OK);
         int k = 0;
         const rkm_step *s = rkm_plan_steps(f.p);
@@ -295,7 +296,7 @@ TEST(optional_callbacks)
             k++;
         }
         CHECK(k == t.n && k == 7); /* 4 forwards, 3 backwards */
-        rkm_callbacks none = {&t, NULL, tr_backward, NULL, NULL, NULL, NULL};
+        rkm_callbacks none = {.user = &t, .backward = tr_backward};
         CHECK(rkm_plan_execute(f.p, &none) == RKM_ERROR_ARGUMENT);
         none.forward = tr_forward;
         none.backward = NULL;
@@ -485,7 +486,8 @@ static void run_counting_host(const rkm_graph *g, const rkm_plan *p, const char 
     }
     uint64_t inputs = h.cur;
     h.peak = h.cur;
-    rkm_callbacks cb = {&h, h_forward, h_backward, h_loss, h_free, h_free_saved, h_free_grad};
+    rkm_callbacks cb = {.user = &h, .forward = h_forward, .backward = h_backward, .loss = h_loss,
+                        .free_tensor = h_free, .free_saved = h_free_saved, .free_grad = h_free_grad};
     size_t before = alloc_calls;
     CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
     CHECK(alloc_calls == before);

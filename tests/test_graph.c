@@ -780,7 +780,7 @@ TEST(profile_after_run_hook)
     rkm_graph *g = NULL, *prof = NULL;
     CHECK(rkm_graph_read_string(ctx, G, strlen(G), "hook.rkg", &g) == RKM_OK);
     hook_log h = {0, 0, 0, -1};
-    rkm_callbacks cb = {&h, hook_fwd, hook_bwd, NULL, NULL, NULL, NULL};
+    rkm_callbacks cb = {.user = &h, .forward = hook_fwd, .backward = hook_bwd};
     rkm_profile_desc pd = {.runs = 4, .after_run = hook_after_run, .user = &h};
     CHECK(g && rkm_graph_profile(g, &cb, &pd, &prof) == RKM_OK);
     CHECK(prof != NULL && h.runs_seen == 4 && h.bad == 0);
@@ -812,7 +812,7 @@ TEST(profiled_graph_plans_as_its_file)
         rkm_graph *g = test_load_graph(ctx, names[k]), *prof = NULL, *back = NULL;
         uint64_t ticks = 0;
         rkm_profile_desc pd = {.runs = 3, .clock = uneven_clock, .user = &ticks};
-        rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+        rkm_callbacks cb = {.forward = noop_fwd, .backward = noop_bwd};
         sbuf text = {0};
         CHECK(g && rkm_graph_profile(g, &cb, &pd, &prof) == RKM_OK);
         if (!prof) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));

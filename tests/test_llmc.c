@@ -461,7 +461,8 @@ static int cb_free_grad(void *user, const rkm_buffer_call *c) { return llmc_cb_f
  * the counted peak is the predicted one. */
 static int run_and_compare(fixture *f, const rkm_plan *plan, const char *what)
 {
-    rkm_callbacks cb = {f, counting_forward, cb_backward, cb_loss, cb_free, cb_free_saved, cb_free_grad};
+    rkm_callbacks cb = {.user = f, .forward = counting_forward, .backward = cb_backward, .loss = cb_loss,
+                        .free_tensor = cb_free, .free_saved = cb_free_saved, .free_grad = cb_free_grad};
     rkm_plan_stats ps;
     rkm_result r;
     int same;

@@ -328,7 +328,7 @@ static rkm_result run_with_costs(void *env, void **out)
 
 static rkm_result run_profile(void *env, void **out)
 {
-    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+    rkm_callbacks cb = {.forward = noop_fwd, .backward = noop_bwd};
     rkm_profile_desc d = {.runs = 2};
     return rkm_graph_profile(env, &cb, &d, (rkm_graph **)out);
 }
@@ -383,7 +383,7 @@ static int check_plan(void *env, void *out)
 {
     plan_env *e = env;
     rkm_plan_stats ps;
-    rkm_callbacks cb = {NULL, noop_fwd, noop_bwd, NULL, NULL, NULL, NULL};
+    rkm_callbacks cb = {.forward = noop_fwd, .backward = noop_bwd};
     return rkm_plan_num_steps(out) == e->n_steps && rkm_plan_stats_get(out, &ps) == RKM_OK && ps.peak == e->peak &&
            rkm_plan_execute(out, &cb) == RKM_OK;
 }

@@ -199,6 +199,16 @@ static const char *G_CHAIN2 = "rockmate-graph 1\n"
                               "op g fwd=4 bwd=8 in=a out=b saved=a\n"
                               "loss b\n";
 
+/* CHAIN2 with a copy link (docs/formats.md, "Offloading"). */
+static const char *G_CHAIN2_COPY = "rockmate-graph 1\n"
+                                   "copy d2h=100 h2d=100\n"
+                                   "tensor x 10 input\n"
+                                   "tensor a 100\n"
+                                   "tensor b 200\n"
+                                   "op f fwd=1 bwd=2 in=x out=a saved=x\n"
+                                   "op g fwd=4 bwd=8 in=a out=b saved=a\n"
+                                   "loss b\n";
+
 TEST(chain2_baseline)
 {
     rkm_context *ctx = test_new_ctx();
@@ -818,7 +828,7 @@ TEST(plan_create_matches_text)
         CHECK(ps.peak == 510 && ps.time == 15.0 && ps.budget == 0 && ps.algo == RKM_ALGO_NONE);
         /* Out-of-range steps are refused with the rule, and no plan is made. */
         const rkm_step bad[] = {{RKM_STEP_FWD, 2, 0, 0}, {RKM_STEP_FWD, -1, 0, 0}, {RKM_STEP_FREE, 3, 0, 0},
-                                {RKM_STEP_LOSS, a, 0, 0}, {7, 0, 0, 0},         {RKM_STEP_FWD, f, 2, 0}};
+                                {RKM_STEP_LOSS, a, 0, 0}, {10, 0, 0, 0},         {RKM_STEP_FWD, f, 2, 0}};
         for (size_t i = 0; i < N_OF(bad); i++) {
             rkm_plan *q = (rkm_plan *)1;
             CHECK(rkm_plan_create(g, &bad[i], 1, &res, &q) == RKM_ERROR_PLAN && q == NULL);
@@ -954,7 +964,7 @@ TEST(inplace_hand_worked)
         check_hand(g, P_INPLACE_LOW, 3100, 14, 20.0, low_mem, N_OF(low_mem));
         rkm_plan *p = plan_text(g, P_INPLACE_BASE);
         if (p) {
-            rkm_callbacks cb = {NULL, inplace_fwd, inplace_bwd, NULL, NULL, NULL, NULL};
+            rkm_callbacks cb = {.forward = inplace_fwd, .backward = inplace_bwd};
             inplace_n = 0;
             CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
             inplace_seen[inplace_n] = '\0';
@@ -1152,6 +1162,26 @@ static const bad_plan bad_plans[] = {
     {&G_INPLACE, "fwd fc\nfwd relu\nfwd relu inplace\n", RKM_RULE_INPLACE_OUT_LIVE, 2, "fwd relu inplace", "a", 0},
     {&G_INPLACE2, "fwd fc\nfwd id1\nfwd id2\nfwd add\nloss\nbwd add inplace\nbwd id2 inplace\nbwd id1 inplace\n",
      RKM_RULE_INPLACE_GRAD_LIVE, 7, "bwd id1 inplace", "h", 0},
+    /* copies: a plan that offloads a, frees it, and prefetches it for g's
+     * backward is valid (fwd f, offload a, fwd g, wait a, free a, loss,
+     * prefetch a, wait a, bwd g, ...); each case breaks one rule */
+    {&G_CHAIN2, "fwd f\noffload a\n", RKM_RULE_COPY_NO_BANDWIDTH, 1, "offload a", "a", 0},
+    {&G_CHAIN2_COPY, "offload a\n", RKM_RULE_OFFLOAD_NOT_LIVE, 0, "offload a", "a", 0},
+    {&G_CHAIN2_COPY, "offload x\n", RKM_RULE_OFFLOAD_NOT_LIVE, 0, "offload x", "x", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nwait a\noffload a\n", RKM_RULE_OFFLOAD_ON_HOST, 3, "offload a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\nprefetch a\n", RKM_RULE_PREFETCH_NOT_ON_HOST, 1, "prefetch a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nwait a\nprefetch a\n", RKM_RULE_PREFETCH_LIVE, 3, "prefetch a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\nwait a\n", RKM_RULE_WAIT_NO_COPY, 1, "wait a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nfree a\n", RKM_RULE_COPY_IN_FLIGHT, 2, "free a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nfwd f\n", RKM_RULE_COPY_IN_FLIGHT, 2, "fwd f", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nwait a\nfree a\nprefetch a\nfwd g\n", RKM_RULE_COPY_IN_FLIGHT, 5, "fwd g",
+     "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nfree_host a\n", RKM_RULE_COPY_IN_FLIGHT, 2, "free_host a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\nfree_host a\n", RKM_RULE_FREE_HOST_NOT_ON_HOST, 1, "free_host a", "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\nfwd g\nloss\nbwd g\nfree b\nfree_grad b\nbwd f\nfree_grad a\noffload a\n",
+     RKM_RULE_END_COPY_IN_FLIGHT, 9, NULL, "a", 0},
+    {&G_CHAIN2_COPY, "fwd f\noffload a\nfwd g\nwait a\nloss\nbwd g\nfree b\nfree_grad b\nbwd f\nfree_grad a\nfree a\n",
+     RKM_RULE_END_HOST_LIVE, 11, NULL, "a", 0},
     /* a run in place leaves its input and its output's gradient gone */
     {&G_INPLACE, "fwd fc\nfwd relu inplace\nfwd relu\n", RKM_RULE_FWD_INPUT_MISSING, 2, "fwd relu", "h", 0},
     {&G_INPLACE, "fwd fc\nfwd relu inplace\nfree h\n", RKM_RULE_FREE_NOT_LIVE, 2, "free h", "h", 0},
@@ -1794,7 +1824,7 @@ TEST(scratch_written_every_run)
             const uint64_t *sp = rkm_plan_step_peaks(p);
             for (size_t i = 0; i < N_OF(peaks); i++) CHECK_EQ_U64(sp[i], peaks[i]);
             /* the executor hands f the workspace the simulator counted */
-            rkm_callbacks cb = {NULL, scratch_fwd, scratch_bwd, NULL, NULL, NULL, NULL};
+            rkm_callbacks cb = {.forward = scratch_fwd, .backward = scratch_bwd};
             scratch_n = 0;
             CHECK(rkm_plan_execute(p, &cb) == RKM_OK && scratch_n == 3);
             CHECK(scratch_ws_seen[0] == 9 && scratch_ws_seen[1] == 3 && scratch_ws_seen[2] == 3);

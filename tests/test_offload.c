@@ -1,0 +1,391 @@
+/* test_offload.c -- offloading: the copy steps of docs/formats.md
+ * ("Offloading"): the worked example by hand (memory, time, waits and
+ * host bytes per step), every rule the steps add, the graph and plan files,
+ * the executor's calls and the arena exec's buffers. */
+#include "../rockmate.c"
+#include "test.h"
+
+/* docs/formats.md's worked example with a copy, in whole seconds. */
+#define G_COPY                                                              \
+    "rockmate-graph 1\n"                                                    \
+    "copy d2h=1000 h2d=1000\n"                                              \
+    "tensor x 400 input\n"                                                  \
+    "tensor h 1000\n"                                                       \
+    "tensor a 1000\n"                                                       \
+    "tensor s 1000\n"                                                       \
+    "tensor loss 4\n"                                                       \
+    "op fc   fwd=2 bwd=4 in=x out=h saved=x\n"                              \
+    "op gelu fwd=1 bwd=1 in=h out=a saved=h\n"                              \
+    "op add  fwd=0.5 bwd=0.5 in=h,a out=s\n"                                \
+    "op ce   fwd=1 bwd=1 in=s out=loss saved=s phantom=200 fwd_ws=100\n"    \
+    "loss loss\n"
+
+#define P_COPY                                                                                   \
+    "rockmate-plan 1\n"                                                                          \
+    "fwd fc\nfwd gelu\noffload h\nfwd add\nfree a\nfwd ce save\nwait h\nfree h\nloss\nfree loss\n" \
+    "bwd ce\nfree_saved ce\nfree_grad loss\nfree s\nbwd add\nfree_grad s\nprefetch h\nwait h\n"  \
+    "bwd gelu\nfree_grad a\nfree h\nfree_host h\nbwd fc\nfree_grad h\n"
+
+static rkm_graph *load(rkm_context *ctx, const char *text)
+{
+    rkm_graph *g = NULL;
+    rkm_result r = rkm_graph_read_string(ctx, text, strlen(text), "copy.rkg", &g);
+    if (r != RKM_OK) fprintf(stderr, "graph rejected: %s\n", rkm_context_errmsg(ctx));
+    CHECK(r == RKM_OK);
+    return g;
+}
+
+static rkm_result read_plan(const rkm_graph *g, const char *text, rkm_sim_result *res, rkm_plan **p)
+{
+    return rkm_plan_read_string(g, text, strlen(text), "copy.rkp", res, p);
+}
+
+TEST(offload_hand_worked)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    rkm_plan *p = NULL;
+    rkm_sim_result res;
+    if (g && read_plan(g, P_COPY, &res, &p) != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+    if (p) {
+        static const uint64_t mem[] = {1400, 2400, 2400, 3400, 2400, 2604, 2604, 1604, 1608, 1604, 2604, 2404,
+                                       2400, 1400, 3400, 2400, 3400, 3400, 3400, 2400, 1400, 1400, 1400, 400};
+        /* a free step's peak is the memory before it */
+        static const uint64_t peak[] = {1400, 2400, 2400, 3400, 3400, 2704, 2604, 2604, 1608, 1608, 2604, 2604,
+                                        2404, 2400, 3400, 3400, 3400, 3400, 3400, 3400, 2400, 1400, 1400, 1400};
+        CHECK_EQ_U64(rkm_plan_num_steps(p), N_OF(mem));
+        for (size_t i = 0; i < N_OF(mem) && i < rkm_plan_num_steps(p); i++) {
+            CHECK_EQ_U64(rkm_plan_mem_after(p)[i], mem[i]);
+            CHECK_EQ_U64(rkm_plan_step_peaks(p)[i], peak[i]);
+        }
+        CHECK(res.valid && res.peak == 3400 && res.peak_step == 3);
+        CHECK(res.time == 12.0 && res.wait_seconds == 1.0 && res.host_peak == 1000);
+        rkm_plan_stats st;
+        CHECK(rkm_plan_stats_get(p, &st) == RKM_OK);
+        CHECK(st.time == 12.0 && st.wait_seconds == 1.0 && st.host_peak == 1000 && st.offloads == 1);
+        CHECK(st.d2h_seconds == 1.0 && st.h2d_seconds == 1.0 && st.overhead == 12.0 / 11.0 - 1);
+        /* the prefetch makes h's device buffer anew: five tensor buffers
+         * (h twice, a, s, loss), and the arena at the aligned peak */
+        size_t n = rkm_plan_num_buffers(p), tensors = 0;
+        rkm_buffer *b = calloc(n + 1, sizeof *b);
+        uint64_t arena = 0;
+        CHECK(b && rkm_plan_layout(p, 0, b, &arena) == RKM_OK);
+        for (size_t i = 0; b && i < n; i++) tensors += b[i].kind == RKM_BUFFER_TENSOR && b[i].first_step >= 0;
+        CHECK_EQ_U64(tensors, 5);
+        for (size_t i = 0; b && i < n; i++)
+            if (b[i].kind == RKM_BUFFER_TENSOR && b[i].first_step == 16) CHECK(b[i].index == 1 && b[i].last_step == 20);
+        CHECK_EQ_U64(arena, st.aligned_peak);
+        free(b);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* A prefetch issued before the compute stream reaches its copy's end:
+ * copies queue on their stream, waits only cover what compute has not. */
+TEST(copy_streams_queue)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    /* h and a offloaded back to back (d2h: h 3..4, a 4..5); freed after
+     * fwd ce (clock 4.5): wait h no wait, wait a 0.5 s */
+    static const char plan[] =
+        "rockmate-plan 1\n"
+        "fwd fc\nfwd gelu\noffload h\noffload a\nfwd add\nfwd ce save\nwait h\nwait a\nfree h\nfree a\nloss\n"
+        "free loss\nbwd ce\nfree_saved ce\nfree_grad loss\nfree s\nprefetch h\nprefetch a\nwait h\nwait a\n"
+        "bwd add\nfree_grad s\nbwd gelu\nfree_grad a\nfree a\nfree h\nfree_host h\nfree_host a\nbwd fc\nfree_grad h\n";
+    rkm_plan *p = NULL;
+    rkm_sim_result res;
+    if (g && read_plan(g, plan, &res, &p) != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+    if (p) {
+        /* clock 4.5 -> wait a to 5; bwd ce 6; prefetch h 6..7, a 7..8;
+         * wait h 7, wait a 8: waits 0.5 + 2; then 0.5 + 1 + 4 of compute */
+        CHECK(res.wait_seconds == 2.5 && res.time == 13.5 && res.host_peak == 2000);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Replace the first line equal to `from` in P_COPY by `to` (may be empty:
+ * drop the line, or two lines). */
+static void edited(char *out, size_t size, const char *from, const char *to)
+{
+    const char *at = strstr(P_COPY, from);
+    if (!at) {
+        snprintf(out, size, "%s", P_COPY);
+        return;
+    }
+    snprintf(out, size, "%.*s%s%s", (int)(at - P_COPY), P_COPY, to, at + strlen(from));
+}
+
+TEST(copy_rules)
+{
+    static const struct {
+        const char *from, *to;
+        rkm_rule rule;
+        const char *name; /* in the message */
+    } cases[] = {
+        {"offload h\n", "", RKM_RULE_WAIT_NO_COPY, "wait h"},
+        {"wait h\nfree h\nloss\n", "free h\nloss\n", RKM_RULE_COPY_IN_FLIGHT, "free h"},
+        {"wait h\nbwd gelu\n", "bwd gelu\n", RKM_RULE_COPY_IN_FLIGHT, "bwd gelu"},
+        {"free h\nfree_host h\nbwd fc\nfree_grad h\n", "free h\nbwd fc\nfree_grad h\nprefetch h\n",
+         RKM_RULE_END_COPY_IN_FLIGHT, "end of plan"},
+        {"free_host h\n", "", RKM_RULE_END_HOST_LIVE, "end of plan"},
+        {"free_host h\n", "free_host h\nfree_host h\n", RKM_RULE_FREE_HOST_NOT_ON_HOST, "free_host h"},
+        {"offload h\n", "offload h\noffload h\n", RKM_RULE_COPY_IN_FLIGHT, "offload h"},
+        {"offload h\n", "offload x\n", RKM_RULE_OFFLOAD_NOT_LIVE, "offload x"},
+        {"prefetch h\n", "prefetch a\n", RKM_RULE_PREFETCH_NOT_ON_HOST, "prefetch a"},
+        {"free_grad s\nprefetch h\n", "free_grad s\nfwd fc\nprefetch h\n", RKM_RULE_PREFETCH_LIVE, "prefetch h"},
+        {"fwd add\n", "fwd add\nfwd fc\n", RKM_RULE_COPY_IN_FLIGHT, "fwd fc"},
+        {"free_host h\nbwd fc\nfree_grad h\n", "bwd fc\nfree_grad h\noffload s\n", RKM_RULE_OFFLOAD_NOT_LIVE, "offload s"},
+        {"bwd fc\nfree_grad h\n", "bwd fc\nfree_grad h\nwait h\n", RKM_RULE_WAIT_NO_COPY, "wait h"},
+    };
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    for (size_t c = 0; g && c < N_OF(cases); c++) {
+        char text[2048];
+        edited(text, sizeof text, cases[c].from, cases[c].to);
+        CHECK(strcmp(text, P_COPY) != 0);
+        rkm_plan *p = NULL;
+        rkm_sim_result res;
+        rkm_result r = read_plan(g, text, &res, &p);
+        if (r != RKM_ERROR_PLAN || res.rule != cases[c].rule || !strstr(rkm_context_errmsg(ctx), cases[c].name)) {
+            fprintf(stderr, "case %zu: %d, rule %d (want %d): %s\n", c, (int)r, (int)res.rule, (int)cases[c].rule,
+                    rkm_context_errmsg(ctx));
+            CHECK(0);
+        }
+        CHECK(p == NULL);
+        CHECK(strstr(rkm_context_errmsg(ctx), rkm_rule_string(cases[c].rule)) != NULL);
+        rkm_plan_destroy(p);
+    }
+    /* the same plan on the graph without `copy`: no copies at all */
+    rkm_graph *plain = NULL;
+    CHECK(g && rkm_graph_with_copy(g, NULL, &plain) == RKM_OK);
+    rkm_plan *p = NULL;
+    rkm_sim_result res;
+    CHECK(plain && read_plan(plain, P_COPY, &res, &p) == RKM_ERROR_PLAN && res.rule == RKM_RULE_COPY_NO_BANDWIDTH &&
+          res.fail_step == 2);
+    rkm_graph_destroy(plain);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+TEST(copy_files_round_trip)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY), *back = NULL;
+    sbuf text = {0};
+    CHECK(g && rkm_graph_write(g, sbuf_write, &text) == RKM_OK && text.data &&
+          strstr(text.data, "\ncopy d2h=1000 h2d=1000 latency=0\n"));
+    if (text.data) CHECK(rkm_graph_read_string(ctx, text.data, text.len, "back.rkg", &back) == RKM_OK);
+    rkm_copy_desc c = {1, 1, 1};
+    CHECK(back && rkm_graph_copy_get(back, &c) == RKM_OK && c.d2h_bytes_per_second == 1000 &&
+          c.h2d_bytes_per_second == 1000 && c.latency_seconds == 0);
+    free(text.data);
+    text = (sbuf){0};
+    rkm_plan *p = NULL;
+    if (back) CHECK(read_plan(back, P_COPY, NULL, &p) == RKM_OK);
+    CHECK(p && rkm_plan_write(p, sbuf_write, &text) == RKM_OK && text.data && strcmp(text.data, P_COPY) == 0);
+    free(text.data);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(back);
+    /* a latency adds to every copy: 0.25 s each, the wait grows to 1.25 */
+    rkm_copy_desc lat = {1000, 1000, 0.25};
+    rkm_graph *gl = NULL;
+    CHECK(g && rkm_graph_with_copy(g, &lat, &gl) == RKM_OK);
+    rkm_sim_result res;
+    p = NULL;
+    CHECK(gl && read_plan(gl, P_COPY, &res, &p) == RKM_OK && res.wait_seconds == 1.25 && res.time == 12.25);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(gl);
+    rkm_graph_destroy(g);
+    /* the statement's own errors name the line and the rule */
+    static const struct {
+        const char *line, *says;
+    } bad[] = {
+        {"copy d2h=1000\n", "d2h= and h2d= are required"},
+        {"copy d2h=1000 h2d=0\n", "both bandwidths must be positive"},
+        {"copy d2h=1000 h2d=-1\n", "not a non-negative decimal"},
+        {"copy d2h=1000 h2d=10 speed=3\n", "not 'speed'"},
+        {"copy d2h=1000 h2d=10 d2h=3\n", "not 'd2h'"},
+        {"copy d2h=1 h2d=1\ncopy d2h=1 h2d=1\n", "given twice"},
+    };
+    for (size_t i = 0; i < N_OF(bad); i++) {
+        char src[1024];
+        snprintf(src, sizeof src, "rockmate-graph 1\n%stensor x 4 input\ntensor y 4\nop f fwd=1 bwd=1 in=x out=y\n"
+                 "loss y\n", bad[i].line);
+        rkm_graph *b = NULL;
+        rkm_result r = rkm_graph_read_string(ctx, src, strlen(src), "bad.rkg", &b);
+        if (r == RKM_OK || !strstr(rkm_context_errmsg(ctx), bad[i].says) || !strstr(rkm_context_errmsg(ctx), "bad.rkg:")) {
+            fprintf(stderr, "bad copy %zu: %s\n", i, rkm_context_errmsg(ctx));
+            CHECK(0);
+        }
+        rkm_graph_destroy(b);
+    }
+    /* the builder's checks */
+    rkm_graph *nb = NULL;
+    CHECK(rkm_graph_create(ctx, &nb) == RKM_OK);
+    rkm_copy_desc half = {1e9, 0, 0}, inf = {1e9, HUGE_VAL, 0}, neg = {1e9, 1e9, -1};
+    CHECK(rkm_graph_set_copy(nb, &half) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_graph_set_copy(nb, &inf) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_graph_set_copy(nb, &neg) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_graph_set_copy(nb, &lat) == RKM_OK && rkm_graph_set_copy(nb, NULL) == RKM_OK);
+    CHECK(rkm_graph_copy_get(nb, &c) == RKM_OK && c.d2h_bytes_per_second == 0);
+    rkm_graph_destroy(nb);
+    rkm_context_destroy(ctx);
+}
+
+/* What the executor calls, as text: one line a step. */
+typedef struct {
+    char log[2048];
+    int fail_at; /* step whose callback fails, -1 none */
+} tracer;
+
+static int tr_add(tracer *t, const char *what, int64_t step, int32_t index, int64_t peer)
+{
+    size_t n = strlen(t->log);
+    snprintf(t->log + n, sizeof t->log - n, "%s %d %d %d\n", what, (int)step, (int)index, (int)peer);
+    return step == t->fail_at ? 7 : 0;
+}
+
+static int tr_fwd(void *u, const rkm_fwd_call *c) { return tr_add(u, "fwd", c->step, c->op, -1); }
+static int tr_bwd(void *u, const rkm_bwd_call *c) { return tr_add(u, "bwd", c->step, c->op, -1); }
+static int tr_offload(void *u, const rkm_copy_call *c) { return tr_add(u, "offload", c->step, c->tensor, c->wait_step); }
+static int tr_prefetch(void *u, const rkm_copy_call *c) { return tr_add(u, "prefetch", c->step, c->tensor, c->wait_step); }
+static int tr_wait(void *u, const rkm_copy_call *c) { return tr_add(u, "wait", c->step, c->tensor, c->wait_step); }
+static int tr_free_host(void *u, const rkm_copy_call *c)
+{
+    return tr_add(u, c->bytes == 1000 ? "free_host" : "bytes?", c->step, c->tensor, c->wait_step);
+}
+
+TEST(copy_execute)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    rkm_plan *p = NULL;
+    if (g) CHECK(read_plan(g, P_COPY, NULL, &p) == RKM_OK);
+    if (p) {
+        tracer t = {"", -1};
+        rkm_callbacks cb = {.user = &t, .forward = tr_fwd, .backward = tr_bwd, .offload = tr_offload, .prefetch = tr_prefetch, .wait = tr_wait, .free_host = tr_free_host};
+        CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
+        CHECK(strcmp(t.log, "fwd 0 0 -1\nfwd 1 1 -1\noffload 2 1 6\nfwd 3 2 -1\nfwd 5 3 -1\nwait 6 1 2\nbwd 10 3 -1\n"
+                            "bwd 14 2 -1\nprefetch 16 1 17\nwait 17 1 16\nbwd 18 1 -1\nfree_host 21 1 -1\n"
+                            "bwd 22 0 -1\n") == 0);
+        t = (tracer){"", 16};
+        CHECK(rkm_plan_execute(p, &cb) == RKM_ERROR_CALLBACK && strstr(rkm_context_errmsg(ctx), "step 16 (prefetch h)") &&
+              strstr(rkm_context_errmsg(ctx), "the prefetch callback returned 7"));
+        cb.wait = NULL;
+        CHECK(rkm_plan_execute(p, &cb) == RKM_ERROR_ARGUMENT &&
+              strstr(rkm_context_errmsg(ctx), "offload, prefetch and wait callbacks are required"));
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* The arena exec carves the prefetched buffer at its layout offset and its
+ * bytes follow the plan's memory step for step; the host's copy callbacks
+ * move the bytes (here memcpy, at once). */
+typedef struct {
+    rkm_arena_exec *x;
+    char *base;
+    char host[4][1000];
+    int bad;
+} copier;
+
+static int cp_fwd(void *u, const rkm_fwd_call *c)
+{
+    copier *k = u;
+    for (int32_t i = 0; i < c->n_out; i++) {
+        uint64_t off = rkm_arena_exec_tensor(k->x, c->out[i]);
+        if (off != RKM_ARENA_NONE && c->out[i] != 4) memset(k->base + off, 'A' + c->out[i], 1000);
+    }
+    
+    return 0;
+}
+
+static int cp_bwd(void *u, const rkm_bwd_call *c)
+{
+    copier *k = u;
+    for (int32_t i = 0; i < c->n_saved; i++) {
+        uint64_t off = rkm_arena_exec_tensor(k->x, c->saved[i]);
+        if (c->saved[i] == 1 && (off == RKM_ARENA_NONE || k->base[off] != 'A' + 1 || k->base[off + 999] != 'A' + 1))
+            k->bad = 1; /* h came back with other bytes */
+    }
+    return 0;
+}
+
+static int cp_offload(void *u, const rkm_copy_call *c)
+{
+    copier *k = u;
+    memcpy(k->host[c->tensor % 4], k->base + rkm_arena_exec_tensor(k->x, c->tensor), c->bytes);
+    return 0;
+}
+
+static int cp_prefetch(void *u, const rkm_copy_call *c)
+{
+    copier *k = u;
+    uint64_t off = rkm_arena_exec_tensor(k->x, c->tensor);
+    if (off == RKM_ARENA_NONE) return 1;
+    memcpy(k->base + off, k->host[c->tensor % 4], c->bytes);
+    return 0;
+}
+
+static int cp_wait(void *u, const rkm_copy_call *c)
+{
+    (void)u;
+    (void)c;
+    return 0;
+}
+
+TEST(copy_arena_exec)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    rkm_plan *p = NULL;
+    if (g) CHECK(read_plan(g, P_COPY, NULL, &p) == RKM_OK);
+    copier k;
+    memset(&k, 0, sizeof k);
+    rkm_callbacks host = {.user = &k, .forward = cp_fwd, .backward = cp_bwd, .offload = cp_offload, .prefetch = cp_prefetch, .wait = cp_wait};
+    rkm_arena_exec_desc d = {.graph = g, .plan = p, .host = &host, .allocate = 1};
+    if (p) CHECK(rkm_arena_exec_create(&d, &k.x) == RKM_OK);
+    if (k.x) {
+        k.base = rkm_arena_exec_base(k.x);
+        CHECK(rkm_arena_exec_run(k.x, p) == RKM_OK);
+        CHECK(!k.bad);
+        rkm_arena_stats as;
+        CHECK(rkm_arena_exec_stats_get(k.x, &as) == RKM_OK && as.peak == 3400);
+        rkm_arena_exec_destroy(k.x);
+    }
+    /* first fit runs it too */
+    k.x = NULL;
+    d.mode = RKM_ARENA_FIRST_FIT;
+    if (p) CHECK(rkm_arena_exec_create(&d, &k.x) == RKM_OK);
+    if (k.x) {
+        k.base = rkm_arena_exec_base(k.x);
+        CHECK(rkm_arena_exec_run(k.x, p) == RKM_OK && !k.bad);
+        rkm_arena_exec_destroy(k.x);
+    }
+    /* a host without a prefetch callback cannot run it */
+    k.x = NULL;
+    host.prefetch = NULL;
+    if (p) CHECK(rkm_arena_exec_create(&d, &k.x) == RKM_OK);
+    if (k.x) CHECK(rkm_arena_exec_run(k.x, p) == RKM_ERROR_ARGUMENT && strstr(rkm_context_errmsg(ctx), "prefetch"));
+    rkm_arena_exec_destroy(k.x);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+int main(void)
+{
+    RUN(offload_hand_worked);
+    RUN(copy_streams_queue);
+    RUN(copy_rules);
+    RUN(copy_files_round_trip);
+    RUN(copy_execute);
+    RUN(copy_arena_exec);
+    TEST_END();
+}
