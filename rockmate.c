@@ -20,6 +20,7 @@
  *   progress.c   a planner call's progress reports and their cancel (rkm_solve_desc.progress)
  *   nest.c       nesting: a big block planned as a graph of its own
  *   search.c     the local search: polish, squeeze, kick, the rockmate portfolio and phases
+ *   offload.c    offloading: a recompute-only plan's idle tensors sent to host memory
  *   exec.c       the executor and the profiler
  *   arena.c      the arena: an offset allocator, plans run in one allocation
  *
@@ -297,6 +298,16 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
 #define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
 
+/* ---- offloading (offload.c) ---- */
+
+/* Rockmate offloads from the baseline and from its own plan for the budget
+ * plus this share of what the slower copy stream moves in the baseline's
+ * forward time. On gpt2-xl-b4-t1024 at 25 % with 25 GB/s each way (3.75
+ * GB in its 0.15 s forward), bases at +1.5 and +3 GB brought 10.46 %
+ * overhead to 9.60 and 7.35 %; from +4.5 GB on the copies no longer fit
+ * (the forward's last offloads end too late). */
+#define RKM_OFFLOAD_HIDE 0.5
+
 /* ---- progress reports (progress.c): they change no plan ---- */
 
 /* A report at most every RKM_PROGRESS_SECONDS of wall clock: a terminal
@@ -458,7 +469,8 @@ typedef struct rkm__sim {
     uint8_t *bwd_done; /* per op: backward ran */
     int loss_done;
     uint64_t mem;
-    /* Copies (offloading): per tensor, whether it has a host copy (H) and
+    /* Copies (offloading): per copy slot (each tensor, then each op's
+     * saved state: rkm__copy_slot), whether it has a host copy (H) and
      * which copy is in flight (RKM__COPY_*) ending when (copy_end); the
      * streams' clocks; the host bytes. */
     uint8_t *H, *inflight;
@@ -888,6 +900,7 @@ RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
 RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
 RKM_PRIVATE int rkm__step_on_op(int32_t kind);
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
 RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
 RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
@@ -905,6 +918,10 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
 RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
 RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
 RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+
+/* offload.c */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, rkm__steps *out);
+RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* layout.c */
 RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
@@ -993,6 +1010,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
@@ -2368,10 +2386,18 @@ RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, 
     return RKM_OK;
 }
 
-/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor? */
+/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
+ * (A copy step names an op when it copies its saved state: `save`.) */
 RKM_PRIVATE int rkm__step_on_op(int32_t kind)
 {
     return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
+}
+
+/* A copy step's slot in the simulator's copy arrays: the tensor, or after
+ * the tensors the op whose saved state it copies. */
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
+{
+    return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
 RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
@@ -2388,7 +2414,9 @@ RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
     case RKM_STEP_OFFLOAD:
     case RKM_STEP_PREFETCH:
     case RKM_STEP_WAIT:
-    case RKM_STEP_FREE_HOST: return s->index >= 0 && (size_t)s->index < g->n_tensors && s->save == 0;
+    case RKM_STEP_FREE_HOST:
+        return s->index >= 0 && (s->save == 0 ? (size_t)s->index < g->n_tensors
+                                 : s->save == 1 && (size_t)s->index < g->n_ops && g->ops[s->index].phantom > 0);
     default: return 0;
     }
 }
@@ -2423,6 +2451,15 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
         snprintf(buf, size, "bwd %s%s", g->ops[s->index].name, s->inplace ? " inplace" : "");
         break;
     case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
+    case RKM_STEP_OFFLOAD:
+    case RKM_STEP_PREFETCH:
+    case RKM_STEP_WAIT:
+    case RKM_STEP_FREE_HOST:
+        if (s->save) {
+            snprintf(buf, size, "%s %s saved", rkm__step_words[s->kind], g->ops[s->index].name);
+            break;
+        }
+        /* fall through */
     default: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name); break;
     }
 }
@@ -2477,11 +2514,16 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
         if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
         st.index = g->loss;
     } else {
-        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD ? 3 : 2;
+        int copy = kind >= RKM_STEP_OFFLOAD;
+        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD || copy ? 3 : 2;
         const char *form = kind == RKM_STEP_FWD ? "fwd OP [save] [inplace]" : kind == RKM_STEP_BWD ? "bwd OP [inplace]" : NULL;
+        if (copy && r->ntok == 3 && strcmp(r->tok[2], "saved") != 0)
+            return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s TENSOR' or '%s OP saved', not '%.64s' as word 3", w, w,
+                             r->tok[2]);
+        st.save = copy && r->ntok == 3;
         if (r->ntok < 2 || r->ntok > want_max)
             return form ? rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s'", form) : rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s NAME'", w);
-        for (int i = 2; i < r->ntok; i++) {
+        for (int i = 2; i < r->ntok && !copy; i++) {
             int is_save = kind == RKM_STEP_FWD && strcmp(r->tok[i], "save") == 0 && i == 2;
             int is_inplace = strcmp(r->tok[i], "inplace") == 0 && !st.inplace;
             if (!is_save && !is_inplace)
@@ -2489,7 +2531,7 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
             st.save |= is_save;
             st.inplace |= is_inplace;
         }
-        int on_op = rkm__step_on_op(kind);
+        int on_op = rkm__step_on_op(kind) || st.save;
         st.index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
         if (st.index < 0)
             return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
@@ -2591,9 +2633,9 @@ rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
  *
  * Uses (through internal.h): base.c, plan.c. */
 
-/* The simulator's byte flags: D, G, H, inflight per tensor; P, fwd_done,
- * bwd_done per op. */
-static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 3 + 1; }
+/* The simulator's byte flags: D, G per tensor; H, inflight per copy slot
+ * (tensors, then ops' saved states); P, fwd_done, bwd_done per op. */
+static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 5 + 1; }
 
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 {
@@ -2601,7 +2643,7 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
     rkm_context *ctx = s->g->ctx;
     rkm__free(ctx, s->D, rkm__sim_bytes(s->g));
     rkm__free(ctx, s->recv, (s->g->n_tensors + 1) * sizeof *s->recv);
-    rkm__free(ctx, s->copy_end, (s->g->n_tensors + 1) * sizeof *s->copy_end);
+    rkm__free(ctx, s->copy_end, (s->g->n_tensors + s->g->n_ops + 1) * sizeof *s->copy_end);
     memset(s, 0, sizeof *s);
 }
 
@@ -2624,22 +2666,22 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
-    size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1;
+    size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1, ns = g->n_tensors + g->n_ops + 1;
     uint8_t *b = rkm__alloc(g->ctx, nb);
     int32_t *recv = rkm__alloc(g->ctx, nt * sizeof *recv);
-    double *end = rkm__alloc(g->ctx, nt * sizeof *end);
+    double *end = rkm__alloc(g->ctx, ns * sizeof *end);
     if (!b || !recv || !end) {
         rkm__free(g->ctx, b, nb);
         rkm__free(g->ctx, recv, nt * sizeof *recv);
-        rkm__free(g->ctx, end, nt * sizeof *end);
+        rkm__free(g->ctx, end, ns * sizeof *end);
         return rkm__nomem(g->ctx, "simulator");
     }
     s->g = g;
     s->D = b;
     s->G = b + g->n_tensors;
     s->H = s->G + g->n_tensors;
-    s->inflight = s->H + g->n_tensors;
-    s->P = s->inflight + g->n_tensors;
+    s->inflight = s->H + g->n_tensors + g->n_ops;
+    s->P = s->inflight + g->n_tensors + g->n_ops;
     s->fwd_done = s->P + g->n_ops;
     s->bwd_done = s->fwd_done + g->n_ops;
     s->recv = recv;
@@ -2717,54 +2759,57 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
     return RKM_RULE_NONE;
 }
 
-/* When a copy of tensor t started now on a stream free from *stream ends;
+/* When a copy of `bytes` started now on a stream free from *stream ends;
  * the stream is busy until then. */
-static double rkm__sim_copy_start(rkm__sim *s, int32_t t, double bytes_per_second, double *stream, double *busy)
+static double rkm__sim_copy_start(rkm__sim *s, uint64_t bytes, double bytes_per_second, double *stream, double *busy)
 {
     double start = s->clock > *stream ? s->clock : *stream;
-    double took = s->g->copy.latency_seconds + (double)s->g->tensors[t].bytes / bytes_per_second;
+    double took = s->g->copy.latency_seconds + (double)bytes / bytes_per_second;
     *stream = start + took;
     *busy += took;
     return *stream;
 }
 
-/* offload, prefetch, wait, free_host (the index is a tensor in range). */
+/* offload, prefetch, wait, free_host (the index in range): of tensor x, or
+ * with `saved` of op x's saved state (copy slot n_tensors + x). */
 static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *peak)
 {
     const rkm_graph *g = s->g;
-    int32_t t = st->index;
-    uint64_t bytes = g->tensors[t].bytes;
+    int32_t x = st->index;
+    size_t slot = rkm__copy_slot(g, st);
+    uint8_t *live = st->save ? &s->P[x] : &s->D[x];
+    uint64_t bytes = st->save ? g->ops[x].phantom : g->tensors[x].bytes;
     int copying = st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH;
     if (copying && !(g->copy.d2h_bytes_per_second > 0)) return RKM_RULE_COPY_NO_BANDWIDTH;
     switch (st->kind) {
     case RKM_STEP_OFFLOAD:
-        if (!s->D[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_OFFLOAD_NOT_LIVE;
-        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
-        if (s->H[t]) return RKM_RULE_OFFLOAD_ON_HOST;
-        s->H[t] = 1;
+        if (!*live || (!st->save && (g->tensors[x].flags & RKM_TENSOR_INPUT))) return RKM_RULE_OFFLOAD_NOT_LIVE;
+        if (s->inflight[slot]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->H[slot]) return RKM_RULE_OFFLOAD_ON_HOST;
+        s->H[slot] = 1;
         s->host_mem += bytes;
-        s->inflight[t] = RKM__COPY_OFFLOAD;
-        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
+        s->inflight[slot] = RKM__COPY_OFFLOAD;
+        s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_PREFETCH:
-        if (!s->H[t]) return RKM_RULE_PREFETCH_NOT_ON_HOST;
-        if (s->D[t]) return RKM_RULE_PREFETCH_LIVE;
+        if (!s->H[slot]) return RKM_RULE_PREFETCH_NOT_ON_HOST;
+        if (*live) return RKM_RULE_PREFETCH_LIVE;
         *peak = s->mem + bytes;
-        s->D[t] = 1;
+        *live = 1;
         s->mem += bytes;
-        s->inflight[t] = RKM__COPY_PREFETCH;
-        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
+        s->inflight[slot] = RKM__COPY_PREFETCH;
+        s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_WAIT:
-        if (!s->inflight[t]) return RKM_RULE_WAIT_NO_COPY;
-        s->inflight[t] = RKM__COPY_NONE;
-        s->stall = s->copy_end[t] > s->clock ? s->copy_end[t] - s->clock : 0;
+        if (!s->inflight[slot]) return RKM_RULE_WAIT_NO_COPY;
+        s->inflight[slot] = RKM__COPY_NONE;
+        s->stall = s->copy_end[slot] > s->clock ? s->copy_end[slot] - s->clock : 0;
         s->clock += s->stall;
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_HOST:
-        if (!s->H[t]) return RKM_RULE_FREE_HOST_NOT_ON_HOST;
-        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
-        s->H[t] = 0;
+        if (!s->H[slot]) return RKM_RULE_FREE_HOST_NOT_ON_HOST;
+        if (s->inflight[slot]) return RKM_RULE_COPY_IN_FLIGHT;
+        s->H[slot] = 0;
         s->host_mem -= bytes;
         return RKM_RULE_NONE;
     }
@@ -2797,6 +2842,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
                 return RKM_RULE_COPY_IN_FLIGHT;
             }
         *obj = x;
+        if (s->inflight[g->n_tensors + (size_t)x] && o->scratch > 0) return RKM_RULE_COPY_IN_FLIGHT; /* writes it */
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
@@ -2865,6 +2911,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_SAVED:
         if (!s->P[x]) return RKM_RULE_FREE_SAVED_NOT_LIVE;
+        if (s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->P[x] = 0;
         s->mem -= g->ops[x].phantom;
         return RKM_RULE_NONE;
@@ -2887,7 +2934,9 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
     for (size_t i = 0; i < g->n_ops; i++) {
         *obj = (int32_t)i;
         if (g->ops[i].has_bwd && !s->bwd_done[i]) return RKM_RULE_END_BWD_MISSING;
+        if (s->inflight[g->n_tensors + i]) return RKM_RULE_END_COPY_IN_FLIGHT;
         if (s->P[i]) return RKM_RULE_END_SAVED_LIVE;
+        if (s->H[g->n_tensors + i]) return RKM_RULE_END_HOST_LIVE;
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
         *obj = (int32_t)t;
@@ -3005,7 +3054,9 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
         return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
     }
     case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
-    case RKM_STEP_PREFETCH: return s->D[x] || rkm__buf_open(rc, RKM_BUFFER_TENSOR, x, i, g->tensors[x].bytes);
+    case RKM_STEP_PREFETCH:
+        if (st->save) return s->P[x] || rkm__buf_open(rc, RKM_BUFFER_PHANTOM, x, i, g->ops[x].phantom);
+        return s->D[x] || rkm__buf_open(rc, RKM_BUFFER_TENSOR, x, i, g->tensors[x].bytes);
     }
     return 1;
 }
@@ -3101,7 +3152,7 @@ static const struct rkm__rule_info {
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
     [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
     [RKM_RULE_COPY_NO_BANDWIDTH] = {"offload, prefetch: the graph must have a copy bandwidth", 0},
-    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor must be live and not an input", 0},
+    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor (saved state) must be live, and not an input", 0},
     [RKM_RULE_OFFLOAD_ON_HOST] = {"offload: the tensor must have no host copy already", 0},
     [RKM_RULE_PREFETCH_NOT_ON_HOST] = {"prefetch: the tensor must have a host copy", 0},
     [RKM_RULE_PREFETCH_LIVE] = {"prefetch: the tensor must not be live", 0},
@@ -3180,18 +3231,19 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
     return RKM_OK;
 }
 
-/* p->peer of a valid plan with copies; open (n_tensors entries) is
+/* p->peer of a valid plan with copies; open (a copy slot each) is
  * scratch. */
 static void rkm__plan_peers(rkm_plan *p, int64_t *open)
 {
-    for (size_t t = 0; t < p->g->n_tensors; t++) open[t] = -1;
+    for (size_t t = 0; t < p->g->n_tensors + p->g->n_ops; t++) open[t] = -1;
     for (size_t i = 0; i < p->n_steps; i++) {
         const rkm_step *st = &p->steps[i];
+        size_t slot = rkm__copy_slot(p->g, st);
         p->peer[i] = -1;
-        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[st->index] = (int64_t)i;
+        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[slot] = (int64_t)i;
         if (st->kind != RKM_STEP_WAIT) continue;
-        p->peer[i] = open[st->index];
-        p->peer[open[st->index]] = (int64_t)i;
+        p->peer[i] = open[slot];
+        p->peer[open[slot]] = (int64_t)i;
     }
 }
 
@@ -4511,7 +4563,7 @@ RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step 
     case RKM_STEP_FREE: *n = !grads; return &st->index;
     case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
     case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
-    default: *n = !grads; return &st->index; /* a copy reads or makes the tensor */
+    default: *n = !grads && !st->save; return &st->index; /* a copy reads or makes the tensor (not a saved state) */
     }
 }
 
@@ -8846,7 +8898,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
  * its arena fits, and the tries' smaller budgets may give slower plans
  * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
  * (at DTR's smallest budget). */
-static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
@@ -9360,6 +9412,8 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
 {
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0)
+        r = rkm__planner_offload(pl, budget, &p);
     if (r) return r;
     if (!p) {
         uint64_t min;
@@ -10699,6 +10753,417 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     return RKM_OK;
 }
 
+/* ==== src/offload.c ==== */
+
+/* offload.c -- offloading: a recompute-only plan's idle tensors sent to host memory
+ *
+ * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c.
+ *
+ * A plan keeps every tensor it does not recompute on the device from its
+ * last read before a gap (typically a forward) to its next read after it
+ * (the matching backward). With a copy link (docs/formats.md, "Offloading")
+ * the tensor can spend that gap in host memory instead: `offload` after the
+ * last read, `wait`+`free` once the copy is done, `prefetch` back just in
+ * time for the next read, `wait` before it. rkm__offload_plan picks which
+ * tensors, greedily, until the plan's peak fits the budget:
+ *
+ * - Each tensor's gap is its longest idle stretch in the base plan (in
+ *   compute time), where it is live and nothing reads, writes or frees it.
+ * - Timing is the base plan's compute timeline. Offloads start when their
+ *   tensor's last read ends, queued on the device-to-host stream in that
+ *   order; a tensor is freed after the first compute step that ends once its
+ *   copy has: its wait never waits. Prefetches are placed as late as the
+ *   host-to-device stream allows (latest first, each ending when the next
+ *   read starts or the later prefetch begins), issued before the last
+ *   compute step that starts by then: their bytes are live as briefly as the
+ *   stream allows, and waits are only where the stream is the bottleneck.
+ * - While the plan peaks over the budget, the largest tensor whose gap
+ *   leaves it off the device at the peak step (as it would alone) joins the
+ *   set; a tensor that helps nowhere never does.
+ *
+ * The simulator measures every try; the planner (rkm__planner_offload)
+ * keeps a result only if it is faster than the recompute-only plan and its
+ * arena fits. */
+
+/* One tensor's gap in the base plan and its copies, in base step indices:
+ * offload after step a, wait and free after step f, prefetch before step
+ * p, wait before step b (its next read). */
+typedef struct rkm__gap {
+    int64_t a, b, f, p;
+    double off_end, pre_start; /* the copies' planned times */
+} rkm__gap;
+
+/* A sort key: ids ordered by key, then id (a total order: qsort gives the
+ * same result on every C library). */
+typedef struct rkm__off_key {
+    int64_t key;
+    int32_t id;
+} rkm__off_key;
+
+typedef struct rkm__off {
+    const rkm_graph *g;
+    const rkm_step *base;
+    size_t n;
+    double *ts, *te;   /* [n] each base step's start and end on the compute timeline */
+    size_t n_slots;    /* copy slots: tensors, then ops' saved states */
+    rkm__gap *gap;     /* [n_slots] a = -1: no gap */
+    uint8_t *in;       /* [n_slots] in the set */
+    int32_t *order;    /* [2 n_slots] the set by b, then the set itself */
+    rkm__off_key *keys;/* [n_slots] sort scratch */
+    int32_t *touch;    /* [n_touch]: the most slots one step touches */
+    size_t n_touch;
+    rkm__sim sim;
+    uint64_t *peak;    /* [steps emitted] */
+    int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
+    size_t cap;
+    rkm__steps out;
+} rkm__off;
+
+/* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
+static uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
+{
+    return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
+}
+
+static double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
+{
+    return g->copy.latency_seconds + (double)rkm__slot_bytes(g, t) / bytes_per_second;
+}
+
+/* Whether slot t is on the device in sim's state. */
+static int rkm__slot_live(const rkm__sim *s, int32_t t)
+{
+    size_t nt = s->g->n_tensors;
+    return (size_t)t < nt ? s->D[t] : s->P[(size_t)t - nt];
+}
+
+/* The slots step st reads, makes or frees, into v (at most n_in + n_out +
+ * 1 entries): its tensors, and its op's saved state for a forward that
+ * makes or writes it, a backward that reads it, a free_saved. */
+static int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
+{
+    int32_t n;
+    const int32_t *t = rkm__step_objects(g, st, 0, &n);
+    for (int32_t k = 0; k < n; k++) v[k] = t[k];
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_FREE_SAVED
+                       ? &g->ops[st->index] : NULL;
+    if (o && o->phantom > 0) v[n++] = (int32_t)(g->n_tensors + (size_t)st->index);
+    return n;
+}
+
+/* The compute timeline and every tensor's longest gap, from a replay of the
+ * base plan (valid, no copy steps). */
+static void rkm__off_gaps(rkm__off *o, int64_t *last)
+{
+    const rkm_graph *g = o->g;
+    rkm__sim_reset(&o->sim);
+    for (size_t t = 0; t < o->n_slots; t++) {
+        last[t] = -1;
+        o->gap[t].a = -1;
+    }
+    double clock = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        const rkm_step *st = &o->base[i];
+        o->ts[i] = clock;
+        clock += st->kind == RKM_STEP_FWD ? g->ops[st->index].fwd : st->kind == RKM_STEP_BWD ? g->ops[st->index].bwd : 0;
+        o->te[i] = clock;
+        int32_t k = rkm__slot_touches(g, st, o->touch);
+        int compute = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_LOSS;
+        for (int32_t j = 0; j < k; j++) {
+            int32_t t = o->touch[j];
+            int64_t a = last[t];
+            if (compute && a >= 0 && rkm__slot_live(&o->sim, t) &&
+                (o->gap[t].a < 0 || o->ts[i] - o->te[a] > o->ts[o->gap[t].b] - o->te[o->gap[t].a])) {
+                o->gap[t].a = a;
+                o->gap[t].b = (int64_t)i;
+            }
+        }
+        uint64_t pk;
+        int32_t obj;
+        rkm__sim_step(&o->sim, st, &pk, &obj);
+        for (int32_t j = 0; j < k; j++) last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
+    }
+    for (size_t t = 0; t < o->n_slots; t++)
+        if (o->gap[t].a >= 0 && (o->gap[t].b - o->gap[t].a < 2 ||
+                                 (t < g->n_tensors && (g->tensors[t].flags & RKM_TENSOR_INPUT))))
+            o->gap[t].a = -1; /* nothing to gain between two adjacent steps */
+}
+
+/* The first compute step at or after i that ends at or after time x (the
+ * last step if none). */
+static int64_t rkm__off_step_ending(const rkm__off *o, int64_t i, double x)
+{
+    for (; (size_t)i + 1 < o->n; i++)
+        if (o->te[i] >= x && o->te[i] > o->ts[i]) return i;
+    return (int64_t)o->n - 1;
+}
+
+/* The last step at or before b that starts by time x. */
+static int64_t rkm__off_step_starting(const rkm__off *o, int64_t b, double x)
+{
+    while (b > 0 && o->ts[b] > x) b--;
+    return b;
+}
+
+static int rkm__off_key_cmp(const void *x, const void *y)
+{
+    const rkm__off_key *u = x, *v = y;
+    if (u->key != v->key) return u->key < v->key ? -1 : 1;
+    return (u->id > v->id) - (u->id < v->id);
+}
+
+/* ids[0..m) ordered by their gap's a (by_b 0) or by b, latest first. */
+static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
+{
+    for (int32_t k = 0; k < m; k++) o->keys[k] = (rkm__off_key){by_b ? -o->gap[ids[k]].b : o->gap[ids[k]].a, ids[k]};
+    qsort(o->keys, (size_t)m, sizeof *o->keys, rkm__off_key_cmp);
+    for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
+}
+
+/* Where the set's copies go (gap f, p, times): offloads in the order of
+ * their gaps, prefetches latest first. Returns 0 if some tensor's window is
+ * empty (it would come back before it left). */
+static int rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
+{
+    const rkm_graph *g = o->g;
+    rkm__off_sort(o, set, m, 0);
+    double d2h = 0, h2d = INFINITY;
+    for (int32_t k = 0; k < m; k++) {
+        rkm__gap *x = &o->gap[set[k]];
+        double start = o->te[x->a] > d2h ? o->te[x->a] : d2h;
+        x->off_end = d2h = start + rkm__copy_seconds(g, set[k], g->copy.d2h_bytes_per_second);
+        x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
+    }
+    for (int32_t k = 0; k < m; k++) o->order[k] = set[k];
+    rkm__off_sort(o, o->order, m, 1);
+    for (int32_t k = 0; k < m; k++) {
+        rkm__gap *x = &o->gap[o->order[k]];
+        double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
+        x->pre_start = h2d = end - rkm__copy_seconds(g, o->order[k], g->copy.h2d_bytes_per_second);
+        x->p = rkm__off_step_starting(o, x->b, x->pre_start);
+        if (x->p <= x->f) return 0;
+    }
+    return 1;
+}
+
+/* Record that the step just pushed belongs to base step `from`. */
+static int rkm__off_note(rkm__off *o, int64_t from)
+{
+    if (o->out.n > o->cap) {
+        size_t cap = o->cap;
+        if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &cap, o->out.n, sizeof *o->peak)) return 0;
+        cap = o->cap;
+        if (!rkm__reserve(o->g->ctx, (void **)&o->from, &cap, o->out.n, sizeof *o->from)) return 0;
+        o->cap = cap;
+    }
+    o->from[o->out.n - 1] = from;
+    return 1;
+}
+
+/* Push a step on slot t (a copy of it, or the free of what it holds), from
+ * base step `from`. */
+static int rkm__off_push(rkm__off *o, int32_t kind, int32_t t, int64_t from)
+{
+    size_t nt = o->g->n_tensors;
+    int saved = (size_t)t >= nt;
+    if (saved && kind == RKM_STEP_FREE) kind = RKM_STEP_FREE_SAVED;
+    int32_t index = saved ? (int32_t)((size_t)t - nt) : t;
+    return rkm__steps_push(&o->out, kind, index, saved && kind != RKM_STEP_FREE_SAVED) && rkm__off_note(o, from);
+}
+
+/* The base plan with the set's copies (set sorted by rkm__off_place). */
+static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
+{
+    o->out.n = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        int64_t at = (int64_t)i;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].p == at && !rkm__off_push(o, RKM_STEP_PREFETCH, set[k], at)) return 0;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].b == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
+                                           !rkm__off_push(o, RKM_STEP_FREE_HOST, set[k], at)))
+                return 0;
+        if (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, at)) return 0;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].a == at && !rkm__off_push(o, RKM_STEP_OFFLOAD, set[k], at)) return 0;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].f == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
+                                           !rkm__off_push(o, RKM_STEP_FREE, set[k], at)))
+                return 0;
+    }
+    return 1;
+}
+
+/* The emitted plan's peak step (-1 if it breaks a rule, which a bug would
+ * be), its peak in *peak. */
+static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
+{
+    rkm_sim_result res;
+    rkm__sim_reset(&o->sim);
+    if (rkm__sim_run_peaks(&o->sim, o->out.s, o->out.n, &res, NULL, o->peak, NULL) != 1) return -1;
+    *peak = res.peak;
+    return res.peak_step;
+}
+
+/* The tensor to add for a peak at base step s: the largest whose gap, as
+ * it would be placed alone, leaves it off the device there; -1 if none. */
+static int32_t rkm__off_pick(rkm__off *o, int64_t s)
+{
+    const rkm_graph *g = o->g;
+    int32_t best = -1;
+    for (size_t u = 0; u < o->n_slots; u++) {
+        int32_t t = (int32_t)u;
+        rkm__gap x = o->gap[t];
+        if (x.a < 0 || o->in[t] || x.a >= s || x.b <= s) continue;
+        double end = o->te[x.a] + rkm__copy_seconds(g, t, g->copy.d2h_bytes_per_second);
+        double start = o->ts[x.b] - rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
+        int64_t f = rkm__off_step_ending(o, x.a + 1, end), p = rkm__off_step_starting(o, x.b, start);
+        if (f >= s || p <= s) continue;
+        if (best < 0 || rkm__slot_bytes(g, t) > rkm__slot_bytes(g, best)) best = t;
+    }
+    return best;
+}
+
+static void rkm__off_free(rkm__off *o)
+{
+    rkm_context *ctx = o->g->ctx;
+    size_t nt = o->n_slots + 1;
+    rkm__free(ctx, o->ts, 2 * (o->n + 1) * sizeof *o->ts);
+    rkm__free(ctx, o->gap, nt * sizeof *o->gap);
+    rkm__free(ctx, o->in, nt);
+    rkm__free(ctx, o->order, 2 * nt * sizeof *o->order);
+    rkm__free(ctx, o->keys, nt * sizeof *o->keys);
+    rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
+    rkm__free(ctx, o->peak, o->cap * sizeof *o->peak);
+    rkm__free(ctx, o->from, o->cap * sizeof *o->from);
+    rkm__steps_free(&o->out);
+    rkm__sim_free(&o->sim);
+}
+
+static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step *base, size_t n)
+{
+    memset(o, 0, sizeof *o);
+    o->g = g;
+    o->base = base;
+    o->n = n;
+    o->out = (rkm__steps){g->ctx, NULL, 0, 0};
+    o->n_slots = g->n_tensors + g->n_ops;
+    size_t nt = o->n_slots + 1;
+    for (size_t i = 0; i < g->n_ops; i++)
+        if ((size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1 > o->n_touch) o->n_touch = (size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1;
+    o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
+    o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
+    o->gap = rkm__alloc(g->ctx, nt * sizeof *o->gap);
+    o->in = rkm__calloc(g->ctx, nt, 1);
+    o->order = rkm__alloc(g->ctx, 2 * nt * sizeof *o->order);
+    o->keys = rkm__alloc(g->ctx, nt * sizeof *o->keys);
+    int64_t *last = rkm__alloc(g->ctx, nt * sizeof *last);
+    rkm_result r = o->ts && o->gap && o->in && o->order && o->keys && o->touch && last ? rkm__sim_init(g, &o->sim) : RKM_ERROR_NOMEM;
+    if (!r) {
+        o->te = o->ts + n + 1;
+        rkm__off_gaps(o, last);
+    }
+    rkm__free(g->ctx, last, nt * sizeof *last);
+    if (r) {
+        rkm__off_free(o);
+        return rkm__nomem(g->ctx, "offloading");
+    }
+    return RKM_OK;
+}
+
+/* The base plan's steps (valid on g, no copies) with copies that bring its
+ * peak within `budget`, into *out (taken by the caller); out->n 0 when
+ * none does. g has a copy link. */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
+                                         rkm__steps *out)
+{
+    rkm__off o;
+    *out = (rkm__steps){g->ctx, NULL, 0, 0};
+    rkm_result r = rkm__off_init(&o, g, base, n);
+    if (r) return r;
+    int32_t *set = o.order + o.n_slots + 1, m = 0, last = -1;
+    for (;;) {
+        if (!rkm__off_place(&o, set, m)) {
+            /* the last one added comes back before it leaves: drop it (it
+             * stays marked, never tried again); the set is sorted by a */
+            int32_t k = 0;
+            while (set[k] != last) k++;
+            memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
+            m--;
+            continue;
+        }
+        if (!rkm__off_emit(&o, set, m)) {
+            r = rkm__nomem(g->ctx, "offloading");
+            break;
+        }
+        uint64_t peak;
+        int64_t s = rkm__off_peak(&o, &peak);
+        if (s >= 0 && peak <= budget) {
+            *out = o.out;
+            o.out = (rkm__steps){g->ctx, NULL, 0, 0};
+            break;
+        }
+        int32_t t = s >= 0 ? rkm__off_pick(&o, o.from[s]) : -1;
+        if (t < 0) break;
+        o.in[t] = 1;
+        set[m++] = last = t;
+    }
+    rkm__off_free(&o);
+    return r;
+}
+
+/* The base plan b (kept) with copies for `budget`, laid out as the host
+ * gets it, or *out NULL: where the layout misses the aligned peak by more
+ * than the room left, the copies for that much less (as planner_fit does). */
+static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    uint64_t target = budget;
+    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+        rkm__steps d;
+        rkm_plan *q;
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, &d);
+        if (r || !d.n) return r;
+        if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
+        if ((r = rkm__plan_seal(q, pl->d.alignment))) {
+            rkm_plan_destroy(q);
+            return r;
+        }
+        uint64_t arena = q->stats.arena_bytes;
+        if (arena <= budget) {
+            *out = q;
+            return RKM_OK;
+        }
+        rkm_plan_destroy(q);
+        if (target <= arena - budget) break;
+        target -= arena - budget;
+    }
+    return RKM_OK;
+}
+
+/* Rockmate on a graph with a copy link: *p (taken; NULL if no
+ * recompute-only plan fits) or a plan that offloads, the faster. The bases
+ * to offload from are plans with fewer recomputations than the budget's:
+ * the baseline, and rockmate's plan for the budget plus a share of what
+ * the slower copy stream moves in the baseline's forward time (about what
+ * can leave the device unseen while the forward runs). */
+RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    const rkm_graph *g = pl->g;
+    rkm_plan *base[2] = {NULL, NULL};
+    rkm_result r = rkm__plan_baseline(pl->user, &base[0]);
+    double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
+    for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
+    double up = (double)budget + RKM_OFFLOAD_HIDE * bw * fwd;
+    if (!r && up < (double)pl->base_peak) r = rkm__planner_fit(pl, (uint64_t)up, &base[1], NULL);
+    for (int k = 0; k < 2 && !r; k++) {
+        rkm_plan *q = NULL;
+        if (base[k] && !(r = rkm__offload_fit(pl, base[k], budget, &q))) *p = rkm__faster(*p, q);
+    }
+    for (int k = 0; k < 2; k++) rkm_plan_destroy(base[k]);
+    return r;
+}
+
 /* ==== src/exec.c ==== */
 
 /* exec.c -- the executor and the profiler
@@ -10757,7 +11222,8 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
     }
     if (st->kind >= RKM_STEP_OFFLOAD) {
         int (*copy)(void *, const rkm_copy_call *) = rkm__copy_callback(cb, st->kind);
-        rkm_copy_call c = {(int64_t)i, st->index, p->g->tensors[st->index].bytes, p->peer[i]};
+        uint64_t bytes = st->save ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
+        rkm_copy_call c = {(int64_t)i, st->index, st->save, bytes, p->peer[i]};
         return copy ? copy(cb->user, &c) : 0;
     }
     int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);
@@ -11524,8 +11990,10 @@ static int rkm__exec_prefetch(void *user, const rkm_copy_call *c)
 {
     rkm_arena_exec *x = user;
     rkm__exec_enter(x, c->step);
-    int rc = rkm__exec_take(x, &x->t_off[c->tensor], RKM_BUFFER_TENSOR, c->tensor, c->bytes, "tensor",
-                            rkm__tensor_name_of(x->g, c->tensor));
+    int32_t i = c->index;
+    int rc = c->saved ? rkm__exec_take(x, &x->p_off[i], RKM_BUFFER_PHANTOM, i, c->bytes, "saved state of", x->g->ops[i].name)
+                      : rkm__exec_take(x, &x->t_off[i], RKM_BUFFER_TENSOR, i, c->bytes, "tensor",
+                                       rkm__tensor_name_of(x->g, i));
     return rc ? rc : rkm__exec_copy(x, c, x->host.prefetch);
 }
 

@@ -470,13 +470,16 @@ typedef enum rkm_step_kind {
     RKM_STEP_PREFETCH,   /* index: tensor; start copying its host copy back into
                             a new device buffer */
     RKM_STEP_WAIT,       /* index: tensor; the compute stream waits for its copy */
-    RKM_STEP_FREE_HOST   /* index: tensor; release its host copy */
+    RKM_STEP_FREE_HOST   /* index: tensor; release its host copy. On these four,
+                            save 1 means an op's saved state instead (index: the op;
+                            `offload OP saved`) */
 } rkm_step_kind;
 
 typedef struct rkm_step {
     int32_t kind;  /* rkm_step_kind */
     int32_t index; /* op or tensor id, see rkm_step_kind */
-    int32_t save;  /* RKM_STEP_FWD only: 1 for `fwd OP save` */
+    int32_t save;  /* RKM_STEP_FWD: 1 for `fwd OP save`; a copy step: 1 for the op's
+                      saved state (`offload OP saved`) */
     int32_t inplace; /* RKM_STEP_FWD, RKM_STEP_BWD: 1 for `fwd OP [save] inplace`,
                         `bwd OP inplace` (the op declares RKM_OP_INPLACE /
                         RKM_OP_GRAD_INPLACE); 0 otherwise */
@@ -958,12 +961,14 @@ typedef struct rkm_buffer_call {
 } rkm_buffer_call;
 
 /* The copy steps (offloading; docs/formats.md). The host keeps at most one
- * host copy per tensor, which it allocates on offload and releases on
- * free_host; the device buffer of a prefetch is new (allocate it, then
- * start the copy into it), released by a later free step. */
+ * host copy per tensor and per saved state, which it allocates on offload
+ * and releases on free_host; the device buffer of a prefetch is new
+ * (allocate it, then start the copy into it), released by a later free (or
+ * free_saved) step. */
 typedef struct rkm_copy_call {
     int64_t step;      /* index in the plan */
-    int32_t tensor;
+    int32_t index;     /* the tensor; with saved, the op */
+    int saved;         /* 1: the op's saved state (its phantom), not a tensor */
     uint64_t bytes;
     int64_t wait_step; /* offload, prefetch: the wait step that completes this copy;
                           wait: the step that started it; free_host: -1 */

@@ -65,10 +65,18 @@ static const char cli_usage_text[] =
     "                    plan prints one with exit status 3 too: error (budget\n"
     "                    or timeout), error_id, message, budget and min_budget\n"
     "                    (the smallest budget that fits, bytes; null if unknown)\n"
-    "  -o, --output PLAN write the plan file\n"
+    "  -o, --output PLAN write the plan file\n";
+/* Two strings: C99 compilers need only take 4095 characters in one. */
+static const char cli_usage_text2[] =
+    ""
     "  --svg FILE        write a chart\n"
     "  --log             the chart's vertical axis on a log scale (memory of a\n"
     "                    plan at a small budget, overheads that span decades)\n"
+    "  --copy D2H[,H2D[,LATENCY]]  plan with a copy link to host memory of D2H\n"
+    "                    and H2D bytes a second (H2D: D2H; 450e9 is NVLink-C2C,\n"
+    "                    25e9 PCIe 4.0 x16) and LATENCY seconds a copy, in place\n"
+    "                    of the graph's own (its `copy` statement); rockmate then\n"
+    "                    offloads where that is faster; --copy none: without\n"
     "  --slots N         memory slots of the chain dynamic program\n"
     "  --time-limit S    wall-clock seconds of planning per plan and algorithm\n"
     "                    (default 60), a safety stop: plans do not depend on it\n"
@@ -106,7 +114,7 @@ static const char *const cli_cmd_operands[CMD_COUNT][2] = {
     {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
 
 enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_NEST, OPT_POINTS,
-       OPT_ALIGN, OPT_VERBOSE, OPT_NO_PROGRESS, OPT_COUNT };
+       OPT_ALIGN, OPT_VERBOSE, OPT_NO_PROGRESS, OPT_COPY, OPT_COUNT };
 
 #define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
 
@@ -130,6 +138,7 @@ static const struct cli_optdef {
     [OPT_ALIGN] = {"--align", NULL, 1, CMDS(1, 1, 1, 1)},
     [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
     [OPT_NO_PROGRESS] = {"--no-progress", NULL, 0, CMDS(1, 1, 0, 1)},
+    [OPT_COPY] = {"--copy", NULL, 1, CMDS(1, 1, 1, 1)},
 };
 /* clang-format on */
 
@@ -156,6 +165,7 @@ typedef struct cli_opts {
     int32_t nest_ops;      /* 0: library default; -1: never */
     int points;
     uint64_t alignment;    /* of the arena: --align, else RKM_ARENA_ALIGN */
+    rkm_copy_desc copy;    /* --copy (all 0 for none) */
 } cli_opts;
 
 /* One line naming the problem, one line of hint; exit status 2. */
@@ -300,6 +310,15 @@ static int cli_convert_options(cli_opts *o)
                                    o->value[OPT_ALIGN]);
         o->alignment = (uint64_t)v;
     }
+    if (o->value[OPT_COPY] && strcmp(o->value[OPT_COPY], "none") != 0) {
+        double *c = &o->copy.d2h_bytes_per_second;
+        int n = sscanf(o->value[OPT_COPY], "%lf,%lf,%lf", &c[0], &c[1], &o->copy.latency_seconds);
+        if (n == 1) c[1] = c[0];
+        if (n < 1 || !(c[0] > 0 && c[1] > 0 && isfinite(c[0]) && isfinite(c[1])) ||
+            !(o->copy.latency_seconds >= 0 && isfinite(o->copy.latency_seconds)))
+            return cli_usage_error(cmd, "--copy wants D2H[,H2D[,LATENCY]] (bytes a second, positive; seconds, >= 0) "
+                                   "or none, not '%s'", o->value[OPT_COPY]);
+    }
     o->points = 12;
     if (o->value[OPT_POINTS]) {
         if (!cli_parse_count(o->value[OPT_POINTS], 10000, &v) || v < 2)
@@ -325,6 +344,7 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(cli_usage_text, stdout);
+            fputs(cli_usage_text2, stdout);
             return CLI_OK;
         }
     if (argc < 2) return cli_usage_error(NULL, "missing command (info, plan, check or sweep)");
@@ -596,13 +616,20 @@ static rkm_result cli_graph_read(rkm_context *ctx, const char *path, rkm_graph *
     return r;
 }
 
-static int cli_graph_load(rkm_context *ctx, const char *path, cli_graph *G)
+static int cli_graph_load(rkm_context *ctx, const char *path, const cli_opts *o, cli_graph *G)
 {
     memset(G, 0, sizeof *G);
     G->path = path;
     cli_graph_name(path, G->name, sizeof G->name);
     rkm_result r = cli_graph_read(ctx, path, &G->g);
     if (r) return cli_fail(ctx, r, NULL);
+    if (o->value[OPT_COPY]) { /* the graph with --copy's link (or none) in place of its own */
+        rkm_graph *with;
+        r = rkm_graph_with_copy(G->g, &o->copy, &with);
+        rkm_graph_destroy(G->g);
+        G->g = with;
+        if (r) return cli_fail(ctx, r, path);
+    }
     r = rkm_graph_stats_get(G->g, &G->st);
     if (r) return cli_fail(ctx, r, path);
     return CLI_OK;
@@ -854,6 +881,13 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
         cli_json_u64(j, "arena_bytes", r->arena);
         cli_json_u64(j, "arena_alignment", r->alignment);
         cli_json_u64(j, "buffers", r->n_buffers);
+    }
+    if (valid && r->ps.offloads) {
+        cli_json_u64(j, "offloads", r->ps.offloads);
+        cli_json_u64(j, "host_peak", r->ps.host_peak);
+        cli_json_num(j, "wait_seconds", r->ps.wait_seconds);
+        cli_json_num(j, "d2h_seconds", r->ps.d2h_seconds);
+        cli_json_num(j, "h2d_seconds", r->ps.h2d_seconds);
     }
     cli_json_ilp(j, &r->pls);
     if (r->has_algo && r->algo == RKM_ALGO_CHECKMATE) cli_json_num(j, "gap", r->ps.gap);
@@ -1271,7 +1305,7 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
     cli_planner cp = {0};
     cli_result r;
     memset(&r, 0, sizeof r);
-    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    int rc = cli_graph_load(ctx, o->operand[0], o, &G);
     if (!rc) rc = cli_budget(&G, o->value[OPT_BUDGET], "plan", &r.budget);
     rkm_result e = RKM_OK;
     if (!rc) e = cli_planner_open(&G, o->algos[0], o, &cp);
@@ -1352,7 +1386,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
     memset(&r, 0, sizeof r);
     const char *plan_path = o->operand[1];
     const char *plan_name = strcmp(plan_path, "-") == 0 ? "<stdin>" : plan_path; /* for people */
-    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    int rc = cli_graph_load(ctx, o->operand[0], o, &G);
     if (!rc && o->value[OPT_BUDGET]) {
         rc = cli_budget(&G, o->value[OPT_BUDGET], "check", &r.budget);
         r.has_budget = 1;
@@ -1568,7 +1602,7 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
 static int cmd_info(rkm_context *ctx, const cli_opts *o)
 {
     cli_graph G;
-    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    int rc = cli_graph_load(ctx, o->operand[0], o, &G);
     if (rc) return rc;
     cli_floor fl[RKM_ALGO_COUNT];
     memset(fl, 0, sizeof fl);
@@ -1790,7 +1824,7 @@ static int cmd_sweep(rkm_context *ctx, const cli_opts *o)
     cli_graph G;
     cli_sweep s;
     memset(&s, 0, sizeof s);
-    int rc = cli_graph_load(ctx, o->operand[0], &G);
+    int rc = cli_graph_load(ctx, o->operand[0], o, &G);
     if (rc) return rc;
     s.G = &G;
     rc = cli_sweep_open(ctx, &s, o);

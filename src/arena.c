@@ -613,8 +613,10 @@ static int rkm__exec_prefetch(void *user, const rkm_copy_call *c)
 {
     rkm_arena_exec *x = user;
     rkm__exec_enter(x, c->step);
-    int rc = rkm__exec_take(x, &x->t_off[c->tensor], RKM_BUFFER_TENSOR, c->tensor, c->bytes, "tensor",
-                            rkm__tensor_name_of(x->g, c->tensor));
+    int32_t i = c->index;
+    int rc = c->saved ? rkm__exec_take(x, &x->p_off[i], RKM_BUFFER_PHANTOM, i, c->bytes, "saved state of", x->g->ops[i].name)
+                      : rkm__exec_take(x, &x->t_off[i], RKM_BUFFER_TENSOR, i, c->bytes, "tensor",
+                                       rkm__tensor_name_of(x->g, i));
     return rc ? rc : rkm__exec_copy(x, c, x->host.prefetch);
 }
 

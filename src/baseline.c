@@ -53,7 +53,7 @@ RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step 
     case RKM_STEP_FREE: *n = !grads; return &st->index;
     case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
     case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
-    default: *n = !grads; return &st->index; /* a copy reads or makes the tensor */
+    default: *n = !grads && !st->save; return &st->index; /* a copy reads or makes the tensor (not a saved state) */
     }
 }
 

@@ -55,7 +55,8 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
     }
     if (st->kind >= RKM_STEP_OFFLOAD) {
         int (*copy)(void *, const rkm_copy_call *) = rkm__copy_callback(cb, st->kind);
-        rkm_copy_call c = {(int64_t)i, st->index, p->g->tensors[st->index].bytes, p->peer[i]};
+        uint64_t bytes = st->save ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
+        rkm_copy_call c = {(int64_t)i, st->index, st->save, bytes, p->peer[i]};
         return copy ? copy(cb->user, &c) : 0;
     }
     int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);

@@ -266,6 +266,16 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
 #define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
 
+/* ---- offloading (offload.c) ---- */
+
+/* Rockmate offloads from the baseline and from its own plan for the budget
+ * plus this share of what the slower copy stream moves in the baseline's
+ * forward time. On gpt2-xl-b4-t1024 at 25 % with 25 GB/s each way (3.75
+ * GB in its 0.15 s forward), bases at +1.5 and +3 GB brought 10.46 %
+ * overhead to 9.60 and 7.35 %; from +4.5 GB on the copies no longer fit
+ * (the forward's last offloads end too late). */
+#define RKM_OFFLOAD_HIDE 0.5
+
 /* ---- progress reports (progress.c): they change no plan ---- */
 
 /* A report at most every RKM_PROGRESS_SECONDS of wall clock: a terminal
@@ -427,7 +437,8 @@ typedef struct rkm__sim {
     uint8_t *bwd_done; /* per op: backward ran */
     int loss_done;
     uint64_t mem;
-    /* Copies (offloading): per tensor, whether it has a host copy (H) and
+    /* Copies (offloading): per copy slot (each tensor, then each op's
+     * saved state: rkm__copy_slot), whether it has a host copy (H) and
      * which copy is in flight (RKM__COPY_*) ending when (copy_end); the
      * streams' clocks; the host bytes. */
     uint8_t *H, *inflight;
@@ -857,6 +868,7 @@ RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
 RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
 RKM_PRIVATE int rkm__step_on_op(int32_t kind);
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
 RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
 RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
@@ -874,6 +886,10 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
 RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
 RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
 RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+
+/* offload.c */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, rkm__steps *out);
+RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* layout.c */
 RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
@@ -962,6 +978,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 

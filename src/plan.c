@@ -70,10 +70,18 @@ RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, 
     return RKM_OK;
 }
 
-/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor? */
+/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
+ * (A copy step names an op when it copies its saved state: `save`.) */
 RKM_PRIVATE int rkm__step_on_op(int32_t kind)
 {
     return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
+}
+
+/* A copy step's slot in the simulator's copy arrays: the tensor, or after
+ * the tensors the op whose saved state it copies. */
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
+{
+    return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
 RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
@@ -90,7 +98,9 @@ RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
     case RKM_STEP_OFFLOAD:
     case RKM_STEP_PREFETCH:
     case RKM_STEP_WAIT:
-    case RKM_STEP_FREE_HOST: return s->index >= 0 && (size_t)s->index < g->n_tensors && s->save == 0;
+    case RKM_STEP_FREE_HOST:
+        return s->index >= 0 && (s->save == 0 ? (size_t)s->index < g->n_tensors
+                                 : s->save == 1 && (size_t)s->index < g->n_ops && g->ops[s->index].phantom > 0);
     default: return 0;
     }
 }
@@ -125,6 +135,15 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
         snprintf(buf, size, "bwd %s%s", g->ops[s->index].name, s->inplace ? " inplace" : "");
         break;
     case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
+    case RKM_STEP_OFFLOAD:
+    case RKM_STEP_PREFETCH:
+    case RKM_STEP_WAIT:
+    case RKM_STEP_FREE_HOST:
+        if (s->save) {
+            snprintf(buf, size, "%s %s saved", rkm__step_words[s->kind], g->ops[s->index].name);
+            break;
+        }
+        /* fall through */
     default: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name); break;
     }
 }
@@ -179,11 +198,16 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
         if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
         st.index = g->loss;
     } else {
-        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD ? 3 : 2;
+        int copy = kind >= RKM_STEP_OFFLOAD;
+        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD || copy ? 3 : 2;
         const char *form = kind == RKM_STEP_FWD ? "fwd OP [save] [inplace]" : kind == RKM_STEP_BWD ? "bwd OP [inplace]" : NULL;
+        if (copy && r->ntok == 3 && strcmp(r->tok[2], "saved") != 0)
+            return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s TENSOR' or '%s OP saved', not '%.64s' as word 3", w, w,
+                             r->tok[2]);
+        st.save = copy && r->ntok == 3;
         if (r->ntok < 2 || r->ntok > want_max)
             return form ? rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s'", form) : rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s NAME'", w);
-        for (int i = 2; i < r->ntok; i++) {
+        for (int i = 2; i < r->ntok && !copy; i++) {
             int is_save = kind == RKM_STEP_FWD && strcmp(r->tok[i], "save") == 0 && i == 2;
             int is_inplace = strcmp(r->tok[i], "inplace") == 0 && !st.inplace;
             if (!is_save && !is_inplace)
@@ -191,7 +215,7 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
             st.save |= is_save;
             st.inplace |= is_inplace;
         }
-        int on_op = rkm__step_on_op(kind);
+        int on_op = rkm__step_on_op(kind) || st.save;
         st.index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
         if (st.index < 0)
             return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);

@@ -645,7 +645,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
  * its arena fits, and the tries' smaller budgets may give slower plans
  * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
  * (at DTR's smallest budget). */
-static rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
@@ -1159,6 +1159,8 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
 {
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0)
+        r = rkm__planner_offload(pl, budget, &p);
     if (r) return r;
     if (!p) {
         uint64_t min;

@@ -3,9 +3,9 @@
  * Uses (through internal.h): base.c, plan.c. */
 #include "internal.h"
 
-/* The simulator's byte flags: D, G, H, inflight per tensor; P, fwd_done,
- * bwd_done per op. */
-static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 3 + 1; }
+/* The simulator's byte flags: D, G per tensor; H, inflight per copy slot
+ * (tensors, then ops' saved states); P, fwd_done, bwd_done per op. */
+static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 5 + 1; }
 
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 {
@@ -13,7 +13,7 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
     rkm_context *ctx = s->g->ctx;
     rkm__free(ctx, s->D, rkm__sim_bytes(s->g));
     rkm__free(ctx, s->recv, (s->g->n_tensors + 1) * sizeof *s->recv);
-    rkm__free(ctx, s->copy_end, (s->g->n_tensors + 1) * sizeof *s->copy_end);
+    rkm__free(ctx, s->copy_end, (s->g->n_tensors + s->g->n_ops + 1) * sizeof *s->copy_end);
     memset(s, 0, sizeof *s);
 }
 
@@ -36,22 +36,22 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
-    size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1;
+    size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1, ns = g->n_tensors + g->n_ops + 1;
     uint8_t *b = rkm__alloc(g->ctx, nb);
     int32_t *recv = rkm__alloc(g->ctx, nt * sizeof *recv);
-    double *end = rkm__alloc(g->ctx, nt * sizeof *end);
+    double *end = rkm__alloc(g->ctx, ns * sizeof *end);
     if (!b || !recv || !end) {
         rkm__free(g->ctx, b, nb);
         rkm__free(g->ctx, recv, nt * sizeof *recv);
-        rkm__free(g->ctx, end, nt * sizeof *end);
+        rkm__free(g->ctx, end, ns * sizeof *end);
         return rkm__nomem(g->ctx, "simulator");
     }
     s->g = g;
     s->D = b;
     s->G = b + g->n_tensors;
     s->H = s->G + g->n_tensors;
-    s->inflight = s->H + g->n_tensors;
-    s->P = s->inflight + g->n_tensors;
+    s->inflight = s->H + g->n_tensors + g->n_ops;
+    s->P = s->inflight + g->n_tensors + g->n_ops;
     s->fwd_done = s->P + g->n_ops;
     s->bwd_done = s->fwd_done + g->n_ops;
     s->recv = recv;
@@ -129,54 +129,57 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
     return RKM_RULE_NONE;
 }
 
-/* When a copy of tensor t started now on a stream free from *stream ends;
+/* When a copy of `bytes` started now on a stream free from *stream ends;
  * the stream is busy until then. */
-static double rkm__sim_copy_start(rkm__sim *s, int32_t t, double bytes_per_second, double *stream, double *busy)
+static double rkm__sim_copy_start(rkm__sim *s, uint64_t bytes, double bytes_per_second, double *stream, double *busy)
 {
     double start = s->clock > *stream ? s->clock : *stream;
-    double took = s->g->copy.latency_seconds + (double)s->g->tensors[t].bytes / bytes_per_second;
+    double took = s->g->copy.latency_seconds + (double)bytes / bytes_per_second;
     *stream = start + took;
     *busy += took;
     return *stream;
 }
 
-/* offload, prefetch, wait, free_host (the index is a tensor in range). */
+/* offload, prefetch, wait, free_host (the index in range): of tensor x, or
+ * with `saved` of op x's saved state (copy slot n_tensors + x). */
 static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *peak)
 {
     const rkm_graph *g = s->g;
-    int32_t t = st->index;
-    uint64_t bytes = g->tensors[t].bytes;
+    int32_t x = st->index;
+    size_t slot = rkm__copy_slot(g, st);
+    uint8_t *live = st->save ? &s->P[x] : &s->D[x];
+    uint64_t bytes = st->save ? g->ops[x].phantom : g->tensors[x].bytes;
     int copying = st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH;
     if (copying && !(g->copy.d2h_bytes_per_second > 0)) return RKM_RULE_COPY_NO_BANDWIDTH;
     switch (st->kind) {
     case RKM_STEP_OFFLOAD:
-        if (!s->D[t] || (g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_OFFLOAD_NOT_LIVE;
-        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
-        if (s->H[t]) return RKM_RULE_OFFLOAD_ON_HOST;
-        s->H[t] = 1;
+        if (!*live || (!st->save && (g->tensors[x].flags & RKM_TENSOR_INPUT))) return RKM_RULE_OFFLOAD_NOT_LIVE;
+        if (s->inflight[slot]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->H[slot]) return RKM_RULE_OFFLOAD_ON_HOST;
+        s->H[slot] = 1;
         s->host_mem += bytes;
-        s->inflight[t] = RKM__COPY_OFFLOAD;
-        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
+        s->inflight[slot] = RKM__COPY_OFFLOAD;
+        s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_PREFETCH:
-        if (!s->H[t]) return RKM_RULE_PREFETCH_NOT_ON_HOST;
-        if (s->D[t]) return RKM_RULE_PREFETCH_LIVE;
+        if (!s->H[slot]) return RKM_RULE_PREFETCH_NOT_ON_HOST;
+        if (*live) return RKM_RULE_PREFETCH_LIVE;
         *peak = s->mem + bytes;
-        s->D[t] = 1;
+        *live = 1;
         s->mem += bytes;
-        s->inflight[t] = RKM__COPY_PREFETCH;
-        s->copy_end[t] = rkm__sim_copy_start(s, t, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
+        s->inflight[slot] = RKM__COPY_PREFETCH;
+        s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_WAIT:
-        if (!s->inflight[t]) return RKM_RULE_WAIT_NO_COPY;
-        s->inflight[t] = RKM__COPY_NONE;
-        s->stall = s->copy_end[t] > s->clock ? s->copy_end[t] - s->clock : 0;
+        if (!s->inflight[slot]) return RKM_RULE_WAIT_NO_COPY;
+        s->inflight[slot] = RKM__COPY_NONE;
+        s->stall = s->copy_end[slot] > s->clock ? s->copy_end[slot] - s->clock : 0;
         s->clock += s->stall;
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_HOST:
-        if (!s->H[t]) return RKM_RULE_FREE_HOST_NOT_ON_HOST;
-        if (s->inflight[t]) return RKM_RULE_COPY_IN_FLIGHT;
-        s->H[t] = 0;
+        if (!s->H[slot]) return RKM_RULE_FREE_HOST_NOT_ON_HOST;
+        if (s->inflight[slot]) return RKM_RULE_COPY_IN_FLIGHT;
+        s->H[slot] = 0;
         s->host_mem -= bytes;
         return RKM_RULE_NONE;
     }
@@ -209,6 +212,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
                 return RKM_RULE_COPY_IN_FLIGHT;
             }
         *obj = x;
+        if (s->inflight[g->n_tensors + (size_t)x] && o->scratch > 0) return RKM_RULE_COPY_IN_FLIGHT; /* writes it */
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
@@ -277,6 +281,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_SAVED:
         if (!s->P[x]) return RKM_RULE_FREE_SAVED_NOT_LIVE;
+        if (s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->P[x] = 0;
         s->mem -= g->ops[x].phantom;
         return RKM_RULE_NONE;
@@ -299,7 +304,9 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
     for (size_t i = 0; i < g->n_ops; i++) {
         *obj = (int32_t)i;
         if (g->ops[i].has_bwd && !s->bwd_done[i]) return RKM_RULE_END_BWD_MISSING;
+        if (s->inflight[g->n_tensors + i]) return RKM_RULE_END_COPY_IN_FLIGHT;
         if (s->P[i]) return RKM_RULE_END_SAVED_LIVE;
+        if (s->H[g->n_tensors + i]) return RKM_RULE_END_HOST_LIVE;
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
         *obj = (int32_t)t;
@@ -417,7 +424,9 @@ static int rkm__record_before(rkm__recorder *rc, const rkm__sim *s, const rkm_st
         return !o->bwd_ws || rkm__buf_open(rc, RKM_BUFFER_WORKSPACE, x, i, o->bwd_ws);
     }
     case RKM_STEP_LOSS: return s->loss_done || rkm__buf_open(rc, RKM_BUFFER_GRAD, x, i, g->tensors[x].bytes);
-    case RKM_STEP_PREFETCH: return s->D[x] || rkm__buf_open(rc, RKM_BUFFER_TENSOR, x, i, g->tensors[x].bytes);
+    case RKM_STEP_PREFETCH:
+        if (st->save) return s->P[x] || rkm__buf_open(rc, RKM_BUFFER_PHANTOM, x, i, g->ops[x].phantom);
+        return s->D[x] || rkm__buf_open(rc, RKM_BUFFER_TENSOR, x, i, g->tensors[x].bytes);
     }
     return 1;
 }
@@ -513,7 +522,7 @@ static const struct rkm__rule_info {
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
     [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
     [RKM_RULE_COPY_NO_BANDWIDTH] = {"offload, prefetch: the graph must have a copy bandwidth", 0},
-    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor must be live and not an input", 0},
+    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor (saved state) must be live, and not an input", 0},
     [RKM_RULE_OFFLOAD_ON_HOST] = {"offload: the tensor must have no host copy already", 0},
     [RKM_RULE_PREFETCH_NOT_ON_HOST] = {"prefetch: the tensor must have a host copy", 0},
     [RKM_RULE_PREFETCH_LIVE] = {"prefetch: the tensor must not be live", 0},
@@ -592,18 +601,19 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
     return RKM_OK;
 }
 
-/* p->peer of a valid plan with copies; open (n_tensors entries) is
+/* p->peer of a valid plan with copies; open (a copy slot each) is
  * scratch. */
 static void rkm__plan_peers(rkm_plan *p, int64_t *open)
 {
-    for (size_t t = 0; t < p->g->n_tensors; t++) open[t] = -1;
+    for (size_t t = 0; t < p->g->n_tensors + p->g->n_ops; t++) open[t] = -1;
     for (size_t i = 0; i < p->n_steps; i++) {
         const rkm_step *st = &p->steps[i];
+        size_t slot = rkm__copy_slot(p->g, st);
         p->peer[i] = -1;
-        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[st->index] = (int64_t)i;
+        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[slot] = (int64_t)i;
         if (st->kind != RKM_STEP_WAIT) continue;
-        p->peer[i] = open[st->index];
-        p->peer[open[st->index]] = (int64_t)i;
+        p->peer[i] = open[slot];
+        p->peer[open[slot]] = (int64_t)i;
     }
 }
 

@@ -252,12 +252,12 @@ static int tr_add(tracer *t, const char *what, int64_t step, int32_t index, int6
 
 static int tr_fwd(void *u, const rkm_fwd_call *c) { return tr_add(u, "fwd", c->step, c->op, -1); }
 static int tr_bwd(void *u, const rkm_bwd_call *c) { return tr_add(u, "bwd", c->step, c->op, -1); }
-static int tr_offload(void *u, const rkm_copy_call *c) { return tr_add(u, "offload", c->step, c->tensor, c->wait_step); }
-static int tr_prefetch(void *u, const rkm_copy_call *c) { return tr_add(u, "prefetch", c->step, c->tensor, c->wait_step); }
-static int tr_wait(void *u, const rkm_copy_call *c) { return tr_add(u, "wait", c->step, c->tensor, c->wait_step); }
+static int tr_offload(void *u, const rkm_copy_call *c) { return tr_add(u, "offload", c->step, c->index, c->wait_step); }
+static int tr_prefetch(void *u, const rkm_copy_call *c) { return tr_add(u, "prefetch", c->step, c->index, c->wait_step); }
+static int tr_wait(void *u, const rkm_copy_call *c) { return tr_add(u, "wait", c->step, c->index, c->wait_step); }
 static int tr_free_host(void *u, const rkm_copy_call *c)
 {
-    return tr_add(u, c->bytes == 1000 ? "free_host" : "bytes?", c->step, c->tensor, c->wait_step);
+    return tr_add(u, c->bytes == 1000 ? "free_host" : "bytes?", c->step, c->index, c->wait_step);
 }
 
 TEST(copy_execute)
@@ -320,16 +320,16 @@ static int cp_bwd(void *u, const rkm_bwd_call *c)
 static int cp_offload(void *u, const rkm_copy_call *c)
 {
     copier *k = u;
-    memcpy(k->host[c->tensor % 4], k->base + rkm_arena_exec_tensor(k->x, c->tensor), c->bytes);
+    memcpy(k->host[c->index % 4], k->base + rkm_arena_exec_tensor(k->x, c->index), c->bytes);
     return 0;
 }
 
 static int cp_prefetch(void *u, const rkm_copy_call *c)
 {
     copier *k = u;
-    uint64_t off = rkm_arena_exec_tensor(k->x, c->tensor);
+    uint64_t off = rkm_arena_exec_tensor(k->x, c->index);
     if (off == RKM_ARENA_NONE) return 1;
-    memcpy(k->base + off, k->host[c->tensor % 4], c->bytes);
+    memcpy(k->base + off, k->host[c->index % 4], c->bytes);
     return 0;
 }
 
@@ -379,6 +379,63 @@ TEST(copy_arena_exec)
     rkm_context_destroy(ctx);
 }
 
+/* A planned plan that offloads runs in the arena exec, its region's peak
+ * the plan's to the byte (the host copies nothing: no host callbacks). */
+static void check_exec_peak(const rkm_graph *g, const rkm_plan *p)
+{
+    rkm_arena_exec_desc d = {.graph = g, .plan = p};
+    rkm_arena_exec *x = NULL;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK);
+    rkm_arena_stats as;
+    rkm_plan_stats ps;
+    CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK && rkm_arena_exec_stats_get(x, &as) == RKM_OK &&
+          rkm_plan_stats_get(p, &ps) == RKM_OK && as.peak == ps.peak && as.high_water <= ps.arena_bytes);
+    rkm_arena_exec_destroy(x);
+}
+
+/* Rockmate on a graph with a copy link, against the same graph without:
+ * at every budget where recompute-only plans, it plans too, is never
+ * slower, and its arena fits; with a link fast enough to hide every copy it
+ * offloads, without waiting. */
+TEST(planner_offloads)
+{
+    static const double links[] = {1e12, 1e9};
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny"), *gc[2] = {NULL, NULL};
+    rkm_planner *plain = NULL, *pl[2] = {NULL, NULL};
+    rkm_graph_stats st;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_planner_create(g, NULL, &plain) == RKM_OK);
+    for (int l = 0; l < 2 && plain; l++) {
+        rkm_copy_desc c = {links[l], links[l], 1e-6};
+        CHECK(rkm_graph_with_copy(g, &c, &gc[l]) == RKM_OK && rkm_planner_create(gc[l], NULL, &pl[l]) == RKM_OK);
+    }
+    int hidden = 0;
+    for (int pct = 90; pl[1] && pct >= 30; pct -= 10) {
+        uint64_t budget = st.baseline_peak / 100 * (uint64_t)pct;
+        rkm_plan *a = NULL;
+        rkm_plan_stats sa, sb;
+        CHECK(rkm_planner_solve(plain, budget, &a) == RKM_OK && rkm_plan_stats_get(a, &sa) == RKM_OK);
+        for (int l = 0; a && l < 2; l++) {
+            rkm_plan *b = NULL;
+            CHECK(rkm_planner_solve(pl[l], budget, &b) == RKM_OK && rkm_plan_stats_get(b, &sb) == RKM_OK);
+            if (!b) continue;
+            CHECK(sb.time <= sa.time && sb.arena_bytes <= budget);
+            if (l == 0) hidden += sb.offloads > 0 && sb.wait_seconds == 0 && sb.overhead == 0;
+            if (sb.offloads) check_exec_peak(gc[l], b);
+            rkm_plan_destroy(b);
+        }
+        rkm_plan_destroy(a);
+    }
+    CHECK(hidden >= 5); /* 90 % has nothing to offload */
+    for (int l = 0; l < 2; l++) {
+        rkm_planner_destroy(pl[l]);
+        rkm_graph_destroy(gc[l]);
+    }
+    rkm_planner_destroy(plain);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(offload_hand_worked);
@@ -387,5 +444,6 @@ int main(void)
     RUN(copy_files_round_trip);
     RUN(copy_execute);
     RUN(copy_arena_exec);
+    RUN_SOLVER(planner_offloads);
     TEST_END();
 }

@@ -1,0 +1,409 @@
+/* offload.c -- offloading: a recompute-only plan's idle tensors sent to host memory
+ *
+ * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c.
+ *
+ * A plan keeps every tensor it does not recompute on the device from its
+ * last read before a gap (typically a forward) to its next read after it
+ * (the matching backward). With a copy link (docs/formats.md, "Offloading")
+ * the tensor can spend that gap in host memory instead: `offload` after the
+ * last read, `wait`+`free` once the copy is done, `prefetch` back just in
+ * time for the next read, `wait` before it. rkm__offload_plan picks which
+ * tensors, greedily, until the plan's peak fits the budget:
+ *
+ * - Each tensor's gap is its longest idle stretch in the base plan (in
+ *   compute time), where it is live and nothing reads, writes or frees it.
+ * - Timing is the base plan's compute timeline. Offloads start when their
+ *   tensor's last read ends, queued on the device-to-host stream in that
+ *   order; a tensor is freed after the first compute step that ends once its
+ *   copy has: its wait never waits. Prefetches are placed as late as the
+ *   host-to-device stream allows (latest first, each ending when the next
+ *   read starts or the later prefetch begins), issued before the last
+ *   compute step that starts by then: their bytes are live as briefly as the
+ *   stream allows, and waits are only where the stream is the bottleneck.
+ * - While the plan peaks over the budget, the largest tensor whose gap
+ *   leaves it off the device at the peak step (as it would alone) joins the
+ *   set; a tensor that helps nowhere never does.
+ *
+ * The simulator measures every try; the planner (rkm__planner_offload)
+ * keeps a result only if it is faster than the recompute-only plan and its
+ * arena fits. */
+#include "internal.h"
+
+/* One tensor's gap in the base plan and its copies, in base step indices:
+ * offload after step a, wait and free after step f, prefetch before step
+ * p, wait before step b (its next read). */
+typedef struct rkm__gap {
+    int64_t a, b, f, p;
+    double off_end, pre_start; /* the copies' planned times */
+} rkm__gap;
+
+/* A sort key: ids ordered by key, then id (a total order: qsort gives the
+ * same result on every C library). */
+typedef struct rkm__off_key {
+    int64_t key;
+    int32_t id;
+} rkm__off_key;
+
+typedef struct rkm__off {
+    const rkm_graph *g;
+    const rkm_step *base;
+    size_t n;
+    double *ts, *te;   /* [n] each base step's start and end on the compute timeline */
+    size_t n_slots;    /* copy slots: tensors, then ops' saved states */
+    rkm__gap *gap;     /* [n_slots] a = -1: no gap */
+    uint8_t *in;       /* [n_slots] in the set */
+    int32_t *order;    /* [2 n_slots] the set by b, then the set itself */
+    rkm__off_key *keys;/* [n_slots] sort scratch */
+    int32_t *touch;    /* [n_touch]: the most slots one step touches */
+    size_t n_touch;
+    rkm__sim sim;
+    uint64_t *peak;    /* [steps emitted] */
+    int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
+    size_t cap;
+    rkm__steps out;
+} rkm__off;
+
+/* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
+static uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
+{
+    return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
+}
+
+static double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
+{
+    return g->copy.latency_seconds + (double)rkm__slot_bytes(g, t) / bytes_per_second;
+}
+
+/* Whether slot t is on the device in sim's state. */
+static int rkm__slot_live(const rkm__sim *s, int32_t t)
+{
+    size_t nt = s->g->n_tensors;
+    return (size_t)t < nt ? s->D[t] : s->P[(size_t)t - nt];
+}
+
+/* The slots step st reads, makes or frees, into v (at most n_in + n_out +
+ * 1 entries): its tensors, and its op's saved state for a forward that
+ * makes or writes it, a backward that reads it, a free_saved. */
+static int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
+{
+    int32_t n;
+    const int32_t *t = rkm__step_objects(g, st, 0, &n);
+    for (int32_t k = 0; k < n; k++) v[k] = t[k];
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_FREE_SAVED
+                       ? &g->ops[st->index] : NULL;
+    if (o && o->phantom > 0) v[n++] = (int32_t)(g->n_tensors + (size_t)st->index);
+    return n;
+}
+
+/* The compute timeline and every tensor's longest gap, from a replay of the
+ * base plan (valid, no copy steps). */
+static void rkm__off_gaps(rkm__off *o, int64_t *last)
+{
+    const rkm_graph *g = o->g;
+    rkm__sim_reset(&o->sim);
+    for (size_t t = 0; t < o->n_slots; t++) {
+        last[t] = -1;
+        o->gap[t].a = -1;
+    }
+    double clock = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        const rkm_step *st = &o->base[i];
+        o->ts[i] = clock;
+        clock += st->kind == RKM_STEP_FWD ? g->ops[st->index].fwd : st->kind == RKM_STEP_BWD ? g->ops[st->index].bwd : 0;
+        o->te[i] = clock;
+        int32_t k = rkm__slot_touches(g, st, o->touch);
+        int compute = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_LOSS;
+        for (int32_t j = 0; j < k; j++) {
+            int32_t t = o->touch[j];
+            int64_t a = last[t];
+            if (compute && a >= 0 && rkm__slot_live(&o->sim, t) &&
+                (o->gap[t].a < 0 || o->ts[i] - o->te[a] > o->ts[o->gap[t].b] - o->te[o->gap[t].a])) {
+                o->gap[t].a = a;
+                o->gap[t].b = (int64_t)i;
+            }
+        }
+        uint64_t pk;
+        int32_t obj;
+        rkm__sim_step(&o->sim, st, &pk, &obj);
+        for (int32_t j = 0; j < k; j++) last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
+    }
+    for (size_t t = 0; t < o->n_slots; t++)
+        if (o->gap[t].a >= 0 && (o->gap[t].b - o->gap[t].a < 2 ||
+                                 (t < g->n_tensors && (g->tensors[t].flags & RKM_TENSOR_INPUT))))
+            o->gap[t].a = -1; /* nothing to gain between two adjacent steps */
+}
+
+/* The first compute step at or after i that ends at or after time x (the
+ * last step if none). */
+static int64_t rkm__off_step_ending(const rkm__off *o, int64_t i, double x)
+{
+    for (; (size_t)i + 1 < o->n; i++)
+        if (o->te[i] >= x && o->te[i] > o->ts[i]) return i;
+    return (int64_t)o->n - 1;
+}
+
+/* The last step at or before b that starts by time x. */
+static int64_t rkm__off_step_starting(const rkm__off *o, int64_t b, double x)
+{
+    while (b > 0 && o->ts[b] > x) b--;
+    return b;
+}
+
+static int rkm__off_key_cmp(const void *x, const void *y)
+{
+    const rkm__off_key *u = x, *v = y;
+    if (u->key != v->key) return u->key < v->key ? -1 : 1;
+    return (u->id > v->id) - (u->id < v->id);
+}
+
+/* ids[0..m) ordered by their gap's a (by_b 0) or by b, latest first. */
+static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
+{
+    for (int32_t k = 0; k < m; k++) o->keys[k] = (rkm__off_key){by_b ? -o->gap[ids[k]].b : o->gap[ids[k]].a, ids[k]};
+    qsort(o->keys, (size_t)m, sizeof *o->keys, rkm__off_key_cmp);
+    for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
+}
+
+/* Where the set's copies go (gap f, p, times): offloads in the order of
+ * their gaps, prefetches latest first. Returns 0 if some tensor's window is
+ * empty (it would come back before it left). */
+static int rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
+{
+    const rkm_graph *g = o->g;
+    rkm__off_sort(o, set, m, 0);
+    double d2h = 0, h2d = INFINITY;
+    for (int32_t k = 0; k < m; k++) {
+        rkm__gap *x = &o->gap[set[k]];
+        double start = o->te[x->a] > d2h ? o->te[x->a] : d2h;
+        x->off_end = d2h = start + rkm__copy_seconds(g, set[k], g->copy.d2h_bytes_per_second);
+        x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
+    }
+    for (int32_t k = 0; k < m; k++) o->order[k] = set[k];
+    rkm__off_sort(o, o->order, m, 1);
+    for (int32_t k = 0; k < m; k++) {
+        rkm__gap *x = &o->gap[o->order[k]];
+        double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
+        x->pre_start = h2d = end - rkm__copy_seconds(g, o->order[k], g->copy.h2d_bytes_per_second);
+        x->p = rkm__off_step_starting(o, x->b, x->pre_start);
+        if (x->p <= x->f) return 0;
+    }
+    return 1;
+}
+
+/* Record that the step just pushed belongs to base step `from`. */
+static int rkm__off_note(rkm__off *o, int64_t from)
+{
+    if (o->out.n > o->cap) {
+        size_t cap = o->cap;
+        if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &cap, o->out.n, sizeof *o->peak)) return 0;
+        cap = o->cap;
+        if (!rkm__reserve(o->g->ctx, (void **)&o->from, &cap, o->out.n, sizeof *o->from)) return 0;
+        o->cap = cap;
+    }
+    o->from[o->out.n - 1] = from;
+    return 1;
+}
+
+/* Push a step on slot t (a copy of it, or the free of what it holds), from
+ * base step `from`. */
+static int rkm__off_push(rkm__off *o, int32_t kind, int32_t t, int64_t from)
+{
+    size_t nt = o->g->n_tensors;
+    int saved = (size_t)t >= nt;
+    if (saved && kind == RKM_STEP_FREE) kind = RKM_STEP_FREE_SAVED;
+    int32_t index = saved ? (int32_t)((size_t)t - nt) : t;
+    return rkm__steps_push(&o->out, kind, index, saved && kind != RKM_STEP_FREE_SAVED) && rkm__off_note(o, from);
+}
+
+/* The base plan with the set's copies (set sorted by rkm__off_place). */
+static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
+{
+    o->out.n = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        int64_t at = (int64_t)i;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].p == at && !rkm__off_push(o, RKM_STEP_PREFETCH, set[k], at)) return 0;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].b == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
+                                           !rkm__off_push(o, RKM_STEP_FREE_HOST, set[k], at)))
+                return 0;
+        if (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, at)) return 0;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].a == at && !rkm__off_push(o, RKM_STEP_OFFLOAD, set[k], at)) return 0;
+        for (int32_t k = 0; k < m; k++)
+            if (o->gap[set[k]].f == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
+                                           !rkm__off_push(o, RKM_STEP_FREE, set[k], at)))
+                return 0;
+    }
+    return 1;
+}
+
+/* The emitted plan's peak step (-1 if it breaks a rule, which a bug would
+ * be), its peak in *peak. */
+static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
+{
+    rkm_sim_result res;
+    rkm__sim_reset(&o->sim);
+    if (rkm__sim_run_peaks(&o->sim, o->out.s, o->out.n, &res, NULL, o->peak, NULL) != 1) return -1;
+    *peak = res.peak;
+    return res.peak_step;
+}
+
+/* The tensor to add for a peak at base step s: the largest whose gap, as
+ * it would be placed alone, leaves it off the device there; -1 if none. */
+static int32_t rkm__off_pick(rkm__off *o, int64_t s)
+{
+    const rkm_graph *g = o->g;
+    int32_t best = -1;
+    for (size_t u = 0; u < o->n_slots; u++) {
+        int32_t t = (int32_t)u;
+        rkm__gap x = o->gap[t];
+        if (x.a < 0 || o->in[t] || x.a >= s || x.b <= s) continue;
+        double end = o->te[x.a] + rkm__copy_seconds(g, t, g->copy.d2h_bytes_per_second);
+        double start = o->ts[x.b] - rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
+        int64_t f = rkm__off_step_ending(o, x.a + 1, end), p = rkm__off_step_starting(o, x.b, start);
+        if (f >= s || p <= s) continue;
+        if (best < 0 || rkm__slot_bytes(g, t) > rkm__slot_bytes(g, best)) best = t;
+    }
+    return best;
+}
+
+static void rkm__off_free(rkm__off *o)
+{
+    rkm_context *ctx = o->g->ctx;
+    size_t nt = o->n_slots + 1;
+    rkm__free(ctx, o->ts, 2 * (o->n + 1) * sizeof *o->ts);
+    rkm__free(ctx, o->gap, nt * sizeof *o->gap);
+    rkm__free(ctx, o->in, nt);
+    rkm__free(ctx, o->order, 2 * nt * sizeof *o->order);
+    rkm__free(ctx, o->keys, nt * sizeof *o->keys);
+    rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
+    rkm__free(ctx, o->peak, o->cap * sizeof *o->peak);
+    rkm__free(ctx, o->from, o->cap * sizeof *o->from);
+    rkm__steps_free(&o->out);
+    rkm__sim_free(&o->sim);
+}
+
+static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step *base, size_t n)
+{
+    memset(o, 0, sizeof *o);
+    o->g = g;
+    o->base = base;
+    o->n = n;
+    o->out = (rkm__steps){g->ctx, NULL, 0, 0};
+    o->n_slots = g->n_tensors + g->n_ops;
+    size_t nt = o->n_slots + 1;
+    for (size_t i = 0; i < g->n_ops; i++)
+        if ((size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1 > o->n_touch) o->n_touch = (size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1;
+    o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
+    o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
+    o->gap = rkm__alloc(g->ctx, nt * sizeof *o->gap);
+    o->in = rkm__calloc(g->ctx, nt, 1);
+    o->order = rkm__alloc(g->ctx, 2 * nt * sizeof *o->order);
+    o->keys = rkm__alloc(g->ctx, nt * sizeof *o->keys);
+    int64_t *last = rkm__alloc(g->ctx, nt * sizeof *last);
+    rkm_result r = o->ts && o->gap && o->in && o->order && o->keys && o->touch && last ? rkm__sim_init(g, &o->sim) : RKM_ERROR_NOMEM;
+    if (!r) {
+        o->te = o->ts + n + 1;
+        rkm__off_gaps(o, last);
+    }
+    rkm__free(g->ctx, last, nt * sizeof *last);
+    if (r) {
+        rkm__off_free(o);
+        return rkm__nomem(g->ctx, "offloading");
+    }
+    return RKM_OK;
+}
+
+/* The base plan's steps (valid on g, no copies) with copies that bring its
+ * peak within `budget`, into *out (taken by the caller); out->n 0 when
+ * none does. g has a copy link. */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
+                                         rkm__steps *out)
+{
+    rkm__off o;
+    *out = (rkm__steps){g->ctx, NULL, 0, 0};
+    rkm_result r = rkm__off_init(&o, g, base, n);
+    if (r) return r;
+    int32_t *set = o.order + o.n_slots + 1, m = 0, last = -1;
+    for (;;) {
+        if (!rkm__off_place(&o, set, m)) {
+            /* the last one added comes back before it leaves: drop it (it
+             * stays marked, never tried again); the set is sorted by a */
+            int32_t k = 0;
+            while (set[k] != last) k++;
+            memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
+            m--;
+            continue;
+        }
+        if (!rkm__off_emit(&o, set, m)) {
+            r = rkm__nomem(g->ctx, "offloading");
+            break;
+        }
+        uint64_t peak;
+        int64_t s = rkm__off_peak(&o, &peak);
+        if (s >= 0 && peak <= budget) {
+            *out = o.out;
+            o.out = (rkm__steps){g->ctx, NULL, 0, 0};
+            break;
+        }
+        int32_t t = s >= 0 ? rkm__off_pick(&o, o.from[s]) : -1;
+        if (t < 0) break;
+        o.in[t] = 1;
+        set[m++] = last = t;
+    }
+    rkm__off_free(&o);
+    return r;
+}
+
+/* The base plan b (kept) with copies for `budget`, laid out as the host
+ * gets it, or *out NULL: where the layout misses the aligned peak by more
+ * than the room left, the copies for that much less (as planner_fit does). */
+static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    uint64_t target = budget;
+    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+        rkm__steps d;
+        rkm_plan *q;
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, &d);
+        if (r || !d.n) return r;
+        if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
+        if ((r = rkm__plan_seal(q, pl->d.alignment))) {
+            rkm_plan_destroy(q);
+            return r;
+        }
+        uint64_t arena = q->stats.arena_bytes;
+        if (arena <= budget) {
+            *out = q;
+            return RKM_OK;
+        }
+        rkm_plan_destroy(q);
+        if (target <= arena - budget) break;
+        target -= arena - budget;
+    }
+    return RKM_OK;
+}
+
+/* Rockmate on a graph with a copy link: *p (taken; NULL if no
+ * recompute-only plan fits) or a plan that offloads, the faster. The bases
+ * to offload from are plans with fewer recomputations than the budget's:
+ * the baseline, and rockmate's plan for the budget plus a share of what
+ * the slower copy stream moves in the baseline's forward time (about what
+ * can leave the device unseen while the forward runs). */
+RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    const rkm_graph *g = pl->g;
+    rkm_plan *base[2] = {NULL, NULL};
+    rkm_result r = rkm__plan_baseline(pl->user, &base[0]);
+    double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
+    for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
+    double up = (double)budget + RKM_OFFLOAD_HIDE * bw * fwd;
+    if (!r && up < (double)pl->base_peak) r = rkm__planner_fit(pl, (uint64_t)up, &base[1], NULL);
+    for (int k = 0; k < 2 && !r; k++) {
+        rkm_plan *q = NULL;
+        if (base[k] && !(r = rkm__offload_fit(pl, base[k], budget, &q))) *p = rkm__faster(*p, q);
+    }
+    for (int k = 0; k < 2; k++) rkm_plan_destroy(base[k]);
+    return r;
+}
