@@ -896,6 +896,7 @@ RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_r
 
 /* plan.c */
 RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save);
+RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
 RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
 RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
@@ -2344,10 +2345,12 @@ RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int3
     return 1;
 }
 
-/* Append a copy of *st (a step as given: the birth checks it). */
-static int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
+/* Append a copy of *st (a step as given: the birth checks it; `save`
+ * means something on forward and copy steps only). */
+RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
 {
-    if (!rkm__steps_push(l, st->kind, st->index, st->kind == RKM_STEP_FWD ? st->save : 0)) return 0;
+    int save = st->kind == RKM_STEP_FWD || st->kind >= RKM_STEP_OFFLOAD;
+    if (!rkm__steps_push(l, st->kind, st->index, save ? st->save : 0)) return 0;
     l->s[l->n - 1].inplace = st->inplace;
     return 1;
 }

@@ -864,6 +864,7 @@ RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_r
 
 /* plan.c */
 RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save);
+RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
 RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
 RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);

@@ -28,10 +28,12 @@ RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int3
     return 1;
 }
 
-/* Append a copy of *st (a step as given: the birth checks it). */
-static int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
+/* Append a copy of *st (a step as given: the birth checks it; `save`
+ * means something on forward and copy steps only). */
+RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
 {
-    if (!rkm__steps_push(l, st->kind, st->index, st->kind == RKM_STEP_FWD ? st->save : 0)) return 0;
+    int save = st->kind == RKM_STEP_FWD || st->kind >= RKM_STEP_OFFLOAD;
+    if (!rkm__steps_push(l, st->kind, st->index, save ? st->save : 0)) return 0;
     l->s[l->n - 1].inplace = st->inplace;
     return 1;
 }

@@ -40,6 +40,20 @@ static rkm_result read_plan(const rkm_graph *g, const char *text, rkm_sim_result
     return rkm_plan_read_string(g, text, strlen(text), "copy.rkp", res, p);
 }
 
+/* A plan that offloads runs in the arena exec, its region's peak
+ * the plan's to the byte (the host copies nothing: no host callbacks). */
+static void check_exec_peak(const rkm_graph *g, const rkm_plan *p)
+{
+    rkm_arena_exec_desc d = {.graph = g, .plan = p};
+    rkm_arena_exec *x = NULL;
+    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK);
+    rkm_arena_stats as;
+    rkm_plan_stats ps;
+    CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK && rkm_arena_exec_stats_get(x, &as) == RKM_OK &&
+          rkm_plan_stats_get(p, &ps) == RKM_OK && as.peak == ps.peak && as.high_water <= ps.arena_bytes);
+    rkm_arena_exec_destroy(x);
+}
+
 TEST(offload_hand_worked)
 {
     rkm_context *ctx = test_new_ctx();
@@ -104,6 +118,61 @@ TEST(copy_streams_queue)
         CHECK(res.wait_seconds == 2.5 && res.time == 13.5 && res.host_peak == 2000);
     }
     rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* ce's saved state (200 bytes, 0.2 s a copy) to the host and back around
+ * the loss: each copy waited for at once, 0.2 s each, besides h's 1 s. */
+TEST(saved_state_copies)
+{
+    static const char plan[] =
+        "rockmate-plan 1\n"
+        "fwd fc\nfwd gelu\noffload h\nfwd add\nfree a\nfwd ce save\noffload ce saved\nwait h\nfree h\n"
+        "wait ce saved\nfree_saved ce\nloss\nfree loss\nprefetch ce saved\nwait ce saved\nfree_host ce saved\n"
+        "bwd ce\nfree_saved ce\nfree_grad loss\nfree s\nbwd add\nfree_grad s\nprefetch h\nwait h\n"
+        "bwd gelu\nfree_grad a\nfree h\nfree_host h\nbwd fc\nfree_grad h\n";
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    rkm_plan *p = NULL, *q = NULL;
+    rkm_sim_result res;
+    if (g && read_plan(g, plan, &res, &p) != RKM_OK) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+    if (p) {
+        /* 0.2 s is not a binary fraction: these sums round */
+        CHECK(fabs(res.time - 12.4) < 1e-9 && fabs(res.wait_seconds - 1.4) < 1e-9);
+        CHECK(res.host_peak == 1200 && res.peak == 3400);
+        CHECK(rkm_plan_steps(p)[6].kind == RKM_STEP_OFFLOAD && rkm_plan_steps(p)[6].save == 1);
+        /* the same steps built through the API, and written back */
+        CHECK(rkm_plan_create(g, rkm_plan_steps(p), rkm_plan_num_steps(p), NULL, &q) == RKM_OK);
+        sbuf text = {0};
+        CHECK(q && rkm_plan_write(q, sbuf_write, &text) == RKM_OK && text.data && strcmp(text.data, plan) == 0);
+        free(text.data);
+        /* the prefetched saved state is a phantom buffer of the layout,
+         * and the arena exec carves it there */
+        size_t n = rkm_plan_num_buffers(p), phantoms = 0;
+        rkm_buffer *b = calloc(n + 1, sizeof *b);
+        uint64_t arena = 0;
+        CHECK(b && rkm_plan_layout(p, 0, b, &arena) == RKM_OK);
+        for (size_t i = 0; b && i < n; i++) phantoms += b[i].kind == RKM_BUFFER_PHANTOM;
+        CHECK_EQ_U64(phantoms, 2);
+        free(b);
+        check_exec_peak(g, p);
+    }
+    /* bwd before the saved state's wait, and free_saved during its offload */
+    static const struct {
+        const char *from, *to;
+    } bad[] = {{"wait ce saved\nfree_host ce saved\nbwd ce\n", "bwd ce\n"},
+               {"wait ce saved\nfree_saved ce\nloss\n", "free_saved ce\nloss\n"}};
+    for (size_t k = 0; g && k < N_OF(bad); k++) {
+        char text[2048];
+        const char *at = strstr(plan, bad[k].from);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - plan), plan, bad[k].to, at + strlen(bad[k].from));
+        rkm_plan *r = NULL;
+        CHECK(read_plan(g, text, &res, &r) == RKM_ERROR_PLAN && res.rule == RKM_RULE_COPY_IN_FLIGHT);
+        rkm_plan_destroy(r);
+    }
+    rkm_plan_destroy(p);
+    rkm_plan_destroy(q);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
 }
@@ -379,20 +448,6 @@ TEST(copy_arena_exec)
     rkm_context_destroy(ctx);
 }
 
-/* A planned plan that offloads runs in the arena exec, its region's peak
- * the plan's to the byte (the host copies nothing: no host callbacks). */
-static void check_exec_peak(const rkm_graph *g, const rkm_plan *p)
-{
-    rkm_arena_exec_desc d = {.graph = g, .plan = p};
-    rkm_arena_exec *x = NULL;
-    CHECK(rkm_arena_exec_create(&d, &x) == RKM_OK);
-    rkm_arena_stats as;
-    rkm_plan_stats ps;
-    CHECK(x && rkm_arena_exec_run(x, p) == RKM_OK && rkm_arena_exec_stats_get(x, &as) == RKM_OK &&
-          rkm_plan_stats_get(p, &ps) == RKM_OK && as.peak == ps.peak && as.high_water <= ps.arena_bytes);
-    rkm_arena_exec_destroy(x);
-}
-
 /* Rockmate on a graph with a copy link, against the same graph without:
  * at every budget where recompute-only plans, it plans too, is never
  * slower, and its arena fits; with a link fast enough to hide every copy it
@@ -440,6 +495,7 @@ int main(void)
 {
     RUN(offload_hand_worked);
     RUN(copy_streams_queue);
+    RUN(saved_state_copies);
     RUN(copy_rules);
     RUN(copy_files_round_trip);
     RUN(copy_execute);
