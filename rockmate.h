@@ -10,7 +10,10 @@
  *
  * The method is Rockmate's (ICML 2023): the graph is cut into a sequence of
  * blocks, each kind of block gets several memory/time options, and a Rotor-style
- * dynamic program along the chain picks options and checkpoints.
+ * dynamic program along the chain picks options and checkpoints. Where the host
+ * can copy to host memory (a graph's copy link), plans may also offload tensors
+ * there and prefetch them back, on copy streams beside the compute
+ * (docs/formats.md, "Offloading").
  *
  * QUICK START
  *
@@ -638,7 +641,10 @@ typedef enum rkm_algo {
     RKM_ALGO_DEFAULT = 0,  /* rockmate, in either build */
     RKM_ALGO_ROCKMATE,     /* blocks, ILP (and nested) options per block class, chain DP,
                               and the best of that, sqrt, DTR and the whole-graph ILP;
-                              under RKM_OMIT_SOLVER the same without either ILP */
+                              under RKM_OMIT_SOLVER the same without either ILP. On a
+                              graph with a copy link (rkm_graph_set_copy) it also
+                              offloads to host memory where that is faster; the
+                              other algorithms never do */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */
@@ -841,7 +847,8 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
  * one), and not one byte under it (the descent stops there, or after a
  * few plans). The searches are not monotone in the
  * budget, so a budget further below may still be met: "smallest" is the
- * least this search found, not a proof. */
+ * least this search found, not a proof. On a graph with a copy link it is
+ * the recompute-only search's: offloading may meet less (a solve tries). */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* What a planner did so far: its structure and its ILP work. */

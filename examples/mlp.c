@@ -22,6 +22,13 @@
  *
  *   build/mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace]
  *
+ * --copy BW gives the graph a copy link to host memory of BW bytes a second
+ * each way (docs/formats.md, "Offloading"): rockmate may then offload
+ * activations and saved states to host memory and prefetch them back. The
+ * host's copies are plain memcpy into counted host buffers, done at once
+ * (so a wait has nothing to wait for: the plan's time is the simulator's,
+ * not measured here); the measured host peak is set against the plan's.
+ *
  * --inplace declares ReLU in place both ways (RKM_OP_INPLACE: its output
  * over its input; RKM_OP_GRAD_INPLACE: its input's gradient over its
  * output's), as a host with in-place kernels would: baseline and plans then
@@ -178,6 +185,10 @@ typedef struct Host {
     void *act[MAX_TENSORS];     /* live activations (inputs included) */
     void *grad[MAX_TENSORS];    /* live activation gradients */
     void *saved[MAX_OPS];       /* live saved states: the loss keeps its probs */
+    double copy_bw;             /* --copy: bytes a second each way; 0: no link */
+    void *host_act[MAX_TENSORS];/* host copies (offloading) of activations */
+    void *host_saved[MAX_OPS];  /* and of saved states */
+    Counter host_mem;           /* their bytes */
     int32_t x, targets, losses; /* tensor ids */
     float *batch_x;             /* the batch, host's copy: filled into each run's inputs */
     int32_t *batch_targets;
@@ -288,8 +299,9 @@ static int build_graph(Host *h, rkm_context *ctx)
                       .bwd_seconds = stream_seconds(3 * probs), .in = in, .n_in = 2,
                       .out = &h->losses, .n_out = 1, .saved = &h->targets, .n_saved = 1,
                       .phantom = probs, .fwd_ws = floats(BATCH)};
+    rkm_copy_desc copy = {h->copy_bw, h->copy_bw, 0};
     return add_op(h, OP_LOSS, h->layers, &ce) && rkm_graph_set_loss(h->g, h->losses) == RKM_OK &&
-           rkm_graph_finalize(h->g) == RKM_OK;
+           rkm_graph_set_copy(h->g, &copy) == RKM_OK && rkm_graph_finalize(h->g) == RKM_OK;
 }
 
 /* The batch: random inputs and classes, the same every step. */
@@ -467,6 +479,53 @@ static int on_free_grad(void *user, const rkm_buffer_call *call)
     return release(h, &h->grad[call->index]);
 }
 
+/* Offloading: a host copy per activation or saved state, made by offload,
+ * copied back into the new device buffer by prefetch, released by
+ * free_host. The copies are done when the call returns: wait has nothing
+ * to do. */
+static void **host_slot(Host *h, const rkm_copy_call *c)
+{
+    return c->saved ? &h->host_saved[c->index] : &h->host_act[c->index];
+}
+
+static int on_offload(void *user, const rkm_copy_call *call)
+{
+    Host *h = user;
+    void **host = host_slot(h, call), *dev = call->saved ? h->saved[call->index] : h->act[call->index];
+    if (*host || !dev) return 2;
+    if (!(*host = counted_alloc(&h->host_mem, call->bytes))) return 1;
+    memcpy(*host, dev, call->bytes);
+    return 0;
+}
+
+static int on_prefetch(void *user, const rkm_copy_call *call)
+{
+    Host *h = user;
+    int32_t i = call->index;
+    void **host = host_slot(h, call), **dev = call->saved ? &h->saved[i] : &h->act[i];
+    uint64_t off = call->saved ? rkm_arena_exec_saved(h->ax, i) : rkm_arena_exec_tensor(h->ax, i);
+    int rc = *host ? alloc_new(h, dev, call->bytes, off) : 2;
+    if (!rc) memcpy(*dev, *host, call->bytes);
+    return rc;
+}
+
+static int on_wait(void *user, const rkm_copy_call *call)
+{
+    (void)user;
+    (void)call;
+    return 0;
+}
+
+static int on_free_host(void *user, const rkm_copy_call *call)
+{
+    Host *h = user;
+    void **host = host_slot(h, call);
+    if (!*host) return 2;
+    counted_free(&h->host_mem, *host);
+    *host = NULL;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------
  * Training
  * ------------------------------------------------------------------------- */
@@ -474,6 +533,7 @@ static int on_free_grad(void *user, const rkm_buffer_call *call)
 typedef struct Measured {
     double loss;
     size_t peak;
+    size_t host_peak; /* host copies (offloading) */
     uint64_t arena; /* --memory arena: the bytes the exec's region holds; 0 with malloc */
 } Measured;
 
@@ -488,7 +548,8 @@ typedef struct Run {
 static rkm_callbacks host_callbacks(Host *h)
 {
     rkm_callbacks cb = {.user = h, .forward = on_forward, .backward = on_backward, .loss = on_loss,
-                        .free_tensor = on_free_tensor, .free_saved = on_free_saved, .free_grad = on_free_grad};
+                        .free_tensor = on_free_tensor, .free_saved = on_free_saved, .free_grad = on_free_grad,
+                        .offload = on_offload, .prefetch = on_prefetch, .wait = on_wait, .free_host = on_free_host};
     return cb;
 }
 
@@ -521,9 +582,11 @@ static int run_step(Host *h, const Run *run, Measured *m)
         h->act[h->targets] = rkm_arena_ptr(h->base, rkm_arena_exec_tensor(h->ax, h->targets));
     }
     h->mem.peak = h->mem.cur;
+    h->host_mem.peak = h->host_mem.cur;
     rkm_result r = h->ax ? rkm_arena_exec_run(h->ax, run->plan) : rkm_plan_execute(run->plan, &cb);
     size_t cur = h->mem.cur, batch = h->bytes[h->x] + h->bytes[h->targets];
     m->peak = h->mem.peak;
+    m->host_peak = h->host_mem.peak;
     m->arena = 0;
     if (h->ax) {
         rkm_arena_stats st;
@@ -532,7 +595,7 @@ static int run_step(Host *h, const Run *run, Measured *m)
         m->peak = (size_t)st.peak;
         m->arena = st.capacity;
     }
-    int clean = r == RKM_OK && cur == batch;
+    int clean = r == RKM_OK && cur == batch && h->host_mem.cur == 0;
     for (int i = 0; i < MAX_TENSORS; i++)
         clean &= (h->act[i] == NULL || i == h->x || i == h->targets) && h->grad[i] == NULL;
     for (int i = 0; i < MAX_OPS; i++) clean &= h->saved[i] == NULL;
@@ -558,6 +621,8 @@ static void free_buffers(Host *h)
         counted_free(&h->mem, h->grad[i]);
     }
     for (int i = 0; i < MAX_OPS; i++) counted_free(&h->mem, h->saved[i]);
+    for (int i = 0; i < MAX_TENSORS; i++) counted_free(&h->host_mem, h->host_act[i]);
+    for (int i = 0; i < MAX_OPS; i++) counted_free(&h->host_mem, h->host_saved[i]);
 }
 
 static void sgd_update(Host *h, float lr)
@@ -571,11 +636,12 @@ typedef struct Options {
     int steps, layers;
     int arena;          /* --memory arena (1, the default) or malloc (0) */
     int inplace;        /* --inplace */
+    double copy_bw;     /* --copy */
 } Options;
 
 static int usage(FILE *f, int status)
 {
-    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace]\n"
+    fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace] [--copy BW]\n"
                     "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
                     "  A: default (rockmate), rockmate, rotor, sqrt, dtr, none, checkmate\n"
                     "     (checkmate needs lp_solve; without it rockmate has no ILP options)\n"
@@ -583,7 +649,9 @@ static int usage(FILE *f, int status)
                     "  M: arena (default: one allocation per plan, the library's layout) or\n"
                     "     malloc (a counted malloc and free per buffer)\n"
                     "  --inplace: ReLU writes its output over its input, and its input's\n"
-                    "     gradient over its output's (RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE)\n",
+                    "     gradient over its output's (RKM_OP_INPLACE, RKM_OP_GRAD_INPLACE)\n"
+                    "  --copy BW: a copy link to host memory of BW bytes a second each way:\n"
+                    "     rockmate may offload there (memcpy, at once)\n",
             MAX_LAYERS);
     return status;
 }
@@ -591,7 +659,7 @@ static int usage(FILE *f, int status)
 /* ctx names the algorithms ("default": the best the build has). */
 static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
 {
-    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8, 1, 0};
+    *o = (Options){NULL, RKM_ALGO_DEFAULT, 5, 8, 1, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--inplace")) {
@@ -605,6 +673,9 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return 0;
         } else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--layers")) o->layers = atoi(v);
+        else if (!strcmp(a, "--copy")) {
+            if (!((o->copy_bw = atof(v)) > 0)) return 0;
+        }
         else if (!strcmp(a, "--memory") && (!strcmp(v, "arena") || !strcmp(v, "malloc")))
             o->arena = !strcmp(v, "arena");
         else return 0;
@@ -652,10 +723,13 @@ static int checked_step(Host *h, const Run *run, const char *label, Measured *m)
 {
     rkm_plan_stats ps;
     if (rkm_plan_stats_get(run->plan, &ps) != RKM_OK || !run_step(h, run, m)) return 0;
-    int same = m->peak == ps.peak;
+    int same = m->peak == ps.peak && m->host_peak == ps.host_peak;
     int fits = !m->arena || (m->arena == ps.arena_bytes && (!run->budget || m->arena <= run->budget));
     printf("  %-9s loss %.6f  activation peak: measured %zu, simulated %llu bytes%s  time %.3g s\n",
            label, m->loss, m->peak, (unsigned long long)ps.peak, same ? "" : "  MISMATCH", ps.time);
+    if (ps.offloads)
+        printf("  %-9s %zu offloads, host peak: measured %zu, simulated %llu bytes; waits %.3g s\n", "", ps.offloads,
+               m->host_peak, (unsigned long long)ps.host_peak, ps.wait_seconds);
     if (m->arena)
         printf("  %-9s arena %llu bytes (the one allocation)%s%s\n", "", (unsigned long long)m->arena,
                run->budget ? (m->arena <= run->budget ? ", within the budget" : ", OVER THE BUDGET") : "",
@@ -716,6 +790,7 @@ int main(int argc, char **argv)
     Host *h = &host;
     h->layers = o.layers;
     h->inplace = o.inplace;
+    h->copy_bw = o.copy_bw;
     int status = 1;
     Run baseline = {NULL, NULL, 0}, plan = {NULL, NULL, 0};
     rkm_graph_stats st;

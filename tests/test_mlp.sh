@@ -95,6 +95,22 @@ else
     echo "FAIL inplace_lower_baseline: baseline peak $p0 without --inplace, $p1 with"
 fi
 
+# Offloading (--copy): the plan offloads (host peak measured = simulated,
+# checked by the example), gradients bit for bit, in both memory modes, and
+# with --inplace; the same digest as without a link.
+expect offload_50 0 'offloads, host peak: measured' --budget 50% --copy 1e12 --steps 2
+expect offload_malloc_60 0 'offloads, host peak: measured' --memory malloc --budget 60% --copy 1e12 --steps 2
+expect offload_inplace_50 0 'offloads, host peak: measured' --inplace --budget 50% --copy 1e12 --steps 1
+expect offload_bad_copy 2 'usage' --copy 0
+same_digest digest_offload_50 --budget 50% --copy 1e12 --steps 2
+d0=$("$mlp" --budget 50% --steps 2 2>&1 | grep -oE 'digest [0-9a-f]{16}$')
+d1=$("$mlp" --budget 50% --copy 1e12 --steps 2 2>&1 | grep -oE 'digest [0-9a-f]{16}$')
+if [[ -n $d0 && $d0 == "$d1" ]]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAIL offload_same_digest: without --copy '$d0', with '$d1'"
+fi
 same_digest digest_baseline --steps 3
 same_digest digest_planned_60 --budget 60% --steps 3
 same_digest digest_deep_min --layers 24 --budget min --steps 2
