@@ -477,6 +477,8 @@ typedef struct rkm__sim {
     double *copy_end;
     double clock, d2h_free, h2d_free, stall, d2h_busy, h2d_busy;
     uint64_t host_mem;
+    int copied;        /* a copy step ran since the last reset (H, inflight to clear) */
+    int32_t in_flight; /* copies in flight: the steps check theirs only when > 0 */
 } rkm__sim;
 #define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
 #define RKM__COPY_NONE 0
@@ -2636,9 +2638,11 @@ rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
  *
  * Uses (through internal.h): base.c, plan.c. */
 
-/* The simulator's byte flags: D, G per tensor; H, inflight per copy slot
- * (tensors, then ops' saved states); P, fwd_done, bwd_done per op. */
-static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 5 + 1; }
+/* The simulator's byte flags: D, G per tensor; P, fwd_done, bwd_done per
+ * op; then H, inflight per copy slot (tensors, then ops' saved states),
+ * cleared by a reset only after a copy step touched them. */
+static size_t rkm__sim_flags(const rkm_graph *g) { return g->n_tensors * 2 + g->n_ops * 3 + 1; }
+static size_t rkm__sim_bytes(const rkm_graph *g) { return rkm__sim_flags(g) + 2 * (g->n_tensors + g->n_ops); }
 
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 {
@@ -2654,7 +2658,9 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 {
     const rkm_graph *g = s->g;
-    memset(s->D, 0, rkm__sim_bytes(g));
+    memset(s->D, 0, rkm__sim_flags(g));
+    if (s->copied) memset(s->H, 0, 2 * (g->n_tensors + g->n_ops));
+    s->copied = s->in_flight = 0;
     memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
     s->loss_done = 0;
     s->mem = s->host_mem = 0;
@@ -2682,11 +2688,12 @@ RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
     s->g = g;
     s->D = b;
     s->G = b + g->n_tensors;
-    s->H = s->G + g->n_tensors;
-    s->inflight = s->H + g->n_tensors + g->n_ops;
-    s->P = s->inflight + g->n_tensors + g->n_ops;
+    s->P = s->G + g->n_tensors;
     s->fwd_done = s->P + g->n_ops;
     s->bwd_done = s->fwd_done + g->n_ops;
+    s->H = b + rkm__sim_flags(g);
+    s->inflight = s->H + g->n_tensors + g->n_ops;
+    memset(s->H, 0, 2 * (g->n_tensors + g->n_ops));
     s->recv = recv;
     s->copy_end = end;
     rkm__sim_reset(s);
@@ -2792,6 +2799,8 @@ static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         s->H[slot] = 1;
         s->host_mem += bytes;
         s->inflight[slot] = RKM__COPY_OFFLOAD;
+        s->copied = 1;
+        s->in_flight++;
         s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_PREFETCH:
@@ -2801,11 +2810,13 @@ static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         *live = 1;
         s->mem += bytes;
         s->inflight[slot] = RKM__COPY_PREFETCH;
+        s->in_flight++;
         s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_WAIT:
         if (!s->inflight[slot]) return RKM_RULE_WAIT_NO_COPY;
         s->inflight[slot] = RKM__COPY_NONE;
+        s->in_flight--;
         s->stall = s->copy_end[slot] > s->clock ? s->copy_end[slot] - s->clock : 0;
         s->clock += s->stall;
         return RKM_RULE_NONE;
@@ -2817,6 +2828,36 @@ static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         return RKM_RULE_NONE;
     }
     return RKM_RULE_BAD_STEP;
+}
+
+/* A forward of o with copies in flight: 1 (*obj the tensor or op) if it
+ * reads a tensor being prefetched, consumes one in place or recomputes
+ * into one with any copy in flight, or writes its scratch into its saved
+ * state while that is copied. */
+static int rkm__sim_fwd_copies(const rkm__sim *s, const rkm_step *st, const rkm__op *o, int32_t *obj)
+{
+    for (int32_t k = 0; k < o->n_in; k++) {
+        *obj = o->in[k];
+        if (s->inflight[o->in[k]] == RKM__COPY_PREFETCH || (k == 0 && st->inplace && s->inflight[o->in[0]])) return 1;
+    }
+    for (int32_t k = 0; k < o->n_out; k++) {
+        *obj = o->out[k];
+        if (s->inflight[o->out[k]]) return 1;
+    }
+    *obj = st->index;
+    return s->inflight[s->g->n_tensors + (size_t)st->index] && o->scratch > 0;
+}
+
+/* A backward of op x with copies in flight: 1 (*obj the tensor or op) if
+ * it reads a tensor or its saved state while being prefetched. */
+static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, int32_t *obj)
+{
+    for (int32_t k = 0; k < o->n_saved; k++) {
+        *obj = o->saved[k];
+        if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return 1;
+    }
+    *obj = x;
+    return s->inflight[s->g->n_tensors + (size_t)x] == RKM__COPY_PREFETCH;
 }
 
 /* Check one step's requirements; on success apply it, set *peak to the
@@ -2833,19 +2874,12 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     switch (st->kind) {
     case RKM_STEP_FWD: {
         const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_in; k++) {
-            *obj = o->in[k];
-            if (!s->D[o->in[k]]) return RKM_RULE_FWD_INPUT_MISSING;
-            if (s->inflight[o->in[k]] == RKM__COPY_PREFETCH || (k == 0 && st->inplace && s->inflight[o->in[0]]))
-                return RKM_RULE_COPY_IN_FLIGHT;
-        }
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (s->inflight[o->out[k]]) { /* live: recomputed into, while a copy reads it */
-                *obj = o->out[k];
-                return RKM_RULE_COPY_IN_FLIGHT;
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (!s->D[o->in[k]]) {
+                *obj = o->in[k];
+                return RKM_RULE_FWD_INPUT_MISSING;
             }
-        *obj = x;
-        if (s->inflight[g->n_tensors + (size_t)x] && o->scratch > 0) return RKM_RULE_COPY_IN_FLIGHT; /* writes it */
+        if (s->in_flight && rkm__sim_fwd_copies(s, st, o, obj)) return RKM_RULE_COPY_IN_FLIGHT;
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
@@ -2863,7 +2897,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     case RKM_STEP_LOSS:
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
-        if (s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
         *peak = s->mem + g->tensors[x].bytes;
         s->loss_done = 1;
         s->G[x] = 1;
@@ -2874,12 +2908,12 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         const rkm__op *o = &g->ops[x];
         if (!o->has_bwd) return RKM_RULE_BWD_NO_BACKWARD;
         if (s->bwd_done[x]) return RKM_RULE_BWD_TWICE;
-        for (int32_t k = 0; k < o->n_saved; k++) {
-            *obj = o->saved[k];
-            if (!s->D[o->saved[k]]) return RKM_RULE_BWD_SAVED_MISSING;
-            if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
-        }
-        *obj = x;
+        for (int32_t k = 0; k < o->n_saved; k++)
+            if (!s->D[o->saved[k]]) {
+                *obj = o->saved[k];
+                return RKM_RULE_BWD_SAVED_MISSING;
+            }
+        if (s->in_flight && rkm__sim_bwd_copies(s, o, x, obj)) return RKM_RULE_COPY_IN_FLIGHT;
         if (o->phantom > 0 && !s->P[x]) return RKM_RULE_BWD_PHANTOM_MISSING;
         for (int32_t k = 0; k < o->n_out; k++) {
             int32_t t = o->out[k];
@@ -2908,13 +2942,13 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     case RKM_STEP_FREE:
         if (g->tensors[x].flags & RKM_TENSOR_INPUT) return RKM_RULE_FREE_INPUT;
         if (!s->D[x]) return RKM_RULE_FREE_NOT_LIVE;
-        if (s->inflight[x]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->D[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_SAVED:
         if (!s->P[x]) return RKM_RULE_FREE_SAVED_NOT_LIVE;
-        if (s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->P[x] = 0;
         s->mem -= g->ops[x].phantom;
         return RKM_RULE_NONE;
@@ -4812,7 +4846,8 @@ rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *ext
     if (budget < g->stats.lower_bound)
         return rkm__err(g->ctx, RKM_ERROR_BUDGET, "rkm_graph_time_bound: no plan fits %llu bytes (the lower bound is %llu)",
                         (unsigned long long)budget, (unsigned long long)g->stats.lower_bound);
-    if (budget >= g->stats.baseline_peak) return RKM_OK;
+    /* with a copy link a state that does not fit can wait in host memory */
+    if (budget >= g->stats.baseline_peak || g->copy.d2h_bytes_per_second > 0) return RKM_OK;
     uint8_t *read_by_bwd = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
     uint64_t *state = rkm__calloc(g->ctx, g->n_ops + 1, sizeof *state);
     double *best = rkm__calloc(g->ctx, RKM__BOUND_UNITS + 1, sizeof *best);
@@ -10818,7 +10853,7 @@ typedef struct rkm__off {
     rkm__sim sim;
     uint64_t *peak;    /* [steps emitted] */
     int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
-    size_t cap;
+    size_t cap_peak, cap_from;
     rkm__steps out;
 } rkm__off;
 
@@ -10952,13 +10987,9 @@ static int rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
 /* Record that the step just pushed belongs to base step `from`. */
 static int rkm__off_note(rkm__off *o, int64_t from)
 {
-    if (o->out.n > o->cap) {
-        size_t cap = o->cap;
-        if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &cap, o->out.n, sizeof *o->peak)) return 0;
-        cap = o->cap;
-        if (!rkm__reserve(o->g->ctx, (void **)&o->from, &cap, o->out.n, sizeof *o->from)) return 0;
-        o->cap = cap;
-    }
+    if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &o->cap_peak, o->out.n, sizeof *o->peak) ||
+        !rkm__reserve(o->g->ctx, (void **)&o->from, &o->cap_from, o->out.n, sizeof *o->from))
+        return 0;
     o->from[o->out.n - 1] = from;
     return 1;
 }
@@ -11037,8 +11068,8 @@ static void rkm__off_free(rkm__off *o)
     rkm__free(ctx, o->order, 2 * nt * sizeof *o->order);
     rkm__free(ctx, o->keys, nt * sizeof *o->keys);
     rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
-    rkm__free(ctx, o->peak, o->cap * sizeof *o->peak);
-    rkm__free(ctx, o->from, o->cap * sizeof *o->from);
+    rkm__free(ctx, o->peak, o->cap_peak * sizeof *o->peak);
+    rkm__free(ctx, o->from, o->cap_from * sizeof *o->from);
     rkm__steps_free(&o->out);
     rkm__sim_free(&o->sim);
 }

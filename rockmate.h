@@ -438,7 +438,8 @@ rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out);
  * forward of its op; so the ops whose state does not fit in what the loss
  * step leaves of the budget run their forward at least twice. The bound is
  * the least forward time of such ops (a knapsack over the ops, bytes
- * rounded in the bound's favour). 0 from the baseline peak up;
+ * rounded in the bound's favour). 0 from the baseline peak up, and on a
+ * graph with a copy link (such state may wait in host memory instead);
  * RKM_ERROR_BUDGET below the lower bound (no plan at all). */
 rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *extra_seconds);
 

@@ -299,7 +299,8 @@ rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *ext
     if (budget < g->stats.lower_bound)
         return rkm__err(g->ctx, RKM_ERROR_BUDGET, "rkm_graph_time_bound: no plan fits %llu bytes (the lower bound is %llu)",
                         (unsigned long long)budget, (unsigned long long)g->stats.lower_bound);
-    if (budget >= g->stats.baseline_peak) return RKM_OK;
+    /* with a copy link a state that does not fit can wait in host memory */
+    if (budget >= g->stats.baseline_peak || g->copy.d2h_bytes_per_second > 0) return RKM_OK;
     uint8_t *read_by_bwd = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
     uint64_t *state = rkm__calloc(g->ctx, g->n_ops + 1, sizeof *state);
     double *best = rkm__calloc(g->ctx, RKM__BOUND_UNITS + 1, sizeof *best);

@@ -445,6 +445,8 @@ typedef struct rkm__sim {
     double *copy_end;
     double clock, d2h_free, h2d_free, stall, d2h_busy, h2d_busy;
     uint64_t host_mem;
+    int copied;        /* a copy step ran since the last reset (H, inflight to clear) */
+    int32_t in_flight; /* copies in flight: the steps check theirs only when > 0 */
 } rkm__sim;
 #define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
 #define RKM__COPY_NONE 0

@@ -59,7 +59,7 @@ typedef struct rkm__off {
     rkm__sim sim;
     uint64_t *peak;    /* [steps emitted] */
     int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
-    size_t cap;
+    size_t cap_peak, cap_from;
     rkm__steps out;
 } rkm__off;
 
@@ -193,13 +193,9 @@ static int rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
 /* Record that the step just pushed belongs to base step `from`. */
 static int rkm__off_note(rkm__off *o, int64_t from)
 {
-    if (o->out.n > o->cap) {
-        size_t cap = o->cap;
-        if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &cap, o->out.n, sizeof *o->peak)) return 0;
-        cap = o->cap;
-        if (!rkm__reserve(o->g->ctx, (void **)&o->from, &cap, o->out.n, sizeof *o->from)) return 0;
-        o->cap = cap;
-    }
+    if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &o->cap_peak, o->out.n, sizeof *o->peak) ||
+        !rkm__reserve(o->g->ctx, (void **)&o->from, &o->cap_from, o->out.n, sizeof *o->from))
+        return 0;
     o->from[o->out.n - 1] = from;
     return 1;
 }
@@ -278,8 +274,8 @@ static void rkm__off_free(rkm__off *o)
     rkm__free(ctx, o->order, 2 * nt * sizeof *o->order);
     rkm__free(ctx, o->keys, nt * sizeof *o->keys);
     rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
-    rkm__free(ctx, o->peak, o->cap * sizeof *o->peak);
-    rkm__free(ctx, o->from, o->cap * sizeof *o->from);
+    rkm__free(ctx, o->peak, o->cap_peak * sizeof *o->peak);
+    rkm__free(ctx, o->from, o->cap_from * sizeof *o->from);
     rkm__steps_free(&o->out);
     rkm__sim_free(&o->sim);
 }

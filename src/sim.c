@@ -3,9 +3,11 @@
  * Uses (through internal.h): base.c, plan.c. */
 #include "internal.h"
 
-/* The simulator's byte flags: D, G per tensor; H, inflight per copy slot
- * (tensors, then ops' saved states); P, fwd_done, bwd_done per op. */
-static size_t rkm__sim_bytes(const rkm_graph *g) { return g->n_tensors * 4 + g->n_ops * 5 + 1; }
+/* The simulator's byte flags: D, G per tensor; P, fwd_done, bwd_done per
+ * op; then H, inflight per copy slot (tensors, then ops' saved states),
+ * cleared by a reset only after a copy step touched them. */
+static size_t rkm__sim_flags(const rkm_graph *g) { return g->n_tensors * 2 + g->n_ops * 3 + 1; }
+static size_t rkm__sim_bytes(const rkm_graph *g) { return rkm__sim_flags(g) + 2 * (g->n_tensors + g->n_ops); }
 
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 {
@@ -21,7 +23,9 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 {
     const rkm_graph *g = s->g;
-    memset(s->D, 0, rkm__sim_bytes(g));
+    memset(s->D, 0, rkm__sim_flags(g));
+    if (s->copied) memset(s->H, 0, 2 * (g->n_tensors + g->n_ops));
+    s->copied = s->in_flight = 0;
     memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
     s->loss_done = 0;
     s->mem = s->host_mem = 0;
@@ -49,11 +53,12 @@ RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
     s->g = g;
     s->D = b;
     s->G = b + g->n_tensors;
-    s->H = s->G + g->n_tensors;
-    s->inflight = s->H + g->n_tensors + g->n_ops;
-    s->P = s->inflight + g->n_tensors + g->n_ops;
+    s->P = s->G + g->n_tensors;
     s->fwd_done = s->P + g->n_ops;
     s->bwd_done = s->fwd_done + g->n_ops;
+    s->H = b + rkm__sim_flags(g);
+    s->inflight = s->H + g->n_tensors + g->n_ops;
+    memset(s->H, 0, 2 * (g->n_tensors + g->n_ops));
     s->recv = recv;
     s->copy_end = end;
     rkm__sim_reset(s);
@@ -159,6 +164,8 @@ static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         s->H[slot] = 1;
         s->host_mem += bytes;
         s->inflight[slot] = RKM__COPY_OFFLOAD;
+        s->copied = 1;
+        s->in_flight++;
         s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.d2h_bytes_per_second, &s->d2h_free, &s->d2h_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_PREFETCH:
@@ -168,11 +175,13 @@ static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         *live = 1;
         s->mem += bytes;
         s->inflight[slot] = RKM__COPY_PREFETCH;
+        s->in_flight++;
         s->copy_end[slot] = rkm__sim_copy_start(s, bytes, g->copy.h2d_bytes_per_second, &s->h2d_free, &s->h2d_busy);
         return RKM_RULE_NONE;
     case RKM_STEP_WAIT:
         if (!s->inflight[slot]) return RKM_RULE_WAIT_NO_COPY;
         s->inflight[slot] = RKM__COPY_NONE;
+        s->in_flight--;
         s->stall = s->copy_end[slot] > s->clock ? s->copy_end[slot] - s->clock : 0;
         s->clock += s->stall;
         return RKM_RULE_NONE;
@@ -184,6 +193,36 @@ static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         return RKM_RULE_NONE;
     }
     return RKM_RULE_BAD_STEP;
+}
+
+/* A forward of o with copies in flight: 1 (*obj the tensor or op) if it
+ * reads a tensor being prefetched, consumes one in place or recomputes
+ * into one with any copy in flight, or writes its scratch into its saved
+ * state while that is copied. */
+static int rkm__sim_fwd_copies(const rkm__sim *s, const rkm_step *st, const rkm__op *o, int32_t *obj)
+{
+    for (int32_t k = 0; k < o->n_in; k++) {
+        *obj = o->in[k];
+        if (s->inflight[o->in[k]] == RKM__COPY_PREFETCH || (k == 0 && st->inplace && s->inflight[o->in[0]])) return 1;
+    }
+    for (int32_t k = 0; k < o->n_out; k++) {
+        *obj = o->out[k];
+        if (s->inflight[o->out[k]]) return 1;
+    }
+    *obj = st->index;
+    return s->inflight[s->g->n_tensors + (size_t)st->index] && o->scratch > 0;
+}
+
+/* A backward of op x with copies in flight: 1 (*obj the tensor or op) if
+ * it reads a tensor or its saved state while being prefetched. */
+static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, int32_t *obj)
+{
+    for (int32_t k = 0; k < o->n_saved; k++) {
+        *obj = o->saved[k];
+        if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return 1;
+    }
+    *obj = x;
+    return s->inflight[s->g->n_tensors + (size_t)x] == RKM__COPY_PREFETCH;
 }
 
 /* Check one step's requirements; on success apply it, set *peak to the
@@ -200,19 +239,12 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     switch (st->kind) {
     case RKM_STEP_FWD: {
         const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_in; k++) {
-            *obj = o->in[k];
-            if (!s->D[o->in[k]]) return RKM_RULE_FWD_INPUT_MISSING;
-            if (s->inflight[o->in[k]] == RKM__COPY_PREFETCH || (k == 0 && st->inplace && s->inflight[o->in[0]]))
-                return RKM_RULE_COPY_IN_FLIGHT;
-        }
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (s->inflight[o->out[k]]) { /* live: recomputed into, while a copy reads it */
-                *obj = o->out[k];
-                return RKM_RULE_COPY_IN_FLIGHT;
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (!s->D[o->in[k]]) {
+                *obj = o->in[k];
+                return RKM_RULE_FWD_INPUT_MISSING;
             }
-        *obj = x;
-        if (s->inflight[g->n_tensors + (size_t)x] && o->scratch > 0) return RKM_RULE_COPY_IN_FLIGHT; /* writes it */
+        if (s->in_flight && rkm__sim_fwd_copies(s, st, o, obj)) return RKM_RULE_COPY_IN_FLIGHT;
         if (st->save && (o->phantom == 0 || !o->has_bwd)) return RKM_RULE_SAVE_NOT_ALLOWED;
         if (st->save && s->P[x]) return RKM_RULE_SAVE_ALREADY_LIVE;
         rkm_rule rule = rkm__sim_inplace_rule(s, st, o, obj);
@@ -230,7 +262,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     case RKM_STEP_LOSS:
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
-        if (s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
         *peak = s->mem + g->tensors[x].bytes;
         s->loss_done = 1;
         s->G[x] = 1;
@@ -241,12 +273,12 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         const rkm__op *o = &g->ops[x];
         if (!o->has_bwd) return RKM_RULE_BWD_NO_BACKWARD;
         if (s->bwd_done[x]) return RKM_RULE_BWD_TWICE;
-        for (int32_t k = 0; k < o->n_saved; k++) {
-            *obj = o->saved[k];
-            if (!s->D[o->saved[k]]) return RKM_RULE_BWD_SAVED_MISSING;
-            if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
-        }
-        *obj = x;
+        for (int32_t k = 0; k < o->n_saved; k++)
+            if (!s->D[o->saved[k]]) {
+                *obj = o->saved[k];
+                return RKM_RULE_BWD_SAVED_MISSING;
+            }
+        if (s->in_flight && rkm__sim_bwd_copies(s, o, x, obj)) return RKM_RULE_COPY_IN_FLIGHT;
         if (o->phantom > 0 && !s->P[x]) return RKM_RULE_BWD_PHANTOM_MISSING;
         for (int32_t k = 0; k < o->n_out; k++) {
             int32_t t = o->out[k];
@@ -275,13 +307,13 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
     case RKM_STEP_FREE:
         if (g->tensors[x].flags & RKM_TENSOR_INPUT) return RKM_RULE_FREE_INPUT;
         if (!s->D[x]) return RKM_RULE_FREE_NOT_LIVE;
-        if (s->inflight[x]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->D[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_SAVED:
         if (!s->P[x]) return RKM_RULE_FREE_SAVED_NOT_LIVE;
-        if (s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
         s->P[x] = 0;
         s->mem -= g->ops[x].phantom;
         return RKM_RULE_NONE;

@@ -317,6 +317,13 @@ static inline int noop_bwd(void *user, const rkm_bwd_call *c)
     return 0;
 }
 
+static inline int noop_copy(void *user, const rkm_copy_call *c)
+{
+    (void)user;
+    (void)c;
+    return 0;
+}
+
 /* The layout checker, for the suite and the fuzzers: rkm_plan_layout(p,
  * align) puts every buffer at an aligned offset inside the arena, a buffer
  * an in-place step takes over shares its offset, no two buffers live in

@@ -654,6 +654,58 @@ TEST(search_planners)
     rkm_context_destroy(ctx);
 }
 
+/* The offload stage (src/offload.c) on gpt2-tiny's baseline with a fast
+ * copy link at half its peak, and the birth of the plan it makes (copy
+ * steps, host copies, prefetched buffers), every allocation failing in
+ * turn. (The whole solve around it is rockmate's, covered above; with its
+ * thousands of allocations a loop over it would take minutes.) */
+typedef struct offload_env {
+    rkm_graph *g;
+    rkm_plan *base;
+    uint64_t budget;
+    size_t n_steps; /* the clean run's */
+} offload_env;
+
+static rkm_result run_offload(void *env, void **out)
+{
+    offload_env *e = env;
+    rkm__steps d;
+    *out = NULL;
+    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, &d);
+    if (!r && !d.n) return RKM_ERROR_BUDGET; /* a clean run finds copies: check says so */
+    return r ? r : rkm__plan_birth(e->g, &d, NULL, (rkm_plan **)out);
+}
+
+static int check_offload(void *env, void *out)
+{
+    offload_env *e = env;
+    rkm_plan_stats ps;
+    if (!e->n_steps) e->n_steps = rkm_plan_num_steps(out);
+    return rkm_plan_stats_get(out, &ps) == RKM_OK && ps.offloads > 0 && ps.peak <= e->budget &&
+           rkm_plan_num_steps(out) == e->n_steps;
+}
+
+TEST(offload_stage)
+{
+    rkm_context *ctx = new_ctx();
+    offload_env e;
+    memset(&e, 0, sizeof e);
+    rkm_graph *g = NULL;
+    rkm_copy_desc c = {1e12, 1e12, 0};
+    CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/gpt2-tiny.rkg", &g) == RKM_OK);
+    if (g) CHECK(rkm_graph_with_copy(g, &c, &e.g) == RKM_OK);
+    if (e.g) CHECK(rkm_plan_baseline(e.g, &e.base) == RKM_OK);
+    if (e.base) {
+        e.budget = e.g->stats.baseline_peak / 2;
+        op_under_test op = {"offload stage", run_offload, check_offload, drop_plan};
+        every_failure(&op, &e, ctx);
+    }
+    rkm_plan_destroy(e.base);
+    rkm_graph_destroy(e.g);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* Nesting writes a block as a graph of its own (rkm__nest_graph): every
  * failing allocation of that build leaves nothing behind. unet-d4's outer
  * block, 37 ops, with the skip tensor as an input and a stand-in loss. */
@@ -723,6 +775,7 @@ int main(void)
     RUN(planners);
     RUN(cancelled_solves);
     RUN(search_planners);
+    RUN(offload_stage);
     RUN(nest_graph);
     RUN(allocator_totals);
     free(A.b);

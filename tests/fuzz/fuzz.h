@@ -39,7 +39,8 @@ static inline void fuzz_check_plan(const rkm_plan *p)
         if (why) fprintf(stderr, "layout at alignment %llu: %s\n", (unsigned long long)aligns[k], why);
         FUZZ_CHECK(why == NULL);
     }
-    rkm_callbacks cb = {.forward = noop_fwd, .backward = noop_bwd};
+    rkm_callbacks cb = {.forward = noop_fwd, .backward = noop_bwd, .offload = noop_copy, .prefetch = noop_copy,
+                        .wait = noop_copy};
     FUZZ_CHECK(rkm_plan_execute(p, &cb) == RKM_OK);
     /* the arena exec, in layout mode, runs it at its peak in the plan's arena */
     rkm_arena_exec_desc d = {.graph = rkm_plan_graph(p), .plan = p};

@@ -1,7 +1,8 @@
 /* fuzz_plan: the .rkp reader with the simulator, the layout and the
  * executor, against a fixed graph: tests/graphs/gpt2-tiny.rkg with every op
- * that can be declared in place declared so (read once; plans without
- * `inplace` steps mean on it what they mean on the file's graph).
+ * that can be declared in place declared so, and a copy link (read once;
+ * plans without `inplace` or copy steps mean on it what they mean on the
+ * file's graph).
  * A plan is refused with a message or handed out valid; a valid one lays
  * out without overlap, holds its peak, runs, and writes back to text that
  * reads to the same steps. */
@@ -14,7 +15,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!graph) {
         ctx = fuzz_ctx();
-        FUZZ_CHECK((graph = test_load_inplace_graph(ctx, "gpt2-tiny")) != NULL);
+        rkm_graph *g = test_load_inplace_graph(ctx, "gpt2-tiny");
+        rkm_copy_desc link = {1e12, 5e11, 1e-7};
+        FUZZ_CHECK(g && rkm_graph_with_copy(g, &link, &graph) == RKM_OK);
+        rkm_graph_destroy(g);
     }
     rkm_plan *p = NULL, *q = NULL;
     rkm_sim_result res;
