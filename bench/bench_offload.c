@@ -4,8 +4,9 @@
  *   build/bench/bench_offload [GRAPH...]
  *
  * For each graph (default: gpt2-xl-b4-t1024, gpt2-124M-b4-t64,
- * resnet18-like-b32) at 90..10 % of the baseline peak and at the
- * recompute-only smallest budget and 90 % of it: the overhead (in % of the
+ * resnet18-like-b32) at 90..10 % of the baseline peak, at the
+ * recompute-only smallest budget and half way from there to the graph's
+ * lower bound (no plan at all peaks below that): the overhead (in % of the
  * baseline time) of rockmate on the graph without a link, with 450 GB/s
  * each way (NVLink-C2C class) and with 25 GB/s (PCIe 4.0 x16), each link
  * with 10 us a copy; the seconds the offloading plans wait for copies; and
@@ -88,8 +89,9 @@ static void bench_graph(rkm_context *ctx, const char *name)
         row(g, label, st.baseline_peak / 100 * (uint64_t)pct, pct);
     }
     if (floor) {
+        uint64_t below = st.lower_bound + (floor - st.lower_bound) / 2;
         row(g, "floor", floor, 100.0 * (double)floor / (double)st.baseline_peak);
-        row(g, "floor-10%", floor - floor / 10, 90.0 * (double)floor / (double)st.baseline_peak);
+        row(g, "below", below, 100.0 * (double)below / (double)st.baseline_peak);
     }
     for (int l = 0; l < N_LINKS; l++) rkm_graph_destroy(g[l]);
 }

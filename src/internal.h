@@ -275,6 +275,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * overhead to 9.60 and 7.35 %; from +4.5 GB on the copies no longer fit
  * (the forward's last offloads end too late). */
 #define RKM_OFFLOAD_HIDE 0.5
+/* Plans for ever less memory tried as bases, the first whose copies fit
+ * ending the search. gpt2-124M-b4-t64 at 50 % with 450 GB/s and 10 us a
+ * copy: the first base (70.7 %) needs copies whose latencies do not hide
+ * (25.01 % overhead, recompute-only's), the second (55.2 %) does. */
+#define RKM_OFFLOAD_BASES 3
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 

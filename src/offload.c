@@ -165,9 +165,9 @@ static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
 }
 
 /* Where the set's copies go (gap f, p, times): offloads in the order of
- * their gaps, prefetches latest first. Returns 0 if some tensor's window is
- * empty (it would come back before it left). */
-static int rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
+ * their gaps, prefetches latest first. Returns a slot whose window is
+ * empty (it would come back before it left), -1 if none is. */
+static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
 {
     const rkm_graph *g = o->g;
     rkm__off_sort(o, set, m, 0);
@@ -185,9 +185,9 @@ static int rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
         double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
         x->pre_start = h2d = end - rkm__copy_seconds(g, o->order[k], g->copy.h2d_bytes_per_second);
         x->p = rkm__off_step_starting(o, x->b, x->pre_start);
-        if (x->p <= x->f) return 0;
+        if (x->p <= x->f) return o->order[k];
     }
-    return 1;
+    return -1;
 }
 
 /* Record that the step just pushed belongs to base step `from`. */
@@ -321,13 +321,12 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
     *out = (rkm__steps){g->ctx, NULL, 0, 0};
     rkm_result r = rkm__off_init(&o, g, base, n);
     if (r) return r;
-    int32_t *set = o.order + o.n_slots + 1, m = 0, last = -1;
+    int32_t *set = o.order + o.n_slots + 1, m = 0;
     for (;;) {
-        if (!rkm__off_place(&o, set, m)) {
-            /* the last one added comes back before it leaves: drop it (it
-             * stays marked, never tried again); the set is sorted by a */
+        int32_t bad = rkm__off_place(&o, set, m);
+        if (bad >= 0) { /* it stays marked, never tried again */
             int32_t k = 0;
-            while (set[k] != last) k++;
+            while (set[k] != bad) k++;
             memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
             m--;
             continue;
@@ -343,10 +342,17 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
             o.out = (rkm__steps){g->ctx, NULL, 0, 0};
             break;
         }
-        int32_t t = s >= 0 ? rkm__off_pick(&o, o.from[s]) : -1;
-        if (t < 0) break;
-        o.in[t] = 1;
-        set[m++] = last = t;
+        /* as many as their bytes cover the excess at the peak step, largest
+         * first: one replay for each such batch, not each slot */
+        uint64_t got = 0;
+        int32_t t, added = 0;
+        while (s >= 0 && got < peak - budget && (t = rkm__off_pick(&o, o.from[s])) >= 0) {
+            o.in[t] = 1;
+            set[m++] = t;
+            got += rkm__slot_bytes(g, t);
+            added++;
+        }
+        if (!added) break;
     }
     rkm__off_free(&o);
     return r;
@@ -386,20 +392,33 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * to offload from are plans with fewer recomputations than the budget's:
  * the baseline, and rockmate's plan for the budget plus a share of what
  * the slower copy stream moves in the baseline's forward time (about what
- * can leave the device unseen while the forward runs). */
+ * can leave the device unseen while the forward runs), at most the
+ * geometric mean of the budget and the baseline peak (a fast link would
+ * otherwise leave only the baseline); where the copies do not bring that
+ * plan within the budget (too many, each with its latency), a plan for a
+ * quarter as much more memory, and where there is no plan (below the
+ * recompute-only floor), one for half way to the baseline peak:
+ * RKM_OFFLOAD_BASES plans at most. */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
-    rkm_plan *base[2] = {NULL, NULL};
-    rkm_result r = rkm__plan_baseline(pl->user, &base[0]);
+    rkm_plan *base = NULL, *q = NULL;
+    rkm_result r = rkm__plan_baseline(pl->user, &base);
+    if (!r && !(r = rkm__offload_fit(pl, base, budget, &q))) *p = rkm__faster(*p, q);
+    rkm_plan_destroy(base);
+    base = q = NULL;
+    if (r || (*p && (*p)->stats.time <= pl->base_time)) return r; /* nothing is faster */
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
-    double up = (double)budget + RKM_OFFLOAD_HIDE * bw * fwd;
-    if (!r && up < (double)pl->base_peak) r = rkm__planner_fit(pl, (uint64_t)up, &base[1], NULL);
-    for (int k = 0; k < 2 && !r; k++) {
-        rkm_plan *q = NULL;
-        if (base[k] && !(r = rkm__offload_fit(pl, base[k], budget, &q))) *p = rkm__faster(*p, q);
+    double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
+    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r; k++) {
+        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_fit(pl, base, budget, &q);
+        /* no plan there (below the recompute-only floor): more memory;
+         * copies that do not fit: less */
+        up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;
+        rkm_plan_destroy(base);
+        base = NULL;
     }
-    for (int k = 0; k < 2; k++) rkm_plan_destroy(base[k]);
+    *p = rkm__faster(*p, q);
     return r;
 }
