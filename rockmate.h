@@ -538,7 +538,9 @@ typedef struct rkm_sim_result {
     int valid;          /* 1 if every rule holds */
     rkm_rule rule;      /* the first broken rule */
     int64_t fail_step;  /* its step index; num_steps for end-of-plan rules; -1 if valid */
-    int32_t fail_object;/* the op or tensor concerned, -1 if none */
+    int32_t fail_object;/* the op or tensor concerned, -1 if none; for the copy rules
+                           (RKM_RULE_COPY_NO_BANDWIDTH..RKM_RULE_END_HOST_LIVE) a copy
+                           slot: the tensor, or num_tensors + the op for its saved state */
     rkm_step failed;    /* the step at fail_step, as given (zeros for end-of-plan rules) */
     uint64_t peak;      /* max over the steps replayed of the step's peak */
     int64_t peak_step;  /* the first step that reaches the peak */

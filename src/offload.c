@@ -2,6 +2,7 @@
  *
  * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c.
  *
+ * Below, "tensor" stands for a copy slot: a tensor or an op's saved state.
  * A plan keeps every tensor it does not recompute on the device from its
  * last read before a gap (typically a forward) to its next read after it
  * (the matching backward). With a copy link (docs/formats.md, "Offloading")

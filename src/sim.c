@@ -147,11 +147,12 @@ static double rkm__sim_copy_start(rkm__sim *s, uint64_t bytes, double bytes_per_
 
 /* offload, prefetch, wait, free_host (the index in range): of tensor x, or
  * with `saved` of op x's saved state (copy slot n_tensors + x). */
-static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *peak)
+static rkm_rule rkm__sim_copy_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     int32_t x = st->index;
     size_t slot = rkm__copy_slot(g, st);
+    *obj = (int32_t)slot;
     uint8_t *live = st->save ? &s->P[x] : &s->D[x];
     uint64_t bytes = st->save ? g->ops[x].phantom : g->tensors[x].bytes;
     int copying = st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH;
@@ -209,7 +210,7 @@ static int rkm__sim_fwd_copies(const rkm__sim *s, const rkm_step *st, const rkm_
         *obj = o->out[k];
         if (s->inflight[o->out[k]]) return 1;
     }
-    *obj = st->index;
+    *obj = (int32_t)(s->g->n_tensors + (size_t)st->index);
     return s->inflight[s->g->n_tensors + (size_t)st->index] && o->scratch > 0;
 }
 
@@ -221,7 +222,7 @@ static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, i
         *obj = o->saved[k];
         if (s->inflight[o->saved[k]] == RKM__COPY_PREFETCH) return 1;
     }
-    *obj = x;
+    *obj = (int32_t)(s->g->n_tensors + (size_t)x);
     return s->inflight[s->g->n_tensors + (size_t)x] == RKM__COPY_PREFETCH;
 }
 
@@ -313,7 +314,10 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         return RKM_RULE_NONE;
     case RKM_STEP_FREE_SAVED:
         if (!s->P[x]) return RKM_RULE_FREE_SAVED_NOT_LIVE;
-        if (s->in_flight && s->inflight[g->n_tensors + (size_t)x]) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->in_flight && s->inflight[g->n_tensors + (size_t)x]) {
+            *obj = (int32_t)(g->n_tensors + (size_t)x);
+            return RKM_RULE_COPY_IN_FLIGHT;
+        }
         s->P[x] = 0;
         s->mem -= g->ops[x].phantom;
         return RKM_RULE_NONE;
@@ -323,7 +327,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
         s->G[x] = 0;
         s->mem -= g->tensors[x].bytes;
         return RKM_RULE_NONE;
-    default: return rkm__sim_copy_step(s, st, peak);
+    default: return rkm__sim_copy_step(s, st, peak, obj);
     }
 }
 
@@ -336,8 +340,9 @@ RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
     for (size_t i = 0; i < g->n_ops; i++) {
         *obj = (int32_t)i;
         if (g->ops[i].has_bwd && !s->bwd_done[i]) return RKM_RULE_END_BWD_MISSING;
+        if (s->P[i] && !s->inflight[g->n_tensors + i]) return RKM_RULE_END_SAVED_LIVE;
+        *obj = (int32_t)(g->n_tensors + i);
         if (s->inflight[g->n_tensors + i]) return RKM_RULE_END_COPY_IN_FLIGHT;
-        if (s->P[i]) return RKM_RULE_END_SAVED_LIVE;
         if (s->H[g->n_tensors + i]) return RKM_RULE_END_HOST_LIVE;
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
@@ -521,8 +526,9 @@ RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_s
     return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL, NULL) == 1;
 }
 
-/* Each rule: its text, and whether the object it names is an op (else a
- * tensor). */
+/* Each rule: its text, and whether the object it names is a tensor (0),
+ * an op (1) or a copy slot (2: a tensor, or n_tensors + an op for its saved
+ * state). */
 static const struct rkm__rule_info {
     const char *text;
     int on_op;
@@ -553,17 +559,17 @@ static const struct rkm__rule_info {
     [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
     [RKM_RULE_INPLACE_GRAD_LIVE] = {"bwd inplace: grad(in[0]) must not be live (it takes grad(out[0])'s buffer)", 0},
-    [RKM_RULE_COPY_NO_BANDWIDTH] = {"offload, prefetch: the graph must have a copy bandwidth", 0},
-    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor (saved state) must be live, and not an input", 0},
-    [RKM_RULE_OFFLOAD_ON_HOST] = {"offload: the tensor must have no host copy already", 0},
-    [RKM_RULE_PREFETCH_NOT_ON_HOST] = {"prefetch: the tensor must have a host copy", 0},
-    [RKM_RULE_PREFETCH_LIVE] = {"prefetch: the tensor must not be live", 0},
-    [RKM_RULE_WAIT_NO_COPY] = {"wait: the tensor must have a copy in flight", 0},
+    [RKM_RULE_COPY_NO_BANDWIDTH] = {"offload, prefetch: the graph must have a copy bandwidth", 2},
+    [RKM_RULE_OFFLOAD_NOT_LIVE] = {"offload: the tensor (saved state) must be live, and not an input", 2},
+    [RKM_RULE_OFFLOAD_ON_HOST] = {"offload: the tensor must have no host copy already", 2},
+    [RKM_RULE_PREFETCH_NOT_ON_HOST] = {"prefetch: the tensor must have a host copy", 2},
+    [RKM_RULE_PREFETCH_LIVE] = {"prefetch: the tensor must not be live", 2},
+    [RKM_RULE_WAIT_NO_COPY] = {"wait: the tensor must have a copy in flight", 2},
     [RKM_RULE_COPY_IN_FLIGHT] = {"copy in flight: a tensor being prefetched is read, or one with a copy in flight is "
-                                 "written or freed, before its wait", 0},
-    [RKM_RULE_FREE_HOST_NOT_ON_HOST] = {"free_host: the tensor must have a host copy", 0},
-    [RKM_RULE_END_COPY_IN_FLIGHT] = {"end: every copy must have been waited for", 0},
-    [RKM_RULE_END_HOST_LIVE] = {"end: no host copy may be live", 0},
+                                 "written or freed, before its wait", 2},
+    [RKM_RULE_FREE_HOST_NOT_ON_HOST] = {"free_host: the tensor must have a host copy", 2},
+    [RKM_RULE_END_COPY_IN_FLIGHT] = {"end: every copy must have been waited for", 2},
+    [RKM_RULE_END_HOST_LIVE] = {"end: no host copy may be live", 2},
 };
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -575,7 +581,11 @@ const char *rkm_rule_string(rkm_rule rule)
 static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
 {
     if (obj < 0) return "";
-    if (rkm__rules[rule].on_op) return (size_t)obj < g->n_ops ? g->ops[obj].name : "";
+    if (rkm__rules[rule].on_op == 2 && (size_t)obj >= g->n_tensors) {
+        obj -= (int32_t)g->n_tensors;
+        return (size_t)obj < g->n_ops ? g->ops[obj].name : "";
+    }
+    if (rkm__rules[rule].on_op == 1) return (size_t)obj < g->n_ops ? g->ops[obj].name : "";
     return (size_t)obj < g->n_tensors ? g->tensors[obj].name : "";
 }
 

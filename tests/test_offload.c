@@ -169,6 +169,9 @@ TEST(saved_state_copies)
         snprintf(text, sizeof text, "%.*s%s%s", (int)(at - plan), plan, bad[k].to, at + strlen(bad[k].from));
         rkm_plan *r = NULL;
         CHECK(read_plan(g, text, &res, &r) == RKM_ERROR_PLAN && res.rule == RKM_RULE_COPY_IN_FLIGHT);
+        /* the object is the op's saved state: its copy slot, named as the op */
+        CHECK(res.fail_object == rkm_graph_num_tensors(g) + rkm_graph_find_op(g, "ce"));
+        CHECK(strstr(rkm_context_errmsg(ctx), "before its wait: ce") != NULL);
         rkm_plan_destroy(r);
     }
     rkm_plan_destroy(p);
