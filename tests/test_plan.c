@@ -1,6 +1,6 @@
 /* Planner tests over the bundled graphs: structure, validity, budgets,
  * monotonicity, the DTR and polish cases (rockmate against the other
- * algorithms and its search, part by part: test_search). */
+ * algorithms and its search, part by part: test_search, test_portfolio). */
 #include "../rockmate.c"
 #include "test.h"
 
