@@ -10915,12 +10915,9 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last)
         last[t] = -1;
         o->gap[t].a = -1;
     }
-    double clock = 0;
     for (size_t i = 0; i < o->n; i++) {
         const rkm_step *st = &o->base[i];
-        o->ts[i] = clock;
-        clock += st->kind == RKM_STEP_FWD ? g->ops[st->index].fwd : st->kind == RKM_STEP_BWD ? g->ops[st->index].bwd : 0;
-        o->te[i] = clock;
+        o->ts[i] = o->sim.clock; /* the replay's compute clock: no copies, no waits */
         int32_t k = rkm__slot_touches(g, st, o->touch);
         int compute = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_LOSS;
         for (int32_t j = 0; j < k; j++) {
@@ -10935,6 +10932,7 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last)
         uint64_t pk;
         int32_t obj;
         rkm__sim_step(&o->sim, st, &pk, &obj);
+        o->te[i] = o->sim.clock;
         for (int32_t j = 0; j < k; j++) last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
     }
     for (size_t t = 0; t < o->n_slots; t++)
@@ -12058,7 +12056,7 @@ static int rkm__exec_offload(void *user, const rkm_copy_call *c)
 static int rkm__exec_prefetch(void *user, const rkm_copy_call *c)
 {
     rkm_arena_exec *x = user;
-    rkm__exec_enter(x, c->step);
+    rkm__exec_enter(x, c->step); /* before the take, whose failure names the step */
     int32_t i = c->index;
     int rc = c->saved ? rkm__exec_take(x, &x->p_off[i], RKM_BUFFER_PHANTOM, i, c->bytes, "saved state of", x->g->ops[i].name)
                       : rkm__exec_take(x, &x->t_off[i], RKM_BUFFER_TENSOR, i, c->bytes, "tensor",

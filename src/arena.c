@@ -612,7 +612,7 @@ static int rkm__exec_offload(void *user, const rkm_copy_call *c)
 static int rkm__exec_prefetch(void *user, const rkm_copy_call *c)
 {
     rkm_arena_exec *x = user;
-    rkm__exec_enter(x, c->step);
+    rkm__exec_enter(x, c->step); /* before the take, whose failure names the step */
     int32_t i = c->index;
     int rc = c->saved ? rkm__exec_take(x, &x->p_off[i], RKM_BUFFER_PHANTOM, i, c->bytes, "saved state of", x->g->ops[i].name)
                       : rkm__exec_take(x, &x->t_off[i], RKM_BUFFER_TENSOR, i, c->bytes, "tensor",
