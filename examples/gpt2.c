@@ -21,10 +21,17 @@
  * (or `make demo`). Run from the repository root (defaults shown):
  *   build/gpt2 [--layers 4] [--channels 128] [--heads 4] [--seq 64] [--batch 4] [--steps 10]
  *              [--budget 40%] [--algo rockmate] [--dropout 0] [--lr 1e-3] [--seed 1337]
- *              [--data examples/data/fables.txt] [--memory arena] [--inplace 0]
+ *              [--data examples/data/fables.txt] [--memory arena] [--inplace 0] [--copy 0]
  * --inplace 1 declares GELU's and the residual adds' backwards in place
  * (RKM_OP_GRAD_INPLACE): the residual stream's gradient then stays in one
  * buffer down the layers, as llm.c's dresidual; gradients are the same.
+ * --copy BW (bytes a second, e.g. 2e9) gives the profiled graph a copy link
+ * to host memory of BW each way (docs/formats.md, "Offloading"): the plan may
+ * then offload activations and saved states to host buffers and prefetch
+ * them back. Two copy threads (examples/copier.h) move the bytes at BW while
+ * the kernels go on, so waits are real; the measured host peak must equal
+ * the predicted one, to the byte, and the check shows the step's measured
+ * time beside the simulator's.
  * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
  * Without --algo the library's default plans: rockmate (without its ILP
  * options in a build without lp_solve, make OMIT=1). The op costs are profiled first, and the
@@ -50,6 +57,7 @@ typedef struct options {
     float dropout, lr;
     uint64_t seed;
     int arena; /* --memory arena (1, the default) or malloc (0) */
+    double copy_bw; /* --copy: bytes a second each way; 0: no copy link */
 } options;
 
 static double now_seconds(void)
@@ -65,7 +73,7 @@ static int usage(const char *why)
             "%s\nusage: gpt2 [--layers N] [--channels N] [--heads N] [--seq N] [--batch N] [--steps N]\n"
             "            [--budget B|N%%|NMiB|min] [--algo rockmate|rotor|sqrt|checkmate|none]\n"
             "            [--dropout P] [--lr LR] [--seed N] [--data FILE] [--memory arena|malloc]\n"
-            "            [--inplace 0|1]\n",
+            "            [--inplace 0|1] [--copy BYTES_PER_SECOND]\n",
             why);
     return 2;
 }
@@ -94,6 +102,7 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
             o->arena = !strcmp(v, "arena");
         else if (!strcmp(a, "--inplace") && (!strcmp(v, "0") || !strcmp(v, "1")))
             o->shape.inplace = !strcmp(v, "1");
+        else if (!strcmp(a, "--copy") && (o->copy_bw = strtod(v, NULL)) >= 0.0) continue;
         else return usage("unknown option");
     }
     o->shape.dropout = o->dropout > 0.0f;
@@ -157,6 +166,7 @@ typedef struct trainer {
     rkm_arena_exec *base_ax, *plan_ax; /* --memory arena: their execs, one region each */
     uint64_t plan_arena;               /* --memory arena: the bytes the plan's region holds */
     rkm_plan_stats ps;
+    copier cp;  /* --copy: the copy streams (st.cp points here while open) */
     uint64_t budget;
     uint64_t digest; /* of every training step's loss and parameter gradients */
 } trainer;
@@ -244,6 +254,25 @@ static int profile_graph(trainer *tr)
     return 0;
 }
 
+/* --copy: the profiled graph gains the copy link (it replaces it, as the
+ * profiled graph replaced the built one), and the copy threads start at
+ * the same bandwidth. */
+static int add_copy_link(trainer *tr)
+{
+    rkm_copy_desc c;
+    rkm_graph *g = NULL;
+    if (!(tr->opt.copy_bw > 0)) return 0;
+    memset(&c, 0, sizeof c);
+    c.d2h_bytes_per_second = c.h2d_bytes_per_second = tr->opt.copy_bw;
+    if (rkm_graph_with_copy(tr->gg.g, &c, &g) != RKM_OK) return fail(tr, "copy link");
+    rkm_graph_destroy(tr->gg.g);
+    tr->gg.g = g;
+    if (copier_open(&tr->cp, tr->opt.copy_bw, 0.0)) return fail(tr, "copy threads");
+    tr->st.cp = &tr->cp;
+    printf("copy: %.3g bytes a second each way, two copy threads\n", tr->opt.copy_bw);
+    return 0;
+}
+
 /* --memory arena: an exec per plan, each with its region (the plan's
  * layout), allocated now, once. */
 static int open_arenas(trainer *tr)
@@ -274,7 +303,7 @@ static int setup_plans(trainer *tr)
     int rc;
     memset(&sd, 0, sizeof sd);
     sd.algo = tr->opt.algo_id;
-    if ((rc = profile_graph(tr)) != 0) return rc;
+    if ((rc = profile_graph(tr)) != 0 || (rc = add_copy_link(tr)) != 0) return rc;
     rkm_graph_stats_get(tr->gg.g, &gs);
     if (rkm_plan_baseline(tr->gg.g, &tr->base) != RKM_OK) return fail(tr, "baseline plan");
     if ((rc = make_plan(tr, &sd, gs.baseline_peak)) != 0) return rc;
@@ -289,6 +318,11 @@ static int setup_plans(trainer *tr)
            (unsigned long long)tr->ps.arena_bytes,
            tr->ps.overhead * 100.0, rkm_plan_num_steps(tr->plan), (int)gs.blocks, (int)gs.block_classes,
            tr->ps.solve_seconds);
+    if (tr->ps.offloads)
+        printf("offload: %zu offloads, predicted host peak %llu bytes, waits %.2f ms, copy streams busy %.2f ms "
+               "(to host) and %.2f ms (back)\n",
+               tr->ps.offloads, (unsigned long long)tr->ps.host_peak, tr->ps.wait_seconds * 1e3,
+               tr->ps.d2h_seconds * 1e3, tr->ps.h2d_seconds * 1e3);
     return open_arenas(tr);
 }
 
@@ -325,6 +359,7 @@ static int train(trainer *tr)
         printf("step %d/%d: loss %.6f, %.1f ms, activation peak %llu bytes\n", step, tr->opt.steps, tr->st.loss, ms,
                (unsigned long long)tr->st.peak);
         if (tr->st.peak != tr->ps.peak) return fail(tr, "measured peak differs from the predicted peak");
+        if (tr->st.host_peak != tr->ps.host_peak) return fail(tr, "measured host peak differs from the predicted one");
     }
     printf("digest: %016llx (every training step's loss and parameter gradients)\n", (unsigned long long)tr->digest);
     return 0;
@@ -358,6 +393,7 @@ static int check_run(trainer *tr, int i, check_state *cs)
         cs->bad = "loss or gradients differ from the baseline's";
     }
     if (i % 2 && !cs->bad && cs->peak && cs->peak != tr->st.peak) cs->bad = "measured peak varies";
+    if (i % 2 && !cs->bad && tr->st.host_peak != tr->ps.host_peak) cs->bad = "measured host peak differs from the predicted one";
     if (i % 2) cs->peak = tr->st.peak;
     return 0;
 }
@@ -390,7 +426,8 @@ static int check(trainer *tr)
     if (!cs.bad && tr->opt.arena && tr->plan_arena != tr->ps.arena_bytes) cs.bad = "arena differs from the plan's";
     if (!cs.bad && tr->opt.arena && tr->plan_arena > tr->budget) cs.bad = "arena over the budget";
     if (!cs.bad && tr->st.mem.cur != 0) cs.bad = "activation memory not back to zero";
-    printf("check: loss %.6f, baseline %.1f ms, plan %.1f ms\n", cs.ref_loss, cs.best_ms[0], cs.best_ms[1]);
+    printf("check: loss %.6f, baseline %.1f ms (predicted %.1f), plan %.1f ms (predicted %.1f)\n", cs.ref_loss,
+           cs.best_ms[0], tr->ps.baseline_time * 1e3, cs.best_ms[1], tr->ps.time * 1e3);
     if (!cs.bad)
         printf("in words: the training step ran in %.1f%% of the baseline's activation memory for %.1f%% more time "
                "(%.1f%% predicted), with %s gradients and loss, %s\n",
@@ -414,6 +451,7 @@ static int check(trainer *tr)
 static void teardown(trainer *tr)
 {
     if (tr->st.act) gpt2_step_unload(&tr->st);
+    if (tr->st.cp) copier_close(&tr->cp);
     rkm_arena_exec_destroy(tr->plan_ax);
     rkm_arena_exec_destroy(tr->base_ax);
     rkm_plan_destroy(tr->plan);

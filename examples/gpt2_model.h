@@ -21,6 +21,7 @@
 
 #include <math.h>
 
+#include "copier.h"
 #include "gpt2_graph.h"
 
 /* The model is C11; the CUDA trainer includes it from C++ as its reference. */
@@ -492,6 +493,12 @@ typedef struct gpt2_step {
     uint64_t key;       /* the training step's key for dropout masks */
     double loss;        /* mean loss, set by the loss callback */
     uint64_t peak;      /* the last step's measured activation peak */
+    copier *cp;         /* offloading: the copy streams (NULL: the graph has no copy link) */
+    gpt2_mem host;      /* offloading: the host copies, counted */
+    void **host_act;    /* per tensor: its host copy while it has one */
+    void **host_saved;  /* per op: its saved state's host copy */
+    uint64_t *copy;     /* per copy slot (tensors, then ops): its copy in flight, ticket << 1 | stream */
+    uint64_t host_peak; /* the last step's measured host peak */
     char err[160];      /* why a callback failed */
 } gpt2_step;
 
@@ -715,9 +722,85 @@ static inline int gpt2_cb_free_grad(void *user, const rkm_buffer_call *c)
     return 0;
 }
 
+/* Offloading (a graph with a copy link): an offloaded activation or saved
+ * state gets a host copy (counted in st->host), made on the device-to-host
+ * stream while the kernels go on; a prefetch makes its device buffer anew
+ * and fills it on the other stream; wait blocks until the copy is done. */
+static inline void **gpt2__host_slot(gpt2_step *st, const rkm_copy_call *c)
+{
+    return c->saved ? &st->host_saved[c->index] : &st->host_act[c->index];
+}
+
+static inline void **gpt2__dev_slot(gpt2_step *st, const rkm_copy_call *c)
+{
+    return c->saved ? &st->phantom[c->index] : &st->act[c->index];
+}
+
+static inline uint64_t *gpt2__copy_slot(gpt2_step *st, const rkm_copy_call *c)
+{
+    return &st->copy[(c->saved ? rkm_graph_num_tensors(st->gg->g) : 0) + c->index];
+}
+
+static inline int gpt2_cb_offload(void *user, const rkm_copy_call *c)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    void **host = gpt2__host_slot(st, c), *dev = *gpt2__dev_slot(st, c);
+    if (!st->cp || !dev || *host) return gpt2__fail(st, "offload: no copy streams, buffer not live or on the host", c->index);
+    if (!(*host = gpt2_mem_alloc(&st->host, c->bytes, 0))) return gpt2__fail(st, "offload: out of host memory", c->index);
+    *gpt2__copy_slot(st, c) = copier_start(st->cp, COPIER_D2H, *host, dev, (size_t)c->bytes) << 1 | COPIER_D2H;
+    return 0;
+}
+
+static inline int gpt2_cb_prefetch(void *user, const rkm_copy_call *c)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    void **host = gpt2__host_slot(st, c), **dev = gpt2__dev_slot(st, c);
+    uint64_t off = c->saved ? rkm_arena_exec_saved(st->ax, c->index) : rkm_arena_exec_tensor(st->ax, c->index);
+    if (!st->cp || !*host || *dev) return gpt2__fail(st, "prefetch: no copy streams, no host copy or buffer live", c->index);
+    if (!(*dev = gpt2__new(st, off, c->bytes, 0))) return gpt2__fail(st, "prefetch: out of memory", c->index);
+    *gpt2__copy_slot(st, c) = copier_start(st->cp, COPIER_H2D, *dev, *host, (size_t)c->bytes) << 1 | COPIER_H2D;
+    return 0;
+}
+
+static inline int gpt2_cb_wait(void *user, const rkm_copy_call *c)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    uint64_t k = *gpt2__copy_slot(st, c);
+    if (!st->cp) return gpt2__fail(st, "wait: no copy streams", c->index);
+    copier_wait(st->cp, (int)(k & 1), k >> 1);
+    return 0;
+}
+
+static inline int gpt2_cb_free_host(void *user, const rkm_copy_call *c)
+{
+    gpt2_step *st = (gpt2_step *)user;
+    void **host = gpt2__host_slot(st, c);
+    if (!*host) return gpt2__fail(st, "free_host: no host copy", c->index);
+    gpt2_mem_free(&st->host, *host, c->bytes);
+    *host = NULL;
+    return 0;
+}
+
+/* After a failed step: the copies still going end, then every host copy is
+ * released (a complete step leaves none). */
+static inline void gpt2__release_host(gpt2_step *st)
+{
+    int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
+    rkm_op_desc oi;
+    if (st->cp) copier_drain(st->cp);
+    for (int32_t t = 0; t < nt; t++)
+        if (st->host_act[t]) gpt2_mem_free(&st->host, st->host_act[t], gpt2__tbytes(st, t));
+    for (int32_t op = 0; op < no; op++)
+        if (st->host_saved[op] && rkm_graph_op_info(st->gg->g, op, &oi) == RKM_OK)
+            gpt2_mem_free(&st->host, st->host_saved[op], oi.phantom);
+    memset(st->host_act, 0, (size_t)nt * sizeof *st->host_act);
+    memset(st->host_saved, 0, (size_t)no * sizeof *st->host_saved);
+}
+
 static inline rkm_callbacks gpt2_callbacks(gpt2_step *st)
 {
-    rkm_callbacks cb;
+    rkm_callbacks cb; /* assigned field by field: gpt2_cuda.cu's C++17 reads this header too */
+    memset(&cb, 0, sizeof cb);
     cb.user = st;
     cb.forward = gpt2_cb_forward;
     cb.backward = gpt2_cb_backward;
@@ -725,6 +808,10 @@ static inline rkm_callbacks gpt2_callbacks(gpt2_step *st)
     cb.free_tensor = gpt2_cb_free_tensor;
     cb.free_saved = gpt2_cb_free_saved;
     cb.free_grad = gpt2_cb_free_grad;
+    cb.offload = gpt2_cb_offload;
+    cb.prefetch = gpt2_cb_prefetch;
+    cb.wait = gpt2_cb_wait;
+    cb.free_host = gpt2_cb_free_host;
     return cb;
 }
 
@@ -733,6 +820,9 @@ static inline void gpt2_step_free(gpt2_step *st)
     free(st->act);
     free(st->phantom);
     free(st->grad);
+    free(st->host_act);
+    free(st->host_saved);
+    free(st->copy);
     free(st->batch);
     memset(st, 0, sizeof *st);
 }
@@ -749,7 +839,10 @@ static inline int gpt2_step_init(gpt2_step *st, const gpt2_graph *gg, gpt2_model
     st->act = (void **)calloc(nt, sizeof *st->act);
     st->phantom = (void **)calloc(no, sizeof *st->phantom);
     st->grad = (float **)calloc(nt, sizeof *st->grad);
-    if (!st->act || !st->phantom || !st->grad) {
+    st->host_act = (void **)calloc(nt, sizeof *st->host_act);
+    st->host_saved = (void **)calloc(no, sizeof *st->host_saved);
+    st->copy = (uint64_t *)calloc(nt + no, sizeof *st->copy);
+    if (!st->act || !st->phantom || !st->grad || !st->host_act || !st->host_saved || !st->copy) {
         gpt2_step_free(st);
         return -1;
     }
@@ -820,6 +913,7 @@ static inline void gpt2_step_unload(gpt2_step *st)
 static inline void gpt2_step_release(gpt2_step *st)
 {
     int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
+    gpt2__release_host(st); /* first: no copy may still read or write a buffer freed below */
     for (int32_t t = 0; t < nt; t++) {
         rkm_buffer_call c = {-1, t, gpt2__tbytes(st, t)};
         if (st->act[t] && t != st->gg->tokens && t != st->gg->targets) gpt2_cb_free_tensor(st, &c);
@@ -838,7 +932,10 @@ static inline int64_t gpt2_step_leaks(const gpt2_step *st)
 {
     int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
     int64_t n = 0;
-    if (!st->arena) return st->mem.blocks - (st->act[st->gg->tokens] != NULL) - (st->act[st->gg->targets] != NULL);
+    if (!st->arena)
+        return st->mem.blocks + st->host.blocks - (st->act[st->gg->tokens] != NULL) -
+               (st->act[st->gg->targets] != NULL);
+    n = st->host.blocks;
     for (int32_t t = 0; t < nt; t++)
         n += (st->act[t] && t != st->gg->tokens && t != st->gg->targets) + (st->grad[t] != NULL);
     for (int32_t op = 0; op < no; op++) n += st->phantom[op] != NULL;
@@ -850,6 +947,7 @@ static inline int64_t gpt2_step_leaks(const gpt2_step *st)
 static inline void gpt2__step_begin(gpt2_step *st, uint64_t key)
 {
     gpt2_model_zero_grad(st->model);
+    st->host.peak = st->host.cur;
     st->key = key;
     st->err[0] = 0;
     st->loss = NAN;
@@ -869,6 +967,7 @@ static inline rkm_result gpt2_step_run(gpt2_step *st, const rkm_plan *plan, uint
     st->mem.peak = st->mem.cur;
     r = rkm_plan_execute(plan, &cb);
     st->peak = st->mem.peak;
+    st->host_peak = st->host.peak;
     if (r == RKM_OK && gpt2_step_leaks(st) != 0) {
         snprintf(st->err, sizeof st->err, "%lld buffers still live after the step", (long long)gpt2_step_leaks(st));
         r = RKM_ERROR_STATE;
@@ -903,12 +1002,14 @@ static inline rkm_result gpt2_step_run_arena(gpt2_step *st, rkm_arena_exec *x, c
     r = rkm_arena_exec_run(x, plan);
     rkm_arena_exec_stats_get(x, &as);
     st->peak = as.peak;
+    st->host_peak = st->host.peak;
     if (r == RKM_OK && (gpt2_step_leaks(st) != 0 || as.current != inputs)) {
         snprintf(st->err, sizeof st->err, "%lld buffers (%llu bytes) still live after the step",
                  (long long)gpt2_step_leaks(st), (unsigned long long)(as.current - inputs));
         r = RKM_ERROR_STATE;
     }
-    /* the region's pointers are the exec's: nothing to free */
+    if (r != RKM_OK) gpt2__release_host(st);
+    /* the region's pointers are the exec's: nothing else to free */
     memset(st->act, 0, (size_t)rkm_graph_num_tensors(st->gg->g) * sizeof *st->act);
     memset(st->grad, 0, (size_t)rkm_graph_num_tensors(st->gg->g) * sizeof *st->grad);
     memset(st->phantom, 0, (size_t)rkm_graph_num_ops(st->gg->g) * sizeof *st->phantom);

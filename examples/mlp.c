@@ -25,9 +25,12 @@
  * --copy BW gives the graph a copy link to host memory of BW bytes a second
  * each way (docs/formats.md, "Offloading"): rockmate may then offload
  * activations and saved states to host memory and prefetch them back. The
- * host's copies are plain memcpy into counted host buffers, done at once
- * (so a wait has nothing to wait for: the plan's time is the simulator's,
- * not measured here); the measured host peak is set against the plan's.
+ * host's copies go to counted host buffers on two copy threads that move
+ * BW bytes a second (examples/copier.h) while the kernels go on, and `wait`
+ * blocks until its copy is done; the measured host peak is set against
+ * the plan's. (The op times here are nominal, so the step's wall time is
+ * not held against the simulator's; examples/gpt2.c profiles its ops and
+ * does.)
  *
  * --inplace declares ReLU in place both ways (RKM_OP_INPLACE: its output
  * over its input; RKM_OP_GRAD_INPLACE: its input's gradient over its
@@ -43,7 +46,10 @@
  *
  * Exit status: 0 every check held, 1 a check or a library call failed,
  * 2 bad usage, 3 no plan fits the budget. */
+#define _POSIX_C_SOURCE 200809L /* copier.h's clocks */
 #include "rockmate.h"
+
+#include "copier.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -189,6 +195,8 @@ typedef struct Host {
     void *host_act[MAX_TENSORS];/* host copies (offloading) of activations */
     void *host_saved[MAX_OPS];  /* and of saved states */
     Counter host_mem;           /* their bytes */
+    copier cp;                  /* --copy: the copy threads */
+    uint64_t copy[MAX_TENSORS + MAX_OPS]; /* per tensor, then op: its copy in flight (ticket << 1 | stream) */
     int32_t x, targets, losses; /* tensor ids */
     float *batch_x;             /* the batch, host's copy: filled into each run's inputs */
     int32_t *batch_targets;
@@ -479,13 +487,18 @@ static int on_free_grad(void *user, const rkm_buffer_call *call)
     return release(h, &h->grad[call->index]);
 }
 
-/* Offloading: a host copy per activation or saved state, made by offload,
- * copied back into the new device buffer by prefetch, released by
- * free_host. The copies are done when the call returns: wait has nothing
- * to do. */
+/* Offloading: a host copy per activation or saved state, filled by
+ * offload on the device-to-host thread, copied back into the new device
+ * buffer by prefetch on the other, released by free_host; wait blocks
+ * until the copy is done. */
 static void **host_slot(Host *h, const rkm_copy_call *c)
 {
     return c->saved ? &h->host_saved[c->index] : &h->host_act[c->index];
+}
+
+static uint64_t *copy_slot(Host *h, const rkm_copy_call *c)
+{
+    return &h->copy[(c->saved ? MAX_TENSORS : 0) + c->index];
 }
 
 static int on_offload(void *user, const rkm_copy_call *call)
@@ -494,7 +507,7 @@ static int on_offload(void *user, const rkm_copy_call *call)
     void **host = host_slot(h, call), *dev = call->saved ? h->saved[call->index] : h->act[call->index];
     if (*host || !dev) return 2;
     if (!(*host = counted_alloc(&h->host_mem, call->bytes))) return 1;
-    memcpy(*host, dev, call->bytes);
+    *copy_slot(h, call) = copier_start(&h->cp, COPIER_D2H, *host, dev, call->bytes) << 1 | COPIER_D2H;
     return 0;
 }
 
@@ -505,14 +518,15 @@ static int on_prefetch(void *user, const rkm_copy_call *call)
     void **host = host_slot(h, call), **dev = call->saved ? &h->saved[i] : &h->act[i];
     uint64_t off = call->saved ? rkm_arena_exec_saved(h->ax, i) : rkm_arena_exec_tensor(h->ax, i);
     int rc = *host ? alloc_new(h, dev, call->bytes, off) : 2;
-    if (!rc) memcpy(*dev, *host, call->bytes);
+    if (!rc) *copy_slot(h, call) = copier_start(&h->cp, COPIER_H2D, *dev, *host, call->bytes) << 1 | COPIER_H2D;
     return rc;
 }
 
 static int on_wait(void *user, const rkm_copy_call *call)
 {
-    (void)user;
-    (void)call;
+    Host *h = user;
+    uint64_t k = *copy_slot(h, call);
+    copier_wait(&h->cp, (int)(k & 1), k >> 1);
     return 0;
 }
 
@@ -584,6 +598,7 @@ static int run_step(Host *h, const Run *run, Measured *m)
     h->mem.peak = h->mem.cur;
     h->host_mem.peak = h->host_mem.cur;
     rkm_result r = h->ax ? rkm_arena_exec_run(h->ax, run->plan) : rkm_plan_execute(run->plan, &cb);
+    if (h->copy_bw > 0) copier_drain(&h->cp); /* a failed step's copies end before its buffers go */
     size_t cur = h->mem.cur, batch = h->bytes[h->x] + h->bytes[h->targets];
     m->peak = h->mem.peak;
     m->host_peak = h->host_mem.peak;
@@ -790,6 +805,11 @@ int main(int argc, char **argv)
     Host *h = &host;
     h->layers = o.layers;
     h->inplace = o.inplace;
+    if (o.copy_bw > 0 && copier_open(&h->cp, o.copy_bw, 0.0)) {
+        fprintf(stderr, "mlp: cannot start the copy threads\n");
+        rkm_context_destroy(ctx);
+        return 1;
+    }
     h->copy_bw = o.copy_bw;
     int status = 1;
     Run baseline = {NULL, NULL, 0}, plan = {NULL, NULL, 0};
@@ -818,6 +838,7 @@ done:
     rkm_arena_exec_destroy(baseline.ax);
     rkm_plan_destroy(plan.plan);
     rkm_plan_destroy(baseline.plan);
+    if (h->copy_bw > 0) copier_close(&h->cp);
     free_buffers(h);
     rkm_graph_destroy(h->g);
     rkm_context_destroy(ctx);

@@ -90,6 +90,33 @@ same_inplace inplace_rockmate_40 "${tiny[@]}" --budget 40%
 same_inplace inplace_dtr_min "${tiny[@]}" --algo dtr --budget min --steps 1
 same_inplace inplace_dropout_none "${tiny[@]}" --algo none --dropout 0.1 --budget 100%
 both_modes modes_sqrt_dropout "${tiny[@]}" --algo sqrt --dropout 0.1 --budget 100%
+# offloads NAME BW BUDGET ARGS...: with a copy link (--copy) the plan offloads, both
+# memory modes pass (the trainer checks the measured device and host peaks
+# against the plan's, to the byte, and the gradients against the
+# baseline's), and their digest is the one of the same run without a copy
+# link: the copy threads change where bytes wait, never a value.
+offloads() {
+    local name=$1 bw=$2 budget=$3 m out want bad=
+    shift 3
+    want=$("$gpt2" "${tiny[@]}" --algo none --budget 100% "$@" 2>&1 | grep '^digest: ')
+    for m in arena malloc; do
+        out=$("$gpt2" "${tiny[@]}" --copy "$bw" --budget "$budget" "$@" --memory "$m" 2>&1)
+        if ! grep -qE -- "$ok" <<<"$out" || ! grep -qE '^offload: [1-9][0-9]* offloads' <<<"$out"; then
+            bad="--memory $m: no offload or not ok"
+        elif [[ -z $want || $(grep '^digest: ' <<<"$out") != "$want" ]]; then
+            bad="--memory $m: digest '$(grep '^digest: ' <<<"$out")', without copies '$want'"
+        fi
+        [[ -n $bad ]] && { printf '%s\n' "$out" | tail -n 12; break; }
+    done
+    if [[ -z $bad ]]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: gpt2 --copy $bw --budget $budget $*: $bad"
+    fi
+}
+offloads offload_fast 1e9 30%
+offloads offload_slow_dropout 3e7 35% --dropout 0.1
 expect too_small 3 '^demo: FAILED no plan fits the budget' "${tiny[@]}" --algo rotor --budget 1%
 expect bad_usage 2 'usage' --heads 3
 expect no_data 1 'cannot read' "${tiny[@]}" --data /nonexistent/text.txt
