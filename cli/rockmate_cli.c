@@ -38,7 +38,8 @@ static const char cli_usage_text[] =
     "        [--slots N] [--time-limit S] [--align N]\n"
     "        a plan whose arena (one allocation, every buffer at an offset)\n"
     "        fits budget B; -o writes it (- for standard output), --svg draws\n"
-    "        its memory over the steps beside the baseline's\n"
+    "        its memory over the steps beside the baseline's (and the copies\n"
+    "        in flight, where it offloads)\n"
     "  check GRAPH PLAN [--budget B] [--json] [--align N]\n"
     "        replays a plan file: valid or not, its peak, arena and time; with\n"
     "        --budget, whether its arena fits B (then its peak does too)\n"
@@ -46,7 +47,9 @@ static const char cli_usage_text[] =
     "        [--slots N] [--time-limit S] [--align N]\n"
     "        overhead against budget, from the smallest feasible budget to\n"
     "        100% of the baseline peak (N budgets, default 12, denser toward\n"
-    "        the smallest, where the curves are steep)\n"
+    "        the smallest, where the curves are steep); on a graph with a copy\n"
+    "        link, rockmate's column is followed by \"(no copy)\": rockmate on\n"
+    "        the same graph without the link (recompute only; dashed in --svg)\n"
     "  GRAPH may be - to read the graph from standard input, and so may\n"
     "  check's PLAN (but not both)\n"
     "\n"
@@ -1174,6 +1177,33 @@ static void cli_plan_svg_series(const cli_chart *c, const cli_series *s, double 
     items[1] = (cli_legend_item){labels[1], color, NULL, 1, 0.45, MARK_NONE};
 }
 
+/* The copies in flight, two bands along the plot's floor (offloads, then
+ * prefetches): a bar from each copy step to the wait that ends it. Their
+ * legend entries go into items; returns how many (0 without copies). */
+static int cli_plan_svg_copies(const cli_chart *c, const rkm_plan *plan, cli_legend_item *items)
+{
+    static const char *const color[2] = {"#009E73", "#CC79A7"};
+    const rkm_step *st = rkm_plan_steps(plan);
+    size_t n = rkm_plan_num_steps(plan);
+    int seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        int k = st[i].kind == RKM_STEP_OFFLOAD ? 0 : st[i].kind == RKM_STEP_PREFETCH ? 1 : -1;
+        size_t w = i + 1;
+        if (k < 0) continue;
+        while (w < n && !(st[w].kind == RKM_STEP_WAIT && st[w].index == st[i].index && st[w].save == st[i].save))
+            w++;
+        fprintf(c->f,
+                "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"5\" fill=\"%s\" fill-opacity=\"0.6\"/>\n",
+                cli_sx(c, 100.0 * (double)i / (double)n), c->y0 + c->h - (k ? 7 : 14),
+                cli_sx(c, 100.0 * (double)w / (double)n) - cli_sx(c, 100.0 * (double)i / (double)n), color[k]);
+        seen |= 1 << k;
+    }
+    if (!seen) return 0;
+    items[0] = (cli_legend_item){"offloads in flight", color[0], NULL, 5, 0.6, MARK_NONE};
+    items[1] = (cli_legend_item){"prefetches in flight", color[1], NULL, 5, 0.6, MARK_NONE};
+    return 2;
+}
+
 /* The plan's memory over its steps beside the baseline's (x: position in
  * each step sequence, so both span the same width), and the budget. */
 static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *r, const cli_series *plan,
@@ -1204,11 +1234,16 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
              cli_size(a, sizeof a, r->budget), cli_percent((double)r->budget, (double)G->st.baseline_peak),
              cli_size(b, sizeof b, r->ps.peak), cli_size(c3, sizeof c3, r->arena),
              100 * (r->ps.time / G->st.baseline_time - 1));
+    if (r->ps.offloads) {
+        size_t len = strlen(sub);
+        snprintf(sub + len, sizeof sub - len, ", %zu offloads, host peak %s", r->ps.offloads,
+                 cli_size(a, sizeof a, r->ps.host_peak));
+    }
     snprintf(ylabel, sizeof ylabel, "memory (%s)", unit);
     cli_svg_begin(f, SVG_W, SVG_H);
     cli_svg_titles(f, SVG_LEFT, title, sub);
     cli_chart_axes(&c, "position in the step sequence (%)", ylabel);
-    cli_legend_item items[6];
+    cli_legend_item items[8];
     int n = is_base ? 2 : 4;
     if (!is_base) cli_plan_svg_series(&c, base, scale, "#999999", "baseline", labels + 2, items + 2);
     cli_plan_svg_series(&c, plan, scale, is_base ? "#555555" : cli_algo_color[r->algo], is_base ? "baseline" : algo,
@@ -1225,6 +1260,7 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
                 c.x0, y, c.x0 + c.w, y, lines[k].color, lines[k].dash);
         items[n++] = (cli_legend_item){lines[k].label, lines[k].color, lines[k].dash, 1.2, 1, MARK_NONE};
     }
+    if (r->plan) n += cli_plan_svg_copies(&c, r->plan, items + n);
     cli_svg_legend(f, SVG_LEFT + SVG_PLOT_W + 22, SVG_TOP + 10, items, n);
     return cli_svg_close(f, path);
 }
@@ -1615,13 +1651,19 @@ static int cmd_info(rkm_context *ctx, const cli_opts *o)
     return CLI_OK;
 }
 
-/* Sweep state: one planner per algorithm, the budgets, the plans' figures. */
+/* Sweep state: a planner per series, the budgets, the plans' figures. A
+ * series is an algorithm on the graph; on a graph with a copy link rockmate,
+ * the algorithm that offloads, has a second one on the same graph without
+ * it (recompute only), its twin, so that the two curves are side by side. */
+enum { CLI_SERIES = RKM_ALGO_COUNT + 1 };
 typedef struct cli_sweep {
     const cli_graph *G;
-    int n_algos;
-    rkm_algo algo[RKM_ALGO_COUNT];
-    cli_planner cp[RKM_ALGO_COUNT];
-    uint64_t min[RKM_ALGO_COUNT];
+    cli_graph nocopy; /* the graph without its copy link (g NULL: no twin) */
+    int n_algos;      /* series */
+    rkm_algo algo[CLI_SERIES];
+    unsigned char twin[CLI_SERIES]; /* 1: planned on `nocopy` */
+    cli_planner cp[CLI_SERIES];
+    uint64_t min[CLI_SERIES];
     size_t n_budgets;
     uint64_t *budgets;
     cli_result *res; /* n_budgets x n_algos; plan NULL where infeasible */
@@ -1644,7 +1686,7 @@ static int cli_sweep_budgets(cli_sweep *s, int points)
     uint64_t hi = s->G->st.baseline_peak, lo = hi;
     for (int k = 0; k < s->n_algos; k++)
         if (s->min[k] < lo) lo = s->min[k];
-    s->budgets = malloc(((size_t)points + RKM_ALGO_COUNT) * sizeof *s->budgets);
+    s->budgets = malloc(((size_t)points + CLI_SERIES) * sizeof *s->budgets);
     if (!s->budgets) return 0;
     size_t n = 0;
     uint64_t span = hi - lo, steps = (uint64_t)points - 1;
@@ -1661,23 +1703,46 @@ static int cli_sweep_budgets(cli_sweep *s, int points)
     return 1;
 }
 
-/* Open every planner and find its minimum; an algorithm that cannot plan
- * (compiled out, out of time) is left out with a warning. */
+/* A series' name in tables and the chart's legend. */
+static const char *cli_sweep_name(const cli_sweep *s, int k)
+{
+    return s->twin[k] ? "(no copy)" : rkm_algo_name(s->algo[k]);
+}
+
+/* Opens series n's planner (algo on G, or on the twin's graph) and finds
+ * its minimum. 1 when it can plan; else a warning, and it is left out
+ * (compiled out, out of time). */
+static int cli_sweep_series(rkm_context *ctx, cli_sweep *s, const cli_opts *o, rkm_algo algo, int twin)
+{
+    int n = s->n_algos;
+    rkm_result e = cli_planner_open(twin ? &s->nocopy : s->G, algo, o, &s->cp[n]);
+    s->algo[n] = algo, s->twin[n] = (unsigned char)twin;
+    if (!e) e = cli_planner_min(&s->cp[n], &s->min[n]);
+    if (e) {
+        char prefix[80];
+        snprintf(prefix, sizeof prefix, "warning: %s%s left out of the sweep", rkm_algo_name(algo),
+                 twin ? " without the copy link" : "");
+        cli_fail(ctx, e, prefix);
+        cli_planner_close(&s->cp[n]);
+        return 0;
+    }
+    s->n_algos++;
+    return 1;
+}
+
+/* Every series' planner. With a copy link, rockmate's twin follows it. */
 static int cli_sweep_open(rkm_context *ctx, cli_sweep *s, const cli_opts *o)
 {
-    for (int k = 0; k < o->n_algos; k++) {
-        cli_planner *cp = &s->cp[s->n_algos];
-        rkm_result e = cli_planner_open(s->G, o->algos[k], o, cp);
-        if (!e) e = cli_planner_min(cp, &s->min[s->n_algos]);
-        if (e) {
-            char prefix[64];
-            snprintf(prefix, sizeof prefix, "warning: %s left out of the sweep", rkm_algo_name(o->algos[k]));
-            cli_fail(ctx, e, prefix);
-            cli_planner_close(cp);
-            continue;
-        }
-        s->algo[s->n_algos++] = o->algos[k];
+    rkm_copy_desc c;
+    if (rkm_graph_copy_get(s->G->g, &c) == RKM_OK && c.d2h_bytes_per_second > 0) {
+        s->nocopy = *s->G;
+        s->nocopy.g = NULL;
+        rkm_result e = rkm_graph_with_copy(s->G->g, NULL, &s->nocopy.g);
+        if (e) return cli_fail(ctx, e, s->G->path);
     }
+    for (int k = 0; k < o->n_algos; k++)
+        if (cli_sweep_series(ctx, s, o, o->algos[k], 0) && s->nocopy.g && o->algos[k] == RKM_ALGO_ROCKMATE)
+            cli_sweep_series(ctx, s, o, o->algos[k], 1);
     if (s->n_algos == 0) {
         return cli_error("%s: no algorithm of the sweep could plan", s->G->path);
     }
@@ -1710,6 +1775,7 @@ static void cli_sweep_free(cli_sweep *s)
 {
     for (size_t i = 0; s->res && i < s->n_budgets * (size_t)s->n_algos; i++) rkm_plan_destroy(s->res[i].plan);
     for (int k = 0; k < s->n_algos; k++) cli_planner_close(&s->cp[k]);
+    rkm_graph_destroy(s->nocopy.g);
     free(s->res);
     free(s->budgets);
 }
@@ -1748,9 +1814,12 @@ static void cli_sweep_text(const cli_sweep *s)
            cli_size(a, sizeof a, G->st.baseline_peak), G->st.baseline_peak, G->st.baseline_time);
     printf("overhead (%% of the baseline time) per budget (%% of the baseline peak)\n");
     printf("%12s %8s", "budget", "budget%");
-    for (int k = 0; k < s->n_algos; k++) printf(" %10s", rkm_algo_name(s->algo[k]));
+    for (int k = 0; k < s->n_algos; k++) printf(" %10s", cli_sweep_name(s, k));
     printf("\n");
     cli_sweep_table(s, 0);
+    if (s->nocopy.g)
+        printf("(no copy): rockmate without the graph's copy link, recompute only; rockmate's column offloads "
+               "where that is faster\n");
     /* what a host allocates: within the budget by construction */
     printf("arena at %" PRIu64 "-byte alignment (%% of the baseline peak) per budget\n", s->alignment);
     cli_sweep_table(s, 1);
@@ -1764,6 +1833,7 @@ static void cli_sweep_json(const cli_sweep *s)
         if (!s->res[i].plan) continue;
         cli_json_open(&j, NULL, '{');
         cli_json_plan_members(&j, s->G, &s->res[i]);
+        if (s->nocopy.g) cli_json_bool(&j, "copy_link", !s->twin[i % (size_t)s->n_algos]);
         cli_json_close(&j, '}');
     }
     cli_json_close(&j, ']');
@@ -1795,10 +1865,11 @@ static int cli_sweep_svg(const cli_sweep *s, const char *path, int log_axis)
     cli_svg_begin(f, SVG_W, SVG_H);
     cli_svg_titles(f, SVG_LEFT, title, sub);
     cli_chart_axes(&c, "budget (% of the baseline peak)", "overhead (% of the baseline time)");
-    cli_legend_item items[RKM_ALGO_COUNT];
+    cli_legend_item items[CLI_SERIES];
     for (int k = s->n_algos - 1; k >= 0; k--) { /* the first algorithm listed is drawn on top */
-        const char *color = cli_algo_color[s->algo[k]];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" points=\"", color);
+        const char *color = cli_algo_color[s->algo[k]], *dash = s->twin[k] ? "6,4" : NULL;
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"%s%s%s points=\"", color,
+                dash ? " stroke-dasharray=\"" : "", dash ? dash : "", dash ? "\"" : "");
         for (size_t i = 0; i < s->n_budgets; i++) {
             const cli_result *r = &s->res[i * (size_t)s->n_algos + (size_t)k];
             if (r->plan)
@@ -1812,7 +1883,8 @@ static int cli_sweep_svg(const cli_sweep *s, const char *path, int log_axis)
                 cli_svg_marker(f, marks[s->algo[k]], cli_sx(&c, cli_percent((double)r->budget, bp)),
                                cli_sy(&c, 100 * (r->ps.time / bt - 1)), color);
         }
-        cli_legend_item it = {rkm_algo_name(s->algo[k]), color, NULL, 1.6, 1, marks[s->algo[k]]};
+        cli_legend_item it = {s->twin[k] ? "rockmate, no copy" : rkm_algo_name(s->algo[k]), color, dash, 1.6, 1,
+                              marks[s->algo[k]]};
         items[k] = it;
     }
     cli_svg_legend(f, SVG_LEFT + SVG_PLOT_W + 22, SVG_TOP + 10, items, s->n_algos);

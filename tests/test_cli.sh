@@ -158,6 +158,21 @@ def sweep_none(out):
                and d[0]["algo"] == "none" and d[0]["peak"] == d[0]["baseline_peak"]
                and d[0]["budget"] == d[0]["arena_bytes"], d)
 
+def sweep_copy(out):
+    d = load(out, "sweep --copy")
+    if d is None:
+        return
+    by = {}
+    for o in d:
+        by.setdefault(o["budget"], {})[o.get("copy_link")] = o
+    pairs = [v for v in by.values() if True in v and False in v]
+    report("sweep --copy: rockmate with the copy link and its twin without, at every budget, the twin never "
+           "offloading and rockmate never slower (it keeps the faster)",
+           len(pairs) == len(by) and len(pairs) >= 3
+           and all(p[False].get("offloads", 0) == 0 and p[True]["time"] <= p[False]["time"] for p in pairs)
+           and any(p[True].get("offloads", 0) > 0 and p[True]["time"] < p[False]["time"] for p in pairs),
+           [(b, v.get(True, {}).get("time"), v.get(False, {}).get("time")) for b, v in sorted(by.items())])
+
 def svg(*paths):
     for path in paths:
         try:
@@ -482,7 +497,21 @@ check "plan --log: ticks at 1, 2, 5 x 10^k" bash -c "grep -q '>0.5<' '$tmp/plan-
 run sweep "$g" --algo rotor,sqrt --points 5 --log --svg "$tmp/sweep-log.svg"
 expect "sweep --log --svg" 0
 check "sweep --log: 1 % and 10 % ticks" bash -c "grep -q '>1<' '$tmp/sweep-log.svg' && grep -q '>10<' '$tmp/sweep-log.svg'"
-pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.svg" "$tmp/plan-log.svg" "$tmp/sweep-log.svg"
+# With a copy link (--copy): the sweep sets rockmate beside its twin planned
+# without the link (the text's "(no copy)" column, the chart's dashed
+# curve), and a plan's chart draws its copies in flight.
+run sweep "$g" --algo rockmate --copy 25e9 --points 5 --json --svg "$tmp/sweep-copy.svg"
+expect "sweep --copy --json --svg" 0
+pycheck sweep_copy "$tmp/out"
+check "sweep --copy --svg: the twin's dashed curve and legend" grep -q 'rockmate, no copy' "$tmp/sweep-copy.svg"
+run sweep "$g" --algo rockmate,rotor --copy 25e9 --points 3
+expect "sweep --copy (text)" 0
+check "sweep --copy (text): the (no copy) column follows rockmate's" grep -qE 'budget% +rockmate +\(no copy\) +rotor$' "$tmp/out"
+run plan "$g" --copy 25e9 --budget 40% --svg "$tmp/plan-copy.svg"
+expect "plan --copy --svg" 0
+check "plan --copy --svg: copies in flight drawn" grep -q 'offloads in flight' "$tmp/plan-copy.svg"
+pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.svg" "$tmp/plan-log.svg" "$tmp/sweep-log.svg" \
+    "$tmp/sweep-copy.svg" "$tmp/plan-copy.svg"
 
 # --- planners: every algorithm the library offers for the graph -----------------------
 # On the graphs where each algorithm plans quickly and deterministically: the
