@@ -27,7 +27,22 @@ struct rkm_cuda_arena {
      * events, and whether the call ran in this step. */
     cudaEvent_t *ev;
     uint8_t *ran;
+    /* Offloading (desc.plan has copy steps): the two copy streams, device
+     * to host and back; one pinned host region with a buffer per tensor or
+     * saved state the plan offloads (pin_off per copy slot: tensors, then
+     * ops; RKM__CU_NO_PIN where none); per such slot the event its latest
+     * copy records when done; `ready`, recorded on the compute stream where
+     * a copy is issued, which the copy stream then waits for. */
+    int32_t n_tensors;
+    cudaStream_t copy[2];
+    cudaEvent_t ready;
+    char *pinned;
+    uint64_t pinned_bytes;
+    uint64_t *pin_off;
+    cudaEvent_t *done;
 };
+
+#define RKM__CU_NO_PIN UINT64_MAX
 
 /* 0xff bytes: every float a NaN, every int -1. */
 #define RKM__CU_POISON 0xff
@@ -43,6 +58,14 @@ static rkm_result rkm__cu_fail(rkm_cuda_arena *ca, cudaError_t e, const char *wh
 {
     return rkm_context_fail(ca->ctx, rkm_cuda_result(e), "%s: %s (%s)", what, cudaGetErrorString(e),
                             cudaGetErrorName(e));
+}
+
+/* Host memory back to the context: NULL (an allocation that failed, or
+ * none made) is not freed, so the allocator is never given a size with
+ * no block (the rkm_alloc_fn convention). */
+static void rkm__cu_free(rkm_cuda_arena *ca, void *ptr, size_t bytes)
+{
+    if (ptr) (void)rkm_context_realloc(ca->ctx, ptr, bytes, 0);
 }
 
 /* ---------------------------------------------------------------------------
@@ -117,6 +140,66 @@ static int rkm__cu_free_tensor(void *user, const rkm_buffer_call *c) { return rk
 static int rkm__cu_free_saved(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_FREE_SAVED, c); }
 static int rkm__cu_free_grad(void *user, const rkm_buffer_call *c) { return rkm__cu_pass(user, RKM__CU_FREE_GRAD, c); }
 
+/* Copies: the arena makes them; the host's hooks, if any, are told after. */
+static size_t rkm__cu_slot(const rkm_cuda_arena *ca, const rkm_copy_call *c)
+{
+    return (size_t)(c->saved ? ca->n_tensors : 0) + (size_t)c->index;
+}
+
+static int rkm__cu_copy_fail(rkm_cuda_arena *ca, const rkm_copy_call *c, const char *what, cudaError_t e)
+{
+    return rkm_arena_exec_host_fail(ca->x, rkm_cuda_result(e), "%s of %s %d: %s (%s)", what,
+                                    c->saved ? "the saved state of op" : "tensor", (int)c->index,
+                                    cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* An offload (h2d 0) or a prefetch (1): on its copy stream, after every
+ * kernel issued so far on the compute stream (the contract's time model:
+ * a copy starts at the compute clock; and the prefetch's range may have
+ * been another buffer's), then the slot's event. */
+static int rkm__cu_copy(void *user, int h2d, const rkm_copy_call *c)
+{
+    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
+    size_t slot = rkm__cu_slot(ca, c);
+    const char *what = h2d ? "prefetch" : "offload";
+    if (!ca->pin_off || ca->pin_off[slot] == RKM__CU_NO_PIN)
+        return rkm_arena_exec_host_fail(ca->x, RKM_ERROR_ARGUMENT,
+                                        "%s of %s %d: the arena has no pinned buffer for it: make it for this "
+                                        "plan (rkm_cuda_arena_desc.plan)", what,
+                                        c->saved ? "the saved state of op" : "tensor", (int)c->index);
+    void *dev = c->saved ? rkm_cuda_saved(ca, c->index) : rkm_cuda_tensor(ca, c->index);
+    void *host = ca->pinned + ca->pin_off[slot];
+    cudaStream_t s = ca->copy[h2d];
+    cudaError_t e = cudaEventRecord(ca->ready, ca->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ca->ready, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(h2d ? dev : host, h2d ? host : dev, (size_t)c->bytes,
+                            h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaEventRecord(ca->done[slot], s);
+    if (e != cudaSuccess) return rkm__cu_copy_fail(ca, c, what, e);
+    int (*hook)(void *, const rkm_copy_call *) = h2d ? ca->host.prefetch : ca->host.offload;
+    return hook ? hook(ca->host.user, c) : 0;
+}
+
+static int rkm__cu_offload(void *user, const rkm_copy_call *c) { return rkm__cu_copy(user, 0, c); }
+static int rkm__cu_prefetch(void *user, const rkm_copy_call *c) { return rkm__cu_copy(user, 1, c); }
+
+/* wait: the compute stream waits for the copy's event; nothing blocks. */
+static int rkm__cu_wait(void *user, const rkm_copy_call *c)
+{
+    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
+    cudaError_t e = cudaStreamWaitEvent(ca->stream, ca->done[rkm__cu_slot(ca, c)], 0);
+    if (e != cudaSuccess) return rkm__cu_copy_fail(ca, c, "wait", e);
+    return ca->host.wait ? ca->host.wait(ca->host.user, c) : 0;
+}
+
+/* free_host: the pinned buffer stays the arena's, for the next step. */
+static int rkm__cu_free_host(void *user, const rkm_copy_call *c)
+{
+    rkm_cuda_arena *ca = (rkm_cuda_arena *)user;
+    return ca->host.free_host ? ca->host.free_host(ca->host.user, c) : 0;
+}
+
 /* ---------------------------------------------------------------------------
  * The arena
  * ------------------------------------------------------------------------- */
@@ -152,6 +235,73 @@ static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca)
                             (unsigned long long)ca->capacity, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* The bytes of copy slot i (a tensor's, or an op's saved state). */
+static uint64_t rkm__cu_slot_bytes(const rkm_cuda_arena *ca, size_t i)
+{
+    rkm_tensor_info ti;
+    rkm_op_desc oi;
+    if (i < (size_t)ca->n_tensors) return rkm_graph_tensor_info(ca->g, (int32_t)i, &ti) == RKM_OK ? ti.bytes : 0;
+    return rkm_graph_op_info(ca->g, (int32_t)(i - (size_t)ca->n_tensors), &oi) == RKM_OK ? oi.phantom : 0;
+}
+
+static void rkm__cu_copies_close(rkm_cuda_arena *ca)
+{
+    size_t n = (size_t)ca->n_tensors + (size_t)ca->n_ops;
+    for (int k = 0; k < 2; k++) /* copies still queued (a failed step's) end before their buffers go */
+        if (ca->copy[k]) (void)cudaStreamSynchronize(ca->copy[k]), (void)cudaStreamDestroy(ca->copy[k]);
+    for (size_t i = 0; ca->done && i < n; i++)
+        if (ca->done[i]) (void)cudaEventDestroy(ca->done[i]);
+    if (ca->ready) (void)cudaEventDestroy(ca->ready);
+    if (ca->pinned) (void)cudaFreeHost(ca->pinned);
+    rkm__cu_free(ca, ca->done, n * sizeof *ca->done);
+    rkm__cu_free(ca, ca->pin_off, n * sizeof *ca->pin_off);
+    ca->done = NULL, ca->pin_off = NULL, ca->pinned = NULL, ca->ready = NULL, ca->copy[0] = ca->copy[1] = NULL;
+}
+
+/* Lays out one pinned buffer per slot the plan offloads (256-byte aligned). */
+static uint64_t rkm__cu_pin_layout(rkm_cuda_arena *ca, const rkm_plan *plan)
+{
+    const rkm_step *st = rkm_plan_steps(plan);
+    size_t n = (size_t)ca->n_tensors + (size_t)ca->n_ops;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) ca->pin_off[i] = RKM__CU_NO_PIN;
+    for (size_t k = 0; k < rkm_plan_num_steps(plan); k++) {
+        size_t i = (size_t)(st[k].save ? ca->n_tensors : 0) + (size_t)st[k].index;
+        if (st[k].kind != RKM_STEP_OFFLOAD || ca->pin_off[i] != RKM__CU_NO_PIN) continue;
+        ca->pin_off[i] = total;
+        total += (rkm__cu_slot_bytes(ca, i) + 255) / 256 * 256;
+    }
+    return total;
+}
+
+/* For a plan with copy steps: the copy streams (non-blocking: no implicit
+ * order with the legacy stream, only the events below), the pinned region
+ * (cudaMallocHost, once), the events. */
+static rkm_result rkm__cu_copies_open(rkm_cuda_arena *ca, const rkm_plan *plan)
+{
+    rkm_plan_stats ps;
+    size_t n = (size_t)ca->n_tensors + (size_t)ca->n_ops;
+    if (!plan || rkm_plan_stats_get(plan, &ps) != RKM_OK || ps.offloads == 0) return RKM_OK;
+    ca->pin_off = (uint64_t *)rkm_context_realloc(ca->ctx, NULL, 0, n * sizeof *ca->pin_off);
+    ca->done = (cudaEvent_t *)rkm_context_realloc(ca->ctx, NULL, 0, n * sizeof *ca->done);
+    if (!ca->pin_off || !ca->done)
+        return rkm_context_fail(ca->ctx, RKM_ERROR_NOMEM, "rkm_cuda_arena_create: no memory for the copy slots");
+    memset(ca->done, 0, n * sizeof *ca->done);
+    ca->pinned_bytes = rkm__cu_pin_layout(ca, plan);
+    const char *what = "cudaMallocHost";
+    cudaError_t e = cudaMallocHost((void **)&ca->pinned, (size_t)ca->pinned_bytes);
+    for (int k = 0; k < 2 && e == cudaSuccess; k++) {
+        what = "cudaStreamCreateWithFlags";
+        e = cudaStreamCreateWithFlags(&ca->copy[k], cudaStreamNonBlocking);
+    }
+    if (e == cudaSuccess) what = "cudaEventCreate", e = cudaEventCreate(&ca->ready);
+    for (size_t i = 0; i < n && e == cudaSuccess; i++)
+        if (ca->pin_off[i] != RKM__CU_NO_PIN) e = cudaEventCreate(&ca->done[i]);
+    if (e == cudaSuccess) return RKM_OK;
+    return rkm_context_fail(ca->ctx, rkm_cuda_result(e), "rkm_cuda_arena_create: copies: %s (%llu pinned bytes): %s (%s)",
+                            what, (unsigned long long)ca->pinned_bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
 rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **out)
 {
     if (out) *out = NULL;
@@ -170,9 +320,18 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     ca->poison = d->poison != 0;
     ca->host = *d->host;
     ca->stream = d->stream;
-    /* no copy steps yet: rkm_arena_exec_run refuses a plan with them */
-    rkm_callbacks layer = {ca, rkm__cu_forward, rkm__cu_backward, rkm__cu_loss, rkm__cu_free_tensor,
-                           rkm__cu_free_saved, rkm__cu_free_grad, NULL, NULL, NULL, NULL};
+    ca->n_tensors = rkm_graph_num_tensors(d->graph);
+    rkm_callbacks layer = {ca,
+                           rkm__cu_forward,
+                           rkm__cu_backward,
+                           rkm__cu_loss,
+                           rkm__cu_free_tensor,
+                           rkm__cu_free_saved,
+                           rkm__cu_free_grad,
+                           rkm__cu_offload,
+                           rkm__cu_prefetch,
+                           rkm__cu_wait,
+                           rkm__cu_free_host};
     rkm_arena_exec_desc xd;
     memset(&xd, 0, sizeof xd);
     xd.graph = d->graph;
@@ -182,6 +341,7 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     xd.host = &layer;
     r = rkm_arena_exec_create(&xd, &ca->x);
     if (r == RKM_OK) r = rkm__cu_malloc(ca);
+    if (r == RKM_OK) r = rkm__cu_copies_open(ca, d->plan);
     if (r != RKM_OK) {
         rkm_cuda_arena_destroy(ca);
         return r;
@@ -214,6 +374,7 @@ rkm_result rkm_cuda_arena_create_for_plan(const rkm_plan *plan, const rkm_callba
 void rkm_cuda_arena_destroy(rkm_cuda_arena *ca)
 {
     if (!ca) return;
+    rkm__cu_copies_close(ca);
     if (ca->base) (void)cudaFree(ca->base);
     rkm_arena_exec_destroy(ca->x);
     (void)rkm_context_realloc(ca->ctx, ca, sizeof *ca, 0);
@@ -301,14 +462,6 @@ static rkm_result rkm__cu_prof_desc(rkm_cuda_arena *ca, const rkm_cuda_profile_d
     p->warmup = d.warmup == 0 ? 1 : d.warmup < 0 ? 0 : d.warmup;
     p->trim = d.trim > 0.0 ? d.trim : 0.2;
     return RKM_OK;
-}
-
-/* Host memory back to the context: NULL (an allocation that failed, or
- * none made) is not freed, so the allocator is never given a size with
- * no block (the rkm_alloc_fn convention). */
-static void rkm__cu_free(rkm_cuda_arena *ca, void *ptr, size_t bytes)
-{
-    if (ptr) (void)rkm_context_realloc(ca->ctx, ptr, bytes, 0);
 }
 
 static void rkm__cu_prof_free(rkm_cuda_arena *ca, rkm__cu_prof *p)

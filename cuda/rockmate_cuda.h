@@ -51,6 +51,25 @@
  *    step_seconds, the step was launch-bound. Profile at the shape that
  *    will be trained.
  *
+ * 3. Offloading (docs/formats.md, "Offloading"): an arena made for a plan
+ *    with copy steps (desc.plan, layout mode) makes its copies itself, the
+ *    host writing no copy code. At creation: two copy streams
+ *    (cudaStreamNonBlocking: ordered only by the events below), one pinned
+ *    host region (cudaMallocHost) with a 256-byte-aligned buffer per tensor
+ *    or saved state the plan offloads (so its size is at least the plan's
+ *    host_peak; each buffer is reused by every step) and an event per such
+ *    buffer. An `offload` or `prefetch` step records an event on the
+ *    host's stream, makes its copy stream wait for it (the copy starts
+ *    after every kernel issued so far: the contract's time model, and a
+ *    prefetch's range may have been another buffer's), queues the
+ *    cudaMemcpyAsync and records the slot's event; `wait` makes the host's
+ *    stream wait for that event (cudaStreamWaitEvent: the CPU never
+ *    blocks). The host's offload/prefetch/wait/free_host callbacks, if set,
+ *    are called after the arena's work (to log; they must not copy). A plan
+ *    with copies run in an arena made without it fails at its first copy,
+ *    named (RKM_ERROR_ARGUMENT). Failed copies are RKM_ERROR_CALLBACK with
+ *    the CUDA error and the step.
+ *
  * Errors: every CUDA call is checked; nothing aborts or prints. Functions
  * return an rkm_result and, on failure, write the message to the graph's
  * context (rkm_context_errmsg(rkm_graph_context(graph))), naming the CUDA

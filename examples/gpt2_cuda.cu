@@ -39,7 +39,13 @@
  *             [--vocab V] [--batch B] [--seq T] [--dropout P] [--inplace 0|1]
  *             [--budgets 100,50,33,min] [--algo rockmate|rotor|sqrt|dtr|none]
  *             [--steps N] [--warmup N] [--profile-runs N]
- *             [--check-cpu] [--check-perturb PARAM] [--poison] [--check-arena]
+ *             [--check-cpu] [--check-perturb PARAM] [--poison] [--check-arena] [--copy BW]
+ *
+ * --copy BW gives the (profiled) graph a copy link of BW bytes a second each
+ * way: rockmate may then offload activations and saved states to pinned
+ * host memory and prefetch them back. The arena makes those copies itself
+ * (cuda/rockmate_cuda.h, "Offloading": two copy streams and events, no
+ * host code), and the gradient check holds them to the baseline's bits.
  *
  * --steps timed steps per plan after --warmup untimed ones (5 and 1; the
  * profile warms up as many); --profile-runs 0 plans on the graph's own
@@ -978,6 +984,7 @@ typedef struct options {
     rkm_algo algo;
     int steps, warmup, profile_runs, check_cpu, poison, check_arena;
     int perturb; /* --check-perturb: the parameter tensor, -1 none */
+    double copy_bw; /* --copy: bytes a second each way to pinned host memory; 0: no copy link */
 } options;
 
 /* Parameter tensors by name, in gpt2_param's order (--check-perturb, the
@@ -992,7 +999,7 @@ static int usage(const char *msg)
             "gpt2_cuda: %s\nusage: gpt2_cuda [--preset tiny|124M] [--layers L] [--channels C] [--heads NH]\n"
             "       [--vocab V] [--batch B] [--seq T] [--dropout P] [--inplace 0|1] [--budgets 100,50,33,min]\n"
             "       [--algo rockmate|rotor|sqrt|dtr|none] [--steps N] [--warmup N] [--profile-runs N]\n"
-            "       [--check-cpu] [--check-perturb PARAM] [--poison] [--check-arena]\n",
+            "       [--check-cpu] [--check-perturb PARAM] [--poison] [--check-arena] [--copy BW]\n",
             msg);
     return 2;
 }
@@ -1059,6 +1066,7 @@ static int parse(rkm_context *ctx, options *o, int argc, char **argv)
         else if (strcmp(a, "--steps") == 0) o->steps = atoi(v);
         else if (strcmp(a, "--warmup") == 0) o->warmup = atoi(v);
         else if (strcmp(a, "--profile-runs") == 0) o->profile_runs = atoi(v);
+        else if (strcmp(a, "--copy") == 0 && (o->copy_bw = atof(v)) > 0) continue;
         else if (strcmp(a, "--algo") == 0) {
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return usage(rkm_context_errmsg(ctx));
         } else if (strcmp(a, "--budgets") == 0) {
@@ -1137,6 +1145,19 @@ static int profile(trainer *tr, const options *o)
         tr->gg.g = profiled;
     }
     return rc;
+}
+
+/* --copy: the graph (profiled or not) with a copy link in its place. */
+static int add_copy_link(trainer *tr, double bw)
+{
+    rkm_copy_desc c = {bw, bw, 0.0};
+    rkm_graph *g = NULL;
+    rkm_result r = rkm_graph_with_copy(tr->gg.g, &c, &g);
+    if (r != RKM_OK) return fail_lib(tr, "copy link", r);
+    rkm_graph_destroy(tr->gg.g);
+    tr->gg.g = g;
+    printf("copy: %.3g bytes a second each way to pinned host memory\n", bw);
+    return 0;
 }
 
 typedef struct reference {
@@ -1300,6 +1321,10 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
             oc.grads_equal = memcmp(grads, ref->grads, tr->host_model.num_params * sizeof(float)) == 0;
             oc.loss_equal = memcmp(losses, ref->losses, n * sizeof(float)) == 0;
             print_row(label, &oc, ref);
+            rkm_plan_stats ps;
+            if (rkm_plan_stats_get(plan, &ps) == RKM_OK && ps.offloads)
+                printf("%-9s %zu offloads to pinned host memory (host peak %llu bytes), predicted waits %.3f ms\n",
+                       label, ps.offloads, (unsigned long long)ps.host_peak, ps.wait_seconds * 1e3);
             if (!oc.grads_equal || !oc.loss_equal || oc.measured_peak != oc.sim_peak || oc.sim_peak > budget)
                 *failed = 1;
             if (o->check_arena && oc.arena_bytes > budget) {
@@ -1332,6 +1357,7 @@ static int run_all(trainer *tr, const options *o, int *failed)
     if (!rc) rc = pinned_floats(tr, &ref.grads, np);
     if (!rc) rc = pinned_floats(tr, &ref.losses, N);
     if (!rc && o->profile_runs > 0) rc = profile(tr, o);
+    if (!rc && o->copy_bw > 0) rc = add_copy_link(tr, o->copy_bw);
     rkm_plan *base = NULL;
     outcome bo;
     memset(&bo, 0, sizeof bo);

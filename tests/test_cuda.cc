@@ -208,6 +208,31 @@ TEST(dummy_read_before_event)
     CHECK(cudaFree(src) == cudaSuccess && cudaFree(dst) == cudaSuccess);
 }
 
+/* A non-blocking stream keeps no implicit order with the legacy default
+ * stream (a blocking one waits for it): the arena's copy streams are such,
+ * so that only their events order them. */
+TEST(dummy_nonblocking_stream)
+{
+    cudaStream_t nb, bl;
+    const int n = 32;
+    int *src = dev_ints(n), *dst = dev_ints(n);
+    CHECK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaStreamCreate(&bl) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&bl, 2) == cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+    CHECK(cudaMemsetAsync(src, 0, n * sizeof(int)) == cudaSuccess && cudaMemsetAsync(dst, 0, n * sizeof(int)) == cudaSuccess);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    RKM_DUMMY_LAUNCH(set_k, 1, n, 0, 0)(src, 7, n); /* on the legacy stream, not run yet */
+    RKM_DUMMY_LAUNCH(copy_k, 1, n, 0, nb)(dst, src, n);
+    CHECK(cudaStreamSynchronize(nb) == cudaSuccess);
+    CHECK(host_ints(dst, n)[0] == 0); /* it did not wait for the legacy stream */
+    RKM_DUMMY_LAUNCH(copy_k, 1, n, 0, bl)(dst, src, n);
+    CHECK(cudaStreamSynchronize(bl) == cudaSuccess);
+    CHECK(host_ints(dst, n)[0] == 7); /* a blocking stream did */
+    CHECK(cudaStreamDestroy(nb) == cudaSuccess && cudaStreamDestroy(bl) == cudaSuccess);
+    CHECK(cudaFree(src) == cudaSuccess && cudaFree(dst) == cudaSuccess);
+}
+
 /* The GEMMs against a plain loop (both transposes, strided batches; beta 0
  * ignores what C holds, NaNs included, as cuBLAS does). */
 TEST(dummy_gemm)
@@ -641,6 +666,111 @@ TEST(cuda_profile_cuda_failures)
     CHECK(rkm_dummy::live("device") == 0);
 }
 
+/* Offloading through the arena: docs/formats.md's worked example with a
+ * copy (offload h, free it, prefetch it back before bwd gelu), its freed
+ * buffers poisoned. Each backward copies the first and last byte of every
+ * non-input tensor it saves to pinned memory in stream order: all must be
+ * the forward's 0x11, which they are only if the offload waited for the
+ * forward that wrote h (seen when copies run early) and bwd gelu for the
+ * prefetch (seen when they run late). */
+#define G_COPY                                                                                              \
+    "rockmate-graph 1\ncopy d2h=1000 h2d=1000\ntensor x 400 input\ntensor h 1000\ntensor a 1000\n"        \
+    "tensor s 1000\ntensor loss 4\nop fc fwd=2 bwd=4 in=x out=h saved=x\nop gelu fwd=1 bwd=1 in=h out=a "  \
+    "saved=h\nop add fwd=0.5 bwd=0.5 in=h,a out=s\nop ce fwd=1 bwd=1 in=s out=loss saved=s phantom=200 "     \
+    "fwd_ws=100\nloss loss\n"
+#define P_COPY                                                                                   \
+    "rockmate-plan 1\n"                                                                          \
+    "fwd fc\nfwd gelu\noffload h\nfwd add\nfree a\nfwd ce save\nwait h\nfree h\nloss\nfree loss\n" \
+    "bwd ce\nfree_saved ce\nfree_grad loss\nfree s\nbwd add\nfree_grad s\nprefetch h\nwait h\n"  \
+    "bwd gelu\nfree_grad a\nfree h\nfree_host h\nbwd fc\nfree_grad h\n"
+
+typedef struct copy_host {
+    host h; /* first: the shared callbacks take it */
+    unsigned char *seen; /* pinned: the bytes the backwards saw */
+    int n_seen;
+} copy_host;
+
+static int copy_bwd(void *user, const rkm_bwd_call *c)
+{
+    copy_host *ch = (copy_host *)user;
+    for (int32_t k = 0; k < c->n_saved; k++) {
+        rkm_tensor_info ti;
+        const char *p = (const char *)rkm_cuda_tensor(ch->h.ca, c->saved[k]);
+        if (rkm_graph_tensor_info(ch->h.g, c->saved[k], &ti) != RKM_OK || (ti.flags & RKM_TENSOR_INPUT)) continue;
+        if (!p || ch->n_seen > 62) return 1;
+        for (uint64_t at : {(uint64_t)0, ti.bytes - 1})
+            if (cudaMemcpyAsync(ch->seen + ch->n_seen++, p + at, 1, cudaMemcpyDeviceToHost, ch->h.stream) != cudaSuccess)
+                return 1;
+    }
+    return host_bwd(user, c);
+}
+
+TEST(cuda_arena_copies)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL;
+    rkm_plan *p = NULL;
+    CHECK(rkm_graph_read_string(ctx, G_COPY, strlen(G_COPY), "copy.rkg", &g) == RKM_OK);
+    CHECK(g && rkm_plan_read_string(g, P_COPY, strlen(P_COPY), "copy.rkp", NULL, &p) == RKM_OK);
+    copy_host ch;
+    memset(&ch, 0, sizeof ch);
+    ch.h.g = g;
+    CHECK(cudaMallocHost(&ch.seen, 64) == cudaSuccess && cudaStreamCreate(&ch.h.stream) == cudaSuccess);
+    rkm_callbacks cb = host_callbacks(&ch.h);
+    cb.user = &ch;
+    cb.backward = copy_bwd;
+    rkm_cuda_arena_desc d;
+    memset(&d, 0, sizeof d);
+    d.graph = g;
+    d.host = &cb;
+    d.plan = p;
+    d.poison = 1;
+    d.stream = ch.h.stream;
+    long pinned0 = rkm_dummy::live("pinned"), streams0 = rkm_dummy::live("streams");
+    CHECK(p && rkm_cuda_arena_create(&d, &ch.h.ca) == RKM_OK);
+    /* its copy streams and its pinned region (host), made once */
+    CHECK(rkm_dummy::live("pinned") == pinned0 + 1 && rkm_dummy::live("streams") == streams0 + 2);
+    for (int step = 0; step < 4 && ch.h.ca; step++) { /* the pinned buffer is reused */
+        rkm_dummy::eager_nonblocking(step % 2); /* copies run late, then early */
+        ch.n_seen = 0;
+        memset(ch.seen, 0, 64);
+        CHECK(rkm_cuda_arena_run(ch.h.ca, p) == RKM_OK);
+        CHECK(cudaStreamSynchronize(ch.h.stream) == cudaSuccess);
+        CHECK(ch.n_seen == 4); /* s (bwd ce) and h (bwd gelu); fc saves x, an input */
+        for (int i = 0; i < ch.n_seen; i++) CHECK(ch.seen[i] == 0x11);
+    }
+    rkm_dummy::eager_nonblocking(false);
+    rkm_cuda_arena_destroy(ch.h.ca);
+    CHECK(rkm_dummy::live("pinned") == pinned0 && rkm_dummy::live("streams") == streams0);
+
+    /* An arena made without the plan (first fit) has no pinned buffers:
+     * the offload fails, named, and the arena is still usable. */
+    d.mode = RKM_ARENA_FIRST_FIT;
+    d.plan = NULL;
+    d.capacity = 1 << 16;
+    CHECK(rkm_cuda_arena_create(&d, &ch.h.ca) == RKM_OK);
+    CHECK(ch.h.ca && rkm_cuda_arena_run(ch.h.ca, p) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(rkm_context_errmsg(ctx), "offload of tensor 1: the arena has no pinned buffer") != NULL);
+    rkm_cuda_arena_destroy(ch.h.ca);
+
+    /* The pinned region failing: NOMEM, named, nothing left. */
+    d.mode = RKM_ARENA_LAYOUT;
+    d.plan = p;
+    d.capacity = 0;
+    rkm_dummy::fail_nth("cudaMallocHost", rkm_dummy::calls("cudaMallocHost") + 1);
+    CHECK(rkm_cuda_arena_create(&d, &ch.h.ca) == RKM_ERROR_NOMEM && ch.h.ca == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "copies: cudaMallocHost (1024 pinned bytes)") != NULL);
+    rkm_dummy::reset_errors();
+    (void)cudaGetLastError();
+    CHECK(rkm_dummy::live("pinned") == pinned0 && rkm_dummy::live("streams") == streams0);
+
+    CHECK(cudaStreamDestroy(ch.h.stream) == cudaSuccess && cudaFreeHost(ch.seen) == cudaSuccess);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+    CHECK(rkm_dummy::live("device") == 0);
+}
+
 /* A failed cudaMalloc of the region: NOMEM, the size in the message. */
 TEST(cuda_arena_malloc_failure)
 {
@@ -668,11 +798,13 @@ int main(void)
     RUN(dummy_divergent_barrier);
     RUN(dummy_illegal_pointers);
     RUN(dummy_read_before_event);
+    RUN(dummy_nonblocking_stream);
     RUN(dummy_gemm);
     RUN(cuda_poison_frees);
     RUN(cuda_poison_catches_a_stale_read);
     RUN(cuda_profile_alloc_failures);
     RUN(cuda_profile_cuda_failures);
     RUN(cuda_arena_malloc_failure);
+    RUN(cuda_arena_copies);
     TEST_END();
 }

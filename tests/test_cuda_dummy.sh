@@ -15,6 +15,8 @@
 # - failures injected into CUDA calls (a launch in profiling, the events of
 #   a timed step, the last cudaMalloc, a GEMM): a clean exit 3 that names
 #   the CUDA error, and nothing leaked (the sanitizer's leak check);
+# - offloading (--copy): two plans of copies checked as the matrix, and
+#   failures injected into the pinned region, the copy streams and copies;
 # - where nvcc built the example's PTX (make cuda): the kernels that sum
 #   gradients hold no fused multiply-add (-fmad=false).
 # - every plan's arena (the device region its layout reserves) within its
@@ -95,6 +97,18 @@ for algo in rockmate rotor; do # rockmate in either build (without lp_solve: no 
         done
     done
 done
+# Offloading (--copy): the arena's copy streams, pinned buffers and events
+# (cuda/rockmate_cuda.h), checked by the same rules; the dummy runs a copy
+# only when an event orders it, so a missing wait or a copy that does not
+# wait for the compute stream reads poison or stale bytes, and the
+# gradients show it.
+for c in d0_i0 d0.1_i1; do
+    name="offload_rockmate_$c"
+    matrix+=("$name")
+    d=${c#d}
+    start "$name" - --preset tiny --steps 1 --warmup 0 --profile-runs 0 --poison --check-arena --algo rockmate \
+        --dropout "${d%_i*}" --inplace "${c##*_i}" --copy 1e9 --budgets 100,50,33,min
+done
 # Two steps per plan in the same arena: a warm-up one and a timed one.
 start warm_twice - --preset tiny --poison --steps 1 --warmup 1 --profile-runs 1 --algo rotor --dropout 0.1 \
     --inplace 1 --budgets 50
@@ -125,6 +139,8 @@ for name in "${matrix[@]}"; do
     fi
     [[ -z $bad ]] && ! grep -qE "$clean" <<<"$o" && bad="the dummy's summary: $(grep '^cuda dummy: [0-9]' <<<"$o")"
     [[ -z $bad ]] && ! grep -q '^gpt2_cuda: all checks passed' <<<"$o" && bad="no 'all checks passed'"
+    [[ -z $bad && $name == offload_* ]] && ! grep -qE '^[^ ]+ +[1-9][0-9]* offloads to pinned host memory' <<<"$o" &&
+        bad="no plan offloads"
     [[ -z $bad && $name == "$default" ]] && ! grep -qE "^planner: ${name%%_*}$" <<<"$o" &&
         bad="the default algorithm is not ${name%%_*}: $(grep '^planner:' <<<"$o")"
     if [[ -z $bad ]]; then
@@ -190,6 +206,36 @@ if [[ -n $events && -n $mallocs ]]; then
 else
     fail "fail_counts: no call counts from the perturbed run: '$counts'"
     show perturbed
+fi
+
+# Injected failures of the copies: the pinned region and the copy streams
+# at the arena's creation, and a copy in the middle of a step (an offload,
+# a prefetch: the counts from a run with the same arguments): exit 3, the
+# copy and the CUDA error named, nothing leaked or left queued.
+copy_args=(--preset tiny --steps 1 --warmup 0 --profile-runs 1 --poison --algo rockmate --budgets 33 --copy 1e9)
+start copy_counts - "${copy_args[@]}"
+wait
+counts=$(grep '^cuda dummy: calls:' "$out_dir/copy_counts.out")
+asyncs=$(sed -nE 's/.* cudaMemcpyAsync=([0-9]+).*/\1/p' <<<"$counts")
+pins=$(sed -nE 's/.* cudaMallocHost=([0-9]+).*/\1/p' <<<"$counts")
+streams=$(sed -nE 's/.* cudaStreamCreate=([0-9]+).*/\1/p' <<<"$counts")
+if [[ $(rc copy_counts) == 0 && -n $asyncs && -n $pins && -n $streams ]]; then
+    start fail_pinned RKM_DUMMY_FAIL=cudaMallocHost:"$pins" "${copy_args[@]}"
+    start fail_copy_stream RKM_DUMMY_FAIL=cudaStreamCreate:"$streams" "${copy_args[@]}"
+    start fail_copy_mid RKM_DUMMY_FAIL=cudaMemcpyAsync:$((asyncs / 2)) "${copy_args[@]}"
+    start fail_copy_late RKM_DUMMY_FAIL=cudaMemcpyAsync:$((asyncs - 3)) "${copy_args[@]}"
+    wait
+    expect fail_pinned 3 'rkm_cuda_arena_create: copies: cudaMallocHost .*out of memory'
+    expect fail_pinned 3 "$clean"
+    expect fail_copy_stream 3 'rkm_cuda_arena_create: copies: cudaStreamCreateWithFlags'
+    expect fail_copy_stream 3 "$clean"
+    expect fail_copy_mid 3 'step [0-9]+: (offload|prefetch) of (tensor|the saved state of op) [0-9]+: .*cudaErrorLaunchFailure'
+    expect fail_copy_mid 3 "$clean"
+    expect fail_copy_late 3 'step [0-9]+: (offload|prefetch) of (tensor|the saved state of op) [0-9]+: .*cudaErrorLaunchFailure'
+    expect fail_copy_late 3 "$clean"
+else
+    fail "copy_counts: exit $(rc copy_counts), call counts '$counts'"
+    show copy_counts
 fi
 
 # -fmad=false: the PTX of kernels that sum products into gradients (or

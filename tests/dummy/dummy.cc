@@ -99,6 +99,7 @@ struct op {
 struct CUstream_st {
     std::deque<op> q;
     bool legacy;
+    bool nonblocking; /* cudaStreamNonBlocking: no implicit order with the legacy stream */
 };
 
 struct CUevent_st {
@@ -141,6 +142,7 @@ struct state {
     uint64_t seq = 0;
     cudaError_t last = cudaSuccess, sticky = cudaSuccess;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    bool eager = false; /* rkm_dummy::eager_nonblocking */
     long launches = 0, cooperative = 0, gemms = 0, pageable_async = 0, faults = 0;
     counter counters[12] = {{"cudaMalloc", 0, 0},      {"cudaMallocHost", 0, 0},  {"cudaEventCreate", 0, 0},
                             {"cudaEventRecord", 0, 0}, {"cudaMemcpy", 0, 0},      {"cudaMemcpyAsync", 0, 0},
@@ -171,6 +173,7 @@ state &init(void)
 {
     state *s = g_state = new state;
     s->legacy.legacy = true;
+    s->legacy.nonblocking = false;
     const char *lim = getenv("RKM_DUMMY_MEMORY");
     s->device_limit = lim ? (size_t)strtoull(lim, nullptr, 10) : (size_t)8 << 30;
     const char *f = getenv("RKM_DUMMY_FAIL");
@@ -292,17 +295,20 @@ bool valid_stream(cudaStream_t s) { return !s || S().streams.count(s); }
 
 /* Run stream s's operations up to sequence number `upto`. The legacy
  * default stream (0) and the blocking streams wait for each other: an
- * operation runs after every earlier one of the other side. */
+ * operation runs after every earlier one of the other side. A non-blocking
+ * stream waits only for the events it is told to. */
 void drain(CUstream_st *s, uint64_t upto)
 {
     state &st = S();
     while (!s->q.empty() && s->q.front().seq <= upto) {
         op o = std::move(s->q.front());
         s->q.pop_front();
-        if (s->legacy)
-            for (CUstream_st *t : st.streams) drain(t, o.seq - 1);
-        else
+        if (s->legacy) {
+            for (CUstream_st *t : st.streams)
+                if (!t->nonblocking) drain(t, o.seq - 1);
+        } else if (!s->nonblocking) {
             drain(&st.legacy, o.seq - 1);
+        }
         run_op(o);
     }
 }
@@ -319,6 +325,7 @@ uint64_t enqueue(cudaStream_t s, op &&o)
     o.seq = ++S().seq;
     uint64_t seq = o.seq;
     stream_of(s)->q.push_back(std::move(o));
+    if (s && s->nonblocking && S().eager) drain(s, seq);
     return seq;
 }
 
@@ -647,7 +654,9 @@ void run_op(op &o)
             o.event->ms = now_ms();
         }
         break;
-    case op::WAIT: drain(o.wait_on, o.wait_seq); break;
+    case op::WAIT:
+        if (o.wait_on) drain(o.wait_on, o.wait_seq); /* NULL: its stream is gone, its work done */
+        break;
     }
 }
 
@@ -820,22 +829,32 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t str
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t *stream)
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
 {
     STICKY();
-    if (!stream) return set_error(cudaErrorInvalidValue);
+    if (!stream || (flags & ~(unsigned)cudaStreamNonBlocking)) return set_error(cudaErrorInvalidValue);
     if (fails("cudaStreamCreate")) return set_error(cudaErrorLaunchFailure);
     *stream = new CUstream_st;
     (*stream)->legacy = false;
+    (*stream)->nonblocking = (flags & cudaStreamNonBlocking) != 0;
     S().streams.insert(*stream);
     return cudaSuccess;
 }
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     STICKY();
     if (!stream || !S().streams.count(stream)) return set_error(cudaErrorInvalidResourceHandle);
     drain(stream, UINT64_MAX); /* its work completes */
+    for (CUevent_st *e : S().events) /* its records have run */
+        if (e->stream == stream) e->stream = nullptr;
+    for (CUstream_st *t : S().streams) /* so have the operations others wait for */
+        for (op &o : t->q)
+            if (o.kind == op::WAIT && o.wait_on == stream) o.wait_on = nullptr;
+    for (op &o : S().legacy.q)
+        if (o.kind == op::WAIT && o.wait_on == stream) o.wait_on = nullptr;
     S().streams.erase(stream);
     delete stream;
     return cudaSuccess;
@@ -883,7 +902,16 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     STICKY();
     if (!S().events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
-    if (event->stream) drain(event->stream, event->recorded); /* its record may be queued */
+    /* Its records may still be queued, on any stream it was recorded on: a
+     * GPU completes them after the destroy; here they run first. */
+    state &st = S();
+    for (CUstream_st *t : st.streams)
+        for (size_t i = t->q.size(); i-- > 0;)
+            if (t->q[i].kind == op::RECORD && t->q[i].event == event) {
+                drain(t, t->q[i].seq);
+                break;
+            }
+    if (event->stream) drain(event->stream, event->recorded);
     S().events.erase(event);
     delete event;
     return cudaSuccess;
@@ -1035,6 +1063,8 @@ void launch(const char *name, dim3 grid, dim3 block, size_t shmem, cudaStream_t 
 void fail_nth(const char *what, long nth) { find_counter(what)->fail_at = nth; }
 
 long calls(const char *what) { return find_counter(what)->calls; }
+
+void eager_nonblocking(bool on) { S().eager = on; }
 
 long live(const char *what)
 {

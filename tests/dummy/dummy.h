@@ -32,6 +32,13 @@ void reset_errors(void);
  * "events", "handles" (cuBLAS). */
 long live(const char *what);
 
+/* The order a GPU may pick for a non-blocking stream's work: by default it
+ * runs only when something waits for it (late: a read before its wait sees
+ * stale bytes); eager, as soon as it is queued, after only the events it
+ * waits for (early: a copy not told to wait for its producer copies stale
+ * bytes). A test of stream order runs both. */
+void eager_nonblocking(bool on);
+
 } /* namespace rkm_dummy */
 
 #endif /* RKM_DUMMY_H */

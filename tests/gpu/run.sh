@@ -172,6 +172,8 @@ step "tiny GPT-2 with dropout 0.1 (recomputed masks)"
 LIMIT=60 run "$G" $tiny --dropout 0.1
 step "tiny GPT-2 with dropout 0.1, backwards in place"
 LIMIT=60 run "$G" $tiny --dropout 0.1 --inplace 1
+step "tiny GPT-2 offloading over a 25 GB/s link (copy streams, pinned memory, events)"
+LIMIT=60 run "$G" $tiny --dropout 0.1 --copy 25e9
 
 if [ -n "$sanitizer" ]; then
     small="--preset tiny --poison --budgets 50 --steps 1 --warmup 0 --profile-runs 1 --inplace 1 --dropout 0.1"
@@ -183,6 +185,8 @@ fi
 
 step "GPT-2 124M shape, B=8 T=1024, budgets 100/50/33 %/min"
 LIMIT=200 run "$G" --preset 124M --inplace 1 --budgets 100,50,33,min --steps 5 --profile-runs 5
+step "GPT-2 124M shape offloading over H200 PCIe 5.0 (~50 GB/s each way), budgets 50/33 %"
+LIMIT=200 run "$G" --preset 124M --inplace 1 --budgets 50,33 --steps 5 --profile-runs 5 --copy 50e9
 
 step "result"
 [ $status -eq 0 ] && echo "all GPU checks passed" || echo "GPU checks FAILED (first status $status)"
