@@ -928,7 +928,8 @@ RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_s
 RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
 
 /* offload.c */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, rkm__steps *out);
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
+                                         rkm__steps *out);
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* layout.c */
@@ -1019,6 +1020,8 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
 RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+/* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
+RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
@@ -9308,7 +9311,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 
 /* The smallest budget, kept unless a cut call found it (then the next call
  * looks again), within the call's deadline. */
-static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
+RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->min_budget || pl->min_cut) {
         rkm_plan_destroy(pl->min_plan);
@@ -10841,9 +10844,12 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
 
 /* One tensor's gap in the base plan and its copies, in base step indices:
  * offload after step a, wait and free after step f, prefetch before step
- * p, wait before step b (its next read). */
+ * p, wait before step b (its next read). An exposed copy (picked for a
+ * peak its hidden copies do not clear) is off the device by f_max at the
+ * latest and back no sooner than p_min, and the compute stream waits for
+ * what does not hide. */
 typedef struct rkm__gap {
-    int64_t a, b, f, p;
+    int64_t a, b, f, p, f_max, p_min;
     double off_end, pre_start; /* the copies' planned times */
 } rkm__gap;
 
@@ -10871,6 +10877,7 @@ typedef struct rkm__off {
     int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
     size_t cap_peak, cap_from;
     rkm__steps out;
+    int exposed;       /* copies may make the compute stream wait (rkm__offload_plan) */
 } rkm__off;
 
 /* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
@@ -10914,6 +10921,8 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last)
     for (size_t t = 0; t < o->n_slots; t++) {
         last[t] = -1;
         o->gap[t].a = -1;
+        o->gap[t].f_max = INT64_MAX;
+        o->gap[t].p_min = -1;
     }
     for (size_t i = 0; i < o->n; i++) {
         const rkm_step *st = &o->base[i];
@@ -10985,6 +10994,7 @@ static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
         double start = o->te[x->a] > d2h ? o->te[x->a] : d2h;
         x->off_end = d2h = start + rkm__copy_seconds(g, set[k], g->copy.d2h_bytes_per_second);
         x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
+        if (x->f > x->f_max) x->f = x->f_max;
     }
     for (int32_t k = 0; k < m; k++) o->order[k] = set[k];
     rkm__off_sort(o, o->order, m, 1);
@@ -10993,6 +11003,7 @@ static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
         double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
         x->pre_start = h2d = end - rkm__copy_seconds(g, o->order[k], g->copy.h2d_bytes_per_second);
         x->p = rkm__off_step_starting(o, x->b, x->pre_start);
+        if (x->p < x->p_min) x->p = x->p_min;
         if (x->p <= x->f) return o->order[k];
     }
     return -1;
@@ -11053,8 +11064,55 @@ static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
     return res.peak_step;
 }
 
+/* The base step nearest i, going by dir (+1, -1), that touches slot t;
+ * -1 if none. */
+static int64_t rkm__off_touch(rkm__off *o, int32_t t, int64_t i, int dir)
+{
+    for (; i >= 0 && (size_t)i < o->n; i += dir) {
+        int32_t k = rkm__slot_touches(o->g, &o->base[i], o->touch);
+        for (int32_t j = 0; j < k; j++)
+            if (o->touch[j] == t) return i;
+    }
+    return -1;
+}
+
+/* An exposed copy for a peak at base step s that no hidden copy clears:
+ * the largest slot live there (a replay of the base) that step s does not
+ * touch and that a compute step reads next, its gap the one around s, held
+ * off the device across s and the frees after it (f_max, p_min); -1 if
+ * none. */
+static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s)
+{
+    const rkm_graph *g = o->g;
+    int32_t best = -1;
+    int64_t best_a = -1, best_b = -1;
+    rkm__sim_reset(&o->sim);
+    for (int64_t i = 0; i < s; i++) {
+        uint64_t pk;
+        int32_t obj;
+        rkm__sim_step(&o->sim, &o->base[i], &pk, &obj);
+    }
+    for (size_t u = 0; u < o->n_slots; u++) {
+        int32_t t = (int32_t)u;
+        if (o->in[t] || !rkm__slot_live(&o->sim, t) || (u < g->n_tensors && (g->tensors[u].flags & RKM_TENSOR_INPUT)) ||
+            (best >= 0 && rkm__slot_bytes(g, t) <= rkm__slot_bytes(g, best)))
+            continue;
+        int64_t a = rkm__off_touch(o, t, s - 1, -1), b = rkm__off_touch(o, t, s, 1);
+        int32_t kb = b >= 0 ? o->base[b].kind : -1;
+        if (a < 0 || b <= s || (kb != RKM_STEP_FWD && kb != RKM_STEP_BWD && kb != RKM_STEP_LOSS)) continue;
+        best = t, best_a = a, best_b = b;
+    }
+    if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
+        rkm__gap *x = &o->gap[best];
+        x->a = best_a, x->b = best_b, x->f_max = s - 1, x->p_min = s + 1;
+        while (x->p_min < best_b && o->te[x->p_min] == o->ts[x->p_min]) x->p_min++;
+    }
+    return best;
+}
+
 /* The tensor to add for a peak at base step s: the largest whose gap, as
- * it would be placed alone, leaves it off the device there; -1 if none. */
+ * it would be placed alone, leaves it off the device there; -1 if none.
+ * With o->exposed, where no copy hides, an exposed one. */
 static int32_t rkm__off_pick(rkm__off *o, int64_t s)
 {
     const rkm_graph *g = o->g;
@@ -11069,7 +11127,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s)
         if (f >= s || p <= s) continue;
         if (best < 0 || rkm__slot_bytes(g, t) > rkm__slot_bytes(g, best)) best = t;
     }
-    return best;
+    return best >= 0 || !o->exposed ? best : rkm__off_pick_exposed(o, s);
 }
 
 static void rkm__off_free(rkm__off *o)
@@ -11121,14 +11179,16 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
 
 /* The base plan's steps (valid on g, no copies) with copies that bring its
  * peak within `budget`, into *out (taken by the caller); out->n 0 when
- * none does. g has a copy link. */
+ * none does. g has a copy link. exposed 0: only copies that hide behind
+ * compute; 1: where none does, copies the compute stream waits for. */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
-                                         rkm__steps *out)
+                                         int exposed, rkm__steps *out)
 {
     rkm__off o;
     *out = (rkm__steps){g->ctx, NULL, 0, 0};
     rkm_result r = rkm__off_init(&o, g, base, n);
     if (r) return r;
+    o.exposed = exposed;
     int32_t *set = o.order + o.n_slots + 1, m = 0;
     for (;;) {
         int32_t bad = rkm__off_place(&o, set, m);
@@ -11169,14 +11229,14 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
-static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;
     for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
         rkm__steps d;
         rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, &d);
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, &d);
         if (r || !d.n) return r;
         if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
         if ((r = rkm__plan_seal(q, pl->d.alignment))) {
@@ -11206,13 +11266,16 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * plan within the budget (too many, each with its latency), a plan for a
  * quarter as much more memory, and where there is no plan (below the
  * recompute-only floor), one for half way to the baseline peak:
- * RKM_OFFLOAD_BASES plans at most. */
+ * RKM_OFFLOAD_BASES plans at most. Where none of those gives a plan
+ * either, below the floor, the plan that meets the floor (the smallest
+ * budget's, found once per planner): what its peak steps hold besides
+ * their own needs (a chain's checkpoint) can wait in host memory. */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
     rkm_plan *base = NULL, *q = NULL;
     rkm_result r = rkm__plan_baseline(pl->user, &base);
-    if (!r && !(r = rkm__offload_fit(pl, base, budget, &q))) *p = rkm__faster(*p, q);
+    if (!r && !(r = rkm__offload_fit(pl, base, budget, 0, &q))) *p = rkm__faster(*p, q);
     rkm_plan_destroy(base);
     base = q = NULL;
     if (r || (*p && (*p)->stats.time <= pl->base_time)) return r; /* nothing is faster */
@@ -11220,13 +11283,16 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
     for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r; k++) {
-        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_fit(pl, base, budget, &q);
+        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_fit(pl, base, budget, 0, &q);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
         up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;
         rkm_plan_destroy(base);
         base = NULL;
     }
+    uint64_t min;
+    if (!r && !*p && !q && !(r = rkm__min_budget_get(pl, &min)) && pl->min_plan && budget < min)
+        r = rkm__offload_fit(pl, pl->min_plan, budget, 1, &q); /* below the floor: offload what its peak holds */
     *p = rkm__faster(*p, q);
     return r;
 }

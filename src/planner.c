@@ -1002,7 +1002,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 
 /* The smallest budget, kept unless a cut call found it (then the next call
  * looks again), within the call's deadline. */
-static rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
+RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->min_budget || pl->min_cut) {
         rkm_plan_destroy(pl->min_plan);

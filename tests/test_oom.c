@@ -671,7 +671,7 @@ static rkm_result run_offload(void *env, void **out)
     offload_env *e = env;
     rkm__steps d;
     *out = NULL;
-    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, &d);
+    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, 1, &d);
     if (!r && !d.n) return RKM_ERROR_BUDGET; /* a clean run finds copies: check says so */
     return r ? r : rkm__plan_birth(e->g, &d, NULL, (rkm_plan **)out);
 }
