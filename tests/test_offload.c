@@ -4,6 +4,7 @@
  * the executor's calls and the arena exec's buffers. */
 #include "../rockmate.c"
 #include "test.h"
+#include "tiny_graph.h"
 
 /* docs/formats.md's worked example with a copy, in whole seconds. */
 #define G_COPY                                                              \
@@ -532,6 +533,432 @@ TEST(planner_below_the_floor)
     rkm_context_destroy(ctx);
 }
 
+/* ---- brute force with copies ---------------------------------------------
+ *
+ * Every plan the simulator accepts within a peak, searched in order of the
+ * compute clock (Dijkstra with labels). A state is the replay's flags (its
+ * key) and its clocks: the compute clock and the ends of the copy streams
+ * and of the copies in flight, each at least the compute clock (a stream free
+ * or a copy ended before it is the same as one ending at it). Of two states
+ * with one key, the one with no clock later than the other's does everything
+ * the other can as early or earlier (each step's times are monotone in
+ * them), so it dominates; only labels no other dominates are expanded. This
+ * also ends the zero-time loops a free copy stream allows (prefetch, free,
+ * prefetch again). Three choices are made for the search, none of them ever
+ * worse: a backward frees its saved state and its outputs' gradients at once
+ * (as in test_ilp); a wait comes only when the next step needs it, or at the
+ * end (waiting later never ends later); a host copy is kept until the end
+ * (a tensor has one value, so offloading it again only adds a copy). Every
+ * other step is a free choice. The first final state reached has the least
+ * time of any plan. */
+
+#define BO_KEY 48
+#define BO_TIMES 19 /* the compute clock, the two streams, up to 16 copies in flight */
+#define BO_MAX_LABELS (1u << 20)
+
+typedef struct bo_key {
+    uint8_t b[BO_KEY];
+} bo_key;
+
+typedef struct bo_label {
+    double t[BO_TIMES]; /* compute clock, d2h free, h2d free, in-flight copies' ends (slot order) */
+    int64_t next;       /* the next label of the same key */
+    size_t key;         /* its key's slot */
+    uint8_t dead;       /* dominated by a later label: not expanded */
+    uint8_t done;       /* expanded (it still dominates) */
+} bo_label;
+
+typedef struct bo {
+    const rkm_graph *g;
+    rkm__sim s;
+    uint64_t budget;
+    int copies;
+    int loaded;      /* s holds the state being expanded (a failed step changes nothing) */
+    bo_key *keys;    /* hash set of keys */
+    int64_t *first;  /* per key slot: its first label */
+    uint8_t *used;
+    size_t cap, n_keys;
+    bo_label *labels;
+    size_t n_labels, cap_labels;
+    struct bo_item {
+        double d;
+        size_t label;
+    } * heap;
+    size_t n_heap, cap_heap;
+    int overflow;
+} bo;
+
+static void bo_bit(bo_key *k, size_t *pos, unsigned v)
+{
+    k->b[*pos / 8] |= (uint8_t)((v & 1u) << (*pos % 8));
+    ++*pos;
+}
+
+static unsigned bo_get(const bo_key *k, size_t *pos)
+{
+    unsigned v = k->b[*pos / 8] >> (*pos % 8) & 1u;
+    ++*pos;
+    return v;
+}
+
+/* Bits: D, G per tensor; P, bwd_done per op; H and in-flight (2 bits) per
+ * copy slot; then bytes: recv per tensor, loss_done. Clocks to `t`. */
+#define BO_BITS 24
+static void bo_store(const rkm__sim *s, bo_key *k, double *t)
+{
+    const rkm_graph *g = s->g;
+    size_t pos = 0, nt = g->n_tensors, ns = nt + g->n_ops, at = BO_BITS, n = 0;
+    memset(k, 0, sizeof *k);
+    for (size_t i = 0; i < nt; i++) bo_bit(k, &pos, s->D[i]), bo_bit(k, &pos, s->G[i]);
+    for (size_t o = 0; o < g->n_ops; o++) bo_bit(k, &pos, s->P[o]), bo_bit(k, &pos, s->bwd_done[o]);
+    for (size_t i = 0; i < ns; i++)
+        bo_bit(k, &pos, s->H[i]), bo_bit(k, &pos, s->inflight[i]), bo_bit(k, &pos, s->inflight[i] >> 1);
+    CHECK(pos <= 8 * BO_BITS && at + nt + 1 <= BO_KEY);
+    for (size_t i = 0; i < nt; i++) k->b[at++] = (uint8_t)s->recv[i];
+    k->b[at] = (uint8_t)s->loss_done;
+    t[n++] = s->clock;
+    t[n++] = s->d2h_free;
+    t[n++] = s->h2d_free;
+    for (size_t i = 0; i < ns; i++)
+        if (s->inflight[i]) {
+            CHECK(n < BO_TIMES);
+            if (n < BO_TIMES) t[n++] = s->copy_end[i];
+        }
+    for (size_t i = 1; i < n; i++) t[i] = t[i] > t[0] ? t[i] : t[0];
+    while (n < BO_TIMES) t[n++] = 0;
+}
+
+static void bo_load(rkm__sim *s, const bo_key *k, const double *t)
+{
+    const rkm_graph *g = s->g;
+    size_t pos = 0, nt = g->n_tensors, ns = nt + g->n_ops, at = BO_BITS, n = 3;
+    rkm__sim_reset(s);
+    s->mem = 0;
+    for (size_t i = 0; i < nt; i++) {
+        s->D[i] = (uint8_t)bo_get(k, &pos);
+        s->G[i] = (uint8_t)bo_get(k, &pos);
+        s->mem += (uint64_t)(s->D[i] + s->G[i]) * g->tensors[i].bytes;
+    }
+    for (size_t o = 0; o < g->n_ops; o++) {
+        s->P[o] = (uint8_t)bo_get(k, &pos);
+        s->bwd_done[o] = (uint8_t)bo_get(k, &pos);
+        s->mem += s->P[o] * g->ops[o].phantom;
+    }
+    s->copied = 1;
+    for (size_t i = 0; i < ns; i++) {
+        s->H[i] = (uint8_t)bo_get(k, &pos);
+        s->inflight[i] = (uint8_t)bo_get(k, &pos);
+        s->inflight[i] |= (uint8_t)(bo_get(k, &pos) << 1);
+        s->in_flight += s->inflight[i] != 0;
+        s->host_mem += s->H[i] * (i < nt ? g->tensors[i].bytes : g->ops[i - nt].phantom);
+        if (s->inflight[i]) s->copy_end[i] = t[n++];
+    }
+    for (size_t i = 0; i < nt; i++) s->recv[i] = k->b[at++];
+    s->loss_done = k->b[at];
+    s->clock = t[0], s->d2h_free = t[1], s->h2d_free = t[2];
+}
+
+static size_t bo_slot(const bo *p, const bo_key *k)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < BO_KEY; i++) h = (h ^ k->b[i]) * 1099511628211ull;
+    size_t i = (size_t)(h >> 17) & (p->cap - 1);
+    while (p->used[i] && memcmp(&p->keys[i], k, sizeof *k)) i = (i + 1) & (p->cap - 1);
+    return i;
+}
+
+static int bo_dominates(const double *a, const double *b)
+{
+    for (size_t i = 0; i < BO_TIMES; i++)
+        if (a[i] > b[i]) return 0;
+    return 1;
+}
+
+/* Add state (k, t) unless a label of k dominates it; it kills the labels
+ * it dominates. */
+static void bo_push(bo *p, const bo_key *k, const double *t)
+{
+    size_t i = bo_slot(p, k);
+    if (!p->used[i]) {
+        if (++p->n_keys > p->cap / 2) {
+            p->overflow = 1;
+            return;
+        }
+        p->used[i] = 1;
+        p->keys[i] = *k;
+        p->first[i] = -1;
+    }
+    for (int64_t l = p->first[i]; l >= 0; l = p->labels[l].next) {
+        bo_label *x = &p->labels[l];
+        if (x->dead) continue;
+        if (bo_dominates(x->t, t)) return;
+        if (bo_dominates(t, x->t)) x->dead = 1;
+    }
+    if (p->n_labels == BO_MAX_LABELS) {
+        p->overflow = 1;
+        return;
+    }
+    if (p->n_labels == p->cap_labels) {
+        p->cap_labels = p->cap_labels ? 2 * p->cap_labels : 4096;
+        p->labels = realloc(p->labels, p->cap_labels * sizeof *p->labels);
+        CHECK(p->labels != NULL);
+    }
+    bo_label *x = &p->labels[p->n_labels];
+    memcpy(x->t, t, sizeof x->t);
+    x->next = p->first[i], x->key = i, x->dead = x->done = 0;
+    p->first[i] = (int64_t)p->n_labels++;
+    if (p->n_heap == p->cap_heap) {
+        p->cap_heap = p->cap_heap ? p->cap_heap * 2 : 4096;
+        p->heap = realloc(p->heap, p->cap_heap * sizeof *p->heap);
+        CHECK(p->heap != NULL);
+    }
+    size_t h = p->n_heap++;
+    while (h > 0 && p->heap[(h - 1) / 2].d > t[0]) {
+        p->heap[h] = p->heap[(h - 1) / 2];
+        h = (h - 1) / 2;
+    }
+    p->heap[h] = (struct bo_item){t[0], p->n_labels - 1};
+}
+
+static struct bo_item bo_pop(bo *p)
+{
+    struct bo_item top = p->heap[0], x = p->heap[--p->n_heap];
+    size_t h = 0;
+    for (;;) {
+        size_t c = 2 * h + 1;
+        if (c >= p->n_heap) break;
+        if (c + 1 < p->n_heap && p->heap[c + 1].d < p->heap[c].d) c++;
+        if (p->heap[c].d >= x.d) break;
+        p->heap[h] = p->heap[c];
+        h = c;
+    }
+    if (p->n_heap) p->heap[h] = x;
+    return top;
+}
+
+/* One step from state (k, t): push the successor if the step is valid
+ * within the budget. */
+static void bo_step(bo *p, const bo_key *k, const double *t, rkm_step st)
+{
+    rkm__sim *s = &p->s;
+    uint64_t pk = 0;
+    int32_t obj;
+    if (!p->loaded) bo_load(s, k, t);
+    rkm_rule r = rkm__sim_step(s, &st, &pk, &obj);
+    p->loaded = r != RKM_RULE_NONE && r != RKM_RULE_COPY_IN_FLIGHT;
+    for (size_t n = 0; r == RKM_RULE_COPY_IN_FLIGHT && n < p->g->n_tensors + p->g->n_ops; n++) {
+        rkm_step w = {RKM_STEP_WAIT, obj >= 0 ? obj : st.index, 0, 0}; /* the copy it needs done */
+        if (w.index >= (int32_t)p->g->n_tensors) w.index -= (int32_t)p->g->n_tensors, w.save = 1;
+        if (rkm__sim_step(s, &w, &pk, &obj) != RKM_RULE_NONE) return;
+        r = rkm__sim_step(s, &st, &pk, &obj);
+    }
+    if (r != RKM_RULE_NONE || pk > p->budget || s->mem > p->budget) return;
+    if (st.kind == RKM_STEP_BWD) {
+        const rkm__op *o = &p->g->ops[st.index];
+        rkm_step fs = {RKM_STEP_FREE_SAVED, st.index, 0, 0};
+        if (s->P[st.index]) (void)rkm__sim_step(s, &fs, &pk, &obj);
+        for (int32_t j = 0; j < o->n_out; j++) {
+            rkm_step fg = {RKM_STEP_FREE_GRAD, o->out[j], 0, 0};
+            if (s->G[o->out[j]]) (void)rkm__sim_step(s, &fg, &pk, &obj);
+        }
+    }
+    bo_key next;
+    double nt[BO_TIMES];
+    bo_store(s, &next, nt);
+    bo_push(p, &next, nt);
+}
+
+/* Once every backward has run: wait for the copies in flight and free the
+ * host copies, the plan's last steps. */
+static void bo_finish(bo *p, const bo_key *k, const double *t)
+{
+    rkm__sim *s = &p->s;
+    const rkm_graph *g = p->g;
+    uint64_t pk;
+    int32_t obj;
+    bo_load(s, k, t);
+    p->loaded = 0;
+    if (!s->loss_done) return;
+    for (size_t o = 0; o < g->n_ops; o++)
+        if (g->ops[o].has_bwd && !s->bwd_done[o]) return;
+    for (size_t i = 0; i < g->n_tensors + g->n_ops; i++) {
+        rkm_step st = {RKM_STEP_WAIT, (int32_t)i, 0, 0};
+        if (i >= g->n_tensors) st.index -= (int32_t)g->n_tensors, st.save = 1;
+        if (s->inflight[i]) (void)rkm__sim_step(s, &st, &pk, &obj);
+        st.kind = RKM_STEP_FREE_HOST;
+        if (s->H[i]) (void)rkm__sim_step(s, &st, &pk, &obj);
+    }
+    bo_key next;
+    double nt[BO_TIMES];
+    bo_store(s, &next, nt);
+    bo_push(p, &next, nt);
+}
+
+static void bo_expand(bo *p, const bo_key *k, const double *t)
+{
+    const rkm_graph *g = p->g;
+    int32_t nt = (int32_t)g->n_tensors, no = (int32_t)g->n_ops;
+    static const rkm_step_kind copy_kinds[] = {RKM_STEP_OFFLOAD, RKM_STEP_PREFETCH};
+    p->loaded = 0;
+    for (int32_t o = 0; o < no; o++) {
+        bo_step(p, k, t, (rkm_step){RKM_STEP_FWD, o, 0, 0});
+        bo_step(p, k, t, (rkm_step){RKM_STEP_FWD, o, 1, 0});
+        bo_step(p, k, t, (rkm_step){RKM_STEP_BWD, o, 0, 0});
+        bo_step(p, k, t, (rkm_step){RKM_STEP_FREE_SAVED, o, 0, 0});
+    }
+    bo_step(p, k, t, (rkm_step){RKM_STEP_LOSS, g->loss, 0, 0});
+    for (int32_t i = 0; i < nt; i++) {
+        bo_step(p, k, t, (rkm_step){RKM_STEP_FREE, i, 0, 0});
+        bo_step(p, k, t, (rkm_step){RKM_STEP_FREE_GRAD, i, 0, 0});
+    }
+    for (size_t c = 0; p->copies && c < sizeof copy_kinds / sizeof *copy_kinds; c++) {
+        for (int32_t i = 0; i < nt; i++) bo_step(p, k, t, (rkm_step){copy_kinds[c], i, 0, 0});
+        for (int32_t o = 0; o < no; o++)
+            if (g->ops[o].phantom) bo_step(p, k, t, (rkm_step){copy_kinds[c], o, 1, 0});
+    }
+    bo_finish(p, k, t);
+}
+
+/* The least time of any plan of g with peak at most `budget` (copy steps
+ * tried if `copies`); -1 if there is none, -2 if the search ran out of
+ * labels (a failed check). */
+static double bo_solve(const rkm_graph *g, uint64_t budget, int copies)
+{
+    bo p;
+    memset(&p, 0, sizeof p);
+    p.g = g, p.budget = budget, p.copies = copies, p.cap = 1u << 18;
+    p.keys = malloc(p.cap * sizeof *p.keys);
+    p.first = malloc(p.cap * sizeof *p.first);
+    p.used = calloc(p.cap, 1);
+    double best = -1;
+    CHECK(p.keys && p.first && p.used && rkm__sim_init(g, &p.s) == RKM_OK);
+    if (p.keys && p.first && p.used && p.s.g) {
+        bo_key k;
+        double t[BO_TIMES];
+        bo_store(&p.s, &k, t);
+        if (p.s.mem <= budget) bo_push(&p, &k, t);
+        while (p.n_heap && !p.overflow) {
+            struct bo_item it = bo_pop(&p);
+            if (p.labels[it.label].dead || p.labels[it.label].done) continue;
+            p.labels[it.label].done = 1;
+            k = p.keys[p.labels[it.label].key];
+            memcpy(t, p.labels[it.label].t, sizeof t);
+            int32_t obj;
+            bo_load(&p.s, &k, t);
+            if (rkm__sim_end(&p.s, &obj) == RKM_RULE_NONE) {
+                best = it.d;
+                break;
+            }
+            bo_expand(&p, &k, t);
+        }
+        rkm__sim_free(&p.s);
+    }
+    CHECK(!p.overflow);
+    free(p.keys), free(p.first), free(p.used), free(p.labels), free(p.heap);
+    return p.overflow ? -2 : best;
+}
+
+/* The brute force on docs/formats.md's worked example: at its peak (3400
+ * bytes) the best recompute-only plan takes 13 s, and the worked plan with
+ * an offload 12 s; the best plan with copies is no slower. */
+TEST(brute_force_hand_worked)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_COPY);
+    double plain = bo_solve(g, 3400, 0), copy = bo_solve(g, 3400, 1);
+    CHECK(plain == 13);
+    CHECK(copy >= 0 && copy <= 12);
+    CHECK(bo_solve(g, 3399, 1) < 0 || bo_solve(g, 3399, 1) >= copy); /* less memory, never faster */
+    fprintf(stderr, "  at 3400 bytes: %g s recompute-only, %g s with copies\n", plain, copy);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* The copy slots of g: tensors that are not inputs, ops' saved states. */
+static size_t bo_slots(const rkm_graph *g)
+{
+    size_t n = 0;
+    for (size_t t = 0; t < g->n_tensors; t++) n += !(g->tensors[t].flags & RKM_TENSOR_INPUT);
+    for (size_t o = 0; o < g->n_ops; o++) n += g->ops[o].phantom > 0;
+    if (getenv("BO_V")) fprintf(stderr, "slots %zu\n", n);
+    return n;
+}
+
+#ifndef BO_SLOTS
+#define BO_SLOTS 5
+#endif
+#define BO_GRAPHS 8
+
+/* The planner with a copy link against the brute force on random tiny
+ * graphs (4-5 ops), links slow enough that copies cost as much as ops,
+ * budgets from the baseline's peak down to below the recompute-only
+ * floor. The brute force bounds every plan from below, so a planner under it
+ * means a bug in one of the two; with a link the planner is never slower
+ * than without one and plans wherever it did without. How far it stays
+ * above the brute force is printed, not asserted: its offloads are a pass
+ * over recompute-only plans, not an exact search. */
+TEST(planner_against_brute_force)
+{
+    int points = 0, exact = 0, helps = 0, planned = 0, missed = 0;
+    double worst = 0;
+    int graphs = 0;
+    for (uint64_t seed = 1; graphs < BO_GRAPHS && seed <= 100; seed++) {
+        rkm_context *ctx = test_new_ctx();
+        rng_seed(seed);
+        rkm_graph *g = random_graph(ctx, rng_int(3, 4), 0), *gc = NULL;
+        rkm_copy_desc c = {1e6 * rng_int(5, 40), 1e6 * rng_int(5, 40), 1e-7 * rng_int(0, 5)};
+        rkm_planner *plain = NULL, *pl = NULL;
+        rkm_graph_stats st;
+        CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK);
+        if (bo_slots(g) > BO_SLOTS || st.lower_bound == st.baseline_peak) { /* too long to search; nothing to plan */
+            rkm_graph_destroy(g);
+            rkm_context_destroy(ctx);
+            continue;
+        }
+        graphs++;
+        rkm_solve_desc d = {0};
+        d.alignment = 1; /* exact bytes: the brute force's peaks */
+        CHECK(rkm_graph_with_copy(g, &c, &gc) == RKM_OK);
+        CHECK(gc && rkm_planner_create(g, &d, &plain) == RKM_OK && rkm_planner_create(gc, &d, &pl) == RKM_OK);
+        for (int k = 6; pl && k >= 0; k -= 2) { /* at the baseline's peak copies cannot help */
+            uint64_t budget = st.lower_bound + (st.baseline_peak - st.lower_bound) * (uint64_t)k / 8;
+            double bp = bo_solve(g, budget, 0), bc = bo_solve(gc, budget, 1);
+            if (bp < -1 || bc < -1) continue; /* too many states */
+            CHECK(bc <= bp || bp < 0);
+            CHECK(bp < 0 || bc >= 0);
+            rkm_plan *a = NULL, *b = NULL;
+            rkm_plan_stats sa, sb;
+            rkm_result ra = rkm_planner_solve(plain, budget, &a), rb = rkm_planner_solve(pl, budget, &b);
+            CHECK(ra == RKM_OK || ra == RKM_ERROR_BUDGET);
+            CHECK(rb == RKM_OK || rb == RKM_ERROR_BUDGET);
+            CHECK(!a || rkm_plan_stats_get(a, &sa) == RKM_OK);
+            CHECK(!b || rkm_plan_stats_get(b, &sb) == RKM_OK);
+            CHECK(!a || (bp >= 0 && sa.time >= bp * (1 - 1e-9)));
+            CHECK(!b || (bc >= 0 && sb.time >= bc * (1 - 1e-9) && sb.arena_bytes <= budget));
+            CHECK(!a || (b && sb.time <= sa.time));
+            if (b && sb.offloads) check_exec_peak(gc, b);
+            points += bc >= 0;
+            helps += bc >= 0 && (bp < 0 || bc < bp * (1 - 1e-9));
+            planned += b != NULL;
+            missed += bc >= 0 && !b;
+            if (b && sb.time <= bc * (1 + 1e-9)) exact++;
+            if (b && sb.time / bc - 1 > worst) worst = sb.time / bc - 1;
+            rkm_plan_destroy(a);
+            rkm_plan_destroy(b);
+        }
+        rkm_planner_destroy(pl);
+        rkm_planner_destroy(plain);
+        rkm_graph_destroy(gc);
+        rkm_graph_destroy(g);
+        rkm_context_destroy(ctx);
+    }
+    CHECK(points >= 30 && helps > 0);
+    fprintf(stderr,
+            "  %d budgets with a plan: copies beat recompute-only at %d; planner planned %d (none at %d), "
+            "equal to the brute force at %d, worst %.1f %% above it\n",
+            points, helps, planned, missed, exact, 100 * worst);
+}
+
 int main(void)
 {
     RUN(offload_hand_worked);
@@ -543,5 +970,7 @@ int main(void)
     RUN(copy_arena_exec);
     RUN_SOLVER(planner_offloads);
     RUN_SOLVER(planner_below_the_floor);
+    RUN(brute_force_hand_worked);
+    RUN_SOLVER(planner_against_brute_force);
     TEST_END();
 }

@@ -1,0 +1,54 @@
+/* tiny_graph.h -- random tiny graphs for the exhaustive tests (test_ilp,
+ * test_offload): small enough that a search over every plan ends. */
+#ifndef TINY_GRAPH_H
+#define TINY_GRAPH_H
+
+/* A random graph of n ops: a chain with skips, some ops with two outputs,
+ * nograd outputs, phantoms, workspaces; the last op makes the loss. With
+ * 0 < cut < n, op cut-1's first output is a separator: ops from cut on read
+ * only it and x. */
+static rkm_graph *random_graph(rkm_context *ctx, int32_t n, int32_t cut)
+{
+    rkm_graph *g;
+    if (rkm_graph_create(ctx, &g)) return NULL;
+    int32_t x, pool[32], np = 0, last = -1;
+    char name[32];
+    CHECK(rkm_graph_add_tensor(g, "x", 16u * (uint32_t)rng_int(1, 4), RKM_TENSOR_INPUT, &x) == RKM_OK);
+    pool[np++] = x;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t in[2], out[2], saved[4], ni = 0, no = rng_int(1, k + 1 < n ? 2 : 1), ns = 0;
+        in[ni++] = last >= 0 ? last : x;
+        int32_t extra = pool[rng_int(0, np - 1)];
+        if (rng_int(0, 2) == 0 && extra != in[0]) in[ni++] = extra;
+        for (int32_t j = 0; j < no; j++) {
+            unsigned flags = (j == 1 && rng_int(0, 3) == 0) ? RKM_TENSOR_NOGRAD : 0;
+            snprintf(name, sizeof name, "t%d_%d", (int)k, (int)j);
+            CHECK(rkm_graph_add_tensor(g, name, 16u * (uint32_t)rng_int(1, 6), flags, &out[j]) == RKM_OK);
+        }
+        for (int32_t j = 0; j < ni; j++)
+            if (rng_int(0, 1)) saved[ns++] = in[j];
+        for (int32_t j = 0; j < no; j++)
+            if (rng_int(0, 2) == 0) saved[ns++] = out[j];
+        if (k + 1 == cut) np = 1; /* after the cut, only x and this op's first output are readable */
+        rkm_op_desc d = {0};
+        snprintf(name, sizeof name, "op%d", (int)k);
+        d.name = name;
+        d.fwd_seconds = 1e-6 * rng_int(1, 9) + 1e-9 * rng_int(0, 99);
+        d.bwd_seconds = 2e-6 * rng_int(1, 9);
+        d.in = in, d.n_in = ni, d.out = out, d.n_out = no, d.saved = saved, d.n_saved = ns;
+        d.phantom = rng_int(0, 2) == 0 ? 16u * (uint32_t)rng_int(1, 4) : 0;
+        d.fwd_ws = rng_int(0, 3) == 0 ? 16u * (uint32_t)rng_int(1, 4) : 0;
+        d.bwd_ws = rng_int(0, 3) == 0 ? 16u * (uint32_t)rng_int(1, 4) : 0;
+        CHECK(rkm_graph_add_op(g, &d, NULL) == RKM_OK);
+        last = out[0];
+        for (int32_t j = 0; j < (k + 1 == cut ? 1 : no); j++) pool[np++] = out[j];
+    }
+    CHECK(rkm_graph_set_loss(g, last) == RKM_OK);
+    if (rkm_graph_finalize(g) != RKM_OK) {
+        rkm_graph_destroy(g);
+        return NULL;
+    }
+    return g;
+}
+
+#endif
