@@ -24,6 +24,10 @@
  * - While the plan peaks over the budget, the largest tensor whose gap
  *   leaves it off the device at the peak step (as it would alone) joins the
  *   set; a tensor that helps nowhere never does.
+ * - Where none does and the caller allows it (exposed), a tensor live across
+ *   the peak step that the step does not touch goes to host memory around
+ *   it, and the compute stream waits for whatever of its copies does not
+ *   hide (rkm__off_pick_exposed).
  *
  * The simulator measures every try; the planner (rkm__planner_offload)
  * keeps a result only if it is faster than the recompute-only plan and its
@@ -443,6 +447,17 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
     return RKM_OK;
 }
 
+/* Base b's plan with hidden copies into *q; where there is none, with
+ * exposed ones into *x, the faster kept (copies the compute stream waits
+ * for beat the recomputations they replace when these are long). */
+static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **q, rkm_plan **x)
+{
+    rkm_plan *e = NULL;
+    rkm_result r = rkm__offload_fit(pl, b, budget, 0, q);
+    if (!r && !*q && !(r = rkm__offload_fit(pl, b, budget, 1, &e))) *x = rkm__faster(*x, e);
+    return r;
+}
+
 /* Rockmate on a graph with a copy link: *p (taken; NULL if no
  * recompute-only plan fits) or a plan that offloads, the faster. The bases
  * to offload from are plans with fewer recomputations than the budget's:
@@ -454,24 +469,30 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * plan within the budget (too many, each with its latency), a plan for a
  * quarter as much more memory, and where there is no plan (below the
  * recompute-only floor), one for half way to the baseline peak:
- * RKM_OFFLOAD_BASES plans at most. Where none of those gives a plan
- * either, below the floor, the plan that meets the floor (the smallest
- * budget's, found once per planner): what its peak steps hold besides
- * their own needs (a chain's checkpoint) can wait in host memory. */
+ * RKM_OFFLOAD_BASES plans at most, until one fits with hidden copies (a
+ * base where only exposed ones fit is a candidate, not the end). Where none
+ * of those gives a plan either, below the floor, the plan that meets the
+ * floor (the smallest budget's, found once per planner): what its peak
+ * steps hold besides their own needs (a chain's checkpoint) can wait in
+ * host memory. */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
-    rkm_plan *base = NULL, *q = NULL;
+    rkm_plan *base = NULL, *q = NULL, *x = NULL;
     rkm_result r = rkm__plan_baseline(pl->user, &base);
-    if (!r && !(r = rkm__offload_fit(pl, base, budget, 0, &q))) *p = rkm__faster(*p, q);
+    if (!r) r = rkm__offload_try(pl, base, budget, &q, &x);
+    *p = rkm__faster(*p, q);
     rkm_plan_destroy(base);
     base = q = NULL;
-    if (r || (*p && (*p)->stats.time <= pl->base_time)) return r; /* nothing is faster */
+    if (r || (*p && (*p)->stats.time <= pl->base_time)) {
+        rkm_plan_destroy(x);
+        return r; /* nothing is faster */
+    }
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
     for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r; k++) {
-        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_fit(pl, base, budget, 0, &q);
+        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_try(pl, base, budget, &q, &x);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
         up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;
@@ -481,6 +502,6 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     uint64_t min;
     if (!r && !*p && !q && !(r = rkm__min_budget_get(pl, &min)) && pl->min_plan && budget < min)
         r = rkm__offload_fit(pl, pl->min_plan, budget, 1, &q); /* below the floor: offload what its peak holds */
-    *p = rkm__faster(*p, q);
+    *p = rkm__faster(*p, rkm__faster(q, x));
     return r;
 }

@@ -890,13 +890,15 @@ static size_t bo_slots(const rkm_graph *g)
 #define BO_GRAPHS 8
 
 /* The planner with a copy link against the brute force on random tiny
- * graphs (4-5 ops), links slow enough that copies cost as much as ops,
- * budgets from the baseline's peak down to below the recompute-only
- * floor. The brute force bounds every plan from below, so a planner under it
- * means a bug in one of the two; with a link the planner is never slower
- * than without one and plans wherever it did without. How far it stays
- * above the brute force is printed, not asserted: its offloads are a pass
- * over recompute-only plans, not an exact search. */
+ * graphs (3-4 ops, at most BO_SLOTS copy slots: more and the search takes
+ * minutes), links slow enough that copies cost as much as ops, budgets from
+ * near the baseline's peak down to the graph's lower bound. The brute
+ * force bounds every plan from below, so a planner under it means a bug in
+ * one of the two; with a link the planner is never slower than without one
+ * and plans wherever it did without, and on these graphs it plans wherever
+ * the brute force finds a plan (below the recompute-only floor too). How
+ * far it stays above is printed, not asserted: its offloads are a pass over
+ * recompute-only plans, not an exact search. */
 TEST(planner_against_brute_force)
 {
     int points = 0, exact = 0, helps = 0, planned = 0, missed = 0;
@@ -952,7 +954,7 @@ TEST(planner_against_brute_force)
         rkm_graph_destroy(g);
         rkm_context_destroy(ctx);
     }
-    CHECK(points >= 30 && helps > 0);
+    CHECK(points >= 30 && helps > 0 && missed == 0);
     fprintf(stderr,
             "  %d budgets with a plan: copies beat recompute-only at %d; planner planned %d (none at %d), "
             "equal to the brute force at %d, worst %.1f %% above it\n",
