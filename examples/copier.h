@@ -3,8 +3,8 @@
  * the order they came, at a set bandwidth, while the caller computes on.
  *
  * This is what a GPU host does with cudaMemcpyAsync on two copy streams,
- * played on the CPU: copier_start issues a copy and returns a ticket at
- * once; copier_wait blocks until that copy is done (the plan's `wait`
+ * played on the CPU: copier_start issues a copy and returns its ticket at
+ * once (the stream is in it); copier_wait blocks until that copy is done (the plan's `wait`
  * step). A copy of B bytes takes latency + B / bandwidth seconds of wall
  * time (the memcpy, then a sleep to the end of that span), and starts when
  * its stream is free: the simulator's model of docs/formats.md,
@@ -15,7 +15,7 @@
  *   if (copier_open(&cp, 1e9, 0.0)) ...;          // 1 GB/s each way
  *   uint64_t t = copier_start(&cp, COPIER_D2H, host, dev, bytes);
  *   ... compute ...
- *   copier_wait(&cp, COPIER_D2H, t);              // dev may now be freed
+ *   copier_wait(&cp, t);                          // dev may now be freed
  *   copier_close(&cp);
  *
  * The caller keeps to the contract's rules (no write to a buffer while it
@@ -140,8 +140,9 @@ static inline int copier_open(copier *cp, double bandwidth, double latency)
 }
 
 /* Issues a copy of `bytes` from src to dst on `stream` and returns its
- * ticket for copier_wait. Blocks only while COPIER_QUEUE copies of that
- * stream are still to do. */
+ * ticket for copier_wait (its number on the stream, then the stream in the
+ * low bit). Blocks only while COPIER_QUEUE copies of that stream are still
+ * to do. */
 static inline uint64_t copier_start(copier *cp, int stream, void *dst, const void *src, size_t bytes)
 {
     uint64_t t;
@@ -153,14 +154,15 @@ static inline uint64_t copier_start(copier *cp, int stream, void *dst, const voi
     cp->queue[stream][t % COPIER_QUEUE].bytes = bytes;
     pthread_cond_broadcast(&cp->cv);
     pthread_mutex_unlock(&cp->mu);
-    return t;
+    return t << 1 | (uint64_t)stream;
 }
 
-/* Blocks until the copy with `ticket` on `stream` is done. */
-static inline void copier_wait(copier *cp, int stream, uint64_t ticket)
+/* Blocks until the copy with `ticket` (copier_start's) is done. */
+static inline void copier_wait(copier *cp, uint64_t ticket)
 {
+    int stream = (int)(ticket & 1);
     pthread_mutex_lock(&cp->mu);
-    while (cp->done[stream] <= ticket) pthread_cond_wait(&cp->cv, &cp->mu);
+    while (cp->done[stream] <= ticket >> 1) pthread_cond_wait(&cp->cv, &cp->mu);
     pthread_mutex_unlock(&cp->mu);
 }
 

@@ -102,7 +102,11 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
             o->arena = !strcmp(v, "arena");
         else if (!strcmp(a, "--inplace") && (!strcmp(v, "0") || !strcmp(v, "1")))
             o->shape.inplace = !strcmp(v, "1");
-        else if (!strcmp(a, "--copy") && (o->copy_bw = strtod(v, NULL)) >= 0.0) continue;
+        else if (!strcmp(a, "--copy")) {
+            char *end;
+            o->copy_bw = strtod(v, &end);
+            if (end == v || *end || !(o->copy_bw > 0)) return usage("--copy: bytes per second, a positive number");
+        }
         else return usage("unknown option");
     }
     o->shape.dropout = o->dropout > 0.0f;

@@ -497,7 +497,7 @@ typedef struct gpt2_step {
     gpt2_mem host;      /* offloading: the host copies, counted */
     void **host_act;    /* per tensor: its host copy while it has one */
     void **host_saved;  /* per op: its saved state's host copy */
-    uint64_t *copy;     /* per copy slot (tensors, then ops): its copy in flight, ticket << 1 | stream */
+    uint64_t *copy;     /* per copy slot (tensors, then ops): its copy in flight, copier_start's ticket */
     uint64_t host_peak; /* the last step's measured host peak */
     char err[160];      /* why a callback failed */
 } gpt2_step;
@@ -747,7 +747,7 @@ static inline int gpt2_cb_offload(void *user, const rkm_copy_call *c)
     void **host = gpt2__host_slot(st, c), *dev = *gpt2__dev_slot(st, c);
     if (!st->cp || !dev || *host) return gpt2__fail(st, "offload: no copy streams, buffer not live or on the host", c->index);
     if (!(*host = gpt2_mem_alloc(&st->host, c->bytes, 0))) return gpt2__fail(st, "offload: out of host memory", c->index);
-    *gpt2__copy_slot(st, c) = copier_start(st->cp, COPIER_D2H, *host, dev, (size_t)c->bytes) << 1 | COPIER_D2H;
+    *gpt2__copy_slot(st, c) = copier_start(st->cp, COPIER_D2H, *host, dev, (size_t)c->bytes);
     return 0;
 }
 
@@ -758,16 +758,15 @@ static inline int gpt2_cb_prefetch(void *user, const rkm_copy_call *c)
     uint64_t off = c->saved ? rkm_arena_exec_saved(st->ax, c->index) : rkm_arena_exec_tensor(st->ax, c->index);
     if (!st->cp || !*host || *dev) return gpt2__fail(st, "prefetch: no copy streams, no host copy or buffer live", c->index);
     if (!(*dev = gpt2__new(st, off, c->bytes, 0))) return gpt2__fail(st, "prefetch: out of memory", c->index);
-    *gpt2__copy_slot(st, c) = copier_start(st->cp, COPIER_H2D, *dev, *host, (size_t)c->bytes) << 1 | COPIER_H2D;
+    *gpt2__copy_slot(st, c) = copier_start(st->cp, COPIER_H2D, *dev, *host, (size_t)c->bytes);
     return 0;
 }
 
 static inline int gpt2_cb_wait(void *user, const rkm_copy_call *c)
 {
     gpt2_step *st = (gpt2_step *)user;
-    uint64_t k = *gpt2__copy_slot(st, c);
     if (!st->cp) return gpt2__fail(st, "wait: no copy streams", c->index);
-    copier_wait(st->cp, (int)(k & 1), k >> 1);
+    copier_wait(st->cp, *gpt2__copy_slot(st, c));
     return 0;
 }
 

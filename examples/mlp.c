@@ -196,7 +196,7 @@ typedef struct Host {
     void *host_saved[MAX_OPS];  /* and of saved states */
     Counter host_mem;           /* their bytes */
     copier cp;                  /* --copy: the copy threads */
-    uint64_t copy[MAX_TENSORS + MAX_OPS]; /* per tensor, then op: its copy in flight (ticket << 1 | stream) */
+    uint64_t copy[MAX_TENSORS + MAX_OPS]; /* per tensor, then op: its copy in flight (copier_start's ticket) */
     int32_t x, targets, losses; /* tensor ids */
     float *batch_x;             /* the batch, host's copy: filled into each run's inputs */
     int32_t *batch_targets;
@@ -507,7 +507,7 @@ static int on_offload(void *user, const rkm_copy_call *call)
     void **host = host_slot(h, call), *dev = call->saved ? h->saved[call->index] : h->act[call->index];
     if (*host || !dev) return 2;
     if (!(*host = counted_alloc(&h->host_mem, call->bytes))) return 1;
-    *copy_slot(h, call) = copier_start(&h->cp, COPIER_D2H, *host, dev, call->bytes) << 1 | COPIER_D2H;
+    *copy_slot(h, call) = copier_start(&h->cp, COPIER_D2H, *host, dev, call->bytes);
     return 0;
 }
 
@@ -518,15 +518,14 @@ static int on_prefetch(void *user, const rkm_copy_call *call)
     void **host = host_slot(h, call), **dev = call->saved ? &h->saved[i] : &h->act[i];
     uint64_t off = call->saved ? rkm_arena_exec_saved(h->ax, i) : rkm_arena_exec_tensor(h->ax, i);
     int rc = *host ? alloc_new(h, dev, call->bytes, off) : 2;
-    if (!rc) *copy_slot(h, call) = copier_start(&h->cp, COPIER_H2D, *dev, *host, call->bytes) << 1 | COPIER_H2D;
+    if (!rc) *copy_slot(h, call) = copier_start(&h->cp, COPIER_H2D, *dev, *host, call->bytes);
     return rc;
 }
 
 static int on_wait(void *user, const rkm_copy_call *call)
 {
     Host *h = user;
-    uint64_t k = *copy_slot(h, call);
-    copier_wait(&h->cp, (int)(k & 1), k >> 1);
+    copier_wait(&h->cp, *copy_slot(h, call));
     return 0;
 }
 
