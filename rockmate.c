@@ -10838,9 +10838,10 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
  *   leaves it off the device at the peak step (as it would alone) joins the
  *   set; a tensor that helps nowhere never does.
  * - Where none does and the caller allows it (exposed), a tensor live across
- *   the peak step that the step does not touch goes to host memory around
- *   it, and the compute stream waits for whatever of its copies does not
- *   hide (rkm__off_pick_exposed).
+ *   the peak step that the step does not touch (a new one, or one of the
+ *   set whose copies are too late to clear it) is off the device across
+ *   that step, and the compute stream waits for whatever of its copies does
+ *   not hide (rkm__off_pick_exposed).
  *
  * The simulator measures every try; the planner (rkm__planner_offload)
  * keeps a result only if it is faster than the recompute-only plan and its
@@ -11080,10 +11081,21 @@ static int64_t rkm__off_touch(rkm__off *o, int32_t t, int64_t i, int dir)
     return -1;
 }
 
+/* A slot of the set (o->in 1) live at base step s because its copies do
+ * not hide: held off the device across s instead (its free before s, its
+ * prefetch after it, the compute stream waiting for the rest). */
+static int rkm__off_exposes(const rkm__off *o, int32_t t, int64_t s)
+{
+    const rkm__gap *x = &o->gap[t];
+    return o->in[t] == 1 && x->a < s && s < x->b && (x->f >= s || x->p <= s);
+}
+
 /* An exposed copy for a peak at base step s that no hidden copy clears:
- * the largest slot live there (a replay of the base) that step s does not
- * touch and that a compute step reads next, its gap the one around s, held
- * off the device across s and the frees after it (f_max, p_min); -1 if
+ * the largest slot live there that step s does not touch and that a
+ * compute step reads next: one of the set whose copies leave it live there
+ * (rkm__off_exposes), or a new one live there in a replay of the base, its
+ * gap the one around s. It is held off the device across s and the frees
+ * after it (f_max, p_min, which only ever tighten: the greedy ends); -1 if
  * none. */
 static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s)
 {
@@ -11098,8 +11110,12 @@ static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s)
     }
     for (size_t u = 0; u < o->n_slots; u++) {
         int32_t t = (int32_t)u;
-        if (o->in[t] || !rkm__slot_live(&o->sim, t) || (u < g->n_tensors && (g->tensors[u].flags & RKM_TENSOR_INPUT)) ||
-            (best >= 0 && rkm__slot_bytes(g, t) <= rkm__slot_bytes(g, best)))
+        if (rkm__slot_bytes(g, t) <= (best >= 0 ? rkm__slot_bytes(g, best) : 0)) continue;
+        if (rkm__off_exposes(o, t, s)) {
+            best = t, best_a = o->gap[t].a, best_b = o->gap[t].b;
+            continue;
+        }
+        if (o->in[t] || !rkm__slot_live(&o->sim, t) || (u < g->n_tensors && (g->tensors[u].flags & RKM_TENSOR_INPUT)))
             continue;
         int64_t a = rkm__off_touch(o, t, s - 1, -1), b = rkm__off_touch(o, t, s, 1);
         int32_t kb = b >= 0 ? o->base[b].kind : -1;
@@ -11108,8 +11124,13 @@ static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s)
     }
     if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
         rkm__gap *x = &o->gap[best];
-        x->a = best_a, x->b = best_b, x->f_max = s - 1, x->p_min = s + 1;
-        while (x->p_min < best_b && o->te[x->p_min] == o->ts[x->p_min]) x->p_min++;
+        if (!o->in[best]) x->f_max = INT64_MAX, x->p_min = -1;
+        x->a = best_a, x->b = best_b;
+        if (x->f_max > s - 1) x->f_max = s - 1;
+        int64_t p = s + 1;
+        while (p < best_b && o->te[p] == o->ts[p]) p++;
+        if (x->p_min < p) x->p_min = p;
+        x->f = x->f_max, x->p = x->p_min; /* until rkm__off_place: not exposed at s again */
     }
     return best;
 }
@@ -11197,6 +11218,7 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
     for (;;) {
         int32_t bad = rkm__off_place(&o, set, m);
         if (bad >= 0) { /* it stays marked, never tried again */
+            o.in[bad] = 2;
             int32_t k = 0;
             while (set[k] != bad) k++;
             memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
@@ -11219,8 +11241,8 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
         uint64_t got = 0;
         int32_t t, added = 0;
         while (s >= 0 && got < peak - budget && (t = rkm__off_pick(&o, o.from[s])) >= 0) {
+            if (!o.in[t]) set[m++] = t; /* else one of the set, now exposed */
             o.in[t] = 1;
-            set[m++] = t;
             got += rkm__slot_bytes(g, t);
             added++;
         }

@@ -533,6 +533,34 @@ TEST(planner_below_the_floor)
     rkm_context_destroy(ctx);
 }
 
+/* resnet18-like-b32 at 50 % of its baseline peak, below its recompute-only
+ * floor (57.4 %, where gradients fill the peak step and no step offloads a
+ * gradient): from a base with fewer recomputations, activations wait in
+ * host memory across the peak steps, the compute stream waiting for some
+ * of their copies (450 GB/s). */
+TEST(planner_below_the_floor_exposed)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "resnet18-like-b32"), *gc = NULL;
+    rkm_copy_desc c = {450e9, 450e9, 1e-5};
+    rkm_graph_stats st;
+    rkm_plan *p = NULL, *q = NULL;
+    rkm_plan_stats ps;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_graph_with_copy(g, &c, &gc) == RKM_OK);
+    uint64_t budget = st.baseline_peak / 2;
+    rkm_solve_desc d = {0};
+    CHECK(gc && rkm_plan_solve(g, &d, budget, &q) == RKM_ERROR_BUDGET && !q);
+    CHECK(gc && rkm_plan_solve(gc, &d, budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
+    if (p) {
+        CHECK(ps.arena_bytes <= budget && ps.offloads > 0 && ps.wait_seconds > 0);
+        check_exec_peak(gc, p);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(gc);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* ---- brute force with copies ---------------------------------------------
  *
  * Every plan the simulator accepts within a peak, searched in order of the
@@ -896,9 +924,10 @@ static size_t bo_slots(const rkm_graph *g)
  * force bounds every plan from below, so a planner under it means a bug in
  * one of the two; with a link the planner is never slower than without one
  * and plans wherever it did without, and on these graphs it plans wherever
- * the brute force finds a plan (below the recompute-only floor too). How
- * far it stays above is printed, not asserted: its offloads are a pass over
- * recompute-only plans, not an exact search. */
+ * the brute force finds a plan (below the recompute-only floor too). Its
+ * offloads are a greedy pass over recompute-only plans, not an exact
+ * search: it stays within 10 % of the brute force's time (5.1 % at worst
+ * when this was written; 57 % before exposed copies joined the set). */
 TEST(planner_against_brute_force)
 {
     int points = 0, exact = 0, helps = 0, planned = 0, missed = 0;
@@ -954,7 +983,7 @@ TEST(planner_against_brute_force)
         rkm_graph_destroy(g);
         rkm_context_destroy(ctx);
     }
-    CHECK(points >= 30 && helps > 0 && missed == 0);
+    CHECK(points >= 30 && helps > 0 && missed == 0 && worst <= 0.10);
     fprintf(stderr,
             "  %d budgets with a plan: copies beat recompute-only at %d; planner planned %d (none at %d), "
             "equal to the brute force at %d, worst %.1f %% above it\n",
@@ -972,6 +1001,7 @@ int main(void)
     RUN(copy_arena_exec);
     RUN_SOLVER(planner_offloads);
     RUN_SOLVER(planner_below_the_floor);
+    RUN_SOLVER(planner_below_the_floor_exposed);
     RUN(brute_force_hand_worked);
     RUN_SOLVER(planner_against_brute_force);
     TEST_END();
