@@ -1,6 +1,7 @@
 /* test_dp.c -- the chain DP (src/chain.c) against exhaustive search. */
 #include "../rockmate.c"
 #include "test.h"
+#include "tiny_graph.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -62,9 +63,7 @@ typedef struct bf {
     uint8_t *done;
     size_t *from;           /* predecessor state, to print a schedule */
     rkm__dp_op *via;        /* and the op from it */
-    size_t *heap;           /* lazy heap of state keys */
-    double *hkey;
-    size_t hn, hcap;
+    tiny_heap heap;         /* lazy heap of state keys */
 } bf;
 
 static size_t bf_key(const bf *f, const rkm__dp_state *s)
@@ -93,41 +92,6 @@ static void bf_decode(const bf *f, size_t key, rkm__dp_state *s)
     if (s->front >= 0) s->mem += f->c->b[s->front].g_out;
     s->peak = 0;
     s->time = 0;
-}
-
-static void bf_push(bf *f, size_t key, double d)
-{
-    if (f->hn == f->hcap) {
-        f->hcap = f->hcap ? 2 * f->hcap : 1024;
-        f->heap = realloc(f->heap, f->hcap * sizeof *f->heap);
-        f->hkey = realloc(f->hkey, f->hcap * sizeof *f->hkey);
-    }
-    size_t i = f->hn++;
-    while (i > 0 && f->hkey[(i - 1) / 2] > d) {
-        f->heap[i] = f->heap[(i - 1) / 2];
-        f->hkey[i] = f->hkey[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    f->heap[i] = key;
-    f->hkey[i] = d;
-}
-
-static size_t bf_pop(bf *f)
-{
-    size_t top = f->heap[0], last = f->heap[--f->hn], i = 0;
-    double lk = f->hkey[f->hn];
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= f->hn) break;
-        if (c + 1 < f->hn && f->hkey[c + 1] < f->hkey[c]) c++;
-        if (f->hkey[c] >= lk) break;
-        f->heap[i] = f->heap[c];
-        f->hkey[i] = f->hkey[c];
-        i = c;
-    }
-    f->heap[i] = last;
-    f->hkey[i] = lk;
-    return top;
 }
 
 static const char *const op_names[] = {"F", "B", "N", "free", "run"};
@@ -187,7 +151,7 @@ static int bf_move(const chain *c, rkm__dp_state *s, const rkm__dp_op *op, int m
 /* Least time of a whole step within m slots; INFINITY if none. */
 static double brute(const chain *c, int32_t m, int mode, int print)
 {
-    bf f = {c, c->n, 1, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
+    bf f = {c, c->n, 1, 1, 0, NULL, NULL, NULL, NULL, {NULL, 0, 0}};
     for (int32_t i = 0; i < c->n; i++) f.kb = c->b[i].n_opt + 1 > f.kb ? c->b[i].n_opt + 1 : f.kb;
     for (int32_t i = 0; i < c->n; i++) f.pk *= (size_t)f.kb;
     f.nstates = (size_t)(c->n + 1) * f.pk << c->n;
@@ -202,10 +166,10 @@ static double brute(const chain *c, int32_t m, int mode, int print)
     rkm__dp_state_reset(&s, c->n);
     size_t start = bf_key(&f, &s);
     f.dist[start] = 0;
-    bf_push(&f, start, 0);
+    tiny_heap_push(&f.heap, 0, start);
     double result = INFINITY;
-    while (f.hn > 0) {
-        size_t key = bf_pop(&f);
+    while (f.heap.n > 0) {
+        size_t key = (size_t)tiny_heap_pop(&f.heap).id;
         if (f.done[key]) continue;
         f.done[key] = 1;
         bf_decode(&f, key, &s);
@@ -228,7 +192,7 @@ static double brute(const chain *c, int32_t m, int mode, int print)
                         f.dist[nkey] = d;
                         f.from[nkey] = key;
                         f.via[nkey] = op;
-                        bf_push(&f, nkey, d);
+                        tiny_heap_push(&f.heap, d, nkey);
                     }
                 }
             }
@@ -238,8 +202,7 @@ static double brute(const chain *c, int32_t m, int mode, int print)
     free(f.done);
     free(f.from);
     free(f.via);
-    free(f.heap);
-    free(f.hkey);
+    free(f.heap.v);
     return result;
 }
 

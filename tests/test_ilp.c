@@ -35,11 +35,8 @@ typedef struct bf {
     double *dist;
     uint8_t *used, *done;
     size_t cap;
-    struct bf_item {
-        double d;
-        uint64_t key;
-    } * heap;
-    size_t n_heap, cap_heap, n_states;
+    tiny_heap heap;
+    size_t n_states;
     int overflow;
 } bf;
 
@@ -131,32 +128,7 @@ static void bf_push(bf *p, uint64_t key, double d)
     p->dist[i] = d;
     p->parent[i] = p->from;
     p->via[i] = p->last_step;
-    if (p->n_heap == p->cap_heap) {
-        p->cap_heap = p->cap_heap ? p->cap_heap * 2 : 1024;
-        p->heap = realloc(p->heap, p->cap_heap * sizeof *p->heap);
-    }
-    size_t h = p->n_heap++;
-    while (h > 0 && p->heap[(h - 1) / 2].d > d) {
-        p->heap[h] = p->heap[(h - 1) / 2];
-        h = (h - 1) / 2;
-    }
-    p->heap[h] = (struct bf_item){d, key};
-}
-
-static struct bf_item bf_pop(bf *p)
-{
-    struct bf_item top = p->heap[0], x = p->heap[--p->n_heap];
-    size_t h = 0;
-    for (;;) {
-        size_t c = 2 * h + 1;
-        if (c >= p->n_heap) break;
-        if (c + 1 < p->n_heap && p->heap[c + 1].d < p->heap[c].d) c++;
-        if (p->heap[c].d >= x.d) break;
-        p->heap[h] = p->heap[c];
-        h = c;
-    }
-    if (p->n_heap) p->heap[h] = x;
-    return top;
+    tiny_heap_push(&p->heap, d, key);
 }
 
 /* Apply one step from state `key`; push the successor if within the peak. */
@@ -267,15 +239,15 @@ static double bf_solve(const rkm_graph *g, const int32_t *ops, int32_t n, int32_
         rkm__sim_give_tensor(&p.s, x_in);
         p.from = UINT64_MAX;
         if (p.s.mem <= peak) bf_push(&p, bf_store(&p, 0, 0, -1), 0);
-        while (p.n_heap && !p.overflow) {
-            struct bf_item it = bf_pop(&p);
-            size_t i = bf_slot(&p, it.key);
+        while (p.heap.n && !p.overflow) {
+            tiny_item it = tiny_heap_pop(&p.heap);
+            size_t i = bf_slot(&p, it.id);
             if (p.done[i] || it.d > p.dist[i]) continue;
             p.done[i] = 1;
-            if (bf_final(&p, it.key)) {
+            if (bf_final(&p, it.id)) {
                 best = it.d;
                 size_t m = 0;
-                for (uint64_t k = it.key; path && p.parent[bf_slot(&p, k)] != UINT64_MAX && m < 256;
+                for (uint64_t k = it.id; path && p.parent[bf_slot(&p, k)] != UINT64_MAX && m < 256;
                      k = p.parent[bf_slot(&p, k)])
                     path[m++] = p.via[bf_slot(&p, k)];
                 for (size_t a = 0; path && a < m / 2; a++) {
@@ -286,12 +258,12 @@ static double bf_solve(const rkm_graph *g, const int32_t *ops, int32_t n, int32_
                 if (n_path) *n_path = m;
                 break;
             }
-            bf_expand(&p, it.key, it.d);
+            bf_expand(&p, it.id, it.d);
         }
         rkm__sim_free(&p.s);
     }
     CHECK(!p.overflow && g->n_tensors <= 24);
-    free(p.keys), free(p.parent), free(p.via), free(p.dist), free(p.used), free(p.done), free(p.heap);
+    free(p.keys), free(p.parent), free(p.via), free(p.dist), free(p.used), free(p.done), free(p.heap.v);
     return best;
 }
 

@@ -608,11 +608,7 @@ typedef struct bo {
     size_t cap, n_keys;
     bo_label *labels;
     size_t n_labels, cap_labels;
-    struct bo_item {
-        double d;
-        size_t label;
-    } * heap;
-    size_t n_heap, cap_heap;
+    tiny_heap heap;
     int overflow;
 } bo;
 
@@ -735,33 +731,7 @@ static void bo_push(bo *p, const bo_key *k, const double *t)
     memcpy(x->t, t, sizeof x->t);
     x->next = p->first[i], x->key = i, x->dead = x->done = 0;
     p->first[i] = (int64_t)p->n_labels++;
-    if (p->n_heap == p->cap_heap) {
-        p->cap_heap = p->cap_heap ? p->cap_heap * 2 : 4096;
-        p->heap = realloc(p->heap, p->cap_heap * sizeof *p->heap);
-        CHECK(p->heap != NULL);
-    }
-    size_t h = p->n_heap++;
-    while (h > 0 && p->heap[(h - 1) / 2].d > t[0]) {
-        p->heap[h] = p->heap[(h - 1) / 2];
-        h = (h - 1) / 2;
-    }
-    p->heap[h] = (struct bo_item){t[0], p->n_labels - 1};
-}
-
-static struct bo_item bo_pop(bo *p)
-{
-    struct bo_item top = p->heap[0], x = p->heap[--p->n_heap];
-    size_t h = 0;
-    for (;;) {
-        size_t c = 2 * h + 1;
-        if (c >= p->n_heap) break;
-        if (c + 1 < p->n_heap && p->heap[c + 1].d < p->heap[c].d) c++;
-        if (p->heap[c].d >= x.d) break;
-        p->heap[h] = p->heap[c];
-        h = c;
-    }
-    if (p->n_heap) p->heap[h] = x;
-    return top;
+    tiny_heap_push(&p->heap, t[0], p->n_labels - 1);
 }
 
 /* One step from state (k, t): push the successor if the step is valid
@@ -865,12 +835,12 @@ static double bo_solve(const rkm_graph *g, uint64_t budget, int copies)
         double t[BO_TIMES];
         bo_store(&p.s, &k, t);
         if (p.s.mem <= budget) bo_push(&p, &k, t);
-        while (p.n_heap && !p.overflow) {
-            struct bo_item it = bo_pop(&p);
-            if (p.labels[it.label].dead || p.labels[it.label].done) continue;
-            p.labels[it.label].done = 1;
-            k = p.keys[p.labels[it.label].key];
-            memcpy(t, p.labels[it.label].t, sizeof t);
+        while (p.heap.n && !p.overflow) {
+            tiny_item it = tiny_heap_pop(&p.heap);
+            if (p.labels[it.id].dead || p.labels[it.id].done) continue;
+            p.labels[it.id].done = 1;
+            k = p.keys[p.labels[it.id].key];
+            memcpy(t, p.labels[it.id].t, sizeof t);
             int32_t obj;
             bo_load(&p.s, &k, t);
             if (rkm__sim_end(&p.s, &obj) == RKM_RULE_NONE) {
@@ -882,7 +852,7 @@ static double bo_solve(const rkm_graph *g, uint64_t budget, int copies)
         rkm__sim_free(&p.s);
     }
     CHECK(!p.overflow);
-    free(p.keys), free(p.first), free(p.used), free(p.labels), free(p.heap);
+    free(p.keys), free(p.first), free(p.used), free(p.labels), free(p.heap.v);
     return p.overflow ? -2 : best;
 }
 

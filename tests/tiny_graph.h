@@ -1,5 +1,6 @@
-/* tiny_graph.h -- random tiny graphs for the exhaustive tests (test_ilp,
- * test_offload): small enough that a search over every plan ends. */
+/* tiny_graph.h -- for the exhaustive tests (test_ilp, test_offload): random
+ * graphs small enough that a search over every plan ends, and the binary
+ * heap their Dijkstra searches share. */
 #ifndef TINY_GRAPH_H
 #define TINY_GRAPH_H
 
@@ -7,7 +8,7 @@
  * nograd outputs, phantoms, workspaces; the last op makes the loss. With
  * 0 < cut < n, op cut-1's first output is a separator: ops from cut on read
  * only it and x. */
-static rkm_graph *random_graph(rkm_context *ctx, int32_t n, int32_t cut)
+static inline rkm_graph *random_graph(rkm_context *ctx, int32_t n, int32_t cut)
 {
     rkm_graph *g;
     if (rkm_graph_create(ctx, &g)) return NULL;
@@ -49,6 +50,48 @@ static rkm_graph *random_graph(rkm_context *ctx, int32_t n, int32_t cut)
         return NULL;
     }
     return g;
+}
+
+/* A min-heap of (d, id): Dijkstra's queue. */
+typedef struct tiny_item {
+    double d;
+    uint64_t id;
+} tiny_item;
+
+typedef struct tiny_heap {
+    tiny_item *v;
+    size_t n, cap;
+} tiny_heap;
+
+static inline void tiny_heap_push(tiny_heap *q, double d, uint64_t id)
+{
+    if (q->n == q->cap) {
+        q->cap = q->cap ? q->cap * 2 : 4096;
+        q->v = realloc(q->v, q->cap * sizeof *q->v);
+        CHECK(q->v != NULL);
+    }
+    size_t h = q->n++;
+    while (h > 0 && q->v[(h - 1) / 2].d > d) {
+        q->v[h] = q->v[(h - 1) / 2];
+        h = (h - 1) / 2;
+    }
+    q->v[h] = (tiny_item){d, id};
+}
+
+static inline tiny_item tiny_heap_pop(tiny_heap *q)
+{
+    tiny_item top = q->v[0], x = q->v[--q->n];
+    size_t h = 0;
+    for (;;) {
+        size_t c = 2 * h + 1;
+        if (c >= q->n) break;
+        if (c + 1 < q->n && q->v[c + 1].d < q->v[c].d) c++;
+        if (q->v[c].d >= x.d) break;
+        q->v[h] = q->v[c];
+        h = c;
+    }
+    if (q->n) q->v[h] = x;
+    return top;
 }
 
 #endif
