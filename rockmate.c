@@ -10925,7 +10925,8 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last)
     rkm__sim_reset(&o->sim);
     for (size_t t = 0; t < o->n_slots; t++) {
         last[t] = -1;
-        o->gap[t].a = -1;
+        o->gap[t].a = o->gap[t].f = -1; /* f, p: where rkm__off_place (or a pick, until then) puts its copies */
+        o->gap[t].p = INT64_MAX;
         o->gap[t].f_max = INT64_MAX;
         o->gap[t].p_min = -1;
     }
@@ -11150,7 +11151,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s)
         double start = o->ts[x.b] - rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
         int64_t f = rkm__off_step_ending(o, x.a + 1, end), p = rkm__off_step_starting(o, x.b, start);
         if (f >= s || p <= s) continue;
-        if (best < 0 || rkm__slot_bytes(g, t) > rkm__slot_bytes(g, best)) best = t;
+        if (best < 0 || rkm__slot_bytes(g, t) > rkm__slot_bytes(g, best)) best = t, o->gap[t].f = f, o->gap[t].p = p;
     }
     return best >= 0 || !o->exposed ? best : rkm__off_pick_exposed(o, s);
 }
