@@ -4,11 +4,12 @@
  *
  * This is what a GPU host does with cudaMemcpyAsync on two copy streams,
  * played on the CPU: copier_start issues a copy and returns its ticket at
- * once (the stream is in it); copier_wait blocks until that copy is done (the plan's `wait`
- * step). A copy of B bytes takes latency + B / bandwidth seconds of wall
- * time (the memcpy, then a sleep to the end of that span), and starts when
- * its stream is free: the simulator's model of docs/formats.md,
- * "Offloading", made real, so overlap with compute is measurable.
+ * once (the stream is in it); copier_wait blocks until that copy is done
+ * (the plan's `wait` step). A copy of B bytes takes latency + B / bandwidth
+ * seconds of wall time (the memcpy, then a sleep to the end of that span),
+ * and starts when its stream is free: the simulator's model of
+ * docs/formats.md, "Offloading", made real, so overlap with compute is
+ * measurable.
  * Bandwidth 0 copies as fast as memcpy goes.
  *
  *   copier cp;
