@@ -275,11 +275,11 @@ $(TEST_LIB): $(BUILD)/tests/rockmate.o
 	rm -f $@
 	ar rcs $@ $^
 
-$(CLANG_TESTS): $(BUILD)/tests/%-clang: tests/%.c tests/test.h rockmate.c rockmate.h $(BUILD)/flags
+$(CLANG_TESTS): $(BUILD)/tests/%-clang: tests/%.c $(wildcard tests/*.h examples/*.h) rockmate.c rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
 	$(CLANG) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(LDLIBS)
 
-$(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c tests/test.h rockmate.c rockmate.h $(BUILD)/flags
+$(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c $(wildcard tests/*.h examples/*.h) rockmate.c rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
 	$(CC) $(STD_FLAGS) -I. -Werror -O1 -g -fsanitize=thread -DTEST_GRAPHS_DIR=\"tests/graphs\" $(DEFS) \
 		-o $@ $< rockmate.c $(LDLIBS)

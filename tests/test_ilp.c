@@ -141,15 +141,7 @@ static void bf_step(bf *p, uint64_t key, double d, rkm_step st, uint32_t phase, 
     p->from = key;
     p->last_step = st;
     double cost = st.kind == RKM_STEP_FWD ? p->g->ops[st.index].fwd : st.kind == RKM_STEP_BWD ? p->g->ops[st.index].bwd : 0;
-    if (st.kind == RKM_STEP_BWD) { /* its saved state and its outputs' gradients are dead now */
-        const rkm__op *o = &p->g->ops[st.index];
-        rkm_step fs = {RKM_STEP_FREE_SAVED, st.index, 0, 0};
-        if (p->s.P[st.index]) (void)rkm__sim_step(&p->s, &fs, &pk, &obj);
-        for (int32_t k = 0; k < o->n_out; k++) {
-            rkm_step fg = {RKM_STEP_FREE_GRAD, o->out[k], 0, 0};
-            if (p->s.G[o->out[k]]) (void)rkm__sim_step(&p->s, &fg, &pk, &obj);
-        }
-    }
+    if (st.kind == RKM_STEP_BWD) tiny_free_after_bwd(&p->s, st.index);
     bf_push(p, bf_store(p, phase, f, last), d + cost);
 }
 

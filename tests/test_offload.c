@@ -734,6 +734,23 @@ static void bo_push(bo *p, const bo_key *k, const double *t)
     tiny_heap_push(&p->heap, t[0], p->n_labels - 1);
 }
 
+/* The simulator's state as a new label. */
+static void bo_push_sim(bo *p)
+{
+    bo_key next;
+    double nt[BO_TIMES];
+    bo_store(&p->s, &next, nt);
+    bo_push(p, &next, nt);
+}
+
+/* A copy step of `kind` on copy slot i (a tensor, or an op's saved state). */
+static rkm_step bo_copy_step(const rkm_graph *g, rkm_step_kind kind, size_t i)
+{
+    rkm_step st = {kind, (int32_t)i, 0, 0};
+    if (i >= g->n_tensors) st.index -= (int32_t)g->n_tensors, st.save = 1;
+    return st;
+}
+
 /* One step from state (k, t): push the successor if the step is valid
  * within the budget. */
 static void bo_step(bo *p, const bo_key *k, const double *t, rkm_step st)
@@ -745,25 +762,13 @@ static void bo_step(bo *p, const bo_key *k, const double *t, rkm_step st)
     rkm_rule r = rkm__sim_step(s, &st, &pk, &obj);
     p->loaded = r != RKM_RULE_NONE && r != RKM_RULE_COPY_IN_FLIGHT;
     for (size_t n = 0; r == RKM_RULE_COPY_IN_FLIGHT && n < p->g->n_tensors + p->g->n_ops; n++) {
-        rkm_step w = {RKM_STEP_WAIT, obj >= 0 ? obj : st.index, 0, 0}; /* the copy it needs done */
-        if (w.index >= (int32_t)p->g->n_tensors) w.index -= (int32_t)p->g->n_tensors, w.save = 1;
+        rkm_step w = bo_copy_step(p->g, RKM_STEP_WAIT, (size_t)(obj >= 0 ? obj : st.index)); /* the copy it needs done */
         if (rkm__sim_step(s, &w, &pk, &obj) != RKM_RULE_NONE) return;
         r = rkm__sim_step(s, &st, &pk, &obj);
     }
     if (r != RKM_RULE_NONE || pk > p->budget || s->mem > p->budget) return;
-    if (st.kind == RKM_STEP_BWD) {
-        const rkm__op *o = &p->g->ops[st.index];
-        rkm_step fs = {RKM_STEP_FREE_SAVED, st.index, 0, 0};
-        if (s->P[st.index]) (void)rkm__sim_step(s, &fs, &pk, &obj);
-        for (int32_t j = 0; j < o->n_out; j++) {
-            rkm_step fg = {RKM_STEP_FREE_GRAD, o->out[j], 0, 0};
-            if (s->G[o->out[j]]) (void)rkm__sim_step(s, &fg, &pk, &obj);
-        }
-    }
-    bo_key next;
-    double nt[BO_TIMES];
-    bo_store(s, &next, nt);
-    bo_push(p, &next, nt);
+    if (st.kind == RKM_STEP_BWD) tiny_free_after_bwd(s, st.index);
+    bo_push_sim(p);
 }
 
 /* Once every backward has run: wait for the copies in flight and free the
@@ -780,16 +785,11 @@ static void bo_finish(bo *p, const bo_key *k, const double *t)
     for (size_t o = 0; o < g->n_ops; o++)
         if (g->ops[o].has_bwd && !s->bwd_done[o]) return;
     for (size_t i = 0; i < g->n_tensors + g->n_ops; i++) {
-        rkm_step st = {RKM_STEP_WAIT, (int32_t)i, 0, 0};
-        if (i >= g->n_tensors) st.index -= (int32_t)g->n_tensors, st.save = 1;
-        if (s->inflight[i]) (void)rkm__sim_step(s, &st, &pk, &obj);
-        st.kind = RKM_STEP_FREE_HOST;
-        if (s->H[i]) (void)rkm__sim_step(s, &st, &pk, &obj);
+        rkm_step w = bo_copy_step(g, RKM_STEP_WAIT, i), f = bo_copy_step(g, RKM_STEP_FREE_HOST, i);
+        if (s->inflight[i]) (void)rkm__sim_step(s, &w, &pk, &obj);
+        if (s->H[i]) (void)rkm__sim_step(s, &f, &pk, &obj);
     }
-    bo_key next;
-    double nt[BO_TIMES];
-    bo_store(s, &next, nt);
-    bo_push(p, &next, nt);
+    bo_push_sim(p);
 }
 
 static void bo_expand(bo *p, const bo_key *k, const double *t)
@@ -878,13 +878,10 @@ static size_t bo_slots(const rkm_graph *g)
     size_t n = 0;
     for (size_t t = 0; t < g->n_tensors; t++) n += !(g->tensors[t].flags & RKM_TENSOR_INPUT);
     for (size_t o = 0; o < g->n_ops; o++) n += g->ops[o].phantom > 0;
-    if (getenv("BO_V")) fprintf(stderr, "slots %zu\n", n);
     return n;
 }
 
-#ifndef BO_SLOTS
 #define BO_SLOTS 5
-#endif
 #define BO_GRAPHS 8
 
 /* The planner with a copy link against the brute force on random tiny

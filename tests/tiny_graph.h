@@ -1,6 +1,6 @@
 /* tiny_graph.h -- for the exhaustive tests (test_ilp, test_offload): random
- * graphs small enough that a search over every plan ends, and the binary
- * heap their Dijkstra searches share. */
+ * graphs small enough that a search over every plan ends, and what their
+ * Dijkstra searches share (a binary heap, the frees after a backward). */
 #ifndef TINY_GRAPH_H
 #define TINY_GRAPH_H
 
@@ -50,6 +50,21 @@ static inline rkm_graph *random_graph(rkm_context *ctx, int32_t n, int32_t cut)
         return NULL;
     }
     return g;
+}
+
+/* After `bwd op`: free its saved state and its outputs' gradients, dead now
+ * (never worse; the searches make it a rule to stay small). */
+static inline void tiny_free_after_bwd(rkm__sim *s, int32_t op)
+{
+    const rkm__op *o = &s->g->ops[op];
+    uint64_t pk;
+    int32_t obj;
+    rkm_step fs = {RKM_STEP_FREE_SAVED, op, 0, 0};
+    if (s->P[op]) (void)rkm__sim_step(s, &fs, &pk, &obj);
+    for (int32_t k = 0; k < o->n_out; k++) {
+        rkm_step fg = {RKM_STEP_FREE_GRAD, o->out[k], 0, 0};
+        if (s->G[o->out[k]]) (void)rkm__sim_step(s, &fg, &pk, &obj);
+    }
 }
 
 /* A min-heap of (d, id): Dijkstra's queue. */
