@@ -13,9 +13,10 @@
  *
  * - Each tensor's gap is its longest idle stretch in the base plan (in
  *   compute time), where it is live and nothing reads, writes or frees it.
- * - Timing is the base plan's compute timeline. Offloads start when their
- *   tensor's last read ends, queued on the device-to-host stream in that
- *   order; a tensor is freed after the first compute step that ends once its
+ * - Timing is the base plan's compute timeline. Offloads are queued on the
+ *   device-to-host stream in the order of their gaps, each as soon as its
+ *   tensor is written (reads may go on while it is copied) and the copy
+ *   before it is issued; a tensor is freed after the first compute step that ends once its
  *   copy has: its wait never waits. Prefetches are placed as late as the
  *   host-to-device stream allows (latest first, each ending when the next
  *   read starts or the later prefetch begins), issued before the last
@@ -36,13 +37,15 @@
 #include "internal.h"
 
 /* One tensor's gap in the base plan and its copies, in base step indices:
- * offload after step a, wait and free after step f, prefetch before step
- * p, wait before step b (its next read). An exposed copy (picked for a
+ * its last read before the gap a and its last write before that w,
+ * offload after step o (w <= o <= a: it may be read while copied), wait
+ * and free after step f, prefetch before step p, wait before step b (its
+ * next read). An exposed copy (picked for a
  * peak its hidden copies do not clear) is off the device by f_max at the
  * latest and back no sooner than p_min, and the compute stream waits for
  * what does not hide. */
 typedef struct rkm__gap {
-    int64_t a, b, f, p, f_max, p_min;
+    int64_t a, b, w, o, f, p, f_max, p_min;
     double off_end, pre_start; /* the copies' planned times */
 } rkm__gap;
 
@@ -105,14 +108,33 @@ static int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t
     return n;
 }
 
+/* Whether v[j] of rkm__slot_touches(st) is written by st (a forward's
+ * outputs, saved state and in-place input), not only read: an offload of
+ * it may not be in flight then. */
+static int rkm__slot_written(const rkm_graph *g, const rkm_step *st, int32_t j)
+{
+    return st->kind == RKM_STEP_FWD && (j >= g->ops[st->index].n_in || (j == 0 && st->inplace));
+}
+
+/* The last base step at or before a that writes slot t (a if none). */
+static int64_t rkm__off_written(rkm__off *o, int32_t t, int64_t a)
+{
+    for (int64_t i = a; i >= 0; i--) {
+        int32_t k = rkm__slot_touches(o->g, &o->base[i], o->touch);
+        for (int32_t j = 0; j < k; j++)
+            if (o->touch[j] == t && rkm__slot_written(o->g, &o->base[i], j)) return i;
+    }
+    return a;
+}
+
 /* The compute timeline and every tensor's longest gap, from a replay of the
- * base plan (valid, no copy steps). */
-static void rkm__off_gaps(rkm__off *o, int64_t *last)
+ * base plan (valid, no copy steps); last and wr: scratch. */
+static void rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
 {
     const rkm_graph *g = o->g;
     rkm__sim_reset(&o->sim);
     for (size_t t = 0; t < o->n_slots; t++) {
-        last[t] = -1;
+        last[t] = wr[t] = -1;
         o->gap[t].a = o->gap[t].f = -1; /* f, p: where rkm__off_place (or a pick, until then) puts its copies */
         o->gap[t].p = INT64_MAX;
         o->gap[t].f_max = INT64_MAX;
@@ -130,13 +152,17 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last)
                 (o->gap[t].a < 0 || o->ts[i] - o->te[a] > o->ts[o->gap[t].b] - o->te[o->gap[t].a])) {
                 o->gap[t].a = a;
                 o->gap[t].b = (int64_t)i;
+                o->gap[t].w = wr[t] >= 0 && wr[t] <= a ? wr[t] : a;
             }
         }
         uint64_t pk;
         int32_t obj;
         rkm__sim_step(&o->sim, st, &pk, &obj);
         o->te[i] = o->sim.clock;
-        for (int32_t j = 0; j < k; j++) last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
+        for (int32_t j = 0; j < k; j++) {
+            last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
+            if (rkm__slot_written(g, st, j)) wr[o->touch[j]] = (int64_t)i;
+        }
     }
     for (size_t t = 0; t < o->n_slots; t++)
         if (o->gap[t].a >= 0 && (o->gap[t].b - o->gap[t].a < 2 ||
@@ -175,17 +201,21 @@ static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
     for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
 }
 
-/* Where the set's copies go (gap f, p, times): offloads in the order of
- * their gaps, prefetches latest first. Returns a slot whose window is
- * empty (it would come back before it left), -1 if none is. */
+/* Where the set's copies go (gap o, f, p, times): offloads in the order
+ * of their gaps, each issued once written and after the one before it (no
+ * copy ends later than issued at the gap's start would), prefetches latest
+ * first. Returns a slot whose window is empty (it would come back before
+ * it left), -1 if none is. */
 static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
 {
     const rkm_graph *g = o->g;
     rkm__off_sort(o, set, m, 0);
     double d2h = 0, h2d = INFINITY;
+    int64_t at = 0;
     for (int32_t k = 0; k < m; k++) {
         rkm__gap *x = &o->gap[set[k]];
-        double start = o->te[x->a] > d2h ? o->te[x->a] : d2h;
+        x->o = at = x->w > at ? x->w : at;
+        double start = o->te[at] > d2h ? o->te[at] : d2h;
         x->off_end = d2h = start + rkm__copy_seconds(g, set[k], g->copy.d2h_bytes_per_second);
         x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
         if (x->f > x->f_max) x->f = x->f_max;
@@ -238,7 +268,7 @@ static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
                 return 0;
         if (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, at)) return 0;
         for (int32_t k = 0; k < m; k++)
-            if (o->gap[set[k]].a == at && !rkm__off_push(o, RKM_STEP_OFFLOAD, set[k], at)) return 0;
+            if (o->gap[set[k]].o == at && !rkm__off_push(o, RKM_STEP_OFFLOAD, set[k], at)) return 0;
         for (int32_t k = 0; k < m; k++)
             if (o->gap[set[k]].f == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
                                            !rkm__off_push(o, RKM_STEP_FREE, set[k], at)))
@@ -315,6 +345,7 @@ static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s)
         rkm__gap *x = &o->gap[best];
         if (!o->in[best]) x->f_max = INT64_MAX, x->p_min = -1;
         x->a = best_a, x->b = best_b;
+        if (!o->in[best]) x->w = rkm__off_written(o, best, best_a);
         if (x->f_max > s - 1) x->f_max = s - 1;
         int64_t p = s + 1;
         while (p < best_b && o->te[p] == o->ts[p]) p++;
@@ -335,7 +366,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s)
         int32_t t = (int32_t)u;
         rkm__gap x = o->gap[t];
         if (x.a < 0 || o->in[t] || x.a >= s || x.b <= s) continue;
-        double end = o->te[x.a] + rkm__copy_seconds(g, t, g->copy.d2h_bytes_per_second);
+        double end = o->te[x.w] + rkm__copy_seconds(g, t, g->copy.d2h_bytes_per_second);
         double start = o->ts[x.b] - rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
         int64_t f = rkm__off_step_ending(o, x.a + 1, end), p = rkm__off_step_starting(o, x.b, start);
         if (f >= s || p <= s) continue;
@@ -377,13 +408,13 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
     o->in = rkm__calloc(g->ctx, nt, 1);
     o->order = rkm__alloc(g->ctx, 2 * nt * sizeof *o->order);
     o->keys = rkm__alloc(g->ctx, nt * sizeof *o->keys);
-    int64_t *last = rkm__alloc(g->ctx, nt * sizeof *last);
+    int64_t *last = rkm__alloc(g->ctx, 2 * nt * sizeof *last);
     rkm_result r = o->ts && o->gap && o->in && o->order && o->keys && o->touch && last ? rkm__sim_init(g, &o->sim) : RKM_ERROR_NOMEM;
     if (!r) {
         o->te = o->ts + n + 1;
-        rkm__off_gaps(o, last);
+        rkm__off_gaps(o, last, last + nt);
     }
-    rkm__free(g->ctx, last, nt * sizeof *last);
+    rkm__free(g->ctx, last, 2 * nt * sizeof *last);
     if (r) {
         rkm__off_free(o);
         return rkm__nomem(g->ctx, "offloading");
