@@ -269,6 +269,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_BISECT_DTR 40
 #define RKM_BISECT_SMALL 8
 #define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
+/* With a copy link, rockmate's below its recompute-only floor: the floor's
+ * plan offloaded for budgets between the graph's lower bound and the floor
+ * (offload.c, rkm__offload_min_budget), each probe one offloading pass and
+ * its layout. */
+#define RKM_BISECT_OFFLOAD 16
+/* Its bases: the floor's plan, rockmate's plans for budgets spaced
+ * geometrically from the floor to the baseline peak, the baseline (this
+ * many in all). */
+#define RKM_OFFLOAD_MIN_BASES 5
 /* From the least peak up to a plan that fits its arena: steps of 1/this of
  * the way to the baseline peak, doubling, RKM_MIN_BUDGET_UP tries before
  * the baseline itself; then down, while one byte under the plan's arena
@@ -840,6 +849,9 @@ struct rkm_planner {
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
+    uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
+    rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -1022,6 +1034,10 @@ RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
@@ -8701,6 +8717,7 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
     rkm__dp_table_free(pl->ctx, &pl->table);
     rkm_plan_destroy(pl->min_plan);
+    rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
     rkm__free(pl->ctx, pl, sizeof *pl);
 }
@@ -9315,7 +9332,9 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->min_budget || pl->min_cut) {
         rkm_plan_destroy(pl->min_plan);
-        pl->min_plan = NULL;
+        rkm_plan_destroy(pl->off_min_plan);
+        pl->min_plan = pl->off_min_plan = NULL;
+        pl->off_min = 0;
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
         if (r) {
             pl->min_budget = 0;
@@ -9327,11 +9346,19 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
+/* The smallest budget the planner meets: with a copy link, rockmate's
+ * offloading may meet less than its recompute-only floor. */
+static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
+{
+    if (pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0) return rkm__offload_min_budget(pl, out);
+    return rkm__min_budget_get(pl, out);
+}
+
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm__call_start(pl, rkm__now(), RKM_STAGE_MIN_BUDGET, 0);
-    rkm_result r = rkm__min_budget_get(pl, out);
+    rkm_result r = rkm__planner_min(pl, out);
     if (pl->prog.cancelled) *out = 0;
     pl->cuts += pl->cut && !pl->prog.cancelled;
     return rkm__progress_result(pl, r, "rkm_planner_min_budget");
@@ -9344,10 +9371,8 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
  * one that finds none moves lo above m. Where success is not monotone in
  * the budget (DTR, the search) this is the least budget the probes met.
  * *stopped (if not NULL): the deadline ended it. */
-typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-
-static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                              uint64_t *at, int *stopped)
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
     int over = 0;
@@ -9473,9 +9498,9 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     if (r) return r;
     if (!p) {
         uint64_t min;
-        if ((r = rkm__min_budget_get(pl, &min))) return r;
+        if ((r = rkm__planner_min(pl, &min))) return r;
         if (budget < min) return rkm__no_plan(pl, budget, min);
-        if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
+        if ((r = rkm__plan_copy(budget < pl->min_budget ? pl->off_min_plan : pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
         rkm_plan_destroy(p);
@@ -11310,6 +11335,60 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
         if (target <= arena - budget) break;
         target -= arena - budget;
     }
+    return RKM_OK;
+}
+
+/* `budget` met by offloading one of the bases of rkm__offload_min_budget
+ * (pl->off_bases), the first that fits, copies the compute stream waits
+ * for allowed. */
+static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_result r = RKM_OK;
+    *out = NULL;
+    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++)
+        if (pl->off_bases[k]) r = rkm__offload_fit(pl, pl->off_bases[k], budget, 1, out);
+    return r;
+}
+
+/* Rockmate's smallest budget on a graph with a copy link (*out): the
+ * recompute-only floor (rkm__min_budget_get), or below it the least budget
+ * a bisection from the graph's lower bound meets by offloading a base: the
+ * floor's own plan (what its peak steps hold besides their own needs can
+ * wait in host memory, as in rkm__planner_offload), rockmate's plans for
+ * budgets spaced geometrically from the floor to the baseline peak (fewer
+ * recomputations, more to offload), the baseline. The bases do not depend
+ * on the budget, so the probes only offload. The result is that plan's
+ * arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands out a
+ * copy where its own search finds nothing); kept with the floor (a cut
+ * bisection makes both be sought again). */
+RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t min;
+    rkm_result r = rkm__min_budget_get(pl, &min);
+    if (r || pl->off_min) {
+        *out = r ? 0 : pl->off_min;
+        return r;
+    }
+    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL}, *p = NULL;
+    uint64_t hi = min, at = min;
+    int stopped = 0, n = RKM_OFFLOAD_MIN_BASES;
+    if (pl->min_plan && min > pl->lower_bound) {
+        r = rkm__plan_copy(pl->min_plan, &b[0]);
+        for (int k = 1; k + 1 < n && !r; k++)
+            r = rkm__planner_fit(pl, (uint64_t)((double)min * pow((double)pl->base_peak / (double)min, (double)k / (n - 1))),
+                                 &b[k], NULL);
+        if (!r) r = rkm__plan_baseline(pl->user, &b[n - 1]);
+        pl->off_bases = b;
+        if (!r) r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, &stopped);
+        if (!r && hi < min) r = rkm__probe_offload(pl, hi, &p); /* the plan met there, again */
+        pl->off_bases = NULL;
+    }
+    for (int k = 0; k < n; k++) rkm_plan_destroy(b[k]);
+    if (r) return r;
+    pl->off_min = p ? p->stats.arena_bytes : min;
+    pl->off_min_plan = p;
+    pl->min_cut |= stopped;
+    *out = pl->off_min;
     return RKM_OK;
 }
 

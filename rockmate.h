@@ -850,8 +850,13 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
  * one), and not one byte under it (the descent stops there, or after a
  * few plans). The searches are not monotone in the
  * budget, so a budget further below may still be met: "smallest" is the
- * least this search found, not a proof. On a graph with a copy link it is
- * the recompute-only search's: offloading may meet less (a solve tries). */
+ * least this search found, not a proof. On a graph with a copy link,
+ * rockmate's goes below that recompute-only floor where offloading meets
+ * less: a bisection from the graph's lower bound over a few fixed plans
+ * offloaded (the floor's own, plans for more memory, the baseline), the
+ * result the arena of the plan met there; rkm_planner_solve meets it and
+ * every budget above (with that plan where its own search, whose plans to
+ * offload depend on the budget, finds none), and may meet less. */
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* What a planner did so far: its structure and its ILP work. */

@@ -33,7 +33,8 @@ static const char cli_usage_text[] =
     "commands:\n"
     "  info  GRAPH [--json] [--algo A,A,...] [--slots N] [--time-limit S] [--align N]\n"
     "        size, baseline, lower bound, block structure, and the smallest\n"
-    "        budget each algorithm can meet (default none,sqrt,rotor,rockmate)\n"
+    "        budget each algorithm can meet (default none,sqrt,rotor,rockmate);\n"
+    "        with a copy link, rockmate's without it follows as \"(no copy)\"\n"
     "  plan  GRAPH --budget B [--algo A] [-o PLAN] [--json] [--svg FILE]\n"
     "        [--slots N] [--time-limit S] [--align N]\n"
     "        a plan whose arena (one allocation, every buffer at an offset)\n"
@@ -1489,22 +1490,46 @@ typedef struct cli_floor {
     char why[256];
 } cli_floor;
 
-static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floor fl[RKM_ALGO_COUNT])
+/* fl[a]'s smallest budget of algorithm a on G. */
+static void cli_info_min_budget(const cli_graph *G, const cli_opts *o, rkm_algo a, cli_floor *fl)
 {
-    rkm_context *ctx = rkm_graph_context(G->g);
-    for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
-        snprintf(fl[a].why, sizeof fl[a].why, "not requested (--algo %s)", rkm_algo_name((rkm_algo)a));
+    cli_planner cp;
+    rkm_planner_stats pls;
+    fl->why[0] = 0;
+    rkm_result e = cli_planner_open(G, a, o, &cp);
+    if (!e) e = cli_planner_min(&cp, &fl->bytes);
+    if (e) snprintf(fl->why, sizeof fl->why, "%s: %s", rkm_result_string(e), rkm_context_errmsg(rkm_graph_context(G->g)));
+    if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl->skipped = pls.ilp_skipped, fl->cut = pls.cut;
+    cli_planner_close(&cp);
+}
+
+/* Every requested algorithm's; on a graph with a copy link, rockmate's
+ * without it too (fl[CLI_NO_COPY]: its recompute-only floor, beside the
+ * one offloading meets). */
+#define CLI_NO_COPY RKM_ALGO_COUNT
+static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floor fl[RKM_ALGO_COUNT + 1])
+{
+    for (int a = CLI_FIRST_ALGO; a <= RKM_ALGO_COUNT; a++)
+        snprintf(fl[a].why, sizeof fl[a].why, "not requested (--algo %s)",
+                 rkm_algo_name(a == CLI_NO_COPY ? RKM_ALGO_ROCKMATE : (rkm_algo)a));
+    rkm_copy_desc c;
     for (int k = 0; k < o->n_algos; k++) {
-        rkm_algo a = o->algos[k];
-        cli_planner cp;
-        rkm_planner_stats pls;
-        fl[a].why[0] = 0;
-        rkm_result e = cli_planner_open(G, a, o, &cp);
-        if (!e) e = cli_planner_min(&cp, &fl[a].bytes);
-        if (e) snprintf(fl[a].why, sizeof fl[a].why, "%s: %s", rkm_result_string(e), rkm_context_errmsg(ctx));
-        if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl[a].skipped = pls.ilp_skipped, fl[a].cut = pls.cut;
-        cli_planner_close(&cp);
+        cli_info_min_budget(G, o, o->algos[k], &fl[o->algos[k]]);
+        if (o->algos[k] != RKM_ALGO_ROCKMATE || rkm_graph_copy_get(G->g, &c) != RKM_OK || !(c.d2h_bytes_per_second > 0))
+            continue;
+        cli_graph nocopy = *G;
+        nocopy.g = NULL;
+        if (rkm_graph_with_copy(G->g, NULL, &nocopy.g) == RKM_OK) cli_info_min_budget(&nocopy, o, RKM_ALGO_ROCKMATE, &fl[CLI_NO_COPY]);
+        else snprintf(fl[CLI_NO_COPY].why, sizeof fl[CLI_NO_COPY].why, "%s", rkm_context_errmsg(rkm_graph_context(G->g)));
+        rkm_graph_destroy(nocopy.g);
     }
+}
+
+/* Whether info shows rockmate without the copy link. */
+static int cli_info_no_copy(const cli_graph *G)
+{
+    rkm_copy_desc c;
+    return rkm_graph_copy_get(G->g, &c) == RKM_OK && c.d2h_bytes_per_second > 0;
 }
 
 /* The budgets, in % of the baseline peak, where info gives the time bound. */
@@ -1520,7 +1545,7 @@ static double cli_overhead_bound(const cli_graph *G, size_t k)
     return extra / G->st.baseline_time;
 }
 
-static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT])
+static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT + 1])
 {
     cli_json j = {stdout, 0, 1};
     rkm_tensor_info ti;
@@ -1572,6 +1597,12 @@ static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
             cli_json_u64(&j, rkm_algo_name((rkm_algo)a), fl[a].bytes);
     }
     cli_json_close(&j, '}');
+    if (cli_info_no_copy(G)) { /* rockmate's without the copy link */
+        if (fl[CLI_NO_COPY].why[0])
+            cli_json_null(&j, "min_budget_no_copy");
+        else
+            cli_json_u64(&j, "min_budget_no_copy", fl[CLI_NO_COPY].bytes);
+    }
     cli_json_open(&j, "min_budget_reason", '{');
     for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
         if (fl[a].why[0]) cli_json_str(&j, rkm_algo_name((rkm_algo)a), fl[a].why);
@@ -1583,7 +1614,21 @@ static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
     cli_json_close(&j, '}');
 }
 
-static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT])
+/* One line of info's smallest budgets. */
+static void cli_info_floor_row(const char *name, const cli_floor *fl, double bp)
+{
+    char a[32];
+    if (fl->why[0])
+        printf("    %-10s -            (%s)\n", name, fl->why);
+    else
+        printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)%s\n", name, cli_size(a, sizeof a, fl->bytes), fl->bytes,
+               cli_percent((double)fl->bytes, bp),
+               fl->cut       ? " -- cut by the time limit: may be lower with more"
+               : fl->skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more"
+                             : "");
+}
+
+static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT + 1])
 {
     char a[32];
     double bp = (double)G->st.baseline_peak;
@@ -1613,14 +1658,8 @@ static void cli_info_text(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT]
     printf("\n");
     printf("  smallest budget per algorithm:\n");
     for (int k = CLI_FIRST_ALGO; k < RKM_ALGO_COUNT; k++) {
-        if (fl[k].why[0])
-            printf("    %-10s -            (%s)\n", rkm_algo_name((rkm_algo)k), fl[k].why);
-        else
-            printf("    %-10s %-12s (%" PRIu64 " bytes, %.1f%%)%s\n", rkm_algo_name((rkm_algo)k),
-                   cli_size(a, sizeof a, fl[k].bytes), fl[k].bytes, cli_percent((double)fl[k].bytes, bp),
-                   fl[k].cut       ? " -- cut by the time limit: may be lower with more"
-                   : fl[k].skipped ? " -- the time limit or the ILP budget ran out, ILP solves were skipped: may be lower with more"
-                                   : "");
+        cli_info_floor_row(rkm_algo_name((rkm_algo)k), &fl[k], bp);
+        if (k == RKM_ALGO_ROCKMATE && cli_info_no_copy(G)) cli_info_floor_row("(no copy)", &fl[CLI_NO_COPY], bp);
     }
     printf("  blocks         %d in %d classes\n", (int)G->st.blocks, (int)G->st.block_classes);
     printf("    %5s %5s %6s  %-24s %s\n", "block", "class", "ops", "input", "output");
@@ -1640,7 +1679,7 @@ static int cmd_info(rkm_context *ctx, const cli_opts *o)
     cli_graph G;
     int rc = cli_graph_load(ctx, o->operand[0], o, &G);
     if (rc) return rc;
-    cli_floor fl[RKM_ALGO_COUNT];
+    cli_floor fl[RKM_ALGO_COUNT + 1];
     memset(fl, 0, sizeof fl);
     cli_info_min_budgets(&G, o, fl);
     if (o->value[OPT_JSON])

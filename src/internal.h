@@ -237,6 +237,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_BISECT_DTR 40
 #define RKM_BISECT_SMALL 8
 #define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
+/* With a copy link, rockmate's below its recompute-only floor: the floor's
+ * plan offloaded for budgets between the graph's lower bound and the floor
+ * (offload.c, rkm__offload_min_budget), each probe one offloading pass and
+ * its layout. */
+#define RKM_BISECT_OFFLOAD 16
+/* Its bases: the floor's plan, rockmate's plans for budgets spaced
+ * geometrically from the floor to the baseline peak, the baseline (this
+ * many in all). */
+#define RKM_OFFLOAD_MIN_BASES 5
 /* From the least peak up to a plan that fits its arena: steps of 1/this of
  * the way to the baseline peak, doubling, RKM_MIN_BUDGET_UP tries before
  * the baseline itself; then down, while one byte under the plan's arena
@@ -808,6 +817,9 @@ struct rkm_planner {
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
+    uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
+    rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -990,6 +1002,10 @@ RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped);
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 

@@ -501,6 +501,60 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
     return RKM_OK;
 }
 
+/* `budget` met by offloading one of the bases of rkm__offload_min_budget
+ * (pl->off_bases), the first that fits, copies the compute stream waits
+ * for allowed. */
+static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_result r = RKM_OK;
+    *out = NULL;
+    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++)
+        if (pl->off_bases[k]) r = rkm__offload_fit(pl, pl->off_bases[k], budget, 1, out);
+    return r;
+}
+
+/* Rockmate's smallest budget on a graph with a copy link (*out): the
+ * recompute-only floor (rkm__min_budget_get), or below it the least budget
+ * a bisection from the graph's lower bound meets by offloading a base: the
+ * floor's own plan (what its peak steps hold besides their own needs can
+ * wait in host memory, as in rkm__planner_offload), rockmate's plans for
+ * budgets spaced geometrically from the floor to the baseline peak (fewer
+ * recomputations, more to offload), the baseline. The bases do not depend
+ * on the budget, so the probes only offload. The result is that plan's
+ * arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands out a
+ * copy where its own search finds nothing); kept with the floor (a cut
+ * bisection makes both be sought again). */
+RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t min;
+    rkm_result r = rkm__min_budget_get(pl, &min);
+    if (r || pl->off_min) {
+        *out = r ? 0 : pl->off_min;
+        return r;
+    }
+    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL}, *p = NULL;
+    uint64_t hi = min, at = min;
+    int stopped = 0, n = RKM_OFFLOAD_MIN_BASES;
+    if (pl->min_plan && min > pl->lower_bound) {
+        r = rkm__plan_copy(pl->min_plan, &b[0]);
+        for (int k = 1; k + 1 < n && !r; k++)
+            r = rkm__planner_fit(pl, (uint64_t)((double)min * pow((double)pl->base_peak / (double)min, (double)k / (n - 1))),
+                                 &b[k], NULL);
+        if (!r) r = rkm__plan_baseline(pl->user, &b[n - 1]);
+        pl->off_bases = b;
+        if (!r) r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, &stopped);
+        if (!r && hi < min) r = rkm__probe_offload(pl, hi, &p); /* the plan met there, again */
+        pl->off_bases = NULL;
+    }
+    for (int k = 0; k < n; k++) rkm_plan_destroy(b[k]);
+    if (r) return r;
+    pl->off_min = p ? p->stats.arena_bytes : min;
+    pl->off_min_plan = p;
+    pl->min_cut |= stopped;
+    *out = pl->off_min;
+    return RKM_OK;
+}
+
 /* Base b's plan with hidden copies into *q; where there is none, with
  * exposed ones into *x, the faster kept (copies the compute stream waits
  * for beat the recomputations they replace when these are long). */

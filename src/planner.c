@@ -392,6 +392,7 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
     rkm__dp_table_free(pl->ctx, &pl->table);
     rkm_plan_destroy(pl->min_plan);
+    rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
     rkm__free(pl->ctx, pl, sizeof *pl);
 }
@@ -1006,7 +1007,9 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->min_budget || pl->min_cut) {
         rkm_plan_destroy(pl->min_plan);
-        pl->min_plan = NULL;
+        rkm_plan_destroy(pl->off_min_plan);
+        pl->min_plan = pl->off_min_plan = NULL;
+        pl->off_min = 0;
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
         if (r) {
             pl->min_budget = 0;
@@ -1018,11 +1021,19 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
+/* The smallest budget the planner meets: with a copy link, rockmate's
+ * offloading may meet less than its recompute-only floor. */
+static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
+{
+    if (pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0) return rkm__offload_min_budget(pl, out);
+    return rkm__min_budget_get(pl, out);
+}
+
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm__call_start(pl, rkm__now(), RKM_STAGE_MIN_BUDGET, 0);
-    rkm_result r = rkm__min_budget_get(pl, out);
+    rkm_result r = rkm__planner_min(pl, out);
     if (pl->prog.cancelled) *out = 0;
     pl->cuts += pl->cut && !pl->prog.cancelled;
     return rkm__progress_result(pl, r, "rkm_planner_min_budget");
@@ -1035,10 +1046,8 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
  * one that finds none moves lo above m. Where success is not monotone in
  * the budget (DTR, the search) this is the least budget the probes met.
  * *stopped (if not NULL): the deadline ended it. */
-typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-
-static rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                              uint64_t *at, int *stopped)
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
     int over = 0;
@@ -1164,9 +1173,9 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     if (r) return r;
     if (!p) {
         uint64_t min;
-        if ((r = rkm__min_budget_get(pl, &min))) return r;
+        if ((r = rkm__planner_min(pl, &min))) return r;
         if (budget < min) return rkm__no_plan(pl, budget, min);
-        if ((r = rkm__plan_copy(pl->min_plan, &p))) return r;
+        if ((r = rkm__plan_copy(budget < pl->min_budget ? pl->off_min_plan : pl->min_plan, &p))) return r;
     }
     if ((r = rkm__planner_finish(pl, p, budget, t))) {
         rkm_plan_destroy(p);

@@ -158,6 +158,15 @@ def sweep_none(out):
                and d[0]["algo"] == "none" and d[0]["peak"] == d[0]["baseline_peak"]
                and d[0]["budget"] == d[0]["arena_bytes"], d)
 
+def info_copy(out):
+    d = load(out, "info --copy")
+    if d is None:
+        return
+    m, nc = d["min_budget"]["rockmate"], d.get("min_budget_no_copy")
+    report("info --copy: rockmate's smallest budget with the link below its recompute-only floor without it, "
+           "at or above the lower bound", isinstance(m, int) and isinstance(nc, int) and d["lower_bound"] <= m < nc,
+           (d["lower_bound"], m, nc))
+
 def sweep_copy(out):
     d = load(out, "sweep --copy")
     if d is None:
@@ -507,6 +516,16 @@ check "sweep --copy --svg: the twin's dashed curve and legend" grep -q 'rockmate
 run sweep "$g" --algo rockmate,rotor --copy 25e9 --points 3
 expect "sweep --copy (text)" 0
 check "sweep --copy (text): the (no copy) column follows rockmate's" grep -qE 'budget% +rockmate +\(no copy\) +rotor$' "$tmp/out"
+# info with a copy link: rockmate's smallest budget, where offloading goes
+# below the recompute-only floor (resnet18-like-b32: 46.0 % against 57.4 %),
+# and the floor without the link on the line after it.
+run info tests/graphs/resnet18-like-b32.rkg --algo rockmate --copy 450e9 --json
+expect "info --copy --json" 0
+pycheck info_copy "$tmp/out"
+run info tests/graphs/resnet18-like-b32.rkg --algo rockmate --copy 450e9
+expect "info --copy (text)" 0
+check "info --copy (text): the (no copy) line follows rockmate's" \
+    bash -c "grep -A1 -E '^    rockmate +[0-9]' '$tmp/out' | grep -qE '^    \(no copy\) +[0-9]'"
 run plan "$g" --copy 25e9 --budget 40% --svg "$tmp/plan-copy.svg"
 expect "plan --copy --svg" 0
 check "plan --copy --svg: copies in flight drawn" grep -q 'offloads in flight' "$tmp/plan-copy.svg"
