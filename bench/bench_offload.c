@@ -5,8 +5,11 @@
  *
  * For each graph (default: gpt2-xl-b4-t1024, gpt2-124M-b4-t64,
  * resnet18-like-b32) at 90..10 % of the baseline peak, at the
- * recompute-only smallest budget and half way from there to the graph's
- * lower bound (no plan at all peaks below that): the overhead (in % of the
+ * recompute-only smallest budget, half way from there to the graph's
+ * lower bound, and each link's smallest budget where it is below that
+ * floor (rkm_planner_min_budget, printed above the table with the time its
+ * planner took to find it; no plan at all peaks below the lower bound):
+ * the overhead (in % of the
  * baseline time) of rockmate on the graph without a link, with 450 GB/s
  * each way (NVLink-C2C class) and with 25 GB/s (PCIe 4.0 x16), each link
  * with 10 us a copy; the seconds the offloading plans wait for copies; and
@@ -102,6 +105,8 @@ static void bench_graph(rkm_context *ctx, const char *name)
         row(g, "floor", floor, 100.0 * (double)floor / (double)st.baseline_peak);
         row(g, "below", below, 100.0 * (double)below / (double)st.baseline_peak);
     }
+    for (int l = 1; l < N_LINKS; l++) /* where a link's smallest budget is below the floor: planned there */
+        if (min[l] && min[l] < floor) row(g, l == 1 ? "min450" : "min25", min[l], 100.0 * (double)min[l] / (double)st.baseline_peak);
     for (int l = 0; l < N_LINKS; l++) rkm_graph_destroy(g[l]);
 }
 
