@@ -567,7 +567,8 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
 }
 
 /* Rockmate on a graph with a copy link: *p (taken; NULL if no
- * recompute-only plan fits) or a plan that offloads, the faster. The bases
+ * recompute-only plan fits) or a plan that offloads, the faster (on an
+ * error *p is destroyed and NULL). The bases
  * to offload from are plans with fewer recomputations than the budget's:
  * the baseline, and rockmate's plan for the budget plus a share of what
  * the slower copy stream moves in the baseline's forward time (about what
@@ -592,9 +593,9 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     *p = rkm__faster(*p, q);
     rkm_plan_destroy(base);
     base = q = NULL;
-    if (r || (*p && (*p)->stats.time <= pl->base_time)) {
+    if (!r && *p && (*p)->stats.time <= pl->base_time) {
         rkm_plan_destroy(x);
-        return r; /* nothing is faster */
+        return RKM_OK; /* nothing is faster */
     }
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
@@ -611,5 +612,9 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     if (!r && !*p && !q && !(r = rkm__min_budget_get(pl, &min)) && pl->min_plan && budget < min)
         r = rkm__offload_fit(pl, pl->min_plan, budget, 1, &q); /* below the floor: offload what its peak holds */
     *p = rkm__faster(*p, rkm__faster(q, x));
+    if (r) { /* nothing half-built: the plan taken goes too */
+        rkm_plan_destroy(*p);
+        *p = NULL;
+    }
     return r;
 }

@@ -654,6 +654,44 @@ TEST(search_planners)
     rkm_context_destroy(ctx);
 }
 
+/* Rockmate's smallest budget with a copy link, below its recompute-only
+ * floor (240 bytes) at the graph's lower bound (224): the floor's search,
+ * the bases it offloads, the bisection and the plan kept for the solve at
+ * it, with every allocation failing in turn (every 31st of about 37500:
+ * each run is a whole search; every 4th took 6 minutes here, and found a
+ * leak that every 31st finds too). A random tiny graph (test_offload's
+ * planner_against_brute_force, seed 25). */
+static const char tiny_copy_graph[] =
+    "rockmate-graph 1\ncopy d2h=31000000 h2d=30000000 latency=5e-07\ntensor x 64 input\ntensor t0_0 48\n"
+    "tensor t0_1 32\ntensor t1_0 48\ntensor t1_1 32 nograd\ntensor t2_0 64\n"
+    "op op0 fwd=2.043e-06 bwd=1e-05 in=x out=t0_0,t0_1\nop op1 fwd=4.024e-06 bwd=1e-05 in=t0_0 out=t1_0,t1_1 saved=t0_0\n"
+    "op op2 fwd=5.051e-06 bwd=1.6e-05 in=t1_0 out=t2_0 saved=t1_0 fwd_ws=16\nloss t2_0\n";
+
+TEST(offload_min_budget)
+{
+    rkm_context *ctx = new_ctx();
+    solve_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(rkm_graph_read_string(ctx, tiny_copy_graph, strlen(tiny_copy_graph), "tiny-copy.rkg", &e.g) == RKM_OK);
+    rkm_graph *plain = NULL;
+    rkm_planner *a = NULL, *b = NULL;
+    uint64_t floor = 0, min = 0;
+    e.desc.alignment = 1;
+    CHECK(e.g && rkm_graph_with_copy(e.g, NULL, &plain) == RKM_OK);
+    CHECK(plain && rkm_planner_create(plain, &e.desc, &a) == RKM_OK && rkm_planner_min_budget(a, &floor) == RKM_OK);
+    CHECK(rkm_planner_create(e.g, &e.desc, &b) == RKM_OK && rkm_planner_min_budget(b, &min) == RKM_OK);
+    CHECK(min < floor); /* else the offloading bisection never runs */
+    rkm_planner_destroy(a);
+    rkm_planner_destroy(b);
+    rkm_graph_destroy(plain);
+    op_under_test op = {"smallest budget with a copy link", run_min_budget, check_min_budget, drop_plan};
+    fail_stride = 31;
+    if (e.g && min < floor) every_failure(&op, &e, ctx);
+    fail_stride = 1;
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
 /* The offload stage (src/offload.c) on gpt2-tiny's baseline with a fast
  * copy link at half its peak, and the birth of the plan it makes (copy
  * steps, host copies, prefetched buffers), every allocation failing in
@@ -775,6 +813,7 @@ int main(void)
     RUN(planners);
     RUN(cancelled_solves);
     RUN(search_planners);
+    RUN(offload_min_budget);
     RUN(offload_stage);
     RUN(nest_graph);
     RUN(allocator_totals);
