@@ -851,7 +851,8 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES], */
+    int off_made;            /* the first off_made of them made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -11338,15 +11339,30 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
     return RKM_OK;
 }
 
-/* `budget` met by offloading one of the bases of rkm__offload_min_budget
- * (pl->off_bases), the first that fits, copies the compute stream waits
- * for allowed. */
+/* Base k of rkm__offload_min_budget (NULL: no plan there), into
+ * pl->off_bases[k]. */
+static rkm_result rkm__off_min_base(rkm_planner *pl, int k)
+{
+    const int n = RKM_OFFLOAD_MIN_BASES;
+    double floor = (double)pl->min_budget;
+    if (k == 0) return rkm__plan_copy(pl->min_plan, &pl->off_bases[0]);
+    if (k == n - 1) return rkm__plan_baseline(pl->user, &pl->off_bases[k]);
+    return rkm__planner_fit(pl, (uint64_t)(floor * pow((double)pl->base_peak / floor, (double)k / (n - 1))),
+                            &pl->off_bases[k], NULL);
+}
+
+/* `budget` met by offloading one of the bases of rkm__offload_min_budget,
+ * the first that fits, copies the compute stream waits for allowed. A base
+ * is made when a probe first needs it (where the floor's own plan meets
+ * every probe, no other is). */
 static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++)
-        if (pl->off_bases[k]) r = rkm__offload_fit(pl, pl->off_bases[k], budget, 1, out);
+    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++) {
+        if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
+        if (!r && pl->off_bases[k]) r = rkm__offload_fit(pl, pl->off_bases[k], budget, 1, out);
+    }
     return r;
 }
 
@@ -11371,19 +11387,15 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
     }
     rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL}, *p = NULL;
     uint64_t hi = min, at = min;
-    int stopped = 0, n = RKM_OFFLOAD_MIN_BASES;
+    int stopped = 0;
     if (pl->min_plan && min > pl->lower_bound) {
-        r = rkm__plan_copy(pl->min_plan, &b[0]);
-        for (int k = 1; k + 1 < n && !r; k++)
-            r = rkm__planner_fit(pl, (uint64_t)((double)min * pow((double)pl->base_peak / (double)min, (double)k / (n - 1))),
-                                 &b[k], NULL);
-        if (!r) r = rkm__plan_baseline(pl->user, &b[n - 1]);
         pl->off_bases = b;
-        if (!r) r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, &stopped);
+        pl->off_made = 0;
+        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, &stopped);
         if (!r && hi < min) r = rkm__probe_offload(pl, hi, &p); /* the plan met there, again */
         pl->off_bases = NULL;
     }
-    for (int k = 0; k < n; k++) rkm_plan_destroy(b[k]);
+    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
     if (r) return r;
     pl->off_min = p ? p->stats.arena_bytes : min;
     pl->off_min_plan = p;

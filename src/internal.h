@@ -819,7 +819,8 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES], */
+    int off_made;            /* the first off_made of them made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
