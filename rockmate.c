@@ -269,10 +269,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_BISECT_DTR 40
 #define RKM_BISECT_SMALL 8
 #define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
-/* With a copy link, rockmate's below its recompute-only floor: the floor's
- * plan offloaded for budgets between the graph's lower bound and the floor
- * (offload.c, rkm__offload_min_budget), each probe one offloading pass and
- * its layout. */
+/* With a copy link, rockmate's below its recompute-only floor, from the
+ * graph's lower bound (offload.c, rkm__offload_min_budget): each probe
+ * offloads its bases, an offloading pass and a layout each, until one
+ * fits. */
 #define RKM_BISECT_OFFLOAD 16
 /* Its bases: the floor's plan, rockmate's plans for budgets spaced
  * geometrically from the floor to the baseline peak, the baseline (this
@@ -851,8 +851,8 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES], */
-    int off_made;            /* the first off_made of them made so far */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
+    int off_made;            /* how many of them are made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -10855,8 +10855,8 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
  * - Timing is the base plan's compute timeline. Offloads are queued on the
  *   device-to-host stream in the order of their gaps, each as soon as its
  *   tensor is written (reads may go on while it is copied) and the copy
- *   before it is issued; a tensor is freed after the first compute step that ends once its
- *   copy has: its wait never waits. Prefetches are placed as late as the
+ *   before it is issued; a tensor is freed after the first compute step
+ *   that ends once its copy has: its wait never waits. Prefetches are placed as late as the
  *   host-to-device stream allows (latest first, each ending when the next
  *   read starts or the later prefetch begins), issued before the last
  *   compute step that starts by then: their bytes are live as briefly as the
@@ -10878,10 +10878,9 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
  * its last read before the gap a and its last write before that w,
  * offload after step o (w <= o <= a: it may be read while copied), wait
  * and free after step f, prefetch before step p, wait before step b (its
- * next read). An exposed copy (picked for a
- * peak its hidden copies do not clear) is off the device by f_max at the
- * latest and back no sooner than p_min, and the compute stream waits for
- * what does not hide. */
+ * next read). An exposed copy (picked for a peak its hidden copies do not
+ * clear) is off the device by f_max at the latest and back no sooner than
+ * p_min, and the compute stream waits for what does not hide. */
 typedef struct rkm__gap {
     int64_t a, b, w, o, f, p, f_max, p_min;
     double off_end, pre_start; /* the copies' planned times */
@@ -11417,8 +11416,8 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
 
 /* Rockmate on a graph with a copy link: *p (taken; NULL if no
  * recompute-only plan fits) or a plan that offloads, the faster (on an
- * error *p is destroyed and NULL). The bases
- * to offload from are plans with fewer recomputations than the budget's:
+ * error *p is destroyed and NULL). The bases to offload from are plans
+ * with fewer recomputations than the budget's:
  * the baseline, and rockmate's plan for the budget plus a share of what
  * the slower copy stream moves in the baseline's forward time (about what
  * can leave the device unseen while the forward runs), at most the

@@ -1518,9 +1518,12 @@ static void cli_info_min_budgets(const cli_graph *G, const cli_opts *o, cli_floo
         if (o->algos[k] != RKM_ALGO_ROCKMATE || rkm_graph_copy_get(G->g, &c) != RKM_OK || !(c.d2h_bytes_per_second > 0))
             continue;
         cli_graph nocopy = *G;
+        cli_floor *nc = &fl[CLI_NO_COPY];
         nocopy.g = NULL;
-        if (rkm_graph_with_copy(G->g, NULL, &nocopy.g) == RKM_OK) cli_info_min_budget(&nocopy, o, RKM_ALGO_ROCKMATE, &fl[CLI_NO_COPY]);
-        else snprintf(fl[CLI_NO_COPY].why, sizeof fl[CLI_NO_COPY].why, "%s", rkm_context_errmsg(rkm_graph_context(G->g)));
+        if (rkm_graph_with_copy(G->g, NULL, &nocopy.g) == RKM_OK)
+            cli_info_min_budget(&nocopy, o, RKM_ALGO_ROCKMATE, nc);
+        else
+            snprintf(nc->why, sizeof nc->why, "%s", rkm_context_errmsg(rkm_graph_context(G->g)));
         rkm_graph_destroy(nocopy.g);
     }
 }

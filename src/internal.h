@@ -237,10 +237,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_BISECT_DTR 40
 #define RKM_BISECT_SMALL 8
 #define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
-/* With a copy link, rockmate's below its recompute-only floor: the floor's
- * plan offloaded for budgets between the graph's lower bound and the floor
- * (offload.c, rkm__offload_min_budget), each probe one offloading pass and
- * its layout. */
+/* With a copy link, rockmate's below its recompute-only floor, from the
+ * graph's lower bound (offload.c, rkm__offload_min_budget): each probe
+ * offloads its bases, an offloading pass and a layout each, until one
+ * fits. */
 #define RKM_BISECT_OFFLOAD 16
 /* Its bases: the floor's plan, rockmate's plans for budgets spaced
  * geometrically from the floor to the baseline peak, the baseline (this
@@ -819,8 +819,8 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES], */
-    int off_made;            /* the first off_made of them made so far */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
+    int off_made;            /* how many of them are made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */

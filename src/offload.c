@@ -16,8 +16,8 @@
  * - Timing is the base plan's compute timeline. Offloads are queued on the
  *   device-to-host stream in the order of their gaps, each as soon as its
  *   tensor is written (reads may go on while it is copied) and the copy
- *   before it is issued; a tensor is freed after the first compute step that ends once its
- *   copy has: its wait never waits. Prefetches are placed as late as the
+ *   before it is issued; a tensor is freed after the first compute step
+ *   that ends once its copy has: its wait never waits. Prefetches are placed as late as the
  *   host-to-device stream allows (latest first, each ending when the next
  *   read starts or the later prefetch begins), issued before the last
  *   compute step that starts by then: their bytes are live as briefly as the
@@ -40,10 +40,9 @@
  * its last read before the gap a and its last write before that w,
  * offload after step o (w <= o <= a: it may be read while copied), wait
  * and free after step f, prefetch before step p, wait before step b (its
- * next read). An exposed copy (picked for a
- * peak its hidden copies do not clear) is off the device by f_max at the
- * latest and back no sooner than p_min, and the compute stream waits for
- * what does not hide. */
+ * next read). An exposed copy (picked for a peak its hidden copies do not
+ * clear) is off the device by f_max at the latest and back no sooner than
+ * p_min, and the compute stream waits for what does not hide. */
 typedef struct rkm__gap {
     int64_t a, b, w, o, f, p, f_max, p_min;
     double off_end, pre_start; /* the copies' planned times */
@@ -579,8 +578,8 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
 
 /* Rockmate on a graph with a copy link: *p (taken; NULL if no
  * recompute-only plan fits) or a plan that offloads, the faster (on an
- * error *p is destroyed and NULL). The bases
- * to offload from are plans with fewer recomputations than the budget's:
+ * error *p is destroyed and NULL). The bases to offload from are plans
+ * with fewer recomputations than the budget's:
  * the baseline, and rockmate's plan for the budget plus a share of what
  * the slower copy stream moves in the baseline's forward time (about what
  * can leave the device unseen while the forward runs), at most the
