@@ -9,8 +9,8 @@
  * lower bound, and each link's smallest budget where it is below that
  * floor (rkm_planner_min_budget, printed above the table with the time its
  * planner took to find it; no plan at all peaks below the lower bound):
- * the overhead (in % of the
- * baseline time) of rockmate on the graph without a link, with 450 GB/s
+ * the overhead (in % of the baseline time) of rockmate on the graph
+ * without a link, with 450 GB/s
  * each way (NVLink-C2C class) and with 25 GB/s (PCIe 4.0 x16), each link
  * with 10 us a copy; the seconds the offloading plans wait for copies; and
  * planning time (create + solve, median of 3 runs, one core) of each, with
