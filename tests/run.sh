@@ -7,8 +7,10 @@
 #
 # A program that exits non-zero without reporting a failure (a crash, a
 # sanitizer report at exit, no summary line) counts as one more failure.
-# RKM_TEST_TIMEOUT (seconds, default 300) stops a program that hangs; that
-# is a failure too.
+# RKM_TEST_TIMEOUT (seconds, default 600) stops a program that hangs; that
+# is a failure too. The slowest program, test_fuzz_planner, took 185-252 s
+# alone on the 2-core development machine, and over 300 s there when other
+# work shared it: a limit that close fails a slower CI machine for no bug.
 #
 # The programs run RKM_TEST_JOBS at a time (default: one per CPU; their
 # outputs are shown whole, in order); the scripts, which call make, one by
@@ -18,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 build=${1:-build}
 export RKM_BUILD=$build
-limit=${RKM_TEST_TIMEOUT:-300}
+limit=${RKM_TEST_TIMEOUT:-600}
 jobs_max=${RKM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 [[ $jobs_max =~ ^[1-9][0-9]*$ ]] || jobs_max=1
 out_dir=$(mktemp -d) || exit 2
