@@ -887,10 +887,10 @@ TEST(brute_force_hand_worked)
 
 /* A random tiny graph (seed 14 of planner_against_brute_force) where the
  * offload must start before the tensor's last read: t1_0 is made by op1 and
- * read by op2, and only a copy running behind op2's forward leaves the
- * device before the loss without a wait. At 204 bytes the planner meets
- * the brute force (51.95 us; 52.75 when offloads started after the last
- * read). */
+ * read by op2; a copy started after op1 runs behind op2's forward and is
+ * done when t1_0 must leave the device, where one started after op2 makes
+ * the compute stream wait. At 204 bytes the planner meets the brute force
+ * (51.95 us; 52.75 when offloads started after the last read). */
 #define G_WHILE_READ                                                        \
     "rockmate-graph 1\n"                                                    \
     "copy d2h=32000000 h2d=35000000 latency=3e-07\n"                        \
