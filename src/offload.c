@@ -17,11 +17,12 @@
  *   device-to-host stream in the order of their gaps, each as soon as its
  *   tensor is written (reads may go on while it is copied) and the copy
  *   before it is issued; a tensor is freed after the first compute step
- *   that ends once its copy has: its wait never waits. Prefetches are placed as late as the
- *   host-to-device stream allows (latest first, each ending when the next
- *   read starts or the later prefetch begins), issued before the last
- *   compute step that starts by then: their bytes are live as briefly as the
- *   stream allows, and waits are only where the stream is the bottleneck.
+ *   that ends once its copy has: its wait never waits. Prefetches are
+ *   placed as late as the host-to-device stream allows (latest first, each
+ *   ending when the next read starts or the later prefetch begins), issued
+ *   before the last compute step that starts by then: their bytes are live
+ *   as briefly as the stream allows, and waits are only where the stream is
+ *   the bottleneck.
  * - While the plan peaks over the budget, the largest tensor whose gap
  *   leaves it off the device at the peak step (as it would alone) joins the
  *   set; a tensor that helps nowhere never does.
@@ -113,17 +114,6 @@ static int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t
 static int rkm__slot_written(const rkm_graph *g, const rkm_step *st, int32_t j)
 {
     return st->kind == RKM_STEP_FWD && (j >= g->ops[st->index].n_in || (j == 0 && st->inplace));
-}
-
-/* The last base step at or before a that writes slot t (a if none). */
-static int64_t rkm__off_written(rkm__off *o, int32_t t, int64_t a)
-{
-    for (int64_t i = a; i >= 0; i--) {
-        int32_t k = rkm__slot_touches(o->g, &o->base[i], o->touch);
-        for (int32_t j = 0; j < k; j++)
-            if (o->touch[j] == t && rkm__slot_written(o->g, &o->base[i], j)) return i;
-    }
-    return a;
 }
 
 /* The compute timeline and every tensor's longest gap, from a replay of the
@@ -287,14 +277,14 @@ static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
     return res.peak_step;
 }
 
-/* The base step nearest i, going by dir (+1, -1), that touches slot t;
- * -1 if none. */
-static int64_t rkm__off_touch(rkm__off *o, int32_t t, int64_t i, int dir)
+/* The base step nearest i, going by dir (+1, -1), that touches slot t
+ * (writes it, if `written`); -1 if none. */
+static int64_t rkm__off_touch(rkm__off *o, int32_t t, int64_t i, int dir, int written)
 {
     for (; i >= 0 && (size_t)i < o->n; i += dir) {
         int32_t k = rkm__slot_touches(o->g, &o->base[i], o->touch);
         for (int32_t j = 0; j < k; j++)
-            if (o->touch[j] == t) return i;
+            if (o->touch[j] == t && (!written || rkm__slot_written(o->g, &o->base[i], j))) return i;
     }
     return -1;
 }
@@ -335,16 +325,18 @@ static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s)
         }
         if (o->in[t] || !rkm__slot_live(&o->sim, t) || (u < g->n_tensors && (g->tensors[u].flags & RKM_TENSOR_INPUT)))
             continue;
-        int64_t a = rkm__off_touch(o, t, s - 1, -1), b = rkm__off_touch(o, t, s, 1);
+        int64_t a = rkm__off_touch(o, t, s - 1, -1, 0), b = rkm__off_touch(o, t, s, 1, 0);
         int32_t kb = b >= 0 ? o->base[b].kind : -1;
         if (a < 0 || b <= s || (kb != RKM_STEP_FWD && kb != RKM_STEP_BWD && kb != RKM_STEP_LOSS)) continue;
         best = t, best_a = a, best_b = b;
     }
     if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
         rkm__gap *x = &o->gap[best];
-        if (!o->in[best]) x->f_max = INT64_MAX, x->p_min = -1;
+        if (!o->in[best]) { /* a new one: its gap is the one around s */
+            int64_t w = rkm__off_touch(o, best, best_a, -1, 1);
+            x->f_max = INT64_MAX, x->p_min = -1, x->w = w >= 0 ? w : best_a;
+        }
         x->a = best_a, x->b = best_b;
-        if (!o->in[best]) x->w = rkm__off_written(o, best, best_a);
         if (x->f_max > s - 1) x->f_max = s - 1;
         int64_t p = s + 1;
         while (p < best_b && o->te[p] == o->ts[p]) p++;
