@@ -18,7 +18,7 @@
  *   dtr.c        DTR: dynamic tensor rematerialization, simulated offline
  *   planner.c    the planner: its API, the algorithms, flattening, budgets
  *   progress.c   a planner call's progress reports and their cancel (rkm_solve_desc.progress)
- *   nest.c       nesting: a big block planned as a graph of its own
+ *   nest.c       a big block as a graph of its own: nesting, and drop options
  *   search.c     the local search: polish, squeeze, kick, the rockmate portfolio and phases
  *   offload.c    offloading: a recompute-only plan's idle tensors sent to host memory
  *   exec.c       the executor and the profiler
@@ -152,6 +152,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
 #define RKM_NEST_DEPTH 16 /* levels at most */
 #define RKM_NEST_POINTS 8 /* peak budgets of the grid */
+/* Drop options (nest.c) a class gets: the prefixes that free 1/12, 2/12,
+ * ... of the droppable bytes. On dag4x50, dag6x30-s17, dag5x40-s11 and
+ * dag3x50-s21 at 90..30 %, 6, 12 and 24 gave overheads within 1 % of one
+ * another in sum (195.5, 197.1, 195.8 points), each ahead at some budgets. */
+#define RKM_DROP_POINTS 12
 
 /* ---- the chain DP (chain.c, planner.c) ---- */
 
@@ -1022,6 +1027,7 @@ RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
@@ -1052,11 +1058,14 @@ RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
 RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
 
 /* nest.c */
+RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
+RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
 /* search.c */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 
@@ -8619,8 +8628,23 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 #define RKM__HAVE_ILP 1
 #endif
 
+/* Whether the chain has blocks to trade memory between: two or more of
+ * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
+ * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
+ * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
+ * the whole-graph search plans the block, and the options moved plans
+ * both ways (random30 at 40 %: 23.36 -> 24.17 %; dag100 at 50 %: 11.33 ->
+ * 11.83 %, at 40 %: 115.0 -> 25.0 %). */
+static int rkm__drop_chain(const rkm_graph *g)
+{
+    int32_t big = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
+    return big >= 2;
+}
+
 /* Options of one class, solved on its first block: a nested planner's
- * where the block nests, the block ILP's unless the nested planner covered
+ * where the block nests, drop options on a chain of big blocks
+ * (rkm__drop_chain), the block ILP's unless the nested planner covered
  * a block too big for it or the block is too big for the ILP at all. The
  * class spends the block ILP budget left times its weight w over wl, its
  * own and that of the classes still to come, so what one class leaves goes
@@ -8638,6 +8662,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     double work0 = pl->ilp.work, allow = pl->pool * w / wl;
     int nested = 0;
     rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
+    if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
     double left = allow - (pl->ilp.work - work0);
     if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
         /* a share below a tenth of one solve's limit buys no solve but costs
@@ -8877,21 +8902,29 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
                     (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
 }
 
-/* Birth of a draft the planner made (taken): an invalid one is a bug. */
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+/* Birth of a draft the planner made for g (its graph, or a block's as a
+ * graph of its own), taken: an invalid one is a bug. */
+RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
 {
-    rkm_result r = rkm__lower_inplace(pl->g, draft);
+    rkm_result r = rkm__lower_inplace(g, draft);
     if (r) {
         rkm__steps_free(draft);
         return r;
     }
-    r = rkm__plan_birth(pl->g, draft, NULL, out);
-    if (!r) rkm__progress_plan(pl, *out);
+    r = rkm__plan_birth(g, draft, NULL, out);
     if (r != RKM_ERROR_PLAN) return r;
     char why[RKM_ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
     return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay: %s",
                     rkm_algo_name(pl->d.algo), why);
+}
+
+/* Birth of a draft of the planner's graph (taken), its progress noted. */
+RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+{
+    rkm_result r = rkm__draft_birth(pl, pl->g, draft, out);
+    if (!r) rkm__progress_plan(pl, *out);
+    return r;
 }
 
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
@@ -9715,9 +9748,10 @@ RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const
 
 /* ==== src/nest.c ==== */
 
-/* nest.c -- nesting: a big block planned as a graph of its own
+/* nest.c -- a big block as a graph of its own: nesting, and drop options
  *
- * Uses (through internal.h): base.c, graph.c, plan.c, planner.c. */
+ * Uses (through internal.h): base.c, graph.c, plan.c, baseline.c, search.c
+ * (rkm__canonical_draft), planner.c. */
 
 /* ---- nesting: a big block planned as a graph of its own ------------------
  *
@@ -9868,6 +9902,148 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
     pl->ilp.failed += sub->ilp.failed;
     pl->ilp.seconds += sub->ilp.seconds;
     pl->ilp.work += sub->ilp.work;
+}
+
+/* ---- drop options: all kept but a set of cheap tensors --------------------
+ *
+ * On chains of random-DAG blocks too big for the block ILP (dag4x50's 50
+ * ops), the whole-graph ILP's plan is, block by block, one schedule: the
+ * forward keeps all but a set of tensors cheap to make again for the bytes
+ * they hold, and the backward makes each of them again once, just before
+ * its first reader; offered as options, its blocks' schedules take
+ * rockmate below that plan. The sets here are the prefixes of the ops in
+ * order of forward time per byte they free (outputs a backward reads, and
+ * the saved state); each is its compute steps with the earliest frees
+ * (rkm__canonical_draft), replayed as an option like any other. */
+
+/* Push `fwd j save` onto c after the forwards it needs that are dropped
+ * and not made again yet (made[j]: it was). */
+static int rkm__drop_remake(const rkm_graph *h, int32_t j, uint8_t *drop, uint8_t *made, rkm__steps *c)
+{
+    const rkm__op *o = &h->ops[j];
+    for (int32_t k = 0; k < o->n_in; k++) {
+        int32_t q = h->tensors[o->in[k]].producer;
+        if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
+    }
+    made[j] = 1;
+    return rkm__steps_push(c, RKM_STEP_FWD, j, rkm__saves_phantom(o));
+}
+
+/* The compute steps of h's baseline `base` with the ops drop[] made again
+ * in the backward, each once, before its first reader there. */
+static int rkm__drop_steps(const rkm_graph *h, const rkm_plan *base, uint8_t *drop, uint8_t *made, rkm__steps *c)
+{
+    int after = 0;
+    memset(made, 0, h->n_ops);
+    c->n = 0;
+    for (size_t i = 0; i < base->n_steps; i++) {
+        const rkm_step *st = &base->steps[i];
+        if (st->kind == RKM_STEP_BWD) {
+            const rkm__op *o = &h->ops[st->index];
+            if (drop[st->index] && !made[st->index] && rkm__saves_phantom(o) &&
+                !rkm__drop_remake(h, st->index, drop, made, c))
+                return 0;
+            for (int32_t k = 0; k < o->n_saved; k++) {
+                int32_t q = h->tensors[o->saved[k]].producer;
+                if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
+            }
+        }
+        after |= st->kind == RKM_STEP_LOSS;
+        if ((st->kind == RKM_STEP_FWD && !after) || st->kind == RKM_STEP_LOSS || st->kind == RKM_STEP_BWD)
+            if (!rkm__steps_push_step(c, st)) return 0;
+    }
+    return 1;
+}
+
+/* The plan of h (a block as a graph of its own, `base` its baseline) with
+ * the ops drop[] (h->n_ops flags, then as many of scratch) made again in
+ * the backward, each once, before its first reader there; c: scratch. */
+RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
+                                      rkm__steps *c, rkm_plan **out)
+{
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    *out = NULL;
+    if (!rkm__drop_steps(h, base, drop, drop + h->n_ops, c)) return rkm__nomem(pl->ctx, "drop options");
+    rkm_result r = rkm__canonical_draft(h, c->s, c->n, &d);
+    return r ? r : rkm__draft_birth(pl, h, &d, out);
+}
+
+/* What dropping op j of h frees for its forward time: the bytes of its
+ * outputs that a backward reads (but the block's output, read by h's loss
+ * op `keep`) and its saved state. */
+static double rkm__drop_ratio(const rkm_graph *h, int32_t j, const uint8_t *read, int32_t keep, uint64_t *bytes)
+{
+    const rkm__op *o = &h->ops[j];
+    *bytes = rkm__saves_phantom(o) ? o->phantom : 0;
+    for (int32_t k = 0; k < o->n_out; k++)
+        if (read[o->out[k]]) *bytes += h->tensors[o->out[k]].bytes;
+    for (int32_t k = 0; k < h->ops[keep].n_in; k++)
+        for (int32_t m = 0; m < o->n_out; m++)
+            if (o->out[m] == h->ops[keep].in[k]) *bytes = 0;
+    return *bytes ? o->fwd / (double)*bytes : INFINITY;
+}
+
+/* The ops of h that dropping frees bytes, in order[] by forward time per
+ * byte (ratio[], bytes[]: per op; read: h->n_tensors of scratch, zeroed),
+ * ties in op order; their count, and *total their bytes. */
+static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order, double *ratio, uint64_t *bytes,
+                               uint64_t *total)
+{
+    int32_t m = 0, n = (int32_t)h->n_ops, keep = h->tensors[h->loss].producer;
+    for (int32_t j = 0; j < n; j++)
+        for (int32_t k = 0; h->ops[j].has_bwd && k < h->ops[j].n_saved; k++) read[h->ops[j].saved[k]] = 1;
+    for (int32_t j = 0; j < n; j++) {
+        ratio[j] = j == keep ? INFINITY : rkm__drop_ratio(h, j, read, keep, &bytes[j]);
+        if (ratio[j] == INFINITY) continue;
+        *total += bytes[j];
+        int32_t k = m++; /* insertion, stable */
+        for (; k > 0 && ratio[order[k - 1]] > ratio[j]; k--) order[k] = order[k - 1];
+        order[k] = j;
+    }
+    return m;
+}
+
+/* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
+ * offered to its class. */
+RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
+{
+    const rkm_graph *g = pl->g;
+    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
+    rkm_graph *h = NULL;
+    rkm_plan *base = NULL;
+    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "drop options");
+    if (!r) r = rkm__plan_baseline(h, &base);
+    size_t n = r ? 0 : h->n_ops;
+    uint8_t *read = r ? NULL : rkm__calloc(pl->ctx, h->n_tensors + 2 * n, 1), *drop = read ? read + h->n_tensors : NULL;
+    int32_t *order = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *order);
+    double *ratio = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *ratio);
+    uint64_t *bytes = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *bytes), total = 0;
+    rkm__steps c = {pl->ctx, NULL, 0, 0};
+    if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
+    int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
+    uint64_t freed = 0;
+    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r; i++) {
+        uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
+        int more = 0;
+        for (; p < m && freed < goal; p++, more = 1) {
+            drop[order[p]] = 1;
+            freed += bytes[order[p]];
+        }
+        if (!more) continue;
+        rkm_plan *q = NULL;
+        r = rkm__drop_plan(pl, h, base, drop, &c, &q);
+        if (!r) r = rkm__nest_offer(pl, s, b, q, map);
+        rkm_plan_destroy(q);
+    }
+    rkm__steps_free(&c);
+    rkm__free(pl->ctx, bytes, n * sizeof *bytes);
+    rkm__free(pl->ctx, ratio, n * sizeof *ratio);
+    rkm__free(pl->ctx, order, n * sizeof *order);
+    rkm__free(pl->ctx, read, read ? h->n_tensors + 2 * n : 0);
+    rkm_plan_destroy(base);
+    rkm_graph_destroy(h);
+    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
+    return r;
 }
 
 /* Block b's options from a nested planner (whose block ILP budget is
@@ -10145,9 +10321,12 @@ static int rkm__polish_search(rkm__polish *w)
     return 1;
 }
 
-static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget)
+/* A polish of the plan of g whose steps are steps[0..n) (its compute
+ * steps are what it keeps); pl (NULL when only expanded) gives the
+ * deadline. */
+static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_graph *g, const rkm_step *steps, size_t n,
+                                   uint64_t budget)
 {
-    const rkm_graph *g = pl->g;
     memset(w, 0, sizeof *w);
     w->g = g;
     w->pl = pl;
@@ -10158,12 +10337,28 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_pl
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
     if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
-    for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *s = &p->steps[i];
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *s = &steps[i];
         if (rkm__is_compute(s) && !rkm__steps_push(&w->cand, s->kind, s->index, s->save))
             return rkm__nomem(g->ctx, "plan polish");
     }
     return RKM_OK;
+}
+
+/* The draft of g whose compute steps are those of steps[0..n), with the
+ * earliest frees (polish's canonical form, dead forwards left out): for
+ * plans made from compute steps alone (nest.c's drop options). */
+RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out)
+{
+    rkm__polish w;
+    rkm_result r = rkm__polish_init(&w, NULL, g, steps, n, UINT64_MAX);
+    if (!r && !rkm__polish_expand(&w)) r = rkm__nomem(g->ctx, "plan polish");
+    if (!r) {
+        *out = w.full;
+        w.full = (rkm__steps){g->ctx, NULL, 0, 0};
+    }
+    rkm__polish_free(&w);
+    return r;
 }
 
 /* *p replaced by a faster plan within the budget when the search finds one. */
@@ -10171,7 +10366,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl, *p, budget);
+    rkm_result r = rkm__polish_init(&w, pl, pl->g, (*p)->steps, (*p)->n_steps, budget);
     w.limit = pl->work_left;
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
@@ -10526,7 +10721,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     memset(&q, 0, sizeof q);
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
-    rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
+    rkm_result r = rkm__polish_init(&q.w, pl, pl->g, p->steps, p->n_steps, budget);
     q.w.limit = *left;
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
@@ -10690,7 +10885,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
         rkm__polish w;
         int kept = 0;
         improved = 0;
-        r = rkm__polish_init(&w, pl, *best, budget);
+        r = rkm__polish_init(&w, pl, pl->g, (*best)->steps, (*best)->n_steps, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
         for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && rkm__share(pl, left) > 0; j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);

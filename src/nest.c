@@ -1,6 +1,7 @@
-/* nest.c -- nesting: a big block planned as a graph of its own
+/* nest.c -- a big block as a graph of its own: nesting, and drop options
  *
- * Uses (through internal.h): base.c, graph.c, plan.c, planner.c. */
+ * Uses (through internal.h): base.c, graph.c, plan.c, baseline.c, search.c
+ * (rkm__canonical_draft), planner.c. */
 #include "internal.h"
 
 /* ---- nesting: a big block planned as a graph of its own ------------------
@@ -152,6 +153,148 @@ static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered
     pl->ilp.failed += sub->ilp.failed;
     pl->ilp.seconds += sub->ilp.seconds;
     pl->ilp.work += sub->ilp.work;
+}
+
+/* ---- drop options: all kept but a set of cheap tensors --------------------
+ *
+ * On chains of random-DAG blocks too big for the block ILP (dag4x50's 50
+ * ops), the whole-graph ILP's plan is, block by block, one schedule: the
+ * forward keeps all but a set of tensors cheap to make again for the bytes
+ * they hold, and the backward makes each of them again once, just before
+ * its first reader; offered as options, its blocks' schedules take
+ * rockmate below that plan. The sets here are the prefixes of the ops in
+ * order of forward time per byte they free (outputs a backward reads, and
+ * the saved state); each is its compute steps with the earliest frees
+ * (rkm__canonical_draft), replayed as an option like any other. */
+
+/* Push `fwd j save` onto c after the forwards it needs that are dropped
+ * and not made again yet (made[j]: it was). */
+static int rkm__drop_remake(const rkm_graph *h, int32_t j, uint8_t *drop, uint8_t *made, rkm__steps *c)
+{
+    const rkm__op *o = &h->ops[j];
+    for (int32_t k = 0; k < o->n_in; k++) {
+        int32_t q = h->tensors[o->in[k]].producer;
+        if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
+    }
+    made[j] = 1;
+    return rkm__steps_push(c, RKM_STEP_FWD, j, rkm__saves_phantom(o));
+}
+
+/* The compute steps of h's baseline `base` with the ops drop[] made again
+ * in the backward, each once, before its first reader there. */
+static int rkm__drop_steps(const rkm_graph *h, const rkm_plan *base, uint8_t *drop, uint8_t *made, rkm__steps *c)
+{
+    int after = 0;
+    memset(made, 0, h->n_ops);
+    c->n = 0;
+    for (size_t i = 0; i < base->n_steps; i++) {
+        const rkm_step *st = &base->steps[i];
+        if (st->kind == RKM_STEP_BWD) {
+            const rkm__op *o = &h->ops[st->index];
+            if (drop[st->index] && !made[st->index] && rkm__saves_phantom(o) &&
+                !rkm__drop_remake(h, st->index, drop, made, c))
+                return 0;
+            for (int32_t k = 0; k < o->n_saved; k++) {
+                int32_t q = h->tensors[o->saved[k]].producer;
+                if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
+            }
+        }
+        after |= st->kind == RKM_STEP_LOSS;
+        if ((st->kind == RKM_STEP_FWD && !after) || st->kind == RKM_STEP_LOSS || st->kind == RKM_STEP_BWD)
+            if (!rkm__steps_push_step(c, st)) return 0;
+    }
+    return 1;
+}
+
+/* The plan of h (a block as a graph of its own, `base` its baseline) with
+ * the ops drop[] (h->n_ops flags, then as many of scratch) made again in
+ * the backward, each once, before its first reader there; c: scratch. */
+RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
+                                      rkm__steps *c, rkm_plan **out)
+{
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    *out = NULL;
+    if (!rkm__drop_steps(h, base, drop, drop + h->n_ops, c)) return rkm__nomem(pl->ctx, "drop options");
+    rkm_result r = rkm__canonical_draft(h, c->s, c->n, &d);
+    return r ? r : rkm__draft_birth(pl, h, &d, out);
+}
+
+/* What dropping op j of h frees for its forward time: the bytes of its
+ * outputs that a backward reads (but the block's output, read by h's loss
+ * op `keep`) and its saved state. */
+static double rkm__drop_ratio(const rkm_graph *h, int32_t j, const uint8_t *read, int32_t keep, uint64_t *bytes)
+{
+    const rkm__op *o = &h->ops[j];
+    *bytes = rkm__saves_phantom(o) ? o->phantom : 0;
+    for (int32_t k = 0; k < o->n_out; k++)
+        if (read[o->out[k]]) *bytes += h->tensors[o->out[k]].bytes;
+    for (int32_t k = 0; k < h->ops[keep].n_in; k++)
+        for (int32_t m = 0; m < o->n_out; m++)
+            if (o->out[m] == h->ops[keep].in[k]) *bytes = 0;
+    return *bytes ? o->fwd / (double)*bytes : INFINITY;
+}
+
+/* The ops of h that dropping frees bytes, in order[] by forward time per
+ * byte (ratio[], bytes[]: per op; read: h->n_tensors of scratch, zeroed),
+ * ties in op order; their count, and *total their bytes. */
+static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order, double *ratio, uint64_t *bytes,
+                               uint64_t *total)
+{
+    int32_t m = 0, n = (int32_t)h->n_ops, keep = h->tensors[h->loss].producer;
+    for (int32_t j = 0; j < n; j++)
+        for (int32_t k = 0; h->ops[j].has_bwd && k < h->ops[j].n_saved; k++) read[h->ops[j].saved[k]] = 1;
+    for (int32_t j = 0; j < n; j++) {
+        ratio[j] = j == keep ? INFINITY : rkm__drop_ratio(h, j, read, keep, &bytes[j]);
+        if (ratio[j] == INFINITY) continue;
+        *total += bytes[j];
+        int32_t k = m++; /* insertion, stable */
+        for (; k > 0 && ratio[order[k - 1]] > ratio[j]; k--) order[k] = order[k - 1];
+        order[k] = j;
+    }
+    return m;
+}
+
+/* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
+ * offered to its class. */
+RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
+{
+    const rkm_graph *g = pl->g;
+    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
+    rkm_graph *h = NULL;
+    rkm_plan *base = NULL;
+    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "drop options");
+    if (!r) r = rkm__plan_baseline(h, &base);
+    size_t n = r ? 0 : h->n_ops;
+    uint8_t *read = r ? NULL : rkm__calloc(pl->ctx, h->n_tensors + 2 * n, 1), *drop = read ? read + h->n_tensors : NULL;
+    int32_t *order = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *order);
+    double *ratio = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *ratio);
+    uint64_t *bytes = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *bytes), total = 0;
+    rkm__steps c = {pl->ctx, NULL, 0, 0};
+    if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
+    int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
+    uint64_t freed = 0;
+    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r; i++) {
+        uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
+        int more = 0;
+        for (; p < m && freed < goal; p++, more = 1) {
+            drop[order[p]] = 1;
+            freed += bytes[order[p]];
+        }
+        if (!more) continue;
+        rkm_plan *q = NULL;
+        r = rkm__drop_plan(pl, h, base, drop, &c, &q);
+        if (!r) r = rkm__nest_offer(pl, s, b, q, map);
+        rkm_plan_destroy(q);
+    }
+    rkm__steps_free(&c);
+    rkm__free(pl->ctx, bytes, n * sizeof *bytes);
+    rkm__free(pl->ctx, ratio, n * sizeof *ratio);
+    rkm__free(pl->ctx, order, n * sizeof *order);
+    rkm__free(pl->ctx, read, read ? h->n_tensors + 2 * n : 0);
+    rkm_plan_destroy(base);
+    rkm_graph_destroy(h);
+    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
+    return r;
 }
 
 /* Block b's options from a nested planner (whose block ILP budget is

@@ -293,8 +293,23 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 #define RKM__HAVE_ILP 1
 #endif
 
+/* Whether the chain has blocks to trade memory between: two or more of
+ * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
+ * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
+ * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
+ * the whole-graph search plans the block, and the options moved plans
+ * both ways (random30 at 40 %: 23.36 -> 24.17 %; dag100 at 50 %: 11.33 ->
+ * 11.83 %, at 40 %: 115.0 -> 25.0 %). */
+static int rkm__drop_chain(const rkm_graph *g)
+{
+    int32_t big = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
+    return big >= 2;
+}
+
 /* Options of one class, solved on its first block: a nested planner's
- * where the block nests, the block ILP's unless the nested planner covered
+ * where the block nests, drop options on a chain of big blocks
+ * (rkm__drop_chain), the block ILP's unless the nested planner covered
  * a block too big for it or the block is too big for the ILP at all. The
  * class spends the block ILP budget left times its weight w over wl, its
  * own and that of the classes still to come, so what one class leaves goes
@@ -312,6 +327,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     double work0 = pl->ilp.work, allow = pl->pool * w / wl;
     int nested = 0;
     rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
+    if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
     double left = allow - (pl->ilp.work - work0);
     if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
         /* a share below a tenth of one solve's limit buys no solve but costs
@@ -551,21 +567,29 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
                     (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
 }
 
-/* Birth of a draft the planner made (taken): an invalid one is a bug. */
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+/* Birth of a draft the planner made for g (its graph, or a block's as a
+ * graph of its own), taken: an invalid one is a bug. */
+RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
 {
-    rkm_result r = rkm__lower_inplace(pl->g, draft);
+    rkm_result r = rkm__lower_inplace(g, draft);
     if (r) {
         rkm__steps_free(draft);
         return r;
     }
-    r = rkm__plan_birth(pl->g, draft, NULL, out);
-    if (!r) rkm__progress_plan(pl, *out);
+    r = rkm__plan_birth(g, draft, NULL, out);
     if (r != RKM_ERROR_PLAN) return r;
     char why[RKM_ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
     return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay: %s",
                     rkm_algo_name(pl->d.algo), why);
+}
+
+/* Birth of a draft of the planner's graph (taken), its progress noted. */
+RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+{
+    rkm_result r = rkm__draft_birth(pl, pl->g, draft, out);
+    if (!r) rkm__progress_plan(pl, *out);
+    return r;
 }
 
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);

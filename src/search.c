@@ -222,9 +222,12 @@ static int rkm__polish_search(rkm__polish *w)
     return 1;
 }
 
-static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget)
+/* A polish of the plan of g whose steps are steps[0..n) (its compute
+ * steps are what it keeps); pl (NULL when only expanded) gives the
+ * deadline. */
+static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_graph *g, const rkm_step *steps, size_t n,
+                                   uint64_t budget)
 {
-    const rkm_graph *g = pl->g;
     memset(w, 0, sizeof *w);
     w->g = g;
     w->pl = pl;
@@ -235,12 +238,28 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_pl
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
     if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
-    for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *s = &p->steps[i];
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *s = &steps[i];
         if (rkm__is_compute(s) && !rkm__steps_push(&w->cand, s->kind, s->index, s->save))
             return rkm__nomem(g->ctx, "plan polish");
     }
     return RKM_OK;
+}
+
+/* The draft of g whose compute steps are those of steps[0..n), with the
+ * earliest frees (polish's canonical form, dead forwards left out): for
+ * plans made from compute steps alone (nest.c's drop options). */
+RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out)
+{
+    rkm__polish w;
+    rkm_result r = rkm__polish_init(&w, NULL, g, steps, n, UINT64_MAX);
+    if (!r && !rkm__polish_expand(&w)) r = rkm__nomem(g->ctx, "plan polish");
+    if (!r) {
+        *out = w.full;
+        w.full = (rkm__steps){g->ctx, NULL, 0, 0};
+    }
+    rkm__polish_free(&w);
+    return r;
 }
 
 /* *p replaced by a faster plan within the budget when the search finds one. */
@@ -248,7 +267,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl, *p, budget);
+    rkm_result r = rkm__polish_init(&w, pl, pl->g, (*p)->steps, (*p)->n_steps, budget);
     w.limit = pl->work_left;
     if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
     if (!r && kept && w.time < (*p)->stats.time) {
@@ -603,7 +622,7 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     memset(&q, 0, sizeof q);
     q.look_limit = look_left && *look_left < *left ? *look_left : look_left ? *left : 0;
     *out = NULL;
-    rkm_result r = rkm__polish_init(&q.w, pl, p, budget);
+    rkm_result r = rkm__polish_init(&q.w, pl, pl->g, p->steps, p->n_steps, budget);
     q.w.limit = *left;
     q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
@@ -767,7 +786,7 @@ static rkm_result rkm__solve_kicked(rkm_planner *pl, uint64_t budget, int max_tr
         rkm__polish w;
         int kept = 0;
         improved = 0;
-        r = rkm__polish_init(&w, pl, *best, budget);
+        r = rkm__polish_init(&w, pl, pl->g, (*best)->steps, (*best)->n_steps, budget);
         if (!r && !rkm__polish_try(&w, &kept)) r = rkm__nomem(pl->ctx, "plan kick");
         for (size_t j = 0; !r && kept && !improved && j < w.cur.n && trials < max_trials && rkm__share(pl, left) > 0; j++)
             r = rkm__kick_one(pl, &w, j, budget, &left, best, &trials, &improved);

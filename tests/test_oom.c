@@ -654,6 +654,58 @@ TEST(search_planners)
     rkm_context_destroy(ctx);
 }
 
+/* Drop options (nest.c): a rockmate planner's creation on a chain of two
+ * 5-op DAG blocks, where each class gets them, with every allocation
+ * failing in turn (no block ILP, so that the loop is quick). */
+static const char chain_graph[] =
+    "rockmate-graph 1\ntensor x 64 input\ntensor p0 96\ntensor q0 80\ntensor r0 128\ntensor s0 96\ntensor y0 64\n"
+    "tensor p1 96\ntensor q1 80\ntensor r1 128\ntensor s1 96\ntensor y1 64\ntensor loss 4\n"
+    "op a0 fwd=1e-3 bwd=2e-3 in=x out=p0 saved=x\nop b0 fwd=3e-3 bwd=6e-3 in=x out=q0 saved=x phantom=32\n"
+    "op c0 fwd=1e-3 bwd=2e-3 in=p0,q0 out=r0 saved=p0,q0\nop d0 fwd=2e-3 bwd=4e-3 in=r0,p0 out=s0 saved=r0\n"
+    "op e0 fwd=1e-3 bwd=2e-3 in=s0,q0 out=y0 saved=s0,q0\nop a1 fwd=1e-3 bwd=2e-3 in=y0 out=p1 saved=y0\n"
+    "op b1 fwd=3e-3 bwd=6e-3 in=y0 out=q1 saved=y0 phantom=32\nop c1 fwd=1e-3 bwd=2e-3 in=p1,q1 out=r1 saved=p1,q1\n"
+    "op d1 fwd=2e-3 bwd=4e-3 in=r1,p1 out=s1 saved=r1\nop e1 fwd=1e-3 bwd=2e-3 in=s1,q1 out=y1 saved=s1,q1\n"
+    "op xent fwd=1e-3 bwd=1e-3 in=y1 out=loss saved=y1\nloss loss\n";
+
+static rkm_result run_planner(void *env, void **out)
+{
+    solve_env *e = env;
+    return rkm_planner_create(e->g, &e->desc, (rkm_planner **)out);
+}
+
+/* The clean run's options (in n_steps), every time. */
+static int check_planner(void *env, void *out)
+{
+    solve_env *e = env;
+    rkm_planner_stats st;
+    if (rkm_planner_stats_get(out, &st) != RKM_OK) return 0;
+    if (!e->n_steps) e->n_steps = (size_t)st.options;
+    return (size_t)st.options == e->n_steps;
+}
+
+static void drop_planner(void *out) { rkm_planner_destroy(out); }
+
+TEST(drop_options)
+{
+    rkm_context *ctx = new_ctx();
+    solve_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(rkm_graph_read_string(ctx, chain_graph, strlen(chain_graph), "chain.rkg", &e.g) == RKM_OK);
+    e.desc.alignment = 1;
+    e.desc.ilp_budget = 1e-9;
+    rkm_planner *pl = NULL;
+    if (e.g) CHECK(rkm_planner_create(e.g, &e.desc, &pl) == RKM_OK);
+    if (pl) { /* the drop options are there: more than each block's keep-all */
+        CHECK(e.g->n_blocks == 3 && rkm__drop_chain(e.g));
+        CHECK(pl->bo[0].n_opt > 1 && pl->bo[1].n_opt > 1);
+    }
+    rkm_planner_destroy(pl);
+    op_under_test op = {"drop options", run_planner, check_planner, drop_planner};
+    if (e.g) every_failure(&op, &e, ctx);
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
 /* Rockmate's smallest budget with a copy link, below its recompute-only
  * floor (240 bytes) at the graph's lower bound (224): the floor's search,
  * the bases it offloads, the bisection and the plan kept for the solve at
@@ -814,6 +866,7 @@ int main(void)
     RUN(cancelled_solves);
     RUN(search_planners);
     RUN(offload_min_budget);
+    RUN(drop_options);
     RUN(offload_stage);
     RUN(nest_graph);
     RUN(allocator_totals);
