@@ -140,9 +140,10 @@
  *                    RKM_ERROR_UNSUPPORTED; RKM_ALGO_ROCKMATE (and
  *                    RKM_ALGO_DEFAULT, a zeroed solve desc, as in the full
  *                    build) is the same search without the block ILP's
- *                    options: a block's options are its two extremes and,
- *                    for a big block that nests, the nested planner's, and
- *                    the whole-graph ILP gives no candidate; rotor, sqrt,
+ *                    options: a block's options are its two extremes, its
+ *                    drop options (on chains of big blocks) and, for a big
+ *                    block that nests, the nested planner's, and the
+ *                    whole-graph ILP gives no candidate; rotor, sqrt,
  *                    dtr and none plan as in the full build; loading,
  *                    checking and executing plans is unaffected. No LGPL
  *                    code is linked.
