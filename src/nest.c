@@ -255,7 +255,7 @@ static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order
 }
 
 /* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
- * offered to its class. */
+ * offered to its class; past the deadline, no more. */
 RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
 {
     const rkm_graph *g = pl->g;
@@ -273,7 +273,7 @@ RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm
     if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
     int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
     uint64_t freed = 0;
-    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r; i++) {
+    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r && !rkm__over(pl); i++) {
         uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
         int more = 0;
         for (; p < m && freed < goal; p++, more = 1) {

@@ -296,7 +296,7 @@ static int drop_block(rkm_planner *pl, rkm__sim *s, const rkm__block *b, int32_t
     rkm__option all = {st, nf, n - nf, 0, 0, 0, 0, 0, 0};
     CHECK(st && rkm__option_measure(s, b, &all));
     size_t nt = h ? h->n_tensors : 0, no = h ? h->n_ops : 0;
-    uint8_t *read = calloc(nt + 2 * no + 1, 1), *drop = read + nt;
+    uint8_t *read = calloc(nt + 2 * no + 1, 1), *drop = read ? read + nt : NULL;
     int32_t *order = malloc((no + 1) * sizeof *order);
     double *ratio = malloc((no + 1) * sizeof *ratio);
     uint64_t *bytes = malloc((no + 1) * sizeof *bytes), total = 0;
