@@ -198,6 +198,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
  * kicks 10 M), so this bounds a pathological solve without changing any. */
 #define RKM_SOLVE_WORK 64000000u
+/* States of a reference plan's replay the search keeps (rkm__replay): a
+ * candidate that differs from it from some step on replays from the last
+ * one before. Speed only: the figures are the whole replay's. */
+#define RKM__CHECKPOINTS 16
 /* The squeeze's share of a solve, and the longest chain of forwards one of
  * its moves inserts. */
 #define RKM_SQUEEZE_WORK 20000000u
@@ -885,7 +889,14 @@ RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
 RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
 RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
 RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
-RKM_PRIVATE int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+/* Grow *p (an array of `elem`-byte items with capacity *cap) to hold `need`:
+ * inline where it has room, as on nearly every call (as a call, 6 % of a
+ * solve's time on dag4x50). */
+static inline int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
+{
+    return need <= *cap || rkm__reserve_grow(ctx, p, cap, need, elem);
+}
 RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
 RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
 RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
@@ -920,7 +931,13 @@ RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
 RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
 
 /* plan.c */
-RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save);
+/* Append a step (not in place); 0 on NOMEM. Inline: the search's inner loops. */
+static inline int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
+{
+    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
+    l->s[l->n++] = (rkm_step){.kind = kind, .index = index, .save = save};
+    return 1;
+}
 RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
 RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
@@ -934,6 +951,7 @@ RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int in
 /* sim.c */
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
+RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
 RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
 RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);
@@ -1114,10 +1132,10 @@ RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size)
     if (ptr) ctx->alloc(ctx->alloc_user, ptr, size ? size : 1, 0);
 }
 
-/* Grow *p (an array of `elem`-byte items with capacity *cap) to hold `need`. */
-RKM_PRIVATE int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
+/* rkm__reserve's growth: *p (an array of `elem`-byte items with capacity
+ * *cap) to hold `need`, more than it does. */
+RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap) return 1;
     size_t ncap = *cap ? *cap : 8;
     while (ncap < need) ncap *= 2;
     if (ncap > SIZE_MAX / elem) return 0;
@@ -2370,16 +2388,6 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p, sizeof *p);
 }
 
-RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
-{
-    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
-    l->s[l->n].kind = kind;
-    l->s[l->n].index = index;
-    l->s[l->n].save = save;
-    l->s[l->n].inplace = 0;
-    l->n++;
-    return 1;
-}
 
 /* Append a copy of *st (a step as given: the birth checks it; `save`
  * means something on forward and copy steps only). */
@@ -2439,7 +2447,7 @@ RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
     return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
-RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
+RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
     int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
     if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
@@ -2704,6 +2712,20 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
             s->D[t] = 1;
             s->mem += g->tensors[t].bytes;
         }
+}
+
+/* dst (initialised for src's graph) in src's state: a replay resumed from
+ * a step instead of the first. */
+RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
+{
+    const rkm_graph *g = src->g;
+    rkm__sim s = *src;
+    s.D = dst->D, s.G = dst->G, s.P = dst->P, s.fwd_done = dst->fwd_done, s.bwd_done = dst->bwd_done;
+    s.H = dst->H, s.inflight = dst->inflight, s.recv = dst->recv, s.copy_end = dst->copy_end;
+    memcpy(s.D, src->D, rkm__sim_bytes(g));
+    memcpy(s.recv, src->recv, (g->n_tensors + 1) * sizeof *s.recv);
+    memcpy(s.copy_end, src->copy_end, (g->n_tensors + g->n_ops + 1) * sizeof *s.copy_end);
+    *dst = s;
 }
 
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
@@ -10137,6 +10159,118 @@ static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < 
  * change when the simulator replays the result valid, within the budget
  * and faster, until a sweep keeps none or the solve's work is spent. */
 
+/* ---- resumed replays ------------------------------------------------------
+ *
+ * The search's candidates are a reference plan (polish's best, the
+ * squeeze's base) changed from some step on, and most are turned down. The
+ * reference is replayed once with its simulator state kept before
+ * RKM__CHECKPOINTS evenly spaced steps; a candidate replays from the last
+ * of them at or before its first step that differs, and stops where its
+ * peak or excess so far already turns it down. The figures of a replay
+ * that runs to the end are those of one from the start, bit for bit: the
+ * prefix's peak, excess and first step over the budget are the
+ * reference's, the excess is summed in step order and the time is the
+ * simulator's clock. The work counted stays that of a whole replay, so no
+ * plan depends on this. */
+typedef struct rkm__replay {
+    rkm__steps ref;                    /* the reference's steps */
+    rkm__sim cp[RKM__CHECKPOINTS];     /* the state before step at[k] */
+    size_t at[RKM__CHECKPOINTS];
+    uint64_t peak[RKM__CHECKPOINTS];   /* the steps before it: their peak, */
+    double excess[RKM__CHECKPOINTS];   /* excess over the budget, */
+    int64_t first[RKM__CHECKPOINTS];   /* first step over it (-1: none) */
+    int n;                             /* checkpoints kept (0: no reference) */
+    uint64_t budget;
+} rkm__replay;
+
+/* A replay's figures: peak, time, excess over the budget (each step's peak
+ * above it, summed in step order) and the first step over it (-1: none). */
+typedef struct rkm__figures {
+    uint64_t peak;
+    double time, excess;
+    int64_t first;
+} rkm__figures;
+
+static void rkm__replay_free(rkm__replay *rp)
+{
+    for (int k = 0; k < RKM__CHECKPOINTS; k++) rkm__sim_free(&rp->cp[k]);
+    rkm__steps_free(&rp->ref);
+}
+
+/* Steps [from, to) on s, folded into f: 1 when all hold, 0 when one does
+ * not or the peak or excess goes over max_peak / max_excess. */
+static int rkm__replay_steps(rkm__sim *s, const rkm_step *steps, size_t from, size_t to, uint64_t budget,
+                             uint64_t max_peak, double max_excess, rkm__figures *f)
+{
+    for (size_t i = from; i < to; i++) {
+        uint64_t pk;
+        int32_t obj;
+        if (rkm__sim_step(s, &steps[i], &pk, &obj) != RKM_RULE_NONE) return 0;
+        if (pk > f->peak) f->peak = pk;
+        if (pk > budget) {
+            f->excess += (double)(pk - budget);
+            if (f->first < 0) f->first = (int64_t)i;
+        }
+        if (f->peak > max_peak || f->excess > max_excess) return 0;
+    }
+    f->time = s->clock;
+    return 1;
+}
+
+/* Replay steps[0..n) on s (reset first, or resumed from rp's checkpoint
+ * where it shares rp's steps up to it): 1 when every step holds within
+ * max_peak and max_excess (then *f; s is at the plan's end), else 0. */
+static int rkm__replay_run(const rkm__replay *rp, rkm__sim *s, const rkm_step *steps, size_t n, uint64_t budget,
+                           uint64_t max_peak, double max_excess, rkm__figures *f)
+{
+    size_t same = 0, lim = n < rp->ref.n ? n : rp->ref.n;
+    while (same < lim && !memcmp(&steps[same], &rp->ref.s[same], sizeof *steps)) same++;
+    int k = rp->budget == budget ? rp->n - 1 : -1;
+    while (k >= 0 && rp->at[k] > same) k--;
+    if (k >= 0) {
+        rkm__sim_copy(s, &rp->cp[k]);
+        *f = (rkm__figures){rp->peak[k], 0, rp->excess[k], rp->first[k]};
+    } else {
+        rkm__sim_reset(s);
+        *f = (rkm__figures){s->mem, 0, 0, -1};
+    }
+    return rkm__replay_steps(s, steps, k >= 0 ? rp->at[k] : 0, n, budget, max_peak, max_excess, f);
+}
+
+/* s in the state of rp's reference before its step `at`. */
+static void rkm__replay_to(const rkm__replay *rp, rkm__sim *s, size_t at)
+{
+    int k = rp->n - 1;
+    while (k >= 0 && rp->at[k] > at) k--;
+    size_t from = k >= 0 ? rp->at[k] : 0;
+    if (k >= 0) rkm__sim_copy(s, &rp->cp[k]);
+    else rkm__sim_reset(s);
+    rkm_sim_result res;
+    (void)rkm__sim_run(s, rp->ref.s + from, at - from, &res, NULL); /* a prefix of a valid plan */
+}
+
+/* steps[0..n) (valid) as rp's reference at `budget`, replayed on s: 1,
+ * or 0 on NOMEM (then rp has none). */
+static int rkm__replay_set(rkm__replay *rp, rkm__sim *s, const rkm_step *steps, size_t n, uint64_t budget)
+{
+    rp->n = 0;
+    rp->budget = budget;
+    if (!rkm__reserve(rp->ref.ctx, (void **)&rp->ref.s, &rp->ref.cap, n + 1, sizeof *steps)) return 0;
+    if (n) memcpy(rp->ref.s, steps, n * sizeof *steps);
+    rp->ref.n = n;
+    rkm__sim_reset(s);
+    rkm__figures f = {s->mem, 0, 0, -1};
+    for (int k = 0; k < RKM__CHECKPOINTS; k++) {
+        size_t from = k ? rp->at[k - 1] : 0, at = n * (size_t)k / RKM__CHECKPOINTS;
+        if (!rkm__replay_steps(s, steps, from, at, budget, UINT64_MAX, INFINITY, &f)) return 1; /* none more */
+        if (!rp->cp[k].g && rkm__sim_init(s->g, &rp->cp[k])) return 0;
+        rkm__sim_copy(&rp->cp[k], s);
+        rp->at[k] = at, rp->peak[k] = f.peak, rp->excess[k] = f.excess, rp->first[k] = f.first;
+        rp->n = k + 1;
+    }
+    return 1;
+}
+
 typedef struct rkm__polish {
     const rkm_graph *g;
     rkm_planner *pl;  /* its deadline stops the search (rkm__over) */
@@ -10150,6 +10284,7 @@ typedef struct rkm__polish {
     size_t cap_at;
     uint8_t *need;    /* per tensor: read before it is made again */
     uint8_t *pneed;   /* per op: its backward comes before its next save */
+    rkm__replay rp;   /* the replay of the best plan so far (the squeeze's: of its base) */
     uint64_t budget, work;
     uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
     double time;
@@ -10217,14 +10352,18 @@ static int rkm__polish_expand(rkm__polish *w)
         if (dead) w->cand.s[i].kind = -1; /* left out below */
     }
     w->fr_at[0] = w->frees.n;
+    if (!rkm__reserve(w->g->ctx, (void **)&w->full.s, &w->full.cap, n + w->frees.n + 1, sizeof *w->full.s)) return 0;
+    rkm_step *out = w->full.s;
     for (size_t i = 0; i < n; i++) {
         const rkm_step *s = &w->cand.s[i];
         if (s->kind < 0) continue;
-        if (!rkm__steps_push(&w->full, s->kind, s->index, s->save)) return 0;
+        *out++ = (rkm_step){.kind = s->kind, .index = s->index, .save = s->save};
         /* the frees of step i are frees[fr_at[i+1] .. fr_at[i]), in scan order */
-        for (size_t f = w->fr_at[i + 1]; f < w->fr_at[i]; f++)
-            if (!rkm__steps_push(&w->full, w->frees.s[f].kind, w->frees.s[f].index, 0)) return 0;
+        size_t nf = w->fr_at[i] - w->fr_at[i + 1];
+        if (nf) memcpy(out, &w->frees.s[w->fr_at[i + 1]], nf * sizeof *out);
+        out += nf;
     }
+    w->full.n = (size_t)(out - w->full.s);
     return 1;
 }
 
@@ -10233,7 +10372,7 @@ static int rkm__polish_expand(rkm__polish *w)
  * -1 on NOMEM. */
 static int rkm__polish_fits(rkm__polish *w, double *time)
 {
-    rkm_sim_result res;
+    rkm__figures f;
     int32_t obj;
     const rkm__steps *run = &w->full;
     if (w->g->has_inplace) {
@@ -10243,11 +10382,11 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
         if (rkm__lower_inplace(w->g, &w->low)) return -1;
         run = &w->low;
     }
-    rkm__sim_reset(&w->sim);
     w->work += run->n;
-    if (!rkm__sim_run(&w->sim, run->s, run->n, &res, NULL)) return 0;
-    if (rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE || res.peak > w->budget) return 0;
-    *time = res.time;
+    if (!rkm__replay_run(&w->rp, &w->sim, run->s, run->n, UINT64_MAX, w->budget, INFINITY, &f) ||
+        rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE)
+        return 0;
+    *time = f.time;
     return 1;
 }
 
@@ -10266,7 +10405,8 @@ static int rkm__polish_try(rkm__polish *w, int *kept)
         if (w->cand.s[i].kind >= 0 && !rkm__steps_push(&w->cur, w->cand.s[i].kind, w->cand.s[i].index, w->cand.s[i].save))
             return 0;
     *kept = 1;
-    return 1;
+    const rkm__steps *run = w->g->has_inplace ? &w->low : &w->full; /* what polish_fits replayed */
+    return rkm__replay_set(&w->rp, &w->sim, run->s, run->n, UINT64_MAX);
 }
 
 /* The candidate without recomputing forward j (-1 when step j is not one):
@@ -10298,6 +10438,7 @@ static void rkm__polish_free(rkm__polish *w)
     rkm__free(w->g->ctx, w->fr_at, w->cap_at * sizeof *w->fr_at);
     rkm__free(w->g->ctx, w->need, w->g->n_tensors);
     rkm__free(w->g->ctx, w->pneed, w->g->n_ops);
+    rkm__replay_free(&w->rp);
 }
 
 /* Whether polish, or the squeeze on it, may go on: work left within its
@@ -10333,7 +10474,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_gr
     w->budget = budget;
     w->limit = UINT64_MAX;
     w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
-    w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = g->ctx;
+    w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = w->rp.ref.ctx = g->ctx;
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
     if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
@@ -10409,9 +10550,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 
 typedef struct rkm__squeeze {
     rkm__polish w;
-    rkm__steps base; /* w.cur's whole plan (w.full is the candidates') */
-    uint64_t *pk;   /* per step of w.full: its peak */
-    size_t cap_pk;
+    rkm__steps base; /* w.cur's whole plan (w.full is the candidates'), w.rp's reference */
     uint8_t *live;  /* per tensor: live before the first step over the budget */
     uint8_t *livep; /* per op: saved state live there */
     uint8_t *vlive; /* per tensor: live before the step a move inserts at */
@@ -10427,26 +10566,20 @@ typedef struct rkm__squeeze {
 } rkm__squeeze;
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
- * the budget or -1, *time), 0 when not, -1 on NOMEM. */
-static int rkm__squeeze_eval(rkm__squeeze *q, double *excess, int64_t *first, double *time)
+ * the budget or -1, *time), 0 when not or when its excess is over
+ * max_excess (a move that does not help). */
+static int rkm__squeeze_eval(rkm__squeeze *q, double max_excess, double *excess, int64_t *first, double *time)
 {
     rkm__polish *w = &q->w;
-    rkm_sim_result res;
+    rkm__figures f;
     int32_t obj;
-    if (!rkm__reserve(w->g->ctx, (void **)&q->pk, &q->cap_pk, w->full.n + 1, sizeof *q->pk)) return -1;
-    rkm__sim_reset(&w->sim);
     w->work += w->full.n;
-    if (rkm__sim_run_peaks(&w->sim, w->full.s, w->full.n, &res, NULL, q->pk, NULL) != 1 ||
+    if (!rkm__replay_run(&w->rp, &w->sim, w->full.s, w->full.n, w->budget, UINT64_MAX, max_excess, &f) ||
         rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE)
         return 0;
-    *excess = 0;
-    *first = -1;
-    for (size_t i = 0; i < w->full.n; i++) {
-        if (q->pk[i] <= w->budget) continue;
-        *excess += (double)(q->pk[i] - w->budget);
-        if (*first < 0) *first = (int64_t)i;
-    }
-    *time = res.time;
+    *excess = f.excess;
+    *first = f.first;
+    *time = f.time;
     return 1;
 }
 
@@ -10521,7 +10654,7 @@ static int rkm__squeeze_take(rkm__squeeze *q)
         q->pos[w->cur.n] = i;
         if (!rkm__steps_push(&w->cur, s->kind, s->index, s->save)) return 0;
     }
-    return 1;
+    return rkm__replay_set(&w->rp, &w->sim, q->base.s, q->base.n, w->budget);
 }
 
 /* `live`: the tensors live before base's step `at`; `livep` (when not
@@ -10529,10 +10662,8 @@ static int rkm__squeeze_take(rkm__squeeze *q)
 static void rkm__squeeze_live_at(rkm__squeeze *q, size_t at, uint8_t *live, uint8_t *livep)
 {
     rkm__polish *w = &q->w;
-    rkm_sim_result res;
-    rkm__sim_reset(&w->sim);
     w->work += at;
-    (void)rkm__sim_run(&w->sim, q->base.s, at, &res, NULL); /* a prefix of a valid plan */
+    rkm__replay_to(&w->rp, &w->sim, at);
     memcpy(live, w->sim.D, w->g->n_tensors);
     if (livep) memcpy(livep, w->sim.P, w->g->n_ops);
 }
@@ -10601,8 +10732,7 @@ static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
         int64_t f;
         int64_t h = rkm__polish_drop(w, j);
         if (h == -2 || (h >= 0 && !rkm__polish_expand(w))) return 0;
-        int ok = h >= 0 ? rkm__squeeze_eval(q, &ex, &f, &time) : 0;
-        if (ok < 0) return 0;
+        int ok = h >= 0 ? rkm__squeeze_eval(q, q->excess, &ex, &f, &time) : 0;
         if (!ok || ex > q->excess || !(time < q->time)) continue;
         q->excess = ex, q->time = time, *first = f;
         if (!rkm__squeeze_take(q)) return 0;
@@ -10626,7 +10756,8 @@ static int rkm__squeeze_look(rkm__squeeze *q, int64_t first, int32_t obj, int ea
     w->cand.n = 0;
     for (size_t i = 0; i < save->n; i++)
         if (!rkm__steps_push(&w->cand, save->s[i].kind, save->s[i].index, save->s[i].save)) return 0;
-    if (!rkm__polish_expand(w) || rkm__squeeze_eval(q, &q->excess, &first, &q->time) <= 0 || !rkm__squeeze_take(q))
+    if (!rkm__polish_expand(w) || rkm__squeeze_eval(q, INFINITY, &q->excess, &first, &q->time) <= 0 ||
+        !rkm__squeeze_take(q))
         return 0;
     q->excess = e0, q->time = t0;
     return 1;
@@ -10672,7 +10803,7 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
             double ex, time;
             int64_t f;
             int ok = rkm__squeeze_move(q, c, (int32_t)t, early);
-            if (ok > 0) ok = rkm__squeeze_eval(q, &ex, &f, &time);
+            if (ok > 0) ok = rkm__squeeze_eval(q, q->excess, &ex, &f, &time);
             if (ok < 0) return 0;
             double score = ok && ex < q->excess ? (time - q->time) / (q->excess - ex) : INFINITY;
             if (score < bscore) {
@@ -10693,14 +10824,14 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 {
     size_t c = 0;
     while (q->pos[c] != (size_t)*first) c++;
-    return rkm__squeeze_move(q, c, t, early) > 0 && rkm__squeeze_eval(q, &q->excess, first, &q->time) > 0 && rkm__squeeze_take(q);
+    return rkm__squeeze_move(q, c, t, early) > 0 && rkm__squeeze_eval(q, INFINITY, &q->excess, first, &q->time) > 0 &&
+           rkm__squeeze_take(q);
 }
 
 static void rkm__squeeze_free(rkm__squeeze *q)
 {
     const rkm_graph *g = q->w.g;
     rkm__steps_free(&q->base);
-    rkm__free(g->ctx, q->pk, q->cap_pk * sizeof *q->pk);
     rkm__free(g->ctx, q->live, g->n_tensors);
     rkm__free(g->ctx, q->vlive, g->n_tensors);
     rkm__free(g->ctx, q->livep, g->n_ops);
@@ -10729,7 +10860,9 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     q.livep = rkm__alloc(g->ctx, g->n_ops);
     q.mark = rkm__alloc(g->ctx, g->n_ops);
     int64_t first = -1;
-    int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__squeeze_eval(&q, &q.excess, &first, &q.time) : -1;
+    int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w)
+                 ? rkm__squeeze_eval(&q, INFINITY, &q.excess, &first, &q.time)
+                 : -1;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
     while (ok > 0 && first >= 0 && rkm__polish_more(&q.w)) {
         int32_t t;
@@ -10839,7 +10972,7 @@ static rkm_result rkm__kick_candidate(rkm_planner *pl, rkm__polish *w, rkm_plan 
     w->budget = UINT64_MAX;
     int ok = rkm__polish_fits(w, &t);
     w->budget = budget;
-    if (!ok) return RKM_OK;
+    if (ok <= 0) return ok ? rkm__nomem(pl->ctx, "plan kick") : RKM_OK;
     rkm__steps d = {pl->ctx, NULL, 0, 0};
     for (size_t i = 0; i < w->full.n; i++)
         if (!rkm__steps_push(&d, w->full.s[i].kind, w->full.s[i].index, w->full.s[i].save)) {
@@ -11003,8 +11136,8 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
 
 /* Rockmate's plan: every start but the squeeze's, each polished; the
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
- * track. All of it within the solve's work and, past the chain DP's plan,
- * its deadline. */
+ * track. All of it within the solve's work and, past the
+ * chain DP's plan, its deadline. */
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;

@@ -40,10 +40,10 @@ RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size)
     if (ptr) ctx->alloc(ctx->alloc_user, ptr, size ? size : 1, 0);
 }
 
-/* Grow *p (an array of `elem`-byte items with capacity *cap) to hold `need`. */
-RKM_PRIVATE int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
+/* rkm__reserve's growth: *p (an array of `elem`-byte items with capacity
+ * *cap) to hold `need`, more than it does. */
+RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap) return 1;
     size_t ncap = *cap ? *cap : 8;
     while (ncap < need) ncap *= 2;
     if (ncap > SIZE_MAX / elem) return 0;

@@ -166,6 +166,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
  * kicks 10 M), so this bounds a pathological solve without changing any. */
 #define RKM_SOLVE_WORK 64000000u
+/* States of a reference plan's replay the search keeps (rkm__replay): a
+ * candidate that differs from it from some step on replays from the last
+ * one before. Speed only: the figures are the whole replay's. */
+#define RKM__CHECKPOINTS 16
 /* The squeeze's share of a solve, and the longest chain of forwards one of
  * its moves inserts. */
 #define RKM_SQUEEZE_WORK 20000000u
@@ -853,7 +857,14 @@ RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
 RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
 RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
 RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
-RKM_PRIVATE int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+/* Grow *p (an array of `elem`-byte items with capacity *cap) to hold `need`:
+ * inline where it has room, as on nearly every call (as a call, 6 % of a
+ * solve's time on dag4x50). */
+static inline int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
+{
+    return need <= *cap || rkm__reserve_grow(ctx, p, cap, need, elem);
+}
 RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
 RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
 RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
@@ -888,7 +899,13 @@ RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
 RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
 
 /* plan.c */
-RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save);
+/* Append a step (not in place); 0 on NOMEM. Inline: the search's inner loops. */
+static inline int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
+{
+    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
+    l->s[l->n++] = (rkm_step){.kind = kind, .index = index, .save = save};
+    return 1;
+}
 RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
 RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
@@ -902,6 +919,7 @@ RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int in
 /* sim.c */
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
+RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
 RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
 RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);

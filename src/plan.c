@@ -17,16 +17,6 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p, sizeof *p);
 }
 
-RKM_PRIVATE int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, int32_t save)
-{
-    if (!rkm__reserve(l->ctx, (void **)&l->s, &l->cap, l->n + 1, sizeof *l->s)) return 0;
-    l->s[l->n].kind = kind;
-    l->s[l->n].index = index;
-    l->s[l->n].save = save;
-    l->s[l->n].inplace = 0;
-    l->n++;
-    return 1;
-}
 
 /* Append a copy of *st (a step as given: the birth checks it; `save`
  * means something on forward and copy steps only). */
@@ -86,7 +76,7 @@ RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
     return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
-RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
+RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
     int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
     if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;

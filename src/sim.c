@@ -37,6 +37,20 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
         }
 }
 
+/* dst (initialised for src's graph) in src's state: a replay resumed from
+ * a step instead of the first. */
+RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
+{
+    const rkm_graph *g = src->g;
+    rkm__sim s = *src;
+    s.D = dst->D, s.G = dst->G, s.P = dst->P, s.fwd_done = dst->fwd_done, s.bwd_done = dst->bwd_done;
+    s.H = dst->H, s.inflight = dst->inflight, s.recv = dst->recv, s.copy_end = dst->copy_end;
+    memcpy(s.D, src->D, rkm__sim_bytes(g));
+    memcpy(s.recv, src->recv, (g->n_tensors + 1) * sizeof *s.recv);
+    memcpy(s.copy_end, src->copy_end, (g->n_tensors + g->n_ops + 1) * sizeof *s.copy_end);
+    *dst = s;
+}
+
 RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
