@@ -304,6 +304,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * less, this many times at most (the first arena misses the aligned peak on
  * about one plan in ten, and the next fits). */
 #define RKM_LAYOUT_TRIES 4
+/* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
+ * its plan squeezed below the budget this many times, the first by the
+ * arena's excess, the next bisecting. On the 13 of bench_dagblocks' 63
+ * points where the arena missed: 1, 2, 3 and 4 squeezes gave the same
+ * plans at 9 points; 2 gained at 2 (dag5x40-s11 at 60 and 50 %: 6.27 ->
+ * 6.19, 9.46 -> 9.38 %), 4 at 2 more (dag3x50-s21 at 30 %: 21.31 ->
+ * 20.23 %) but took dag4x50's and dag6x30-s17's solves at 30 % from
+ * about 1.0 to 1.3 s. */
+#define RKM_ARENA_FIT_TRIES 2
 /* Work of the stages after the skyline, per layout: 10 M units is at most
  * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
  * rockmate (every bundled graph at 90..30 % and its smallest budget; the
@@ -11137,39 +11146,45 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
 /* The search's plan whose arena, as the host gets it, is over the budget
  * though its peak is within it (the layout's search runs out of work above
  * the aligned peak on plans of many buffers: dag4x50 at 30 %, 664 of them,
- * 2 % over) gives way to the faster of the portfolio's plan (*runner,
- * taken when its arena fits) and the first of its own squeezes at that
- * much less, each polished there (RKM_LAYOUT_TRIES at most), whose arena
- * fits. Where neither does, the planner's fit solves again for less: a
- * whole solve where this is a layout and a squeeze or two (dag4x50 at 30 %:
+ * 2 % over) gives way to the fastest whose arena fits of the portfolio's
+ * plan (*runner, taken then) and the plan squeezed and polished at budgets
+ * below its peak: first that much less, then bisecting between the highest
+ * whose arena fits and the lowest whose arena does not
+ * (RKM_ARENA_FIT_TRIES in all), since one squeezed at the excess often lays
+ * out well within the budget. Where none fits, the planner's fit solves again for less: a
+ * whole solve where this is a few squeezes and layouts (dag4x50 at 30 %:
  * 12.98 %, the portfolio's plan; the fit's 13.22 %, 1.5 s later). */
 static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **best, rkm_plan **runner)
 {
     uint64_t arena = UINT64_MAX, ra = UINT64_MAX;
-    rkm_plan *c = *best; /* *best, then each squeezed plan (owned) */
-    rkm_result r = rkm__planner_arena(pl, c, &arena);
+    rkm_result r = rkm__planner_arena(pl, *best, &arena);
     if (r || arena <= budget) return r;
     if (*runner && (r = rkm__planner_arena(pl, *runner, &ra))) return r;
-    for (int k = 0; !r && c && arena > budget && k < RKM_LAYOUT_TRIES && !rkm__over(pl); k++) {
-        uint64_t at = c->stats.peak < budget ? c->stats.peak : budget, left = RKM_SQUEEZE_WORK;
-        if (at <= arena - budget) break;
+    rkm_plan *fit = ra <= budget ? *runner : NULL;
+    if (fit) *runner = NULL;
+    uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
+    uint64_t at = hi > arena - budget ? hi - (arena - budget) : 0;
+    for (int k = 0; !r && at > lo && at < hi && k < RKM_ARENA_FIT_TRIES && !rkm__over(pl); k++) {
+        uint64_t left = RKM_SQUEEZE_WORK, a = UINT64_MAX;
         rkm_plan *q = NULL;
-        r = rkm__squeeze_metered(pl, c, at - (arena - budget), &left, NULL, &q);
-        if (!r && q) r = rkm__polish_plan(pl, at - (arena - budget), &q);
-        if (!r && q) r = rkm__planner_arena(pl, q, &arena);
-        if (c != *best) rkm_plan_destroy(c);
-        c = q;
+        r = rkm__squeeze_metered(pl, *best, at, &left, NULL, &q);
+        if (!r && q) r = rkm__polish_plan(pl, at, &q);
+        if (!r && q) r = rkm__planner_arena(pl, q, &a);
+        if (!r && q && a <= budget) {
+            lo = at;
+            fit = rkm__faster(fit, q);
+        } else {
+            rkm_plan_destroy(q);
+            if (!q) break; /* the squeeze got nowhere: lower does not help */
+            hi = at;
+        }
+        at = lo ? lo + (hi - lo) / 2 : (at > a - budget ? at - (a - budget) : 0);
     }
-    if (!r && c && c != *best && arena <= budget) {
+    if (!r && fit) {
         rkm_plan_destroy(*best);
-        *best = c;
-    } else if (c != *best)
-        rkm_plan_destroy(c);
-    if (!r && ra <= budget && (arena > budget || (*runner)->stats.time < (*best)->stats.time)) {
-        rkm_plan_destroy(*best);
-        *best = *runner;
-        *runner = NULL;
-    }
+        *best = fit;
+    } else
+        rkm_plan_destroy(fit);
     return r;
 }
 

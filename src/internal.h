@@ -272,6 +272,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * less, this many times at most (the first arena misses the aligned peak on
  * about one plan in ten, and the next fits). */
 #define RKM_LAYOUT_TRIES 4
+/* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
+ * its plan squeezed below the budget this many times, the first by the
+ * arena's excess, the next bisecting. On the 13 of bench_dagblocks' 63
+ * points where the arena missed: 1, 2, 3 and 4 squeezes gave the same
+ * plans at 9 points; 2 gained at 2 (dag5x40-s11 at 60 and 50 %: 6.27 ->
+ * 6.19, 9.46 -> 9.38 %), 4 at 2 more (dag3x50-s21 at 30 %: 21.31 ->
+ * 20.23 %) but took dag4x50's and dag6x30-s17's solves at 30 % from
+ * about 1.0 to 1.3 s. */
+#define RKM_ARENA_FIT_TRIES 2
 /* Work of the stages after the skyline, per layout: 10 M units is at most
  * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
  * rockmate (every bundled graph at 90..30 % and its smallest budget; the

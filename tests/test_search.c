@@ -433,7 +433,7 @@ TEST(kicks_run_on_large_graphs)
  * did by 1.9 and 0.7 %, and the planner solved again, for less, for a
  * slower plan (13.22 and 19.77 % overhead, dag4x50's in two solves and
  * dag6x30-s17's in three); the arena's fit takes the portfolio's plan or
- * squeezes the search's at the excess (12.98 and 19.75 %). */
+ * the search's squeezed below the budget (12.98 and 19.63 %). */
 TEST(search_plans_fit_their_arena)
 {
     static const char *const names[] = {"dag4x50", "dag6x30-s17"};
