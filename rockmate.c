@@ -10153,21 +10153,6 @@ static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
 
 static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < pl->work_left ? pl->work_left - work : 0; }
 
-/* ---- polish: local search on a plan's compute steps ----------------------
- *
- * Any valid plan is its compute steps (fwd, loss, bwd) plus frees. The
- * frees that follow from the compute steps alone are the earliest ones:
- * a tensor goes right after its last read before it is made again (or for
- * good), a saved state right after its backward, a gradient right after
- * the backward of its tensor's producer. No step's peak grows (a tensor
- * recomputed in place counts the same as one freed and made again), a
- * save whose state no backward reads is dropped, and a forward none of
- * whose outputs is read before it is made again is dead and goes. The
- * search drops one recomputing forward at a time (its outputs then live on
- * from the op's previous forward, which takes over its save) and keeps the
- * change when the simulator replays the result valid, within the budget
- * and faster, until a sweep keeps none or the solve's work is spent. */
-
 /* ---- resumed replays ------------------------------------------------------
  *
  * The search's candidates are a reference plan (polish's best, the
@@ -10226,34 +10211,36 @@ static int rkm__replay_steps(rkm__sim *s, const rkm_step *steps, size_t from, si
     return 1;
 }
 
-/* Replay steps[0..n) on s (reset first, or resumed from rp's checkpoint
- * where it shares rp's steps up to it): 1 when every step holds within
- * max_peak and max_excess (then *f; s is at the plan's end), else 0. */
+/* s in the state of rp's last checkpoint at or before step `at` (the
+ * start's where there is none): its index, or -1. */
+static int rkm__replay_resume(const rkm__replay *rp, rkm__sim *s, size_t at)
+{
+    int k = rp->n - 1;
+    while (k >= 0 && rp->at[k] > at) k--;
+    if (k >= 0) rkm__sim_copy(s, &rp->cp[k]);
+    else rkm__sim_reset(s);
+    return k;
+}
+
+/* Replay steps[0..n) on s (resumed from rp's checkpoint where it shares
+ * rp's steps up to it and budget is rp's; checkpoint 0 is the start's):
+ * 1 when every step holds within max_peak and max_excess (then *f; s is at
+ * the plan's end), else 0. */
 static int rkm__replay_run(const rkm__replay *rp, rkm__sim *s, const rkm_step *steps, size_t n, uint64_t budget,
                            uint64_t max_peak, double max_excess, rkm__figures *f)
 {
     size_t same = 0, lim = n < rp->ref.n ? n : rp->ref.n;
     while (same < lim && !memcmp(&steps[same], &rp->ref.s[same], sizeof *steps)) same++;
-    int k = rp->budget == budget ? rp->n - 1 : -1;
-    while (k >= 0 && rp->at[k] > same) k--;
-    if (k >= 0) {
-        rkm__sim_copy(s, &rp->cp[k]);
-        *f = (rkm__figures){rp->peak[k], 0, rp->excess[k], rp->first[k]};
-    } else {
-        rkm__sim_reset(s);
-        *f = (rkm__figures){s->mem, 0, 0, -1};
-    }
+    int k = rkm__replay_resume(rp, s, rp->budget == budget ? same : 0);
+    *f = k >= 0 ? (rkm__figures){rp->peak[k], 0, rp->excess[k], rp->first[k]} : (rkm__figures){s->mem, 0, 0, -1};
     return rkm__replay_steps(s, steps, k >= 0 ? rp->at[k] : 0, n, budget, max_peak, max_excess, f);
 }
 
 /* s in the state of rp's reference before its step `at`. */
 static void rkm__replay_to(const rkm__replay *rp, rkm__sim *s, size_t at)
 {
-    int k = rp->n - 1;
-    while (k >= 0 && rp->at[k] > at) k--;
+    int k = rkm__replay_resume(rp, s, at);
     size_t from = k >= 0 ? rp->at[k] : 0;
-    if (k >= 0) rkm__sim_copy(s, &rp->cp[k]);
-    else rkm__sim_reset(s);
     rkm_sim_result res;
     (void)rkm__sim_run(s, rp->ref.s + from, at - from, &res, NULL); /* a prefix of a valid plan */
 }
@@ -10279,6 +10266,21 @@ static int rkm__replay_set(rkm__replay *rp, rkm__sim *s, const rkm_step *steps, 
     }
     return 1;
 }
+
+/* ---- polish: local search on a plan's compute steps ----------------------
+ *
+ * Any valid plan is its compute steps (fwd, loss, bwd) plus frees. The
+ * frees that follow from the compute steps alone are the earliest ones:
+ * a tensor goes right after its last read before it is made again (or for
+ * good), a saved state right after its backward, a gradient right after
+ * the backward of its tensor's producer. No step's peak grows (a tensor
+ * recomputed in place counts the same as one freed and made again), a
+ * save whose state no backward reads is dropped, and a forward none of
+ * whose outputs is read before it is made again is dead and goes. The
+ * search drops one recomputing forward at a time (its outputs then live on
+ * from the op's previous forward, which takes over its save) and keeps the
+ * change when the simulator replays the result valid, within the budget
+ * and faster, until a sweep keeps none or the solve's work is spent. */
 
 typedef struct rkm__polish {
     const rkm_graph *g;
