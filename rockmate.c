@@ -11150,12 +11150,13 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
  * the aligned peak on plans of many buffers: dag4x50 at 30 %, 664 of them,
  * 2 % over) gives way to the fastest whose arena fits of the portfolio's
  * plan (*runner, taken then) and the plan squeezed and polished at budgets
- * below its peak: first that much less, then bisecting between the highest
- * whose arena fits and the lowest whose arena does not
- * (RKM_ARENA_FIT_TRIES in all), since one squeezed at the excess often lays
- * out well within the budget. Where none fits, the planner's fit solves again for less: a
- * whole solve where this is a few squeezes and layouts (dag4x50 at 30 %:
- * 12.98 %, the portfolio's plan; the fit's 13.22 %, 1.5 s later). */
+ * below its peak: first by the arena's excess, then bisecting between the
+ * highest whose arena fits and the lowest whose arena does not
+ * (RKM_ARENA_FIT_TRIES in all), since one squeezed by the excess often
+ * lays out well within the budget. Where none fits, the planner's fit
+ * solves again for less: a whole solve where this is a few squeezes and
+ * layouts (dag4x50 at 30 %: 12.98 %, the portfolio's plan; the fit's
+ * 13.22 %, 1.5 s later). */
 static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **best, rkm_plan **runner)
 {
     uint64_t arena = UINT64_MAX, ra = UINT64_MAX;
@@ -11192,8 +11193,8 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
 
 /* Rockmate's plan: every start but the squeeze's, each polished; the
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
- * track; the arena's fit (with the portfolio's plan). All of it within the solve's work and, past the
- * chain DP's plan, its deadline. */
+ * track; the arena's fit (with the portfolio's plan). All of it within the
+ * solve's work and, past the chain DP's plan, its deadline. */
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
