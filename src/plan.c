@@ -17,7 +17,6 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p, sizeof *p);
 }
 
-
 /* Append a copy of *st (a step as given: the birth checks it; `save`
  * means something on forward and copy steps only). */
 RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)

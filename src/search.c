@@ -26,8 +26,8 @@ static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < 
 /* ---- resumed replays ------------------------------------------------------
  *
  * The search's candidates are a reference plan (polish's best, the
- * squeeze's base) changed from some step on, and most are turned down. The
- * reference is replayed once with its simulator state kept before
+ * squeeze's whole plan) changed from some step on, and most are turned
+ * down. The reference is replayed once with its simulator state kept before
  * RKM__CHECKPOINTS evenly spaced steps; a candidate replays from the last
  * of them at or before its first step that differs, and stops where its
  * peak or excess so far already turns it down. The figures of a replay
@@ -165,7 +165,7 @@ typedef struct rkm__polish {
     size_t cap_at;
     uint8_t *need;    /* per tensor: read before it is made again */
     uint8_t *pneed;   /* per op: its backward comes before its next save */
-    rkm__replay rp;   /* the replay of the best plan so far (the squeeze's: of its base) */
+    rkm__replay rp;   /* the replay of the best plan so far (the squeeze's: its whole plan) */
     uint64_t budget, work;
     uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
     double time;
@@ -431,12 +431,11 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 
 typedef struct rkm__squeeze {
     rkm__polish w;
-    rkm__steps base; /* w.cur's whole plan (w.full is the candidates'), w.rp's reference */
     uint8_t *live;  /* per tensor: live before the first step over the budget */
     uint8_t *livep; /* per op: saved state live there */
     uint8_t *vlive; /* per tensor: live before the step a move inserts at */
     uint8_t *mark;  /* per op: in the recompute being built */
-    size_t *pos;    /* per step of w.cur: its index in base */
+    size_t *pos;    /* per step of w.cur: its index in w.rp.ref, w.cur's whole plan */
     size_t cap_pos;
     double excess, time; /* of w.cur */
     uint64_t look_limit; /* the work up to which rounds look ahead (w.limit: all it may do) */
@@ -521,13 +520,12 @@ static int rkm__squeeze_insert(rkm__squeeze *q, size_t v, int32_t saver, size_t 
 }
 
 /* w.cur: the compute steps of w.full (dead forwards are gone from it), and
- * where each is in it; base: w.full. 0 on NOMEM. */
+ * where each is in it; w.rp: w.full's replay, the reference of the moves
+ * to come. 0 on NOMEM. */
 static int rkm__squeeze_take(rkm__squeeze *q)
 {
     rkm__polish *w = &q->w;
-    w->cur.n = q->base.n = 0;
-    for (size_t i = 0; i < w->full.n; i++)
-        if (!rkm__steps_push(&q->base, w->full.s[i].kind, w->full.s[i].index, w->full.s[i].save)) return 0;
+    w->cur.n = 0;
     for (size_t i = 0; i < w->full.n; i++) {
         const rkm_step *s = &w->full.s[i];
         if (!rkm__is_compute(s)) continue;
@@ -535,10 +533,10 @@ static int rkm__squeeze_take(rkm__squeeze *q)
         q->pos[w->cur.n] = i;
         if (!rkm__steps_push(&w->cur, s->kind, s->index, s->save)) return 0;
     }
-    return rkm__replay_set(&w->rp, &w->sim, q->base.s, q->base.n, w->budget);
+    return rkm__replay_set(&w->rp, &w->sim, w->full.s, w->full.n, w->budget);
 }
 
-/* `live`: the tensors live before base's step `at`; `livep` (when not
+/* `live`: the tensors live before w.cur's whole plan's step `at`; `livep` (when not
  * NULL) the ops whose saved state is. */
 static void rkm__squeeze_live_at(rkm__squeeze *q, size_t at, uint8_t *live, uint8_t *livep)
 {
@@ -712,7 +710,6 @@ static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int ea
 static void rkm__squeeze_free(rkm__squeeze *q)
 {
     const rkm_graph *g = q->w.g;
-    rkm__steps_free(&q->base);
     rkm__free(g->ctx, q->live, g->n_tensors);
     rkm__free(g->ctx, q->vlive, g->n_tensors);
     rkm__free(g->ctx, q->livep, g->n_ops);
@@ -735,7 +732,6 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     *out = NULL;
     rkm_result r = rkm__polish_init(&q.w, pl, pl->g, p->steps, p->n_steps, budget);
     q.w.limit = *left;
-    q.base.ctx = g->ctx;
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
     q.livep = rkm__alloc(g->ctx, g->n_ops);
@@ -755,7 +751,11 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
         ok = rkm__squeeze_apply(&q, &first, t, early) && (!look || rkm__squeeze_prune(&q, &first)) ? 1 : -1;
     }
     if (ok < 0 && !r) r = rkm__nomem(pl->ctx, "plan squeeze");
-    if (!r && ok > 0 && first < 0) r = rkm__planned_birth(pl, &q.base, out);
+    if (!r && ok > 0 && first < 0) {
+        rkm__steps d = q.w.rp.ref; /* w.cur's whole plan, within the budget: taken */
+        q.w.rp.ref = (rkm__steps){g->ctx, NULL, 0, 0};
+        r = rkm__planned_birth(pl, &d, out);
+    }
     *left = q.w.work < *left ? *left - q.w.work : 0;
     if (look_left) *look_left = q.w.work < *look_left ? *look_left - q.w.work : 0;
     rkm__squeeze_free(&q);
