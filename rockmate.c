@@ -104,13 +104,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* Work budgets, so that results do not depend on the machine's speed: a
  * time limit of 1 s allows lp_solve this many abort-callback calls times
  * model size (columns + rows), and the greedy half this many replayed steps
- * (each about 1 s on a 2020s core); the wall clock at RKM__ILP_WALL_SAFETY
- * times the limit stops a slow machine anyway. */
+ * (each about 1 s on a 2020s core). No clock of the solve's own: only the
+ * call's time_limit stops a solve early (and flags the call cut). */
 #define RKM__ILP_CALLS_PER_S 2.0e7
 #define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
-/* 20: only a pathological solve meets the wall clock, so that a slow,
- * loaded or sanitized build plans the same as any other. */
-#define RKM__ILP_WALL_SAFETY 20.0
 /* A size limit, not a tuning: beyond, building the model alone takes too
  * long for the work budgets above to mean anything. */
 #define RKM__ILP_MAX_COLS 200000
@@ -5510,9 +5507,10 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
  *      found = 0 (steps NULL) when no schedule fits; that is RKM_OK too.
  *      time_limit_s (<= 0: 1 s) is turned into work budgets (lp_solve
  *      callbacks, steps replayed by the greedy) worth about that much time,
- *      so that the result is the same on every machine; a wall clock at
- *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
- *      (results may then differ).
+ *      so that the result is the same on every machine, however slow,
+ *      loaded or sanitized: no clock of its own (a sanitized build under
+ *      load met a wall clock at 20x the limit in its greedy, and planned
+ *      differently); only the caller's deadline below is a clock.
  *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
  *      (the planner's time_limit; results may then differ too).
  *   rkm__ilp_block_watch(b, stop, user): later solves also stop where
@@ -6481,7 +6479,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline),
+                          lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline,
                           bk->stop, bk->stop_user};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
@@ -6503,7 +6501,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     /* Nothing recomputed: no schedule is faster. */
     int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    /* lp_solve only before the wall clock's stop: past it, it would stop at
+    /* lp_solve only before the caller's deadline: past it, it would stop at
      * once, after its own set-up (tens of ms on 60 ops); counted so */
     if (!proven && !bk->model.bad && rkm__now() > work.deadline)
         st->solves++, st->timeout++;

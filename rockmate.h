@@ -694,8 +694,8 @@ typedef struct rkm_solve_desc {
     double time_limit;
     /* Seconds per ILP solve; 0: 0.03. Enforced as a deterministic amount of
      * solver work calibrated to about that time on a current core, so that
-     * plans do not depend on the machine's speed or load; a wall-clock stop
-     * far beyond it catches only pathological solves. */
+     * plans do not depend on the machine's speed or load (a sanitized
+     * build plans as any other); only time_limit stops a solve sooner. */
     double ilp_time_limit;
     int32_t ilp_peak_points; /* peak budgets per block class; 0: 5 */
     /* Kept budgets per peak budget; 0: 10. A class whose first solve to

@@ -28,9 +28,10 @@
  *      found = 0 (steps NULL) when no schedule fits; that is RKM_OK too.
  *      time_limit_s (<= 0: 1 s) is turned into work budgets (lp_solve
  *      callbacks, steps replayed by the greedy) worth about that much time,
- *      so that the result is the same on every machine; a wall clock at
- *      RKM__ILP_WALL_SAFETY times the limit stops a pathological solve
- *      (results may then differ).
+ *      so that the result is the same on every machine, however slow,
+ *      loaded or sanitized: no clock of its own (a sanitized build under
+ *      load met a wall clock at 20x the limit in its greedy, and planned
+ *      differently); only the caller's deadline below is a clock.
  *   rkm__ilp_block_deadline(b, t): later solves also stop at rkm__now() t
  *      (the planner's time_limit; results may then differ too).
  *   rkm__ilp_block_watch(b, stop, user): later solves also stop where
@@ -999,7 +1000,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
     rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, fmin(t0 + lim * RKM__ILP_WALL_SAFETY, bk->deadline),
+                          lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline,
                           bk->stop, bk->stop_user};
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
@@ -1021,7 +1022,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     /* Nothing recomputed: no schedule is faster. */
     int proven = have && rkm__ilp_obj(b, &sc->best) == 0;
     double root = -1;
-    /* lp_solve only before the wall clock's stop: past it, it would stop at
+    /* lp_solve only before the caller's deadline: past it, it would stop at
      * once, after its own set-up (tens of ms on 60 ops); counted so */
     if (!proven && !bk->model.bad && rkm__now() > work.deadline)
         st->solves++, st->timeout++;

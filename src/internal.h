@@ -72,13 +72,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* Work budgets, so that results do not depend on the machine's speed: a
  * time limit of 1 s allows lp_solve this many abort-callback calls times
  * model size (columns + rows), and the greedy half this many replayed steps
- * (each about 1 s on a 2020s core); the wall clock at RKM__ILP_WALL_SAFETY
- * times the limit stops a slow machine anyway. */
+ * (each about 1 s on a 2020s core). No clock of the solve's own: only the
+ * call's time_limit stops a solve early (and flags the call cut). */
 #define RKM__ILP_CALLS_PER_S 2.0e7
 #define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
-/* 20: only a pathological solve meets the wall clock, so that a slow,
- * loaded or sanitized build plans the same as any other. */
-#define RKM__ILP_WALL_SAFETY 20.0
 /* A size limit, not a tuning: beyond, building the model alone takes too
  * long for the work budgets above to mean anything. */
 #define RKM__ILP_MAX_COLS 200000
