@@ -987,6 +987,7 @@ RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
 RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
 RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
+RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd);
 
 /* structure.c */
 RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
@@ -4849,22 +4850,26 @@ RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int3
     return sum;
 }
 
-/* The largest single step's need: no plan can peak below it. */
-static uint64_t rkm__lower_bound(const rkm_graph *g)
+/* The largest single step's need: no plan can peak below it. *op, *bwd:
+ * that step (-1: the loss step, which holds the inputs, the loss and its
+ * gradient). */
+RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
 {
     uint64_t lb = g->input_bytes + 2 * g->tensors[g->loss].bytes;
+    *op = -1;
+    *bwd = 0;
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *o = &g->ops[i];
         /* a run in place has out[0] in in[0]'s bytes, and grad(in[0]) in grad(out[0])'s */
         uint64_t f = g->input_bytes + rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws +
                      (rkm__saves_phantom(o) ? o->phantom : o->scratch) - /* each run holds at least the scratch */
                      (o->flags & RKM_OP_INPLACE ? g->tensors[o->out[0]].bytes : 0);
-        if (f > lb) lb = f;
+        if (f > lb) lb = f, *op = (int32_t)i, *bwd = 0;
         if (!o->has_bwd) continue;
         uint64_t b = g->input_bytes + rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1) -
                      (o->flags & RKM_OP_GRAD_INPLACE ? g->tensors[o->in[0]].bytes : 0);
-        if (b > lb) lb = b;
+        if (b > lb) lb = b, *op = (int32_t)i, *bwd = 1;
     }
     return lb;
 }
@@ -4958,7 +4963,9 @@ RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
         st->input_bytes = g->input_bytes;
         st->baseline_peak = res.peak;
         st->baseline_time = res.time;
-        st->lower_bound = rkm__lower_bound(g);
+        int32_t op;
+        int bwd;
+        st->lower_bound = rkm__lower_bound(g, &op, &bwd);
         st->blocks = g->n_blocks;
         st->block_classes = g->n_classes;
     }
@@ -9551,8 +9558,29 @@ static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
                     rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
 }
 
+/* A budget under the graph's lower bound: no plan of any algorithm fits
+ * it, copies or not, so no search, and no search for the smallest budget
+ * either (seconds on a large graph, for a message): the message names the
+ * step that needs more, and the smallest budget where a call found it. */
+static rkm_result rkm__under_bound(rkm_planner *pl, uint64_t budget)
+{
+    int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    if (pl->min_budget && !pl->min_cut && (!copies || pl->off_min))
+        return rkm__no_plan(pl, budget, copies ? pl->off_min : pl->min_budget);
+    int32_t op;
+    int bwd;
+    uint64_t lb = rkm__lower_bound(pl->g, &op, &bwd);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
+                    "%s: no plan fits a budget of %llu bytes: no plan of any algorithm peaks under %llu bytes, what "
+                    "%s%s%s alone holds (rkm_planner_min_budget gives the smallest budget %s meets)",
+                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)lb,
+                    op < 0 ? "the loss step" : bwd ? "the backward of op '" : "the forward of op '",
+                    op < 0 ? "" : pl->g->ops[op].name, op < 0 ? "" : "'", rkm_algo_name(pl->d.algo));
+}
+
 static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
 {
+    if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
     rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0)

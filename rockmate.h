@@ -831,7 +831,11 @@ void rkm_planner_destroy(rkm_planner *pl);
 /* A plan for `budget` bytes, or RKM_ERROR_BUDGET with the message giving
  * the smallest budget this algorithm can meet (RKM_ERROR_TIMEOUT instead
  * where the time limit cut the search, or the planner's creation, before
- * one was found). The budget is the memory
+ * one was found). Under the graph's lower bound (rkm_graph_stats) no plan
+ * of any algorithm exists: that is refused at once, without a search,
+ * and the message names the bound and the step that needs it, and the
+ * smallest budget only once rkm_planner_min_budget (or a call that needed
+ * it) has found it. The budget is the memory
  * the host allocates for the step: the plan's arena (its own layout, at
  * the desc's alignment) is at most `budget`, and so are its aligned peak
  * and its peak. The planners count every buffer rounded up to the

@@ -231,22 +231,26 @@ RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int3
     return sum;
 }
 
-/* The largest single step's need: no plan can peak below it. */
-static uint64_t rkm__lower_bound(const rkm_graph *g)
+/* The largest single step's need: no plan can peak below it. *op, *bwd:
+ * that step (-1: the loss step, which holds the inputs, the loss and its
+ * gradient). */
+RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
 {
     uint64_t lb = g->input_bytes + 2 * g->tensors[g->loss].bytes;
+    *op = -1;
+    *bwd = 0;
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *o = &g->ops[i];
         /* a run in place has out[0] in in[0]'s bytes, and grad(in[0]) in grad(out[0])'s */
         uint64_t f = g->input_bytes + rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + o->fwd_ws +
                      (rkm__saves_phantom(o) ? o->phantom : o->scratch) - /* each run holds at least the scratch */
                      (o->flags & RKM_OP_INPLACE ? g->tensors[o->out[0]].bytes : 0);
-        if (f > lb) lb = f;
+        if (f > lb) lb = f, *op = (int32_t)i, *bwd = 0;
         if (!o->has_bwd) continue;
         uint64_t b = g->input_bytes + rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1) -
                      (o->flags & RKM_OP_GRAD_INPLACE ? g->tensors[o->in[0]].bytes : 0);
-        if (b > lb) lb = b;
+        if (b > lb) lb = b, *op = (int32_t)i, *bwd = 1;
     }
     return lb;
 }
@@ -340,7 +344,9 @@ RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
         st->input_bytes = g->input_bytes;
         st->baseline_peak = res.peak;
         st->baseline_time = res.time;
-        st->lower_bound = rkm__lower_bound(g);
+        int32_t op;
+        int bwd;
+        st->lower_bound = rkm__lower_bound(g, &op, &bwd);
         st->blocks = g->n_blocks;
         st->block_classes = g->n_classes;
     }

@@ -955,6 +955,7 @@ RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
 RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
 RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
+RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd);
 
 /* structure.c */
 RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);

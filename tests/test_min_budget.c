@@ -84,10 +84,60 @@ TEST(inplace_gpt2_tiny_plans_at_each_min)
     rkm_context_destroy(ctx);
 }
 
+/* Allocations (not frees) made through the context. */
+static long allocs;
+static void *counting_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
+{
+    (void)user, (void)old_size;
+    allocs += new_size > 0;
+    if (new_size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    return realloc(ptr, new_size);
+}
+
+/* Under the graph's lower bound (one step's own need) no plan of any
+ * algorithm exists: the solve refuses at once, with no search (not one
+ * allocation) and no search for the smallest budget, naming the bound and
+ * its step; once rkm_planner_min_budget has run, it names that budget too. */
+TEST(under_the_lower_bound_refused_at_once)
+{
+    rkm_context *ctx = test_new_ctx_alloc(counting_alloc);
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny");
+    rkm_graph_stats gs;
+    CHECK(g && rkm_graph_stats_get(g, &gs) == RKM_OK);
+    char want[96];
+    snprintf(want, sizeof want, "no plan of any algorithm peaks under %llu bytes", (unsigned long long)gs.lower_bound);
+    for (size_t a = 0; g && a < N_OF(algos); a++) {
+        rkm_solve_desc d = {0};
+        d.algo = algos[a];
+        rkm_planner *pl = NULL;
+        rkm_result r = rkm_planner_create(g, &d, &pl);
+        if (r == RKM_ERROR_UNSUPPORTED) continue;
+        CHECK(r == RKM_OK);
+        rkm_plan *p = NULL;
+        uint64_t min = 0;
+        long before = allocs;
+        CHECK(pl && rkm_planner_solve(pl, gs.lower_bound - 1, &p) == RKM_ERROR_BUDGET && !p);
+        CHECK(allocs == before);
+        const char *msg = rkm_context_errmsg(ctx);
+        if (!strstr(msg, want) || !strstr(msg, "of op '")) fprintf(stderr, "%s: %s\n", rkm_algo_name(algos[a]), msg);
+        CHECK(strstr(msg, want) && strstr(msg, "of op '"));
+        CHECK(pl && rkm_planner_min_budget(pl, &min) == RKM_OK && min >= gs.lower_bound);
+        CHECK(pl && rkm_planner_solve(pl, gs.lower_bound - 1, &p) == RKM_ERROR_BUDGET && !p);
+        CHECK_EQ_U64(named_smallest(ctx), min);
+        rkm_planner_destroy(pl);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(inplace_split_plans_at_each_min);
     RUN(multi_output_plans_at_each_min);
     RUN(inplace_gpt2_tiny_plans_at_each_min);
+    RUN(under_the_lower_bound_refused_at_once);
     TEST_END();
 }
