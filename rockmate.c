@@ -298,8 +298,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* ---- the arena (layout.c, planner.c) ---- */
 
 /* Plans for a budget whose arena is over it: planned again for that much
- * less, this many times at most (the first arena misses the aligned peak on
- * about one plan in ten, and the next fits). */
+ * less, this many times at most (on the bundled graphs the first arena
+ * misses the aligned peak on about one plan in ten; on bench_dagblocks'
+ * chains of 600+ buffers, 13 of 63 before rkm__arena_fit; the next mostly
+ * fits). */
 #define RKM_LAYOUT_TRIES 4
 /* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
  * its plan squeezed below the budget this many times, the first by the
@@ -675,12 +677,29 @@ typedef struct rkm__ilp_memo {
     uint64_t min_peak, min_kept;          /* no schedule has a lower peak / kept memory */
 } rkm__ilp_memo;
 
+/* One compute event of a schedule (ilp_sched.c). */
+typedef struct rkm__ilp_event {
+    int32_t kind, v, t;
+} rkm__ilp_event;
+
+/* A free point: block tensor i is freed after an event; the next at the
+ * same event (its list in tensor order), -1: none. */
+typedef struct rkm__ilp_fpoint {
+    int32_t i, next;
+} rkm__ilp_fpoint;
+
 /* (d) Scratch of one solve, in three parts with one user each. Emitting and
- * replaying a schedule (rkm__ilp_measure): */
+ * replaying a schedule (rkm__ilp_measure), its buffers kept from one
+ * schedule to the next (the greedy measures thousands): */
 typedef struct rkm__ilp_replayer {
-    int32_t *live;     /* [nt] last event that touched a tensor */
-    int32_t *rbuf;     /* [max_list] one op's in or saved list */
-    size_t last_steps; /* steps of the last schedule measured (work count) */
+    int32_t *live;      /* [nt] last event that touched a tensor */
+    int32_t *rbuf;      /* [max_list] one op's in or saved list */
+    rkm__ilp_event *ev; /* [events] a schedule's events in order */
+    int32_t *fhead;     /* [events] the first free point after each event, -1: none */
+    rkm__ilp_fpoint *fp; /* free points (fcap, grown) */
+    size_t fcap;
+    rkm__steps steps;   /* the measured schedule's steps (grown) */
+    size_t last_steps;  /* steps of the last schedule measured (work count) */
     rkm__sim sim;
 } rkm__ilp_replayer;
 
@@ -1021,6 +1040,7 @@ RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i
 /* ilp_sched.c */
 
 #ifndef RKM_OMIT_SOLVER
+RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
 RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
 RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
 RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
@@ -6371,7 +6391,7 @@ static int rkm__ilp_recall(const rkm__ilp_shape *b, const rkm__ilp_memo *memo, u
 static rkm_result rkm__ilp_output(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
                                   rkm_step **steps, size_t *n_fwd, size_t *n_bwd)
 {
-    rkm__ilp_out o;
+    rkm__ilp_out o = {{b->ctx, NULL, 0, 0}, 0};
     rkm_result r = rkm__ilp_emit(b, rp, s, &o);
     if (r) return r;
     size_t n = o.l.n;
@@ -6696,9 +6716,12 @@ static rkm_result rkm__ilp_scratch_init(const rkm__ilp_shape *b, rkm__ilp_scratc
     if (!rkm__ilp_take(ctx, a, &sc->gr.x, n, 1) || !rkm__ilp_take(ctx, a, &sc->gr.seen2, n, 1) ||
         !rkm__ilp_take(ctx, a, &sc->rp.live, nt, sizeof *sc->rp.live) ||
         !rkm__ilp_take(ctx, a, &sc->rp.rbuf, (size_t)b->max_list, sizeof *sc->rp.rbuf) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.ev, rkm__ilp_events_max(b), sizeof *sc->rp.ev) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.fhead, rkm__ilp_events_max(b), sizeof *sc->rp.fhead) ||
         !rkm__ilp_sched_alloc(b, &sc->gr.trial) || !rkm__ilp_sched_alloc(b, &sc->gr.alt) ||
         !rkm__ilp_sched_alloc(b, &sc->best) || !rkm__ilp_sched_alloc(b, &sc->found))
         return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a solve's scratch");
+    sc->rp.steps.ctx = ctx;
     rkm_result r = rkm__sim_init(b->g, &sc->rp.sim);
     return r ? rkm__ilp_err(b, r, "out of memory for the simulator") : RKM_OK;
 }
@@ -6706,6 +6729,8 @@ static rkm_result rkm__ilp_scratch_init(const rkm__ilp_shape *b, rkm__ilp_scratc
 static void rkm__ilp_scratch_free(rkm_context *ctx, rkm__ilp_scratch *sc)
 {
     rkm__sim_free(&sc->rp.sim);
+    rkm__steps_free(&sc->rp.steps);
+    rkm__free(ctx, sc->rp.fp, sc->rp.fcap * sizeof *sc->rp.fp);
     rkm__ilp_sched_free(ctx, &sc->gr.trial);
     rkm__ilp_sched_free(ctx, &sc->gr.alt);
     rkm__ilp_sched_free(ctx, &sc->best);
@@ -6766,10 +6791,11 @@ static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t s
     return rkm__steps_push(&o->l, kind, index, save);
 }
 
-/* One compute event of a schedule. */
-typedef struct rkm__ilp_event {
-    int32_t kind, v, t;
-} rkm__ilp_event;
+/* The most events a schedule of the block has (rkm__ilp_events). */
+RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
+{
+    return (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
+}
 
 /* Events of a schedule in order: stage 0's forwards, the loss node, then per
  * stage its recomputations and its backward. Returns the count. */
@@ -6803,18 +6829,6 @@ static int32_t rkm__ilp_reads(const rkm__ilp_shape *b, const rkm__ilp_event *e, 
     return k;
 }
 
-typedef struct rkm__ilp_freeat {
-    size_t e;
-    int32_t i;
-} rkm__ilp_freeat;
-
-static int rkm__ilp_freeat_cmp(const void *a, const void *c)
-{
-    const rkm__ilp_freeat *x = a, *y = c;
-    if (x->e != y->e) return x->e < y->e ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
 /* Emit the main step of event e. */
 static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e,
                                rkm__ilp_out *o)
@@ -6837,15 +6851,30 @@ static int rkm__ilp_emit_bwd_frees(const rkm__ilp_shape *b, int32_t v, rkm__ilp_
     return 1;
 }
 
-/* Free points of schedule s's block tensors, sorted: each right after its
- * last use before it is made again, or right after it is made if nothing
- * reads it. *fr is allocated through the context (*cap items). 0: no memory. */
-static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_event *ev, size_t m,
-                                rkm__ilp_freeat **fr, size_t *n_fr, size_t *cap)
+/* Block tensor i is freed after event e: into e's list, in tensor order
+ * (what a sort of the points by event, then tensor, gave). 0: no memory. */
+static int rkm__ilp_free_at(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, size_t *n, size_t e, int32_t i)
 {
+    if (!rkm__reserve(b->ctx, (void **)&rp->fp, &rp->fcap, *n + 1, sizeof *rp->fp)) return 0;
+    int32_t *at = &rp->fhead[e];
+    while (*at >= 0 && rp->fp[*at].i < i) at = &rp->fp[*at].next;
+    rp->fp[*n] = (rkm__ilp_fpoint){i, *at};
+    *at = (int32_t)(*n)++;
+    return 1;
+}
+
+/* Free points of the block tensors of the schedule whose m events are in
+ * rp->ev, into rp->fhead's lists: each right after its last use before it
+ * is made again, or right after it is made if nothing reads it. 0: no
+ * memory. */
+static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, size_t m)
+{
+    const rkm__ilp_event *ev = rp->ev;
     int32_t *live = rp->live;
+    size_t n = 0;
     int ok = 1;
     for (int32_t i = 0; i < b->nt; i++) live[i] = -1;
+    for (size_t e = 0; e < m; e++) rp->fhead[e] = -1;
     /* Lifetimes: live[i] is the last event that touched i since it was made. */
     for (size_t e = 0; e < m && ok; e++) {
         int32_t nr = rkm__ilp_reads(b, &ev[e], rp->rbuf);
@@ -6854,46 +6883,31 @@ static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, 
         const rkm__op *op = &b->g->ops[b->op[ev[e].v]];
         for (int32_t k = 0; k < op->n_out && ok; k++) {
             int32_t i = rkm__ilp_loc(b, op->out[k]);
-            if (live[i] >= 0) {
-                ok = rkm__reserve(b->ctx, (void **)fr, cap, *n_fr + 1, sizeof **fr);
-                if (ok) (*fr)[(*n_fr)++] = (rkm__ilp_freeat){(size_t)live[i], i};
-            }
+            if (live[i] >= 0) ok = rkm__ilp_free_at(b, rp, &n, (size_t)live[i], i);
             live[i] = (int32_t)e;
         }
     }
     for (int32_t i = 0; i < b->nt && ok; i++)
-        if (live[i] >= 0) {
-            ok = rkm__reserve(b->ctx, (void **)fr, cap, *n_fr + 1, sizeof **fr);
-            if (ok) (*fr)[(*n_fr)++] = (rkm__ilp_freeat){(size_t)live[i], i};
-        }
-    if (ok && *n_fr) qsort(*fr, *n_fr, sizeof **fr, rkm__ilp_freeat_cmp);
+        if (live[i] >= 0) ok = rkm__ilp_free_at(b, rp, &n, (size_t)live[i], i);
     return ok;
 }
 
-/* The steps of schedule s: events in order, each followed by the frees
- * rkm__ilp_free_points puts there, in o->l (the context's allocation). */
+/* The steps of schedule s appended to o->l (empty, the caller's): events in
+ * order, each followed by the frees rkm__ilp_free_points puts there. On
+ * RKM_ERROR_NOMEM o->l is freed. */
 RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
                                 rkm__ilp_out *o)
 {
-    rkm_context *ctx = b->ctx;
-    size_t cap_ev = (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
-    rkm__ilp_event *ev = rkm__alloc(ctx, cap_ev * sizeof *ev);
-    rkm__ilp_freeat *fr = NULL;
-    size_t n_fr = 0, cap_fr = 0;
-    int ok = ev != NULL;
-    memset(o, 0, sizeof *o);
-    o->l.ctx = ctx;
-    size_t m = ok ? rkm__ilp_events(b, s, ev) : 0;
-    ok = ok && rkm__ilp_free_points(b, rp, ev, m, &fr, &n_fr, &cap_fr);
-    size_t f = 0;
+    o->n_fwd = 0;
+    size_t m = rkm__ilp_events(b, s, rp->ev);
+    int ok = rkm__ilp_free_points(b, rp, m);
     for (size_t e = 0; e < m && ok; e++) {
-        ok = rkm__ilp_emit_event(b, s, &ev[e], o);
-        if (ok && ev[e].kind == RKM__ILP_NODE_BWD) ok = rkm__ilp_emit_bwd_frees(b, ev[e].v, o);
-        for (; ok && f < n_fr && fr[f].e == e; f++) ok = rkm__ilp_push(o, RKM_STEP_FREE, b->tg[fr[f].i], 0);
-        if (ok && e + 1 < m && ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->l.n;
+        ok = rkm__ilp_emit_event(b, s, &rp->ev[e], o);
+        if (ok && rp->ev[e].kind == RKM__ILP_NODE_BWD) ok = rkm__ilp_emit_bwd_frees(b, rp->ev[e].v, o);
+        for (int32_t f = rp->fhead[e]; ok && f >= 0; f = rp->fp[f].next)
+            ok = rkm__ilp_push(o, RKM_STEP_FREE, b->tg[rp->fp[f].i], 0);
+        if (ok && e + 1 < m && rp->ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->l.n;
     }
-    rkm__free(ctx, ev, cap_ev * sizeof *ev);
-    rkm__free(ctx, fr, cap_fr * sizeof *fr);
     if (!ok) {
         rkm__steps_free(&o->l);
         o->n_fwd = 0;
@@ -6942,13 +6956,13 @@ static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__il
  * RKM_ERROR_NOMEM is reported through *res. */
 RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
 {
-    rkm__ilp_out o;
+    rkm__ilp_out o = {rp->steps, 0};
+    o.l.n = 0;
     *res = rkm__ilp_emit(b, rp, s, &o);
+    rp->steps = o.l; /* its buffer, for the next schedule */
     if (*res) return 0;
-    int ok = rkm__ilp_replay(b, &rp->sim, &o, s);
     rp->last_steps = o.l.n;
-    rkm__steps_free(&o.l);
-    return ok;
+    return rkm__ilp_replay(b, &rp->sim, &o, s);
 }
 
 RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)

@@ -885,7 +885,7 @@ static int rkm__ilp_recall(const rkm__ilp_shape *b, const rkm__ilp_memo *memo, u
 static rkm_result rkm__ilp_output(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
                                   rkm_step **steps, size_t *n_fwd, size_t *n_bwd)
 {
-    rkm__ilp_out o;
+    rkm__ilp_out o = {{b->ctx, NULL, 0, 0}, 0};
     rkm_result r = rkm__ilp_emit(b, rp, s, &o);
     if (r) return r;
     size_t n = o.l.n;
@@ -1210,9 +1210,12 @@ static rkm_result rkm__ilp_scratch_init(const rkm__ilp_shape *b, rkm__ilp_scratc
     if (!rkm__ilp_take(ctx, a, &sc->gr.x, n, 1) || !rkm__ilp_take(ctx, a, &sc->gr.seen2, n, 1) ||
         !rkm__ilp_take(ctx, a, &sc->rp.live, nt, sizeof *sc->rp.live) ||
         !rkm__ilp_take(ctx, a, &sc->rp.rbuf, (size_t)b->max_list, sizeof *sc->rp.rbuf) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.ev, rkm__ilp_events_max(b), sizeof *sc->rp.ev) ||
+        !rkm__ilp_take(ctx, a, &sc->rp.fhead, rkm__ilp_events_max(b), sizeof *sc->rp.fhead) ||
         !rkm__ilp_sched_alloc(b, &sc->gr.trial) || !rkm__ilp_sched_alloc(b, &sc->gr.alt) ||
         !rkm__ilp_sched_alloc(b, &sc->best) || !rkm__ilp_sched_alloc(b, &sc->found))
         return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a solve's scratch");
+    sc->rp.steps.ctx = ctx;
     rkm_result r = rkm__sim_init(b->g, &sc->rp.sim);
     return r ? rkm__ilp_err(b, r, "out of memory for the simulator") : RKM_OK;
 }
@@ -1220,6 +1223,8 @@ static rkm_result rkm__ilp_scratch_init(const rkm__ilp_shape *b, rkm__ilp_scratc
 static void rkm__ilp_scratch_free(rkm_context *ctx, rkm__ilp_scratch *sc)
 {
     rkm__sim_free(&sc->rp.sim);
+    rkm__steps_free(&sc->rp.steps);
+    rkm__free(ctx, sc->rp.fp, sc->rp.fcap * sizeof *sc->rp.fp);
     rkm__ilp_sched_free(ctx, &sc->gr.trial);
     rkm__ilp_sched_free(ctx, &sc->gr.alt);
     rkm__ilp_sched_free(ctx, &sc->best);

@@ -266,8 +266,10 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* ---- the arena (layout.c, planner.c) ---- */
 
 /* Plans for a budget whose arena is over it: planned again for that much
- * less, this many times at most (the first arena misses the aligned peak on
- * about one plan in ten, and the next fits). */
+ * less, this many times at most (on the bundled graphs the first arena
+ * misses the aligned peak on about one plan in ten; on bench_dagblocks'
+ * chains of 600+ buffers, 13 of 63 before rkm__arena_fit; the next mostly
+ * fits). */
 #define RKM_LAYOUT_TRIES 4
 /* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
  * its plan squeezed below the budget this many times, the first by the
@@ -643,12 +645,29 @@ typedef struct rkm__ilp_memo {
     uint64_t min_peak, min_kept;          /* no schedule has a lower peak / kept memory */
 } rkm__ilp_memo;
 
+/* One compute event of a schedule (ilp_sched.c). */
+typedef struct rkm__ilp_event {
+    int32_t kind, v, t;
+} rkm__ilp_event;
+
+/* A free point: block tensor i is freed after an event; the next at the
+ * same event (its list in tensor order), -1: none. */
+typedef struct rkm__ilp_fpoint {
+    int32_t i, next;
+} rkm__ilp_fpoint;
+
 /* (d) Scratch of one solve, in three parts with one user each. Emitting and
- * replaying a schedule (rkm__ilp_measure): */
+ * replaying a schedule (rkm__ilp_measure), its buffers kept from one
+ * schedule to the next (the greedy measures thousands): */
 typedef struct rkm__ilp_replayer {
-    int32_t *live;     /* [nt] last event that touched a tensor */
-    int32_t *rbuf;     /* [max_list] one op's in or saved list */
-    size_t last_steps; /* steps of the last schedule measured (work count) */
+    int32_t *live;      /* [nt] last event that touched a tensor */
+    int32_t *rbuf;      /* [max_list] one op's in or saved list */
+    rkm__ilp_event *ev; /* [events] a schedule's events in order */
+    int32_t *fhead;     /* [events] the first free point after each event, -1: none */
+    rkm__ilp_fpoint *fp; /* free points (fcap, grown) */
+    size_t fcap;
+    rkm__steps steps;   /* the measured schedule's steps (grown) */
+    size_t last_steps;  /* steps of the last schedule measured (work count) */
     rkm__sim sim;
 } rkm__ilp_replayer;
 
@@ -989,6 +1008,7 @@ RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i
 /* ilp_sched.c */
 
 #ifndef RKM_OMIT_SOLVER
+RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
 RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
 RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
 RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
