@@ -2,7 +2,7 @@
  * plan, errors from callbacks, the state rule, optional callbacks, and a
  * counting host whose own bookkeeping must match the simulator's to the
  * byte on every bundled graph's baseline. */
-#include "../rockmate.c"
+#include "../src/internal.h"
 #include "test.h"
 
 /* A context whose allocator counts calls, to show that execution never

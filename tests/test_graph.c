@@ -1,7 +1,7 @@
 /* test_graph.c -- graph files and the graph builder: every rule of the
  * .rkg contract broken once (through the reader and through the API), read
  * and write round trips, and what finalize derives. */
-#include "../rockmate.c"
+#include "../src/internal.h"
 #include "test.h"
 
 #include <dirent.h>

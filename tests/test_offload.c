@@ -2,7 +2,7 @@
  * ("Offloading"): the worked example by hand (memory, time, waits and
  * host bytes per step), every rule the steps add, the graph and plan files,
  * the executor's calls and the arena exec's buffers. */
-#include "../rockmate.c"
+#include "../src/internal.h"
 #include "test.h"
 #include "tiny_graph.h"
 

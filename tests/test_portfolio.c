@@ -1,7 +1,7 @@
 /* test_portfolio: rockmate against rotor, sqrt and DTR on every bundled
  * graph. Apart from test_search, whose other tests take as long, so that
  * each program runs well within the runner's limit under the sanitizers. */
-#include "../rockmate.c"
+#include "../src/internal.h"
 #include "test.h"
 
 static const char *const graphs[] = {TEST_BUNDLED_GRAPHS};

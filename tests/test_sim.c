@@ -6,7 +6,7 @@
  * Where the contract fixes which tensors are freed at a point but not in
  * which order (a run of frees), the baseline is compared with each run
  * sorted by id, and mem_after only where a run ends. */
-#include "../rockmate.c"
+#include "../src/internal.h"
 #include "test.h"
 
 #include <unistd.h>
