@@ -272,8 +272,18 @@ INCLUDES_LIB = grep -qE '^[[:space:]]*\#[[:space:]]*include[[:space:]]+"\.\./roc
 INCLUDES_SRC = grep -qE '^[[:space:]]*\#[[:space:]]*include[[:space:]]+"\.\./src/internal\.h"'
 TEST_SRC_OBJS = $(patsubst src/%.c,$(BUILD)/tests/src/%.o,$(wildcard src/*.c))
 CLANG_SRC_OBJS = $(patsubst src/%.c,$(BUILD)/tests/src-clang/%.o,$(wildcard src/*.c))
+TEST_SRC_LIB = $(BUILD)/tests/librockmate-src.a
+CLANG_SRC_LIB = $(BUILD)/tests/librockmate-src-clang.a
 # what test $< links: nothing, the sources' objects, or the library
-TEST_LINKS = $$($(INCLUDES_LIB) $< || { $(INCLUDES_SRC) $< && echo $(TEST_SRC_OBJS); } || echo $(TEST_LIB))
+TEST_LINKS = $$($(INCLUDES_LIB) $< || { $(INCLUDES_SRC) $< && echo $(TEST_SRC_LIB); } || echo $(TEST_LIB))
+
+$(TEST_SRC_LIB): $(TEST_SRC_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+$(CLANG_SRC_LIB): $(CLANG_SRC_OBJS)
+	rm -f $@
+	ar rcs $@ $^
 
 $(BUILD)/tests/src/%.o: src/%.c src/internal.h rockmate.h $(BUILD)/flags | deps
 	@mkdir -p $(@D)
@@ -292,9 +302,9 @@ $(TEST_LIB): $(BUILD)/tests/rockmate.o
 	ar rcs $@ $^
 
 $(CLANG_TESTS): $(BUILD)/tests/%-clang: tests/%.c $(wildcard tests/*.h examples/*.h) rockmate.c rockmate.h $(BUILD)/flags \
-		$(CLANG_SRC_OBJS)
+		$(CLANG_SRC_LIB)
 	@mkdir -p $(@D)
-	$(CLANG) $(TEST_CFLAGS) $(DEFS) -o $@ $< $$($(INCLUDES_SRC) $< && echo $(CLANG_SRC_OBJS)) $(LDLIBS)
+	$(CLANG) $(TEST_CFLAGS) $(DEFS) -o $@ $< $$($(INCLUDES_SRC) $< && echo $(CLANG_SRC_LIB)) $(LDLIBS)
 
 $(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c $(wildcard tests/*.h examples/*.h) rockmate.c rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
@@ -336,7 +346,7 @@ fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
 endif
 
 $(TESTS): $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h examples/*.h) rockmate.c rockmate.h $(TEST_LIB) \
-		$(TEST_SRC_OBJS)
+		$(TEST_SRC_LIB)
 	$(CC) $(TEST_CFLAGS) $(DEFS) -o $@ $< $(TEST_LINKS) $(LDLIBS)
 
 ifeq ($(NVCC),)

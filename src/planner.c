@@ -1189,23 +1189,29 @@ static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 }
 
 /* A budget under the graph's lower bound: no plan of any algorithm fits
- * it, copies or not, so no search, and no search for the smallest budget
- * either (seconds on a large graph, for a message): the message names the
- * step that needs more, and the smallest budget where a call found it. */
+ * it, copies or not, whatever the time, so no search, and no search for
+ * the smallest budget either (seconds on a large graph, for a message):
+ * the message names the step that needs more, and the smallest budget
+ * where a call found it. */
 static rkm_result rkm__under_bound(rkm_planner *pl, uint64_t budget)
 {
+    const char *name = rkm_algo_name(pl->d.algo);
     int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    char min[96];
     if (pl->min_budget && !pl->min_cut && (!copies || pl->off_min))
-        return rkm__no_plan(pl, budget, copies ? pl->off_min : pl->min_budget);
+        snprintf(min, sizeof min, "; the smallest it can meet is %llu bytes",
+                 (unsigned long long)(copies ? pl->off_min : pl->min_budget));
+    else
+        snprintf(min, sizeof min, " (rkm_planner_min_budget gives the smallest budget %s meets)", name);
     int32_t op;
     int bwd;
     uint64_t lb = rkm__lower_bound(pl->g, &op, &bwd);
     return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
                     "%s: no plan fits a budget of %llu bytes: no plan of any algorithm peaks under %llu bytes, what "
-                    "%s%s%s alone holds (rkm_planner_min_budget gives the smallest budget %s meets)",
-                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)lb,
+                    "%s%s%s alone holds%s",
+                    name, (unsigned long long)budget, (unsigned long long)lb,
                     op < 0 ? "the loss step" : bwd ? "the backward of op '" : "the forward of op '",
-                    op < 0 ? "" : pl->g->ops[op].name, op < 0 ? "" : "'", rkm_algo_name(pl->d.algo));
+                    op < 0 ? "" : pl->g->ops[op].name, op < 0 ? "" : "'", min);
 }
 
 static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
