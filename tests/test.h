@@ -236,8 +236,14 @@ static inline rkm_context *test_new_ctx(void) { return test_new_ctx_alloc(NULL);
 
 /* A context allocator that counts the bytes outstanding (*test_live_bytes();
  * the sizes the library passes must match), so that a test can check that
- * everything it made went back. */
+ * everything it made went back, and the allocations (*test_alloc_calls():
+ * calls that ask for bytes), so that one can check a call made none. */
 static inline long long *test_live_bytes(void)
+{
+    static long long n;
+    return &n;
+}
+static inline long long *test_alloc_calls(void)
 {
     static long long n;
     return &n;
@@ -245,6 +251,7 @@ static inline long long *test_live_bytes(void)
 static inline void *test_count_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
 {
     (void)user;
+    *test_alloc_calls() += new_size > 0;
     *test_live_bytes() += (long long)new_size - (long long)(ptr ? old_size : 0);
     if (new_size == 0) {
         free(ptr);

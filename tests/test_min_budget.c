@@ -84,19 +84,6 @@ TEST(inplace_gpt2_tiny_plans_at_each_min)
     rkm_context_destroy(ctx);
 }
 
-/* Allocations (not frees) made through the context. */
-static long allocs;
-static void *counting_alloc(void *user, void *ptr, size_t old_size, size_t new_size)
-{
-    (void)user, (void)old_size;
-    allocs += new_size > 0;
-    if (new_size == 0) {
-        free(ptr);
-        return NULL;
-    }
-    return realloc(ptr, new_size);
-}
-
 /* Under the graph's lower bound (one step's own need) no plan of any
  * algorithm exists: the solve refuses at once, with no search (not one
  * allocation) and no search for the smallest budget, naming the bound and
@@ -104,7 +91,7 @@ static void *counting_alloc(void *user, void *ptr, size_t old_size, size_t new_s
  * (and still says BUDGET, never TIMEOUT). */
 TEST(under_the_lower_bound_refused_at_once)
 {
-    rkm_context *ctx = test_new_ctx_alloc(counting_alloc);
+    rkm_context *ctx = test_new_ctx_alloc(test_count_alloc);
     rkm_graph *g = test_load_graph(ctx, "multi-output"); /* small: checkmate's smallest budget is never cut */
     rkm_graph_stats gs;
     CHECK(g && rkm_graph_stats_get(g, &gs) == RKM_OK);
@@ -119,9 +106,9 @@ TEST(under_the_lower_bound_refused_at_once)
         CHECK(r == RKM_OK);
         rkm_plan *p = NULL;
         uint64_t min = 0;
-        long before = allocs;
+        long long before = *test_alloc_calls();
         CHECK(pl && rkm_planner_solve(pl, gs.lower_bound - 1, &p) == RKM_ERROR_BUDGET && !p);
-        CHECK(allocs == before);
+        CHECK(*test_alloc_calls() == before);
         const char *msg = rkm_context_errmsg(ctx);
         if (!strstr(msg, want) || !strstr(msg, "of op '")) fprintf(stderr, "%s: %s\n", rkm_algo_name(algos[a]), msg);
         CHECK(strstr(msg, want) && strstr(msg, "of op '"));
