@@ -65,7 +65,7 @@ typedef struct rkm__off {
     rkm__gap *gap;     /* [n_slots] a = -1: no gap */
     uint8_t *in;       /* [n_slots] in the set */
     int32_t *order;    /* [2 n_slots] the set by b, then the set itself */
-    rkm__off_key *keys;/* [n_slots] sort scratch */
+    rkm__off_key *keys;/* [5 (n_slots + 1)] sort scratch */
     int32_t *touch;    /* [n_touch]: the most slots one step touches */
     size_t n_touch;
     rkm__sim sim;
@@ -160,19 +160,32 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
 }
 
 /* The first compute step at or after i that ends at or after time x (the
- * last step if none). */
+ * last step if none). The compute clock never goes back, so the first step
+ * at or after i that ends by then is a binary search away; zero-length
+ * steps (frees) after it are skipped. */
 static int64_t rkm__off_step_ending(const rkm__off *o, int64_t i, double x)
 {
+    int64_t hi = (int64_t)o->n - 1;
+    while (i < hi) { /* te[lo..hi): the first >= x */
+        int64_t mid = i + (hi - i) / 2;
+        if (o->te[mid] >= x) hi = mid;
+        else i = mid + 1;
+    }
     for (; (size_t)i + 1 < o->n; i++)
-        if (o->te[i] >= x && o->te[i] > o->ts[i]) return i;
+        if (o->te[i] > o->ts[i]) return i;
     return (int64_t)o->n - 1;
 }
 
-/* The last step at or before b that starts by time x. */
+/* The last step at or before b that starts by time x (0 if none does). */
 static int64_t rkm__off_step_starting(const rkm__off *o, int64_t b, double x)
 {
-    while (b > 0 && o->ts[b] > x) b--;
-    return b;
+    int64_t lo = 0;
+    while (lo < b) { /* the last of ts[lo..b] <= x */
+        int64_t mid = b - (b - lo) / 2;
+        if (o->ts[mid] <= x) lo = mid;
+        else b = mid - 1;
+    }
+    return lo;
 }
 
 static int rkm__off_key_cmp(const void *x, const void *y)
@@ -243,25 +256,46 @@ static int rkm__off_push(rkm__off *o, int32_t kind, int32_t t, int64_t from)
     return rkm__steps_push(&o->out, kind, index, saved && kind != RKM_STEP_FREE_SAVED) && rkm__off_note(o, from);
 }
 
-/* The base plan with the set's copies (set sorted by rkm__off_place). */
+/* The base step of a set member's event e: its prefetch goes before step
+ * p (0), its wait and host free before b (1), its offload after o (2), its
+ * wait and free after f (3). */
+static int64_t rkm__off_event(const rkm__gap *x, int e)
+{
+    return e == 0 ? x->p : e == 1 ? x->b : e == 2 ? x->o : x->f;
+}
+
+/* Push slot t's steps of event e, from base step `from`. */
+static int rkm__off_push_event(rkm__off *o, int e, int32_t t, int64_t from)
+{
+    switch (e) {
+    case 0: return rkm__off_push(o, RKM_STEP_PREFETCH, t, from);
+    case 1: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && rkm__off_push(o, RKM_STEP_FREE_HOST, t, from);
+    case 2: return rkm__off_push(o, RKM_STEP_OFFLOAD, t, from);
+    default: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && rkm__off_push(o, RKM_STEP_FREE, t, from);
+    }
+}
+
+/* The base plan with the set's copies (set sorted by rkm__off_place): each
+ * event's members sorted by their step, in set order within one, and
+ * merged into the base plan's steps in one pass. */
 static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
 {
+    rkm__off_key *ev[4];
+    int32_t at[4] = {0, 0, 0, 0};
+    for (int e = 0; e < 4; e++) {
+        ev[e] = o->keys + (size_t)(e + 1) * (o->n_slots + 1);
+        for (int32_t k = 0; k < m; k++) ev[e][k] = (rkm__off_key){rkm__off_event(&o->gap[set[k]], e), k};
+        qsort(ev[e], (size_t)m, sizeof *ev[e], rkm__off_key_cmp);
+    }
     o->out.n = 0;
     for (size_t i = 0; i < o->n; i++) {
-        int64_t at = (int64_t)i;
-        for (int32_t k = 0; k < m; k++)
-            if (o->gap[set[k]].p == at && !rkm__off_push(o, RKM_STEP_PREFETCH, set[k], at)) return 0;
-        for (int32_t k = 0; k < m; k++)
-            if (o->gap[set[k]].b == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
-                                           !rkm__off_push(o, RKM_STEP_FREE_HOST, set[k], at)))
-                return 0;
-        if (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, at)) return 0;
-        for (int32_t k = 0; k < m; k++)
-            if (o->gap[set[k]].o == at && !rkm__off_push(o, RKM_STEP_OFFLOAD, set[k], at)) return 0;
-        for (int32_t k = 0; k < m; k++)
-            if (o->gap[set[k]].f == at && (!rkm__off_push(o, RKM_STEP_WAIT, set[k], at) ||
-                                           !rkm__off_push(o, RKM_STEP_FREE, set[k], at)))
-                return 0;
+        int64_t s = (int64_t)i;
+        for (int e = 0; e < 4; e++) {
+            while (at[e] < m && ev[e][at[e]].key < s) at[e]++; /* never at a step: none emitted */
+            if (e == 2 && (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, s))) return 0;
+            for (; at[e] < m && ev[e][at[e]].key == s; at[e]++)
+                if (!rkm__off_push_event(o, e, set[ev[e][at[e]].id], s)) return 0;
+        }
     }
     return 1;
 }
@@ -374,7 +408,7 @@ static void rkm__off_free(rkm__off *o)
     rkm__free(ctx, o->gap, nt * sizeof *o->gap);
     rkm__free(ctx, o->in, nt);
     rkm__free(ctx, o->order, 2 * nt * sizeof *o->order);
-    rkm__free(ctx, o->keys, nt * sizeof *o->keys);
+    rkm__free(ctx, o->keys, 5 * nt * sizeof *o->keys);
     rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
     rkm__free(ctx, o->peak, o->cap_peak * sizeof *o->peak);
     rkm__free(ctx, o->from, o->cap_from * sizeof *o->from);
@@ -398,7 +432,7 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
     o->gap = rkm__alloc(g->ctx, nt * sizeof *o->gap);
     o->in = rkm__calloc(g->ctx, nt, 1);
     o->order = rkm__alloc(g->ctx, 2 * nt * sizeof *o->order);
-    o->keys = rkm__alloc(g->ctx, nt * sizeof *o->keys);
+    o->keys = rkm__alloc(g->ctx, 5 * nt * sizeof *o->keys); /* rkm__off_sort's, rkm__off_emit's four */
     int64_t *last = rkm__alloc(g->ctx, 2 * nt * sizeof *last);
     rkm_result r = o->ts && o->gap && o->in && o->order && o->keys && o->touch && last ? rkm__sim_init(g, &o->sim) : RKM_ERROR_NOMEM;
     if (!r) {
