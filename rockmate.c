@@ -872,6 +872,7 @@ struct rkm_planner {
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
     int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
+    int fitting_base;        /* an offloading base is being planned (offload.c): no whole-graph ILP start, phases or missed track */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -897,6 +898,8 @@ struct rkm_planner {
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
+    uint64_t work_done;      /* the search's work since the planner was made (search.c) */
+    uint64_t base_left;      /* while fitting_base: the work the offloading bases have left, together */
     /* A nested planner's parent (nest.c), NULL at the top: its checks are
      * the parent's too, so that the parent reports and a cancel stops it. */
     rkm_planner *parent;
@@ -9602,9 +9605,8 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
 {
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
-    rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0)
-        r = rkm__planner_offload(pl, budget, &p);
+    int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
     if (r) return r;
     if (!p) {
         uint64_t min;
@@ -10186,7 +10188,10 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
  * shares of their own (their tuning constants), so that one does not starve
  * the next. Work is counted in replayed steps, not time, so plans do not
  * depend on the machine. */
-RKM_PRIVATE void rkm__search_begin(rkm_planner *pl) { pl->work_left = RKM_SOLVE_WORK; }
+RKM_PRIVATE void rkm__search_begin(rkm_planner *pl)
+{
+    pl->work_left = pl->fitting_base && pl->base_left < RKM_SOLVE_WORK ? pl->base_left : RKM_SOLVE_WORK;
+}
 
 /* What a part of the search may spend: its share, or what the solve has
  * left; nothing past the deadline. */
@@ -10196,7 +10201,14 @@ static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
     return cap < pl->work_left ? cap : pl->work_left;
 }
 
-static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < pl->work_left ? pl->work_left - work : 0; }
+/* Also counted in pl->work_done, and while an offloading base is planned
+ * taken off pl->base_left, what the bases have left together (offload.c). */
+static void rkm__spend(rkm_planner *pl, uint64_t work)
+{
+    pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
+    pl->work_done += work;
+    if (pl->fitting_base) pl->base_left = work < pl->base_left ? pl->base_left - work : 0;
+}
 
 /* ---- resumed replays ------------------------------------------------------
  *
@@ -11102,7 +11114,7 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * without it, in 2.6 s instead of 4.7). */
 static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || pl->fitting_min) return RKM_OK;
+    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
     rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
@@ -11117,7 +11129,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
     case RKM__START_SQRT: return rkm__solve_chain(pl, 1, budget, &p[k]);
-    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min ? NULL : missed);
+    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min || pl->fitting_base ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
     }
@@ -11252,7 +11264,7 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     rkm_plan *best = NULL, *runner = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
-    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best; k++) {
+    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !pl->fitting_base; k++) {
         if (k > 0 && (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
@@ -11873,33 +11885,48 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
     return r;
 }
 
-/* Rockmate on a graph with a copy link: *p (taken; NULL if no
- * recompute-only plan fits) or a plan that offloads, the faster (on an
- * error *p is destroyed and NULL). The bases to offload from are plans
- * with fewer recomputations than the budget's:
- * the baseline, and rockmate's plan for the budget plus a share of what
- * the slower copy stream moves in the baseline's forward time (about what
- * can leave the device unseen while the forward runs), at most the
- * geometric mean of the budget and the baseline peak (a fast link would
- * otherwise leave only the baseline); where the copies do not bring that
- * plan within the budget (too many, each with its latency), a plan for a
- * quarter as much more memory, and where there is no plan (below the
- * recompute-only floor), one for half way to the baseline peak:
- * RKM_OFFLOAD_BASES plans at most, until one fits with hidden copies (a
- * base where only exposed ones fit is a candidate, not the end). Where none
- * of those gives a plan either, below the floor, the plan that meets the
- * floor (the smallest budget's, found once per planner): what its peak
- * steps hold besides their own needs (a chain's checkpoint) can wait in
- * host memory. */
+/* Rockmate on a graph with a copy link, into *p (NULL if no plan fits;
+ * nothing on an error): the faster of its recompute-only plan and a plan
+ * that offloads. The bases to offload from are plans with fewer
+ * recomputations than the budget's: first the baseline (where its hidden
+ * copies fit, nothing is faster, and no recompute-only solve runs), then
+ * rockmate's plan for the budget plus a share of what the slower copy stream
+ * moves in the baseline's forward time (about what can leave the device
+ * unseen while the forward runs), at most the geometric mean of the budget
+ * and the baseline peak (a fast link would otherwise leave only the
+ * baseline); where the copies do not bring that plan within the budget (too
+ * many, each with its latency), a plan for a quarter as much more memory,
+ * and where there is no plan (below the recompute-only floor), one for half
+ * way to the baseline peak: RKM_OFFLOAD_BASES plans at most, until one fits
+ * with hidden copies (a base where only exposed ones fit is a candidate, not
+ * the end). A base is planned without the whole-graph ILP start, the phases
+ * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
+ * graphs doubled a base's time for the same overheads (bench_offload: one
+ * row of 39 moved, by 0.01 point), and the bases' searches together do at
+ * most the work the recompute-only solve's did (a whole solve's where it
+ * found no plan), so a solve with a link plans in about twice the time
+ * without (each base used to get a whole solve's: gpt2-124M-b4-t64 at its
+ * floor with 25 GB/s, three bases of 21 M replayed steps each after a solve
+ * of 20 M). Where none of those gives a plan either, below the floor, the
+ * plan that meets the floor (the smallest budget's, found once per planner):
+ * what its peak steps hold besides their own needs (a chain's checkpoint)
+ * can wait in host memory. */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
     rkm_plan *base = NULL, *q = NULL, *x = NULL;
+    *p = NULL;
     rkm_result r = rkm__plan_baseline(pl->user, &base);
     if (!r) r = rkm__offload_try(pl, base, budget, &q, &x);
-    *p = rkm__faster(*p, q);
     rkm_plan_destroy(base);
-    base = q = NULL;
+    base = NULL;
+    uint64_t done = pl->work_done;
+    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
+    /* the bases together: what that solve's search did, or a solve's where
+     * it found no plan (only a base can give one then) */
+    pl->base_left = *p ? pl->work_done - done : RKM_SOLVE_WORK;
+    *p = rkm__faster(*p, q);
+    q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
         rkm_plan_destroy(x);
         return RKM_OK; /* nothing is faster */
@@ -11907,8 +11934,11 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r; k++) {
-        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_try(pl, base, budget, &q, &x);
+    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->base_left); k++) {
+        pl->fitting_base = 1;
+        r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
+        pl->fitting_base = 0;
+        if (!r && base) r = rkm__offload_try(pl, base, budget, &q, &x);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
         up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;

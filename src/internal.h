@@ -840,6 +840,7 @@ struct rkm_planner {
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
     int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
+    int fitting_base;        /* an offloading base is being planned (offload.c): no whole-graph ILP start, phases or missed track */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -865,6 +866,8 @@ struct rkm_planner {
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
+    uint64_t work_done;      /* the search's work since the planner was made (search.c) */
+    uint64_t base_left;      /* while fitting_base: the work the offloading bases have left, together */
     /* A nested planner's parent (nest.c), NULL at the top: its checks are
      * the parent's too, so that the parent reports and a cancel stops it. */
     rkm_planner *parent;

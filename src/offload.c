@@ -602,33 +602,48 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
     return r;
 }
 
-/* Rockmate on a graph with a copy link: *p (taken; NULL if no
- * recompute-only plan fits) or a plan that offloads, the faster (on an
- * error *p is destroyed and NULL). The bases to offload from are plans
- * with fewer recomputations than the budget's:
- * the baseline, and rockmate's plan for the budget plus a share of what
- * the slower copy stream moves in the baseline's forward time (about what
- * can leave the device unseen while the forward runs), at most the
- * geometric mean of the budget and the baseline peak (a fast link would
- * otherwise leave only the baseline); where the copies do not bring that
- * plan within the budget (too many, each with its latency), a plan for a
- * quarter as much more memory, and where there is no plan (below the
- * recompute-only floor), one for half way to the baseline peak:
- * RKM_OFFLOAD_BASES plans at most, until one fits with hidden copies (a
- * base where only exposed ones fit is a candidate, not the end). Where none
- * of those gives a plan either, below the floor, the plan that meets the
- * floor (the smallest budget's, found once per planner): what its peak
- * steps hold besides their own needs (a chain's checkpoint) can wait in
- * host memory. */
+/* Rockmate on a graph with a copy link, into *p (NULL if no plan fits;
+ * nothing on an error): the faster of its recompute-only plan and a plan
+ * that offloads. The bases to offload from are plans with fewer
+ * recomputations than the budget's: first the baseline (where its hidden
+ * copies fit, nothing is faster, and no recompute-only solve runs), then
+ * rockmate's plan for the budget plus a share of what the slower copy stream
+ * moves in the baseline's forward time (about what can leave the device
+ * unseen while the forward runs), at most the geometric mean of the budget
+ * and the baseline peak (a fast link would otherwise leave only the
+ * baseline); where the copies do not bring that plan within the budget (too
+ * many, each with its latency), a plan for a quarter as much more memory,
+ * and where there is no plan (below the recompute-only floor), one for half
+ * way to the baseline peak: RKM_OFFLOAD_BASES plans at most, until one fits
+ * with hidden copies (a base where only exposed ones fit is a candidate, not
+ * the end). A base is planned without the whole-graph ILP start, the phases
+ * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
+ * graphs doubled a base's time for the same overheads (bench_offload: one
+ * row of 39 moved, by 0.01 point), and the bases' searches together do at
+ * most the work the recompute-only solve's did (a whole solve's where it
+ * found no plan), so a solve with a link plans in about twice the time
+ * without (each base used to get a whole solve's: gpt2-124M-b4-t64 at its
+ * floor with 25 GB/s, three bases of 21 M replayed steps each after a solve
+ * of 20 M). Where none of those gives a plan either, below the floor, the
+ * plan that meets the floor (the smallest budget's, found once per planner):
+ * what its peak steps hold besides their own needs (a chain's checkpoint)
+ * can wait in host memory. */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
     rkm_plan *base = NULL, *q = NULL, *x = NULL;
+    *p = NULL;
     rkm_result r = rkm__plan_baseline(pl->user, &base);
     if (!r) r = rkm__offload_try(pl, base, budget, &q, &x);
-    *p = rkm__faster(*p, q);
     rkm_plan_destroy(base);
-    base = q = NULL;
+    base = NULL;
+    uint64_t done = pl->work_done;
+    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
+    /* the bases together: what that solve's search did, or a solve's where
+     * it found no plan (only a base can give one then) */
+    pl->base_left = *p ? pl->work_done - done : RKM_SOLVE_WORK;
+    *p = rkm__faster(*p, q);
+    q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
         rkm_plan_destroy(x);
         return RKM_OK; /* nothing is faster */
@@ -636,8 +651,11 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r; k++) {
-        if (!(r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL)) && base) r = rkm__offload_try(pl, base, budget, &q, &x);
+    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->base_left); k++) {
+        pl->fitting_base = 1;
+        r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
+        pl->fitting_base = 0;
+        if (!r && base) r = rkm__offload_try(pl, base, budget, &q, &x);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
         up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;

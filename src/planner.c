@@ -1218,9 +1218,8 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
 {
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
-    rkm_result r = rkm__planner_fit(pl, budget, &p, NULL);
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0)
-        r = rkm__planner_offload(pl, budget, &p);
+    int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
     if (r) return r;
     if (!p) {
         uint64_t min;

@@ -11,7 +11,10 @@
  * shares of their own (their tuning constants), so that one does not starve
  * the next. Work is counted in replayed steps, not time, so plans do not
  * depend on the machine. */
-RKM_PRIVATE void rkm__search_begin(rkm_planner *pl) { pl->work_left = RKM_SOLVE_WORK; }
+RKM_PRIVATE void rkm__search_begin(rkm_planner *pl)
+{
+    pl->work_left = pl->fitting_base && pl->base_left < RKM_SOLVE_WORK ? pl->base_left : RKM_SOLVE_WORK;
+}
 
 /* What a part of the search may spend: its share, or what the solve has
  * left; nothing past the deadline. */
@@ -21,7 +24,14 @@ static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
     return cap < pl->work_left ? cap : pl->work_left;
 }
 
-static void rkm__spend(rkm_planner *pl, uint64_t work) { pl->work_left = work < pl->work_left ? pl->work_left - work : 0; }
+/* Also counted in pl->work_done, and while an offloading base is planned
+ * taken off pl->base_left, what the bases have left together (offload.c). */
+static void rkm__spend(rkm_planner *pl, uint64_t work)
+{
+    pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
+    pl->work_done += work;
+    if (pl->fitting_base) pl->base_left = work < pl->base_left ? pl->base_left - work : 0;
+}
 
 /* ---- resumed replays ------------------------------------------------------
  *
@@ -927,7 +937,7 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * without it, in 2.6 s instead of 4.7). */
 static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || pl->fitting_min) return RKM_OK;
+    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
     rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
@@ -942,7 +952,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
     case RKM__START_SQRT: return rkm__solve_chain(pl, 1, budget, &p[k]);
-    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min ? NULL : missed);
+    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min || pl->fitting_base ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
     }
@@ -1077,7 +1087,7 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     rkm_plan *best = NULL, *runner = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
-    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best; k++) {
+    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !pl->fitting_base; k++) {
         if (k > 0 && (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
