@@ -306,6 +306,13 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * copy: the first base (70.7 %) needs copies whose latencies do not hide
  * (25.01 % overhead, recompute-only's), the second (55.2 %) does. */
 #define RKM_OFFLOAD_BASES 3
+/* The bases' searches together get this share of the work the
+ * recompute-only solve's search did (a whole solve's where it found no
+ * plan): a base's search costs a little more time per unit of work than the
+ * solve's (its chain DP and DTR starts are not metered), so at 1 planning
+ * with a link took up to 2.1 times the time without (gpt2-124M-b4-t64 at
+ * 50 % with 450 GB/s, two bases). */
+#define RKM_OFFLOAD_BASE_WORK 0.75
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 
