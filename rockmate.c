@@ -11302,8 +11302,12 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
  * time for the next read, `wait` before it. rkm__offload_plan picks which
  * tensors, greedily, until the plan's peak fits the budget:
  *
- * - Each tensor's gap is its longest idle stretch in the base plan (in
- *   compute time), where it is live and nothing reads, writes or frees it.
+ * - A tensor's gaps are its idle stretches in the base plan, where it is
+ *   live and nothing reads, writes or frees it, up to a compute step that
+ *   reads it. Any of them may be in the set: the first offloads, each frees
+ *   and prefetches, the last frees the host copy (a tensor has one value,
+ *   so one host copy serves every gap: test_offload
+ *   planner_prefetches_twice).
  * - Timing is the base plan's compute timeline. Offloads are queued on the
  *   device-to-host stream in the order of their gaps, each as soon as its
  *   tensor is written (reads may go on while it is copied) and the copy
@@ -11314,9 +11318,9 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
  *   before the last compute step that starts by then: their bytes are live
  *   as briefly as the stream allows, and waits are only where the stream is
  *   the bottleneck.
- * - While the plan peaks over the budget, the largest tensor whose gap
- *   leaves it off the device at the peak step (as it would alone) joins the
- *   set; a tensor that helps nowhere never does.
+ * - While the plan peaks over the budget, the gap around the peak step of
+ *   the largest tensor whose copies leave it off the device there (as they
+ *   would alone) joins the set; a gap that helps nowhere never does.
  * - Where none does and the caller allows it (exposed), a tensor live across
  *   the peak step that the step does not touch (a new one, or one of the
  *   set whose copies are too late to clear it) is off the device across
@@ -11330,16 +11334,22 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
  * keeps a result only if it is faster than the recompute-only plan and its
  * arena fits. */
 
-/* One tensor's gap in the base plan and its copies, in base step indices:
- * its last read before the gap a and its last write before that w,
- * offload after step o (w <= o <= a: it may be read while copied), wait
+/* One gap of a tensor in the base plan (an item of the pass: a tensor has
+ * one for each stretch it is live and idle) and its copies, in base step
+ * indices: its last touch before the gap a and its last write before that
+ * w, offload after step o (w <= o <= a: it may be read while copied), wait
  * and free after step f, prefetch before step p, wait before step b (its
- * next read). An exposed copy (picked for a peak its hidden copies do not
- * clear) is off the device by f_max at the latest and back no sooner than
- * p_min, and the compute stream waits for what does not hide. */
+ * next read). Of a tensor's gaps in the set, only the first (head) offloads
+ * and only the last (tail) frees the host copy: the others free after a
+ * and prefetch again from the same host copy (a tensor has one value). An
+ * exposed copy (picked for a peak its hidden copies do not clear) is off
+ * the device by f_max at the latest and back no sooner than p_min, and the
+ * compute stream waits for what does not hide. */
 typedef struct rkm__gap {
     int64_t a, b, w, o, f, p, f_max, p_min;
     double off_end, pre_start; /* the copies' planned times */
+    int32_t slot;              /* its tensor (copy slot) */
+    uint8_t head, tail;        /* rkm__off_place: the slot's first, last gap in the set */
 } rkm__gap;
 
 /* A sort key: ids ordered by key, then id (a total order: qsort gives the
@@ -11355,10 +11365,13 @@ typedef struct rkm__off {
     size_t n;
     double *ts, *te;   /* [n] each base step's start and end on the compute timeline */
     size_t n_slots;    /* copy slots: tensors, then ops' saved states */
-    rkm__gap *gap;     /* [n_slots] a = -1: no gap */
-    uint8_t *in;       /* [n_slots] in the set */
-    int32_t *order;    /* [2 n_slots] the set by b, then the set itself */
-    rkm__off_key *keys;/* [5 (n_slots + 1)] sort scratch */
+    rkm__gap *gap;     /* [n_gaps] every slot's gaps, by slot, then a */
+    size_t n_gaps, cap_gap;
+    uint8_t *in;       /* [n_gaps] in the set (1), or never again (2) */
+    int64_t *held;     /* [n_slots] the least a of the slot's gaps in the set (INT64_MAX: none) */
+    uint8_t *seen;     /* [n_slots] scratch of rkm__off_place */
+    int32_t *order;    /* [2 (n_gaps + 1)] the set by b, then the set itself */
+    rkm__off_key *keys;/* [5 (n_gaps + 1)] sort scratch */
     int32_t *touch;    /* [n_touch]: the most slots one step touches */
     size_t n_touch;
     rkm__sim sim;
@@ -11409,19 +11422,35 @@ static int rkm__slot_written(const rkm_graph *g, const rkm_step *st, int32_t j)
     return st->kind == RKM_STEP_FWD && (j >= g->ops[st->index].n_in || (j == 0 && st->inplace));
 }
 
-/* The compute timeline and every tensor's longest gap, from a replay of the
- * base plan (valid, no copy steps); last and wr: scratch. */
-static void rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
+static int rkm__off_gap_cmp(const void *x, const void *y)
+{
+    const rkm__gap *u = x, *v = y;
+    if (u->slot != v->slot) return u->slot < v->slot ? -1 : 1;
+    return (u->a > v->a) - (u->a < v->a);
+}
+
+/* Gap of slot t from its touch a (w: its last write) to step b, noted (one
+ * between two adjacent steps, or of an input, gains nothing); 0 when out of
+ * memory. */
+static int rkm__off_gap_note(rkm__off *o, int32_t t, int64_t a, int64_t b, int64_t w)
+{
+    const rkm_graph *g = o->g;
+    if (b - a < 2 || ((size_t)t < g->n_tensors && (g->tensors[t].flags & RKM_TENSOR_INPUT))) return 1;
+    if (!rkm__reserve(g->ctx, (void **)&o->gap, &o->cap_gap, o->n_gaps + 1, sizeof *o->gap)) return 0;
+    /* f, p: where rkm__off_place (or a pick, until then) puts its copies */
+    o->gap[o->n_gaps++] = (rkm__gap){a, b, w, -1, -1, INT64_MAX, INT64_MAX, -1, 0, 0, t, 0, 0};
+    return 1;
+}
+
+/* The compute timeline and every tensor's gaps (where it is live and idle,
+ * up to a compute step that reads it), from a replay of the base plan
+ * (valid, no copy steps), by slot and start; last and wr: scratch. 0 when
+ * out of memory. */
+static int rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
 {
     const rkm_graph *g = o->g;
     rkm__sim_reset(&o->sim);
-    for (size_t t = 0; t < o->n_slots; t++) {
-        last[t] = wr[t] = -1;
-        o->gap[t].a = o->gap[t].f = -1; /* f, p: where rkm__off_place (or a pick, until then) puts its copies */
-        o->gap[t].p = INT64_MAX;
-        o->gap[t].f_max = INT64_MAX;
-        o->gap[t].p_min = -1;
-    }
+    for (size_t t = 0; t < o->n_slots; t++) last[t] = wr[t] = -1;
     for (size_t i = 0; i < o->n; i++) {
         const rkm_step *st = &o->base[i];
         o->ts[i] = o->sim.clock; /* the replay's compute clock: no copies, no waits */
@@ -11430,12 +11459,9 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
         for (int32_t j = 0; j < k; j++) {
             int32_t t = o->touch[j];
             int64_t a = last[t];
-            if (compute && a >= 0 && rkm__slot_live(&o->sim, t) &&
-                (o->gap[t].a < 0 || o->ts[i] - o->te[a] > o->ts[o->gap[t].b] - o->te[o->gap[t].a])) {
-                o->gap[t].a = a;
-                o->gap[t].b = (int64_t)i;
-                o->gap[t].w = wr[t] >= 0 && wr[t] <= a ? wr[t] : a;
-            }
+            if (!compute || a < 0 || !rkm__slot_live(&o->sim, t)) continue;
+            if (!rkm__off_gap_note(o, t, a, (int64_t)i, wr[t] >= 0 && wr[t] <= a ? wr[t] : a)) return 0;
+            last[t] = -1; /* a step that reads it twice: one gap */
         }
         uint64_t pk;
         int32_t obj;
@@ -11446,10 +11472,8 @@ static void rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
             if (rkm__slot_written(g, st, j)) wr[o->touch[j]] = (int64_t)i;
         }
     }
-    for (size_t t = 0; t < o->n_slots; t++)
-        if (o->gap[t].a >= 0 && (o->gap[t].b - o->gap[t].a < 2 ||
-                                 (t < g->n_tensors && (g->tensors[t].flags & RKM_TENSOR_INPUT))))
-            o->gap[t].a = -1; /* nothing to gain between two adjacent steps */
+    if (o->n_gaps) qsort(o->gap, o->n_gaps, sizeof *o->gap, rkm__off_gap_cmp);
+    return 1;
 }
 
 /* The first compute step at or after i that ends at or after time x (the
@@ -11496,22 +11520,36 @@ static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
     for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
 }
 
-/* Where the set's copies go (gap o, f, p, times): offloads in the order
- * of their gaps, each issued once written and after the one before it (no
- * copy ends later than issued at the gap's start would), prefetches latest
- * first. Returns a slot whose window is empty (it would come back before
- * it left), -1 if none is. */
+/* Where the set's copies go (gap o, f, p, times): offloads of the slots'
+ * first gaps in the set (head) in the order of their gaps, each issued
+ * once written and after the one before it (no copy ends later than issued
+ * at the gap's start would); a later gap of a slot (its host copy made
+ * already) frees after its last touch; prefetches latest first. Returns a
+ * gap whose window is empty (it would come back before it left), -1 if
+ * none is. */
 static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
 {
     const rkm_graph *g = o->g;
     rkm__off_sort(o, set, m, 0);
+    for (int pass = 0; pass < 2; pass++) { /* head: first of its slot in set order; tail: last */
+        for (int32_t k = 0; k < m; k++) o->seen[o->gap[set[k]].slot] = 0;
+        for (int32_t k = 0; k < m; k++) {
+            rkm__gap *x = &o->gap[set[pass ? m - 1 - k : k]];
+            *(pass ? &x->tail : &x->head) = !o->seen[x->slot];
+            o->seen[x->slot] = 1;
+        }
+    }
     double d2h = 0, h2d = INFINITY;
     int64_t at = 0;
     for (int32_t k = 0; k < m; k++) {
         rkm__gap *x = &o->gap[set[k]];
+        if (!x->head) {
+            x->o = -1, x->f = x->a;
+            continue;
+        }
         x->o = at = x->w > at ? x->w : at;
         double start = o->te[at] > d2h ? o->te[at] : d2h;
-        x->off_end = d2h = start + rkm__copy_seconds(g, set[k], g->copy.d2h_bytes_per_second);
+        x->off_end = d2h = start + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
         x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
         if (x->f > x->f_max) x->f = x->f_max;
     }
@@ -11520,7 +11558,7 @@ static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
     for (int32_t k = 0; k < m; k++) {
         rkm__gap *x = &o->gap[o->order[k]];
         double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
-        x->pre_start = h2d = end - rkm__copy_seconds(g, o->order[k], g->copy.h2d_bytes_per_second);
+        x->pre_start = h2d = end - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
         x->p = rkm__off_step_starting(o, x->b, x->pre_start);
         if (x->p < x->p_min) x->p = x->p_min;
         if (x->p <= x->f) return o->order[k];
@@ -11563,14 +11601,17 @@ static int32_t rkm__off_member(const rkm__off *o, const int32_t *set, int32_t m,
     return e == 0 ? o->order[m - 1 - k] : set[k];
 }
 
-/* Push slot t's steps of event e, from base step `from`. */
-static int rkm__off_push_event(rkm__off *o, int e, int32_t t, int64_t from)
+/* Push gap x's steps of event e, from base step `from`: its head offloads
+ * and waits for that copy before its free, its tail frees the host copy
+ * after its last prefetch. */
+static int rkm__off_push_event(rkm__off *o, int e, const rkm__gap *x, int64_t from)
 {
+    int32_t t = x->slot;
     switch (e) {
     case 0: return rkm__off_push(o, RKM_STEP_PREFETCH, t, from);
-    case 1: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && rkm__off_push(o, RKM_STEP_FREE_HOST, t, from);
+    case 1: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && (!x->tail || rkm__off_push(o, RKM_STEP_FREE_HOST, t, from));
     case 2: return rkm__off_push(o, RKM_STEP_OFFLOAD, t, from);
-    default: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && rkm__off_push(o, RKM_STEP_FREE, t, from);
+    default: return (!x->head || rkm__off_push(o, RKM_STEP_WAIT, t, from)) && rkm__off_push(o, RKM_STEP_FREE, t, from);
     }
 }
 
@@ -11585,7 +11626,7 @@ static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
     rkm__off_key *ev[4];
     int32_t at[4] = {0, 0, 0, 0};
     for (int e = 0; e < 4; e++) {
-        ev[e] = o->keys + (size_t)(e + 1) * (o->n_slots + 1);
+        ev[e] = o->keys + (size_t)(e + 1) * (o->n_gaps + 1);
         for (int32_t k = 0; k < m; k++) ev[e][k] = (rkm__off_key){rkm__off_event(&o->gap[rkm__off_member(o, set, m, e, k)], e), k};
         qsort(ev[e], (size_t)m, sizeof *ev[e], rkm__off_key_cmp);
     }
@@ -11596,7 +11637,7 @@ static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
             while (at[e] < m && ev[e][at[e]].key < s) at[e]++; /* never at a step: none emitted */
             if (e == 2 && (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, s))) return 0;
             for (; at[e] < m && ev[e][at[e]].key == s; at[e]++)
-                if (!rkm__off_push_event(o, e, rkm__off_member(o, set, m, e, ev[e][at[e]].id), s)) return 0;
+                if (!rkm__off_push_event(o, e, &o->gap[rkm__off_member(o, set, m, e, ev[e][at[e]].id)], s)) return 0;
         }
     }
     return 1;
@@ -11613,25 +11654,13 @@ static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
     return res.peak_step;
 }
 
-/* The base step nearest i, going by dir (+1, -1), that touches slot t
- * (writes it, if `written`); -1 if none. */
-static int64_t rkm__off_touch(rkm__off *o, int32_t t, int64_t i, int dir, int written)
-{
-    for (; i >= 0 && (size_t)i < o->n; i += dir) {
-        int32_t k = rkm__slot_touches(o->g, &o->base[i], o->touch);
-        for (int32_t j = 0; j < k; j++)
-            if (o->touch[j] == t && (!written || rkm__slot_written(o->g, &o->base[i], j))) return i;
-    }
-    return -1;
-}
-
-/* A slot of the set (o->in 1) live at base step s because its copies do
- * not hide: held off the device across s instead (its free before s, its
+/* A gap of the set (o->in 1) around base step s whose copies do not hide
+ * there: held off the device across s instead (its free before s, its
  * prefetch after it, the compute stream waiting for the rest). */
-static int rkm__off_exposes(const rkm__off *o, int32_t t, int64_t s)
+static int rkm__off_exposes(const rkm__off *o, int32_t i, int64_t s)
 {
-    const rkm__gap *x = &o->gap[t];
-    return o->in[t] == 1 && x->a < s && s < x->b && (x->f >= s || x->p <= s);
+    const rkm__gap *x = &o->gap[i];
+    return o->in[i] == 1 && x->a < s && s < x->b && (x->f >= s || x->p <= s);
 }
 
 /* Whether a slot of x bytes is a better exposed copy than one of y, where
@@ -11645,71 +11674,56 @@ static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
 }
 
 /* An exposed copy for a peak at base step s that no hidden copy clears,
- * `need` bytes over the budget there: the slot live there, the best fit for
- * the need (rkm__off_fits_better; UINT64_MAX: the largest), that step s
- * does not touch and that a compute step reads next: one of the set whose
- * copies leave it live there (rkm__off_exposes), or a new one live there in
- * a replay of the base, its gap the one around s. It is held off the device across s and the frees
- * after it (f_max, p_min, which only ever tighten: the greedy ends); -1 if
- * none. */
+ * `need` bytes over the budget there: the gap around s, of a slot live
+ * there, the best fit for the need (rkm__off_fits_better; UINT64_MAX: the
+ * largest): one of the set whose copies leave it live there
+ * (rkm__off_exposes), or a new one. It is held off the device across s and
+ * the frees after it (f_max, p_min, which only ever tighten: the greedy
+ * ends); -1 if none. */
 static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s, uint64_t need)
 {
     const rkm_graph *g = o->g;
     int32_t best = -1;
-    int64_t best_a = -1, best_b = -1;
-    rkm__sim_reset(&o->sim);
-    for (int64_t i = 0; i < s; i++) {
-        uint64_t pk;
-        int32_t obj;
-        rkm__sim_step(&o->sim, &o->base[i], &pk, &obj);
-    }
-    for (size_t u = 0; u < o->n_slots; u++) {
-        int32_t t = (int32_t)u;
-        if (best >= 0 && !rkm__off_fits_better(rkm__slot_bytes(g, t), rkm__slot_bytes(g, best), need)) continue;
-        if (rkm__off_exposes(o, t, s)) {
-            best = t, best_a = o->gap[t].a, best_b = o->gap[t].b;
+    for (size_t u = 0; u < o->n_gaps; u++) {
+        int32_t i = (int32_t)u;
+        const rkm__gap *x = &o->gap[i];
+        if (x->a >= s || s >= x->b) continue;
+        if (best >= 0 && !rkm__off_fits_better(rkm__slot_bytes(g, x->slot), rkm__slot_bytes(g, o->gap[best].slot), need))
             continue;
-        }
-        if (o->in[t] || !rkm__slot_live(&o->sim, t) || (u < g->n_tensors && (g->tensors[u].flags & RKM_TENSOR_INPUT)))
-            continue;
-        int64_t a = rkm__off_touch(o, t, s - 1, -1, 0), b = rkm__off_touch(o, t, s, 1, 0);
-        int32_t kb = b >= 0 ? o->base[b].kind : -1;
-        if (a < 0 || b <= s || (kb != RKM_STEP_FWD && kb != RKM_STEP_BWD && kb != RKM_STEP_LOSS)) continue;
-        best = t, best_a = a, best_b = b;
+        if (rkm__off_exposes(o, i, s) || !o->in[i]) best = i; /* a gap: live across s in the base */
     }
     if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
         rkm__gap *x = &o->gap[best];
-        if (!o->in[best]) { /* a new one: its gap is the one around s */
-            int64_t w = rkm__off_touch(o, best, best_a, -1, 1);
-            x->f_max = INT64_MAX, x->p_min = -1, x->w = w >= 0 ? w : best_a;
-        }
-        x->a = best_a, x->b = best_b;
         if (x->f_max > s - 1) x->f_max = s - 1;
         int64_t p = s + 1;
-        while (p < best_b && o->te[p] == o->ts[p]) p++;
+        while (p < x->b && o->te[p] == o->ts[p]) p++;
         if (x->p_min < p) x->p_min = p;
         x->f = x->f_max, x->p = x->p_min; /* until rkm__off_place: not exposed at s again */
     }
     return best;
 }
 
-/* The tensor to add for a peak at base step s, `need` bytes over the
- * budget: the largest whose gap, as it would be placed alone, leaves it off
- * the device there; -1 if none. With o->exposed, where no copy hides, an
- * exposed one: the largest (1) or the best fit for the need (2). */
+/* The gap to add for a peak at base step s, `need` bytes over the budget:
+ * the largest slot's gap around s whose copies, as they would be placed
+ * alone, leave it off the device there (a slot with an earlier gap in the
+ * set has its host copy: it frees at once); -1 if none. With o->exposed,
+ * where no copy hides, an exposed one: the largest (1) or the best fit for
+ * the need (2). */
 static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
 {
     const rkm_graph *g = o->g;
     int32_t best = -1;
-    for (size_t u = 0; u < o->n_slots; u++) {
-        int32_t t = (int32_t)u;
-        rkm__gap x = o->gap[t];
-        if (x.a < 0 || o->in[t] || x.a >= s || x.b <= s) continue;
-        double end = o->te[x.w] + rkm__copy_seconds(g, t, g->copy.d2h_bytes_per_second);
-        double start = o->ts[x.b] - rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
-        int64_t f = rkm__off_step_ending(o, x.a + 1, end), p = rkm__off_step_starting(o, x.b, start);
+    for (size_t u = 0; u < o->n_gaps; u++) {
+        int32_t i = (int32_t)u;
+        rkm__gap *x = &o->gap[i];
+        if (o->in[i] || x->a >= s || x->b <= s) continue;
+        if (best >= 0 && rkm__slot_bytes(g, x->slot) <= rkm__slot_bytes(g, o->gap[best].slot)) continue;
+        double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
+        double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
+        int64_t f = o->held[x->slot] < x->a ? x->a : rkm__off_step_ending(o, x->a + 1, end);
+        int64_t p = rkm__off_step_starting(o, x->b, start);
         if (f >= s || p <= s) continue;
-        if (best < 0 || rkm__slot_bytes(g, t) > rkm__slot_bytes(g, best)) best = t, o->gap[t].f = f, o->gap[t].p = p;
+        best = i, x->f = f, x->p = p;
     }
     return best >= 0 || !o->exposed ? best : rkm__off_pick_exposed(o, s, o->exposed == 2 ? need : UINT64_MAX);
 }
@@ -11717,12 +11731,14 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
 static void rkm__off_free(rkm__off *o)
 {
     rkm_context *ctx = o->g->ctx;
-    size_t nt = o->n_slots + 1;
+    size_t ng = o->n_gaps + 1;
     rkm__free(ctx, o->ts, 2 * (o->n + 1) * sizeof *o->ts);
-    rkm__free(ctx, o->gap, nt * sizeof *o->gap);
-    rkm__free(ctx, o->in, nt);
-    rkm__free(ctx, o->order, 2 * nt * sizeof *o->order);
-    rkm__free(ctx, o->keys, 5 * nt * sizeof *o->keys);
+    rkm__free(ctx, o->gap, o->cap_gap * sizeof *o->gap);
+    rkm__free(ctx, o->in, ng);
+    rkm__free(ctx, o->held, o->n_slots * sizeof *o->held);
+    rkm__free(ctx, o->seen, o->n_slots);
+    rkm__free(ctx, o->order, 2 * ng * sizeof *o->order);
+    rkm__free(ctx, o->keys, 5 * ng * sizeof *o->keys);
     rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
     rkm__free(ctx, o->peak, o->cap_peak * sizeof *o->peak);
     rkm__free(ctx, o->from, o->cap_from * sizeof *o->from);
@@ -11730,6 +11746,7 @@ static void rkm__off_free(rkm__off *o)
     rkm__sim_free(&o->sim);
 }
 
+/* The pass's state for base (gaps, timeline), all of it or nothing. */
 static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step *base, size_t n)
 {
     memset(o, 0, sizeof *o);
@@ -11738,23 +11755,29 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
     o->n = n;
     o->out = (rkm__steps){g->ctx, NULL, 0, 0};
     o->n_slots = g->n_tensors + g->n_ops;
-    size_t nt = o->n_slots + 1;
+    size_t ns = o->n_slots;
     for (size_t i = 0; i < g->n_ops; i++)
         if ((size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1 > o->n_touch) o->n_touch = (size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1;
     o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
     o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
-    o->gap = rkm__alloc(g->ctx, nt * sizeof *o->gap);
-    o->in = rkm__calloc(g->ctx, nt, 1);
-    o->order = rkm__alloc(g->ctx, 2 * nt * sizeof *o->order);
-    o->keys = rkm__alloc(g->ctx, 5 * nt * sizeof *o->keys); /* rkm__off_sort's, rkm__off_emit's four */
-    int64_t *last = rkm__alloc(g->ctx, 2 * nt * sizeof *last);
-    rkm_result r = o->ts && o->gap && o->in && o->order && o->keys && o->touch && last ? rkm__sim_init(g, &o->sim) : RKM_ERROR_NOMEM;
-    if (!r) {
+    o->held = rkm__alloc(g->ctx, ns * sizeof *o->held);
+    o->seen = rkm__alloc(g->ctx, ns);
+    int64_t *last = rkm__alloc(g->ctx, 2 * ns * sizeof *last);
+    int ok = o->ts && o->touch && o->held && o->seen && last && rkm__sim_init(g, &o->sim) == RKM_OK;
+    if (ok) {
         o->te = o->ts + n + 1;
-        rkm__off_gaps(o, last, last + nt);
+        ok = rkm__off_gaps(o, last, last + ns);
     }
-    rkm__free(g->ctx, last, 2 * nt * sizeof *last);
-    if (r) {
+    rkm__free(g->ctx, last, 2 * ns * sizeof *last);
+    size_t ng = o->n_gaps + 1;
+    if (ok) { /* the gaps are known: what depends on their number */
+        o->in = rkm__calloc(g->ctx, ng, 1);
+        o->order = rkm__alloc(g->ctx, 2 * ng * sizeof *o->order);
+        o->keys = rkm__alloc(g->ctx, 5 * ng * sizeof *o->keys); /* rkm__off_sort's, rkm__off_emit's four */
+        ok = o->in && o->order && o->keys;
+        for (size_t t = 0; ok && t < ns; t++) o->held[t] = INT64_MAX;
+    }
+    if (!ok) {
         rkm__off_free(o);
         return rkm__nomem(g->ctx, "offloading");
     }
@@ -11775,15 +11798,18 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
     rkm_result r = rkm__off_init(&o, g, base, n);
     if (r) return r;
     o.exposed = exposed;
-    int32_t *set = o.order + o.n_slots + 1, m = 0;
+    int32_t *set = o.order + o.n_gaps + 1, m = 0;
     for (;;) {
         int32_t bad = rkm__off_place(&o, set, m);
         if (bad >= 0) { /* it stays marked, never tried again */
             o.in[bad] = 2;
-            int32_t k = 0;
+            int32_t k = 0, t = o.gap[bad].slot;
             while (set[k] != bad) k++;
             memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
             m--;
+            o.held[t] = INT64_MAX;
+            for (k = 0; k < m; k++)
+                if (o.gap[set[k]].slot == t && o.gap[set[k]].a < o.held[t]) o.held[t] = o.gap[set[k]].a;
             continue;
         }
         if (!rkm__off_emit(&o, set, m)) {
@@ -11802,9 +11828,11 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
         uint64_t got = 0;
         int32_t t, added = 0;
         while (s >= 0 && got < peak - budget && (t = rkm__off_pick(&o, o.from[s], peak - budget - got)) >= 0) {
+            rkm__gap *x = &o.gap[t];
             if (!o.in[t]) set[m++] = t; /* else one of the set, now exposed */
             o.in[t] = 1;
-            got += rkm__slot_bytes(g, t);
+            if (x->a < o.held[x->slot]) o.held[x->slot] = x->a;
+            got += rkm__slot_bytes(g, x->slot);
             added++;
         }
         if (!added) break;
