@@ -879,7 +879,7 @@ struct rkm_planner {
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
     int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
-    int fitting_base;        /* an offloading base is being planned (offload.c): no whole-graph ILP start, phases or missed track */
+    int fitting_base;        /* offload.c plans a base: no whole-graph ILP start, phases or missed track */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
