@@ -11872,7 +11872,7 @@ static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t 
 
 /* Base b's plan with exposed copies for `budget` into *out (NULL: none):
  * the faster of the picks by the largest slot and by the best fit. The best
- * fit waits less where both fit (test_offload planner_exposed_best_fit);
+ * fit waits less where both fit (test_offload planner_meets_brute_force);
  * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
  * with 25 GB/s fits only so). */
 static rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **out)
