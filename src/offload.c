@@ -711,8 +711,8 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     base = NULL;
     uint64_t done = pl->work_done;
     if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
-    /* the bases together: what that solve's search did, or a solve's where
-     * it found no plan (only a base can give one then) */
+    /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
+     * did, or a solve's where it found no plan (only a base can give one) */
     pl->base_left = *p ? (uint64_t)((double)(pl->work_done - done) * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK;
     *p = rkm__faster(*p, q);
     q = NULL;
