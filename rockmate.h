@@ -982,9 +982,10 @@ typedef struct rkm_buffer_call {
 
 /* The copy steps (offloading; docs/formats.md). The host keeps at most one
  * host copy per tensor and per saved state, which it allocates on offload
- * and releases on free_host; the device buffer of a prefetch is new
- * (allocate it, then start the copy into it), released by a later free (or
- * free_saved) step. */
+ * and releases on free_host; a plan may prefetch from it more than once (a
+ * tensor off the device for several gaps is offloaded once). The device
+ * buffer of a prefetch is new (allocate it, then start the copy into it),
+ * released by a later free (or free_saved) step. */
 typedef struct rkm_copy_call {
     int64_t step;      /* index in the plan */
     int32_t index;     /* the tensor; with saved, the op */
