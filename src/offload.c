@@ -6,10 +6,11 @@
  * A plan keeps every tensor it does not recompute on the device from its
  * last read before a gap (typically a forward) to its next read after it
  * (the matching backward). With a copy link (docs/formats.md, "Offloading")
- * the tensor can spend that gap in host memory instead: `offload` after the
- * last read, `wait`+`free` once the copy is done, `prefetch` back just in
+ * the tensor can spend that gap in host memory instead: `offload` once it
+ * is written (reads may go on while it is copied), `wait`+`free` after its
+ * last read before the gap once the copy is done, `prefetch` back just in
  * time for the next read, `wait` before it. rkm__offload_plan picks which
- * tensors, greedily, until the plan's peak fits the budget:
+ * gaps, greedily, until the plan's peak fits the budget:
  *
  * - A tensor's gaps are its idle stretches in the base plan, where it is
  *   live and nothing reads, writes or frees it, up to a compute step that
