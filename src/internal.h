@@ -874,7 +874,7 @@ struct rkm_planner {
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
     uint64_t work_left;      /* the search's work left in this solve (search.c) */
     uint64_t work_done;      /* the search's work since the planner was made (search.c) */
-    uint64_t base_left;      /* while fitting_base: the work the offloading bases have left, together */
+    uint64_t base_end;       /* while fitting_base: the work_done at which the bases' shared work ends */
     /* A nested planner's parent (nest.c), NULL at the top: its checks are
      * the parent's too, so that the parent reports and a cancel stops it. */
     rkm_planner *parent;

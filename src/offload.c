@@ -79,8 +79,6 @@ typedef struct rkm__off {
     rkm__gap *gap;     /* [n_gaps] every slot's gaps, by slot, then a */
     size_t n_gaps, cap_gap;
     uint8_t *in;       /* [n_gaps] in the set (1), or never again (2) */
-    int64_t *held;     /* [n_slots] the least a of the slot's gaps in the set (INT64_MAX: none) */
-    uint8_t *seen;     /* [n_slots] scratch of rkm__off_place */
     int32_t *order;    /* [2 (n_gaps + 1)] the set by b, then the set itself */
     rkm__off_key *keys;/* [5 (n_gaps + 1)] sort scratch */
     int32_t *touch;    /* [n_touch]: the most slots one step touches */
@@ -231,6 +229,15 @@ static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
     for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
 }
 
+/* Whether a gap of gap i's slot before it (dir -1) or after it (+1) is in
+ * the set: a slot's gaps are contiguous in o->gap, by start. */
+static int rkm__off_in_set_beside(const rkm__off *o, int32_t i, int dir)
+{
+    for (int64_t j = (int64_t)i + dir; j >= 0 && (size_t)j < o->n_gaps && o->gap[j].slot == o->gap[i].slot; j += dir)
+        if (o->in[j] == 1) return 1;
+    return 0;
+}
+
 /* Where the set's copies go (gap o, f, p, times): offloads of the slots'
  * first gaps in the set (head) in the order of their gaps, each issued
  * once written and after the one before it (no copy ends later than issued
@@ -242,13 +249,9 @@ static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
 {
     const rkm_graph *g = o->g;
     rkm__off_sort(o, set, m, 0);
-    for (int pass = 0; pass < 2; pass++) { /* head: first of its slot in set order; tail: last */
-        for (int32_t k = 0; k < m; k++) o->seen[o->gap[set[k]].slot] = 0;
-        for (int32_t k = 0; k < m; k++) {
-            rkm__gap *x = &o->gap[set[pass ? m - 1 - k : k]];
-            *(pass ? &x->tail : &x->head) = !o->seen[x->slot];
-            o->seen[x->slot] = 1;
-        }
+    for (int32_t k = 0; k < m; k++) {
+        o->gap[set[k]].head = !rkm__off_in_set_beside(o, set[k], -1);
+        o->gap[set[k]].tail = !rkm__off_in_set_beside(o, set[k], 1);
     }
     double d2h = 0, h2d = INFINITY;
     int64_t at = 0;
@@ -431,7 +434,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
         if (best >= 0 && rkm__slot_bytes(g, x->slot) <= rkm__slot_bytes(g, o->gap[best].slot)) continue;
         double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
         double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
-        int64_t f = o->held[x->slot] < x->a ? x->a : rkm__off_step_ending(o, x->a + 1, end);
+        int64_t f = rkm__off_in_set_beside(o, i, -1) ? x->a : rkm__off_step_ending(o, x->a + 1, end);
         int64_t p = rkm__off_step_starting(o, x->b, start);
         if (f >= s || p <= s) continue;
         best = i, x->f = f, x->p = p;
@@ -446,8 +449,6 @@ static void rkm__off_free(rkm__off *o)
     rkm__free(ctx, o->ts, 2 * (o->n + 1) * sizeof *o->ts);
     rkm__free(ctx, o->gap, o->cap_gap * sizeof *o->gap);
     rkm__free(ctx, o->in, ng);
-    rkm__free(ctx, o->held, o->n_slots * sizeof *o->held);
-    rkm__free(ctx, o->seen, o->n_slots);
     rkm__free(ctx, o->order, 2 * ng * sizeof *o->order);
     rkm__free(ctx, o->keys, 5 * ng * sizeof *o->keys);
     rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
@@ -471,10 +472,8 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
         if ((size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1 > o->n_touch) o->n_touch = (size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1;
     o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
     o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
-    o->held = rkm__alloc(g->ctx, ns * sizeof *o->held);
-    o->seen = rkm__alloc(g->ctx, ns);
     int64_t *last = rkm__alloc(g->ctx, 2 * ns * sizeof *last);
-    int ok = o->ts && o->touch && o->held && o->seen && last && rkm__sim_init(g, &o->sim) == RKM_OK;
+    int ok = o->ts && o->touch && last && rkm__sim_init(g, &o->sim) == RKM_OK;
     if (ok) {
         o->te = o->ts + n + 1;
         ok = rkm__off_gaps(o, last, last + ns);
@@ -486,7 +485,6 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
         o->order = rkm__alloc(g->ctx, 2 * ng * sizeof *o->order);
         o->keys = rkm__alloc(g->ctx, 5 * ng * sizeof *o->keys); /* rkm__off_sort's, rkm__off_emit's four */
         ok = o->in && o->order && o->keys;
-        for (size_t t = 0; ok && t < ns; t++) o->held[t] = INT64_MAX;
     }
     if (!ok) {
         rkm__off_free(o);
@@ -514,13 +512,10 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
         int32_t bad = rkm__off_place(&o, set, m);
         if (bad >= 0) { /* it stays marked, never tried again */
             o.in[bad] = 2;
-            int32_t k = 0, t = o.gap[bad].slot;
+            int32_t k = 0;
             while (set[k] != bad) k++;
             memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
             m--;
-            o.held[t] = INT64_MAX;
-            for (k = 0; k < m; k++)
-                if (o.gap[set[k]].slot == t && o.gap[set[k]].a < o.held[t]) o.held[t] = o.gap[set[k]].a;
             continue;
         }
         if (!rkm__off_emit(&o, set, m)) {
@@ -539,11 +534,9 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
         uint64_t got = 0;
         int32_t t, added = 0;
         while (s >= 0 && got < peak - budget && (t = rkm__off_pick(&o, o.from[s], peak - budget - got)) >= 0) {
-            rkm__gap *x = &o.gap[t];
             if (!o.in[t]) set[m++] = t; /* else one of the set, now exposed */
             o.in[t] = 1;
-            if (x->a < o.held[x->slot]) o.held[x->slot] = x->a;
-            got += rkm__slot_bytes(g, x->slot);
+            got += rkm__slot_bytes(g, o.gap[t].slot);
             added++;
         }
         if (!added) break;
@@ -714,7 +707,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
     /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
      * did, or a solve's where it found no plan (only a base can give one) */
-    pl->base_left = *p ? (uint64_t)((double)(pl->work_done - done) * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK;
+    pl->base_end = pl->work_done + (*p ? (uint64_t)((double)(pl->work_done - done) * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -724,7 +717,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->base_left); k++) {
+    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
         pl->fitting_base = 1;
         r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
         pl->fitting_base = 0;

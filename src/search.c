@@ -13,7 +13,8 @@
  * depend on the machine. */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl)
 {
-    pl->work_left = pl->fitting_base && pl->base_left < RKM_SOLVE_WORK ? pl->base_left : RKM_SOLVE_WORK;
+    uint64_t base_left = pl->base_end > pl->work_done ? pl->base_end - pl->work_done : 0;
+    pl->work_left = pl->fitting_base && base_left < RKM_SOLVE_WORK ? base_left : RKM_SOLVE_WORK;
 }
 
 /* What a part of the search may spend: its share, or what the solve has
@@ -24,13 +25,12 @@ static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
     return cap < pl->work_left ? cap : pl->work_left;
 }
 
-/* Also counted in pl->work_done, and while an offloading base is planned
- * taken off pl->base_left, what the bases have left together (offload.c). */
+/* Also counted in pl->work_done (the offloading bases' shared work ends at
+ * pl->base_end of it: offload.c). */
 static void rkm__spend(rkm_planner *pl, uint64_t work)
 {
     pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
     pl->work_done += work;
-    if (pl->fitting_base) pl->base_left = work < pl->base_left ? pl->base_left - work : 0;
 }
 
 /* ---- resumed replays ------------------------------------------------------
