@@ -1,6 +1,7 @@
 /* test_oom.c -- allocation failure. A context whose allocator fails at the
  * N-th allocation, for every N up to the number of allocations a clean run
- * makes: each run either succeeds with the same result as the clean run, or
+ * makes (of an operation of thousands, its first and last few hundred and
+ * a sample between: fails_here): each run either succeeds with the same result as the clean run, or
  * returns RKM_ERROR_NOMEM with its output NULL; nothing leaks; and the sizes
  * the library passes back on realloc and free always match what it asked
  * for (the allocator keeps every block's size in a table). */
@@ -90,13 +91,25 @@ typedef struct op_under_test {
     void (*drop)(void *out);
 } op_under_test;
 
-/* 1: every_failure fails every allocation in turn; k: every k-th (1, 1 + k,
- * ...), for the one operation whose thousands of allocations times its
- * run's length would take minutes. */
-static long fail_stride = 1;
+/* Whether run n (1..calls) of an operation that makes `calls` allocations
+ * fails its n-th: every one of an operation of up to 2 * OOM_EDGE +
+ * OOM_MIDDLE; of a longer one, the first and last OOM_EDGE and OOM_MIDDLE
+ * evenly spaced between. A solve's thousands of allocations mostly repeat
+ * a few sites of the search, candidate after candidate, while its set-up
+ * (first) and its plan's birth and layout (last) happen once; each failing
+ * run costs up to a whole solve, so failing them all took minutes. */
+#define OOM_EDGE 200
+#define OOM_MIDDLE 400
+static int fails_here(long n, long calls)
+{
+    long middle = calls - 2 * OOM_EDGE;
+    if (n <= OOM_EDGE || n > calls - OOM_EDGE || middle <= OOM_MIDDLE) return 1;
+    return (n - OOM_EDGE) % ((middle + OOM_MIDDLE - 1) / OOM_MIDDLE) == 0;
+}
 
-/* Run op clean, count its allocations, then fail each one in turn; ctx is
- * the context whose messages tell what went wrong. */
+/* Run op clean, count its allocations, then fail them in turn (those
+ * fails_here picks); ctx is the context whose messages tell what went
+ * wrong. */
 static void every_failure(const op_under_test *op, void *env, const rkm_context *ctx)
 {
     size_t live0 = A.live;
@@ -114,7 +127,8 @@ static void every_failure(const op_under_test *op, void *env, const rkm_context 
     }
     CHECK_EQ_U64(A.live, live0);
     long fails = 0;
-    for (long n = 1; n <= clean_calls; n += fail_stride) {
+    for (long n = 1; n <= clean_calls; n++) {
+        if (!fails_here(n, clean_calls)) continue;
         out = &A; /* a failed run must set it to NULL */
         A.fail_at = A.calls + n;
         r = op->run(env, &out);
@@ -562,7 +576,8 @@ TEST(cancelled_solves)
         rkm_plan *p = NULL;
         CHECK(rkm_plan_solve(g, &d, st.baseline_peak / 10 * 7, &p) == RKM_ERROR_CANCELLED && p == NULL);
         clean_calls = A.calls - c0;
-        for (long n = 1; n <= clean_calls; n += fail_stride) {
+        for (long n = 1; n <= clean_calls; n++) {
+            if (!fails_here(n, clean_calls)) continue;
             p = (rkm_plan *)&A;
             A.fail_at = A.calls + n;
             rkm_result r = rkm_plan_solve(g, &d, st.baseline_peak / 10 * 7, &p);
@@ -642,12 +657,9 @@ TEST(search_planners)
             rkm_plan_destroy(p);
             op_under_test op = {rkm_algo_name(algos[k]), run_solve, check_solve, drop_plan};
             every_failure(&op, &e, ctx);
-            /* rockmate's: about 9500 allocations, every 4th failed */
             op_under_test min = {"smallest budget", run_min_budget, check_min_budget, drop_plan};
             e.n_steps = 0;
-            fail_stride = algos[k] == RKM_ALGO_ROCKMATE ? 4 : 1;
             every_failure(&min, &e, ctx);
-            fail_stride = 1;
         }
     }
     rkm_graph_destroy(e.g);
@@ -709,9 +721,9 @@ TEST(drop_options)
 /* Rockmate's smallest budget with a copy link, below its recompute-only
  * floor (240 bytes) at the graph's lower bound (224): the floor's search,
  * the bases it offloads, the bisection and the plan kept for the solve at
- * it, with every allocation failing in turn (every 31st of about 37500:
- * each run is a whole search; every 4th took 6 minutes here, and found a
- * leak that every 31st finds too). A random tiny graph (test_offload's
+ * it, with every allocation failing in turn (fails_here's sample of about
+ * 20000: each run is a whole search; every 4th took 6 minutes here, and
+ * found a leak that every 31st finds too). A random tiny graph (test_offload's
  * planner_against_brute_force, seed 25). */
 static const char tiny_copy_graph[] =
     "rockmate-graph 1\ncopy d2h=31000000 h2d=30000000 latency=5e-07\ntensor x 64 input\ntensor t0_0 48\n"
@@ -737,9 +749,7 @@ TEST(offload_min_budget)
     rkm_planner_destroy(b);
     rkm_graph_destroy(plain);
     op_under_test op = {"smallest budget with a copy link", run_min_budget, check_min_budget, drop_plan};
-    fail_stride = 31;
     if (e.g && min < floor) every_failure(&op, &e, ctx);
-    fail_stride = 1;
     rkm_graph_destroy(e.g);
     rkm_context_destroy(ctx);
 }
