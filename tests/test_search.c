@@ -235,7 +235,10 @@ TEST(nesting_never_worse_than_the_flat_ilp)
  * for smaller budgets can be slower than DTR's for the budget, which fits
  * its arena (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %), or missing (at
  * DTR's smallest budget, 12.6 %, where rockmate's was 13.6 %): rockmate
- * then takes DTR's (rkm__planner_fit). In either build. */
+ * then takes DTR's (rkm__planner_fit), and so plans at DTR's smallest
+ * budget. (rockmate's own smallest budget there, 11.4 %, is a search of
+ * about ten such solves: 60 s under the sanitizers; test_portfolio
+ * compares the smallest budgets on the bundled graphs.) In either build. */
 TEST(rockmate_falls_back_on_dtr_where_its_arena_is_over)
 {
     rkm_context *ctx = test_new_ctx();
@@ -247,14 +250,17 @@ TEST(rockmate_falls_back_on_dtr_where_its_arena_is_over)
         d.algo = algos[k];
         CHECK(rkm_planner_create(g, &d, &pl[k]) == RKM_OK);
     }
-    if (pl[0] && pl[1]) {
-        uint64_t budget = g->stats.baseline_peak / 100 * 20, min[2] = {0, 0};
-        rkm_plan *p[2] = {NULL, NULL};
-        for (int k = 0; k < 2; k++) CHECK(rkm_planner_solve(pl[k], budget, &p[k]) == RKM_OK && p[k]);
-        if (p[0] && p[1]) CHECK(p[0]->stats.time <= p[1]->stats.time && p[0]->stats.arena_bytes <= budget);
-        for (int k = 0; k < 2; k++) CHECK(rkm_planner_min_budget(pl[k], &min[k]) == RKM_OK);
-        CHECK(min[0] <= min[1]);
-        for (int k = 0; k < 2; k++) rkm_plan_destroy(p[k]);
+    uint64_t min = 0;
+    if (pl[0] && pl[1] && rkm_planner_min_budget(pl[1], &min) == RKM_OK) {
+        const uint64_t budgets[2] = {g->stats.baseline_peak / 100 * 20, min};
+        for (int i = 0; i < 2; i++) {
+            rkm_plan *p[2] = {NULL, NULL};
+            for (int k = 0; k < 2; k++) CHECK(rkm_planner_solve(pl[k], budgets[i], &p[k]) == RKM_OK && p[k]);
+            if (p[0] && p[1]) CHECK(p[0]->stats.time <= p[1]->stats.time && p[0]->stats.arena_bytes <= budgets[i]);
+            for (int k = 0; k < 2; k++) rkm_plan_destroy(p[k]);
+        }
+    } else {
+        CHECK(0);
     }
     for (int k = 0; k < 2; k++) rkm_planner_destroy(pl[k]);
     rkm_graph_destroy(g);
