@@ -188,6 +188,13 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * thrashing eviction order would otherwise run on. */
 #define RKM_DTR_STEPS_PER_OBJECT 16
 #define RKM_DTR_STEPS_MIN 64
+/* DTR with copies (`--algo dtr` on a graph with a copy link) prices an
+ * eviction to host memory at its prefetch's whole copy time (a prefetch on
+ * demand), and in a second run at this share of it (the prefetch moved
+ * ahead of need may hide most of it); the faster plan is kept. On
+ * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
+ * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. */
+#define RKM_DTR_AHEAD_PRICE 0.25
 
 /* ---- the search (search.c): one work budget a solve ---- */
 
@@ -984,6 +991,8 @@ RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_p
 RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
 
 /* sim.c */
+RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t);
+RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second);
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
 RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
@@ -1073,7 +1082,9 @@ RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int3
 RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
 
 /* dtr.c */
-RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, double max_time, rkm__steps *draft);
+RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n, rkm__steps *out);
+RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
+                                      double max_time, rkm__steps *draft);
 
 /* planner.c */
 RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
@@ -2861,12 +2872,31 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
     return RKM_RULE_NONE;
 }
 
+/* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
+RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
+{
+    return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
+}
+
+/* The seconds a copy of `bytes` takes at bytes_per_second: the one formula
+ * of the simulator and of the planners that predict it. */
+static double rkm__copy_time(const rkm_graph *g, uint64_t bytes, double bytes_per_second)
+{
+    return g->copy.latency_seconds + (double)bytes / bytes_per_second;
+}
+
+/* The same for copy slot t. */
+RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
+{
+    return rkm__copy_time(g, rkm__slot_bytes(g, t), bytes_per_second);
+}
+
 /* When a copy of `bytes` started now on a stream free from *stream ends;
  * the stream is busy until then. */
 static double rkm__sim_copy_start(rkm__sim *s, uint64_t bytes, double bytes_per_second, double *stream, double *busy)
 {
     double start = s->clock > *stream ? s->clock : *stream;
-    double took = s->g->copy.latency_seconds + (double)bytes / bytes_per_second;
+    double took = rkm__copy_time(s->g, bytes, bytes_per_second);
     *stream = start + took;
     *busy += took;
     return *stream;
@@ -7939,7 +7969,29 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * graphs a third of such plans needed an arena 4 % over their peak. The
  * plan's layout replays this allocator (rkm__lay_firstfit), so a DTR
  * plan's arena fits its budget. The planner's graph counts sizes rounded
- * up to the alignment, so the offsets are aligned. */
+ * up to the alignment, so the offsets are aligned.
+ *
+ * On a graph with a copy link (`--algo dtr` only: rockmate's search edits
+ * DTR's plans as recompute-only ones), eviction has a third choice: a live
+ * tensor whose copy to host memory, issued right after its last write
+ * (behind the offloads issued before it), has ended by now leaves the
+ * device at no cost to the compute stream (its offload goes into the plan
+ * after that write, its wait, which does not wait, before its free), and a
+ * later step that needs it prefetches it back and waits for the copy
+ * instead of recomputing it. The cost of evicting a tensor is then the
+ * less of its recomputation and that prefetch's wait: offload where the
+ * copy hides behind compute and bringing it back costs less than
+ * recomputing it, recompute where it does not. A prefetch is on demand
+ * here, waited for at once (its wait priced whole, or at
+ * RKM_DTR_AHEAD_PRICE of it); rkm__dtr_hoist then moves the plan's
+ * prefetches ahead of need. The simulator times each plan, and
+ * rkm__dtr_plan keeps the fastest of these and DTR recompute-only. */
+
+/* An offload of tensor t, issued after out step `at`. */
+typedef struct rkm__dtr_off {
+    int64_t at;
+    int32_t t;
+} rkm__dtr_off;
 
 typedef struct rkm__dtr {
     const rkm_graph *g;
@@ -7950,7 +8002,8 @@ typedef struct rkm__dtr {
     uint64_t step_need;    /* the bytes the step being placed creates */
     int bytes_mode;        /* evict by bytes live, as counted (the placer lays the plan out after) */
     size_t max_steps;      /* a plan longer than this is thrashing: give up */
-    double time, max_time; /* compute so far; over max_time (a plan already found) it cannot win: give up */
+    double compute, max_time; /* compute so far; over max_time (a plan already found) it cannot win: give up */
+    double time;           /* the compute clock: compute and the waits for prefetches */
     int32_t *lock_t;       /* per tensor: pinned by steps in progress */
     int32_t *lock_p;       /* per op: its saved state pinned */
     int64_t *last_t;       /* per tensor: the step that last touched it */
@@ -7968,6 +8021,15 @@ typedef struct rkm__dtr {
     double *cost;          /* per block, rkm__dtr_window's scratch */
     size_t cap_cost;
     uint64_t *off_t, *off_g, *off_p;
+    /* Copies (the header's comment): */
+    int copies;            /* evictions may send tensors to host memory */
+    double price;          /* of the prefetch's copy time, what eviction to host costs */
+    int64_t *wrote;        /* per tensor: the out step that last wrote it (-1: none) */
+    double *clock;         /* per out step: the compute clock after it */
+    size_t cap_clock;
+    rkm__dtr_off *off;     /* the offloads, in issue order (by at) */
+    size_t n_off, cap_off;
+    double d2h_end;        /* when the last of them ends */
 } rkm__dtr;
 
 /* The score of evicting something that costs `cost` to recompute, holds
@@ -7995,6 +8057,35 @@ static double rkm__dtr_cost(const rkm__dtr *d, int32_t t)
     return c;
 }
 
+/* When an offload of live tensor t issued after its last write (out step
+ * *at, or the last offload's where that is later: the stream keeps the
+ * plan's order) would end. */
+static double rkm__dtr_off_end(const rkm__dtr *d, int32_t t, int64_t *at)
+{
+    int64_t q = d->wrote[t];
+    if (d->n_off && d->off[d->n_off - 1].at > q) q = d->off[d->n_off - 1].at;
+    *at = q;
+    double start = d->clock[q] > d->d2h_end ? d->clock[q] : d->d2h_end;
+    return start + rkm__copy_seconds(d->g, t, d->g->copy.d2h_bytes_per_second);
+}
+
+/* What evicting live tensor t costs later: its recomputation, or (*host
+ * 1) where that costs more and t has a host copy or its offload would
+ * have ended by now, the wait for its prefetch (d->price of its copy). */
+static double rkm__dtr_evict_cost(const rkm__dtr *d, int32_t t, int *host)
+{
+    double c = rkm__dtr_cost(d, t);
+    *host = 0;
+    if (!d->copies) return c;
+    double back = d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
+    int64_t at;
+    if (back < c && (d->s.H[t] || (d->wrote[t] >= 0 && rkm__dtr_off_end(d, t, &at) <= d->time))) {
+        *host = 1;
+        return back;
+    }
+    return c;
+}
+
 /* The least of the (live, unpinned, non-empty) activations and saved
  * states to evict: cost / (bytes x staleness), ties to the lower id, a
  * tensor before a saved state. Returns 0 if there is none. */
@@ -8007,7 +8098,8 @@ static int rkm__dtr_victim(const rkm__dtr *d, int *is_op, int32_t *id)
     for (size_t t = 0; t < g->n_tensors; t++) {
         const rkm__tensor *x = &g->tensors[t];
         if (!d->s.D[t] || (x->flags & RKM_TENSOR_INPUT) || d->lock_t[t] || !x->bytes) continue;
-        double h = rkm__dtr_h(d->score, rkm__dtr_cost(d, (int32_t)t), x->bytes, now - d->last_t[t] + 1);
+        int host;
+        double h = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)t, &host), x->bytes, now - d->last_t[t] + 1);
         if (!found || h < best) best = h, found = 1, *is_op = 0, *id = (int32_t)t;
     }
     for (size_t i = 0; i < g->n_ops; i++) {
@@ -8081,6 +8173,8 @@ static uint64_t rkm__dtr_place(rkm__dtr *d, const rkm_step *st, uint64_t *ws, in
     if (!give) *ws = UINT64_MAX;
     if (st->kind == RKM_STEP_LOSS) {
         if (!d->s.loss_done) RKM__DTR_TAKE(g->tensors[st->index].bytes, -1, &d->off_g[st->index]);
+    } else if (st->kind == RKM_STEP_PREFETCH) {
+        RKM__DTR_TAKE(g->tensors[st->index].bytes, st->index, &d->off_t[st->index]);
     } else if (st->kind == RKM_STEP_FWD) {
         const rkm__op *o = &g->ops[st->index];
         for (int32_t k = 0; k < o->n_out && ok; k++)
@@ -8101,6 +8195,7 @@ static uint64_t rkm__dtr_place(rkm__dtr *d, const rkm_step *st, uint64_t *ws, in
 }
 
 static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t save);
+static void rkm__dtr_drop(rkm__dtr *d, int32_t t);
 
 /* Evict the cheapest run of arena blocks whose space, with the free gaps
  * around them, holds `need` contiguous bytes: the blocks must be live,
@@ -8119,8 +8214,10 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
     for (size_t k = 0; k < d->n_blk; k++) { /* each block's cost, or -1: it stays */
         int64_t w = d->own[k];
         uint64_t b = d->end[k] - d->at[k];
+        int host;
         if (w >= 0 && w < nt && d->s.D[w] && !d->lock_t[w])
-            d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_cost(d, (int32_t)w), b, now - d->last_t[w] + 1) * (double)b;
+            d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - d->last_t[w] + 1) *
+                         (double)b;
         else if (w >= nt && d->s.P[w - nt] && !d->lock_p[w - nt])
             d->cost[k] = rkm__dtr_h(d->score, g->ops[w - nt].fwd, b, now - d->last_p[w - nt] + 1) * (double)b;
         else
@@ -8139,7 +8236,8 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
     if (!isfinite(best)) return 0;
     for (size_t k = best_i; k < best_j && !d->failed; k++) { /* evicting moves the later blocks down one */
         int64_t w = d->own[best_i];
-        rkm__dtr_apply(d, w < nt ? RKM_STEP_FREE : RKM_STEP_FREE_SAVED, (int32_t)(w < nt ? w : w - nt), 0);
+        if (w < nt) rkm__dtr_drop(d, (int32_t)w);
+        else rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, (int32_t)(w - nt), 0);
     }
     return 1;
 }
@@ -8156,14 +8254,55 @@ static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t sav
         d->failed = -1;
         return;
     }
-    if (kind == RKM_STEP_FWD) d->time += d->g->ops[index].fwd;
-    if (kind == RKM_STEP_BWD) d->time += d->g->ops[index].bwd;
+    double dt = kind == RKM_STEP_FWD ? d->g->ops[index].fwd : kind == RKM_STEP_BWD ? d->g->ops[index].bwd : 0;
+    d->compute += dt;
+    d->time += dt;
+    if (d->copies && !rkm__reserve(d->g->ctx, (void **)&d->clock, &d->cap_clock, d->out.n, sizeof *d->clock)) {
+        d->failed = -1;
+        return;
+    }
+    if (d->copies) d->clock[d->out.n - 1] = d->time;
+    if (d->copies && kind == RKM_STEP_FWD)
+        for (int32_t k = 0; k < d->g->ops[index].n_out; k++) d->wrote[d->g->ops[index].out[k]] = (int64_t)d->out.n - 1;
     if (rkm__sim_step(&d->s, &st, &pk, &obj) != RKM_RULE_NONE || pk > d->budget || d->out.n > d->max_steps ||
-        d->time > d->max_time)
+        d->compute > d->max_time)
         d->failed = 1;
     if (kind == RKM_STEP_FREE) rkm__dtr_unalloc(d, &d->off_t[index]);
     if (kind == RKM_STEP_FREE_SAVED) rkm__dtr_unalloc(d, &d->off_p[index]);
     if (kind == RKM_STEP_FREE_GRAD) rkm__dtr_unalloc(d, &d->off_g[index]);
+}
+
+/* Send live tensor t to host memory: its offload, after its last write,
+ * is kept aside for rkm__dtr_merge (the simulator takes it now, so that
+ * the wait and the frees that follow replay), its wait goes here. */
+static void rkm__dtr_offload(rkm__dtr *d, int32_t t)
+{
+    int64_t at;
+    double end = rkm__dtr_off_end(d, t, &at);
+    rkm_step st = {RKM_STEP_OFFLOAD, t, 0, 0};
+    uint64_t pk;
+    int32_t obj;
+    if (!rkm__reserve(d->g->ctx, (void **)&d->off, &d->cap_off, d->n_off + 1, sizeof *d->off)) {
+        d->failed = -1;
+        return;
+    }
+    if (rkm__sim_step(&d->s, &st, &pk, &obj) != RKM_RULE_NONE) {
+        d->failed = 1;
+        return;
+    }
+    d->off[d->n_off++] = (rkm__dtr_off){at, t};
+    d->d2h_end = end;
+    rkm__dtr_apply(d, RKM_STEP_WAIT, t, 0);
+}
+
+/* Evict live tensor t: to host memory where rkm__dtr_evict_cost says so
+ * (offloaded first unless it has a host copy), else dropped. */
+static void rkm__dtr_drop(rkm__dtr *d, int32_t t)
+{
+    int host;
+    rkm__dtr_evict_cost(d, t, &host);
+    if (host && !d->s.H[t]) rkm__dtr_offload(d, t);
+    rkm__dtr_apply(d, RKM_STEP_FREE, t, 0);
 }
 
 /* Evict the least of rkm__dtr_victim; none left: the budget cannot be met. */
@@ -8172,7 +8311,8 @@ static void rkm__dtr_evict(rkm__dtr *d)
     int is_op = 0;
     int32_t id = -1;
     if (!rkm__dtr_victim(d, &is_op, &id)) d->failed = 1;
-    else rkm__dtr_apply(d, is_op ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, id, 0);
+    else if (is_op) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, id, 0);
+    else rkm__dtr_drop(d, id);
 }
 
 /* Room for compute step (kind, index, save): evict until its new buffers
@@ -8197,6 +8337,7 @@ static void rkm__dtr_release(rkm__dtr *d, int32_t t)
     int needed = d->uses[t] > 0 || (t == d->g->loss && !d->s.loss_done);
     if (d->s.D[t] && !(x->flags & RKM_TENSOR_INPUT) && !d->lock_t[t] && !needed)
         rkm__dtr_apply(d, RKM_STEP_FREE, t, 0);
+    if (d->s.H[t] && !needed) rkm__dtr_apply(d, RKM_STEP_FREE_HOST, t, 0);
 }
 
 static void rkm__dtr_lock(rkm__dtr *d, const int32_t *list, int32_t n, int32_t by)
@@ -8237,11 +8378,26 @@ static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
     return !d->failed;
 }
 
-/* Make t live, recomputing its producer (and what that needs). */
+/* Bring t back from its host copy: room for it (evicting as for a compute
+ * step), the prefetch, and the wait for it, the copy's whole time (the
+ * stream is idle: each prefetch is waited for at once). */
+static int rkm__dtr_prefetch(rkm__dtr *d, int32_t t)
+{
+    if (!rkm__dtr_run(d, RKM_STEP_PREFETCH, t, 0)) return 0;
+    d->time += rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
+    rkm__dtr_apply(d, RKM_STEP_WAIT, t, 0);
+    return !d->failed;
+}
+
+/* Make t live: prefetched from its host copy where that takes less than
+ * its recomputation, else recomputing its producer (and what that
+ * needs). */
 static int rkm__dtr_ensure(rkm__dtr *d, int32_t t)
 {
     if (d->failed) return 0;
     if (d->s.D[t]) return 1;
+    if (d->s.H[t] && d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second) < rkm__dtr_cost(d, t))
+        return rkm__dtr_prefetch(d, t);
     if (d->depth > (int32_t)d->g->n_ops) return !(d->failed = 1);
     d->depth++;
     int32_t p = d->g->tensors[t].producer;
@@ -8302,15 +8458,19 @@ static void rkm__dtr_end(rkm__dtr *d)
     const rkm_graph *g = d->g;
     for (size_t i = 0; i < g->n_ops && !d->failed; i++)
         if (d->s.P[i]) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, (int32_t)i, 0);
-    for (size_t t = 0; t < g->n_tensors && !d->failed; t++)
+    for (size_t t = 0; t < g->n_tensors && !d->failed; t++) {
         if (d->s.D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) rkm__dtr_apply(d, RKM_STEP_FREE, (int32_t)t, 0);
+        if (d->s.H[t] && !d->failed) rkm__dtr_apply(d, RKM_STEP_FREE_HOST, (int32_t)t, 0);
+    }
 }
 
 static void rkm__dtr_free(rkm__dtr *d)
 {
     rkm_context *ctx = d->g->ctx;
     size_t nt = d->g->n_tensors + 1, no = d->g->n_ops + 1;
-    rkm__free(ctx, d->lock_t, (2 * nt + 2 * no) * sizeof(int64_t));
+    rkm__free(ctx, d->lock_t, (3 * nt + 2 * no) * sizeof(int64_t));
+    rkm__free(ctx, d->clock, d->cap_clock * sizeof *d->clock);
+    rkm__free(ctx, d->off, d->cap_off * sizeof *d->off);
     rkm__free(ctx, d->off_t, (2 * nt + no) * sizeof *d->off_t);
     rkm__free(ctx, d->at, d->cap_at * sizeof *d->at);
     rkm__free(ctx, d->end, d->cap_end * sizeof *d->end);
@@ -8322,10 +8482,12 @@ static void rkm__dtr_free(rkm__dtr *d)
 
 /* Per tensor, the program's reads: forwards reading it, backwards saving it. */
 static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget, int score, int bytes_mode,
-                                double max_time)
+                                int copies, double max_time)
 {
     memset(d, 0, sizeof *d);
     d->g = g;
+    d->copies = copies && g->copy.d2h_bytes_per_second > 0;
+    d->price = copies > 1 ? RKM_DTR_AHEAD_PRICE : 1;
     d->budget = budget;
     d->bytes_mode = bytes_mode;
     d->cap = bytes_mode ? UINT64_MAX : budget;
@@ -8334,7 +8496,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->out.ctx = g->ctx;
     d->max_steps = RKM_DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM_DTR_STEPS_MIN;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
-    int64_t *mem = rkm__calloc(g->ctx, 2 * nt + 2 * no, sizeof(int64_t));
+    int64_t *mem = rkm__calloc(g->ctx, 3 * nt + 2 * no, sizeof(int64_t));
     if (!mem) return rkm__nomem(g->ctx, "dtr");
     /* int32 arrays share the int64 allocation's first half */
     d->lock_t = (int32_t *)mem;
@@ -8342,10 +8504,12 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->uses = d->lock_p + no;
     d->last_t = mem + nt + no;
     d->last_p = d->last_t + nt;
+    d->wrote = d->last_p + no;
+    for (size_t t = 0; t < nt; t++) d->wrote[t] = -1;
     d->off_t = rkm__alloc(g->ctx, (2 * nt + no) * sizeof *d->off_t);
     rkm_result r = d->off_t ? rkm__sim_init(g, &d->s) : rkm__nomem(g->ctx, "dtr");
     if (r) {
-        rkm__free(g->ctx, mem, (2 * nt + 2 * no) * sizeof(int64_t));
+        rkm__free(g->ctx, mem, (3 * nt + 2 * no) * sizeof(int64_t));
         rkm__free(g->ctx, d->off_t, (2 * nt + no) * sizeof *d->off_t);
         d->lock_t = NULL;
         d->off_t = NULL;
@@ -8367,19 +8531,120 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     return RKM_OK;
 }
 
-/* DTR's steps for `budget` with eviction score `score` into *draft;
- * draft->n == 0 when it cannot meet the budget. */
-RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, double max_time,
-                                 rkm__steps *draft)
+/* ---- prefetches ahead of need ----------------------------------------
+ *
+ * DTR's prefetches are on demand, each waited for at once. In its plan,
+ * each is then moved up, in order, to the last step from which its copy
+ * ends by the time the compute reaches its wait (on the compute clock
+ * without waits, which moving the prefetches before it may remove too;
+ * behind the prefetches moved before it on the stream), or as far up as
+ * the budget lets it (each step it passes holds its bytes as well) and no
+ * further than a step that touches the tensor or a prefetch left in
+ * place. */
+
+/* Whether step st reads, makes or frees tensor t. */
+static int rkm__dtr_touches(const rkm_graph *g, const rkm_step *st, int32_t t)
+{
+    int32_t n;
+    const int32_t *v = rkm__step_objects(g, st, 0, &n);
+    for (int32_t k = 0; k < n; k++)
+        if (v[k] == t) return 1;
+    return 0;
+}
+
+/* Where prefetch i of steps (peaks pk, compute clock cc before each step)
+ * goes: before step to[i], from *floor up; *h2d: when the stream is free. */
+static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_step *st, uint64_t *pk, const double *cc,
+                               int64_t *to, int64_t i, int64_t *floor, double *h2d)
+{
+    int32_t t = st[i].index;
+    uint64_t bytes = g->tensors[t].bytes;
+    double copy = rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
+    int64_t j = i;
+    while (j > *floor && (cc[j] > *h2d ? cc[j] : *h2d) + copy > cc[i]) {
+        const rkm_step *p = &st[j - 1];
+        if (pk[j - 1] + bytes > budget || rkm__dtr_touches(g, p, t) || (p->kind == RKM_STEP_PREFETCH && to[j - 1] < 0))
+            break;
+        j--;
+    }
+    for (int64_t k = j; k < i; k++) pk[k] += bytes;
+    *h2d = (cc[j] > *h2d ? cc[j] : *h2d) + copy;
+    *floor = j;
+    if (j < i) to[i] = j;
+}
+
+/* steps (n, a plan of g) with its tensors' prefetches moved up into *out
+ * (out->n 0: none moved); the budget bounds every step's peak. */
+RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n, rkm__steps *out)
+{
+    rkm_context *ctx = g->ctx;
+    uint64_t *pk = rkm__alloc(ctx, (n + 1) * sizeof *pk);
+    double *cc = rkm__alloc(ctx, (n + 1) * sizeof *cc);
+    int64_t *to = rkm__alloc(ctx, (n + 1) * sizeof *to);
+    rkm__sim s;
+    rkm_result r = pk && cc && to ? rkm__sim_init(g, &s) : rkm__nomem(ctx, "dtr prefetches");
+    int ok = !r, moved = 0, sim = !r;
+    out->n = 0;
+    if (ok) cc[0] = 0;
+    for (size_t i = 0; i < n && ok; i++) {
+        int32_t obj;
+        ok = rkm__sim_step(&s, &st[i], &pk[i], &obj) == RKM_RULE_NONE;
+        const rkm__op *o = st[i].kind == RKM_STEP_FWD || st[i].kind == RKM_STEP_BWD ? &g->ops[st[i].index] : NULL;
+        cc[i + 1] = cc[i] + (o ? (st[i].kind == RKM_STEP_FWD ? o->fwd : o->bwd) : 0);
+        to[i] = -1;
+    }
+    int64_t floor = 0;
+    double h2d = 0;
+    for (size_t i = 0; i < n && ok; i++)
+        if (st[i].kind == RKM_STEP_PREFETCH && !st[i].save) {
+            rkm__dtr_hoist_one(g, budget, st, pk, cc, to, (int64_t)i, &floor, &h2d);
+            moved |= to[i] >= 0;
+        }
+    if (moved && !rkm__reserve(ctx, (void **)&out->s, &out->cap, n, sizeof *out->s)) r = rkm__nomem(ctx, "dtr prefetches");
+    for (size_t k = 0, i = 0; moved && !r && k < n; k++) { /* the prefetches moved before step k, then step k */
+        for (; i < n && (to[i] < 0 || to[i] <= (int64_t)k); i++)
+            if (to[i] == (int64_t)k) out->s[out->n++] = st[i];
+        if (to[k] < 0) out->s[out->n++] = st[k];
+    }
+    if (sim) rkm__sim_free(&s);
+    rkm__free(ctx, pk, (n + 1) * sizeof *pk);
+    rkm__free(ctx, cc, (n + 1) * sizeof *cc);
+    rkm__free(ctx, to, (n + 1) * sizeof *to);
+    return r;
+}
+
+/* d->out with the offloads in, each after its out step; 0 on NOMEM. */
+static int rkm__dtr_merge(rkm__dtr *d)
+{
+    rkm__steps m = {d->g->ctx, NULL, 0, 0};
+    if (!rkm__reserve(m.ctx, (void **)&m.s, &m.cap, d->out.n + d->n_off, sizeof *m.s)) return 0;
+    size_t k = 0;
+    for (size_t i = 0; i < d->out.n; i++) {
+        m.s[m.n++] = d->out.s[i];
+        for (; k < d->n_off && d->off[k].at == (int64_t)i; k++)
+            m.s[m.n++] = (rkm_step){.kind = RKM_STEP_OFFLOAD, .index = d->off[k].t};
+    }
+    rkm__steps_free(&d->out);
+    d->out = m;
+    return 1;
+}
+
+/* DTR's steps for `budget` with eviction score `score` into *draft (with
+ * copies where the graph has a link and `copies` is 1, the prefetch priced
+ * whole, or 2, at RKM_DTR_AHEAD_PRICE); draft->n == 0 when it cannot meet
+ * the budget. */
+RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
+                                      double max_time, rkm__steps *draft)
 {
     rkm__dtr d;
-    rkm_result r = rkm__dtr_init(&d, g, budget, score, bytes_mode, max_time);
+    rkm_result r = rkm__dtr_init(&d, g, budget, score, bytes_mode, copies, max_time);
     if (r) return r;
     for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_loss(&d);
     for (size_t i = g->n_ops; i-- > 0 && !d.failed;)
         if (g->ops[i].has_bwd) rkm__dtr_bwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_end(&d);
+    if (!d.failed && d.n_off && !rkm__dtr_merge(&d)) d.failed = -1;
     if (d.failed < 0) r = rkm__nomem(g->ctx, "dtr");
     if (!d.failed) {
         *draft = d.out;
@@ -9283,24 +9548,43 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
     return r;
 }
 
+/* DTR's plan *p with its prefetches moved ahead of need (rkm__dtr_hoist),
+ * where that is faster and its layout fits the budget (moving them breaks
+ * DTR's own allocator's guarantee); else *p as it was. */
+static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    rkm_plan *q = NULL;
+    rkm_result r = rkm__dtr_hoist(pl->g, budget, (*p)->steps, (*p)->n_steps, &d);
+    if (!r && d.n) r = rkm__planned_birth(pl, &d, &q);
+    else rkm__steps_free(&d);
+    if (!r && q) r = rkm__dtr_fits(pl, budget, &q, NULL);
+    *p = rkm__faster(*p, q);
+    return r;
+}
+
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
- * on the allocator, then in bytes mode where the layout fits), or *out
- * NULL where none meets it. first: stop at the first plan (to learn
- * whether there is one; the allocator's only). missed (if not NULL): the
- * fastest bytes-mode plan whose layout did not fit, or NULL. */
+ * on the allocator, then in bytes mode where the layout fits; for `--algo
+ * dtr` on a graph with a copy link, all of those again twice with
+ * evictions to host memory, at each price: dtr.c), or *out NULL where none
+ * meets it. first: stop at the first plan (to learn whether there is one;
+ * the allocator's only, without copies, then with). missed (if not NULL): the fastest bytes-mode plan
+ * whose layout did not fit, or NULL. */
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
+    int runs = (first ? 1 : 2) * RKM__DTR_SCORES, copies = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0;
+    for (int k = 0; k < (copies ? 3 : 1) * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
-        int bytes = k >= RKM__DTR_SCORES;
+        int bytes = k % runs >= RKM__DTR_SCORES;
         /* a score whose compute passes the best plan's time stops there (a
          * thrashing one would run to max_steps) */
-        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
+        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, k / runs, *out ? (*out)->stats.time : INFINITY, &d);
         if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
         if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
+        if (!r && p && p->stats.offloads) r = rkm__dtr_ahead(pl, budget, &p);
         *out = rkm__faster(*out, p);
     }
     if (r) {
@@ -11380,17 +11664,6 @@ typedef struct rkm__off {
     rkm__steps out;
     int exposed;       /* copies may make the compute stream wait, and which (rkm__offload_plan) */
 } rkm__off;
-
-/* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
-static uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
-{
-    return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
-}
-
-static double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
-{
-    return g->copy.latency_seconds + (double)rkm__slot_bytes(g, t) / bytes_per_second;
-}
 
 /* Whether slot t is on the device in sim's state. */
 static int rkm__slot_live(const rkm__sim *s, int32_t t)

@@ -647,13 +647,17 @@ typedef enum rkm_algo {
                               and the best of that, sqrt, DTR and the whole-graph ILP;
                               under RKM_OMIT_SOLVER the same without either ILP. On a
                               graph with a copy link (rkm_graph_set_copy) it also
-                              offloads to host memory where that is faster; the
-                              other algorithms never do */
+                              offloads to host memory where that is faster; so does
+                              DTR; the other algorithms never do */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */
     RKM_ALGO_NONE,         /* the baseline plan */
-    RKM_ALGO_DTR,          /* DTR (Kirisame et al.) simulated offline: any graph, any budget it meets */
+    RKM_ALGO_DTR,          /* DTR (Kirisame et al.) simulated offline: any graph, any budget it
+                              meets. With a copy link, an eviction may send a tensor to
+                              host memory instead (its copy started at its write and
+                              done by then, its prefetch back cheaper than recomputing
+                              it), the faster of that and recompute-only kept */
     RKM_ALGO_COUNT
 } rkm_algo;
 

@@ -91,17 +91,6 @@ typedef struct rkm__off {
     int exposed;       /* copies may make the compute stream wait, and which (rkm__offload_plan) */
 } rkm__off;
 
-/* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
-static uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
-{
-    return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
-}
-
-static double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
-{
-    return g->copy.latency_seconds + (double)rkm__slot_bytes(g, t) / bytes_per_second;
-}
-
 /* Whether slot t is on the device in sim's state. */
 static int rkm__slot_live(const rkm__sim *s, int32_t t)
 {

@@ -889,24 +889,43 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
     return r;
 }
 
+/* DTR's plan *p with its prefetches moved ahead of need (rkm__dtr_hoist),
+ * where that is faster and its layout fits the budget (moving them breaks
+ * DTR's own allocator's guarantee); else *p as it was. */
+static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    rkm_plan *q = NULL;
+    rkm_result r = rkm__dtr_hoist(pl->g, budget, (*p)->steps, (*p)->n_steps, &d);
+    if (!r && d.n) r = rkm__planned_birth(pl, &d, &q);
+    else rkm__steps_free(&d);
+    if (!r && q) r = rkm__dtr_fits(pl, budget, &q, NULL);
+    *p = rkm__faster(*p, q);
+    return r;
+}
+
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
- * on the allocator, then in bytes mode where the layout fits), or *out
- * NULL where none meets it. first: stop at the first plan (to learn
- * whether there is one; the allocator's only). missed (if not NULL): the
- * fastest bytes-mode plan whose layout did not fit, or NULL. */
+ * on the allocator, then in bytes mode where the layout fits; for `--algo
+ * dtr` on a graph with a copy link, all of those again twice with
+ * evictions to host memory, at each price: dtr.c), or *out NULL where none
+ * meets it. first: stop at the first plan (to learn whether there is one;
+ * the allocator's only, without copies, then with). missed (if not NULL): the fastest bytes-mode plan
+ * whose layout did not fit, or NULL. */
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    for (int k = 0; k < (first ? 1 : 2) * RKM__DTR_SCORES && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
+    int runs = (first ? 1 : 2) * RKM__DTR_SCORES, copies = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0;
+    for (int k = 0; k < (copies ? 3 : 1) * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
-        int bytes = k >= RKM__DTR_SCORES;
+        int bytes = k % runs >= RKM__DTR_SCORES;
         /* a score whose compute passes the best plan's time stops there (a
          * thrashing one would run to max_steps) */
-        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, *out ? (*out)->stats.time : INFINITY, &d);
+        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, k / runs, *out ? (*out)->stats.time : INFINITY, &d);
         if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
         if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
+        if (!r && p && p->stats.offloads) r = rkm__dtr_ahead(pl, budget, &p);
         *out = rkm__faster(*out, p);
     }
     if (r) {

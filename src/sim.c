@@ -148,12 +148,31 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
     return RKM_RULE_NONE;
 }
 
+/* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
+RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
+{
+    return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
+}
+
+/* The seconds a copy of `bytes` takes at bytes_per_second: the one formula
+ * of the simulator and of the planners that predict it. */
+static double rkm__copy_time(const rkm_graph *g, uint64_t bytes, double bytes_per_second)
+{
+    return g->copy.latency_seconds + (double)bytes / bytes_per_second;
+}
+
+/* The same for copy slot t. */
+RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
+{
+    return rkm__copy_time(g, rkm__slot_bytes(g, t), bytes_per_second);
+}
+
 /* When a copy of `bytes` started now on a stream free from *stream ends;
  * the stream is busy until then. */
 static double rkm__sim_copy_start(rkm__sim *s, uint64_t bytes, double bytes_per_second, double *stream, double *busy)
 {
     double start = s->clock > *stream ? s->clock : *stream;
-    double took = s->g->copy.latency_seconds + (double)bytes / bytes_per_second;
+    double took = rkm__copy_time(s->g, bytes, bytes_per_second);
     *stream = start + took;
     *busy += took;
     return *stream;

@@ -1091,6 +1091,121 @@ TEST(planner_prefetches_twice)
     rkm_context_destroy(ctx);
 }
 
+/* DTR with a copy link, hand-worked. A chain whose first op is ten times
+ * the others: at 4100 bytes one of a..d must leave the device during the
+ * forward. DTR recompute-only evicts b (its recomputation, fwd B, costs
+ * 1 ms, fwd A 10 ms): 29 ms. With 1 GB/s each way, a's copies take 1 us,
+ * less than either recomputation, so a goes to host memory: its offload
+ * issued after fwd A (done at 10.001 ms, long before its free after the
+ * loss at 14 ms), its prefetch moved ahead of need to before bwd C (1 ms
+ * of compute to hide behind), waited for before bwd B: no recomputation,
+ * no wait, the baseline's 28 ms. */
+#define G_DTR_CHAIN                                                  \
+    "rockmate-graph 1\n"                                              \
+    "tensor x 64 input\ntensor a 1000\ntensor b 1000\ntensor c 1000\n" \
+    "tensor d 1000\ntensor loss 4\n"                                  \
+    "op A fwd=10e-3 bwd=10e-3 in=x out=a saved=x\n"                   \
+    "op B fwd=1e-3 bwd=1e-3 in=a out=b saved=a\n"                     \
+    "op C fwd=1e-3 bwd=1e-3 in=b out=c saved=b\n"                     \
+    "op D fwd=1e-3 bwd=1e-3 in=c out=d saved=c\n"                     \
+    "op L fwd=1e-3 bwd=1e-3 in=d out=loss saved=d\n"                  \
+    "loss loss\n"
+
+TEST(dtr_offloads_hand_worked)
+{
+    static const char want[] =
+        "rockmate-plan 1\nfwd A\noffload a\nfwd B\nfwd C\nfwd D\nfwd L\nloss\nfree loss\nwait a\nfree a\n"
+        "bwd L\nfree_grad loss\nfree d\nbwd D\nfree_grad d\nfree c\nprefetch a\nbwd C\nfree_grad c\nfree b\n"
+        "wait a\nbwd B\nfree_grad b\nfree a\nfree_host a\nbwd A\nfree_grad a\n";
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *plain = load(ctx, G_DTR_CHAIN), *g = NULL;
+    rkm_copy_desc c = {1e9, 1e9, 0};
+    rkm_solve_desc d = {0};
+    rkm_plan *p = NULL, *q = NULL, *w = NULL;
+    rkm_plan_stats ps, qs;
+    d.algo = RKM_ALGO_DTR;
+    d.alignment = 1;
+    CHECK(plain && rkm_graph_with_copy(plain, &c, &g) == RKM_OK);
+    CHECK(plain && rkm_plan_solve(plain, &d, 4100, &q) == RKM_OK && rkm_plan_stats_get(q, &qs) == RKM_OK);
+    CHECK(g && rkm_plan_solve(g, &d, 4100, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK(g && read_plan(g, want, NULL, &w) == RKM_OK);
+    if (p && q && w) {
+        size_t first;
+        CHECK(steps_of(q, RKM_STEP_FWD, rkm_graph_find_op(plain, "B"), &first) == 2 && fabs(qs.time - 29e-3) < 1e-12);
+        CHECK(rkm_plan_num_steps(p) == rkm_plan_num_steps(w));
+        for (size_t i = 0; i < rkm_plan_num_steps(p) && i < rkm_plan_num_steps(w); i++) {
+            const rkm_step *a = &rkm_plan_steps(p)[i], *b = &rkm_plan_steps(w)[i];
+            CHECK(a->kind == b->kind && a->index == b->index && a->save == b->save);
+        }
+        CHECK(ps.offloads == 1 && ps.wait_seconds == 0 && fabs(ps.time - 28e-3) < 1e-12 && ps.arena_bytes <= 4100);
+        check_exec_peak(g, p);
+    }
+    rkm_plan_destroy(w);
+    rkm_plan_destroy(q);
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_graph_destroy(plain);
+    rkm_context_destroy(ctx);
+}
+
+/* DTR (`--algo dtr`) with a copy link on gpt2-tiny at 90..40 %: never
+ * slower than on the graph without it (it keeps the faster of its plans
+ * with and without copies), every plan within its budget and run in the
+ * arena exec to its peak, and faster at most budgets with the fast link;
+ * the same graph without the link plans as before (rkm_graph_with_copy
+ * NULL: the same steps as the graph read without one). With the fast link
+ * its smallest budget is below its recompute-only one (34.0 %): 30.1 %. */
+TEST(dtr_offloads)
+{
+    static const double links[] = {1e12, 1e9};
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny"), *gc[2] = {NULL, NULL}, *none = NULL;
+    rkm_solve_desc d = {0};
+    rkm_planner *plain = NULL, *pl[2] = {NULL, NULL}, *back = NULL;
+    rkm_graph_stats st;
+    d.algo = RKM_ALGO_DTR;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_planner_create(g, &d, &plain) == RKM_OK);
+    for (int l = 0; l < 2 && plain; l++) {
+        rkm_copy_desc c = {links[l], links[l], 1e-6};
+        CHECK(rkm_graph_with_copy(g, &c, &gc[l]) == RKM_OK && rkm_planner_create(gc[l], &d, &pl[l]) == RKM_OK);
+    }
+    CHECK(gc[0] && rkm_graph_with_copy(gc[0], NULL, &none) == RKM_OK && rkm_planner_create(none, &d, &back) == RKM_OK);
+    int faster = 0;
+    for (int pct = 90; pl[1] && back && pct >= 40; pct -= 10) {
+        uint64_t budget = st.baseline_peak / 100 * (uint64_t)pct;
+        rkm_plan *a = NULL, *n = NULL;
+        rkm_plan_stats sa, sb;
+        CHECK(rkm_planner_solve(plain, budget, &a) == RKM_OK && rkm_plan_stats_get(a, &sa) == RKM_OK);
+        CHECK(rkm_planner_solve(back, budget, &n) == RKM_OK);
+        CHECK(a && n && rkm_plan_num_steps(a) == rkm_plan_num_steps(n) &&
+              memcmp(rkm_plan_steps(a), rkm_plan_steps(n), rkm_plan_num_steps(a) * sizeof(rkm_step)) == 0);
+        for (int l = 0; a && l < 2; l++) {
+            rkm_plan *b = NULL;
+            CHECK(rkm_planner_solve(pl[l], budget, &b) == RKM_OK && rkm_plan_stats_get(b, &sb) == RKM_OK);
+            if (!b) continue;
+            CHECK(sb.time <= sa.time && sb.arena_bytes <= budget);
+            if (l == 0) faster += sb.time < sa.time && sb.offloads > 0;
+            if (sb.offloads) check_exec_peak(gc[l], b);
+            rkm_plan_destroy(b);
+        }
+        rkm_plan_destroy(n);
+        rkm_plan_destroy(a);
+    }
+    CHECK(faster >= 4);
+    uint64_t floor = 0, min = 0;
+    CHECK(pl[0] && rkm_planner_min_budget(plain, &floor) == RKM_OK && rkm_planner_min_budget(pl[0], &min) == RKM_OK);
+    CHECK(min < floor);
+    for (int l = 0; l < 2; l++) {
+        rkm_planner_destroy(pl[l]);
+        rkm_graph_destroy(gc[l]);
+    }
+    rkm_planner_destroy(back);
+    rkm_graph_destroy(none);
+    rkm_planner_destroy(plain);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* The copy slots of g: tensors that are not inputs, ops' saved states. */
 static size_t bo_slots(const rkm_graph *g)
 {
@@ -1195,6 +1310,8 @@ int main(void)
     RUN(brute_force_hand_worked);
     RUN_SOLVER(planner_meets_brute_force);
     RUN_SOLVER(planner_prefetches_twice);
+    RUN(dtr_offloads_hand_worked);
+    RUN(dtr_offloads);
     RUN_SOLVER(planner_against_brute_force);
     TEST_END();
 }

@@ -718,6 +718,35 @@ TEST(drop_options)
     rkm_context_destroy(ctx);
 }
 
+/* DTR with a copy link (test_offload's dtr_offloads_hand_worked): its
+ * evictions to host memory, the offloads merged into the plan and the
+ * prefetches moved ahead of need, every allocation failing in turn. */
+static const char dtr_copy_graph[] =
+    "rockmate-graph 1\ncopy d2h=1e9 h2d=1e9 latency=0\ntensor x 64 input\ntensor a 1000\ntensor b 1000\n"
+    "tensor c 1000\ntensor d 1000\ntensor loss 4\nop A fwd=10e-3 bwd=10e-3 in=x out=a saved=x\n"
+    "op B fwd=1e-3 bwd=1e-3 in=a out=b saved=a\nop C fwd=1e-3 bwd=1e-3 in=b out=c saved=b\n"
+    "op D fwd=1e-3 bwd=1e-3 in=c out=d saved=c\nop L fwd=1e-3 bwd=1e-3 in=d out=loss saved=d\nloss loss\n";
+
+TEST(dtr_copies)
+{
+    rkm_context *ctx = new_ctx();
+    solve_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(rkm_graph_read_string(ctx, dtr_copy_graph, strlen(dtr_copy_graph), "dtr-copy.rkg", &e.g) == RKM_OK);
+    e.desc.algo = RKM_ALGO_DTR;
+    e.desc.alignment = 1;
+    e.budget = 4100;
+    rkm_plan *p = NULL;
+    rkm_plan_stats ps;
+    CHECK(e.g && rkm_plan_solve(e.g, &e.desc, e.budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK(p && ps.offloads == 1); /* else the loop below covers nothing new */
+    rkm_plan_destroy(p);
+    op_under_test op = {"dtr with a copy link", run_solve, check_solve, drop_plan};
+    if (e.g) every_failure(&op, &e, ctx);
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+
 /* Rockmate's smallest budget with a copy link, below its recompute-only
  * floor (240 bytes) at the graph's lower bound (224): the floor's search,
  * the bases it offloads, the bisection and the plan kept for the solve at
@@ -875,6 +904,7 @@ int main(void)
     RUN(planners);
     RUN(cancelled_solves);
     RUN(search_planners);
+    RUN(dtr_copies);
     RUN(offload_min_budget);
     RUN(drop_options);
     RUN(offload_stage);

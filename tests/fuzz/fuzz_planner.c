@@ -10,8 +10,8 @@
  * allows, and a refusal is a budget error naming the smallest budget.
  * Every algorithm meets its own smallest budget (rkm_planner_min_budget),
  * on its planner and on a fresh one (`rockmate info`, then `rockmate plan`
- * at that budget: issue 20). Those of the inputs rockmate plans are planned
- * by it with a copy link too (plan_offload). */
+ * at that budget: issue 20). One input in four is planned by DTR with a
+ * copy link too, and those of them rockmate plans by it (plan_offload). */
 #include "fuzz.h"
 
 /* rockmate's smallest budget bisects on whole-graph ILPs, checkmate's on
@@ -107,17 +107,19 @@ static void plan_all(rkm_context *ctx, const rkm_graph *g, int slow_too)
     plan_algos(ctx, g, algos, sizeof algos / sizeof algos[0], slow_too);
 }
 
-/* Rockmate with a copy link (the input's length picks its figures, from
- * one that hides every copy to one that hides none), so that its
- * offloading plans (copies, waits, a tensor prefetched more than once) meet
- * the same checks, at the smallest budget too. */
-static void plan_offload(rkm_context *ctx, const rkm_graph *g, size_t size)
+/* DTR, and where slow_too rockmate, with a copy link (the input's length
+ * picks its figures, from one that hides every copy to one that hides
+ * none), so that their offloading plans (copies, waits, a tensor
+ * prefetched more than once, DTR's evictions to host memory and
+ * prefetches moved ahead of need) meet the same checks, at the smallest
+ * budget too. */
+static void plan_offload(rkm_context *ctx, const rkm_graph *g, size_t size, int slow_too)
 {
-    static const rkm_algo rockmate = RKM_ALGO_ROCKMATE;
+    static const rkm_algo algos[] = {RKM_ALGO_DTR, RKM_ALGO_ROCKMATE};
     static const double bandwidth[] = {1e12, 1e9, 1e7, 1e5};
     rkm_copy_desc link = {bandwidth[size / 16 % 4], bandwidth[size / 64 % 4], 1e-7 * (double)(size / 256 % 3)};
     rkm_graph *gc = NULL;
-    if (rkm_graph_with_copy(g, &link, &gc) == RKM_OK) plan_algos(ctx, gc, &rockmate, 1, 1);
+    if (rkm_graph_with_copy(g, &link, &gc) == RKM_OK) plan_algos(ctx, gc, algos, 2, slow_too);
     rkm_graph_destroy(gc);
 }
 
@@ -129,7 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int slow_too = size / 2 % 8 == 0; /* in place or not */
         if (size % 2 && test_edited_copy(g, test_edit_inplace, &ip) == RKM_OK) plan_all(ctx, ip, slow_too);
         else plan_all(ctx, g, slow_too);
-        if (slow_too && rkm_graph_num_ops(g) <= FUZZ_SLOW_OPS) plan_offload(ctx, ip ? ip : g, size);
+        if (size / 2 % 4 == 0) plan_offload(ctx, ip ? ip : g, size, slow_too && rkm_graph_num_ops(g) <= FUZZ_SLOW_OPS);
     }
     rkm_graph_destroy(ip);
     rkm_graph_destroy(g);
