@@ -117,6 +117,7 @@ offloads() {
 }
 offloads offload_fast 1e9 30%
 offloads offload_slow_dropout 3e7 35% --dropout 0.1
+offloads offload_dtr_inplace 1e9 40% --algo dtr --inplace 1
 expect too_small 3 '^demo: FAILED no plan fits the budget' "${tiny[@]}" --algo rotor --budget 1%
 expect bad_usage 2 'usage' --heads 3
 expect no_data 1 'cannot read' "${tiny[@]}" --data /nonexistent/text.txt
