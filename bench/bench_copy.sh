@@ -6,20 +6,22 @@
 # simulator's predicted step time (from the profiled op times, plus the
 # plan's waits), the measured one (the trainer's check: the fastest of three
 # plan runs), and their ratio; the baseline's ratio beside it shows how far
-# the profile alone is off on this machine.
-#   make demo && bash bench/bench_copy.sh [RUNS] [BUDGET]
+# the profile alone is off on this machine. ALGO: the trainer's --algo
+# (rockmate; dtr offloads too).
+#   make demo && bash bench/bench_copy.sh [RUNS] [BUDGET] [ALGO]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 gpt2=${RKM_BUILD:-build}/gpt2
 runs=${1:-5}
 budget=${2:-25%}
+algo=${3:-rockmate}
 [[ -x $gpt2 ]] || { echo "bench_copy.sh: $gpt2 not built (make demo)"; exit 1; }
 
 median() { sort -g | awk '{a[NR] = $1} END {print NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 printf '%-9s %8s %9s %11s %11s %10s %10s %9s\n' copy offloads waits_ms plan_pred plan_meas meas/pred base_m/p overhead
 for bw in none 1e9 2e8 5e7 2e7; do
-    args=(--steps 1 --budget "$budget")
+    args=(--steps 1 --budget "$budget" --algo "$algo")
     [[ $bw != none ]] && args+=(--copy "$bw")
     rows=()
     for ((i = 0; i < runs; i++)); do
