@@ -7973,7 +7973,8 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  *
  * On a graph with a copy link (`--algo dtr` only: rockmate's search edits
  * DTR's plans as recompute-only ones), eviction has a third choice: a live
- * tensor whose copy to host memory, issued right after its last write
+ * tensor or saved state (a copy slot) whose copy to host memory, issued
+ * right after its last write
  * (behind the offloads issued before it), has ended by now leaves the
  * device at no cost to the compute stream (its offload goes into the plan
  * after that write, its wait, which does not wait, before its free), and a
@@ -7987,7 +7988,8 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * prefetches ahead of need. The simulator times each plan, and
  * rkm__dtr_plan keeps the fastest of these and DTR recompute-only. */
 
-/* An offload of tensor t, issued after out step `at`. */
+/* An offload of copy slot t (rkm__copy_slot: a tensor, or n_tensors + op
+ * for an op's saved state), issued after out step `at`. */
 typedef struct rkm__dtr_off {
     int64_t at;
     int32_t t;
@@ -8024,7 +8026,7 @@ typedef struct rkm__dtr {
     /* Copies (the header's comment): */
     int copies;            /* evictions may send tensors to host memory */
     double price;          /* of the prefetch's copy time, what eviction to host costs */
-    int64_t *wrote;        /* per tensor: the out step that last wrote it (-1: none) */
+    int64_t *wrote;        /* per copy slot: the out step that last wrote it (-1: none) */
     double *clock;         /* per out step: the compute clock after it */
     size_t cap_clock;
     rkm__dtr_off *off;     /* the offloads, in issue order (by at) */
@@ -8057,9 +8059,9 @@ static double rkm__dtr_cost(const rkm__dtr *d, int32_t t)
     return c;
 }
 
-/* When an offload of live tensor t issued after its last write (out step
- * *at, or the last offload's where that is later: the stream keeps the
- * plan's order) would end. */
+/* When an offload of live copy slot t issued after its last write (out
+ * step *at, or the last offload's where that is later: the stream keeps
+ * the plan's order) would end. */
 static double rkm__dtr_off_end(const rkm__dtr *d, int32_t t, int64_t *at)
 {
     int64_t q = d->wrote[t];
@@ -8069,12 +8071,14 @@ static double rkm__dtr_off_end(const rkm__dtr *d, int32_t t, int64_t *at)
     return start + rkm__copy_seconds(d->g, t, d->g->copy.d2h_bytes_per_second);
 }
 
-/* What evicting live tensor t costs later: its recomputation, or (*host
- * 1) where that costs more and t has a host copy or its offload would
- * have ended by now, the wait for its prefetch (d->price of its copy). */
+/* What evicting live copy slot t costs later: its recomputation, or
+ * (*host 1) where that costs more and t has a host copy or its offload
+ * would have ended by now, the wait for its prefetch (d->price of its
+ * copy). */
 static double rkm__dtr_evict_cost(const rkm__dtr *d, int32_t t, int *host)
 {
-    double c = rkm__dtr_cost(d, t);
+    size_t nt = d->g->n_tensors;
+    double c = (size_t)t < nt ? rkm__dtr_cost(d, t) : d->g->ops[(size_t)t - nt].fwd;
     *host = 0;
     if (!d->copies) return c;
     double back = d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
@@ -8104,7 +8108,9 @@ static int rkm__dtr_victim(const rkm__dtr *d, int *is_op, int32_t *id)
     }
     for (size_t i = 0; i < g->n_ops; i++) {
         if (!d->s.P[i] || d->lock_p[i]) continue;
-        double h = rkm__dtr_h(d->score, g->ops[i].fwd, g->ops[i].phantom, now - d->last_p[i] + 1);
+        int host;
+        double c = rkm__dtr_evict_cost(d, (int32_t)(g->n_tensors + i), &host);
+        double h = rkm__dtr_h(d->score, c, g->ops[i].phantom, now - d->last_p[i] + 1);
         if (!found || h < best) best = h, found = 1, *is_op = 1, *id = (int32_t)i;
     }
     return found;
@@ -8173,6 +8179,8 @@ static uint64_t rkm__dtr_place(rkm__dtr *d, const rkm_step *st, uint64_t *ws, in
     if (!give) *ws = UINT64_MAX;
     if (st->kind == RKM_STEP_LOSS) {
         if (!d->s.loss_done) RKM__DTR_TAKE(g->tensors[st->index].bytes, -1, &d->off_g[st->index]);
+    } else if (st->kind == RKM_STEP_PREFETCH && st->save) {
+        RKM__DTR_TAKE(g->ops[st->index].phantom, nt + st->index, &d->off_p[st->index]);
     } else if (st->kind == RKM_STEP_PREFETCH) {
         RKM__DTR_TAKE(g->tensors[st->index].bytes, st->index, &d->off_t[st->index]);
     } else if (st->kind == RKM_STEP_FWD) {
@@ -8219,7 +8227,8 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
             d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - d->last_t[w] + 1) *
                          (double)b;
         else if (w >= nt && d->s.P[w - nt] && !d->lock_p[w - nt])
-            d->cost[k] = rkm__dtr_h(d->score, g->ops[w - nt].fwd, b, now - d->last_p[w - nt] + 1) * (double)b;
+            d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - d->last_p[w - nt] + 1) *
+                         (double)b;
         else
             d->cost[k] = -1;
     }
@@ -8235,9 +8244,7 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
     }
     if (!isfinite(best)) return 0;
     for (size_t k = best_i; k < best_j && !d->failed; k++) { /* evicting moves the later blocks down one */
-        int64_t w = d->own[best_i];
-        if (w < nt) rkm__dtr_drop(d, (int32_t)w);
-        else rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, (int32_t)(w - nt), 0);
+        rkm__dtr_drop(d, (int32_t)d->own[best_i]);
     }
     return 1;
 }
@@ -8262,8 +8269,11 @@ static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t sav
         return;
     }
     if (d->copies) d->clock[d->out.n - 1] = d->time;
-    if (d->copies && kind == RKM_STEP_FWD)
-        for (int32_t k = 0; k < d->g->ops[index].n_out; k++) d->wrote[d->g->ops[index].out[k]] = (int64_t)d->out.n - 1;
+    if (d->copies && kind == RKM_STEP_FWD) { /* its outputs, and its saved state (made, or its scratch written) */
+        const rkm__op *o = &d->g->ops[index];
+        for (int32_t k = 0; k < o->n_out; k++) d->wrote[o->out[k]] = (int64_t)d->out.n - 1;
+        if (save || o->scratch > 0) d->wrote[d->g->n_tensors + (size_t)index] = (int64_t)d->out.n - 1;
+    }
     if (rkm__sim_step(&d->s, &st, &pk, &obj) != RKM_RULE_NONE || pk > d->budget || d->out.n > d->max_steps ||
         d->compute > d->max_time)
         d->failed = 1;
@@ -8272,14 +8282,23 @@ static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t sav
     if (kind == RKM_STEP_FREE_GRAD) rkm__dtr_unalloc(d, &d->off_g[index]);
 }
 
-/* Send live tensor t to host memory: its offload, after its last write,
- * is kept aside for rkm__dtr_merge (the simulator takes it now, so that
- * the wait and the frees that follow replay), its wait goes here. */
+/* Copy slot t as a copy step's index and save flag. */
+static int32_t rkm__dtr_slot(const rkm__dtr *d, int32_t t, int32_t *save)
+{
+    size_t nt = d->g->n_tensors;
+    *save = (size_t)t >= nt;
+    return *save ? (int32_t)((size_t)t - nt) : t;
+}
+
+/* Send live copy slot t to host memory: its offload, after its last
+ * write, is kept aside for rkm__dtr_merge (the simulator takes it now, so
+ * that the wait and the frees that follow replay), its wait goes here. */
 static void rkm__dtr_offload(rkm__dtr *d, int32_t t)
 {
     int64_t at;
+    int32_t save, x = rkm__dtr_slot(d, t, &save);
     double end = rkm__dtr_off_end(d, t, &at);
-    rkm_step st = {RKM_STEP_OFFLOAD, t, 0, 0};
+    rkm_step st = {RKM_STEP_OFFLOAD, x, save, 0};
     uint64_t pk;
     int32_t obj;
     if (!rkm__reserve(d->g->ctx, (void **)&d->off, &d->cap_off, d->n_off + 1, sizeof *d->off)) {
@@ -8292,17 +8311,18 @@ static void rkm__dtr_offload(rkm__dtr *d, int32_t t)
     }
     d->off[d->n_off++] = (rkm__dtr_off){at, t};
     d->d2h_end = end;
-    rkm__dtr_apply(d, RKM_STEP_WAIT, t, 0);
+    rkm__dtr_apply(d, RKM_STEP_WAIT, x, save);
 }
 
-/* Evict live tensor t: to host memory where rkm__dtr_evict_cost says so
- * (offloaded first unless it has a host copy), else dropped. */
+/* Evict live copy slot t: to host memory where rkm__dtr_evict_cost says
+ * so (offloaded first unless it has a host copy), else dropped. */
 static void rkm__dtr_drop(rkm__dtr *d, int32_t t)
 {
     int host;
+    int32_t save, x = rkm__dtr_slot(d, t, &save);
     rkm__dtr_evict_cost(d, t, &host);
     if (host && !d->s.H[t]) rkm__dtr_offload(d, t);
-    rkm__dtr_apply(d, RKM_STEP_FREE, t, 0);
+    rkm__dtr_apply(d, save ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, x, 0);
 }
 
 /* Evict the least of rkm__dtr_victim; none left: the budget cannot be met. */
@@ -8311,8 +8331,7 @@ static void rkm__dtr_evict(rkm__dtr *d)
     int is_op = 0;
     int32_t id = -1;
     if (!rkm__dtr_victim(d, &is_op, &id)) d->failed = 1;
-    else if (is_op) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, id, 0);
-    else rkm__dtr_drop(d, id);
+    else rkm__dtr_drop(d, is_op ? (int32_t)(d->g->n_tensors + (size_t)id) : id);
 }
 
 /* Room for compute step (kind, index, save): evict until its new buffers
@@ -8378,14 +8397,22 @@ static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
     return !d->failed;
 }
 
-/* Bring t back from its host copy: room for it (evicting as for a compute
- * step), the prefetch, and the wait for it, the copy's whole time (the
- * stream is idle: each prefetch is waited for at once). */
+/* Whether copy slot t, not live, comes back from its host copy rather
+ * than by recomputing (which costs `recompute` at least). */
+static int rkm__dtr_fetches(const rkm__dtr *d, int32_t t, double recompute)
+{
+    return d->s.H[t] && d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second) < recompute;
+}
+
+/* Bring copy slot t back from its host copy: room for it (evicting as for
+ * a compute step), the prefetch, and the wait for it, the copy's whole
+ * time (the stream is idle: each prefetch is waited for at once). */
 static int rkm__dtr_prefetch(rkm__dtr *d, int32_t t)
 {
-    if (!rkm__dtr_run(d, RKM_STEP_PREFETCH, t, 0)) return 0;
+    int32_t save, x = rkm__dtr_slot(d, t, &save);
+    if (!rkm__dtr_run(d, RKM_STEP_PREFETCH, x, save)) return 0;
     d->time += rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
-    rkm__dtr_apply(d, RKM_STEP_WAIT, t, 0);
+    rkm__dtr_apply(d, RKM_STEP_WAIT, x, save);
     return !d->failed;
 }
 
@@ -8396,8 +8423,7 @@ static int rkm__dtr_ensure(rkm__dtr *d, int32_t t)
 {
     if (d->failed) return 0;
     if (d->s.D[t]) return 1;
-    if (d->s.H[t] && d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second) < rkm__dtr_cost(d, t))
-        return rkm__dtr_prefetch(d, t);
+    if (rkm__dtr_fetches(d, t, rkm__dtr_cost(d, t))) return rkm__dtr_prefetch(d, t);
     if (d->depth > (int32_t)d->g->n_ops) return !(d->failed = 1);
     d->depth++;
     int32_t p = d->g->tensors[t].producer;
@@ -8437,7 +8463,10 @@ static void rkm__dtr_bwd_step(rkm__dtr *d, int32_t i)
 {
     const rkm_graph *g = d->g;
     const rkm__op *o = &g->ops[i];
-    if (o->phantom > 0 && !d->s.P[i] && !rkm__dtr_forward(d, i, 1)) return;
+    int32_t slot = (int32_t)(g->n_tensors + (size_t)i);
+    if (o->phantom > 0 && !d->s.P[i] &&
+        !(rkm__dtr_fetches(d, slot, o->fwd) ? rkm__dtr_prefetch(d, slot) : rkm__dtr_forward(d, i, 1)))
+        return;
     d->lock_p[i]++;
     int32_t k = rkm__dtr_pin(d, o->saved, o->n_saved);
     if (!d->failed) rkm__dtr_run(d, RKM_STEP_BWD, i, 0);
@@ -8445,6 +8474,7 @@ static void rkm__dtr_bwd_step(rkm__dtr *d, int32_t i)
     rkm__dtr_lock(d, o->saved, k, -1);
     if (d->failed) return;
     if (d->s.P[i]) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, i, 0);
+    if (d->s.H[slot]) rkm__dtr_apply(d, RKM_STEP_FREE_HOST, i, 1);
     for (int32_t j = 0; j < o->n_out; j++)
         if (g->tensors[o->out[j]].has_grad) rkm__dtr_apply(d, RKM_STEP_FREE_GRAD, o->out[j], 0);
     for (int32_t j = 0; j < o->n_saved; j++) d->uses[o->saved[j]]--;
@@ -8456,8 +8486,10 @@ static void rkm__dtr_bwd_step(rkm__dtr *d, int32_t i)
 static void rkm__dtr_end(rkm__dtr *d)
 {
     const rkm_graph *g = d->g;
-    for (size_t i = 0; i < g->n_ops && !d->failed; i++)
+    for (size_t i = 0; i < g->n_ops && !d->failed; i++) {
         if (d->s.P[i]) rkm__dtr_apply(d, RKM_STEP_FREE_SAVED, (int32_t)i, 0);
+        if (d->s.H[g->n_tensors + i] && !d->failed) rkm__dtr_apply(d, RKM_STEP_FREE_HOST, (int32_t)i, 1);
+    }
     for (size_t t = 0; t < g->n_tensors && !d->failed; t++) {
         if (d->s.D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) rkm__dtr_apply(d, RKM_STEP_FREE, (int32_t)t, 0);
         if (d->s.H[t] && !d->failed) rkm__dtr_apply(d, RKM_STEP_FREE_HOST, (int32_t)t, 0);
@@ -8468,7 +8500,7 @@ static void rkm__dtr_free(rkm__dtr *d)
 {
     rkm_context *ctx = d->g->ctx;
     size_t nt = d->g->n_tensors + 1, no = d->g->n_ops + 1;
-    rkm__free(ctx, d->lock_t, (3 * nt + 2 * no) * sizeof(int64_t));
+    rkm__free(ctx, d->lock_t, (3 * nt + 3 * no) * sizeof(int64_t));
     rkm__free(ctx, d->clock, d->cap_clock * sizeof *d->clock);
     rkm__free(ctx, d->off, d->cap_off * sizeof *d->off);
     rkm__free(ctx, d->off_t, (2 * nt + no) * sizeof *d->off_t);
@@ -8496,7 +8528,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->out.ctx = g->ctx;
     d->max_steps = RKM_DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM_DTR_STEPS_MIN;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
-    int64_t *mem = rkm__calloc(g->ctx, 3 * nt + 2 * no, sizeof(int64_t));
+    int64_t *mem = rkm__calloc(g->ctx, 3 * nt + 3 * no, sizeof(int64_t));
     if (!mem) return rkm__nomem(g->ctx, "dtr");
     /* int32 arrays share the int64 allocation's first half */
     d->lock_t = (int32_t *)mem;
@@ -8504,12 +8536,12 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->uses = d->lock_p + no;
     d->last_t = mem + nt + no;
     d->last_p = d->last_t + nt;
-    d->wrote = d->last_p + no;
-    for (size_t t = 0; t < nt; t++) d->wrote[t] = -1;
+    d->wrote = d->last_p + no; /* per copy slot: n_tensors + n_ops < nt + no */
+    for (size_t t = 0; t < nt + no; t++) d->wrote[t] = -1;
     d->off_t = rkm__alloc(g->ctx, (2 * nt + no) * sizeof *d->off_t);
     rkm_result r = d->off_t ? rkm__sim_init(g, &d->s) : rkm__nomem(g->ctx, "dtr");
     if (r) {
-        rkm__free(g->ctx, mem, (3 * nt + 2 * no) * sizeof(int64_t));
+        rkm__free(g->ctx, mem, (3 * nt + 3 * no) * sizeof(int64_t));
         rkm__free(g->ctx, d->off_t, (2 * nt + no) * sizeof *d->off_t);
         d->lock_t = NULL;
         d->off_t = NULL;
@@ -8542,9 +8574,15 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
  * further than a step that touches the tensor or a prefetch left in
  * place. */
 
-/* Whether step st reads, makes or frees tensor t. */
+/* Whether step st reads, makes or frees copy slot t (an op's saved state:
+ * its op's forward, backward and free_saved, its copies). */
 static int rkm__dtr_touches(const rkm_graph *g, const rkm_step *st, int32_t t)
 {
+    size_t nt = g->n_tensors;
+    if ((size_t)t >= nt)
+        return st->index == (int32_t)((size_t)t - nt) &&
+               (st->kind >= RKM_STEP_OFFLOAD ? st->save
+                                             : st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_FREE_SAVED);
     int32_t n;
     const int32_t *v = rkm__step_objects(g, st, 0, &n);
     for (int32_t k = 0; k < n; k++)
@@ -8557,8 +8595,8 @@ static int rkm__dtr_touches(const rkm_graph *g, const rkm_step *st, int32_t t)
 static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_step *st, uint64_t *pk, const double *cc,
                                int64_t *to, int64_t i, int64_t *floor, double *h2d)
 {
-    int32_t t = st[i].index;
-    uint64_t bytes = g->tensors[t].bytes;
+    int32_t t = (int32_t)rkm__copy_slot(g, &st[i]);
+    uint64_t bytes = rkm__slot_bytes(g, t);
     double copy = rkm__copy_seconds(g, t, g->copy.h2d_bytes_per_second);
     int64_t j = i;
     while (j > *floor && (cc[j] > *h2d ? cc[j] : *h2d) + copy > cc[i]) {
@@ -8573,7 +8611,7 @@ static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_st
     if (j < i) to[i] = j;
 }
 
-/* steps (n, a plan of g) with its tensors' prefetches moved up into *out
+/* steps (n, a plan of g) with its prefetches moved up into *out
  * (out->n 0: none moved); the budget bounds every step's peak. */
 RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n, rkm__steps *out)
 {
@@ -8596,7 +8634,7 @@ RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const
     int64_t floor = 0;
     double h2d = 0;
     for (size_t i = 0; i < n && ok; i++)
-        if (st[i].kind == RKM_STEP_PREFETCH && !st[i].save) {
+        if (st[i].kind == RKM_STEP_PREFETCH) {
             rkm__dtr_hoist_one(g, budget, st, pk, cc, to, (int64_t)i, &floor, &h2d);
             moved |= to[i] >= 0;
         }
@@ -8621,8 +8659,10 @@ static int rkm__dtr_merge(rkm__dtr *d)
     size_t k = 0;
     for (size_t i = 0; i < d->out.n; i++) {
         m.s[m.n++] = d->out.s[i];
-        for (; k < d->n_off && d->off[k].at == (int64_t)i; k++)
-            m.s[m.n++] = (rkm_step){.kind = RKM_STEP_OFFLOAD, .index = d->off[k].t};
+        for (; k < d->n_off && d->off[k].at == (int64_t)i; k++) {
+            int32_t save, x = rkm__dtr_slot(d, d->off[k].t, &save);
+            m.s[m.n++] = (rkm_step){.kind = RKM_STEP_OFFLOAD, .index = x, .save = save};
+        }
     }
     rkm__steps_free(&d->out);
     d->out = m;
@@ -9568,14 +9608,15 @@ static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
  * dtr` on a graph with a copy link, all of those again twice with
  * evictions to host memory, at each price: dtr.c), or *out NULL where none
  * meets it. first: stop at the first plan (to learn whether there is one;
- * the allocator's only, without copies, then with). missed (if not NULL): the fastest bytes-mode plan
- * whose layout did not fit, or NULL. */
+ * the allocator's only, without copies, then with). missed (if not NULL):
+ * the fastest bytes-mode plan whose layout did not fit, or NULL. */
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
-    int runs = (first ? 1 : 2) * RKM__DTR_SCORES, copies = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0;
-    for (int k = 0; k < (copies ? 3 : 1) * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
+    int runs = (first ? 1 : 2) * RKM__DTR_SCORES;
+    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? 3 : 1; /* copies 0, 1, 2 */
+    for (int k = 0; k < sets * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
         int bytes = k % runs >= RKM__DTR_SCORES;

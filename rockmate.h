@@ -654,10 +654,11 @@ typedef enum rkm_algo {
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */
     RKM_ALGO_NONE,         /* the baseline plan */
     RKM_ALGO_DTR,          /* DTR (Kirisame et al.) simulated offline: any graph, any budget it
-                              meets. With a copy link, an eviction may send a tensor to
-                              host memory instead (its copy started at its write and
-                              done by then, its prefetch back cheaper than recomputing
-                              it), the faster of that and recompute-only kept */
+                              meets. With a copy link, an eviction may send a tensor or
+                              saved state to host memory instead (its copy started at
+                              its write and done by then, its prefetch back cheaper than
+                              recomputing it), the faster of that and recompute-only
+                              kept */
     RKM_ALGO_COUNT
 } rkm_algo;
 

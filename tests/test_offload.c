@@ -1153,8 +1153,9 @@ TEST(dtr_offloads_hand_worked)
  * with and without copies), every plan within its budget and run in the
  * arena exec to its peak, and faster at most budgets with the fast link;
  * the same graph without the link plans as before (rkm_graph_with_copy
- * NULL: the same steps as the graph read without one). With the fast link
- * its smallest budget is below its recompute-only one (34.0 %): 30.1 %. */
+ * NULL: the same steps as the graph read without one). Some of its plans
+ * offload saved states (at 50 and 40 %). With the fast link its smallest
+ * budget is below its recompute-only one (34.0 %): 30.1 %. */
 TEST(dtr_offloads)
 {
     static const double links[] = {1e12, 1e9};
@@ -1170,7 +1171,7 @@ TEST(dtr_offloads)
         CHECK(rkm_graph_with_copy(g, &c, &gc[l]) == RKM_OK && rkm_planner_create(gc[l], &d, &pl[l]) == RKM_OK);
     }
     CHECK(gc[0] && rkm_graph_with_copy(gc[0], NULL, &none) == RKM_OK && rkm_planner_create(none, &d, &back) == RKM_OK);
-    int faster = 0;
+    int faster = 0, saved = 0;
     for (int pct = 90; pl[1] && back && pct >= 40; pct -= 10) {
         uint64_t budget = st.baseline_peak / 100 * (uint64_t)pct;
         rkm_plan *a = NULL, *n = NULL;
@@ -1185,13 +1186,15 @@ TEST(dtr_offloads)
             if (!b) continue;
             CHECK(sb.time <= sa.time && sb.arena_bytes <= budget);
             if (l == 0) faster += sb.time < sa.time && sb.offloads > 0;
+            for (size_t i = 0; i < rkm_plan_num_steps(b); i++)
+                saved += rkm_plan_steps(b)[i].kind == RKM_STEP_OFFLOAD && rkm_plan_steps(b)[i].save;
             if (sb.offloads) check_exec_peak(gc[l], b);
             rkm_plan_destroy(b);
         }
         rkm_plan_destroy(n);
         rkm_plan_destroy(a);
     }
-    CHECK(faster >= 4);
+    CHECK(faster >= 4 && saved > 0);
     uint64_t floor = 0, min = 0;
     CHECK(pl[0] && rkm_planner_min_budget(plain, &floor) == RKM_OK && rkm_planner_min_budget(pl[0], &min) == RKM_OK);
     CHECK(min < floor);
