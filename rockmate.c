@@ -190,8 +190,8 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_DTR_STEPS_MIN 64
 /* DTR with copies (`--algo dtr` on a graph with a copy link) prices an
  * eviction to host memory at its prefetch's whole copy time (a prefetch on
- * demand), and in a second run at this share of it (the prefetch moved
- * ahead of need may hide most of it); the faster plan is kept. On
+ * demand), and in other runs at this share of it (the prefetch moved ahead
+ * of need may hide most of it); the faster plan is kept. On
  * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
  * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. */
 #define RKM_DTR_AHEAD_PRICE 0.25
@@ -7986,7 +7986,10 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * here, waited for at once (its wait priced whole, or at
  * RKM_DTR_AHEAD_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
- * rkm__dtr_plan keeps the fastest of these and DTR recompute-only. */
+ * rkm__dtr_plan keeps the fastest of DTR recompute-only and these, at
+ * either price, with saved states sent to host memory too or not (each
+ * choice the greedy makes moves the later ones: neither is always
+ * faster). */
 
 /* An offload of copy slot t (rkm__copy_slot: a tensor, or n_tensors + op
  * for an op's saved state), issued after out step `at`. */
@@ -8026,6 +8029,7 @@ typedef struct rkm__dtr {
     /* Copies (the header's comment): */
     int copies;            /* evictions may send tensors to host memory */
     double price;          /* of the prefetch's copy time, what eviction to host costs */
+    int saved;             /* saved states go to host memory too, not only tensors */
     int64_t *wrote;        /* per copy slot: the out step that last wrote it (-1: none) */
     double *clock;         /* per out step: the compute clock after it */
     size_t cap_clock;
@@ -8080,7 +8084,7 @@ static double rkm__dtr_evict_cost(const rkm__dtr *d, int32_t t, int *host)
     size_t nt = d->g->n_tensors;
     double c = (size_t)t < nt ? rkm__dtr_cost(d, t) : d->g->ops[(size_t)t - nt].fwd;
     *host = 0;
-    if (!d->copies) return c;
+    if (!d->copies || ((size_t)t >= nt && !d->saved)) return c;
     double back = d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
     int64_t at;
     if (back < c && (d->s.H[t] || (d->wrote[t] >= 0 && rkm__dtr_off_end(d, t, &at) <= d->time))) {
@@ -8519,7 +8523,8 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     memset(d, 0, sizeof *d);
     d->g = g;
     d->copies = copies && g->copy.d2h_bytes_per_second > 0;
-    d->price = copies > 1 ? RKM_DTR_AHEAD_PRICE : 1;
+    d->price = copies % 2 ? 1 : RKM_DTR_AHEAD_PRICE;
+    d->saved = copies <= 2;
     d->budget = budget;
     d->bytes_mode = bytes_mode;
     d->cap = bytes_mode ? UINT64_MAX : budget;
@@ -8670,9 +8675,10 @@ static int rkm__dtr_merge(rkm__dtr *d)
 }
 
 /* DTR's steps for `budget` with eviction score `score` into *draft (with
- * copies where the graph has a link and `copies` is 1, the prefetch priced
- * whole, or 2, at RKM_DTR_AHEAD_PRICE); draft->n == 0 when it cannot meet
- * the budget. */
+ * copies where the graph has a link and `copies` is 1..4: the prefetch
+ * priced whole where it is odd, else at RKM_DTR_AHEAD_PRICE; saved states
+ * sent to host memory too at 1 and 2, tensors only at 3 and 4);
+ * draft->n == 0 when it cannot meet the budget. */
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft)
 {
@@ -9605,8 +9611,9 @@ static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
  * on the allocator, then in bytes mode where the layout fits; for `--algo
- * dtr` on a graph with a copy link, all of those again twice with
- * evictions to host memory, at each price: dtr.c), or *out NULL where none
+ * dtr` on a graph with a copy link, all of those again four times with
+ * evictions to host memory, at each price, with saved states too or
+ * tensors only: dtr.c), or *out NULL where none
  * meets it. first: stop at the first plan (to learn whether there is one;
  * the allocator's only, without copies, then with). missed (if not NULL):
  * the fastest bytes-mode plan whose layout did not fit, or NULL. */
@@ -9615,7 +9622,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
     *out = NULL;
     rkm_result r = RKM_OK;
     int runs = (first ? 1 : 2) * RKM__DTR_SCORES;
-    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? 3 : 1; /* copies 0, 1, 2 */
+    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? 5 : 1; /* copies 0..4 */
     for (int k = 0; k < sets * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;

@@ -38,7 +38,10 @@
  * here, waited for at once (its wait priced whole, or at
  * RKM_DTR_AHEAD_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
- * rkm__dtr_plan keeps the fastest of these and DTR recompute-only. */
+ * rkm__dtr_plan keeps the fastest of DTR recompute-only and these, at
+ * either price, with saved states sent to host memory too or not (each
+ * choice the greedy makes moves the later ones: neither is always
+ * faster). */
 
 /* An offload of copy slot t (rkm__copy_slot: a tensor, or n_tensors + op
  * for an op's saved state), issued after out step `at`. */
@@ -78,6 +81,7 @@ typedef struct rkm__dtr {
     /* Copies (the header's comment): */
     int copies;            /* evictions may send tensors to host memory */
     double price;          /* of the prefetch's copy time, what eviction to host costs */
+    int saved;             /* saved states go to host memory too, not only tensors */
     int64_t *wrote;        /* per copy slot: the out step that last wrote it (-1: none) */
     double *clock;         /* per out step: the compute clock after it */
     size_t cap_clock;
@@ -132,7 +136,7 @@ static double rkm__dtr_evict_cost(const rkm__dtr *d, int32_t t, int *host)
     size_t nt = d->g->n_tensors;
     double c = (size_t)t < nt ? rkm__dtr_cost(d, t) : d->g->ops[(size_t)t - nt].fwd;
     *host = 0;
-    if (!d->copies) return c;
+    if (!d->copies || ((size_t)t >= nt && !d->saved)) return c;
     double back = d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
     int64_t at;
     if (back < c && (d->s.H[t] || (d->wrote[t] >= 0 && rkm__dtr_off_end(d, t, &at) <= d->time))) {
@@ -571,7 +575,8 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     memset(d, 0, sizeof *d);
     d->g = g;
     d->copies = copies && g->copy.d2h_bytes_per_second > 0;
-    d->price = copies > 1 ? RKM_DTR_AHEAD_PRICE : 1;
+    d->price = copies % 2 ? 1 : RKM_DTR_AHEAD_PRICE;
+    d->saved = copies <= 2;
     d->budget = budget;
     d->bytes_mode = bytes_mode;
     d->cap = bytes_mode ? UINT64_MAX : budget;
@@ -722,9 +727,10 @@ static int rkm__dtr_merge(rkm__dtr *d)
 }
 
 /* DTR's steps for `budget` with eviction score `score` into *draft (with
- * copies where the graph has a link and `copies` is 1, the prefetch priced
- * whole, or 2, at RKM_DTR_AHEAD_PRICE); draft->n == 0 when it cannot meet
- * the budget. */
+ * copies where the graph has a link and `copies` is 1..4: the prefetch
+ * priced whole where it is odd, else at RKM_DTR_AHEAD_PRICE; saved states
+ * sent to host memory too at 1 and 2, tensors only at 3 and 4);
+ * draft->n == 0 when it cannot meet the budget. */
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft)
 {

@@ -158,8 +158,8 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_DTR_STEPS_MIN 64
 /* DTR with copies (`--algo dtr` on a graph with a copy link) prices an
  * eviction to host memory at its prefetch's whole copy time (a prefetch on
- * demand), and in a second run at this share of it (the prefetch moved
- * ahead of need may hide most of it); the faster plan is kept. On
+ * demand), and in other runs at this share of it (the prefetch moved ahead
+ * of need may hide most of it); the faster plan is kept. On
  * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
  * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. */
 #define RKM_DTR_AHEAD_PRICE 0.25

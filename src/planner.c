@@ -906,8 +906,9 @@ static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
  * on the allocator, then in bytes mode where the layout fits; for `--algo
- * dtr` on a graph with a copy link, all of those again twice with
- * evictions to host memory, at each price: dtr.c), or *out NULL where none
+ * dtr` on a graph with a copy link, all of those again four times with
+ * evictions to host memory, at each price, with saved states too or
+ * tensors only: dtr.c), or *out NULL where none
  * meets it. first: stop at the first plan (to learn whether there is one;
  * the allocator's only, without copies, then with). missed (if not NULL):
  * the fastest bytes-mode plan whose layout did not fit, or NULL. */
@@ -916,7 +917,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
     *out = NULL;
     rkm_result r = RKM_OK;
     int runs = (first ? 1 : 2) * RKM__DTR_SCORES;
-    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? 3 : 1; /* copies 0, 1, 2 */
+    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? 5 : 1; /* copies 0..4 */
     for (int k = 0; k < sets * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
         rkm__steps d = {pl->ctx, NULL, 0, 0};
         rkm_plan *p = NULL;
