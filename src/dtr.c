@@ -276,17 +276,14 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
         return 0;
     }
     for (size_t k = 0; k < d->n_blk; k++) { /* each block's cost, or -1: it stays */
-        int64_t w = d->own[k];
+        int64_t w = d->own[k], last;
         uint64_t b = d->end[k] - d->at[k];
         int host;
-        if (w >= 0 && w < nt && d->s.D[w] && !d->lock_t[w])
-            d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - d->last_t[w] + 1) *
-                         (double)b;
-        else if (w >= nt && d->s.P[w - nt] && !d->lock_p[w - nt])
-            d->cost[k] = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - d->last_p[w - nt] + 1) *
-                         (double)b;
-        else
-            d->cost[k] = -1;
+        if (w >= 0 && w < nt && d->s.D[w] && !d->lock_t[w]) last = d->last_t[w];
+        else if (w >= nt && d->s.P[w - nt] && !d->lock_p[w - nt]) last = d->last_p[w - nt];
+        else last = -1;
+        d->cost[k] = last < 0 ? -1
+                              : rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - last + 1) * (double)b;
     }
     size_t best_i = 0, best_j = 0, j = 0;
     double best = INFINITY, cost = 0;
@@ -636,10 +633,9 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
 static int rkm__dtr_touches(const rkm_graph *g, const rkm_step *st, int32_t t)
 {
     size_t nt = g->n_tensors;
+    int copy = st->kind >= RKM_STEP_OFFLOAD, on_op = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD;
     if ((size_t)t >= nt)
-        return st->index == (int32_t)((size_t)t - nt) &&
-               (st->kind >= RKM_STEP_OFFLOAD ? st->save
-                                             : st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_FREE_SAVED);
+        return st->index == (int32_t)((size_t)t - nt) && (copy ? st->save : on_op || st->kind == RKM_STEP_FREE_SAVED);
     int32_t n;
     const int32_t *v = rkm__step_objects(g, st, 0, &n);
     for (int32_t k = 0; k < n; k++)
@@ -670,7 +666,8 @@ static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_st
 
 /* steps (n, a plan of g) with its prefetches moved up into *out
  * (out->n 0: none moved); the budget bounds every step's peak. */
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n, rkm__steps *out)
+RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n,
+                                      rkm__steps *out)
 {
     rkm_context *ctx = g->ctx;
     uint64_t *pk = rkm__alloc(ctx, (n + 1) * sizeof *pk);
@@ -695,7 +692,8 @@ RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const
             rkm__dtr_hoist_one(g, budget, st, pk, cc, to, (int64_t)i, &floor, &h2d);
             moved |= to[i] >= 0;
         }
-    if (moved && !rkm__reserve(ctx, (void **)&out->s, &out->cap, n, sizeof *out->s)) r = rkm__nomem(ctx, "dtr prefetches");
+    if (moved && !rkm__reserve(ctx, (void **)&out->s, &out->cap, n, sizeof *out->s))
+        r = rkm__nomem(ctx, "dtr prefetches");
     for (size_t k = 0, i = 0; moved && !r && k < n; k++) { /* the prefetches moved before step k, then step k */
         for (; i < n && (to[i] < 0 || to[i] <= (int64_t)k); i++)
             if (to[i] == (int64_t)k) out->s[out->n++] = st[i];

@@ -828,10 +828,13 @@ TEST(profiled_graph_plans_as_its_file)
             static const double pcts[] = {100, 60, 40, 30};
             rkm_solve_desc sd;
             memset(&sd, 0, sizeof sd); /* zero: the build's best algorithm */
-            for (size_t i = 0; i < N_OF(pcts); i++) {
+            rkm_planner *on_prof = NULL, *on_back = NULL; /* one planner a graph: its block ILPs once */
+            CHECK(rkm_planner_create(prof, &sd, &on_prof) == RKM_OK);
+            CHECK(rkm_planner_create(back, &sd, &on_back) == RKM_OK);
+            for (size_t i = 0; on_prof && on_back && i < N_OF(pcts); i++) {
                 uint64_t budget = (uint64_t)((double)s1.baseline_peak * pcts[i] / 100);
                 rkm_plan *a = NULL, *b = NULL;
-                rkm_result ra = rkm_plan_solve(prof, &sd, budget, &a), rb = rkm_plan_solve(back, &sd, budget, &b);
+                rkm_result ra = rkm_planner_solve(on_prof, budget, &a), rb = rkm_planner_solve(on_back, budget, &b);
                 CHECK(ra == rb);
                 if (a && b) {
                     rkm_plan_stats pa, pb;
@@ -843,6 +846,8 @@ TEST(profiled_graph_plans_as_its_file)
                 rkm_plan_destroy(a);
                 rkm_plan_destroy(b);
             }
+            rkm_planner_destroy(on_prof);
+            rkm_planner_destroy(on_back);
         }
         free(text.data);
         rkm_graph_destroy(back);
