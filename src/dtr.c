@@ -26,16 +26,15 @@
  * On a graph with a copy link (`--algo dtr` only: rockmate's search edits
  * DTR's plans as recompute-only ones), eviction has a third choice: a live
  * tensor or saved state (a copy slot) whose copy to host memory, issued
- * right after its last write
- * (behind the offloads issued before it), has ended by now leaves the
- * device at no cost to the compute stream (its offload goes into the plan
- * after that write, its wait, which does not wait, before its free), and a
- * later step that needs it prefetches it back and waits for the copy
- * instead of recomputing it. The cost of evicting a tensor is then the
- * less of its recomputation and that prefetch's wait: offload where the
- * copy hides behind compute and bringing it back costs less than
- * recomputing it, recompute where it does not. A prefetch is on demand
- * here, waited for at once (its wait priced whole, or at
+ * right after its last write (behind the offloads issued before it), has
+ * ended by now leaves the device at no cost to the compute stream (its
+ * offload goes into the plan after that write, its wait, which does not
+ * wait, before its free), and a later step that needs it prefetches it
+ * back and waits for the copy instead of recomputing it. The cost of
+ * evicting it is then the less of its recomputation and that prefetch's
+ * wait: offload where the copy hides behind compute and bringing it back
+ * costs less than recomputing it, recompute where it does not. A prefetch
+ * is on demand here, waited for at once (its wait priced whole, or at
  * RKM_DTR_AHEAD_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
  * rkm__dtr_plan keeps the fastest of DTR recompute-only and these, at
@@ -79,7 +78,7 @@ typedef struct rkm__dtr {
     size_t cap_cost;
     uint64_t *off_t, *off_g, *off_p;
     /* Copies (the header's comment): */
-    int copies;            /* evictions may send tensors to host memory */
+    int copies;            /* evictions may send copy slots to host memory */
     double price;          /* of the prefetch's copy time, what eviction to host costs */
     int saved;             /* saved states go to host memory too, not only tensors */
     int64_t *wrote;        /* per copy slot: the out step that last wrote it (-1: none) */
