@@ -7991,10 +7991,12 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * faster). */
 
 /* An offload of copy slot t (rkm__copy_slot: a tensor, or n_tensors + op
- * for an op's saved state), issued after out step `at`. */
+ * for an op's saved state), issued after out step `at`, planned to end at
+ * `end`, by `due` (its wait) at the latest. */
 typedef struct rkm__dtr_off {
     int64_t at;
     int32_t t;
+    double end, due;
 } rkm__dtr_off;
 
 typedef struct rkm__dtr {
@@ -8282,6 +8284,41 @@ static void rkm__dtr_apply(rkm__dtr *d, int32_t kind, int32_t index, int32_t sav
     if (kind == RKM_STEP_FREE_GRAD) rkm__dtr_unalloc(d, &d->off_g[index]);
 }
 
+/* The offloads from k on, timed again on the stream behind off[k - 1]:
+ * 1 if each still ends by its wait (then their ends are set). */
+static int rkm__dtr_off_retime(rkm__dtr *d, size_t k, int set)
+{
+    double end = k ? d->off[k - 1].end : 0;
+    for (; k < d->n_off; k++) {
+        rkm__dtr_off *o = &d->off[k];
+        double start = d->clock[o->at] > end ? d->clock[o->at] : end;
+        end = start + rkm__copy_seconds(d->g, o->t, d->g->copy.d2h_bytes_per_second);
+        if (end > o->due) return 0;
+        if (set) o->end = end;
+    }
+    return 1;
+}
+
+/* Offload of slot t into the stream's order (d->off has room): right after
+ * its last write where it and every offload after it still end by their
+ * waits (the stream may be idle there), else after `at` (the last
+ * offload's step or later: rkm__dtr_off_end, which hides). */
+static void rkm__dtr_off_place(rkm__dtr *d, int32_t t, int64_t at)
+{
+    size_t n = d->n_off, k = n;
+    while (k > 0 && d->off[k - 1].at > d->wrote[t]) k--;
+    memmove(d->off + k + 1, d->off + k, (n - k) * sizeof *d->off);
+    d->off[k] = (rkm__dtr_off){d->wrote[t], t, 0, d->time};
+    d->n_off++;
+    if (k < n && !rkm__dtr_off_retime(d, k, 0)) { /* not there: at the end */
+        memmove(d->off + k, d->off + k + 1, (n - k) * sizeof *d->off);
+        d->off[n] = (rkm__dtr_off){at, t, 0, d->time};
+        k = n;
+    }
+    rkm__dtr_off_retime(d, k, 1);
+    d->d2h_end = d->off[n].end;
+}
+
 /* Copy slot t as a copy step's index and save flag. */
 static int32_t rkm__dtr_slot(const rkm__dtr *d, int32_t t, int32_t *save)
 {
@@ -8297,7 +8334,7 @@ static void rkm__dtr_offload(rkm__dtr *d, int32_t t)
 {
     int64_t at;
     int32_t save, x = rkm__dtr_slot(d, t, &save);
-    double end = rkm__dtr_off_end(d, t, &at);
+    rkm__dtr_off_end(d, t, &at);
     rkm_step st = {RKM_STEP_OFFLOAD, x, save, 0};
     uint64_t pk;
     int32_t obj;
@@ -8309,8 +8346,7 @@ static void rkm__dtr_offload(rkm__dtr *d, int32_t t)
         d->failed = 1;
         return;
     }
-    d->off[d->n_off++] = (rkm__dtr_off){at, t};
-    d->d2h_end = end;
+    rkm__dtr_off_place(d, t, at);
     rkm__dtr_apply(d, RKM_STEP_WAIT, x, save);
 }
 

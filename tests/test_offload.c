@@ -1209,6 +1209,33 @@ TEST(dtr_offloads)
     rkm_context_destroy(ctx);
 }
 
+/* DTR's offloads into the stream's order: one placed after an earlier
+ * slot's may go before it, right after its own last write, where every
+ * offload after it still ends by its wait (the stream idle there). On
+ * gpt2-124M-b4-t64 at 50 % with 450 GB/s: 12.65 % overhead, 20.46 % when
+ * each offload went behind the last one placed. */
+TEST(dtr_offloads_fill_the_stream)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "gpt2-124M-b4-t64"), *gc = NULL;
+    rkm_copy_desc c = {450e9, 450e9, 1e-5};
+    rkm_solve_desc d = {0};
+    rkm_graph_stats st;
+    rkm_plan *p = NULL;
+    rkm_plan_stats ps;
+    d.algo = RKM_ALGO_DTR;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_graph_with_copy(g, &c, &gc) == RKM_OK);
+    CHECK(gc && rkm_plan_solve(gc, &d, st.baseline_peak / 2, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
+    if (p) {
+        CHECK(ps.offloads > 0 && ps.overhead < 0.16 && ps.arena_bytes <= st.baseline_peak / 2);
+        check_exec_peak(gc, p);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(gc);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* The copy slots of g: tensors that are not inputs, ops' saved states. */
 static size_t bo_slots(const rkm_graph *g)
 {
@@ -1315,6 +1342,7 @@ int main(void)
     RUN_SOLVER(planner_prefetches_twice);
     RUN(dtr_offloads_hand_worked);
     RUN(dtr_offloads);
+    RUN(dtr_offloads_fill_the_stream);
     RUN_SOLVER(planner_against_brute_force);
     TEST_END();
 }
