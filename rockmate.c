@@ -7981,7 +7981,10 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * back and waits for the copy instead of recomputing it. The cost of
  * evicting it is then the less of its recomputation and that prefetch's
  * wait: offload where the copy hides behind compute and bringing it back
- * costs less than recomputing it, recompute where it does not. A prefetch
+ * costs less than recomputing it, recompute where it does not. In the
+ * plan the offload may go before offloads placed earlier, right after its
+ * write, where all of them still end by their waits (rkm__dtr_off_place):
+ * the stream's idle time early on serves the later evictions. A prefetch
  * is on demand here, waited for at once (its wait priced whole, or at
  * RKM_DTR_AHEAD_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
