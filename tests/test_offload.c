@@ -452,47 +452,81 @@ TEST(copy_arena_exec)
     rkm_context_destroy(ctx);
 }
 
-/* Rockmate on a graph with a copy link, against the same graph without:
- * at every budget where recompute-only plans, it plans too, is never
- * slower, and its arena fits; with a link fast enough to hide every copy it
- * offloads, without waiting. */
-TEST(planner_offloads)
+/* What offload_sweep saw with the fast link: plans that offload without
+ * waiting or overhead (hidden), that offload and beat recompute-only
+ * (faster), that offload a saved state (saved). */
+typedef struct sweep_tally {
+    int hidden, faster, saved;
+} sweep_tally;
+
+/* `algo` on gpt2-tiny at 90 % down to lo % (steps of 10) without a copy
+ * link, with 1e12 and 1e9 bytes/s each way (1 us a copy), and with the
+ * fast link removed again (rkm_graph_with_copy NULL): that last one plans
+ * exactly as the first (the same steps); with a link it plans wherever
+ * recompute-only does, is never slower, its arena fits, and its plan runs
+ * in the arena exec to its peak. min (if not NULL): the smallest budgets
+ * without a link (min[0]) and with the fast one (min[1]). */
+static sweep_tally offload_sweep(rkm_algo algo, int lo, uint64_t *min)
 {
     static const double links[] = {1e12, 1e9};
+    sweep_tally n = {0, 0, 0};
     rkm_context *ctx = test_new_ctx();
-    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny"), *gc[2] = {NULL, NULL};
-    rkm_planner *plain = NULL, *pl[2] = {NULL, NULL};
+    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny"), *gc[3] = {NULL, NULL, NULL};
+    rkm_planner *plain = NULL, *pl[3] = {NULL, NULL, NULL};
+    rkm_solve_desc d = {0};
     rkm_graph_stats st;
-    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_planner_create(g, NULL, &plain) == RKM_OK);
+    d.algo = algo;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_planner_create(g, &d, &plain) == RKM_OK);
     for (int l = 0; l < 2 && plain; l++) {
         rkm_copy_desc c = {links[l], links[l], 1e-6};
-        CHECK(rkm_graph_with_copy(g, &c, &gc[l]) == RKM_OK && rkm_planner_create(gc[l], NULL, &pl[l]) == RKM_OK);
+        CHECK(rkm_graph_with_copy(g, &c, &gc[l]) == RKM_OK && rkm_planner_create(gc[l], &d, &pl[l]) == RKM_OK);
     }
-    int hidden = 0;
-    for (int pct = 90; pl[1] && pct >= 30; pct -= 10) {
+    CHECK(gc[0] && rkm_graph_with_copy(gc[0], NULL, &gc[2]) == RKM_OK);
+    CHECK(gc[2] && rkm_planner_create(gc[2], &d, &pl[2]) == RKM_OK);
+    for (int pct = 90; pl[1] && pl[2] && pct >= lo; pct -= 10) {
         uint64_t budget = st.baseline_peak / 100 * (uint64_t)pct;
-        rkm_plan *a = NULL;
+        rkm_plan *a = NULL, *back = NULL;
         rkm_plan_stats sa, sb;
         CHECK(rkm_planner_solve(plain, budget, &a) == RKM_OK && rkm_plan_stats_get(a, &sa) == RKM_OK);
+        CHECK(rkm_planner_solve(pl[2], budget, &back) == RKM_OK);
+        CHECK(a && back && rkm_plan_num_steps(a) == rkm_plan_num_steps(back) &&
+              memcmp(rkm_plan_steps(a), rkm_plan_steps(back), rkm_plan_num_steps(a) * sizeof(rkm_step)) == 0);
         for (int l = 0; a && l < 2; l++) {
             rkm_plan *b = NULL;
             CHECK(rkm_planner_solve(pl[l], budget, &b) == RKM_OK && rkm_plan_stats_get(b, &sb) == RKM_OK);
             if (!b) continue;
             CHECK(sb.time <= sa.time && sb.arena_bytes <= budget);
-            if (l == 0) hidden += sb.offloads > 0 && sb.wait_seconds == 0 && sb.overhead == 0;
+            if (l == 0) {
+                n.hidden += sb.offloads > 0 && sb.wait_seconds == 0 && sb.overhead == 0;
+                n.faster += sb.offloads > 0 && sb.time < sa.time;
+                for (size_t i = 0; i < rkm_plan_num_steps(b); i++)
+                    n.saved += rkm_plan_steps(b)[i].kind == RKM_STEP_OFFLOAD && rkm_plan_steps(b)[i].save;
+            }
             if (sb.offloads) check_exec_peak(gc[l], b);
             rkm_plan_destroy(b);
         }
+        rkm_plan_destroy(back);
         rkm_plan_destroy(a);
     }
-    CHECK(hidden >= 5); /* 90 % has nothing to offload */
-    for (int l = 0; l < 2; l++) {
+    if (min) CHECK(plain && pl[0] && rkm_planner_min_budget(plain, &min[0]) == RKM_OK &&
+                   rkm_planner_min_budget(pl[0], &min[1]) == RKM_OK);
+    for (int l = 0; l < 3; l++) {
         rkm_planner_destroy(pl[l]);
         rkm_graph_destroy(gc[l]);
     }
     rkm_planner_destroy(plain);
     rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
+    return n;
+}
+
+/* Rockmate on a graph with a copy link, against the same graph without
+ * (offload_sweep, 90..30 %): with a link fast enough to hide every copy it
+ * offloads, without waiting, at every budget but 90 % (nothing to
+ * offload). */
+TEST(planner_offloads)
+{
+    CHECK(offload_sweep(RKM_ALGO_ROCKMATE, 30, NULL).hidden >= 5);
 }
 
 /* Planning with a link costs at most twice recompute-only's: the search's
@@ -1148,65 +1182,16 @@ TEST(dtr_offloads_hand_worked)
     rkm_context_destroy(ctx);
 }
 
-/* DTR (`--algo dtr`) with a copy link on gpt2-tiny at 90..40 %: never
- * slower than on the graph without it (it keeps the faster of its plans
- * with and without copies), every plan within its budget and run in the
- * arena exec to its peak, and faster at most budgets with the fast link;
- * the same graph without the link plans as before (rkm_graph_with_copy
- * NULL: the same steps as the graph read without one). Some of its plans
- * offload saved states (at 50 and 40 %). With the fast link its smallest
- * budget is below its recompute-only one (34.0 %): 30.1 %. */
+/* DTR (`--algo dtr`) the same way (offload_sweep, 90..40 %: it keeps the
+ * faster of its plans with and without copies): faster with the fast link
+ * at most budgets, some plans offloading saved states (at 50 and 40 %),
+ * and its smallest budget with that link below its recompute-only one:
+ * 30.1 % against 34.0 %. */
 TEST(dtr_offloads)
 {
-    static const double links[] = {1e12, 1e9};
-    rkm_context *ctx = test_new_ctx();
-    rkm_graph *g = test_load_graph(ctx, "gpt2-tiny"), *gc[2] = {NULL, NULL}, *none = NULL;
-    rkm_solve_desc d = {0};
-    rkm_planner *plain = NULL, *pl[2] = {NULL, NULL}, *back = NULL;
-    rkm_graph_stats st;
-    d.algo = RKM_ALGO_DTR;
-    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_planner_create(g, &d, &plain) == RKM_OK);
-    for (int l = 0; l < 2 && plain; l++) {
-        rkm_copy_desc c = {links[l], links[l], 1e-6};
-        CHECK(rkm_graph_with_copy(g, &c, &gc[l]) == RKM_OK && rkm_planner_create(gc[l], &d, &pl[l]) == RKM_OK);
-    }
-    CHECK(gc[0] && rkm_graph_with_copy(gc[0], NULL, &none) == RKM_OK && rkm_planner_create(none, &d, &back) == RKM_OK);
-    int faster = 0, saved = 0;
-    for (int pct = 90; pl[1] && back && pct >= 40; pct -= 10) {
-        uint64_t budget = st.baseline_peak / 100 * (uint64_t)pct;
-        rkm_plan *a = NULL, *n = NULL;
-        rkm_plan_stats sa, sb;
-        CHECK(rkm_planner_solve(plain, budget, &a) == RKM_OK && rkm_plan_stats_get(a, &sa) == RKM_OK);
-        CHECK(rkm_planner_solve(back, budget, &n) == RKM_OK);
-        CHECK(a && n && rkm_plan_num_steps(a) == rkm_plan_num_steps(n) &&
-              memcmp(rkm_plan_steps(a), rkm_plan_steps(n), rkm_plan_num_steps(a) * sizeof(rkm_step)) == 0);
-        for (int l = 0; a && l < 2; l++) {
-            rkm_plan *b = NULL;
-            CHECK(rkm_planner_solve(pl[l], budget, &b) == RKM_OK && rkm_plan_stats_get(b, &sb) == RKM_OK);
-            if (!b) continue;
-            CHECK(sb.time <= sa.time && sb.arena_bytes <= budget);
-            if (l == 0) faster += sb.time < sa.time && sb.offloads > 0;
-            for (size_t i = 0; i < rkm_plan_num_steps(b); i++)
-                saved += rkm_plan_steps(b)[i].kind == RKM_STEP_OFFLOAD && rkm_plan_steps(b)[i].save;
-            if (sb.offloads) check_exec_peak(gc[l], b);
-            rkm_plan_destroy(b);
-        }
-        rkm_plan_destroy(n);
-        rkm_plan_destroy(a);
-    }
-    CHECK(faster >= 4 && saved > 0);
-    uint64_t floor = 0, min = 0;
-    CHECK(pl[0] && rkm_planner_min_budget(plain, &floor) == RKM_OK && rkm_planner_min_budget(pl[0], &min) == RKM_OK);
-    CHECK(min < floor);
-    for (int l = 0; l < 2; l++) {
-        rkm_planner_destroy(pl[l]);
-        rkm_graph_destroy(gc[l]);
-    }
-    rkm_planner_destroy(back);
-    rkm_graph_destroy(none);
-    rkm_planner_destroy(plain);
-    rkm_graph_destroy(g);
-    rkm_context_destroy(ctx);
+    uint64_t min[2] = {0, 0};
+    sweep_tally n = offload_sweep(RKM_ALGO_DTR, 40, min);
+    CHECK(n.faster >= 4 && n.saved > 0 && min[1] < min[0]);
 }
 
 /* DTR's offloads into the stream's order: one placed after an earlier
