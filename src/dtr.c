@@ -131,22 +131,32 @@ static double rkm__dtr_off_end(const rkm__dtr *d, int32_t t, int64_t *at)
     return start + rkm__copy_seconds(d->g, t, d->g->copy.d2h_bytes_per_second);
 }
 
-/* What evicting live copy slot t costs later: its recomputation, or
- * (*host 1) where that costs more and t has a host copy or its offload
- * would have ended by now, the wait for its prefetch (d->price of its
- * copy). */
-static double rkm__dtr_evict_cost(const rkm__dtr *d, int32_t t, int *host)
+/* The wait for copy slot t's prefetch, as priced (d->price of its copy). */
+static double rkm__dtr_back(const rkm__dtr *d, int32_t t)
+{
+    return d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
+}
+
+/* Whether evicting live copy slot t sends it to host memory: copies of it
+ * allowed, its prefetch cheaper than its recomputation (rkm__dtr_cost; a
+ * saved state's: its op's forward), and it has a host copy or its offload
+ * would have ended by now. *cost (if not NULL): what evicting it costs
+ * later, that prefetch's wait or the recomputation. */
+static int rkm__dtr_to_host(const rkm__dtr *d, int32_t t, double *cost)
 {
     size_t nt = d->g->n_tensors;
-    double c = (size_t)t < nt ? rkm__dtr_cost(d, t) : d->g->ops[(size_t)t - nt].fwd;
-    *host = 0;
-    if (!d->copies || ((size_t)t >= nt && !d->saved)) return c;
-    double back = d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second);
+    double c = (size_t)t < nt ? rkm__dtr_cost(d, t) : d->g->ops[(size_t)t - nt].fwd, back = c;
     int64_t at;
-    if (back < c && (d->s.H[t] || (d->wrote[t] >= 0 && rkm__dtr_off_end(d, t, &at) <= d->time))) {
-        *host = 1;
-        return back;
-    }
+    int host = d->copies && ((size_t)t < nt || d->saved) && (back = rkm__dtr_back(d, t)) < c &&
+               (d->s.H[t] || (d->wrote[t] >= 0 && rkm__dtr_off_end(d, t, &at) <= d->time));
+    if (cost) *cost = host ? back : c;
+    return host;
+}
+
+static double rkm__dtr_evict_cost(const rkm__dtr *d, int32_t t)
+{
+    double c;
+    rkm__dtr_to_host(d, t, &c);
     return c;
 }
 
@@ -162,14 +172,12 @@ static int rkm__dtr_victim(const rkm__dtr *d, int *is_op, int32_t *id)
     for (size_t t = 0; t < g->n_tensors; t++) {
         const rkm__tensor *x = &g->tensors[t];
         if (!d->s.D[t] || (x->flags & RKM_TENSOR_INPUT) || d->lock_t[t] || !x->bytes) continue;
-        int host;
-        double h = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)t, &host), x->bytes, now - d->last_t[t] + 1);
+        double h = rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)t), x->bytes, now - d->last_t[t] + 1);
         if (!found || h < best) best = h, found = 1, *is_op = 0, *id = (int32_t)t;
     }
     for (size_t i = 0; i < g->n_ops; i++) {
         if (!d->s.P[i] || d->lock_p[i]) continue;
-        int host;
-        double c = rkm__dtr_evict_cost(d, (int32_t)(g->n_tensors + i), &host);
+        double c = rkm__dtr_evict_cost(d, (int32_t)(g->n_tensors + i));
         double h = rkm__dtr_h(d->score, c, g->ops[i].phantom, now - d->last_p[i] + 1);
         if (!found || h < best) best = h, found = 1, *is_op = 1, *id = (int32_t)i;
     }
@@ -282,12 +290,11 @@ static int rkm__dtr_window(rkm__dtr *d, uint64_t need)
     for (size_t k = 0; k < d->n_blk; k++) { /* each block's cost, or -1: it stays */
         int64_t w = d->own[k], last;
         uint64_t b = d->end[k] - d->at[k];
-        int host;
         if (w >= 0 && w < nt && d->s.D[w] && !d->lock_t[w]) last = d->last_t[w];
         else if (w >= nt && d->s.P[w - nt] && !d->lock_p[w - nt]) last = d->last_p[w - nt];
         else last = -1;
         d->cost[k] = last < 0 ? -1
-                              : rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w, &host), b, now - last + 1) * (double)b;
+                              : rkm__dtr_h(d->score, rkm__dtr_evict_cost(d, (int32_t)w), b, now - last + 1) * (double)b;
     }
     size_t best_i = 0, best_j = 0, j = 0;
     double best = INFINITY, cost = 0;
@@ -405,14 +412,12 @@ static void rkm__dtr_offload(rkm__dtr *d, int32_t t)
     rkm__dtr_apply(d, RKM_STEP_WAIT, x, save);
 }
 
-/* Evict live copy slot t: to host memory where rkm__dtr_evict_cost says
- * so (offloaded first unless it has a host copy), else dropped. */
+/* Evict live copy slot t: to host memory where rkm__dtr_to_host says so
+ * (offloaded first unless it has a host copy), else dropped. */
 static void rkm__dtr_drop(rkm__dtr *d, int32_t t)
 {
-    int host;
     int32_t save, x = rkm__dtr_slot(d, t, &save);
-    rkm__dtr_evict_cost(d, t, &host);
-    if (host && !d->s.H[t]) rkm__dtr_offload(d, t);
+    if (rkm__dtr_to_host(d, t, NULL) && !d->s.H[t]) rkm__dtr_offload(d, t);
     rkm__dtr_apply(d, save ? RKM_STEP_FREE_SAVED : RKM_STEP_FREE, x, 0);
 }
 
@@ -492,7 +497,7 @@ static int rkm__dtr_forward(rkm__dtr *d, int32_t i, int save)
  * than by recomputing (which costs `recompute` at least). */
 static int rkm__dtr_fetches(const rkm__dtr *d, int32_t t, double recompute)
 {
-    return d->s.H[t] && d->price * rkm__copy_seconds(d->g, t, d->g->copy.h2d_bytes_per_second) < recompute;
+    return d->s.H[t] && rkm__dtr_back(d, t) < recompute;
 }
 
 /* Bring copy slot t back from its host copy: room for it (evicting as for
@@ -666,25 +671,21 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
  * further than a step that touches the tensor or a prefetch left in
  * place. */
 
-/* Whether step st reads, makes or frees copy slot t (an op's saved state:
- * its op's forward, backward and free_saved, its copies). */
-static int rkm__dtr_touches(const rkm_graph *g, const rkm_step *st, int32_t t)
+/* Whether step st reads, makes or frees copy slot t (rkm__slot_touches;
+ * v: its scratch). */
+static int rkm__dtr_touches(const rkm_graph *g, const rkm_step *st, int32_t t, int32_t *v)
 {
-    size_t nt = g->n_tensors;
-    int copy = st->kind >= RKM_STEP_OFFLOAD, on_op = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD;
-    if ((size_t)t >= nt)
-        return st->index == (int32_t)((size_t)t - nt) && (copy ? st->save : on_op || st->kind == RKM_STEP_FREE_SAVED);
-    int32_t n;
-    const int32_t *v = rkm__step_objects(g, st, 0, &n);
+    int32_t n = rkm__slot_touches(g, st, v);
     for (int32_t k = 0; k < n; k++)
         if (v[k] == t) return 1;
     return 0;
 }
 
 /* Where prefetch i of steps (peaks pk, compute clock cc before each step)
- * goes: before step to[i], from *floor up; *h2d: when the stream is free. */
+ * goes: before step to[i], from *floor up; *h2d: when the stream is free;
+ * v: rkm__dtr_touches' scratch. */
 static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_step *st, uint64_t *pk, const double *cc,
-                               int64_t *to, int64_t i, int64_t *floor, double *h2d)
+                               int64_t *to, int64_t i, int64_t *floor, double *h2d, int32_t *v)
 {
     int32_t t = (int32_t)rkm__copy_slot(g, &st[i]);
     uint64_t bytes = rkm__slot_bytes(g, t);
@@ -692,7 +693,7 @@ static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_st
     int64_t j = i;
     while (j > *floor && (cc[j] > *h2d ? cc[j] : *h2d) + copy > cc[i]) {
         const rkm_step *p = &st[j - 1];
-        if (pk[j - 1] + bytes > budget || rkm__dtr_touches(g, p, t) || (p->kind == RKM_STEP_PREFETCH && to[j - 1] < 0))
+        if (pk[j - 1] + bytes > budget || rkm__dtr_touches(g, p, t, v) || (p->kind == RKM_STEP_PREFETCH && to[j - 1] < 0))
             break;
         j--;
     }
@@ -702,45 +703,49 @@ static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_st
     if (j < i) to[i] = j;
 }
 
-/* steps (n, a plan of g) with its prefetches moved up into *out
- * (out->n 0: none moved); the budget bounds every step's peak. */
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n,
-                                      rkm__steps *out)
+/* Plan p's steps with its prefetches moved up into *out (out->n 0: none
+ * moved), from its step peaks (p->step_peak, as its birth replayed them);
+ * the budget bounds every step's peak. */
+RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out)
 {
-    rkm_context *ctx = g->ctx;
-    uint64_t *pk = rkm__alloc(ctx, (n + 1) * sizeof *pk);
-    double *cc = rkm__alloc(ctx, (n + 1) * sizeof *cc);
-    int64_t *to = rkm__alloc(ctx, (n + 1) * sizeof *to);
-    rkm__sim s;
-    rkm_result r = pk && cc && to ? rkm__sim_init(g, &s) : rkm__nomem(ctx, "dtr prefetches");
-    int ok = !r, moved = 0, sim = !r;
+    const rkm_graph *g = p->g;
+    const rkm_step *st = p->steps;
+    size_t n = p->n_steps;
+    uint64_t *pk = rkm__alloc(p->ctx, (n + 1) * sizeof *pk);
+    double *cc = rkm__alloc(p->ctx, (n + 1) * sizeof *cc);
+    int64_t *to = rkm__alloc(p->ctx, (n + 1) * sizeof *to);
+    size_t nv = rkm__slot_touches_max(g);
+    int32_t *v = rkm__alloc(p->ctx, nv * sizeof *v);
+    rkm_result r = pk && cc && to && v ? RKM_OK : rkm__nomem(p->ctx, "dtr prefetches");
+    int moved = 0;
     out->n = 0;
-    if (ok) cc[0] = 0;
-    for (size_t i = 0; i < n && ok; i++) {
-        int32_t obj;
-        ok = rkm__sim_step(&s, &st[i], &pk[i], &obj) == RKM_RULE_NONE;
+    if (!r) {
+        memcpy(pk, p->step_peak, n * sizeof *pk);
+        cc[0] = 0;
+    }
+    for (size_t i = 0; i < n && !r; i++) {
         const rkm__op *o = st[i].kind == RKM_STEP_FWD || st[i].kind == RKM_STEP_BWD ? &g->ops[st[i].index] : NULL;
         cc[i + 1] = cc[i] + (o ? (st[i].kind == RKM_STEP_FWD ? o->fwd : o->bwd) : 0);
         to[i] = -1;
     }
     int64_t floor = 0;
     double h2d = 0;
-    for (size_t i = 0; i < n && ok; i++)
+    for (size_t i = 0; i < n && !r; i++)
         if (st[i].kind == RKM_STEP_PREFETCH) {
-            rkm__dtr_hoist_one(g, budget, st, pk, cc, to, (int64_t)i, &floor, &h2d);
+            rkm__dtr_hoist_one(g, budget, st, pk, cc, to, (int64_t)i, &floor, &h2d, v);
             moved |= to[i] >= 0;
         }
-    if (moved && !rkm__reserve(ctx, (void **)&out->s, &out->cap, n, sizeof *out->s))
-        r = rkm__nomem(ctx, "dtr prefetches");
+    if (moved && !rkm__reserve(p->ctx, (void **)&out->s, &out->cap, n, sizeof *out->s))
+        r = rkm__nomem(p->ctx, "dtr prefetches");
     for (size_t k = 0, i = 0; moved && !r && k < n; k++) { /* the prefetches moved before step k, then step k */
         for (; i < n && (to[i] < 0 || to[i] <= (int64_t)k); i++)
             if (to[i] == (int64_t)k) out->s[out->n++] = st[i];
         if (to[k] < 0) out->s[out->n++] = st[k];
     }
-    if (sim) rkm__sim_free(&s);
-    rkm__free(ctx, pk, (n + 1) * sizeof *pk);
-    rkm__free(ctx, cc, (n + 1) * sizeof *cc);
-    rkm__free(ctx, to, (n + 1) * sizeof *to);
+    rkm__free(p->ctx, pk, (n + 1) * sizeof *pk);
+    rkm__free(p->ctx, cc, (n + 1) * sizeof *cc);
+    rkm__free(p->ctx, to, (n + 1) * sizeof *to);
+    rkm__free(p->ctx, v, nv * sizeof *v);
     return r;
 }
 

@@ -960,6 +960,8 @@ RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int in
 
 /* sim.c */
 RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t);
+RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g);
+RKM_PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v);
 RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second);
 RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
 RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
@@ -1050,7 +1052,7 @@ RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int3
 RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
 
 /* dtr.c */
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_graph *g, uint64_t budget, const rkm_step *st, size_t n, rkm__steps *out);
+RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft);
 

@@ -98,20 +98,6 @@ static int rkm__slot_live(const rkm__sim *s, int32_t t)
     return (size_t)t < nt ? s->D[t] : s->P[(size_t)t - nt];
 }
 
-/* The slots step st reads, makes or frees, into v (at most n_in + n_out +
- * 1 entries): its tensors, and its op's saved state for a forward that
- * makes or writes it, a backward that reads it, a free_saved. */
-static int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
-{
-    int32_t n;
-    const int32_t *t = rkm__step_objects(g, st, 0, &n);
-    for (int32_t k = 0; k < n; k++) v[k] = t[k];
-    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_FREE_SAVED
-                       ? &g->ops[st->index] : NULL;
-    if (o && o->phantom > 0) v[n++] = (int32_t)(g->n_tensors + (size_t)st->index);
-    return n;
-}
-
 /* Whether v[j] of rkm__slot_touches(st) is written by st (a forward's
  * outputs, saved state and in-place input), not only read: an offload of
  * it may not be in flight then. */
@@ -457,8 +443,7 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
     o->out = (rkm__steps){g->ctx, NULL, 0, 0};
     o->n_slots = g->n_tensors + g->n_ops;
     size_t ns = o->n_slots;
-    for (size_t i = 0; i < g->n_ops; i++)
-        if ((size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1 > o->n_touch) o->n_touch = (size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1;
+    o->n_touch = rkm__slot_touches_max(g);
     o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
     o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
     int64_t *last = rkm__alloc(g->ctx, 2 * ns * sizeof *last);

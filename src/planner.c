@@ -896,7 +896,7 @@ static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     rkm__steps d = {pl->ctx, NULL, 0, 0};
     rkm_plan *q = NULL;
-    rkm_result r = rkm__dtr_hoist(pl->g, budget, (*p)->steps, (*p)->n_steps, &d);
+    rkm_result r = rkm__dtr_hoist(*p, budget, &d);
     if (!r && d.n) r = rkm__planned_birth(pl, &d, &q);
     else rkm__steps_free(&d);
     if (!r && q) r = rkm__dtr_fits(pl, budget, &q, NULL);

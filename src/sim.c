@@ -154,6 +154,31 @@ RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
     return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
 }
 
+/* The most slots one step touches (rkm__slot_touches). */
+RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
+{
+    size_t most = 1;
+    for (size_t i = 0; i < g->n_ops; i++)
+        if ((size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1 > most) most = (size_t)(g->ops[i].n_in + g->ops[i].n_out) + 1;
+    return most;
+}
+
+/* The slots step st reads, makes or frees, into v (at most
+ * rkm__slot_touches_max entries): its tensors, and its op's saved state
+ * for a forward that makes or writes it, a backward that reads it, a
+ * free_saved, and a copy step of it. */
+RKM_PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
+{
+    int32_t n;
+    const int32_t *t = rkm__step_objects(g, st, 0, &n);
+    for (int32_t k = 0; k < n; k++) v[k] = t[k];
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_FREE_SAVED
+                       ? &g->ops[st->index] : NULL;
+    if ((o && o->phantom > 0) || (st->kind >= RKM_STEP_OFFLOAD && st->save))
+        v[n++] = (int32_t)(g->n_tensors + (size_t)st->index);
+    return n;
+}
+
 /* The seconds a copy of `bytes` takes at bytes_per_second: the one formula
  * of the simulator and of the planners that predict it. */
 static double rkm__copy_time(const rkm_graph *g, uint64_t bytes, double bytes_per_second)
