@@ -23,8 +23,9 @@
  * plan's arena fits its budget. The planner's graph counts sizes rounded
  * up to the alignment, so the offsets are aligned.
  *
- * On a graph with a copy link (`--algo dtr` only: rockmate's search edits
- * DTR's plans as recompute-only ones), eviction has a third choice: a live
+ * On a graph with a copy link (`--algo dtr`, and rockmate's candidates
+ * beside its pass's: rkm__dtr_offloads; its search edits DTR's
+ * recompute-only plans only), eviction has a third choice: a live
  * tensor or saved state (a copy slot) whose copy to host memory, issued
  * right after its last write (behind the offloads issued before it), has
  * ended by now leaves the device at no cost to the compute stream (its

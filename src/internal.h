@@ -156,7 +156,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * thrashing eviction order would otherwise run on. */
 #define RKM_DTR_STEPS_PER_OBJECT 16
 #define RKM_DTR_STEPS_MIN 64
-/* DTR with copies (`--algo dtr` on a graph with a copy link) prices an
+/* DTR with copies (on a graph with a copy link) prices an
  * eviction to host memory at its prefetch's whole copy time (a prefetch on
  * demand), and in other runs at this share of it (the prefetch moved ahead
  * of need may hide most of it); the faster plan is kept. On
@@ -1051,7 +1051,8 @@ RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int
 RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
 RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
 
-/* dtr.c */
+/* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
+#define RKM__DTR_COPY_SETS 5
 RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft);
@@ -1072,6 +1073,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan 
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);

@@ -904,6 +904,50 @@ static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
     return r;
 }
 
+/* DTR's run with eviction score `score`, in bytes mode or not, with copy
+ * set `copies` (rkm__dtr_steps), into *out where it is faster than *out
+ * and than `bound` (a run whose clock passes either stops there: a
+ * thrashing one would run to max_steps). missed as in rkm__dtr_plan. */
+static rkm_result rkm__dtr_one(rkm_planner *pl, uint64_t budget, int score, int bytes, int copies, double bound,
+                               rkm_plan **out, rkm_plan **missed)
+{
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__dtr_steps(pl->g, budget, score, bytes, copies, *out ? fmin(bound, (*out)->stats.time) : bound, &d);
+    if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
+    if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
+    if (!r && p && p->stats.offloads) r = rkm__dtr_ahead(pl, budget, &p);
+    if (p && !(p->stats.time < bound)) {
+        rkm_plan_destroy(p);
+        p = NULL;
+    }
+    *out = rkm__faster(*out, p);
+    return r;
+}
+
+/* DTR's runs with copy sets from..to - 1 (0: recompute-only), each
+ * score on the allocator, then in bytes mode unless `first`; into *out
+ * the fastest under `bound`, or NULL. first: stop at the first plan. On
+ * an error, nothing. */
+static rkm_result rkm__dtr_runs(rkm_planner *pl, uint64_t budget, int first, int from, int to, double bound,
+                                rkm_plan **out, rkm_plan **missed)
+{
+    rkm_result r = RKM_OK;
+    int runs = (first ? 1 : 2) * RKM__DTR_SCORES;
+    *out = NULL;
+    for (int k = from * runs; k < to * runs && !r && !(first && *out) && (k == from * runs || !rkm__over(pl)); k++)
+        r = rkm__dtr_one(pl, budget, k % RKM__DTR_SCORES, k % runs >= RKM__DTR_SCORES, k / runs, bound, out, missed);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+        if (missed) {
+            rkm_plan_destroy(*missed);
+            *missed = NULL;
+        }
+    }
+    return r;
+}
+
 /* The fastest of DTR's plans for exactly `budget` (one per eviction score
  * on the allocator, then in bytes mode where the layout fits; for `--algo
  * dtr` on a graph with a copy link, all of those again four times with
@@ -914,31 +958,26 @@ static rkm_result rkm__dtr_ahead(rkm_planner *pl, uint64_t budget, rkm_plan **p)
  * the fastest bytes-mode plan whose layout did not fit, or NULL. */
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
+    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? RKM__DTR_COPY_SETS : 1;
+    return rkm__dtr_runs(pl, budget, first, 0, sets, INFINITY, out, missed);
+}
+
+/* DTR's plans with copies only (rockmate's candidates on a graph with a
+ * link: its recompute-only ones are among its starts), the fastest under
+ * `bound`, as the host gets it (rkm__planner_handout) where its arena
+ * fits, into *out; else NULL. */
+RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+{
     *out = NULL;
-    rkm_result r = RKM_OK;
-    int runs = (first ? 1 : 2) * RKM__DTR_SCORES;
-    int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? 5 : 1; /* copies 0..4 */
-    for (int k = 0; k < sets * runs && !r && !(first && *out) && (k == 0 || !rkm__over(pl)); k++) {
-        rkm__steps d = {pl->ctx, NULL, 0, 0};
-        rkm_plan *p = NULL;
-        int bytes = k % runs >= RKM__DTR_SCORES;
-        /* a score whose compute passes the best plan's time stops there (a
-         * thrashing one would run to max_steps) */
-        r = rkm__dtr_steps(pl->g, budget, k % RKM__DTR_SCORES, bytes, k / runs, *out ? (*out)->stats.time : INFINITY, &d);
-        if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
-        if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
-        if (!r && p && p->stats.offloads) r = rkm__dtr_ahead(pl, budget, &p);
-        *out = rkm__faster(*out, p);
-    }
-    if (r) {
+    if (!rkm__dtr_affordable(pl) || !(pl->g->copy.d2h_bytes_per_second > 0)) return RKM_OK;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__dtr_runs(pl, budget, 0, 1, RKM__DTR_COPY_SETS, bound, &p, NULL);
+    if (r || !p || (r = rkm__planner_handout(pl, p, out))) return r;
+    if ((*out)->stats.arena_bytes > budget) {
         rkm_plan_destroy(*out);
         *out = NULL;
-        if (missed) {
-            rkm_plan_destroy(*missed);
-            *missed = NULL;
-        }
     }
-    return r;
+    return RKM_OK;
 }
 
 /* DTR's plan for `budget`, else for its smallest budget where that is
