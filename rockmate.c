@@ -193,8 +193,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * demand), and in other runs at this share of it (the prefetch moved ahead
  * of need may hide most of it); the faster plan is kept. On
  * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
- * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. */
-#define RKM_DTR_AHEAD_PRICE 0.25
+ * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. The
+ * chain DP's twins (block inputs in host memory) price their prefetch so
+ * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s,
+ * at a quarter and at 1/20 the same plans. */
+#define RKM_PREFETCH_PRICE 0.25
 
 /* ---- the search (search.c): one work budget a solve ---- */
 
@@ -771,6 +774,23 @@ typedef struct rkm__ilp_out {
  *   option k:      F_k(a), Opt(a+1, b, m - in_a - kept_k), B_k(a)
  *   checkpoint j:  no-save forward a..j-1 (x_{t-1} freed after block t > a),
  *                  Opt(j, b, m - in_a), free x_{j-1}, Opt(a, j-1, m)
+ * On a chain with a copy link (to_host, from_host of block a > 0), each has
+ * a twin where x_{a-1} waits in host memory instead of taking in_a slots
+ * from the segment after it (Beaumont, Eyraud-Dubois, Shilova, NeurIPS
+ * 2021, for chains):
+ *   option k:      offload x_{a-1}, F_k(a), wait, free x_{a-1},
+ *                  Opt(a+1, b, m - kept_k), prefetch x_{a-1}, wait, B_k(a)
+ *   checkpoint j:  offload x_{a-1}, no-save forward a..j-1, wait, free
+ *                  x_{a-1}, Opt(j, b, m), free x_{j-1}, prefetch x_{a-1},
+ *                  wait, Opt(a, j-1, m)
+ * The offload hides behind the forward it is issued before; what it does
+ * not is waited for, and the prefetch is waited for whole, so every copy
+ * ends before the segment that follows it starts: the copy streams are
+ * idle at each segment's start, and the twin's time is exactly its
+ * forward, backward and segments plus max(0, to_host - forward) +
+ * from_host (the planner then moves prefetches ahead where the budget
+ * lets them hide: rkm__dtr_hoist). A twin with no segment after it (option
+ * k at a == b) frees nothing and is left out.
  * Ties (exactly equal times) go to the first candidate in this order:
  * options in their given order, then checkpoints by increasing j.
  * Infeasible cells have cost INFINITY and decision RKM__DP_NONE; a cost of 0
@@ -792,13 +812,17 @@ typedef struct rkm__dp_block {
     double tfn;      /* time of the no-save forward */
     int32_t n_opt;
     const rkm__dp_option *opt;
+    double to_host, from_host; /* seconds to copy x_{i-1} each way; both 0: it stays on the device */
 } rkm__dp_block;
 
 enum {
     RKM__DP_FWD_OPT,    /* F_k of `block`, k = `option` */
     RKM__DP_BWD_OPT,    /* B_k of `block` (the last block's includes the loss step) */
     RKM__DP_FWD_NOSAVE, /* no-save forward of `block`: only x_block is left */
-    RKM__DP_FREE_OUT    /* free x_block, the output of `block` */
+    RKM__DP_FREE_OUT,   /* free x_block, the output of `block` */
+    RKM__DP_OFFLOAD_IN, /* start copying x_{block-1} to host memory */
+    RKM__DP_DROP_IN,    /* wait for that copy, free x_{block-1} */
+    RKM__DP_FETCH_IN    /* copy x_{block-1} back, wait for it, release the host copy */
 };
 
 typedef struct rkm__dp_op {
@@ -822,7 +846,7 @@ typedef struct rkm__dp_term {
 typedef struct rkm__dp_cand {
     rkm__dp_term x;
     int64_t cf;
-    uint16_t dec;
+    uint32_t dec;
 } rkm__dp_cand;
 
 typedef struct rkm__dp_table {
@@ -894,6 +918,8 @@ struct rkm_planner {
     rkm__dp_option *dpo;
     size_t n_dpo;
     rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
+    rkm__dp_block *off_dpb;  /* with a copy link: the chain whose block inputs may wait in host memory */
+    rkm__dp_table off_table; /* its table (chain.c's twins), built at the first solve that offloads */
     double create_seconds;
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
@@ -1097,7 +1123,10 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out);
+/* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
+ * block inputs in host memory where that is faster (a graph with a link). */
+enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
@@ -1106,6 +1135,7 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
@@ -7361,6 +7391,8 @@ RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
 /* Decisions: an option index, RKM__DP_CKPT + j, or RKM__DP_NONE. */
 #define RKM__DP_CKPT 0x8000u
 #define RKM__DP_NONE 0xFFFFu
+/* Or'ed into a decision: its twin, x_{a-1} in host memory meanwhile. */
+#define RKM__DP_OFF 0x10000u
 #define RKM__DP_MAX_OPT 0x7FFF
 #define RKM__DP_MAX_BLOCKS 0x7FFE
 /* "No m is enough"; far from overflow when a few slot counts are added. */
@@ -7402,6 +7434,19 @@ static int64_t rkm__dp_pb(const rkm__dp_block *bl, int32_t n, int32_t i, int32_t
 
 static int rkm__dp_time_ok(double t) { return isfinite(t) && t >= 0; }
 
+/* Whether block a's candidates have twins: x_{a-1} may wait in host memory. */
+static int rkm__dp_off(const rkm__dp_block *bl, int32_t a)
+{
+    return bl[a].in_sz > 0 && (bl[a].to_host > 0 || bl[a].from_host > 0);
+}
+
+/* The part of x_{a-1}'s offload that does not hide behind fwd seconds. */
+static double rkm__dp_exposed(const rkm__dp_block *b, double fwd) { return b->to_host > fwd ? b->to_host - fwd : 0; }
+
+/* What a twin adds to its candidate, whose forward takes fwd seconds: that
+ * part, and the whole prefetch. */
+static double rkm__dp_off_cost(const rkm__dp_block *b, double fwd) { return rkm__dp_exposed(b, fwd) + b->from_host; }
+
 static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32_t n)
 {
     if (!bl || n < 1 || n > RKM__DP_MAX_BLOCKS)
@@ -7412,7 +7457,8 @@ static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32
     for (int32_t i = 0; i < n; i++) {
         const rkm__dp_block *b = &bl[i];
         int bad = b->in_sz < 0 || b->g_out < 0 || b->pfn < 0 || !rkm__dp_time_ok(b->tfn) || b->n_opt < 0 ||
-                  b->n_opt > RKM__DP_MAX_OPT || (b->n_opt > 0 && !b->opt);
+                  b->n_opt > RKM__DP_MAX_OPT || (b->n_opt > 0 && !b->opt) || !rkm__dp_time_ok(b->to_host) ||
+                  !rkm__dp_time_ok(b->from_host);
         for (int32_t k = 0; !bad && k < b->n_opt; k++) {
             const rkm__dp_option *o = &b->opt[k];
             bad = o->kept < 0 || o->pf < 0 || o->pb < 0 || !rkm__dp_time_ok(o->tf) || !rkm__dp_time_ok(o->tb);
@@ -7426,6 +7472,8 @@ static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32
 /* The state of a block-level schedule being replayed. */
 typedef struct rkm__dp_state {
     uint8_t *x;      /* x[i]: x_i live */
+    uint8_t *away;   /* away[i]: x_{i-1} in host memory, off the device */
+    double *sent;    /* sent[i]: when x_{i-1}'s offload was issued, while in flight; else -1 */
     int32_t *kept;   /* kept[i]: 1 + the option whose kept state of block i is live, or 0 */
     int32_t front;   /* blocks > front have run their backward; grad(x_front) is live */
     int64_t mem, peak;
@@ -7436,19 +7484,21 @@ typedef struct rkm__dp_state {
 static void rkm__dp_state_reset(rkm__dp_state *s, int32_t n)
 {
     memset(s->x, 0, (size_t)n);
+    memset(s->away, 0, (size_t)n);
+    for (int32_t i = 0; i < n; i++) s->sent[i] = -1;
     memset(s->kept, 0, (size_t)n * sizeof *s->kept);
     s->front = n - 1;
     s->mem = s->peak = 0;
     s->time = 0;
 }
 
-static int rkm__dp_fwd_ok(const rkm__dp_state *s, int32_t i)
+static int rkm__dp_fwd_ok(const rkm__dp_state *s, int32_t n, int32_t i)
 {
     /* x_i must not exist twice, and a block with live kept state cannot run
      * forward again (its kept tensors would be made a second time). Forward
      * work on a block whose backward is done is useless; refusing it keeps
      * exhaustive searches small. */
-    return (i == 0 || s->x[i - 1]) && !s->x[i] && !s->kept[i] && s->front >= i;
+    return (i == 0 || s->x[i - 1]) && !s->x[i] && !s->kept[i] && s->front >= i && (i + 1 == n || !s->away[i + 1]);
 }
 
 /* Apply one op to s. Returns NULL and updates s (time, memory, peak), or says
@@ -7464,7 +7514,7 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     case RKM__DP_FWD_NOSAVE: {
         int save = op->kind == RKM__DP_FWD_OPT;
         if (save && (k < 0 || k >= bl[i].n_opt)) return "option out of range";
-        if (!rkm__dp_fwd_ok(s, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
+        if (!rkm__dp_fwd_ok(s, n, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
         peak = s->mem - in + (save ? rkm__dp_pf(bl, n, i, k) : rkm__dp_pfn(bl, n, i));
         mem = s->mem + out + (save ? bl[i].opt[k].kept : 0);
         t = save ? bl[i].opt[k].tf : bl[i].tfn;
@@ -7485,11 +7535,34 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     case RKM__DP_FREE_OUT:
         /* x_i is pinned while block i or block i+1 holds kept state: their
          * backward reads it and no forward may remake it meanwhile. */
-        if (!s->x[i] || s->kept[i] || (i + 1 < n && s->kept[i + 1])) return "free needs x_i live and not pinned";
+        if (!s->x[i] || s->kept[i] || (i + 1 < n && (s->kept[i + 1] || s->sent[i + 1] >= 0)))
+            return "free needs x_i live, not pinned, no copy in flight";
         peak = s->mem;
         mem = s->mem - out;
         t = 0;
         s->x[i] = 0;
+        break;
+    case RKM__DP_OFFLOAD_IN:
+        if (!rkm__dp_off(bl, i) || !s->x[i - 1] || s->sent[i] >= 0) return "offload needs a link, x_{i-1} live, no copy";
+        peak = mem = s->mem;
+        t = 0;
+        s->sent[i] = s->time;
+        break;
+    case RKM__DP_DROP_IN:
+        if (s->sent[i] < 0) return "drop needs x_{i-1}'s offload issued";
+        peak = s->mem;
+        mem = s->mem - in;
+        t = rkm__dp_exposed(&bl[i], s->time - s->sent[i]);
+        s->sent[i] = -1;
+        s->x[i - 1] = 0;
+        s->away[i] = 1;
+        break;
+    case RKM__DP_FETCH_IN:
+        if (!s->away[i]) return "fetch needs x_{i-1} in host memory";
+        peak = mem = s->mem + in;
+        t = bl[i].from_host;
+        s->x[i - 1] = 1;
+        s->away[i] = 0;
         break;
     default:
         return "unknown op kind";
@@ -7524,8 +7597,10 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
     if (r != RKM_OK) return r;
     rkm__dp_state s;
     s.x = rkm__alloc(ctx, (size_t)n);
+    s.away = rkm__alloc(ctx, (size_t)n);
+    s.sent = rkm__alloc(ctx, (size_t)n * sizeof *s.sent);
     s.kept = rkm__calloc(ctx, (size_t)n, sizeof *s.kept);
-    if (!s.x || !s.kept) {
+    if (!s.x || !s.away || !s.sent || !s.kept) {
         r = rkm__nomem(ctx, "chain DP evaluation");
         goto done;
     }
@@ -7538,14 +7613,18 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
             goto done;
         }
     }
-    if (s.front != -1 || s.mem != 0) {
-        r = rkm__err(ctx, RKM_ERROR_PLAN, "block schedule ends with backward not done or memory live");
+    int away = 0;
+    for (int32_t i = 0; i < n; i++) away |= s.away[i] || s.sent[i] >= 0;
+    if (s.front != -1 || s.mem != 0 || away) {
+        r = rkm__err(ctx, RKM_ERROR_PLAN, "block schedule ends with backward not done, memory live or a copy");
         goto done;
     }
     *time = s.time;
     *peak = s.peak;
 done:
     rkm__free(ctx, s.x, (size_t)n);
+    rkm__free(ctx, s.away, (size_t)n);
+    rkm__free(ctx, s.sent, (size_t)n * sizeof *s.sent);
     rkm__free(ctx, s.kept, (size_t)n * sizeof *s.kept);
     return r;
 }
@@ -7576,15 +7655,17 @@ static void rkm__dp_fill_lo(const rkm__dp_block *bl, int32_t n, int64_t *lo)
     for (int32_t a = n - 1; a >= 0; a--) {
         for (int32_t b = a; b < n; b++) {
             int64_t gb = bl[b].g_out, ina = bl[a].in_sz, best = RKM__DP_INF_SLOTS, need = 0;
+            int off = rkm__dp_off(bl, a); /* the twins need x_{a-1}'s slots only around the segments */
             for (int32_t k = 0; k < bl[a].n_opt; k++) {
-                int64_t st = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k));
-                if (a < b) st = rkm__dp_max(st, rkm__dp_add(lo[rkm__dp_pair(n, a + 1, b)], ina + bl[a].opt[k].kept));
-                best = rkm__dp_min(best, st);
+                int64_t st = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), kept = bl[a].opt[k].kept;
+                int64_t in = a < b ? lo[rkm__dp_pair(n, a + 1, b)] : 0;
+                best = rkm__dp_min(best, a < b ? rkm__dp_max(st, rkm__dp_add(in, ina + kept)) : st);
+                if (off && a < b) best = rkm__dp_min(best, rkm__dp_max(st, rkm__dp_add(in, kept)));
             }
             for (int32_t j = a + 1; j <= b; j++) {
                 need = rkm__dp_need(bl, n, a, b, j, need);
-                int64_t st = rkm__dp_max(need, rkm__dp_add(lo[rkm__dp_pair(n, j, b)], ina));
-                best = rkm__dp_min(best, rkm__dp_max(st, lo[rkm__dp_pair(n, a, j - 1)]));
+                int64_t in = lo[rkm__dp_pair(n, j, b)], st = rkm__dp_max(need, lo[rkm__dp_pair(n, a, j - 1)]);
+                best = rkm__dp_min(best, rkm__dp_max(st, rkm__dp_add(in, off ? 0 : ina)));
             }
             lo[rkm__dp_pair(n, a, b)] = best;
         }
@@ -7606,39 +7687,52 @@ RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *
     return RKM_OK;
 }
 
+/* Candidate x of decision dec, constant from cf, into t->cands if it is
+ * feasible at all. */
+static void rkm__dp_cand_add(rkm__dp_table *t, size_t *nc, rkm__dp_term x, int64_t cf, uint32_t dec)
+{
+    if (x.start <= t->M) t->cands[(*nc)++] = (rkm__dp_cand){x, rkm__dp_max(cf, x.start), dec};
+}
+
 /* The feasible candidates of pair (a, b) into t->cands, in tie-breaking
- * order (they read lo and hi of shorter pairs only). */
+ * order, each followed by its twin where it has one (they read lo and hi
+ * of shorter pairs only). */
 static size_t rkm__dp_cands(rkm__dp_table *t, int32_t a, int32_t b)
 {
     const rkm__dp_block *bl = t->bl;
     int32_t n = t->n;
     int64_t gb = bl[b].g_out, ina = bl[a].in_sz, need = 0;
+    int off = rkm__dp_off(bl, a);
     size_t nc = 0;
     for (int32_t k = 0; k < bl[a].n_opt; k++) {
-        int64_t start = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), cf = 0;
-        int64_t sh = ina + bl[a].opt[k].kept;
-        uint32_t p1 = RKM__DP_NOROW;
-        if (a < b) {
-            p1 = (uint32_t)rkm__dp_pair(n, a + 1, b);
-            start = rkm__dp_max(start, rkm__dp_add(t->lo[p1], sh));
-            cf = rkm__dp_add(t->hi[p1], sh);
+        const rkm__dp_option *o = &bl[a].opt[k];
+        int64_t start = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k));
+        if (a == b) {
+            rkm__dp_cand_add(t, &nc, (rkm__dp_term){o->tf + o->tb, (int32_t)rkm__dp_min(start, INT32_MAX), 0, RKM__DP_NOROW, RKM__DP_NOROW}, 0, (uint32_t)k);
+            continue;
         }
-        if (start > t->M) continue;
-        /* start <= M bounds sh when p1 is used */
-        rkm__dp_term x = {bl[a].opt[k].tf + bl[a].opt[k].tb, (int32_t)start, p1 == RKM__DP_NOROW ? 0 : (int32_t)sh,
-                          p1, RKM__DP_NOROW};
-        t->cands[nc++] = (rkm__dp_cand){x, rkm__dp_max(cf, start), (uint16_t)k};
+        uint32_t p1 = (uint32_t)rkm__dp_pair(n, a + 1, b);
+        for (int twin = 0; twin <= off; twin++) {
+            int64_t sh = (twin ? 0 : ina) + o->kept, st = rkm__dp_max(start, rkm__dp_add(t->lo[p1], sh));
+            /* st <= M bounds sh when the candidate is kept */
+            double base = o->tf + o->tb + (twin ? rkm__dp_off_cost(&bl[a], o->tf) : 0);
+            rkm__dp_term x = {base, (int32_t)rkm__dp_min(st, INT32_MAX), (int32_t)rkm__dp_min(sh, INT32_MAX), p1, RKM__DP_NOROW};
+            rkm__dp_cand_add(t, &nc, x, rkm__dp_add(t->hi[p1], sh), (uint32_t)k | (twin ? RKM__DP_OFF : 0));
+        }
     }
     double tsum = 0;
     for (int32_t j = a + 1; j <= b; j++) {
         need = rkm__dp_need(bl, n, a, b, j, need);
         tsum += bl[j - 1].tfn;
         uint32_t p1 = (uint32_t)rkm__dp_pair(n, j, b), p2 = (uint32_t)rkm__dp_pair(n, a, j - 1);
-        int64_t start = rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], ina), t->lo[p2]));
-        if (start > t->M) continue;
-        rkm__dp_term x = {tsum, (int32_t)start, (int32_t)ina, p1, p2};
-        int64_t cf = rkm__dp_max(start, rkm__dp_max(rkm__dp_add(t->hi[p1], ina), t->hi[p2]));
-        t->cands[nc++] = (rkm__dp_cand){x, cf, (uint16_t)(RKM__DP_CKPT + (unsigned)j)};
+        for (int twin = 0; twin <= off; twin++) {
+            int64_t sh = twin ? 0 : ina;
+            int64_t start = rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], sh), t->lo[p2]));
+            int64_t cf = rkm__dp_max(rkm__dp_add(t->hi[p1], sh), t->hi[p2]);
+            double base = tsum + (twin ? rkm__dp_off_cost(&bl[a], tsum) : 0);
+            rkm__dp_term x = {base, (int32_t)rkm__dp_min(start, INT32_MAX), (int32_t)sh, p1, p2};
+            rkm__dp_cand_add(t, &nc, x, cf, (RKM__DP_CKPT + (uint32_t)j) | (twin ? RKM__DP_OFF : 0));
+        }
     }
     return nc;
 }
@@ -7788,10 +7882,13 @@ static int rkm__dp_prepare(rkm_context *ctx, rkm__dp_table *t)
 
 RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
 {
-    int32_t max_opt = 0;
-    for (int32_t i = 0; i < n; i++) max_opt = bl[i].n_opt > max_opt ? bl[i].n_opt : max_opt;
+    int32_t max_opt = 0, twins = 0;
+    for (int32_t i = 0; i < n; i++) {
+        max_opt = bl[i].n_opt > max_opt ? bl[i].n_opt : max_opt;
+        twins |= rkm__dp_off(bl, i);
+    }
     double dn = (double)n, pairs = dn * (dn + 1) / 2;
-    double terms = pairs * max_opt + dn * (dn * dn - 1) / 6;
+    double terms = (pairs * max_opt + dn * (dn * dn - 1) / 6) * (twins ? 2 : 1);
     return pairs * ((double)(M + 1) * sizeof(double) + 24) + 2 * terms * sizeof(rkm__dp_term);
 }
 
@@ -7820,7 +7917,7 @@ RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, 
     t->n = n;
     t->M = M;
     t->row = row;
-    t->n_cands = max_opt + (size_t)n;
+    t->n_cands = 2 * (max_opt + (size_t)n); /* each may have a twin */
     t->cost = rkm__alloc(ctx, pairs * row * sizeof *t->cost);
     t->lo = rkm__alloc(ctx, pairs * sizeof *t->lo);
     t->hi = rkm__alloc(ctx, pairs * sizeof *t->hi);
@@ -7858,7 +7955,8 @@ RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int
 }
 
 /* The decision of cell (a, b, m): the first candidate, in tie-breaking order,
- * whose cost is the cell's (an option k, RKM__DP_CKPT + j), or RKM__DP_NONE
+ * whose cost is the cell's (an option k, RKM__DP_CKPT + j, either or'ed
+ * with RKM__DP_OFF for its twin), or RKM__DP_NONE
  * when infeasible. Found again rather than stored: the solve's loops then
  * only take minima, and a table takes 8 bytes a cell. */
 static unsigned rkm__dp_decision(rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
@@ -7890,27 +7988,37 @@ static int rkm__dp_push(rkm_context *ctx, rkm__dp_stack *s, int32_t kind, int32_
     return 1;
 }
 
+/* A twin's copy op of block a, where the decision is a twin (off). */
+static int rkm__dp_twin(rkm_context *ctx, rkm__dp_stack *s, unsigned off, int32_t kind, int32_t a)
+{
+    return !off || rkm__dp_push(ctx, s, kind, a, -1, 0);
+}
+
 /* Push the work of cell (a, b, m) in reverse order of execution. */
 static int rkm__dp_expand(rkm_context *ctx, rkm__dp_table *t, rkm__dp_stack *s, rkm__dp_task seg)
 {
     const rkm__dp_block *bl = t->bl;
     int32_t a = seg.a, b = seg.b, m = seg.m;
-    unsigned d = rkm__dp_decision(t, a, b, m);
+    unsigned d = rkm__dp_decision(t, a, b, m), off = d != RKM__DP_NONE && (d & RKM__DP_OFF);
+    int32_t in = off ? 0 : bl[a].in_sz;
+    d &= ~RKM__DP_OFF;
     if (d < RKM__DP_CKPT) {
         int32_t k = (int32_t)d;
-        return rkm__dp_push(ctx, s, RKM__DP_BWD_OPT, a, k, 0) &&
-               (a == b || rkm__dp_push(ctx, s, -1, a + 1, b, m - bl[a].in_sz - bl[a].opt[k].kept)) &&
-               rkm__dp_push(ctx, s, RKM__DP_FWD_OPT, a, k, 0);
+        return rkm__dp_push(ctx, s, RKM__DP_BWD_OPT, a, k, 0) && rkm__dp_twin(ctx, s, off, RKM__DP_FETCH_IN, a) &&
+               (a == b || rkm__dp_push(ctx, s, -1, a + 1, b, m - in - bl[a].opt[k].kept)) &&
+               rkm__dp_twin(ctx, s, off, RKM__DP_DROP_IN, a) && rkm__dp_push(ctx, s, RKM__DP_FWD_OPT, a, k, 0) &&
+               rkm__dp_twin(ctx, s, off, RKM__DP_OFFLOAD_IN, a);
     }
     int32_t j = (int32_t)(d - RKM__DP_CKPT);
-    if (!rkm__dp_push(ctx, s, -1, a, j - 1, m) || !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, j - 1, -1, 0) ||
-        !rkm__dp_push(ctx, s, -1, j, b, m - bl[a].in_sz))
+    if (!rkm__dp_push(ctx, s, -1, a, j - 1, m) || !rkm__dp_twin(ctx, s, off, RKM__DP_FETCH_IN, a) ||
+        !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, j - 1, -1, 0) || !rkm__dp_push(ctx, s, -1, j, b, m - in) ||
+        !rkm__dp_twin(ctx, s, off, RKM__DP_DROP_IN, a))
         return 0;
     for (int32_t i = j - 1; i >= a; i--)
         if ((i > a && !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, i - 1, -1, 0)) ||
             !rkm__dp_push(ctx, s, RKM__DP_FWD_NOSAVE, i, -1, 0))
             return 0;
-    return 1;
+    return rkm__dp_twin(ctx, s, off, RKM__DP_OFFLOAD_IN, a);
 }
 
 /* The schedule of Opt(1, n, m) from a table solved with M >= m, appended to
@@ -8016,7 +8124,7 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * write, where all of them still end by their waits (rkm__dtr_off_place):
  * the stream's idle time early on serves the later evictions. A prefetch
  * is on demand here, waited for at once (its wait priced whole, or at
- * RKM_DTR_AHEAD_PRICE of it); rkm__dtr_hoist then moves the plan's
+ * RKM_PREFETCH_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
  * rkm__dtr_plan keeps the fastest of DTR recompute-only and these, at
  * either price, with saved states sent to host memory too or not (each
@@ -8593,7 +8701,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     memset(d, 0, sizeof *d);
     d->g = g;
     d->copies = copies && g->copy.d2h_bytes_per_second > 0;
-    d->price = copies % 2 ? 1 : RKM_DTR_AHEAD_PRICE;
+    d->price = copies % 2 ? 1 : RKM_PREFETCH_PRICE;
     d->saved = copies <= 2;
     d->budget = budget;
     d->bytes_mode = bytes_mode;
@@ -8747,7 +8855,7 @@ static int rkm__dtr_merge(rkm__dtr *d)
 
 /* DTR's steps for `budget` with eviction score `score` into *draft (with
  * copies where the graph has a link and `copies` is 1..4: the prefetch
- * priced whole where it is odd, else at RKM_DTR_AHEAD_PRICE; saved states
+ * priced whole where it is odd, else at RKM_PREFETCH_PRICE; saved states
  * sent to host memory too at 1 and 2, tensors only at 3 and 4);
  * draft->n == 0 when it cannot meet the budget. */
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
@@ -8875,6 +8983,7 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
     int ok = 1;
     for (size_t i = 0; i < n && ok; i++) {
         const rkm__bopts *bo = &pl->bo[ops[i].block];
+        int32_t in = g->blocks[ops[i].block].in; /* x_{block-1} */
         const rkm_step *s = NULL;
         size_t m = 0;
         switch (ops[i].kind) {
@@ -8884,6 +8993,12 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
             break;
         case RKM__DP_FWD_NOSAVE: s = bo->nosave, m = bo->n_nosave; break;
         case RKM__DP_FREE_OUT: ok = rkm__steps_push(p, RKM_STEP_FREE, g->blocks[ops[i].block].out, 0); break;
+        case RKM__DP_OFFLOAD_IN: ok = rkm__steps_push(p, RKM_STEP_OFFLOAD, in, 0); break;
+        case RKM__DP_DROP_IN: ok = rkm__steps_push(p, RKM_STEP_WAIT, in, 0) && rkm__steps_push(p, RKM_STEP_FREE, in, 0); break;
+        case RKM__DP_FETCH_IN:
+            ok = rkm__steps_push(p, RKM_STEP_PREFETCH, in, 0) && rkm__steps_push(p, RKM_STEP_WAIT, in, 0) &&
+                 rkm__steps_push(p, RKM_STEP_FREE_HOST, in, 0);
+            break;
         }
         for (size_t k = 0; k < m && ok; k++) ok = rkm__steps_push(p, s[k].kind, s[k].index, s[k].save);
     }
@@ -9183,6 +9298,8 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm__free(pl->ctx, pl->dpb, (size_t)pl->g->n_blocks * sizeof *pl->dpb);
     rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
     rkm__dp_table_free(pl->ctx, &pl->table);
+    rkm__free(pl->ctx, pl->off_dpb, (size_t)pl->g->n_blocks * sizeof *pl->off_dpb);
+    rkm__dp_table_free(pl->ctx, &pl->off_table);
     rkm_plan_destroy(pl->min_plan);
     rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
@@ -9490,36 +9607,39 @@ static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, r
     return r;
 }
 
-/* The chain DP's block-level schedule for m slots into ops, or ops empty
- * when it has none. */
-static rkm_result rkm__chain_ops(rkm_planner *pl, int sqrt_rule, int64_t m, rkm__dp_ops *ops)
+/* The chain's block-level schedule (rule: RKM__CHAIN_*) for m slots into
+ * ops, or ops empty when it has none. */
+static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_ops *ops)
 {
     const rkm_graph *g = pl->g;
-    if (sqrt_rule) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
-    if (!pl->table.n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
-    double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
+    if (rule == RKM__CHAIN_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    rkm__dp_table *tb = rule == RKM__CHAIN_OFF ? &pl->off_table : &pl->table;
+    const rkm__dp_block *bl = rule == RKM__CHAIN_OFF ? pl->off_dpb : pl->dpb;
+    if (!tb->n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
+    if (m > tb->M) m = tb->M;
+    double opt = rkm__dp_opt(tb, 0, g->n_blocks - 1, (int32_t)m), t = 0;
     int64_t peak = 0;
     if (!isfinite(opt)) return RKM_OK;
-    rkm_result r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, ops);
+    rkm_result r = rkm__dp_schedule(pl->ctx, tb, (int32_t)m, ops);
     /* The block-level schedule must be the DP's own answer (its time is
      * summed in another order, hence the relative tolerance). */
-    if (!r) r = rkm__dp_eval(pl->ctx, pl->dpb, g->n_blocks, ops, &t, &peak);
+    if (!r) r = rkm__dp_eval(pl->ctx, bl, g->n_blocks, ops, &t, &peak);
     if (!r && (fabs(t - opt) > 1e-9 * opt || peak > (int64_t)m))
         r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: chain DP schedule takes %g s and %lld slots, not %g s in %llu",
                      t, (long long)peak, opt, (unsigned long long)m);
     return r;
 }
 
-/* The chain's plan for `budget` (sqrt_rule: sqrt's fixed checkpoints, else
- * the DP's), or *out NULL when it has none. */
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out)
+/* The chain's plan for `budget` (rule: RKM__CHAIN_*), or *out NULL when it
+ * has none. */
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
     if (m < 0) return RKM_OK;
     rkm__dp_ops ops = {NULL, 0, 0};
     rkm__steps d = {pl->ctx, NULL, 0, 0};
-    rkm_result r = rkm__chain_ops(pl, sqrt_rule, m, &ops);
+    rkm_result r = rkm__chain_ops(pl, rule, m, &ops);
     if (!r && ops.n) r = rkm__draft_from_ops(pl, &ops, &d);
     rkm__dp_ops_free(pl->ctx, &ops);
     if (!r && d.n) r = rkm__planned_birth(pl, &d, out);
@@ -9541,7 +9661,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
         for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl); k++) {
             rkm_plan *p;
-            r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+            r = rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, k), &p);
             if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
                 pl->chain_floor = p->stats.peak;
                 pl->chain_floor_slots = k;
@@ -9560,11 +9680,11 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
  * reported floor up has a plan. */
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    rkm_result r = rkm__solve_chain(pl, 0, budget, out);
+    rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_DP, budget, out);
     uint64_t floor;
     int64_t slots;
     if (r || *out || (r = rkm__chain_floor(pl, &floor, &slots)) || !floor || budget < floor) return r;
-    return rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
+    return rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, slots), out);
 }
 
 /* The fastest of the chain DP's plans for the RKM__SLOTS_UP slot budgets
@@ -9585,7 +9705,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
         if (!(opt < last)) continue;
         last = opt;
         rkm_plan *p = NULL;
-        r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+        r = rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, k), &p);
         if (p && (p->stats.peak > budget || !(p->stats.time < own->stats.time))) {
             rkm_plan_destroy(p);
             p = NULL;
@@ -9661,6 +9781,19 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
         if (!r && missed) *missed = rkm__faster(*missed, *p);
         else rkm_plan_destroy(*p);
         *p = NULL;
+    }
+    return r;
+}
+
+/* Plan p (taken) as the host gets it into *out where its arena fits the
+ * budget; else *out NULL and *arena (if not NULL) that arena. */
+static rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
+{
+    rkm_result r = rkm__planner_handout(pl, p, out);
+    if (!r && (*out)->stats.arena_bytes > budget) {
+        if (arena) *arena = (*out)->stats.arena_bytes;
+        rkm_plan_destroy(*out);
+        *out = NULL;
     }
     return r;
 }
@@ -9748,12 +9881,92 @@ RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, doubl
     if (!rkm__dtr_affordable(pl) || !(pl->g->copy.d2h_bytes_per_second > 0)) return RKM_OK;
     rkm_plan *p = NULL;
     rkm_result r = rkm__dtr_runs(pl, budget, 0, 1, RKM__DTR_COPY_SETS, bound, &p, NULL);
-    if (r || !p || (r = rkm__planner_handout(pl, p, out))) return r;
-    if ((*out)->stats.arena_bytes > budget) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
+    return r || !p ? r : rkm__handout_within(pl, p, budget, out, NULL);
+}
+
+/* The chain with its block inputs free to wait in host memory (chain.c's
+ * twins, the prefetch priced at RKM_PREFETCH_PRICE of its copy: the plan's
+ * prefetches are moved ahead after, where they hide) and its table for m
+ * slots at least: made at the first solve that offloads, again for more
+ * slots (a column depends on those before it only, so a table for fewer
+ * slots holds the same values: no plan depends on the order of the
+ * calls). A table cut by the deadline is not kept (a later call would plan
+ * on the clock's table without being cut). */
+static rkm_result rkm__chain_off(rkm_planner *pl, int64_t m)
+{
+    const rkm_graph *g = pl->g;
+    size_t n = (size_t)g->n_blocks;
+    if ((pl->off_table.n && pl->off_table.M >= m) || !pl->table.n || m < 0) return RKM_OK;
+    if (!pl->off_dpb) {
+        if (!(pl->off_dpb = rkm__alloc(pl->ctx, n * sizeof *pl->off_dpb))) return rkm__nomem(pl->ctx, "chain DP");
+        for (size_t b = 0; b < n; b++) {
+            rkm__dp_block *x = &pl->off_dpb[b];
+            int32_t in = g->blocks[b].in;
+            *x = pl->dpb[b];
+            if (in < 0 || !x->in_sz || (g->tensors[in].flags & RKM_TENSOR_INPUT)) continue;
+            x->to_host = rkm__copy_seconds(g, in, g->copy.d2h_bytes_per_second);
+            x->from_host = rkm__copy_seconds(g, in, g->copy.h2d_bytes_per_second) * RKM_PREFETCH_PRICE;
+        }
     }
-    return RKM_OK;
+    rkm__dp_table_free(pl->ctx, &pl->off_table);
+    if (rkm__dp_bytes(pl->off_dpb, (int32_t)n, (int32_t)m) > RKM_DP_MAX_BYTES) return RKM_OK;
+    int cut;
+    rkm_result r = rkm__dp_solve(pl->ctx, pl->off_dpb, (int32_t)n, (int32_t)m, rkm__over(pl) ? -INFINITY : pl->deadline,
+                                 &pl->off_table, &cut);
+    if (!r && cut) rkm__dp_table_free(pl->ctx, &pl->off_table);
+    pl->cut |= cut;
+    return r;
+}
+
+/* What no chain plan with twins in m slots beats: the plain chain DP's
+ * time in m + S slots, S every block input's (without its copies a twin
+ * schedule is a plain one that holds at most S more), or where the table
+ * does not reach there, the sum of each block's fastest option. */
+static double rkm__chain_off_floor(const rkm_planner *pl, int64_t m)
+{
+    const rkm_graph *g = pl->g;
+    double least = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) {
+        double f = INFINITY;
+        for (int32_t k = 0; k < pl->dpb[b].n_opt; k++) f = fmin(f, pl->dpb[b].opt[k].tf + pl->dpb[b].opt[k].tb);
+        least += f;
+        m += pl->dpb[b].in_sz;
+    }
+    return m <= pl->table.M ? rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m) : least;
+}
+
+/* The chain DP's plan for `budget` with block inputs in host memory where
+ * that is faster (chain.c's twins: each copy waited for before the segment
+ * after it), where it has any, its prefetches then moved ahead where they
+ * hide and the layout fits (rkm__dtr_ahead), as the host gets it; where
+ * its arena misses the budget, the plan for that much less,
+ * RKM_LAYOUT_TRIES times at most. *out NULL where none fits, or where no
+ * such plan can be faster than `bound` (rkm__chain_off_floor: on
+ * gpt2-xl-b4-t1024 with 25 GB/s the table took 0.11..0.14 s at 50..90 %,
+ * where the pass's plans are within that floor). */
+RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+{
+    *out = NULL;
+    int64_t m = rkm__budget_slots(pl, budget);
+    if (!(pl->g->copy.d2h_bytes_per_second > 0) || !pl->table.n || m < 0 || rkm__chain_off_floor(pl, m) >= bound)
+        return RKM_OK;
+    rkm_result r = rkm__chain_off(pl, m);
+    uint64_t target = budget, arena = 0;
+    for (int k = 0; k < RKM_LAYOUT_TRIES && !r && !*out && pl->off_table.n && (k == 0 || !rkm__over(pl)); k++) {
+        rkm_plan *p = NULL;
+        if (k > 0 && target <= arena - budget) break;
+        if (k > 0) target -= arena - budget;
+        r = rkm__solve_chain(pl, RKM__CHAIN_OFF, target, &p);
+        if (!r && p && !p->stats.offloads) { /* the chain DP's own plan: rockmate's search starts there */
+            rkm_plan_destroy(p);
+            break;
+        }
+        if (!r && p) r = rkm__dtr_ahead(pl, budget, &p);
+        if (r) rkm_plan_destroy(p); /* rkm__dtr_ahead keeps it on an error */
+        if (r || !p) break;
+        r = rkm__handout_within(pl, p, budget, out, &arena);
+    }
+    return r;
 }
 
 /* DTR's plan for `budget`, else for its smallest budget where that is
@@ -9797,7 +10010,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
     if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
     if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
-        rkm_result r = rkm__solve_chain(pl, 1, budget, out);
+        rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
         return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
     }
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
@@ -9994,7 +10207,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
      * floor too (in place, it can peak below the chain DP's) */
     if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
+        if (!(r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
         rkm_plan_destroy(p);
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
@@ -11425,13 +11638,13 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
     *out = NULL;
     if (i < 0) {
         rkm_result r = rkm__chain_floor(pl, &floor, &slots);
-        return r || !floor || floor <= budget ? r : rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
+        return r || !floor || floor <= budget ? r : rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, slots), out);
     }
     int dtr = i >= RKM_SQUEEZE_STARTS;
     double b = (double)budget * (1 + RKM_SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM_SQUEEZE_STARTS : i)));
     uint64_t at = b >= 0x1p64 ? UINT64_MAX : (uint64_t)b;
     if (dtr && !rkm__dtr_affordable(pl)) return RKM_OK;
-    return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, 0, at, out);
+    return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, RKM__CHAIN_DP, at, out);
 }
 
 /* The fastest plan within `budget` that the squeeze makes from its starts,
@@ -11577,7 +11790,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
-    case RKM__START_SQRT: return rkm__solve_chain(pl, 1, budget, &p[k]);
+    case RKM__START_SQRT: return rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, &p[k]);
     case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min || pl->fitting_base ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
@@ -12399,11 +12612,12 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * of 20 M). Where none of those gives a plan either, below the floor, the
  * plan that meets the floor (the smallest budget's, found once per planner):
  * what its peak steps hold besides their own needs (a chain's checkpoint)
- * can wait in host memory. Last, DTR's plans with copies, each run stopped
- * where its clock passes the fastest so far: a greedy eviction that sends
- * tensors to host memory as it goes can beat offloading a plan made
- * without copies (gpt2-124M-b4-t64 at 50 % with 450 GB/s: 12.65 % overhead
- * against the pass's 16.64 %). */
+ * can wait in host memory. Last, two planners that choose copies as they
+ * go, which can beat offloading a plan made without them: DTR's plans with
+ * copies, each run stopped where its clock passes the fastest so far
+ * (gpt2-124M-b4-t64 at 50 % with 450 GB/s: 12.65 % overhead against the
+ * pass's 16.64 %), and the chain DP with block inputs in host memory
+ * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
@@ -12442,9 +12656,11 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     if (!r && !*p && !q && !(r = rkm__min_budget_get(pl, &min)) && pl->min_plan && budget < min)
         r = rkm__offload_exposed(pl, pl->min_plan, budget, &q); /* below the floor: offload what its peak holds */
     *p = rkm__faster(*p, rkm__faster(q, x));
-    rkm_plan *d = NULL;
+    rkm_plan *d = NULL, *c = NULL;
     if (!r) r = rkm__dtr_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &d);
     *p = rkm__faster(*p, d);
+    if (!r) r = rkm__chain_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &c);
+    *p = rkm__faster(*p, c);
     if (r) { /* nothing half-built: the plan taken goes too */
         rkm_plan_destroy(*p);
         *p = NULL;

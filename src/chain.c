@@ -6,6 +6,8 @@
 /* Decisions: an option index, RKM__DP_CKPT + j, or RKM__DP_NONE. */
 #define RKM__DP_CKPT 0x8000u
 #define RKM__DP_NONE 0xFFFFu
+/* Or'ed into a decision: its twin, x_{a-1} in host memory meanwhile. */
+#define RKM__DP_OFF 0x10000u
 #define RKM__DP_MAX_OPT 0x7FFF
 #define RKM__DP_MAX_BLOCKS 0x7FFE
 /* "No m is enough"; far from overflow when a few slot counts are added. */
@@ -47,6 +49,19 @@ static int64_t rkm__dp_pb(const rkm__dp_block *bl, int32_t n, int32_t i, int32_t
 
 static int rkm__dp_time_ok(double t) { return isfinite(t) && t >= 0; }
 
+/* Whether block a's candidates have twins: x_{a-1} may wait in host memory. */
+static int rkm__dp_off(const rkm__dp_block *bl, int32_t a)
+{
+    return bl[a].in_sz > 0 && (bl[a].to_host > 0 || bl[a].from_host > 0);
+}
+
+/* The part of x_{a-1}'s offload that does not hide behind fwd seconds. */
+static double rkm__dp_exposed(const rkm__dp_block *b, double fwd) { return b->to_host > fwd ? b->to_host - fwd : 0; }
+
+/* What a twin adds to its candidate, whose forward takes fwd seconds: that
+ * part, and the whole prefetch. */
+static double rkm__dp_off_cost(const rkm__dp_block *b, double fwd) { return rkm__dp_exposed(b, fwd) + b->from_host; }
+
 static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32_t n)
 {
     if (!bl || n < 1 || n > RKM__DP_MAX_BLOCKS)
@@ -57,7 +72,8 @@ static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32
     for (int32_t i = 0; i < n; i++) {
         const rkm__dp_block *b = &bl[i];
         int bad = b->in_sz < 0 || b->g_out < 0 || b->pfn < 0 || !rkm__dp_time_ok(b->tfn) || b->n_opt < 0 ||
-                  b->n_opt > RKM__DP_MAX_OPT || (b->n_opt > 0 && !b->opt);
+                  b->n_opt > RKM__DP_MAX_OPT || (b->n_opt > 0 && !b->opt) || !rkm__dp_time_ok(b->to_host) ||
+                  !rkm__dp_time_ok(b->from_host);
         for (int32_t k = 0; !bad && k < b->n_opt; k++) {
             const rkm__dp_option *o = &b->opt[k];
             bad = o->kept < 0 || o->pf < 0 || o->pb < 0 || !rkm__dp_time_ok(o->tf) || !rkm__dp_time_ok(o->tb);
@@ -71,6 +87,8 @@ static rkm_result rkm__dp_check(rkm_context *ctx, const rkm__dp_block *bl, int32
 /* The state of a block-level schedule being replayed. */
 typedef struct rkm__dp_state {
     uint8_t *x;      /* x[i]: x_i live */
+    uint8_t *away;   /* away[i]: x_{i-1} in host memory, off the device */
+    double *sent;    /* sent[i]: when x_{i-1}'s offload was issued, while in flight; else -1 */
     int32_t *kept;   /* kept[i]: 1 + the option whose kept state of block i is live, or 0 */
     int32_t front;   /* blocks > front have run their backward; grad(x_front) is live */
     int64_t mem, peak;
@@ -81,19 +99,21 @@ typedef struct rkm__dp_state {
 static void rkm__dp_state_reset(rkm__dp_state *s, int32_t n)
 {
     memset(s->x, 0, (size_t)n);
+    memset(s->away, 0, (size_t)n);
+    for (int32_t i = 0; i < n; i++) s->sent[i] = -1;
     memset(s->kept, 0, (size_t)n * sizeof *s->kept);
     s->front = n - 1;
     s->mem = s->peak = 0;
     s->time = 0;
 }
 
-static int rkm__dp_fwd_ok(const rkm__dp_state *s, int32_t i)
+static int rkm__dp_fwd_ok(const rkm__dp_state *s, int32_t n, int32_t i)
 {
     /* x_i must not exist twice, and a block with live kept state cannot run
      * forward again (its kept tensors would be made a second time). Forward
      * work on a block whose backward is done is useless; refusing it keeps
      * exhaustive searches small. */
-    return (i == 0 || s->x[i - 1]) && !s->x[i] && !s->kept[i] && s->front >= i;
+    return (i == 0 || s->x[i - 1]) && !s->x[i] && !s->kept[i] && s->front >= i && (i + 1 == n || !s->away[i + 1]);
 }
 
 /* Apply one op to s. Returns NULL and updates s (time, memory, peak), or says
@@ -109,7 +129,7 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     case RKM__DP_FWD_NOSAVE: {
         int save = op->kind == RKM__DP_FWD_OPT;
         if (save && (k < 0 || k >= bl[i].n_opt)) return "option out of range";
-        if (!rkm__dp_fwd_ok(s, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
+        if (!rkm__dp_fwd_ok(s, n, i)) return "forward needs x_{i-1}, no x_i, no kept state, backward not done";
         peak = s->mem - in + (save ? rkm__dp_pf(bl, n, i, k) : rkm__dp_pfn(bl, n, i));
         mem = s->mem + out + (save ? bl[i].opt[k].kept : 0);
         t = save ? bl[i].opt[k].tf : bl[i].tfn;
@@ -130,11 +150,34 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     case RKM__DP_FREE_OUT:
         /* x_i is pinned while block i or block i+1 holds kept state: their
          * backward reads it and no forward may remake it meanwhile. */
-        if (!s->x[i] || s->kept[i] || (i + 1 < n && s->kept[i + 1])) return "free needs x_i live and not pinned";
+        if (!s->x[i] || s->kept[i] || (i + 1 < n && (s->kept[i + 1] || s->sent[i + 1] >= 0)))
+            return "free needs x_i live, not pinned, no copy in flight";
         peak = s->mem;
         mem = s->mem - out;
         t = 0;
         s->x[i] = 0;
+        break;
+    case RKM__DP_OFFLOAD_IN:
+        if (!rkm__dp_off(bl, i) || !s->x[i - 1] || s->sent[i] >= 0) return "offload needs a link, x_{i-1} live, no copy";
+        peak = mem = s->mem;
+        t = 0;
+        s->sent[i] = s->time;
+        break;
+    case RKM__DP_DROP_IN:
+        if (s->sent[i] < 0) return "drop needs x_{i-1}'s offload issued";
+        peak = s->mem;
+        mem = s->mem - in;
+        t = rkm__dp_exposed(&bl[i], s->time - s->sent[i]);
+        s->sent[i] = -1;
+        s->x[i - 1] = 0;
+        s->away[i] = 1;
+        break;
+    case RKM__DP_FETCH_IN:
+        if (!s->away[i]) return "fetch needs x_{i-1} in host memory";
+        peak = mem = s->mem + in;
+        t = bl[i].from_host;
+        s->x[i - 1] = 1;
+        s->away[i] = 0;
         break;
     default:
         return "unknown op kind";
@@ -169,8 +212,10 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
     if (r != RKM_OK) return r;
     rkm__dp_state s;
     s.x = rkm__alloc(ctx, (size_t)n);
+    s.away = rkm__alloc(ctx, (size_t)n);
+    s.sent = rkm__alloc(ctx, (size_t)n * sizeof *s.sent);
     s.kept = rkm__calloc(ctx, (size_t)n, sizeof *s.kept);
-    if (!s.x || !s.kept) {
+    if (!s.x || !s.away || !s.sent || !s.kept) {
         r = rkm__nomem(ctx, "chain DP evaluation");
         goto done;
     }
@@ -183,14 +228,18 @@ RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, i
             goto done;
         }
     }
-    if (s.front != -1 || s.mem != 0) {
-        r = rkm__err(ctx, RKM_ERROR_PLAN, "block schedule ends with backward not done or memory live");
+    int away = 0;
+    for (int32_t i = 0; i < n; i++) away |= s.away[i] || s.sent[i] >= 0;
+    if (s.front != -1 || s.mem != 0 || away) {
+        r = rkm__err(ctx, RKM_ERROR_PLAN, "block schedule ends with backward not done, memory live or a copy");
         goto done;
     }
     *time = s.time;
     *peak = s.peak;
 done:
     rkm__free(ctx, s.x, (size_t)n);
+    rkm__free(ctx, s.away, (size_t)n);
+    rkm__free(ctx, s.sent, (size_t)n * sizeof *s.sent);
     rkm__free(ctx, s.kept, (size_t)n * sizeof *s.kept);
     return r;
 }
@@ -221,15 +270,17 @@ static void rkm__dp_fill_lo(const rkm__dp_block *bl, int32_t n, int64_t *lo)
     for (int32_t a = n - 1; a >= 0; a--) {
         for (int32_t b = a; b < n; b++) {
             int64_t gb = bl[b].g_out, ina = bl[a].in_sz, best = RKM__DP_INF_SLOTS, need = 0;
+            int off = rkm__dp_off(bl, a); /* the twins need x_{a-1}'s slots only around the segments */
             for (int32_t k = 0; k < bl[a].n_opt; k++) {
-                int64_t st = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k));
-                if (a < b) st = rkm__dp_max(st, rkm__dp_add(lo[rkm__dp_pair(n, a + 1, b)], ina + bl[a].opt[k].kept));
-                best = rkm__dp_min(best, st);
+                int64_t st = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), kept = bl[a].opt[k].kept;
+                int64_t in = a < b ? lo[rkm__dp_pair(n, a + 1, b)] : 0;
+                best = rkm__dp_min(best, a < b ? rkm__dp_max(st, rkm__dp_add(in, ina + kept)) : st);
+                if (off && a < b) best = rkm__dp_min(best, rkm__dp_max(st, rkm__dp_add(in, kept)));
             }
             for (int32_t j = a + 1; j <= b; j++) {
                 need = rkm__dp_need(bl, n, a, b, j, need);
-                int64_t st = rkm__dp_max(need, rkm__dp_add(lo[rkm__dp_pair(n, j, b)], ina));
-                best = rkm__dp_min(best, rkm__dp_max(st, lo[rkm__dp_pair(n, a, j - 1)]));
+                int64_t in = lo[rkm__dp_pair(n, j, b)], st = rkm__dp_max(need, lo[rkm__dp_pair(n, a, j - 1)]);
+                best = rkm__dp_min(best, rkm__dp_max(st, rkm__dp_add(in, off ? 0 : ina)));
             }
             lo[rkm__dp_pair(n, a, b)] = best;
         }
@@ -251,39 +302,52 @@ RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *
     return RKM_OK;
 }
 
+/* Candidate x of decision dec, constant from cf, into t->cands if it is
+ * feasible at all. */
+static void rkm__dp_cand_add(rkm__dp_table *t, size_t *nc, rkm__dp_term x, int64_t cf, uint32_t dec)
+{
+    if (x.start <= t->M) t->cands[(*nc)++] = (rkm__dp_cand){x, rkm__dp_max(cf, x.start), dec};
+}
+
 /* The feasible candidates of pair (a, b) into t->cands, in tie-breaking
- * order (they read lo and hi of shorter pairs only). */
+ * order, each followed by its twin where it has one (they read lo and hi
+ * of shorter pairs only). */
 static size_t rkm__dp_cands(rkm__dp_table *t, int32_t a, int32_t b)
 {
     const rkm__dp_block *bl = t->bl;
     int32_t n = t->n;
     int64_t gb = bl[b].g_out, ina = bl[a].in_sz, need = 0;
+    int off = rkm__dp_off(bl, a);
     size_t nc = 0;
     for (int32_t k = 0; k < bl[a].n_opt; k++) {
-        int64_t start = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k)), cf = 0;
-        int64_t sh = ina + bl[a].opt[k].kept;
-        uint32_t p1 = RKM__DP_NOROW;
-        if (a < b) {
-            p1 = (uint32_t)rkm__dp_pair(n, a + 1, b);
-            start = rkm__dp_max(start, rkm__dp_add(t->lo[p1], sh));
-            cf = rkm__dp_add(t->hi[p1], sh);
+        const rkm__dp_option *o = &bl[a].opt[k];
+        int64_t start = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k));
+        if (a == b) {
+            rkm__dp_cand_add(t, &nc, (rkm__dp_term){o->tf + o->tb, (int32_t)rkm__dp_min(start, INT32_MAX), 0, RKM__DP_NOROW, RKM__DP_NOROW}, 0, (uint32_t)k);
+            continue;
         }
-        if (start > t->M) continue;
-        /* start <= M bounds sh when p1 is used */
-        rkm__dp_term x = {bl[a].opt[k].tf + bl[a].opt[k].tb, (int32_t)start, p1 == RKM__DP_NOROW ? 0 : (int32_t)sh,
-                          p1, RKM__DP_NOROW};
-        t->cands[nc++] = (rkm__dp_cand){x, rkm__dp_max(cf, start), (uint16_t)k};
+        uint32_t p1 = (uint32_t)rkm__dp_pair(n, a + 1, b);
+        for (int twin = 0; twin <= off; twin++) {
+            int64_t sh = (twin ? 0 : ina) + o->kept, st = rkm__dp_max(start, rkm__dp_add(t->lo[p1], sh));
+            /* st <= M bounds sh when the candidate is kept */
+            double base = o->tf + o->tb + (twin ? rkm__dp_off_cost(&bl[a], o->tf) : 0);
+            rkm__dp_term x = {base, (int32_t)rkm__dp_min(st, INT32_MAX), (int32_t)rkm__dp_min(sh, INT32_MAX), p1, RKM__DP_NOROW};
+            rkm__dp_cand_add(t, &nc, x, rkm__dp_add(t->hi[p1], sh), (uint32_t)k | (twin ? RKM__DP_OFF : 0));
+        }
     }
     double tsum = 0;
     for (int32_t j = a + 1; j <= b; j++) {
         need = rkm__dp_need(bl, n, a, b, j, need);
         tsum += bl[j - 1].tfn;
         uint32_t p1 = (uint32_t)rkm__dp_pair(n, j, b), p2 = (uint32_t)rkm__dp_pair(n, a, j - 1);
-        int64_t start = rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], ina), t->lo[p2]));
-        if (start > t->M) continue;
-        rkm__dp_term x = {tsum, (int32_t)start, (int32_t)ina, p1, p2};
-        int64_t cf = rkm__dp_max(start, rkm__dp_max(rkm__dp_add(t->hi[p1], ina), t->hi[p2]));
-        t->cands[nc++] = (rkm__dp_cand){x, cf, (uint16_t)(RKM__DP_CKPT + (unsigned)j)};
+        for (int twin = 0; twin <= off; twin++) {
+            int64_t sh = twin ? 0 : ina;
+            int64_t start = rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], sh), t->lo[p2]));
+            int64_t cf = rkm__dp_max(rkm__dp_add(t->hi[p1], sh), t->hi[p2]);
+            double base = tsum + (twin ? rkm__dp_off_cost(&bl[a], tsum) : 0);
+            rkm__dp_term x = {base, (int32_t)rkm__dp_min(start, INT32_MAX), (int32_t)sh, p1, p2};
+            rkm__dp_cand_add(t, &nc, x, cf, (RKM__DP_CKPT + (uint32_t)j) | (twin ? RKM__DP_OFF : 0));
+        }
     }
     return nc;
 }
@@ -433,10 +497,13 @@ static int rkm__dp_prepare(rkm_context *ctx, rkm__dp_table *t)
 
 RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
 {
-    int32_t max_opt = 0;
-    for (int32_t i = 0; i < n; i++) max_opt = bl[i].n_opt > max_opt ? bl[i].n_opt : max_opt;
+    int32_t max_opt = 0, twins = 0;
+    for (int32_t i = 0; i < n; i++) {
+        max_opt = bl[i].n_opt > max_opt ? bl[i].n_opt : max_opt;
+        twins |= rkm__dp_off(bl, i);
+    }
     double dn = (double)n, pairs = dn * (dn + 1) / 2;
-    double terms = pairs * max_opt + dn * (dn * dn - 1) / 6;
+    double terms = (pairs * max_opt + dn * (dn * dn - 1) / 6) * (twins ? 2 : 1);
     return pairs * ((double)(M + 1) * sizeof(double) + 24) + 2 * terms * sizeof(rkm__dp_term);
 }
 
@@ -465,7 +532,7 @@ RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, 
     t->n = n;
     t->M = M;
     t->row = row;
-    t->n_cands = max_opt + (size_t)n;
+    t->n_cands = 2 * (max_opt + (size_t)n); /* each may have a twin */
     t->cost = rkm__alloc(ctx, pairs * row * sizeof *t->cost);
     t->lo = rkm__alloc(ctx, pairs * sizeof *t->lo);
     t->hi = rkm__alloc(ctx, pairs * sizeof *t->hi);
@@ -503,7 +570,8 @@ RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int
 }
 
 /* The decision of cell (a, b, m): the first candidate, in tie-breaking order,
- * whose cost is the cell's (an option k, RKM__DP_CKPT + j), or RKM__DP_NONE
+ * whose cost is the cell's (an option k, RKM__DP_CKPT + j, either or'ed
+ * with RKM__DP_OFF for its twin), or RKM__DP_NONE
  * when infeasible. Found again rather than stored: the solve's loops then
  * only take minima, and a table takes 8 bytes a cell. */
 static unsigned rkm__dp_decision(rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
@@ -535,27 +603,37 @@ static int rkm__dp_push(rkm_context *ctx, rkm__dp_stack *s, int32_t kind, int32_
     return 1;
 }
 
+/* A twin's copy op of block a, where the decision is a twin (off). */
+static int rkm__dp_twin(rkm_context *ctx, rkm__dp_stack *s, unsigned off, int32_t kind, int32_t a)
+{
+    return !off || rkm__dp_push(ctx, s, kind, a, -1, 0);
+}
+
 /* Push the work of cell (a, b, m) in reverse order of execution. */
 static int rkm__dp_expand(rkm_context *ctx, rkm__dp_table *t, rkm__dp_stack *s, rkm__dp_task seg)
 {
     const rkm__dp_block *bl = t->bl;
     int32_t a = seg.a, b = seg.b, m = seg.m;
-    unsigned d = rkm__dp_decision(t, a, b, m);
+    unsigned d = rkm__dp_decision(t, a, b, m), off = d != RKM__DP_NONE && (d & RKM__DP_OFF);
+    int32_t in = off ? 0 : bl[a].in_sz;
+    d &= ~RKM__DP_OFF;
     if (d < RKM__DP_CKPT) {
         int32_t k = (int32_t)d;
-        return rkm__dp_push(ctx, s, RKM__DP_BWD_OPT, a, k, 0) &&
-               (a == b || rkm__dp_push(ctx, s, -1, a + 1, b, m - bl[a].in_sz - bl[a].opt[k].kept)) &&
-               rkm__dp_push(ctx, s, RKM__DP_FWD_OPT, a, k, 0);
+        return rkm__dp_push(ctx, s, RKM__DP_BWD_OPT, a, k, 0) && rkm__dp_twin(ctx, s, off, RKM__DP_FETCH_IN, a) &&
+               (a == b || rkm__dp_push(ctx, s, -1, a + 1, b, m - in - bl[a].opt[k].kept)) &&
+               rkm__dp_twin(ctx, s, off, RKM__DP_DROP_IN, a) && rkm__dp_push(ctx, s, RKM__DP_FWD_OPT, a, k, 0) &&
+               rkm__dp_twin(ctx, s, off, RKM__DP_OFFLOAD_IN, a);
     }
     int32_t j = (int32_t)(d - RKM__DP_CKPT);
-    if (!rkm__dp_push(ctx, s, -1, a, j - 1, m) || !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, j - 1, -1, 0) ||
-        !rkm__dp_push(ctx, s, -1, j, b, m - bl[a].in_sz))
+    if (!rkm__dp_push(ctx, s, -1, a, j - 1, m) || !rkm__dp_twin(ctx, s, off, RKM__DP_FETCH_IN, a) ||
+        !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, j - 1, -1, 0) || !rkm__dp_push(ctx, s, -1, j, b, m - in) ||
+        !rkm__dp_twin(ctx, s, off, RKM__DP_DROP_IN, a))
         return 0;
     for (int32_t i = j - 1; i >= a; i--)
         if ((i > a && !rkm__dp_push(ctx, s, RKM__DP_FREE_OUT, i - 1, -1, 0)) ||
             !rkm__dp_push(ctx, s, RKM__DP_FWD_NOSAVE, i, -1, 0))
             return 0;
-    return 1;
+    return rkm__dp_twin(ctx, s, off, RKM__DP_OFFLOAD_IN, a);
 }
 
 /* The schedule of Opt(1, n, m) from a table solved with M >= m, appended to

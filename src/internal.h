@@ -161,8 +161,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * demand), and in other runs at this share of it (the prefetch moved ahead
  * of need may hide most of it); the faster plan is kept. On
  * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
- * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. */
-#define RKM_DTR_AHEAD_PRICE 0.25
+ * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. The
+ * chain DP's twins (block inputs in host memory) price their prefetch so
+ * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s,
+ * at a quarter and at 1/20 the same plans. */
+#define RKM_PREFETCH_PRICE 0.25
 
 /* ---- the search (search.c): one work budget a solve ---- */
 
@@ -739,6 +742,23 @@ typedef struct rkm__ilp_out {
  *   option k:      F_k(a), Opt(a+1, b, m - in_a - kept_k), B_k(a)
  *   checkpoint j:  no-save forward a..j-1 (x_{t-1} freed after block t > a),
  *                  Opt(j, b, m - in_a), free x_{j-1}, Opt(a, j-1, m)
+ * On a chain with a copy link (to_host, from_host of block a > 0), each has
+ * a twin where x_{a-1} waits in host memory instead of taking in_a slots
+ * from the segment after it (Beaumont, Eyraud-Dubois, Shilova, NeurIPS
+ * 2021, for chains):
+ *   option k:      offload x_{a-1}, F_k(a), wait, free x_{a-1},
+ *                  Opt(a+1, b, m - kept_k), prefetch x_{a-1}, wait, B_k(a)
+ *   checkpoint j:  offload x_{a-1}, no-save forward a..j-1, wait, free
+ *                  x_{a-1}, Opt(j, b, m), free x_{j-1}, prefetch x_{a-1},
+ *                  wait, Opt(a, j-1, m)
+ * The offload hides behind the forward it is issued before; what it does
+ * not is waited for, and the prefetch is waited for whole, so every copy
+ * ends before the segment that follows it starts: the copy streams are
+ * idle at each segment's start, and the twin's time is exactly its
+ * forward, backward and segments plus max(0, to_host - forward) +
+ * from_host (the planner then moves prefetches ahead where the budget
+ * lets them hide: rkm__dtr_hoist). A twin with no segment after it (option
+ * k at a == b) frees nothing and is left out.
  * Ties (exactly equal times) go to the first candidate in this order:
  * options in their given order, then checkpoints by increasing j.
  * Infeasible cells have cost INFINITY and decision RKM__DP_NONE; a cost of 0
@@ -760,13 +780,17 @@ typedef struct rkm__dp_block {
     double tfn;      /* time of the no-save forward */
     int32_t n_opt;
     const rkm__dp_option *opt;
+    double to_host, from_host; /* seconds to copy x_{i-1} each way; both 0: it stays on the device */
 } rkm__dp_block;
 
 enum {
     RKM__DP_FWD_OPT,    /* F_k of `block`, k = `option` */
     RKM__DP_BWD_OPT,    /* B_k of `block` (the last block's includes the loss step) */
     RKM__DP_FWD_NOSAVE, /* no-save forward of `block`: only x_block is left */
-    RKM__DP_FREE_OUT    /* free x_block, the output of `block` */
+    RKM__DP_FREE_OUT,   /* free x_block, the output of `block` */
+    RKM__DP_OFFLOAD_IN, /* start copying x_{block-1} to host memory */
+    RKM__DP_DROP_IN,    /* wait for that copy, free x_{block-1} */
+    RKM__DP_FETCH_IN    /* copy x_{block-1} back, wait for it, release the host copy */
 };
 
 typedef struct rkm__dp_op {
@@ -790,7 +814,7 @@ typedef struct rkm__dp_term {
 typedef struct rkm__dp_cand {
     rkm__dp_term x;
     int64_t cf;
-    uint16_t dec;
+    uint32_t dec;
 } rkm__dp_cand;
 
 typedef struct rkm__dp_table {
@@ -862,6 +886,8 @@ struct rkm_planner {
     rkm__dp_option *dpo;
     size_t n_dpo;
     rkm__dp_table table;     /* built once, for M = slots (rotor, rockmate) */
+    rkm__dp_block *off_dpb;  /* with a copy link: the chain whose block inputs may wait in host memory */
+    rkm__dp_table off_table; /* its table (chain.c's twins), built at the first solve that offloads */
     double create_seconds;
     rkm__ilp_stats ilp;      /* ILP counters */
     uint64_t min_budget;     /* cached by rkm_planner_min_budget; 0: not yet */
@@ -1065,7 +1091,10 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out);
+/* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
+ * block inputs in host memory where that is faster (a graph with a link). */
+enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
@@ -1074,6 +1103,7 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);

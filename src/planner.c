@@ -99,6 +99,7 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
     int ok = 1;
     for (size_t i = 0; i < n && ok; i++) {
         const rkm__bopts *bo = &pl->bo[ops[i].block];
+        int32_t in = g->blocks[ops[i].block].in; /* x_{block-1} */
         const rkm_step *s = NULL;
         size_t m = 0;
         switch (ops[i].kind) {
@@ -108,6 +109,12 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
             break;
         case RKM__DP_FWD_NOSAVE: s = bo->nosave, m = bo->n_nosave; break;
         case RKM__DP_FREE_OUT: ok = rkm__steps_push(p, RKM_STEP_FREE, g->blocks[ops[i].block].out, 0); break;
+        case RKM__DP_OFFLOAD_IN: ok = rkm__steps_push(p, RKM_STEP_OFFLOAD, in, 0); break;
+        case RKM__DP_DROP_IN: ok = rkm__steps_push(p, RKM_STEP_WAIT, in, 0) && rkm__steps_push(p, RKM_STEP_FREE, in, 0); break;
+        case RKM__DP_FETCH_IN:
+            ok = rkm__steps_push(p, RKM_STEP_PREFETCH, in, 0) && rkm__steps_push(p, RKM_STEP_WAIT, in, 0) &&
+                 rkm__steps_push(p, RKM_STEP_FREE_HOST, in, 0);
+            break;
         }
         for (size_t k = 0; k < m && ok; k++) ok = rkm__steps_push(p, s[k].kind, s[k].index, s[k].save);
     }
@@ -407,6 +414,8 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm__free(pl->ctx, pl->dpb, (size_t)pl->g->n_blocks * sizeof *pl->dpb);
     rkm__free(pl->ctx, pl->dpo, pl->n_dpo * sizeof *pl->dpo);
     rkm__dp_table_free(pl->ctx, &pl->table);
+    rkm__free(pl->ctx, pl->off_dpb, (size_t)pl->g->n_blocks * sizeof *pl->off_dpb);
+    rkm__dp_table_free(pl->ctx, &pl->off_table);
     rkm_plan_destroy(pl->min_plan);
     rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
@@ -714,36 +723,39 @@ static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, r
     return r;
 }
 
-/* The chain DP's block-level schedule for m slots into ops, or ops empty
- * when it has none. */
-static rkm_result rkm__chain_ops(rkm_planner *pl, int sqrt_rule, int64_t m, rkm__dp_ops *ops)
+/* The chain's block-level schedule (rule: RKM__CHAIN_*) for m slots into
+ * ops, or ops empty when it has none. */
+static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_ops *ops)
 {
     const rkm_graph *g = pl->g;
-    if (sqrt_rule) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
-    if (!pl->table.n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
-    double opt = rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m), t = 0;
+    if (rule == RKM__CHAIN_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    rkm__dp_table *tb = rule == RKM__CHAIN_OFF ? &pl->off_table : &pl->table;
+    const rkm__dp_block *bl = rule == RKM__CHAIN_OFF ? pl->off_dpb : pl->dpb;
+    if (!tb->n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
+    if (m > tb->M) m = tb->M;
+    double opt = rkm__dp_opt(tb, 0, g->n_blocks - 1, (int32_t)m), t = 0;
     int64_t peak = 0;
     if (!isfinite(opt)) return RKM_OK;
-    rkm_result r = rkm__dp_schedule(pl->ctx, &pl->table, (int32_t)m, ops);
+    rkm_result r = rkm__dp_schedule(pl->ctx, tb, (int32_t)m, ops);
     /* The block-level schedule must be the DP's own answer (its time is
      * summed in another order, hence the relative tolerance). */
-    if (!r) r = rkm__dp_eval(pl->ctx, pl->dpb, g->n_blocks, ops, &t, &peak);
+    if (!r) r = rkm__dp_eval(pl->ctx, bl, g->n_blocks, ops, &t, &peak);
     if (!r && (fabs(t - opt) > 1e-9 * opt || peak > (int64_t)m))
         r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: chain DP schedule takes %g s and %lld slots, not %g s in %llu",
                      t, (long long)peak, opt, (unsigned long long)m);
     return r;
 }
 
-/* The chain's plan for `budget` (sqrt_rule: sqrt's fixed checkpoints, else
- * the DP's), or *out NULL when it has none. */
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int sqrt_rule, uint64_t budget, rkm_plan **out)
+/* The chain's plan for `budget` (rule: RKM__CHAIN_*), or *out NULL when it
+ * has none. */
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
     if (m < 0) return RKM_OK;
     rkm__dp_ops ops = {NULL, 0, 0};
     rkm__steps d = {pl->ctx, NULL, 0, 0};
-    rkm_result r = rkm__chain_ops(pl, sqrt_rule, m, &ops);
+    rkm_result r = rkm__chain_ops(pl, rule, m, &ops);
     if (!r && ops.n) r = rkm__draft_from_ops(pl, &ops, &d);
     rkm__dp_ops_free(pl->ctx, &ops);
     if (!r && d.n) r = rkm__planned_birth(pl, &d, out);
@@ -765,7 +777,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
         if (r == RKM_ERROR_BUDGET) r = RKM_OK; /* no DP plan */
         for (int64_t k = m; !r && m > 0 && k <= m + RKM__SLOTS_UP && k <= rkm__top_slots(pl); k++) {
             rkm_plan *p;
-            r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+            r = rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, k), &p);
             if (!r && p && (!pl->chain_floor || p->stats.peak < pl->chain_floor)) {
                 pl->chain_floor = p->stats.peak;
                 pl->chain_floor_slots = k;
@@ -784,11 +796,11 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
  * reported floor up has a plan. */
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    rkm_result r = rkm__solve_chain(pl, 0, budget, out);
+    rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_DP, budget, out);
     uint64_t floor;
     int64_t slots;
     if (r || *out || (r = rkm__chain_floor(pl, &floor, &slots)) || !floor || budget < floor) return r;
-    return rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
+    return rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, slots), out);
 }
 
 /* The fastest of the chain DP's plans for the RKM__SLOTS_UP slot budgets
@@ -809,7 +821,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
         if (!(opt < last)) continue;
         last = opt;
         rkm_plan *p = NULL;
-        r = rkm__solve_chain(pl, 0, rkm__slots_budget(pl, k), &p);
+        r = rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, k), &p);
         if (p && (p->stats.peak > budget || !(p->stats.time < own->stats.time))) {
             rkm_plan_destroy(p);
             p = NULL;
@@ -885,6 +897,19 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
         if (!r && missed) *missed = rkm__faster(*missed, *p);
         else rkm_plan_destroy(*p);
         *p = NULL;
+    }
+    return r;
+}
+
+/* Plan p (taken) as the host gets it into *out where its arena fits the
+ * budget; else *out NULL and *arena (if not NULL) that arena. */
+static rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
+{
+    rkm_result r = rkm__planner_handout(pl, p, out);
+    if (!r && (*out)->stats.arena_bytes > budget) {
+        if (arena) *arena = (*out)->stats.arena_bytes;
+        rkm_plan_destroy(*out);
+        *out = NULL;
     }
     return r;
 }
@@ -972,12 +997,92 @@ RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, doubl
     if (!rkm__dtr_affordable(pl) || !(pl->g->copy.d2h_bytes_per_second > 0)) return RKM_OK;
     rkm_plan *p = NULL;
     rkm_result r = rkm__dtr_runs(pl, budget, 0, 1, RKM__DTR_COPY_SETS, bound, &p, NULL);
-    if (r || !p || (r = rkm__planner_handout(pl, p, out))) return r;
-    if ((*out)->stats.arena_bytes > budget) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
+    return r || !p ? r : rkm__handout_within(pl, p, budget, out, NULL);
+}
+
+/* The chain with its block inputs free to wait in host memory (chain.c's
+ * twins, the prefetch priced at RKM_PREFETCH_PRICE of its copy: the plan's
+ * prefetches are moved ahead after, where they hide) and its table for m
+ * slots at least: made at the first solve that offloads, again for more
+ * slots (a column depends on those before it only, so a table for fewer
+ * slots holds the same values: no plan depends on the order of the
+ * calls). A table cut by the deadline is not kept (a later call would plan
+ * on the clock's table without being cut). */
+static rkm_result rkm__chain_off(rkm_planner *pl, int64_t m)
+{
+    const rkm_graph *g = pl->g;
+    size_t n = (size_t)g->n_blocks;
+    if ((pl->off_table.n && pl->off_table.M >= m) || !pl->table.n || m < 0) return RKM_OK;
+    if (!pl->off_dpb) {
+        if (!(pl->off_dpb = rkm__alloc(pl->ctx, n * sizeof *pl->off_dpb))) return rkm__nomem(pl->ctx, "chain DP");
+        for (size_t b = 0; b < n; b++) {
+            rkm__dp_block *x = &pl->off_dpb[b];
+            int32_t in = g->blocks[b].in;
+            *x = pl->dpb[b];
+            if (in < 0 || !x->in_sz || (g->tensors[in].flags & RKM_TENSOR_INPUT)) continue;
+            x->to_host = rkm__copy_seconds(g, in, g->copy.d2h_bytes_per_second);
+            x->from_host = rkm__copy_seconds(g, in, g->copy.h2d_bytes_per_second) * RKM_PREFETCH_PRICE;
+        }
     }
-    return RKM_OK;
+    rkm__dp_table_free(pl->ctx, &pl->off_table);
+    if (rkm__dp_bytes(pl->off_dpb, (int32_t)n, (int32_t)m) > RKM_DP_MAX_BYTES) return RKM_OK;
+    int cut;
+    rkm_result r = rkm__dp_solve(pl->ctx, pl->off_dpb, (int32_t)n, (int32_t)m, rkm__over(pl) ? -INFINITY : pl->deadline,
+                                 &pl->off_table, &cut);
+    if (!r && cut) rkm__dp_table_free(pl->ctx, &pl->off_table);
+    pl->cut |= cut;
+    return r;
+}
+
+/* What no chain plan with twins in m slots beats: the plain chain DP's
+ * time in m + S slots, S every block input's (without its copies a twin
+ * schedule is a plain one that holds at most S more), or where the table
+ * does not reach there, the sum of each block's fastest option. */
+static double rkm__chain_off_floor(const rkm_planner *pl, int64_t m)
+{
+    const rkm_graph *g = pl->g;
+    double least = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) {
+        double f = INFINITY;
+        for (int32_t k = 0; k < pl->dpb[b].n_opt; k++) f = fmin(f, pl->dpb[b].opt[k].tf + pl->dpb[b].opt[k].tb);
+        least += f;
+        m += pl->dpb[b].in_sz;
+    }
+    return m <= pl->table.M ? rkm__dp_opt(&pl->table, 0, g->n_blocks - 1, (int32_t)m) : least;
+}
+
+/* The chain DP's plan for `budget` with block inputs in host memory where
+ * that is faster (chain.c's twins: each copy waited for before the segment
+ * after it), where it has any, its prefetches then moved ahead where they
+ * hide and the layout fits (rkm__dtr_ahead), as the host gets it; where
+ * its arena misses the budget, the plan for that much less,
+ * RKM_LAYOUT_TRIES times at most. *out NULL where none fits, or where no
+ * such plan can be faster than `bound` (rkm__chain_off_floor: on
+ * gpt2-xl-b4-t1024 with 25 GB/s the table took 0.11..0.14 s at 50..90 %,
+ * where the pass's plans are within that floor). */
+RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+{
+    *out = NULL;
+    int64_t m = rkm__budget_slots(pl, budget);
+    if (!(pl->g->copy.d2h_bytes_per_second > 0) || !pl->table.n || m < 0 || rkm__chain_off_floor(pl, m) >= bound)
+        return RKM_OK;
+    rkm_result r = rkm__chain_off(pl, m);
+    uint64_t target = budget, arena = 0;
+    for (int k = 0; k < RKM_LAYOUT_TRIES && !r && !*out && pl->off_table.n && (k == 0 || !rkm__over(pl)); k++) {
+        rkm_plan *p = NULL;
+        if (k > 0 && target <= arena - budget) break;
+        if (k > 0) target -= arena - budget;
+        r = rkm__solve_chain(pl, RKM__CHAIN_OFF, target, &p);
+        if (!r && p && !p->stats.offloads) { /* the chain DP's own plan: rockmate's search starts there */
+            rkm_plan_destroy(p);
+            break;
+        }
+        if (!r && p) r = rkm__dtr_ahead(pl, budget, &p);
+        if (r) rkm_plan_destroy(p); /* rkm__dtr_ahead keeps it on an error */
+        if (r || !p) break;
+        r = rkm__handout_within(pl, p, budget, out, &arena);
+    }
+    return r;
 }
 
 /* DTR's plan for `budget`, else for its smallest budget where that is
@@ -1021,7 +1126,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
     if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
     if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
-        rkm_result r = rkm__solve_chain(pl, 1, budget, out);
+        rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
         return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
     }
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
@@ -1218,7 +1323,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
      * floor too (in place, it can peak below the chain DP's) */
     if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, 1, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
+        if (!(r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
         rkm_plan_destroy(p);
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {

@@ -799,13 +799,13 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
     *out = NULL;
     if (i < 0) {
         rkm_result r = rkm__chain_floor(pl, &floor, &slots);
-        return r || !floor || floor <= budget ? r : rkm__solve_chain(pl, 0, rkm__slots_budget(pl, slots), out);
+        return r || !floor || floor <= budget ? r : rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, slots), out);
     }
     int dtr = i >= RKM_SQUEEZE_STARTS;
     double b = (double)budget * (1 + RKM_SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM_SQUEEZE_STARTS : i)));
     uint64_t at = b >= 0x1p64 ? UINT64_MAX : (uint64_t)b;
     if (dtr && !rkm__dtr_affordable(pl)) return RKM_OK;
-    return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, 0, at, out);
+    return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, RKM__CHAIN_DP, at, out);
 }
 
 /* The fastest plan within `budget` that the squeeze makes from its starts,
@@ -951,7 +951,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
-    case RKM__START_SQRT: return rkm__solve_chain(pl, 1, budget, &p[k]);
+    case RKM__START_SQRT: return rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, &p[k]);
     case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min || pl->fitting_base ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);

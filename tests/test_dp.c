@@ -13,7 +13,7 @@
 #define MAXB 6
 #define MAXK 3
 /* A move of the search: no-save run of blocks block..option-1, intermediates freed. */
-#define NOSAVE_RUN 4
+#define NOSAVE_RUN (RKM__DP_FETCH_IN + 1) /* the copy ops before it need a link: none here */
 
 typedef struct chain {
     int32_t n;
@@ -35,6 +35,7 @@ static void chain_random(chain *c, int32_t n, int32_t kmax)
         b->tfn = rng_int(0, 12) / 4.0;
         b->n_opt = rng_int(1, kmax);
         b->opt = c->o[i];
+        b->to_host = b->from_host = 0; /* no copy link: dp_twins sets them */
         for (int32_t k = 0; k < b->n_opt; k++) {
             rkm__dp_option *o = &c->o[i][k];
             o->kept = rng_int(0, 5);
@@ -94,7 +95,7 @@ static void bf_decode(const bf *f, size_t key, rkm__dp_state *s)
     s->time = 0;
 }
 
-static const char *const op_names[] = {"F", "B", "N", "free", "run"};
+static const char *const op_names[] = {"F", "B", "N", "free", "off", "drop", "fetch", "run"};
 
 static void print_op(const rkm__dp_op *op)
 {
@@ -160,9 +161,10 @@ static double brute(const chain *c, int32_t m, int mode, int print)
     f.from = malloc(f.nstates * sizeof *f.from);
     f.via = malloc(f.nstates * sizeof *f.via);
     for (size_t i = 0; i < f.nstates; i++) f.dist[i] = INFINITY;
-    uint8_t x[MAXB];
+    uint8_t x[MAXB], away[MAXB];
+    double sent[MAXB];
     int32_t kept[MAXB];
-    rkm__dp_state s = {x, kept, 0, 0, 0, 0};
+    rkm__dp_state s = {.x = x, .away = away, .sent = sent, .kept = kept};
     rkm__dp_state_reset(&s, c->n);
     size_t start = bf_key(&f, &s);
     f.dist[start] = 0;
@@ -180,6 +182,7 @@ static double brute(const chain *c, int32_t m, int mode, int print)
         }
         for (int32_t i = 0; i < c->n; i++) {
             for (int32_t kind = RKM__DP_FWD_OPT; kind <= NOSAVE_RUN; kind++) {
+                if (kind > RKM__DP_FREE_OUT && kind < NOSAVE_RUN) continue;
                 int32_t nk = kind <= RKM__DP_BWD_OPT ? c->b[i].n_opt : kind == NOSAVE_RUN ? c->n + 1 : 1;
                 for (int32_t k = 0; k < nk; k++) {
                     rkm__dp_op op = {kind, i, kind <= RKM__DP_BWD_OPT || kind == NOSAVE_RUN ? k : -1};
@@ -324,9 +327,9 @@ TEST(dp_rotor_hand_worked)
     chain c;
     memset(&c, 0, sizeof c);
     c.n = 3;
-    c.b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0};
-    c.b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1};
-    c.b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2};
+    c.b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0, 0, 0};
+    c.b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1, 0, 0};
+    c.b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2, 0, 0};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     int64_t lo = 0;
@@ -350,6 +353,94 @@ TEST(dp_rotor_hand_worked)
     CHECK(rkm__dp_schedule(ctx, &t, 8, &ops) == RKM_ERROR_BUDGET);
     rkm__dp_ops_free(ctx, &ops);
     rkm__dp_table_free(ctx, &t);
+    rkm_context_destroy(ctx);
+}
+
+/* Twins (a copy link: x_{a-1} in host memory around the segment after the
+ * forward), on dp_rotor_hand_worked's chain with x0 and x1 copied out in
+ * 0.5 and back in 0.25 (the offload hides behind a forward of 1, the
+ * prefetch does not). Opt(1,2,m): option 0's twin, 3 + 0.25 +
+ * Opt(2,2,m-3), kept only beside the inner segment, 6.25 for m >= 9 (pb
+ * 9), where the plain option needs m >= 10 (6); checkpoint 2's twin costs
+ * 7.25. Top, Opt(0,2,m) (block 0 has no input: no twin):
+ *   m = 9: checkpoint 1, 1 + 6.25 + 3 = 10.25 (plain: 11)
+ *   m = 10, 11: checkpoint 1, 10 (as plain: the inner plain option is 6)
+ *   m = 12: option, 3 + Opt(1,2,9) = 9.25 (plain: 10)
+ *   m = 13: option, 9; m = 8: B of block 1 alone needs 9: infinite.
+ * At m = 12 the schedule offloads x0 before F of block 1, drops it after,
+ * fetches it before B of block 1; it replays to 9.25, within 12 slots. */
+TEST(dp_twins_hand_worked)
+{
+    static const rkm__dp_option o0 = {1, 2, 3, 5, 7}, o1 = {1, 2, 3, 7, 9}, o2 = {1, 2, 3, 5, 5};
+    chain c;
+    memset(&c, 0, sizeof c);
+    c.n = 3;
+    c.b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0, 0, 0};
+    c.b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1, 0.5, 0.25};
+    c.b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2, 0.5, 0.25};
+    rkm_context *ctx = test_new_ctx();
+    rkm__dp_table t;
+    int64_t lo = 0;
+    CHECK(rkm__dp_solve(ctx, c.b, 3, 14, INFINITY, &t, NULL) == RKM_OK);
+    CHECK(rkm__dp_min_slots(ctx, c.b, 3, &lo) == RKM_OK && lo == 9);
+    static const double want[] = {INFINITY, 10.25, 10, 10, 9.25, 9, 9};
+    for (int32_t m = 8; m <= 14; m++) CHECK(rkm__dp_opt(&t, 0, 2, m) == want[m - 8]);
+    CHECK(rkm__dp_opt(&t, 1, 2, 9) == 6.25 && rkm__dp_decision(&t, 1, 2, 9) == (0 | RKM__DP_OFF));
+    CHECK(rkm__dp_decision(&t, 1, 2, 10) == 0 && rkm__dp_decision(&t, 0, 2, 12) == 0);
+    rkm__dp_ops ops = {NULL, 0, 0};
+    CHECK(rkm__dp_schedule(ctx, &t, 12, &ops) == RKM_OK);
+    static const rkm__dp_op sched[] = {{RKM__DP_FWD_OPT, 0, 0},   {RKM__DP_OFFLOAD_IN, 1, -1}, {RKM__DP_FWD_OPT, 1, 0},
+                                       {RKM__DP_DROP_IN, 1, -1},  {RKM__DP_FWD_OPT, 2, 0},     {RKM__DP_BWD_OPT, 2, 0},
+                                       {RKM__DP_FETCH_IN, 1, -1}, {RKM__DP_BWD_OPT, 1, 0},     {RKM__DP_BWD_OPT, 0, 0}};
+    CHECK(ops.n == sizeof sched / sizeof sched[0] && memcmp(ops.v, sched, sizeof sched) == 0);
+    double time = -1;
+    int64_t peak = -1;
+    CHECK(rkm__dp_eval(ctx, c.b, 3, &ops, &time, &peak) == RKM_OK && time == 9.25 && peak == 12);
+    rkm__dp_ops_free(ctx, &ops);
+    /* a copy op out of place is refused: a fetch of what is on the device */
+    static const rkm__dp_op bad[] = {{RKM__DP_FWD_OPT, 0, 0}, {RKM__DP_FETCH_IN, 1, -1}};
+    rkm__dp_ops b = {(rkm__dp_op *)bad, 2, 2};
+    CHECK(rkm__dp_eval(ctx, c.b, 3, &b, &time, &peak) == RKM_ERROR_PLAN && strstr(rkm_context_errmsg(ctx), "fetch"));
+    rkm__dp_table_free(ctx, &t);
+    rkm_context_destroy(ctx);
+}
+
+/* Random chains with copy times (quarters, so every sum is exact): the
+ * twins never cost time or memory (Opt and the least feasible m at most
+ * the plain chain's), they win somewhere, and every schedule replays to Opt
+ * within m. */
+TEST(dp_twins)
+{
+    rkm_context *ctx = test_new_ctx();
+    int wins = 0;
+    for (uint64_t seed = 200; seed < 240; seed++) {
+        chain c, d;
+        rng_seed(seed);
+        chain_random(&c, 2 + (int32_t)(seed % 5), MAXK);
+        d = c;
+        for (int32_t i = 0; i < d.n; i++) {
+            d.b[i].opt = d.o[i];
+            d.b[i].to_host = rng_int(0, 8) / 4.0;
+            d.b[i].from_host = rng_int(0, 4) / 4.0;
+        }
+        for (int32_t i = 0; i < c.n; i++) c.b[i].opt = c.o[i];
+        rkm__dp_table tc, td;
+        int64_t lc = -1, ld = -1;
+        CHECK(rkm__dp_min_slots(ctx, c.b, c.n, &lc) == RKM_OK && rkm__dp_min_slots(ctx, d.b, d.n, &ld) == RKM_OK);
+        CHECK(ld <= lc);
+        CHECK(rkm__dp_solve(ctx, c.b, c.n, 60, INFINITY, &tc, NULL) == RKM_OK);
+        CHECK(rkm__dp_solve(ctx, d.b, d.n, 60, INFINITY, &td, NULL) == RKM_OK);
+        for (int32_t m = 0; m <= 60 && tc.cost && td.cost; m++) {
+            double a = rkm__dp_opt(&tc, 0, c.n - 1, m), b = rkm__dp_opt(&td, 0, d.n - 1, m);
+            CHECK(b <= a && (m < ld) == !isfinite(b));
+            wins += b < a;
+            if (isfinite(b)) check_schedule(ctx, &d, &td, m);
+        }
+        rkm__dp_table_free(ctx, &tc);
+        rkm__dp_table_free(ctx, &td);
+    }
+    CHECK(wins > 0);
+    fprintf(stderr, "  dp_twins: twins faster at %d budgets\n", wins);
     rkm_context_destroy(ctx);
 }
 
@@ -380,7 +471,7 @@ TEST(dp_sqrt_shape)
 {
     static const rkm__dp_option o[2] = {{1, 1, 0, 0, 0}, {0.5, 1, 5, 0, 0}};
     rkm__dp_block b[9];
-    for (int i = 0; i < 9; i++) b[i] = (rkm__dp_block){i ? 1 : 0, i < 8 ? 1 : 0, 0, 1, 2, o};
+    for (int i = 0; i < 9; i++) b[i] = (rkm__dp_block){i ? 1 : 0, i < 8 ? 1 : 0, 0, 1, 2, o, 0, 0};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_ops ops = {NULL, 0, 0};
     CHECK(rkm__dp_sqrt(ctx, b, 9, &ops) == RKM_OK);
@@ -437,7 +528,7 @@ TEST(dp_deadline_keeps_the_columns_done)
 TEST(dp_ties)
 {
     static const rkm__dp_option o[3] = {{1, 1, 2, 0, 0}, {1, 1, 1, 0, 0}, {2, 0, 0, 0, 0}};
-    rkm__dp_block b[2] = {{0, 1, 0, 0, 3, o}, {1, 0, 0, 0, 3, o}};
+    rkm__dp_block b[2] = {{0, 1, 0, 0, 3, o, 0, 0}, {1, 0, 0, 0, 3, o, 0, 0}};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
     CHECK(rkm__dp_solve(ctx, b, 2, 20, INFINITY, &t, NULL) == RKM_OK);
@@ -517,7 +608,7 @@ TEST(dp_nomem_and_arguments)
 TEST(dp_eval_rejects)
 {
     static const rkm__dp_option o = {1, 1, 1, 0, 0};
-    rkm__dp_block b[2] = {{0, 1, 0, 1, 1, &o}, {1, 0, 0, 1, 1, &o}};
+    rkm__dp_block b[2] = {{0, 1, 0, 1, 1, &o, 0, 0}, {1, 0, 0, 1, 1, &o, 0, 0}};
     rkm_context *ctx = test_new_ctx();
     double time;
     int64_t peak;
@@ -577,6 +668,8 @@ int main(void)
     RUN(dp_matches_brute_force);
     RUN(dp_persistent_gap);
     RUN(dp_rotor_hand_worked);
+    RUN(dp_twins_hand_worked);
+    RUN(dp_twins);
     RUN(dp_sqrt_schedule);
     RUN(dp_sqrt_shape);
     RUN(dp_ties);

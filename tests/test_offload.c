@@ -1261,6 +1261,48 @@ TEST(planner_takes_dtr_offloads)
     rkm_context_destroy(ctx);
 }
 
+/* The chain DP with block inputs in host memory (chain.c's twins), one of
+ * rockmate's candidates with a link: on mlp16 at 50 % with 450 GB/s its
+ * plan offloads block inputs only, each prefetched back (the DP's copies
+ * are x_{a-1}), replays in the arena exec to its peak within the budget,
+ * and rockmate's plan is at least as fast. Without a link: no plan. */
+TEST(planner_chain_offloads)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_graph(ctx, "mlp16"), *gc = NULL;
+    rkm_copy_desc c = {450e9, 450e9, 1e-5};
+    rkm_graph_stats st;
+    rkm_planner *pl = NULL, *plain = NULL;
+    rkm_plan *p = NULL, *q = NULL, *none = NULL;
+    rkm_plan_stats ps, qs;
+    CHECK(g && rkm_graph_stats_get(g, &st) == RKM_OK && rkm_graph_with_copy(g, &c, &gc) == RKM_OK);
+    CHECK(gc && rkm_planner_create(gc, NULL, &pl) == RKM_OK && rkm_planner_create(g, NULL, &plain) == RKM_OK);
+    uint64_t budget = st.baseline_peak / 2;
+    CHECK(pl && rkm__chain_offloads(pl, budget, INFINITY, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK(plain && rkm__chain_offloads(plain, budget, INFINITY, &none) == RKM_OK && !none);
+    if (p) {
+        CHECK(ps.offloads > 0 && ps.arena_bytes <= budget);
+        int inputs = 1, fetched = 0;
+        for (size_t i = 0; i < rkm_plan_num_steps(p); i++) {
+            const rkm_step *s = &rkm_plan_steps(p)[i];
+            int block_in = 0;
+            for (int32_t b = 0; b < gc->n_blocks; b++) block_in |= gc->blocks[b].in == s->index;
+            if (s->kind == RKM_STEP_OFFLOAD) inputs &= block_in && !s->save;
+            fetched += s->kind == RKM_STEP_PREFETCH;
+        }
+        CHECK(inputs && fetched >= (int)ps.offloads);
+        check_exec_peak(gc, p);
+        CHECK(rkm_planner_solve(pl, budget, &q) == RKM_OK && rkm_plan_stats_get(q, &qs) == RKM_OK && qs.time <= ps.time);
+    }
+    rkm_plan_destroy(q);
+    rkm_plan_destroy(p);
+    rkm_planner_destroy(plain);
+    rkm_planner_destroy(pl);
+    rkm_graph_destroy(gc);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* The copy slots of g: tensors that are not inputs, ops' saved states. */
 static size_t bo_slots(const rkm_graph *g)
 {
@@ -1370,6 +1412,7 @@ int main(void)
     RUN(dtr_offloads);
     RUN(dtr_offloads_fill_the_stream);
     RUN_SOLVER(planner_takes_dtr_offloads);
+    RUN_SOLVER(planner_chain_offloads);
     RUN_SOLVER(planner_against_brute_force);
     TEST_END();
 }

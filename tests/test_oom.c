@@ -835,6 +835,58 @@ TEST(offload_stage)
     rkm_context_destroy(ctx);
 }
 
+/* The chain DP with block inputs in host memory (rkm__chain_offloads: its
+ * chain, its table, the plan, its prefetches moved ahead, the hand-out) on
+ * mlp16 with a 450 GB/s link at half its peak, where it offloads, every
+ * allocation failing in turn. The planner's table is a cache: each run
+ * makes it anew and lets it go, so every run starts from none. */
+typedef struct chain_off_env {
+    rkm_planner *pl;
+    uint64_t budget;
+    size_t n_steps; /* the clean run's */
+} chain_off_env;
+
+static rkm_result run_chain_off(void *env, void **out)
+{
+    chain_off_env *e = env;
+    rkm_planner *pl = e->pl;
+    rkm_result r = rkm__chain_offloads(pl, e->budget, INFINITY, (rkm_plan **)out);
+    rkm__free(pl->ctx, pl->off_dpb, (size_t)pl->g->n_blocks * sizeof *pl->off_dpb);
+    pl->off_dpb = NULL;
+    rkm__dp_table_free(pl->ctx, &pl->off_table);
+    return r || *out ? r : RKM_ERROR_BUDGET; /* a clean run finds a plan: check says so */
+}
+
+static int check_chain_off(void *env, void *out)
+{
+    chain_off_env *e = env;
+    rkm_plan_stats ps;
+    if (!e->n_steps) e->n_steps = rkm_plan_num_steps(out);
+    return rkm_plan_stats_get(out, &ps) == RKM_OK && ps.offloads > 0 && ps.arena_bytes <= e->budget &&
+           rkm_plan_num_steps(out) == e->n_steps;
+}
+
+TEST(chain_offloads)
+{
+    rkm_context *ctx = new_ctx();
+    chain_off_env e;
+    memset(&e, 0, sizeof e);
+    rkm_graph *g = NULL, *gc = NULL;
+    rkm_copy_desc c = {450e9, 450e9, 1e-5};
+    CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/mlp16.rkg", &g) == RKM_OK);
+    if (g) CHECK(rkm_graph_with_copy(g, &c, &gc) == RKM_OK);
+    if (gc) CHECK(rkm_planner_create(gc, NULL, &e.pl) == RKM_OK);
+    if (e.pl) {
+        e.budget = gc->stats.baseline_peak / 2;
+        op_under_test op = {"chain DP with copies", run_chain_off, check_chain_off, drop_plan};
+        every_failure(&op, &e, ctx);
+    }
+    rkm_planner_destroy(e.pl);
+    rkm_graph_destroy(gc);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* Nesting writes a block as a graph of its own (rkm__nest_graph): every
  * failing allocation of that build leaves nothing behind. unet-d4's outer
  * block, 37 ops, with the skip tensor as an input and a stand-in loss. */
@@ -908,6 +960,7 @@ int main(void)
     RUN(offload_min_budget);
     RUN(drop_options);
     RUN(offload_stage);
+    RUN(chain_offloads);
     RUN(nest_graph);
     RUN(allocator_totals);
     free(A.b);
