@@ -307,6 +307,22 @@ TEST(dp_persistent_gap)
     rkm_context_destroy(ctx);
 }
 
+/* dp_rotor_hand_worked's chain, x0 and x1 copied to host memory in
+ * to_host and back in from_host (0: no link), solved for 0..14 slots into
+ * *t; its least feasible m is 9. */
+static void rotor_chain(rkm_context *ctx, chain *c, double to_host, double from_host, rkm__dp_table *t)
+{
+    static const rkm__dp_option o0 = {1, 2, 3, 5, 7}, o1 = {1, 2, 3, 7, 9}, o2 = {1, 2, 3, 5, 5};
+    int64_t lo = 0;
+    memset(c, 0, sizeof *c);
+    c->n = 3;
+    c->b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0, 0, 0};
+    c->b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1, to_host, from_host};
+    c->b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2, to_host, from_host};
+    CHECK(rkm__dp_solve(ctx, c->b, 3, 14, INFINITY, t, NULL) == RKM_OK);
+    CHECK(rkm__dp_min_slots(ctx, c->b, 3, &lo) == RKM_OK && lo == 9);
+}
+
 /* Rotor: one option ("keep everything") per block plus the no-save forward.
  * x0 and x1 have 2 slots, as their gradients; every block keeps 3 slots.
  *   block 0: pf 0+2+3 = 5, pb 0+2+3+2 = 7, pfn 2
@@ -323,18 +339,10 @@ TEST(dp_persistent_gap)
  *   m = 8: B of block 1 alone needs 9: infinite. */
 TEST(dp_rotor_hand_worked)
 {
-    static const rkm__dp_option o0 = {1, 2, 3, 5, 7}, o1 = {1, 2, 3, 7, 9}, o2 = {1, 2, 3, 5, 5};
     chain c;
-    memset(&c, 0, sizeof c);
-    c.n = 3;
-    c.b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0, 0, 0};
-    c.b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1, 0, 0};
-    c.b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2, 0, 0};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
-    int64_t lo = 0;
-    CHECK(rkm__dp_solve(ctx, c.b, 3, 14, INFINITY, &t, NULL) == RKM_OK);
-    CHECK(rkm__dp_min_slots(ctx, c.b, 3, &lo) == RKM_OK && lo == 9);
+    rotor_chain(ctx, &c, 0, 0, &t);
     static const double want[] = {INFINITY, 11, 10, 10, 10, 9, 9};
     for (int32_t m = 8; m <= 14; m++) CHECK(rkm__dp_opt(&t, 0, 2, m) == want[m - 8]);
     CHECK(rkm__dp_decision(&t, 0, 2, 12) == 0);
@@ -371,18 +379,10 @@ TEST(dp_rotor_hand_worked)
  * fetches it before B of block 1; it replays to 9.25, within 12 slots. */
 TEST(dp_twins_hand_worked)
 {
-    static const rkm__dp_option o0 = {1, 2, 3, 5, 7}, o1 = {1, 2, 3, 7, 9}, o2 = {1, 2, 3, 5, 5};
     chain c;
-    memset(&c, 0, sizeof c);
-    c.n = 3;
-    c.b[0] = (rkm__dp_block){0, 2, 2, 1, 1, &o0, 0, 0};
-    c.b[1] = (rkm__dp_block){2, 2, 4, 1, 1, &o1, 0.5, 0.25};
-    c.b[2] = (rkm__dp_block){2, 0, 2, 1, 1, &o2, 0.5, 0.25};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_table t;
-    int64_t lo = 0;
-    CHECK(rkm__dp_solve(ctx, c.b, 3, 14, INFINITY, &t, NULL) == RKM_OK);
-    CHECK(rkm__dp_min_slots(ctx, c.b, 3, &lo) == RKM_OK && lo == 9);
+    rotor_chain(ctx, &c, 0.5, 0.25, &t);
     static const double want[] = {INFINITY, 10.25, 10, 10, 9.25, 9, 9};
     for (int32_t m = 8; m <= 14; m++) CHECK(rkm__dp_opt(&t, 0, 2, m) == want[m - 8]);
     CHECK(rkm__dp_opt(&t, 1, 2, 9) == 6.25 && rkm__dp_decision(&t, 1, 2, 9) == (0 | RKM__DP_OFF));
