@@ -452,6 +452,120 @@ TEST(copy_arena_exec)
     rkm_context_destroy(ctx);
 }
 
+/* Bytes through a plan in the arena exec: a forward fills each output
+ * with its tensor's byte and its saved state (kept) with its op's, the
+ * copy callbacks move bytes to and from host buffers of their own, and a
+ * backward checks every byte it reads (its saved tensors, its saved
+ * state): a plan whose copies bring back other bytes, or whose buffers
+ * overlap a live one, fails (bad). */
+typedef struct byte_host {
+    rkm_arena_exec *x;
+    const rkm_graph *g;
+    char *base;
+    char **host; /* per copy slot (tensors, then ops' saved states) */
+    int bad;
+    int corrupt; /* the prefetches bring back other bytes (the check must see it) */
+} byte_host;
+
+static char byte_of(int32_t slot) { return (char)(slot * 37 + 11); }
+
+static uint64_t bh_off(const byte_host *k, int32_t slot, uint64_t *bytes)
+{
+    size_t nt = k->g->n_tensors;
+    int saved = (size_t)slot >= nt;
+    *bytes = saved ? k->g->ops[(size_t)slot - nt].phantom : k->g->tensors[slot].bytes;
+    return saved ? rkm_arena_exec_saved(k->x, (int32_t)((size_t)slot - nt)) : rkm_arena_exec_tensor(k->x, slot);
+}
+
+static void bh_fill(byte_host *k, int32_t slot)
+{
+    uint64_t bytes, off = bh_off(k, slot, &bytes);
+    if (off == RKM_ARENA_NONE) k->bad = 1;
+    else memset(k->base + off, byte_of(slot), bytes);
+}
+
+static void bh_check(byte_host *k, int32_t slot)
+{
+    if ((size_t)slot < k->g->n_tensors && (k->g->tensors[slot].flags & RKM_TENSOR_INPUT)) return; /* the host's own */
+    uint64_t bytes, off = bh_off(k, slot, &bytes);
+    for (uint64_t i = 0; off != RKM_ARENA_NONE && i < bytes && !k->bad; i++) k->bad = k->base[off + i] != byte_of(slot);
+    k->bad |= off == RKM_ARENA_NONE;
+}
+
+static int bh_fwd(void *u, const rkm_fwd_call *c)
+{
+    byte_host *k = u;
+    for (int32_t i = 0; i < c->n_out; i++) bh_fill(k, c->out[i]);
+    if (c->save && c->phantom) bh_fill(k, (int32_t)k->g->n_tensors + c->op);
+    return 0;
+}
+
+static int bh_bwd(void *u, const rkm_bwd_call *c)
+{
+    byte_host *k = u;
+    for (int32_t i = 0; i < c->n_saved; i++) bh_check(k, c->saved[i]);
+    if (c->phantom) bh_check(k, (int32_t)k->g->n_tensors + c->op);
+    return 0;
+}
+
+static int32_t bh_slot(const byte_host *k, const rkm_copy_call *c)
+{
+    return c->saved ? (int32_t)k->g->n_tensors + c->index : c->index;
+}
+
+static int bh_offload(void *u, const rkm_copy_call *c)
+{
+    byte_host *k = u;
+    uint64_t bytes, off = bh_off(k, bh_slot(k, c), &bytes);
+    char **h = &k->host[bh_slot(k, c)];
+    if (off == RKM_ARENA_NONE || *h || bytes != c->bytes || !(*h = malloc(bytes ? bytes : 1))) return 1;
+    memcpy(*h, k->base + off, bytes);
+    return 0;
+}
+
+static int bh_prefetch(void *u, const rkm_copy_call *c)
+{
+    byte_host *k = u;
+    uint64_t bytes, off = bh_off(k, bh_slot(k, c), &bytes);
+    char *h = k->host[bh_slot(k, c)];
+    if (off == RKM_ARENA_NONE || !h) return 1;
+    memcpy(k->base + off, h, bytes);
+    if (k->corrupt && bytes) k->base[off + bytes - 1] ^= 1;
+    return 0;
+}
+
+static int bh_free_host(void *u, const rkm_copy_call *c)
+{
+    byte_host *k = u;
+    free(k->host[bh_slot(k, c)]);
+    k->host[bh_slot(k, c)] = NULL;
+    return 0;
+}
+
+/* Whether p's bytes went wrong (corrupt: with prefetches that flip a bit). */
+static int exec_bytes_bad(const rkm_graph *g, const rkm_plan *p, int corrupt)
+{
+    size_t n = g->n_tensors + g->n_ops;
+    byte_host k = {NULL, g, NULL, calloc(n, sizeof(char *)), 0, corrupt};
+    rkm_callbacks host = {.user = &k, .forward = bh_fwd, .backward = bh_bwd, .offload = bh_offload,
+                          .prefetch = bh_prefetch, .wait = cp_wait, .free_host = bh_free_host};
+    rkm_arena_exec_desc d = {.graph = g, .plan = p, .host = &host, .allocate = 1};
+    CHECK(k.host && rkm_arena_exec_create(&d, &k.x) == RKM_OK);
+    if (k.x) {
+        k.base = rkm_arena_exec_base(k.x);
+        CHECK(rkm_arena_exec_run(k.x, p) == RKM_OK);
+    }
+    for (size_t i = 0; k.host && i < n; i++) {
+        CHECK(!k.host[i]); /* every host copy released */
+        free(k.host[i]);
+    }
+    free(k.host);
+    rkm_arena_exec_destroy(k.x);
+    return k.bad;
+}
+
+static void check_exec_bytes(const rkm_graph *g, const rkm_plan *p) { CHECK(!exec_bytes_bad(g, p, 0)); }
+
 /* What offload_sweep saw with the fast link: plans that offload without
  * waiting or overhead (hidden), that offload and beat recompute-only
  * (faster), that offload a saved state (saved). */
@@ -464,7 +578,8 @@ typedef struct sweep_tally {
  * fast link removed again (rkm_graph_with_copy NULL): that last one plans
  * exactly as the first (the same steps); with a link it plans wherever
  * recompute-only does, is never slower, its arena fits, and its plan runs
- * in the arena exec to its peak; rockmate's is never slower than DTR's
+ * in the arena exec to its peak and its bytes (check_exec_bytes); rockmate's
+ * is never slower than DTR's
  * with the same link. min (if not NULL): the smallest budgets
  * without a link (min[0]) and with the fast one (min[1]). */
 static sweep_tally offload_sweep(rkm_algo algo, int lo, uint64_t *min)
@@ -513,6 +628,7 @@ static sweep_tally offload_sweep(rkm_algo algo, int lo, uint64_t *min)
                     n.saved += rkm_plan_steps(b)[i].kind == RKM_STEP_OFFLOAD && rkm_plan_steps(b)[i].save;
             }
             if (sb.offloads) check_exec_peak(gc[l], b);
+            if (sb.offloads) check_exec_bytes(gc[l], b);
             rkm_plan_destroy(b);
         }
         rkm_plan_destroy(back);
@@ -1253,6 +1369,7 @@ TEST(planner_takes_dtr_offloads)
     if (p && q) {
         CHECK(ps.time <= qs.time && ps.offloads > 0 && ps.arena_bytes <= st.baseline_peak / 2);
         check_exec_peak(gc, p);
+        check_exec_bytes(gc, p);
     }
     rkm_plan_destroy(q);
     rkm_plan_destroy(p);
@@ -1265,7 +1382,9 @@ TEST(planner_takes_dtr_offloads)
  * rockmate's candidates with a link: on mlp16 at 50 % with 450 GB/s its
  * plan offloads block inputs only, each prefetched back (the DP's copies
  * are x_{a-1}), replays in the arena exec to its peak within the budget,
- * and rockmate's plan is at least as fast. Without a link: no plan. */
+ * every byte a backward reads the one its forward wrote (check_exec_bytes;
+ * with prefetches that flip a bit, not), and rockmate's plan is at least
+ * as fast. Without a link: no plan. */
 TEST(planner_chain_offloads)
 {
     rkm_context *ctx = test_new_ctx();
@@ -1292,6 +1411,7 @@ TEST(planner_chain_offloads)
         }
         CHECK(inputs && fetched >= (int)ps.offloads);
         check_exec_peak(gc, p);
+        CHECK(!exec_bytes_bad(gc, p, 0) && exec_bytes_bad(gc, p, 1)); /* and the check sees a bad copy */
         CHECK(rkm_planner_solve(pl, budget, &q) == RKM_OK && rkm_plan_stats_get(q, &qs) == RKM_OK && qs.time <= ps.time);
     }
     rkm_plan_destroy(q);
