@@ -195,8 +195,8 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
  * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. The
  * chain DP's twins (block inputs in host memory) price their prefetch so
- * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s,
- * at a quarter and at 1/20 the same plans. */
+ * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s at
+ * 40 and 10 %, at a quarter and at 1/20 plans of the same time there. */
 #define RKM_PREFETCH_PRICE 0.25
 
 /* ---- the search (search.c): one work budget a solve ---- */
