@@ -647,8 +647,10 @@ typedef enum rkm_algo {
                               and the best of that, sqrt, DTR and the whole-graph ILP;
                               under RKM_OMIT_SOLVER the same without either ILP. On a
                               graph with a copy link (rkm_graph_set_copy) it also
-                              offloads to host memory where that is faster; so does
-                              DTR; the other algorithms never do */
+                              offloads to host memory where that is faster (copies
+                              added to its own plans, DTR's plans with copies, the
+                              chain DP with each segment's input in host memory);
+                              so does DTR; the other algorithms never do */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */
