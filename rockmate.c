@@ -7687,6 +7687,9 @@ RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *
     return RKM_OK;
 }
 
+/* A slot count as a term's, saturated (past M, so never feasible). */
+static int32_t rkm__dp_i32(int64_t v) { return (int32_t)rkm__dp_min(v, INT32_MAX); }
+
 /* Candidate x of decision dec, constant from cf, into t->cands if it is
  * feasible at all. */
 static void rkm__dp_cand_add(rkm__dp_table *t, size_t *nc, rkm__dp_term x, int64_t cf, uint32_t dec)
@@ -7707,17 +7710,14 @@ static size_t rkm__dp_cands(rkm__dp_table *t, int32_t a, int32_t b)
     for (int32_t k = 0; k < bl[a].n_opt; k++) {
         const rkm__dp_option *o = &bl[a].opt[k];
         int64_t start = rkm__dp_max(rkm__dp_pf(bl, n, a, k) + gb, rkm__dp_pb(bl, n, a, k));
-        if (a == b) {
-            rkm__dp_cand_add(t, &nc, (rkm__dp_term){o->tf + o->tb, (int32_t)rkm__dp_min(start, INT32_MAX), 0, RKM__DP_NOROW, RKM__DP_NOROW}, 0, (uint32_t)k);
-            continue;
-        }
-        uint32_t p1 = (uint32_t)rkm__dp_pair(n, a + 1, b);
-        for (int twin = 0; twin <= off; twin++) {
-            int64_t sh = (twin ? 0 : ina) + o->kept, st = rkm__dp_max(start, rkm__dp_add(t->lo[p1], sh));
+        uint32_t p1 = a < b ? (uint32_t)rkm__dp_pair(n, a + 1, b) : RKM__DP_NOROW;
+        for (int twin = 0; twin <= (off && a < b); twin++) { /* at a == b a twin frees nothing */
+            int64_t sh = (twin ? 0 : ina) + o->kept, st = start, cf = 0;
+            if (a < b) st = rkm__dp_max(st, rkm__dp_add(t->lo[p1], sh)), cf = rkm__dp_add(t->hi[p1], sh);
             /* st <= M bounds sh when the candidate is kept */
             double base = o->tf + o->tb + (twin ? rkm__dp_off_cost(&bl[a], o->tf) : 0);
-            rkm__dp_term x = {base, (int32_t)rkm__dp_min(st, INT32_MAX), (int32_t)rkm__dp_min(sh, INT32_MAX), p1, RKM__DP_NOROW};
-            rkm__dp_cand_add(t, &nc, x, rkm__dp_add(t->hi[p1], sh), (uint32_t)k | (twin ? RKM__DP_OFF : 0));
+            rkm__dp_term x = {base, rkm__dp_i32(st), a < b ? rkm__dp_i32(sh) : 0, p1, RKM__DP_NOROW};
+            rkm__dp_cand_add(t, &nc, x, cf, (uint32_t)k | (twin ? RKM__DP_OFF : 0));
         }
     }
     double tsum = 0;
@@ -7730,7 +7730,7 @@ static size_t rkm__dp_cands(rkm__dp_table *t, int32_t a, int32_t b)
             int64_t start = rkm__dp_max(need, rkm__dp_max(rkm__dp_add(t->lo[p1], sh), t->lo[p2]));
             int64_t cf = rkm__dp_max(rkm__dp_add(t->hi[p1], sh), t->hi[p2]);
             double base = tsum + (twin ? rkm__dp_off_cost(&bl[a], tsum) : 0);
-            rkm__dp_term x = {base, (int32_t)rkm__dp_min(start, INT32_MAX), (int32_t)sh, p1, p2};
+            rkm__dp_term x = {base, rkm__dp_i32(start), (int32_t)sh, p1, p2};
             rkm__dp_cand_add(t, &nc, x, cf, (RKM__DP_CKPT + (uint32_t)j) | (twin ? RKM__DP_OFF : 0));
         }
     }
