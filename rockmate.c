@@ -355,6 +355,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * with a link took up to 2.1 times the time without (gpt2-124M-b4-t64 at
  * 50 % with 450 GB/s, two bases). */
 #define RKM_OFFLOAD_BASE_WORK 0.75
+/* The offload moves (search.c, rkm__offload_moves) get this share of the
+ * work the recompute-only solve's search did (a whole solve's where it
+ * found no plan). A move is judged by the offload pass, several times the
+ * time per unit of work a replay takes, and most of the gain comes from
+ * the first moves: on gpt2-xl-b4-t1024 with 25 GB/s (one core), 1/64 took
+ * 0.02..0.03 s a solve and brought 17.36 % to 16.66 % at 10 % and 4.29 %
+ * to 4.02 % at 30 %; 1/32, 0.05..0.06 s for 16.66 % and 4.02 %; the whole
+ * search at 10 % (20 M units, 0.8 s), 16.58 %. */
+#define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 
@@ -1037,7 +1046,8 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 
 /* offload.c */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
-                                         rkm__steps *out);
+                                         rkm__steps *out, uint64_t *work);
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* layout.c */
@@ -1164,6 +1174,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
 
 /* search.c */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
 RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
@@ -10999,7 +11010,11 @@ static int rkm__replay_set(rkm__replay *rp, rkm__sim *s, const rkm_step *steps, 
  * search drops one recomputing forward at a time (its outputs then live on
  * from the op's previous forward, which takes over its save) and keeps the
  * change when the simulator replays the result valid, within the budget
- * and faster, until a sweep keeps none or the solve's work is spent. */
+ * and faster, until a sweep keeps none or the solve's work is spent. With
+ * a copy link the same search makes the offload moves: each candidate gets
+ * the offload pass's copies before the simulator judges it, so a dropped
+ * recomputation may leave a tensor live across the peak, in host memory
+ * there (rkm__offload_moves). */
 
 typedef struct rkm__polish {
     const rkm_graph *g;
@@ -11018,6 +11033,7 @@ typedef struct rkm__polish {
     uint64_t budget, work;
     uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
     double time;
+    int copies;       /* a candidate is judged with the offload pass's copies (rkm__offload_moves) */
 } rkm__polish;
 
 static int rkm__is_compute(const rkm_step *s) { return s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_LOSS || s->kind == RKM_STEP_BWD; }
@@ -11097,9 +11113,27 @@ static int rkm__polish_expand(rkm__polish *w)
     return 1;
 }
 
+/* The candidate's plan run (in place where it can) with the offload pass's
+ * hidden copies for the budget: 1 when they bring it within (then *time),
+ * 0 when not, -1 on NOMEM. */
+static int rkm__polish_fits_copies(rkm__polish *w, const rkm__steps *run, double *time)
+{
+    rkm__steps d;
+    if (rkm__offload_plan(w->g, run->s, run->n, w->budget, 1, &d, &w->work)) return -1;
+    w->work += d.n;
+    rkm__sim_reset(&w->sim);
+    rkm__figures f = {w->sim.mem, 0, 0, -1};
+    int32_t obj;
+    int fits = d.n && rkm__replay_steps(&w->sim, d.s, 0, d.n, w->budget, w->budget, INFINITY, &f) &&
+               rkm__sim_end(&w->sim, &obj) == RKM_RULE_NONE;
+    rkm__steps_free(&d);
+    *time = f.time;
+    return fits;
+}
+
 /* Replay w->full run in place where it can (in w->low: the squeeze reads
- * w->full's own steps): 1 when valid and within the budget (then *time),
- * -1 on NOMEM. */
+ * w->full's own steps), with copies where w->copies: 1 when valid and
+ * within the budget (then *time), -1 on NOMEM. */
 static int rkm__polish_fits(rkm__polish *w, double *time)
 {
     rkm__figures f;
@@ -11112,6 +11146,7 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
         if (rkm__lower_inplace(w->g, &w->low)) return -1;
         run = &w->low;
     }
+    if (w->copies) return rkm__polish_fits_copies(w, run, time);
     w->work += run->n;
     if (!rkm__replay_run(&w->rp, &w->sim, run->s, run->n, UINT64_MAX, w->budget, INFINITY, &f) ||
         rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE)
@@ -11135,6 +11170,7 @@ static int rkm__polish_try(rkm__polish *w, int *kept)
         if (w->cand.s[i].kind >= 0 && !rkm__steps_push(&w->cur, w->cand.s[i].kind, w->cand.s[i].index, w->cand.s[i].save))
             return 0;
     *kept = 1;
+    if (w->copies) return 1; /* no reference to resume from: copies change the whole plan */
     const rkm__steps *run = w->g->has_inplace ? &w->low : &w->full; /* what polish_fits replayed */
     return rkm__replay_set(&w->rp, &w->sim, run->s, run->n, UINT64_MAX);
 }
@@ -11232,27 +11268,63 @@ RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *
     return r;
 }
 
+/* Polish the plan p of pl's graph at `budget` within `limit` work: 1 when
+ * it found a plan faster than p (w->time), whose compute steps, with the
+ * earliest frees, are then in w->full; 0 when not; -1 on NOMEM. The work
+ * is spent from the solve's meter; the caller frees w. */
+static int rkm__polish_run(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, uint64_t budget, uint64_t limit,
+                           int copies)
+{
+    int kept = 0;
+    rkm_result r = rkm__polish_init(w, pl, pl->g, p->steps, p->n_steps, budget);
+    w->limit = limit;
+    w->copies = copies;
+    int ok = !r && rkm__polish_try(w, &kept) && (!kept || rkm__polish_search(w));
+    rkm__spend(pl, w->work);
+    if (!ok) return -1;
+    if (!kept || !(w->time < p->stats.time)) return 0;
+    rkm__steps_free(&w->cand);
+    w->cand = w->cur; /* expand the best */
+    w->cur = (rkm__steps){pl->ctx, NULL, 0, 0};
+    return rkm__polish_expand(w) ? 1 : -1;
+}
+
 /* *p replaced by a faster plan within the budget when the search finds one. */
 static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     rkm__polish w;
-    int kept = 0;
-    rkm_result r = rkm__polish_init(&w, pl, pl->g, (*p)->steps, (*p)->n_steps, budget);
-    w.limit = pl->work_left;
-    if (!r && (!rkm__polish_try(&w, &kept) || (kept && !rkm__polish_search(&w)))) r = rkm__nomem(pl->ctx, "plan polish");
-    if (!r && kept && w.time < (*p)->stats.time) {
-        rkm__steps_free(&w.cand);
-        w.cand = w.cur; /* expand the best */
-        w.cur = (rkm__steps){pl->ctx, NULL, 0, 0};
-        rkm_plan *np = NULL;
-        if (!rkm__polish_expand(&w)) r = rkm__nomem(pl->ctx, "plan polish");
-        if (!r) r = rkm__planned_birth(pl, &w.full, &np);
-        if (!r) {
-            rkm_plan_destroy(*p);
-            *p = np;
-        }
+    rkm_plan *np = NULL;
+    int found = rkm__polish_run(&w, pl, *p, budget, pl->work_left, 0);
+    rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "plan polish") : RKM_OK;
+    if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &np))) {
+        rkm_plan_destroy(*p);
+        *p = np;
     }
-    rkm__spend(pl, w.work);
+    rkm__polish_free(&w);
+    return r;
+}
+
+/* Offload moves: polish with the offload pass as its judge. A move drops a
+ * recomputation from the compute steps of *p (a plan with copies, made by
+ * any of rockmate's ways) and the pass's hidden copies of the result must
+ * bring it within the budget; it is kept when the plan with those copies
+ * is faster. So a tensor the plan rebuilt is kept and waits in host memory
+ * instead, where its copies hide (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
+ * DTR's plan with copies at 12.65 % overhead, 4.46 % after the moves). The
+ * result, laid out, replaces *p where it is faster and its arena fits. */
+RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
+{
+    rkm__polish w;
+    rkm_plan *b = NULL, *q = NULL;
+    int found = rkm__polish_run(&w, pl, *p, budget, limit, 1);
+    rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "offload moves") : RKM_OK;
+    if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &b))) r = rkm__offload_fit(pl, b, budget, 1, &q);
+    rkm_plan_destroy(b);
+    if (q && q->stats.time < (*p)->stats.time) {
+        rkm_plan_destroy(*p);
+        *p = q;
+    } else
+        rkm_plan_destroy(q);
     rkm__polish_free(&w);
     return r;
 }
@@ -12414,12 +12486,13 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
 
 /* The base plan's steps (valid on g, no copies) with copies that bring its
  * peak within `budget`, into *out (taken by the caller); out->n 0 when
- * none does. g has a copy link. exposed 0: only copies that hide behind
+ * none does; *work (NULL: not counted) grows by the steps it replayed.
+ * g has a copy link. exposed 0: only copies that hide behind
  * compute; 1: where none does, copies the compute stream waits for, the
  * largest slot first; 2: the same, the best fit for the bytes over the
  * budget first (rkm__off_fits_better). */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
-                                         int exposed, rkm__steps *out)
+                                         int exposed, rkm__steps *out, uint64_t *work)
 {
     rkm__off o;
     *out = (rkm__steps){g->ctx, NULL, 0, 0};
@@ -12441,6 +12514,7 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
             r = rkm__nomem(g->ctx, "offloading");
             break;
         }
+        if (work) *work += o.out.n;
         uint64_t peak;
         int64_t s = rkm__off_peak(&o, &peak);
         if (s >= 0 && peak <= budget) {
@@ -12467,14 +12541,14 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
-static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out)
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;
     for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
         rkm__steps d;
         rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, &d);
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, &d, NULL);
         if (r || !d.n) return r;
         if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
         if ((r = rkm__plan_seal(q, pl->d.alignment))) {
@@ -12617,7 +12691,11 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * copies, each run stopped where its clock passes the fastest so far
  * (gpt2-124M-b4-t64 at 50 % with 450 GB/s: 12.65 % overhead against the
  * pass's 16.64 %), and the chain DP with block inputs in host memory
- * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). */
+ * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). Then
+ * the offload moves (search.c) on the fastest of all, within
+ * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
+ * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
+ * 12.65 % -> 4.46 %). */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
@@ -12630,8 +12708,10 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     uint64_t done = pl->work_done;
     if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
     /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
-     * did, or a solve's where it found no plan (only a base can give one) */
-    pl->base_end = pl->work_done + (*p ? (uint64_t)((double)(pl->work_done - done) * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
+     * did, or a solve's where it found no plan (only a base can give one);
+     * the offload moves, RKM_OFFLOAD_MOVES_WORK of it */
+    double solve = *p ? (double)(pl->work_done - done) : (double)RKM_SOLVE_WORK;
+    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -12661,6 +12741,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     *p = rkm__faster(*p, d);
     if (!r) r = rkm__chain_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &c);
     *p = rkm__faster(*p, c);
+    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM_OFFLOAD_MOVES_WORK), p);
     if (r) { /* nothing half-built: the plan taken goes too */
         rkm_plan_destroy(*p);
         *p = NULL;

@@ -649,8 +649,10 @@ typedef enum rkm_algo {
                               graph with a copy link (rkm_graph_set_copy) it also
                               offloads to host memory where that is faster (copies
                               added to its own plans, DTR's plans with copies, the
-                              chain DP with each segment's input in host memory);
-                              so does DTR; the other algorithms never do */
+                              chain DP with each segment's input in host memory,
+                              then a search that trades the fastest plan's
+                              recomputations for copies); so does DTR; the other
+                              algorithms never do */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
     RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */

@@ -323,6 +323,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * with a link took up to 2.1 times the time without (gpt2-124M-b4-t64 at
  * 50 % with 450 GB/s, two bases). */
 #define RKM_OFFLOAD_BASE_WORK 0.75
+/* The offload moves (search.c, rkm__offload_moves) get this share of the
+ * work the recompute-only solve's search did (a whole solve's where it
+ * found no plan). A move is judged by the offload pass, several times the
+ * time per unit of work a replay takes, and most of the gain comes from
+ * the first moves: on gpt2-xl-b4-t1024 with 25 GB/s (one core), 1/64 took
+ * 0.02..0.03 s a solve and brought 17.36 % to 16.66 % at 10 % and 4.29 %
+ * to 4.02 % at 30 %; 1/32, 0.05..0.06 s for 16.66 % and 4.02 %; the whole
+ * search at 10 % (20 M units, 0.8 s), 16.58 %. */
+#define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 
@@ -1005,7 +1014,8 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 
 /* offload.c */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
-                                         rkm__steps *out);
+                                         rkm__steps *out, uint64_t *work);
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* layout.c */
@@ -1132,6 +1142,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
 
 /* search.c */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
 RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);

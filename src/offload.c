@@ -469,12 +469,13 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
 
 /* The base plan's steps (valid on g, no copies) with copies that bring its
  * peak within `budget`, into *out (taken by the caller); out->n 0 when
- * none does. g has a copy link. exposed 0: only copies that hide behind
+ * none does; *work (NULL: not counted) grows by the steps it replayed.
+ * g has a copy link. exposed 0: only copies that hide behind
  * compute; 1: where none does, copies the compute stream waits for, the
  * largest slot first; 2: the same, the best fit for the bytes over the
  * budget first (rkm__off_fits_better). */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
-                                         int exposed, rkm__steps *out)
+                                         int exposed, rkm__steps *out, uint64_t *work)
 {
     rkm__off o;
     *out = (rkm__steps){g->ctx, NULL, 0, 0};
@@ -496,6 +497,7 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
             r = rkm__nomem(g->ctx, "offloading");
             break;
         }
+        if (work) *work += o.out.n;
         uint64_t peak;
         int64_t s = rkm__off_peak(&o, &peak);
         if (s >= 0 && peak <= budget) {
@@ -522,14 +524,14 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
-static rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out)
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;
     for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
         rkm__steps d;
         rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, &d);
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, &d, NULL);
         if (r || !d.n) return r;
         if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
         if ((r = rkm__plan_seal(q, pl->d.alignment))) {
@@ -672,7 +674,11 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * copies, each run stopped where its clock passes the fastest so far
  * (gpt2-124M-b4-t64 at 50 % with 450 GB/s: 12.65 % overhead against the
  * pass's 16.64 %), and the chain DP with block inputs in host memory
- * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). */
+ * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). Then
+ * the offload moves (search.c) on the fastest of all, within
+ * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
+ * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
+ * 12.65 % -> 4.46 %). */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
@@ -685,8 +691,10 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     uint64_t done = pl->work_done;
     if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
     /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
-     * did, or a solve's where it found no plan (only a base can give one) */
-    pl->base_end = pl->work_done + (*p ? (uint64_t)((double)(pl->work_done - done) * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
+     * did, or a solve's where it found no plan (only a base can give one);
+     * the offload moves, RKM_OFFLOAD_MOVES_WORK of it */
+    double solve = *p ? (double)(pl->work_done - done) : (double)RKM_SOLVE_WORK;
+    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -716,6 +724,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     *p = rkm__faster(*p, d);
     if (!r) r = rkm__chain_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &c);
     *p = rkm__faster(*p, c);
+    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM_OFFLOAD_MOVES_WORK), p);
     if (r) { /* nothing half-built: the plan taken goes too */
         rkm_plan_destroy(*p);
         *p = NULL;

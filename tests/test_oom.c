@@ -7,6 +7,7 @@
  * for (the allocator keeps every block's size in a table). */
 #include "../rockmate.c"
 #include "test.h"
+#include "copy_graph.h"
 
 /* ------------------------------------------------------ tracking allocator */
 
@@ -800,7 +801,7 @@ static rkm_result run_offload(void *env, void **out)
     offload_env *e = env;
     rkm__steps d;
     *out = NULL;
-    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, 1, &d);
+    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, 1, &d, NULL);
     if (!r && !d.n) return RKM_ERROR_BUDGET; /* a clean run finds copies: check says so */
     return r ? r : rkm__plan_birth(e->g, &d, NULL, (rkm_plan **)out);
 }
@@ -887,6 +888,59 @@ TEST(chain_offloads)
     rkm_context_destroy(ctx);
 }
 
+/* Offload moves (rkm__offload_moves: polish judged by the offload pass,
+ * the winner laid out) from copy_graph.h's plan that rebuilds h, every
+ * allocation failing in turn: the plan given stays the caller's, whole,
+ * where it fails. */
+typedef struct moves_env {
+    rkm_planner *pl;
+    const rkm_plan *start;
+} moves_env;
+
+static rkm_result run_moves(void *env, void **out)
+{
+    moves_env *e = env;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__plan_copy(e->start, &p);
+    if (!r) r = rkm__offload_moves(e->pl, 3400, 1000000, &p);
+    if (!r && p && p->n_steps == e->start->n_steps && !memcmp(p->steps, e->start->steps, p->n_steps * sizeof *p->steps))
+        r = RKM_ERROR_BUDGET; /* the plan given back unchanged where it fails: check says so */
+    if (r) {
+        rkm_plan_destroy(p);
+        p = NULL;
+    }
+    *out = p;
+    return r;
+}
+
+static int check_moves(void *env, void *out)
+{
+    (void)env;
+    rkm_plan_stats ps;
+    return rkm_plan_stats_get(out, &ps) == RKM_OK && ps.offloads == 1 && ps.time == 12.0 && ps.arena_bytes <= 3400;
+}
+
+TEST(offload_moves)
+{
+    rkm_context *ctx = new_ctx();
+    moves_env e = {NULL, NULL};
+    rkm_graph *g = NULL;
+    rkm_plan *start = NULL;
+    rkm_solve_desc d = {.alignment = 1};
+    CHECK(rkm_graph_read_string(ctx, G_COPY, strlen(G_COPY), "copy.rkg", &g) == RKM_OK);
+    if (g) CHECK(rkm_plan_read_string(g, P_RECOMPUTE, strlen(P_RECOMPUTE), "copy.rkp", NULL, &start) == RKM_OK);
+    if (start) CHECK(rkm_planner_create(g, &d, &e.pl) == RKM_OK);
+    if (e.pl) {
+        e.start = start;
+        op_under_test op = {"offload moves", run_moves, check_moves, drop_plan};
+        every_failure(&op, &e, ctx);
+    }
+    rkm_planner_destroy(e.pl);
+    rkm_plan_destroy(start);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* Nesting writes a block as a graph of its own (rkm__nest_graph): every
  * failing allocation of that build leaves nothing behind. unet-d4's outer
  * block, 37 ops, with the skip tensor as an input and a stand-in loss. */
@@ -961,6 +1015,7 @@ int main(void)
     RUN(drop_options);
     RUN(offload_stage);
     RUN(chain_offloads);
+    RUN(offload_moves);
     RUN(nest_graph);
     RUN(allocator_totals);
     free(A.b);
