@@ -358,11 +358,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* The offload moves (search.c, rkm__offload_moves) get this share of the
  * work the recompute-only solve's search did (a whole solve's where it
  * found no plan). A move is judged by the offload pass, several times the
- * time per unit of work a replay takes, and most of the gain comes from
- * the first moves: on gpt2-xl-b4-t1024 with 25 GB/s (one core), 1/64 took
- * 0.02..0.03 s a solve and brought 17.36 % to 16.66 % at 10 % and 4.29 %
- * to 4.02 % at 30 %; 1/32, 0.05..0.06 s for 16.66 % and 4.02 %; the whole
- * search at 10 % (20 M units, 0.8 s), 16.58 %. */
+ * time per unit of work a replay takes, and the costliest moves, tried
+ * first, bring most of the gain: on gpt2-xl-b4-t1024 with 25 GB/s (one
+ * core, `rockmate plan` in all), 1/64 and 1/32 both gave 14.77 % overhead
+ * at 10 % (17.36 % before the moves) and 4.11 % at 30 % (4.29 %) in 0.89 and
+ * 0.68 s; the whole search, 14.77 and 4.06 % in 1.70 and 1.80 s. */
 #define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
@@ -11016,6 +11016,12 @@ static int rkm__replay_set(rkm__replay *rp, rkm__sim *s, const rkm_step *steps, 
  * recomputation may leave a tensor live across the peak, in host memory
  * there (rkm__offload_moves). */
 
+/* A recomputing forward polish may drop: at step j of its best plan. */
+typedef struct rkm__move {
+    double fwd; /* the time dropping it saves */
+    size_t j;
+} rkm__move;
+
 typedef struct rkm__polish {
     const rkm_graph *g;
     rkm_planner *pl;  /* its deadline stops the search (rkm__over) */
@@ -11034,6 +11040,8 @@ typedef struct rkm__polish {
     uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
     double time;
     int copies;       /* a candidate is judged with the offload pass's copies (rkm__offload_moves) */
+    rkm__move *order; /* a sweep's moves, in the order it tries them */
+    size_t cap_order;
 } rkm__polish;
 
 static int rkm__is_compute(const rkm_step *s) { return s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_LOSS || s->kind == RKM_STEP_BWD; }
@@ -11202,6 +11210,7 @@ static void rkm__polish_free(rkm__polish *w)
     rkm__steps_free(&w->frees);
     rkm__steps_free(&w->low);
     rkm__free(w->g->ctx, w->fr_at, w->cap_at * sizeof *w->fr_at);
+    rkm__free(w->g->ctx, w->order, w->cap_order * sizeof *w->order);
     rkm__free(w->g->ctx, w->need, w->g->n_tensors);
     rkm__free(w->g->ctx, w->pneed, w->g->n_ops);
     rkm__replay_free(&w->rp);
@@ -11211,18 +11220,40 @@ static void rkm__polish_free(rkm__polish *w)
  * limit and the deadline not passed. */
 static int rkm__polish_more(rkm__polish *w) { return w->work < w->limit && !rkm__over(w->pl); }
 
-/* Drop recomputations while one fits, sweeping the steps in order until a
- * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
+/* Costliest first, then in step order. */
+static int rkm__move_cmp(const void *x, const void *y)
+{
+    const rkm__move *a = x, *b = y;
+    if (a->fwd != b->fwd) return a->fwd < b->fwd ? 1 : -1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+/* Drop recomputations while one fits: each sweep tries every recomputing
+ * forward once, in step order, or for the offload moves the costliest
+ * first (a move saves its op's forward; with the moves' small share of
+ * work, trying the large savings first found 1.7 points more on
+ * gpt2-xl-b4-t1024 at 10 % with 25 GB/s, 2.3 on unet-d6 at 50 %, 0.1 less
+ * on some rows), until a sweep keeps none, the work runs out or the
+ * deadline passes. 0 on NOMEM. */
 static int rkm__polish_search(rkm__polish *w)
 {
     int kept = 1;
     while (kept && rkm__polish_more(w)) {
         kept = 0;
-        for (size_t j = 0; j < w->cur.n && rkm__polish_more(w); j++) {
-            int k;
+        size_t n = 0;
+        if (!rkm__reserve(w->g->ctx, (void **)&w->order, &w->cap_order, w->cur.n + 1, sizeof *w->order)) return 0;
+        for (size_t j = 0; j < w->cur.n; j++)
+            if (w->cur.s[j].kind == RKM_STEP_FWD) w->order[n++] = (rkm__move){w->g->ops[w->cur.s[j].index].fwd, j};
+        if (w->copies) qsort(w->order, n, sizeof *w->order, rkm__move_cmp);
+        for (size_t k = 0; k < n && rkm__polish_more(w); k++) {
+            int got;
+            size_t j = w->order[k].j;
             int64_t h = rkm__polish_drop(w, j);
-            if (h == -2 || (h >= 0 && !rkm__polish_try(w, &k))) return 0;
-            if (h >= 0 && k) kept = 1, j--; /* step j is another one now */
+            if (h == -2 || (h >= 0 && !rkm__polish_try(w, &got))) return 0;
+            if (h >= 0 && got) { /* step j is gone: the later ones move up */
+                kept = 1;
+                for (size_t m = k + 1; m < n; m++) w->order[m].j -= w->order[m].j > j;
+            }
         }
     }
     return 1;
@@ -11310,7 +11341,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
  * bring it within the budget; it is kept when the plan with those copies
  * is faster. So a tensor the plan rebuilt is kept and waits in host memory
  * instead, where its copies hide (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
- * DTR's plan with copies at 12.65 % overhead, 4.46 % after the moves). The
+ * DTR's plan with copies at 12.65 % overhead, 2.70 % after the moves). The
  * result, laid out, replaces *p where it is faster and its arena fits. */
 RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
 {
@@ -12695,7 +12726,7 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * the offload moves (search.c) on the fastest of all, within
  * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
  * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
- * 12.65 % -> 4.46 %). */
+ * 12.65 % -> 2.70 %). */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;

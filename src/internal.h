@@ -326,11 +326,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* The offload moves (search.c, rkm__offload_moves) get this share of the
  * work the recompute-only solve's search did (a whole solve's where it
  * found no plan). A move is judged by the offload pass, several times the
- * time per unit of work a replay takes, and most of the gain comes from
- * the first moves: on gpt2-xl-b4-t1024 with 25 GB/s (one core), 1/64 took
- * 0.02..0.03 s a solve and brought 17.36 % to 16.66 % at 10 % and 4.29 %
- * to 4.02 % at 30 %; 1/32, 0.05..0.06 s for 16.66 % and 4.02 %; the whole
- * search at 10 % (20 M units, 0.8 s), 16.58 %. */
+ * time per unit of work a replay takes, and the costliest moves, tried
+ * first, bring most of the gain: on gpt2-xl-b4-t1024 with 25 GB/s (one
+ * core, `rockmate plan` in all), 1/64 and 1/32 both gave 14.77 % overhead
+ * at 10 % (17.36 % before the moves) and 4.11 % at 30 % (4.29 %) in 0.89 and
+ * 0.68 s; the whole search, 14.77 and 4.06 % in 1.70 and 1.80 s. */
 #define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */

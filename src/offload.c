@@ -678,7 +678,7 @@ static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t 
  * the offload moves (search.c) on the fastest of all, within
  * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
  * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
- * 12.65 % -> 4.46 %). */
+ * 12.65 % -> 2.70 %). */
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;

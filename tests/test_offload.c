@@ -1331,7 +1331,7 @@ TEST(dtr_offloads_fill_the_stream)
  * pass offloads recompute-only plans, and where a greedy eviction's
  * offloads beat those, DTR's plan is the one the offload moves start from.
  * On gpt2-124M-b4-t64 at 50 % with 450 GB/s: DTR's 12.65 % overhead, where
- * the pass's was 16.64 %; 4.46 % once the moves have traded its
+ * the pass's was 16.64 %; 2.70 % once the moves have traded its
  * recomputations for copies, so strictly faster than DTR's. Also in
  * offload_sweep's graphs: never slower than DTR there. */
 TEST(planner_takes_dtr_offloads)
