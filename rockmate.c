@@ -359,10 +359,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * work the recompute-only solve's search did (a whole solve's where it
  * found no plan). A move is judged by the offload pass, several times the
  * time per unit of work a replay takes, and the costliest moves, tried
- * first, bring most of the gain: on gpt2-xl-b4-t1024 with 25 GB/s (one
- * core, `rockmate plan` in all), 1/64 and 1/32 both gave 14.77 % overhead
- * at 10 % (17.36 % before the moves) and 4.11 % at 30 % (4.29 %) in 0.89 and
- * 0.68 s; the whole search, 14.77 and 4.06 % in 1.70 and 1.80 s. */
+ * first, bring most of the gain. gpt2-xl-b4-t1024 with 25 GB/s, overhead
+ * at 10 % and 30 % and the seconds of `rockmate plan` (one core): without
+ * the moves 17.36 and 4.29 % (0.84, 0.63 s); 1/64: 14.96 and 4.11 %
+ * (0.89, 0.66 s); 1/32: 14.77 and 4.11 % (0.89, 0.69 s); the whole
+ * search: 14.77 and 4.06 % (1.67, 1.74 s). */
 #define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
@@ -11040,8 +11041,9 @@ typedef struct rkm__polish {
     uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
     double time;
     int copies;       /* a candidate is judged with the offload pass's copies (rkm__offload_moves) */
-    rkm__move *order; /* a sweep's moves, in the order it tries them */
-    size_t cap_order;
+    rkm__move *order; /* the offload moves of a sweep, in the order it tries them */
+    size_t *renum;    /* scratch: per step of w->cand, its step in w->cur after a move (rkm__moves_renumber) */
+    size_t cap_order, cap_renum;
 } rkm__polish;
 
 static int rkm__is_compute(const rkm_step *s) { return s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_LOSS || s->kind == RKM_STEP_BWD; }
@@ -11211,6 +11213,7 @@ static void rkm__polish_free(rkm__polish *w)
     rkm__steps_free(&w->low);
     rkm__free(w->g->ctx, w->fr_at, w->cap_at * sizeof *w->fr_at);
     rkm__free(w->g->ctx, w->order, w->cap_order * sizeof *w->order);
+    rkm__free(w->g->ctx, w->renum, w->cap_renum * sizeof *w->renum);
     rkm__free(w->g->ctx, w->need, w->g->n_tensors);
     rkm__free(w->g->ctx, w->pneed, w->g->n_ops);
     rkm__replay_free(&w->rp);
@@ -11220,6 +11223,31 @@ static void rkm__polish_free(rkm__polish *w)
  * limit and the deadline not passed. */
 static int rkm__polish_more(rkm__polish *w) { return w->work < w->limit && !rkm__over(w->pl); }
 
+/* Try dropping the recomputing forward at step j (a no-op where step j
+ * is not one): 1, *got when kept; 0 on NOMEM. */
+static int rkm__polish_move(rkm__polish *w, size_t j, int *got)
+{
+    *got = 0;
+    int64_t h = rkm__polish_drop(w, j);
+    return h != -2 && (h < 0 || rkm__polish_try(w, got));
+}
+
+/* Drop recomputations while one fits, sweeping the steps in order until a
+ * sweep keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
+static int rkm__polish_search(rkm__polish *w)
+{
+    int kept = 1;
+    while (kept && rkm__polish_more(w)) {
+        kept = 0;
+        for (size_t j = 0; j < w->cur.n && rkm__polish_more(w); j++) {
+            int got;
+            if (!rkm__polish_move(w, j, &got)) return 0;
+            if (got) kept = 1, j--; /* step j is another one now */
+        }
+    }
+    return 1;
+}
+
 /* Costliest first, then in step order. */
 static int rkm__move_cmp(const void *x, const void *y)
 {
@@ -11228,14 +11256,30 @@ static int rkm__move_cmp(const void *x, const void *y)
     return (a->j > b->j) - (a->j < b->j);
 }
 
-/* Drop recomputations while one fits: each sweep tries every recomputing
- * forward once, in step order, or for the offload moves the costliest
- * first (a move saves its op's forward; with the moves' small share of
- * work, trying the large savings first found 1.7 points more on
- * gpt2-xl-b4-t1024 at 10 % with 25 GB/s, 2.3 on unet-d6 at 50 %, 0.1 less
- * on some rows), until a sweep keeps none, the work runs out or the
- * deadline passes. 0 on NOMEM. */
-static int rkm__polish_search(rkm__polish *w)
+/* After a kept drop of step j: the moves still to try, order[from..*n),
+ * renumbered to their steps in the new w->cur, where polish_try left out
+ * step j and the forwards that became dead (marked in w->cand, which is
+ * w->cur before the move without step j); those left out go. 0 on NOMEM. */
+static int rkm__moves_renumber(rkm__polish *w, size_t j, size_t from, size_t *n)
+{
+    if (!rkm__reserve(w->g->ctx, (void **)&w->renum, &w->cap_renum, w->cand.n + 1, sizeof *w->renum)) return 0;
+    size_t live = 0, out = from;
+    for (size_t c = 0; c < w->cand.n; c++) w->renum[c] = w->cand.s[c].kind >= 0 ? live++ : SIZE_MAX;
+    for (size_t m = from; m < *n; m++) {
+        size_t c = w->order[m].j - (w->order[m].j > j);
+        if (w->renum[c] != SIZE_MAX) w->order[out++] = (rkm__move){w->order[m].fwd, w->renum[c]};
+    }
+    *n = out;
+    return 1;
+}
+
+/* polish_search for the offload moves: each sweep tries every
+ * recomputing forward once, the costliest first (a move saves its op's
+ * forward; with the moves' small share of work, trying the large savings
+ * first found 1.7 points more on gpt2-xl-b4-t1024 at 10 % with 25 GB/s
+ * and 2.3 on unet-d6 at 50 %, 0.1 less on a few rows), until a sweep keeps none, the work runs out or
+ * the deadline passes. 0 on NOMEM. */
+static int rkm__polish_costly(rkm__polish *w)
 {
     int kept = 1;
     while (kept && rkm__polish_more(w)) {
@@ -11244,16 +11288,12 @@ static int rkm__polish_search(rkm__polish *w)
         if (!rkm__reserve(w->g->ctx, (void **)&w->order, &w->cap_order, w->cur.n + 1, sizeof *w->order)) return 0;
         for (size_t j = 0; j < w->cur.n; j++)
             if (w->cur.s[j].kind == RKM_STEP_FWD) w->order[n++] = (rkm__move){w->g->ops[w->cur.s[j].index].fwd, j};
-        if (w->copies) qsort(w->order, n, sizeof *w->order, rkm__move_cmp);
+        qsort(w->order, n, sizeof *w->order, rkm__move_cmp);
         for (size_t k = 0; k < n && rkm__polish_more(w); k++) {
             int got;
-            size_t j = w->order[k].j;
-            int64_t h = rkm__polish_drop(w, j);
-            if (h == -2 || (h >= 0 && !rkm__polish_try(w, &got))) return 0;
-            if (h >= 0 && got) { /* step j is gone: the later ones move up */
-                kept = 1;
-                for (size_t m = k + 1; m < n; m++) w->order[m].j -= w->order[m].j > j;
-            }
+            if (!rkm__polish_move(w, w->order[k].j, &got)) return 0;
+            if (got && !rkm__moves_renumber(w, w->order[k].j, k + 1, &n)) return 0;
+            kept |= got;
         }
     }
     return 1;
@@ -11310,7 +11350,7 @@ static int rkm__polish_run(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, u
     rkm_result r = rkm__polish_init(w, pl, pl->g, p->steps, p->n_steps, budget);
     w->limit = limit;
     w->copies = copies;
-    int ok = !r && rkm__polish_try(w, &kept) && (!kept || rkm__polish_search(w));
+    int ok = !r && rkm__polish_try(w, &kept) && (!kept || (copies ? rkm__polish_costly(w) : rkm__polish_search(w)));
     rkm__spend(pl, w->work);
     if (!ok) return -1;
     if (!kept || !(w->time < p->stats.time)) return 0;

@@ -327,10 +327,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * work the recompute-only solve's search did (a whole solve's where it
  * found no plan). A move is judged by the offload pass, several times the
  * time per unit of work a replay takes, and the costliest moves, tried
- * first, bring most of the gain: on gpt2-xl-b4-t1024 with 25 GB/s (one
- * core, `rockmate plan` in all), 1/64 and 1/32 both gave 14.77 % overhead
- * at 10 % (17.36 % before the moves) and 4.11 % at 30 % (4.29 %) in 0.89 and
- * 0.68 s; the whole search, 14.77 and 4.06 % in 1.70 and 1.80 s. */
+ * first, bring most of the gain. gpt2-xl-b4-t1024 with 25 GB/s, overhead
+ * at 10 % and 30 % and the seconds of `rockmate plan` (one core): without
+ * the moves 17.36 and 4.29 % (0.84, 0.63 s); 1/64: 14.96 and 4.11 %
+ * (0.89, 0.66 s); 1/32: 14.77 and 4.11 % (0.89, 0.69 s); the whole
+ * search: 14.77 and 4.06 % (1.67, 1.74 s). */
 #define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
