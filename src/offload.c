@@ -524,7 +524,8 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out)
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
+                                        rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;

@@ -273,8 +273,9 @@ static int rkm__polish_expand(rkm__polish *w)
 }
 
 /* The candidate's plan run (in place where it can) with the offload pass's
- * hidden copies for the budget: 1 when they bring it within (then *time),
- * 0 when not, -1 on NOMEM. */
+ * copies for the budget (hidden ones, else ones the compute stream waits
+ * for): 1 when they bring it within (then *time), 0 when not, -1 on
+ * NOMEM. */
 static int rkm__polish_fits_copies(rkm__polish *w, const rkm__steps *run, double *time)
 {
     rkm__steps d;
@@ -426,8 +427,8 @@ static int rkm__moves_renumber(rkm__polish *w, size_t j, size_t from, size_t *n)
  * recomputing forward once, the costliest first (a move saves its op's
  * forward; with the moves' small share of work, trying the large savings
  * first found 1.7 points more on gpt2-xl-b4-t1024 at 10 % with 25 GB/s
- * and 2.3 on unet-d6 at 50 %, 0.1 less on a few rows), until a sweep keeps none, the work runs out or
- * the deadline passes. 0 on NOMEM. */
+ * and 2.3 on unet-d6 at 50 %, 0.1 less on a few rows), until a sweep
+ * keeps none, the work runs out or the deadline passes. 0 on NOMEM. */
 static int rkm__polish_costly(rkm__polish *w)
 {
     int kept = 1;
@@ -526,10 +527,10 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 
 /* Offload moves: polish with the offload pass as its judge. A move drops a
  * recomputation from the compute steps of *p (a plan with copies, made by
- * any of rockmate's ways) and the pass's hidden copies of the result must
- * bring it within the budget; it is kept when the plan with those copies
- * is faster. So a tensor the plan rebuilt is kept and waits in host memory
- * instead, where its copies hide (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
+ * any of rockmate's ways) and the pass's copies of the result must bring
+ * it within the budget; it is kept when the plan with those copies is
+ * faster. So a tensor the plan rebuilt is kept and waits in host memory
+ * instead, where its copies cost less (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
  * DTR's plan with copies at 12.65 % overhead, 2.70 % after the moves). The
  * result, laid out, replaces *p where it is faster and its arena fits. */
 RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
