@@ -673,6 +673,19 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
     return RKM_OK;
 }
 
+/* Plan p (taken) as the host gets it into *out where its arena fits the
+ * budget; else *out NULL and *arena (if not NULL) that arena. */
+static rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
+{
+    rkm_result r = rkm__planner_handout(pl, p, out);
+    if (!r && (*out)->stats.arena_bytes > budget) {
+        if (arena) *arena = (*out)->stats.arena_bytes;
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
 /* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
  * was over the budget (*need set), the faster of that and DTR's plan for
  * the budget itself: DTR plans to an allocator of the budget's bytes, so
@@ -686,11 +699,7 @@ RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_pl
     rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
-    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__planner_handout(pl, p, &q);
-    if (!r && q && q->stats.arena_bytes > budget) {
-        rkm_plan_destroy(q);
-        q = NULL;
-    }
+    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
@@ -897,19 +906,6 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
         if (!r && missed) *missed = rkm__faster(*missed, *p);
         else rkm_plan_destroy(*p);
         *p = NULL;
-    }
-    return r;
-}
-
-/* Plan p (taken) as the host gets it into *out where its arena fits the
- * budget; else *out NULL and *arena (if not NULL) that arena. */
-static rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
-{
-    rkm_result r = rkm__planner_handout(pl, p, out);
-    if (!r && (*out)->stats.arena_bytes > budget) {
-        if (arena) *arena = (*out)->stats.arena_bytes;
-        rkm_plan_destroy(*out);
-        *out = NULL;
     }
     return r;
 }

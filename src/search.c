@@ -272,33 +272,17 @@ static int rkm__polish_expand(rkm__polish *w)
     return 1;
 }
 
-/* The candidate's plan run (in place where it can) with the offload pass's
- * copies for the budget (hidden ones, else ones the compute stream waits
- * for): 1 when they bring it within (then *time), 0 when not, -1 on
- * NOMEM. */
-static int rkm__polish_fits_copies(rkm__polish *w, const rkm__steps *run, double *time)
-{
-    rkm__steps d;
-    if (rkm__offload_plan(w->g, run->s, run->n, w->budget, 1, &d, &w->work)) return -1;
-    w->work += d.n;
-    rkm__sim_reset(&w->sim);
-    rkm__figures f = {w->sim.mem, 0, 0, -1};
-    int32_t obj;
-    int fits = d.n && rkm__replay_steps(&w->sim, d.s, 0, d.n, w->budget, w->budget, INFINITY, &f) &&
-               rkm__sim_end(&w->sim, &obj) == RKM_RULE_NONE;
-    rkm__steps_free(&d);
-    *time = f.time;
-    return fits;
-}
-
 /* Replay w->full run in place where it can (in w->low: the squeeze reads
- * w->full's own steps), with copies where w->copies: 1 when valid and
- * within the budget (then *time), -1 on NOMEM. */
+ * w->full's own steps), for the offload moves (w->copies) with the offload
+ * pass's copies for the budget, hidden ones or else ones the compute stream
+ * waits for (none: it does not fit): 1 when valid and within the budget
+ * (then *time), -1 on NOMEM. */
 static int rkm__polish_fits(rkm__polish *w, double *time)
 {
     rkm__figures f;
     int32_t obj;
     const rkm__steps *run = &w->full;
+    rkm__steps d = {w->g->ctx, NULL, 0, 0};
     if (w->g->has_inplace) {
         if (!rkm__reserve(w->g->ctx, (void **)&w->low.s, &w->low.cap, w->full.n + 1, sizeof *w->low.s)) return -1;
         if (w->full.n) memcpy(w->low.s, w->full.s, w->full.n * sizeof *w->low.s);
@@ -306,13 +290,17 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
         if (rkm__lower_inplace(w->g, &w->low)) return -1;
         run = &w->low;
     }
-    if (w->copies) return rkm__polish_fits_copies(w, run, time);
+    if (w->copies) {
+        if (rkm__offload_plan(w->g, run->s, run->n, w->budget, 1, &d, &w->work)) return -1;
+        if (!d.n) return 0;
+        run = &d;
+    }
     w->work += run->n;
-    if (!rkm__replay_run(&w->rp, &w->sim, run->s, run->n, UINT64_MAX, w->budget, INFINITY, &f) ||
-        rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE)
-        return 0;
-    *time = f.time;
-    return 1;
+    int fits = rkm__replay_run(&w->rp, &w->sim, run->s, run->n, UINT64_MAX, w->budget, INFINITY, &f) &&
+               rkm__sim_end(&w->sim, &obj) == RKM_RULE_NONE;
+    rkm__steps_free(&d);
+    if (fits) *time = f.time;
+    return fits;
 }
 
 /* Keep the candidate (its live compute steps) when it fits and is faster. */
