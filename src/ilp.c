@@ -40,6 +40,10 @@
  *      Stats counters accumulate (zero them first); proven/bound/time
  *      describe this call.
  *   rkm__ilp_block_destroy(b)
+ *   rkm__ilp_block_create_copies(g, &b), rkm__ilp_block_solve_copies(b,
+ *      budget, cutoff, time_limit_s, &steps, &n, offload, &stats, &found):
+ *      the whole graph with a copy link, each slot also able to wait in host
+ *      memory (see "copies" below); checkmate's with a link (offload.c).
  *
  * A block is four parts, each with one owner and its own init and free:
  * rkm__ilp_shape (numbering and structure, fixed at create), rkm__ilp_model
@@ -98,6 +102,23 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
     *found = 0;
     /* No block, so no context for a message: rkm__ilp_block_create refused. */
     return RKM_ERROR_INTERNAL;
+}
+
+RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
+{
+    *out = NULL;
+    return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "block ILP: built without lp_solve (RKM_OMIT_SOLVER)");
+}
+
+RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s,
+                                              rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st,
+                                              int *found)
+{
+    (void)b, (void)budget, (void)cutoff, (void)time_limit_s, (void)offload, (void)st;
+    *steps = NULL;
+    *n_steps = 0;
+    *found = 0;
+    return RKM_ERROR_INTERNAL; /* no block: rkm__ilp_block_create_copies refused */
 }
 
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
@@ -161,27 +182,6 @@ RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
     if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
     return rkm__now() > u->deadline;
-}
-
-/* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
-static int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
-{
-    void **p = where;
-    if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
-    *p = rkm__calloc(ctx, count, elem);
-    if (!*p) return 0;
-    a->at[a->n] = p;
-    a->bytes[a->n++] = count * elem;
-    return 1;
-}
-
-static void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
-{
-    for (int k = 0; k < a->n; k++) {
-        rkm__free(ctx, *a->at[k], a->bytes[k]);
-        *a->at[k] = NULL;
-    }
-    a->n = 0;
 }
 
 /* Scratch in the ILP: a forward's transient bytes count as
@@ -295,6 +295,101 @@ static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int
     return t >= 1 && t <= b->nb + 1 ? md->colS[(size_t)t * (size_t)b->nt + (size_t)i] : 0;
 }
 
+/* ---- copies (the whole graph with a copy link) ----
+ *
+ * rkm__ilp_block_create_copies adds to the whole-graph form a third choice
+ * for every copy slot x that a later stage needs (a tensor needed after
+ * stage 1, an op's saved state whose backward is not stage 1): spend the
+ * backward's start in host memory (O). Its offload starts when the forward
+ * makes it; D[x,k]: it is off the device from stage 0's node k on (after
+ * its last stage-0 read, once its copy is done), by the forward's end at
+ * the latest. It comes back for stage t by a prefetch: during stage t - 1's
+ * backward (P[BWD][t,x]: live from that backward's start), during all of
+ * stage t - 1 (P[STAGE]: live from its start, the recomputations' time to
+ * hide behind too), or at its end, the compute stream waiting for it
+ * (P[WAIT]: live from t's start, its copy's time added): a
+ * tensor as often as stages need it, a saved state once, for its backward.
+ * Time is the recomputations' and the compute stream's waits: P[WAIT]'s,
+ * WF[k] before forward node k (k = n: the loss) for offloads, W[t] at stage
+ * t's end for its prefetches. The device-to-host stream is one machine
+ * with release times (each offload's node end) and deadlines (D's node
+ * start), preemptive: for every window from a slot's release to a node
+ * start, the offloads released in it and due by then fit its compute time
+ * (that is exact for preemptive schedules). The read-out keeps only the
+ * recomputations; the offload pass places the copies on that schedule
+ * (offload.c), and the simulator measures it. */
+
+static int32_t rkm__ilp_O(const rkm__ilp_model *md, int32_t x) { return md->colO ? md->colO[x] : 0; }
+
+/* D[x,k] (k < n), or O[x] at k = n: off the device by node k. */
+static int32_t rkm__ilp_D(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t x, int32_t k)
+{
+    if (!md->colD || k < 0) return 0;
+    return k >= b->n ? md->colO[x] : md->colD[(size_t)x * (size_t)b->n + (size_t)k];
+}
+
+/* P[kind][t,x] (RKM__ILP_BACK_*). */
+static int32_t rkm__ilp_P(const rkm__ilp_shape *b, const rkm__ilp_model *md, int kind, int32_t t, int32_t x)
+{
+    const int32_t *col = md->colP[kind];
+    return col && t >= 1 && t <= b->nb + 1 ? col[(size_t)t * (size_t)(b->nt + b->n) + (size_t)x] : 0;
+}
+
+/* The stages slot x may come back for: lo..hi. */
+static void rkm__ilp_back_for(const rkm__ilp_shape *b, int32_t x, int32_t *lo, int32_t *hi)
+{
+    *lo = x < b->nt ? 1 : b->st[x - b->nt];
+    *hi = x < b->nt ? b->need_t[x] : *lo;
+}
+
+/* P[WAIT][1,i]: back for stage 1, after the loss node (0: none). */
+static int32_t rkm__ilp_P1(const rkm__ilp_shape *b, const rkm__ilp_model *md, int32_t i)
+{
+    return rkm__ilp_P(b, md, RKM__ILP_BACK_WAIT, 1, i);
+}
+
+/* Slot x's graph-wide copy slot (docs: rkm__slot_bytes), its producer in
+ * stage 0, the first node it may be freed before (after its last touch
+ * there) and its copy's time in tscale units. */
+static int32_t rkm__ilp_cslot(const rkm__ilp_shape *b, int32_t x)
+{
+    return x < b->nt ? b->tg[x] : (int32_t)b->g->n_tensors + b->op[x - b->nt];
+}
+static int32_t rkm__ilp_cprod(const rkm__ilp_shape *b, int32_t x) { return x < b->nt ? b->tprod[x] : x - b->nt; }
+static int32_t rkm__ilp_cfirst(const rkm__ilp_shape *b, int32_t x)
+{
+    return x < b->nt ? b->last0[x] + 1 : x - b->nt + 1;
+}
+static double rkm__ilp_ctime(const rkm__ilp_shape *b, int32_t x, double bytes_per_second)
+{
+    return rkm__copy_seconds(b->g, rkm__ilp_cslot(b, x), bytes_per_second) / b->tscale;
+}
+
+/* Whether slot x gets copy columns: a backward stage needs it. */
+static int rkm__ilp_copyable(const rkm__ilp_shape *b, int32_t x)
+{
+    return x < b->nt ? b->need_t[x] >= 1 && b->tg[x] != b->x_out
+                     : rkm__ilp_phantom(b, x - b->nt) && b->st[x - b->nt] >= 1;
+}
+
+/* The copy columns, numbered after the others (c: the last so far). */
+static void rkm__ilp_copy_columns(const rkm__ilp_shape *b, rkm__ilp_model *md, int32_t *c)
+{
+    for (int32_t x = 0; x < b->nt + b->n; x++) {
+        if (!rkm__ilp_copyable(b, x)) continue;
+        md->colO[x] = ++*c;
+        for (int32_t k = rkm__ilp_cfirst(b, x); k < b->n; k++) md->colD[(size_t)x * (size_t)b->n + (size_t)k] = ++*c;
+        int32_t lo, hi;
+        rkm__ilp_back_for(b, x, &lo, &hi);
+        for (int32_t t = lo; t <= hi; t++)
+            for (int kind = 0; kind < RKM__ILP_BACK_KINDS; kind++)
+                if (t > 1 || kind == RKM__ILP_BACK_WAIT) /* for stage 1: after the loss node */
+                    md->colP[kind][(size_t)t * (size_t)(b->nt + b->n) + (size_t)x] = ++*c;
+    }
+    for (int32_t t = 1; t < b->nb; t++) md->colW[t] = ++*c;
+    for (int32_t k = 1; k <= b->n; k++) md->colWF[k] = ++*c;
+}
+
 /* Append a node (and its free candidates: block tensors it reads or makes,
  * unless the stage's backward is sure to read them later). */
 static void rkm__ilp_add_node(const rkm__ilp_shape *b, rkm__ilp_model *md, int32_t t, int kind, int32_t v, int32_t *c,
@@ -348,6 +443,7 @@ static void rkm__ilp_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
         if (t >= 1) rkm__ilp_add_node(b, md, t, RKM__ILP_NODE_BWD, b->bop[t], &c, &nn, &nf);
     }
     if (md->node) md->node_off[b->nb + 1] = nn;
+    if (md->colO) rkm__ilp_copy_columns(b, md, &c);
     md->ncols = c;
     md->n_nodes = nn;
     md->n_fcand = nf;
@@ -453,6 +549,7 @@ static void rkm__ilp_rows_deps(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm_
             if (fwd) rkm__ilp_term(w, rkm__ilp_R(b, md, t, nd->v), 1);
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), fwd ? -1 : 1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), fwd ? -1 : 1);
+            if (t == 1) rkm__ilp_term(w, rkm__ilp_P1(b, md, i), fwd ? -1 : 1);
             rkm__ilp_emit_row(w, fwd ? LE : GE, fwd ? 0 : 1);
         }
         if (!fwd) continue;
@@ -476,6 +573,9 @@ static void rkm__ilp_rows_carry(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm
             rkm__ilp_term(w, rkm__ilp_S(b, md, t + 1, i), 1);
             rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -1);
             rkm__ilp_term(w, rkm__ilp_R(b, md, t, b->tprod[i]), -1);
+            for (int kind = 0; kind < RKM__ILP_BACK_KINDS; kind++) /* or back from host memory */
+                rkm__ilp_term(w, rkm__ilp_P(b, md, kind, t + 1, i), -1);
+            if (t == 1) rkm__ilp_term(w, rkm__ilp_P1(b, md, i), -1);
             rkm__ilp_emit_row(w, LE, 0);
         }
     for (int32_t v = 0; v < b->n; v++) { /* one save run, on a run: sum_t RP[t,v] = 1, RP <= R */
@@ -557,20 +657,37 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
             for (const rkm__ilp_free *f = md->fcand + pv->f0; t > 0 && f < rkm__ilp_fend(md, k - 1); f++)
                 rkm__ilp_term(w, f->col, (double)g->tensors[b->tg[f->i]].bytes / ms);
             for (int32_t i = 0; t == 0 && i < b->nt; i++)
-                if (b->last0[i] == pv->v) {
+                if (b->last0[i] == pv->v) { /* freed unless kept or offloaded */
                     rkm__ilp_term(w, RKM__ILP_ONE, (double)g->tensors[b->tg[i]].bytes / ms);
                     rkm__ilp_term(w, rkm__ilp_S(b, md, 1, i), -(double)g->tensors[b->tg[i]].bytes / ms);
+                    rkm__ilp_term(w, rkm__ilp_O(md, i), -(double)g->tensors[b->tg[i]].bytes / ms);
                 }
+            for (int32_t x = 0; t == 0 && md->colO && x < b->nt + b->n; x++) { /* offloads done by node v */
+                double by = (double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms;
+                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v), by);
+                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v - 1), -by);
+            }
         } else { /* the stage start */
             rkm__ilp_term(w, RKM__ILP_ONE, -(double)(b->static_bytes + b->gstart[t]) / ms);
             for (int32_t i = 0; i < b->nt; i++)
                 rkm__ilp_term(w, rkm__ilp_S(b, md, t, i), -(double)g->tensors[b->tg[i]].bytes / ms);
-            for (int32_t u = 0; u < b->n; u++)
+            for (int32_t u = 0; u < b->n; u++) {
                 for (int32_t t0 = 0; t0 < t && rkm__ilp_phantom(b, u) && t <= b->st[u]; t0++)
                     rkm__ilp_term(w, rkm__ilp_RP(b, md, t0, u), -(double)g->ops[b->op[u]].phantom / ms);
+                if (t && (t < b->st[u] || t == 1)) /* in host memory until it comes back */
+                    rkm__ilp_term(w, rkm__ilp_O(md, b->nt + u), (double)g->ops[b->op[u]].phantom / ms);
+            }
+            for (int32_t x = 0; t && md->colO && x < b->nt + b->n; x++) /* prefetches during the whole stage */
+                rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_STAGE, t + 1, x),
+                              -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
         }
         if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
         if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
+        for (int32_t x = 0; k == md->node_off[1] + 1 && md->colO && x < b->nt + b->n; x++) /* back after the loss */
+            rkm__ilp_term(w, rkm__ilp_P1(b, md, x), -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+        for (int32_t x = 0; nd->kind == RKM__ILP_NODE_BWD && md->colO && x < b->nt + b->n; x++) /* its prefetches */
+            rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_BWD, t + 1, x),
+                          -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
         if (nd->kind == RKM__ILP_NODE_FWD) {
             double made = (double)rkm__fwd_ws_most(o);
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
@@ -615,6 +732,85 @@ static void rkm__ilp_rows_dominance(const rkm__ilp_shape *b, rkm__ilp_model *md,
             rkm__ilp_emit_row(w, LE, 0);
         }
     }
+}
+
+/* The device-to-host stream: for every release a (a slot's producer) and
+ * node start k after it, the offloads released from a on and done by k
+ * fit the compute time between (rows that cannot bind are left out). */
+static void rkm__ilp_rows_d2h(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    double bw = b->g->copy.d2h_bytes_per_second;
+    int32_t nx = b->nt + b->n;
+    for (int32_t a = 0; a < b->n; a++) {
+        int released = 0;
+        for (int32_t x = 0; x < nx && !released; x++) released = rkm__ilp_O(md, x) && rkm__ilp_cprod(b, x) == a;
+        for (int32_t k = a + 1; released && k <= b->n; k++) {
+            double window = b->fstart[k] - b->fstart[a + 1], total = 0;
+            for (int32_t x = 0; x < nx; x++)
+                if (rkm__ilp_cprod(b, x) >= a && rkm__ilp_D(b, md, x, k)) total += rkm__ilp_ctime(b, x, bw);
+            if (total <= window) continue;
+            for (int32_t x = 0; x < nx; x++)
+                if (rkm__ilp_cprod(b, x) >= a) rkm__ilp_term(w, rkm__ilp_D(b, md, x, k), rkm__ilp_ctime(b, x, bw));
+            for (int32_t j = a + 1; j <= k; j++) rkm__ilp_term(w, md->colWF[j], -1); /* waits widen it */
+            rkm__ilp_emit_row(w, LE, window);
+        }
+    }
+}
+
+/* The host-to-device stream: what comes back for stage t + 1 is copied
+ * while stage t's backward runs, or all of stage t (its recomputations
+ * too), beyond that the compute stream waits (W[t]). */
+static void rkm__ilp_rows_h2d(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    const rkm_graph *g = b->g;
+    double bw = g->copy.h2d_bytes_per_second;
+    for (int32_t t = 1; t < b->nb; t++)
+        for (int stage = 0; stage < 2; stage++) {
+            for (int32_t x = 0; x < b->nt + b->n; x++) {
+                rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_BWD, t + 1, x), rkm__ilp_ctime(b, x, bw));
+                if (stage) rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_STAGE, t + 1, x), rkm__ilp_ctime(b, x, bw));
+            }
+            for (int32_t v = 0; stage && v < b->n; v++)
+                rkm__ilp_term(w, rkm__ilp_R(b, md, t, v), -g->ops[b->op[v]].fwd / b->tscale);
+            rkm__ilp_term(w, md->colW[t], -1);
+            rkm__ilp_emit_row(w, LE, g->ops[b->op[b->bop[t]]].bwd / b->tscale);
+        }
+}
+
+/* The copy rows (see "copies" above): D only grows, to O; O only where
+ * the tensor is not kept on the device, or the saved state made in stage
+ * 0; P only from host memory; the two streams' windows. */
+static void rkm__ilp_rows_copies(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm__ilp_row *w)
+{
+    for (int32_t x = 0; x < b->nt + b->n; x++) {
+        int32_t o = rkm__ilp_O(md, x);
+        if (!o) continue;
+        for (int32_t k = rkm__ilp_cfirst(b, x); k < b->n; k++) {
+            if (!rkm__ilp_D(b, md, x, k)) continue;
+            rkm__ilp_term(w, rkm__ilp_D(b, md, x, k), 1);
+            rkm__ilp_term(w, rkm__ilp_D(b, md, x, k + 1), -1);
+            rkm__ilp_emit_row(w, LE, 0);
+        }
+        rkm__ilp_term(w, o, 1);
+        if (x < b->nt) rkm__ilp_term(w, rkm__ilp_S(b, md, 1, x), 1);
+        else rkm__ilp_term(w, rkm__ilp_RP(b, md, 0, x - b->nt), -1);
+        rkm__ilp_emit_row(w, LE, x < b->nt ? 1 : 0);
+        int32_t lo, hi;
+        rkm__ilp_back_for(b, x, &lo, &hi);
+        for (int32_t t = lo; t <= hi; t++) { /* a saved state comes back once, a tensor from its host copy */
+            for (int kind = 0; kind < RKM__ILP_BACK_KINDS; kind++) rkm__ilp_term(w, rkm__ilp_P(b, md, kind, t, x), 1);
+            if (x < b->nt) {
+                rkm__ilp_term(w, o, -1);
+                rkm__ilp_emit_row(w, LE, 0);
+            }
+        }
+        if (x >= b->nt) {
+            rkm__ilp_term(w, o, -1);
+            rkm__ilp_emit_row(w, EQ, 0);
+        }
+    }
+    rkm__ilp_rows_d2h(b, md, w);
+    rkm__ilp_rows_h2d(b, md, w);
 }
 
 /* ---- lp_solve ------------------------------------------------------------ */
@@ -675,6 +871,12 @@ static void rkm__ilp_objective(const rkm__ilp_shape *b, rkm__ilp_model *md, rkm_
             int32_t c = rkm__ilp_R(b, md, t, v);
             if (c > 0) w->obj[c] += b->g->ops[b->op[v]].fwd / b->tscale;
         }
+    for (int32_t t = 1; md->colW && t < b->nb; t++) w->obj[md->colW[t]] = 1;
+    for (int32_t k = 1; md->colWF && k <= b->n; k++) w->obj[md->colWF[k]] = 1;
+    for (int32_t t = 0; md->colO && t <= b->nb + 1; t++)
+        for (int32_t x = 0; x < b->nt + b->n; x++)
+            if (rkm__ilp_P(b, md, RKM__ILP_BACK_WAIT, t, x) > 0)
+                w->obj[rkm__ilp_P(b, md, RKM__ILP_BACK_WAIT, t, x)] = rkm__ilp_ctime(b, x, b->g->copy.h2d_bytes_per_second);
 }
 
 /* Binary columns and the bounds of the F columns. */
@@ -688,6 +890,15 @@ static void rkm__ilp_set_columns(const rkm__ilp_shape *b, rkm__ilp_model *md)
     for (size_t j = 0; j < (size_t)(b->nb + 2) * (size_t)b->nt; j++)
         if (md->colS[j] > 0) set_binary(lp, md->colS[j], TRUE);
     for (int32_t f = 0; f < md->n_fcand; f++) set_upbo(lp, md->fcand[f].col, 1);
+    for (int32_t x = 0; md->colO && x < b->nt + b->n; x++) {
+        for (int32_t k = 0; k < b->n && rkm__ilp_O(md, x); k++)
+            if (rkm__ilp_D(b, md, x, k) > 0) set_binary(lp, rkm__ilp_D(b, md, x, k), TRUE);
+        if (rkm__ilp_O(md, x) > 0) set_binary(lp, rkm__ilp_O(md, x), TRUE);
+    }
+    for (int32_t t = 0; md->colO && t <= b->nb + 1; t++)
+        for (int32_t x = 0; x < b->nt + b->n; x++)
+            for (int kind = 0; kind < RKM__ILP_BACK_KINDS; kind++)
+                if (rkm__ilp_P(b, md, kind, t, x) > 0) set_binary(lp, rkm__ilp_P(b, md, kind, t, x), TRUE);
 }
 
 /* The gathered rows and objective as columns (row 0 the objective), each
@@ -762,6 +973,7 @@ static rkm_result rkm__ilp_build(const rkm__ilp_shape *b, rkm__ilp_model *md)
         rkm__ilp_rows_frees(b, md, &w);
         rkm__ilp_rows_memory(b, md, &w);
         rkm__ilp_rows_dominance(b, md, &w);
+        if (md->colO) rkm__ilp_rows_copies(b, md, &w);
         md->bad = w.bad;
         r = w.nomem ? rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's rows") : rkm__ilp_load(b, md, &w);
     }
@@ -1041,116 +1253,64 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     return rkm__ilp_finish(b, sc, t0, steps, n_fwd, n_bwd, st, found);
 }
 
-/* ---- the parts: init and free -------------------------------------------- */
-
-/* Local ids: ops (checked topological), block tensors and their producers. */
-static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t *opl)
+/* The copy model's schedule for `budget`, lp_solve alone: its
+ * recomputations as steps without copies (steps[0..*n_steps), the
+ * caller's), which peak over the budget where the model offloads, and the
+ * copy slots it offloads (offload[g->n_tensors + g->n_ops], 1 for each);
+ * the caller places the copies and has the simulator judge. Only
+ * schedules the model times under `cutoff` (seconds; INFINITY: none) are
+ * sought: the model's time is the plan's without copies, and an estimate
+ * with them (a prefetch it counts as waited for may hide where the
+ * offload pass puts it). *found 0 (steps NULL) when lp_solve finds none
+ * in its work; that is RKM_OK too. No memo: the model's floors and the
+ * greedy are recompute-only. */
+RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t budget, double cutoff, double time_limit_s,
+                                              rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st,
+                                              int *found)
 {
-    const rkm_graph *g = b->g;
-    b->nt = 0;
-    b->max_list = 1;
-    for (int32_t v = 0; v < b->n; v++) {
-        int32_t x = ops[v];
-        if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
-            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
-                                                        "and increasing", (int)v, (int)x);
-        b->op[v] = x;
-        opl[x] = v;
-        const rkm__op *o = &g->ops[x];
-        b->nt += o->n_out;
-        if (o->n_in >= b->max_list) b->max_list = o->n_in + 1;
-        if (o->n_saved >= b->max_list) b->max_list = o->n_saved + 1;
-    }
-    return RKM_OK;
-}
-
-/* The shape's arrays whose size is known once n, nt, nb are. 0: no memory. */
-static int rkm__ilp_shape_arrays(rkm__ilp_shape *b)
-{
-    rkm_context *ctx = b->ctx;
-    rkm__ilp_arrays *a = &b->arrays;
-    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
-    return rkm__ilp_take(ctx, a, &b->tg, nt, sizeof *b->tg) && rkm__ilp_take(ctx, a, &b->tprod, nt, sizeof *b->tprod) &&
-           rkm__ilp_take(ctx, a, &b->rd_off, nt + 1, sizeof *b->rd_off) &&
-           rkm__ilp_take(ctx, a, &b->st, n, sizeof *b->st) && rkm__ilp_take(ctx, a, &b->bop, nb + 1, sizeof *b->bop) &&
-           rkm__ilp_take(ctx, a, &b->need_o, n, sizeof *b->need_o) &&
-           rkm__ilp_take(ctx, a, &b->need_t, nt, sizeof *b->need_t) &&
-           rkm__ilp_take(ctx, a, &b->last0, nt, sizeof *b->last0) &&
-           rkm__ilp_take(ctx, a, &b->gstart, nb + 2, sizeof *b->gstart) &&
-           rkm__ilp_take(ctx, a, &b->gnew, nb + 1, sizeof *b->gnew) &&
-           rkm__ilp_take(ctx, a, &b->gfree, nb + 1, sizeof *b->gfree);
-}
-
-/* Number block tensors and stages; allocate the shape's arrays. */
-static rkm_result rkm__ilp_number(rkm__ilp_shape *b)
-{
-    const rkm_graph *g = b->g;
-    int32_t i = 0;
-    b->nb = 0;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        b->nb += o->has_bwd ? 1 : 0;
-        for (int32_t k = 0; k < o->n_out; k++) b->lt[o->out[k]] = i++;
-    }
-    if ((double)(b->nb + 1) * b->n > 20.0 * RKM__ILP_MAX_COLS)
-        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops are too many for one model", (int)b->n);
-    if (!rkm__ilp_shape_arrays(b)) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the block's structure");
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_out; k++) {
-            b->tg[b->lt[o->out[k]]] = o->out[k];
-            b->tprod[b->lt[o->out[k]]] = v;
-        }
-    }
-    return RKM_OK;
-}
-
-/* Readers, stages, needs (see rkm__ilp_derive) and constants. */
-static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
-{
-    const rkm_graph *g = b->g;
-    size_t n_rd = 0;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_in; k++) n_rd += b->lt[o->in[k]] >= 0;
-    }
-    int32_t *fill = rkm__calloc(b->ctx, (size_t)b->nt + 1, sizeof *fill);
-    if (!fill || !rkm__ilp_take(b->ctx, &b->arrays, &b->rd, n_rd + 1, sizeof *b->rd)) {
-        rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
-        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the readers");
-    }
-    rkm__ilp_derive(b, fill);
-    rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
-    return rkm__ilp_constants(b);
-}
-
-/* (a) The block's shape: checked against the graph, numbered, derived. */
-static rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
-                                      int32_t x_out, int is_last, rkm__ilp_shape *b)
-{
-    rkm_context *ctx = g->ctx;
-    b->g = g;
-    b->ctx = ctx;
-    b->n = n_ops;
-    b->x_in = x_in;
-    b->x_out = x_out;
-    b->is_last = is_last ? 1 : 0;
-    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
+    const rkm__ilp_shape *b = &bk->shape;
+    rkm__ilp_scratch *sc = &bk->scratch;
+    double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
+    rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
+                          lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline,
+                          bk->stop, bk->stop_user};
     rkm_result r = RKM_OK;
-    if (!opl || !rkm__ilp_take(ctx, &b->arrays, &b->lt, g->n_tensors + 1, sizeof *b->lt) ||
-        !rkm__ilp_take(ctx, &b->arrays, &b->op, (size_t)n_ops, sizeof *b->op))
-        r = rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
-    if (!r) {
-        for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
-        for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
-        r = rkm__ilp_locals(b, ops, opl);
+    *steps = NULL;
+    *n_steps = 0;
+    *found = 0;
+    st->proven = 0;
+    st->time = st->bound = 0;
+    if (!b->copies) return rkm__ilp_err(b, RKM_ERROR_INTERNAL, "internal error: a copy solve of a model without copies");
+    if (bk->model.bad || rkm__now() > work.deadline) return RKM_OK;
+    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
+    double root;
+    double obj = isfinite(cutoff) ? (cutoff - b->base_time) / b->tscale : -1;
+    if (isfinite(cutoff) && obj <= 0) return RKM_OK; /* nothing is faster than every forward and backward once */
+    int status = rkm__ilp_run(b, &bk->model, budget, UINT64_MAX, obj > 0 ? obj - 1e-9 * (1 + obj) : -1, &work,
+                              &sc->found, &root);
+    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
+    int valid = (status == OPTIMAL || status == SUBOPTIMAL) && rkm__ilp_measure(b, &sc->rp, &sc->found, &r);
+    if (r) return r;
+    st->proven = rkm__ilp_verdict(b, status, obj > 0, 0, valid, st);
+    st->work += lim * fmax(work.calls / work.max_calls, work.evals / work.max_evals);
+    if (valid) {
+        size_t nf, nb;
+        st->time = sc->found.time;
+        st->bound = st->proven ? st->time : b->base_time + (root > 0 ? root * b->tscale : 0);
+        r = rkm__ilp_output(b, &sc->rp, &sc->found, steps, &nf, &nb);
+        *n_steps = nf + nb;
+        *found = r == RKM_OK;
+        memset(offload, 0, b->g->n_tensors + b->g->n_ops);
+        for (int32_t x = 0; x < b->nt + b->n; x++) /* lp_solve's solution is still in md->x */
+            offload[rkm__ilp_cslot(b, x)] = rkm__ilp_O(&bk->model, x) && bk->model.x[rkm__ilp_O(&bk->model, x) - 1] > 0.5;
     }
-    if (!r) r = rkm__ilp_number(b);
-    if (!r) r = rkm__ilp_check(b, opl);
-    if (!r) r = rkm__ilp_structure(b);
-    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
+    st->seconds += rkm__now() - t0;
     return r;
 }
+
+/* ---- the parts: init and free -------------------------------------------- */
+
+/* (a), the shape, is in ilp_sched.c. */
 
 /* (b) The model: columns, nodes, free candidates, and the lprec. */
 static rkm_result rkm__ilp_model_init(const rkm__ilp_shape *b, rkm__ilp_model *md)
@@ -1161,7 +1321,14 @@ static rkm_result rkm__ilp_model_init(const rkm__ilp_shape *b, rkm__ilp_model *m
     if (!rkm__ilp_take(ctx, a, &md->colR, (nb + 1) * n, sizeof *md->colR) ||
         !rkm__ilp_take(ctx, a, &md->colRP, (nb + 1) * n, sizeof *md->colRP) ||
         !rkm__ilp_take(ctx, a, &md->colS, (nb + 2) * nt, sizeof *md->colS) ||
-        !rkm__ilp_take(ctx, a, &md->node_off, nb + 2, sizeof *md->node_off))
+        !rkm__ilp_take(ctx, a, &md->node_off, nb + 2, sizeof *md->node_off) ||
+        (b->copies && (!rkm__ilp_take(ctx, a, &md->colO, nt + n, sizeof *md->colO) ||
+                       !rkm__ilp_take(ctx, a, &md->colD, (nt + n) * n, sizeof *md->colD) ||
+                       !rkm__ilp_take(ctx, a, &md->colP[0], (nb + 2) * (nt + n), sizeof *md->colP[0]) ||
+                       !rkm__ilp_take(ctx, a, &md->colP[1], (nb + 2) * (nt + n), sizeof *md->colP[1]) ||
+                       !rkm__ilp_take(ctx, a, &md->colP[2], (nb + 2) * (nt + n), sizeof *md->colP[2]) ||
+                       !rkm__ilp_take(ctx, a, &md->colW, nb + 1, sizeof *md->colW) ||
+                       !rkm__ilp_take(ctx, a, &md->colWF, n + 1, sizeof *md->colWF))))
         return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the model's columns");
     rkm__ilp_columns(b, md); /* count */
     if (md->ncols > RKM__ILP_MAX_COLS)
@@ -1243,8 +1410,8 @@ RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *bk)
     rkm__free(ctx, bk, sizeof *bk);
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
-                                        int32_t x_out, int is_last, rkm__ilp_block **out)
+static rkm_result rkm__ilp_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out,
+                                  int is_last, int copies, rkm__ilp_block **out)
 {
     *out = NULL;
     rkm_context *ctx = g->ctx;
@@ -1255,7 +1422,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
     rkm__ilp_block *bk = rkm__calloc(ctx, 1, sizeof *bk);
     if (!bk) return rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
     bk->deadline = INFINITY;
-    rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, &bk->shape);
+    rkm_result r = rkm__ilp_shape_init(g, ops, n_ops, x_in, x_out, is_last, copies, &bk->shape);
     if (!r) r = rkm__ilp_model_init(&bk->shape, &bk->model);
     if (!r) r = rkm__ilp_memo_init(&bk->shape, &bk->memo);
     if (!r) r = rkm__ilp_scratch_init(&bk->shape, &bk->scratch);
@@ -1267,5 +1434,19 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
     return RKM_OK;
 }
 
-#endif /* RKM_OMIT_SOLVER */
+RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                        int32_t x_out, int is_last, rkm__ilp_block **out)
+{
+    return rkm__ilp_create(g, ops, n_ops, x_in, x_out, is_last, 0, out);
+}
 
+/* The whole graph's model with copy columns; g has a copy link. */
+RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
+{
+    *out = NULL;
+    if (!(g->copy.d2h_bytes_per_second > 0) || !(g->copy.h2d_bytes_per_second > 0))
+        return rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block ILP with copies on a graph without a link");
+    return rkm__ilp_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, 1, out);
+}
+
+#endif /* RKM_OMIT_SOLVER */

@@ -502,4 +502,147 @@ RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
     return RKM_OK;
 }
 
+/* ---- a block's shape (ilp.c's part (a)) ---------------------------------- */
+
+/* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
+RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
+{
+    void **p = where;
+    if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
+    *p = rkm__calloc(ctx, count, elem);
+    if (!*p) return 0;
+    a->at[a->n] = p;
+    a->bytes[a->n++] = count * elem;
+    return 1;
+}
+
+RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
+{
+    for (int k = 0; k < a->n; k++) {
+        rkm__free(ctx, *a->at[k], a->bytes[k]);
+        *a->at[k] = NULL;
+    }
+    a->n = 0;
+}
+
+/* Stage 0's node start times, for the copy columns. 0: no memory. */
+static int rkm__ilp_fstart(rkm__ilp_shape *b)
+{
+    if (!rkm__ilp_take(b->ctx, &b->arrays, &b->fstart, (size_t)b->n + 1, sizeof *b->fstart)) return 0;
+    for (int32_t v = 0; v < b->n; v++) b->fstart[v + 1] = b->fstart[v] + b->g->ops[b->op[v]].fwd / b->tscale;
+    return 1;
+}
+
+/* Local ids: ops (checked topological), block tensors and their producers. */
+static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t *opl)
+{
+    const rkm_graph *g = b->g;
+    b->nt = 0;
+    b->max_list = 1;
+    for (int32_t v = 0; v < b->n; v++) {
+        int32_t x = ops[v];
+        if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
+                                                        "and increasing", (int)v, (int)x);
+        b->op[v] = x;
+        opl[x] = v;
+        const rkm__op *o = &g->ops[x];
+        b->nt += o->n_out;
+        if (o->n_in >= b->max_list) b->max_list = o->n_in + 1;
+        if (o->n_saved >= b->max_list) b->max_list = o->n_saved + 1;
+    }
+    return RKM_OK;
+}
+
+/* The shape's arrays whose size is known once n, nt, nb are. 0: no memory. */
+static int rkm__ilp_shape_arrays(rkm__ilp_shape *b)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &b->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
+    return rkm__ilp_take(ctx, a, &b->tg, nt, sizeof *b->tg) && rkm__ilp_take(ctx, a, &b->tprod, nt, sizeof *b->tprod) &&
+           rkm__ilp_take(ctx, a, &b->rd_off, nt + 1, sizeof *b->rd_off) &&
+           rkm__ilp_take(ctx, a, &b->st, n, sizeof *b->st) && rkm__ilp_take(ctx, a, &b->bop, nb + 1, sizeof *b->bop) &&
+           rkm__ilp_take(ctx, a, &b->need_o, n, sizeof *b->need_o) &&
+           rkm__ilp_take(ctx, a, &b->need_t, nt, sizeof *b->need_t) &&
+           rkm__ilp_take(ctx, a, &b->last0, nt, sizeof *b->last0) &&
+           rkm__ilp_take(ctx, a, &b->gstart, nb + 2, sizeof *b->gstart) &&
+           rkm__ilp_take(ctx, a, &b->gnew, nb + 1, sizeof *b->gnew) &&
+           rkm__ilp_take(ctx, a, &b->gfree, nb + 1, sizeof *b->gfree);
+}
+
+/* Number block tensors and stages; allocate the shape's arrays. */
+static rkm_result rkm__ilp_number(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    int32_t i = 0;
+    b->nb = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        b->nb += o->has_bwd ? 1 : 0;
+        for (int32_t k = 0; k < o->n_out; k++) b->lt[o->out[k]] = i++;
+    }
+    if ((double)(b->nb + 1) * b->n > 20.0 * RKM__ILP_MAX_COLS)
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops are too many for one model", (int)b->n);
+    if (!rkm__ilp_shape_arrays(b)) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the block's structure");
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_out; k++) {
+            b->tg[b->lt[o->out[k]]] = o->out[k];
+            b->tprod[b->lt[o->out[k]]] = v;
+        }
+    }
+    return RKM_OK;
+}
+
+/* Readers, stages, needs (see rkm__ilp_derive) and constants. */
+static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    size_t n_rd = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) n_rd += b->lt[o->in[k]] >= 0;
+    }
+    int32_t *fill = rkm__calloc(b->ctx, (size_t)b->nt + 1, sizeof *fill);
+    if (!fill || !rkm__ilp_take(b->ctx, &b->arrays, &b->rd, n_rd + 1, sizeof *b->rd)) {
+        rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the readers");
+    }
+    rkm__ilp_derive(b, fill);
+    rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+    return rkm__ilp_constants(b);
+}
+
+/* (a) The block's shape: checked against the graph, numbered, derived
+ * (with copies: stage 0's node start times too). */
+RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                           int32_t x_out, int is_last, int copies, rkm__ilp_shape *b)
+{
+    rkm_context *ctx = g->ctx;
+    b->g = g;
+    b->ctx = ctx;
+    b->n = n_ops;
+    b->x_in = x_in;
+    b->x_out = x_out;
+    b->is_last = is_last ? 1 : 0;
+    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
+    rkm_result r = RKM_OK;
+    if (!opl || !rkm__ilp_take(ctx, &b->arrays, &b->lt, g->n_tensors + 1, sizeof *b->lt) ||
+        !rkm__ilp_take(ctx, &b->arrays, &b->op, (size_t)n_ops, sizeof *b->op))
+        r = rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    if (!r) {
+        for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
+        for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
+        r = rkm__ilp_locals(b, ops, opl);
+    }
+    if (!r) r = rkm__ilp_number(b);
+    if (!r) r = rkm__ilp_check(b, opl);
+    if (!r) r = rkm__ilp_structure(b);
+    b->copies = copies;
+    if (!r && copies && !rkm__ilp_fstart(b)) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the copy columns");
+    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
+    return r;
+}
+
 #endif /* RKM_OMIT_SOLVER */

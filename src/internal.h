@@ -564,6 +564,13 @@ typedef struct rkm__ilp_stats {
     double bound;    /* this call: a lower bound on the model's optimal time */
 } rkm__ilp_stats;
 
+/* Whether the build has lp_solve (RKM_OMIT_SOLVER leaves it out). */
+#ifdef RKM_OMIT_SOLVER
+#define RKM__HAVE_ILP 0
+#else
+#define RKM__HAVE_ILP 1
+#endif
+
 typedef struct rkm__ilp_block rkm__ilp_block;
 
 #ifndef RKM_OMIT_SOLVER
@@ -642,11 +649,16 @@ typedef struct rkm__ilp_shape {
     uint64_t *gnew, *gfree;   /* [nb+1] gradient bytes made / freed by stage t's backward */
     double base_time;         /* every forward once and every backward */
     double tscale, mscale;    /* objective and byte divisors */
+    int copies;               /* the whole graph with copy columns (rkm__ilp_block_create_copies) */
+    double *fstart;           /* [n+1] (copies) stage 0's node k starts at fstart[k] (tscale units) */
     rkm__ilp_arrays arrays;
 } rkm__ilp_shape;
 
 /* (b) The LP model of the block, budget-independent: budgets are bounds
  * that each solve sets. */
+/* How a slot comes back from host memory in the copy model (ilp.c). */
+enum { RKM__ILP_BACK_BWD, RKM__ILP_BACK_WAIT, RKM__ILP_BACK_STAGE, RKM__ILP_BACK_KINDS };
+
 typedef struct rkm__ilp_model {
     struct _lprec *lp; /* lp_solve's lprec; only ilp.c includes lp_lib.h */
     int32_t ncols, nrows;
@@ -657,6 +669,13 @@ typedef struct rkm__ilp_model {
     int32_t n_nodes;
     rkm__ilp_free *fcand;
     int32_t n_fcand;
+    /* With shape.copies (else NULL), a copy slot x is block tensor i = x
+     * or the saved state of op v = x - nt: */
+    int32_t *colO;            /* [nt+n] x spends the backward's start in host memory */
+    int32_t *colD;            /* [(nt+n)*n] x off the device from stage 0's node k on */
+    int32_t *colP[RKM__ILP_BACK_KINDS]; /* [(nb+2)*(nt+n)] x back for stage t, each way */
+    int32_t *colW;            /* [nb+1] the compute stream's wait for prefetches at stage t's end */
+    int32_t *colWF;           /* [n+1] its wait for offloads before forward node k (n: the loss) */
     int bad;                  /* a row that never holds: no schedule at any budget */
     int stale;                /* its last solve was aborted: rebuilt before the next */
     double *x;                /* [ncols] solution */
@@ -889,6 +908,7 @@ struct rkm_planner {
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
     int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
     int fitting_base;        /* offload.c plans a base: no whole-graph ILP start, phases or missed track */
+    int plain_only;          /* checkmate's recompute-only floor is sought: no copy model */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -1015,8 +1035,12 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 
 /* offload.c */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
-                                         rkm__steps *out, uint64_t *work);
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, rkm_plan **out);
+                                         const uint8_t *prefer, rkm__steps *out, uint64_t *work);
+RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* layout.c */
@@ -1049,6 +1073,8 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
 /* ilp.c */
 RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
+RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out);
+RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s, rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st, int *found);
 RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
 RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
@@ -1073,6 +1099,9 @@ RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uin
 RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out);
 RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl);
 RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill);
+RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem);
+RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a);
+RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, int copies, rkm__ilp_shape *b);
 RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo);
 RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b);
 #endif
@@ -1110,6 +1139,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
 RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
 RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);

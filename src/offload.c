@@ -89,6 +89,7 @@ typedef struct rkm__off {
     size_t cap_peak, cap_from;
     rkm__steps out;
     int exposed;       /* copies may make the compute stream wait, and which (rkm__offload_plan) */
+    const uint8_t *prefer; /* [n_slots] or NULL: slots picked before any other (rkm__offload_plan) */
 } rkm__off;
 
 /* Whether slot t is on the device in sim's state. */
@@ -362,6 +363,21 @@ static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
     return x >= need ? x < y : x > y;
 }
 
+/* The order of slots for a pick: the caller's preferred ones first, then
+ * the larger (rkm__off_pick), or the better fit for `need`
+ * (rkm__off_fits_better: rkm__off_picks_before). */
+static uint64_t rkm__off_rank(const rkm__off *o, int32_t t)
+{
+    return rkm__slot_bytes(o->g, t) | (o->prefer && o->prefer[t] ? (uint64_t)1 << 63 : 0);
+}
+
+static int rkm__off_picks_before(const rkm__off *o, int32_t t, int32_t u, uint64_t need)
+{
+    int pt = o->prefer && o->prefer[t], pu = o->prefer && o->prefer[u];
+    if (pt != pu) return pt;
+    return rkm__off_fits_better(rkm__slot_bytes(o->g, t), rkm__slot_bytes(o->g, u), need);
+}
+
 /* An exposed copy for a peak at base step s that no hidden copy clears,
  * `need` bytes over the budget there: the gap around s, of a slot live
  * there, the best fit for the need (rkm__off_fits_better; UINT64_MAX: the
@@ -371,14 +387,12 @@ static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
  * ends); -1 if none. */
 static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s, uint64_t need)
 {
-    const rkm_graph *g = o->g;
     int32_t best = -1;
     for (size_t u = 0; u < o->n_gaps; u++) {
         int32_t i = (int32_t)u;
         const rkm__gap *x = &o->gap[i];
         if (x->a >= s || s >= x->b) continue;
-        if (best >= 0 && !rkm__off_fits_better(rkm__slot_bytes(g, x->slot), rkm__slot_bytes(g, o->gap[best].slot), need))
-            continue;
+        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, need)) continue;
         if (rkm__off_exposes(o, i, s) || !o->in[i]) best = i; /* a gap: live across s in the base */
     }
     if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
@@ -406,7 +420,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
         int32_t i = (int32_t)u;
         rkm__gap *x = &o->gap[i];
         if (o->in[i] || x->a >= s || x->b <= s) continue;
-        if (best >= 0 && rkm__slot_bytes(g, x->slot) <= rkm__slot_bytes(g, o->gap[best].slot)) continue;
+        if (best >= 0 && rkm__off_rank(o, x->slot) <= rkm__off_rank(o, o->gap[best].slot)) continue;
         double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
         double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
         int64_t f = rkm__off_in_set_beside(o, i, -1) ? x->a : rkm__off_step_ending(o, x->a + 1, end);
@@ -475,13 +489,14 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
  * largest slot first; 2: the same, the best fit for the bytes over the
  * budget first (rkm__off_fits_better). */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
-                                         int exposed, rkm__steps *out, uint64_t *work)
+                                         int exposed, const uint8_t *prefer, rkm__steps *out, uint64_t *work)
 {
     rkm__off o;
     *out = (rkm__steps){g->ctx, NULL, 0, 0};
     rkm_result r = rkm__off_init(&o, g, base, n);
     if (r) return r;
     o.exposed = exposed;
+    o.prefer = prefer;
     int32_t *set = o.order + o.n_gaps + 1, m = 0;
     for (;;) {
         int32_t bad = rkm__off_place(&o, set, m);
@@ -525,14 +540,14 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
 RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
-                                        rkm_plan **out)
+                                        const uint8_t *prefer, rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;
     for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
         rkm__steps d;
         rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, &d, NULL);
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
         if (r || !d.n) return r;
         if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
         if ((r = rkm__plan_seal(q, pl->d.alignment))) {
@@ -556,11 +571,12 @@ RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint
  * fit waits less where both fit (test_offload planner_meets_brute_force);
  * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
  * with 25 GB/s fits only so). */
-static rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                      rkm_plan **out)
 {
     rkm_plan *e = NULL;
-    rkm_result r = rkm__offload_fit(pl, b, budget, 1, out);
-    if (!r) r = rkm__offload_fit(pl, b, budget, 2, &e);
+    rkm_result r = rkm__offload_fit(pl, b, budget, 1, prefer, out);
+    if (!r) r = rkm__offload_fit(pl, b, budget, 2, prefer, &e);
     *out = rkm__faster(*out, e);
     if (r) {
         rkm_plan_destroy(*out);
@@ -591,7 +607,7 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
     *out = NULL;
     for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++) {
         if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
-        if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, out);
+        if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, NULL, out);
     }
     return r;
 }
@@ -637,11 +653,67 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
 /* Base b's plan with hidden copies into *q; where there is none, with
  * exposed ones into *x, the faster kept (copies the compute stream waits
  * for beat the recomputations they replace when these are long). */
-static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, rkm_plan **q, rkm_plan **x)
+static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                   rkm_plan **q, rkm_plan **x)
 {
     rkm_plan *e = NULL;
-    rkm_result r = rkm__offload_fit(pl, b, budget, 0, q);
-    if (!r && !*q && !(r = rkm__offload_exposed(pl, b, budget, &e))) *x = rkm__faster(*x, e);
+    rkm_result r = rkm__offload_fit(pl, b, budget, 0, prefer, q);
+    if (!r && !*q && !(r = rkm__offload_exposed(pl, b, budget, prefer, &e))) *x = rkm__faster(*x, e);
+    return r;
+}
+
+/* Whether the planner's algorithm offloads on its graph: rockmate and
+ * checkmate on a graph with a copy link. */
+RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
+{
+    return (pl->d.algo == RKM_ALGO_ROCKMATE || pl->d.algo == RKM_ALGO_CHECKMATE) && pl->g->copy.d2h_bytes_per_second > 0;
+}
+
+/* The whole-graph ILP with copies (ilp.c): the recomputations chosen
+ * knowing which tensors can spend the backward's start in host memory,
+ * copies hidden; the offload pass places the copies on that schedule
+ * (hidden, else exposed) and the simulator measures the plan. Into *out
+ * (NULL: none) only where faster than `bound`; the solve gets time_limit's
+ * work. */
+RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
+                                         rkm_plan **out)
+{
+    const rkm_graph *g = pl->g;
+    *out = NULL;
+    if (!RKM__HAVE_ILP) return RKM_OK;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create_copies(g, &ib);
+    if (r == RKM_ERROR_SOLVER) { /* as rkm__start_ilp: the other plans stand */
+        rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP with copies left out: %s", rkm_context_errmsg(pl->ctx));
+        return RKM_OK;
+    }
+    if (r) return r;
+    size_t ns = g->n_tensors + g->n_ops, n = 0;
+    uint8_t *prefer = rkm__alloc(pl->ctx, ns);
+    rkm_step *steps = NULL;
+    int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
+    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
+    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
+               : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
+    pl->prog.ilp = 0;
+    (void)rkm__over(pl);
+    rkm_plan *base = NULL, *x = NULL;
+    if (!r && found) {
+        rkm__steps d = {pl->ctx, steps, n, n}; /* the draft takes the steps */
+        steps = NULL;
+        r = rkm__planned_birth(pl, &d, &base);
+    }
+    if (!r && base) r = rkm__offload_try(pl, base, budget, prefer, out, &x); /* the model's offloads first */
+    *out = rkm__faster(*out, x);
+    if (r || (*out && !((*out)->stats.time < bound))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    rkm_plan_destroy(base);
+    rkm__free(pl->ctx, steps, n * sizeof *steps);
+    rkm__free(pl->ctx, prefer, ns);
+    rkm__ilp_block_destroy(ib);
     return r;
 }
 
@@ -686,7 +758,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     rkm_plan *base = NULL, *q = NULL, *x = NULL;
     *p = NULL;
     rkm_result r = rkm__plan_baseline(pl->user, &base);
-    if (!r) r = rkm__offload_try(pl, base, budget, &q, &x);
+    if (!r) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
     rkm_plan_destroy(base);
     base = NULL;
     uint64_t done = pl->work_done;
@@ -709,7 +781,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
         pl->fitting_base = 1;
         r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
         pl->fitting_base = 0;
-        if (!r && base) r = rkm__offload_try(pl, base, budget, &q, &x);
+        if (!r && base) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
         up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;
@@ -718,7 +790,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     }
     uint64_t min;
     if (!r && !*p && !q && !(r = rkm__min_budget_get(pl, &min)) && pl->min_plan && budget < min)
-        r = rkm__offload_exposed(pl, pl->min_plan, budget, &q); /* below the floor: offload what its peak holds */
+        r = rkm__offload_exposed(pl, pl->min_plan, budget, NULL, &q); /* below the floor: offload what its peak holds */
     *p = rkm__faster(*p, rkm__faster(q, x));
     rkm_plan *d = NULL, *c = NULL;
     if (!r) r = rkm__dtr_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &d);
@@ -731,4 +803,58 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
         *p = NULL;
     }
     return r;
+}
+
+/* ---- checkmate with copies ---------------------------------------------- */
+
+/* Checkmate's smallest budget on a graph with a copy link (*out): its
+ * recompute-only floor (rkm__min_budget_get), or below it the least budget
+ * a bisection from the graph's lower bound meets with the ILP with copies
+ * too, that plan laid out and kept in pl->off_min_plan (what
+ * rkm_planner_solve hands out where its own solve finds none); kept with
+ * the floor, as rockmate's (rkm__offload_min_budget). */
+RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t min, hi, at;
+    rkm_result r = rkm__min_budget_get(pl, &min);
+    if (r || pl->off_min) {
+        *out = r ? 0 : pl->off_min;
+        return r;
+    }
+    rkm_plan *p = NULL;
+    int stopped = 0;
+    hi = at = min;
+    if (min > pl->lower_bound)
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, &stopped);
+    if (!r && hi < min) r = rkm__planner_fit(pl, at, &p, NULL); /* the plan met there, laid out */
+    if (r || (p && p->stats.arena_bytes >= min)) {
+        rkm_plan_destroy(p);
+        p = NULL;
+    }
+    if (r) return r;
+    pl->off_min = p ? p->stats.arena_bytes : min;
+    pl->off_min_plan = p;
+    pl->min_cut |= stopped;
+    *out = pl->off_min;
+    return RKM_OK;
+}
+
+/* Checkmate's plan with copies (*p) against the plan it hands out where it
+ * finds none at the budget: the smallest budget's, kept where it fits and
+ * is faster. The ILP counts memory conservatively (a forward's scratch on
+ * every run), so its recompute-only solve can find nothing at a budget
+ * that a plan made for more memory fits (inplace-split at 93 %: 13.02 %
+ * overhead from the smallest budget's plan, 26.01 % with copies at
+ * 100 MB/s). */
+RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+{
+    uint64_t min;
+    rkm_result r = rkm__checkmate_min_budget(pl, &min);
+    const rkm_plan *m = pl->min_plan;
+    if (r || !m || m->stats.arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
+    rkm_plan *q;
+    if ((r = rkm__plan_copy(m, &q))) return r;
+    rkm_plan_destroy(*p);
+    *p = q;
+    return RKM_OK;
 }

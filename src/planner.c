@@ -293,13 +293,6 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     return r;
 }
 
-/* Without lp_solve, a class's options are the extremes and nesting's. */
-#ifdef RKM_OMIT_SOLVER
-#define RKM__HAVE_ILP 0
-#else
-#define RKM__HAVE_ILP 1
-#endif
-
 /* Whether the chain has blocks to trade memory between: two or more of
  * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
  * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
@@ -316,8 +309,8 @@ static int rkm__drop_chain(const rkm_graph *g)
 
 /* Options of one class, solved on its first block: a nested planner's
  * where the block nests, drop options on a chain of big blocks
- * (rkm__drop_chain), the block ILP's unless the nested planner covered
- * a block too big for it or the block is too big for the ILP at all. The
+ * (rkm__drop_chain), the block ILP's (with lp_solve) unless the nested planner
+ * covered a block too big for it or the block is too big for the ILP. The
  * class spends the block ILP budget left times its weight w over wl, its
  * own and that of the classes still to come, so what one class leaves goes
  * to the next. */
@@ -854,7 +847,9 @@ RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan 
     return r;
 }
 
-/* The whole-graph ILP's plan for `budget`, or *out NULL when none found. */
+/* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
+ * for checkmate on a graph with a copy link, the faster of that and the
+ * ILP with copies (rkm__ilp_offloads), with as much work each. */
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
     *out = NULL;
@@ -882,6 +877,15 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
+    if (!r && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl) && !pl->plain_only) { /* and with copies */
+        rkm_plan *c = NULL;
+        r = rkm__ilp_offloads(pl, budget, *out ? (*out)->stats.time : INFINITY, time_limit, &c);
+        *out = rkm__faster(*out, c);
+        if (r) { /* nothing half-built */
+            rkm_plan_destroy(*out);
+            *out = NULL;
+        }
+    }
     return r;
 }
 
@@ -1148,6 +1152,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
+    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below: rkm__checkmate_min_budget) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
     rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
     pl->fitting_min = 1;
@@ -1176,7 +1181,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(p);
         p = q;
     }
-    pl->fitting_min = 0;
+    pl->fitting_min = pl->plain_only = 0;
     if (r) {
         rkm_plan_destroy(p);
         return r;
@@ -1206,11 +1211,12 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-/* The smallest budget the planner meets: with a copy link, rockmate's
- * offloading may meet less than its recompute-only floor. */
+/* The smallest budget the planner meets: with a copy link, rockmate's and
+ * checkmate's offloading may meet less than their recompute-only floors. */
 static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
 {
-    if (pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0) return rkm__offload_min_budget(pl, out);
+    if (rkm__offloads(pl))
+        return pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_min_budget(pl, out) : rkm__checkmate_min_budget(pl, out);
     return rkm__min_budget_get(pl, out);
 }
 
@@ -1254,7 +1260,7 @@ RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes
 /* Checkmate: feasibility is monotone in the budget; the probes share the
  * time limit, and one that times out counts as infeasible, so this is the
  * least budget the solver could meet. */
-static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
 }
@@ -1357,7 +1363,7 @@ static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
 static rkm_result rkm__under_bound(rkm_planner *pl, uint64_t budget)
 {
     const char *name = rkm_algo_name(pl->d.algo);
-    int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    int copies = rkm__offloads(pl);
     char min[96];
     if (pl->min_budget && !pl->min_cut && (!copies || pl->off_min))
         snprintf(min, sizeof min, "; the smallest it can meet is %llu bytes",
@@ -1381,6 +1387,8 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     rkm_plan *p;
     int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
     rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
+    if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
+        rkm_plan_destroy(p);
     if (r) return r;
     if (!p) {
         uint64_t min;

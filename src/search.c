@@ -291,7 +291,7 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
         run = &w->low;
     }
     if (w->copies) {
-        if (rkm__offload_plan(w->g, run->s, run->n, w->budget, 1, &d, &w->work)) return -1;
+        if (rkm__offload_plan(w->g, run->s, run->n, w->budget, 1, NULL, &d, &w->work)) return -1;
         if (!d.n) return 0;
         run = &d;
     }
@@ -527,7 +527,7 @@ RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint
     rkm_plan *b = NULL, *q = NULL;
     int found = rkm__polish_run(&w, pl, *p, budget, limit, 1);
     rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "offload moves") : RKM_OK;
-    if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &b))) r = rkm__offload_fit(pl, b, budget, 1, &q);
+    if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &b))) r = rkm__offload_fit(pl, b, budget, 1, NULL, &q);
     rkm_plan_destroy(b);
     if (q && q->stats.time < (*p)->stats.time) {
         rkm_plan_destroy(*p);

@@ -1,6 +1,6 @@
 /* copy_graph.h -- docs/formats.md's worked example with a copy link and
- * plans of it, for the tests by hand (test_offload) and the out-of-memory
- * loop (test_oom). */
+ * plans of it, and a random tiny graph with a link, for the tests by hand
+ * (test_offload) and the out-of-memory loop (test_oom). */
 #ifndef COPY_GRAPH_H
 #define COPY_GRAPH_H
 
@@ -33,5 +33,15 @@
     "fwd fc\nfwd gelu\nfwd add\nfree a\nfree h\nfwd ce save\nloss\nfree loss\n"                     \
     "bwd ce\nfree_saved ce\nfree_grad loss\nfree s\nbwd add\nfree_grad s\nfwd fc\n"                 \
     "bwd gelu\nfree_grad a\nfree h\nbwd fc\nfree_grad h\n"
+
+/* A random tiny graph (test_offload's planner_against_brute_force, seed
+ * 25): its lower bound is 224 bytes, rockmate's and checkmate's
+ * recompute-only floors 240 bytes (alignment 1); with the link both plan
+ * at 224. */
+#define G_TINY_COPY                                                                                              \
+    "rockmate-graph 1\ncopy d2h=31000000 h2d=30000000 latency=5e-07\ntensor x 64 input\ntensor t0_0 48\n"       \
+    "tensor t0_1 32\ntensor t1_0 48\ntensor t1_1 32 nograd\ntensor t2_0 64\n"                                    \
+    "op op0 fwd=2.043e-06 bwd=1e-05 in=x out=t0_0,t0_1\nop op1 fwd=4.024e-06 bwd=1e-05 in=t0_0 out=t1_0,t1_1 "  \
+    "saved=t0_0\nop op2 fwd=5.051e-06 bwd=1.6e-05 in=t1_0 out=t2_0 saved=t1_0 fwd_ws=16\nloss t2_0\n"
 
 #endif

@@ -755,11 +755,7 @@ TEST(dtr_copies)
  * 20000: each run is a whole search; every 4th took 6 minutes here, and
  * found a leak that every 31st finds too). A random tiny graph (test_offload's
  * planner_against_brute_force, seed 25). */
-static const char tiny_copy_graph[] =
-    "rockmate-graph 1\ncopy d2h=31000000 h2d=30000000 latency=5e-07\ntensor x 64 input\ntensor t0_0 48\n"
-    "tensor t0_1 32\ntensor t1_0 48\ntensor t1_1 32 nograd\ntensor t2_0 64\n"
-    "op op0 fwd=2.043e-06 bwd=1e-05 in=x out=t0_0,t0_1\nop op1 fwd=4.024e-06 bwd=1e-05 in=t0_0 out=t1_0,t1_1 saved=t0_0\n"
-    "op op2 fwd=5.051e-06 bwd=1.6e-05 in=t1_0 out=t2_0 saved=t1_0 fwd_ws=16\nloss t2_0\n";
+static const char tiny_copy_graph[] = G_TINY_COPY;
 
 TEST(offload_min_budget)
 {
@@ -784,6 +780,32 @@ TEST(offload_min_budget)
     rkm_context_destroy(ctx);
 }
 
+/* Checkmate with a copy link (the whole-graph ILP with copies, the pass
+ * placing its offloads) on the graph above at its lower bound, where no
+ * recompute-only plan fits: model, lp_solve's solution read out, the
+ * pass and the plan, every allocation failing in turn. */
+#ifndef RKM_OMIT_SOLVER
+TEST(checkmate_copies)
+{
+    rkm_context *ctx = new_ctx();
+    solve_env e;
+    memset(&e, 0, sizeof e);
+    CHECK(rkm_graph_read_string(ctx, tiny_copy_graph, strlen(tiny_copy_graph), "tiny-copy.rkg", &e.g) == RKM_OK);
+    e.desc.algo = RKM_ALGO_CHECKMATE;
+    e.desc.alignment = 1;
+    e.budget = 224;
+    rkm_plan *p = NULL;
+    rkm_plan_stats ps;
+    CHECK(e.g && rkm_plan_solve(e.g, &e.desc, e.budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
+    CHECK(p && ps.offloads > 0); /* else the loop below covers nothing new */
+    rkm_plan_destroy(p);
+    op_under_test op = {"checkmate with a copy link", run_solve, check_solve, drop_plan};
+    if (e.g) every_failure(&op, &e, ctx);
+    rkm_graph_destroy(e.g);
+    rkm_context_destroy(ctx);
+}
+#endif
+
 /* The offload stage (src/offload.c) on gpt2-tiny's baseline with a fast
  * copy link at half its peak, and the birth of the plan it makes (copy
  * steps, host copies, prefetched buffers), every allocation failing in
@@ -801,7 +823,7 @@ static rkm_result run_offload(void *env, void **out)
     offload_env *e = env;
     rkm__steps d;
     *out = NULL;
-    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, 1, &d, NULL);
+    rkm_result r = rkm__offload_plan(e->g, e->base->steps, e->base->n_steps, e->budget, 1, NULL, &d, NULL);
     if (!r && !d.n) return RKM_ERROR_BUDGET; /* a clean run finds copies: check says so */
     return r ? r : rkm__plan_birth(e->g, &d, NULL, (rkm_plan **)out);
 }
@@ -1012,6 +1034,7 @@ int main(void)
     RUN(search_planners);
     RUN(dtr_copies);
     RUN(offload_min_budget);
+    RUN_SOLVER(checkmate_copies);
     RUN(drop_options);
     RUN(offload_stage);
     RUN(chain_offloads);
