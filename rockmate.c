@@ -6823,6 +6823,21 @@ static rkm_result rkm__ilp_rebuild(const rkm__ilp_shape *b, rkm__ilp_model *md)
     return rkm__ilp_build(b, md);
 }
 
+/* lp_solve on the block's model (see rkm__ilp_run; *status: lp_solve's).
+ * lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose last
+ * solve was aborted: such a model is rebuilt before reuse (not at once:
+ * the whole-graph ILP's block is not reused, and a solve the time limit
+ * stopped should return at once). */
+static rkm_result rkm__ilp_lp(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget, double cutoff,
+                              rkm__ilp_work *work, double *root, int *status)
+{
+    rkm_result r;
+    if (bk->model.stale && (r = rkm__ilp_rebuild(&bk->shape, &bk->model))) return r;
+    *status = rkm__ilp_run(&bk->shape, &bk->model, peak_budget, kept_budget, cutoff, work, &bk->scratch.found, root);
+    bk->model.stale = *status != OPTIMAL && *status != INFEASIBLE;
+    return RKM_OK;
+}
+
 /* lp_solve on the model, with the incumbent's objective (if *have) as a
  * cutoff; its solution, if valid and better, becomes the incumbent. Sets
  * *proven and *root (see rkm__ilp_run). */
@@ -6831,24 +6846,24 @@ static rkm_result rkm__ilp_exact(rkm__ilp_block *bk, uint64_t peak_budget, uint6
 {
     const rkm__ilp_shape *b = &bk->shape;
     rkm__ilp_scratch *sc = &bk->scratch;
-    rkm_result r;
-    int valid = 0;
+    int valid = 0, status;
     double obj = *have ? rkm__ilp_obj(b, &sc->best) : -1;
     double cutoff = *have ? obj - 1e-9 * (1 + obj) : -1;
-    /* lp_solve 5.5.2.5 can crash (coldual) re-solving an lprec whose
-     * last solve was aborted: such a model is rebuilt before reuse (not
-     * at once: the whole-graph ILP's block is not reused, and a solve the
-     * time limit stopped should return at once). */
-    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
-    bk->model.stale = 0;
-    int status = rkm__ilp_run(b, &bk->model, peak_budget, kept_budget, cutoff, work, &sc->found, root);
-    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
+    rkm_result r = rkm__ilp_lp(bk, peak_budget, kept_budget, cutoff, work, root, &status);
+    if (r) return r;
     if (status == OPTIMAL || status == SUBOPTIMAL) {
         if ((r = rkm__ilp_offer(b, &sc->rp, &sc->found, &sc->best, peak_budget, kept_budget, have, &valid))) return r;
         if (!valid) rkm__log(b->ctx, RKM_LOG_WARN, "block ILP: a solution failed its replay; kept the fallback");
     }
     *proven = rkm__ilp_verdict(b, status, cutoff >= 0, *have, valid, st);
     return RKM_OK;
+}
+
+/* A solve's work budgets, worth about lim seconds (see the top). */
+static rkm__ilp_work rkm__ilp_work_for(const rkm__ilp_block *bk, double lim)
+{
+    return (rkm__ilp_work){0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
+                           lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline, bk->stop, bk->stop_user};
 }
 
 RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
@@ -6858,9 +6873,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
     const rkm__ilp_shape *b = &bk->shape;
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
-    rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline,
-                          bk->stop, bk->stop_user};
+    rkm__ilp_work work = rkm__ilp_work_for(bk, lim);
     *steps = NULL;
     *n_fwd = *n_bwd = 0;
     *found = 0;
@@ -6918,9 +6931,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t 
     const rkm__ilp_shape *b = &bk->shape;
     rkm__ilp_scratch *sc = &bk->scratch;
     double t0 = rkm__now(), lim = time_limit_s > 0 ? time_limit_s : 1.0;
-    rkm__ilp_work work = {0, lim * RKM__ILP_CALLS_PER_S / (bk->model.ncols + bk->model.nrows), 0,
-                          lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline,
-                          bk->stop, bk->stop_user};
+    rkm__ilp_work work = rkm__ilp_work_for(bk, lim);
     rkm_result r = RKM_OK;
     *steps = NULL;
     *n_steps = 0;
@@ -6928,14 +6939,12 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t 
     st->proven = 0;
     st->time = st->bound = 0;
     if (!b->copies) return rkm__ilp_err(b, RKM_ERROR_INTERNAL, "internal error: a copy solve of a model without copies");
-    if (bk->model.bad || rkm__now() > work.deadline) return RKM_OK;
-    if (bk->model.stale && (r = rkm__ilp_rebuild(b, &bk->model))) return r;
-    double root;
-    double obj = isfinite(cutoff) ? (cutoff - b->base_time) / b->tscale : -1;
-    if (isfinite(cutoff) && obj <= 0) return RKM_OK; /* nothing is faster than every forward and backward once */
-    int status = rkm__ilp_run(b, &bk->model, budget, UINT64_MAX, obj > 0 ? obj - 1e-9 * (1 + obj) : -1, &work,
-                              &sc->found, &root);
-    bk->model.stale = status != OPTIMAL && status != INFEASIBLE;
+    double root, obj = isfinite(cutoff) ? (cutoff - b->base_time) / b->tscale : -1;
+    /* past the deadline, or nothing is faster than every forward and backward once */
+    if (bk->model.bad || rkm__now() > work.deadline || (isfinite(cutoff) && obj <= 0)) return RKM_OK;
+    int status;
+    if ((r = rkm__ilp_lp(bk, budget, UINT64_MAX, obj > 0 ? obj - 1e-9 * (1 + obj) : -1, &work, &root, &status)))
+        return r;
     int valid = (status == OPTIMAL || status == SUBOPTIMAL) && rkm__ilp_measure(b, &sc->rp, &sc->found, &r);
     if (r) return r;
     st->proven = rkm__ilp_verdict(b, status, obj > 0, 0, valid, st);
@@ -13105,11 +13114,13 @@ RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
 }
 
 /* The whole-graph ILP with copies (ilp.c): the recomputations chosen
- * knowing which tensors can spend the backward's start in host memory,
- * copies hidden; the offload pass places the copies on that schedule
- * (hidden, else exposed) and the simulator measures the plan. Into *out
- * (NULL: none) only where faster than `bound`; the solve gets time_limit's
- * work. */
+ * together with which slots wait in host memory and how they come back
+ * (the compute stream's waits priced in); the offload pass places the
+ * copies on that schedule (hidden, else exposed), the model's slots picked
+ * first, and the simulator measures the plan. Into *out (NULL: none) only
+ * where faster than `bound` (also lp_solve's cutoff); the solve gets
+ * time_limit's work. Checkmate's; rockmate does without (design.md,
+ * "Checkmate with copies": no plan changed on the bundled graphs). */
 RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
                                          rkm_plan **out)
 {
@@ -13274,9 +13285,9 @@ RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-/* Checkmate's plan with copies (*p) against the plan it hands out where it
- * finds none at the budget: the smallest budget's, kept where it fits and
- * is faster. The ILP counts memory conservatively (a forward's scratch on
+/* Checkmate's plan with copies (*p) against the plan it hands out where
+ * it finds none at the budget: its recompute-only floor's, kept where it
+ * fits and is faster. The ILP counts memory conservatively (a forward's scratch on
  * every run), so its recompute-only solve can find nothing at a budget
  * that a plan made for more memory fits (inplace-split at 93 %: 13.02 %
  * overhead from the smallest budget's plan, 26.01 % with copies at
@@ -13284,7 +13295,7 @@ RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
 RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     uint64_t min;
-    rkm_result r = rkm__checkmate_min_budget(pl, &min);
+    rkm_result r = rkm__min_budget_get(pl, &min);
     const rkm_plan *m = pl->min_plan;
     if (r || !m || m->stats.arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
     rkm_plan *q;

@@ -651,11 +651,18 @@ typedef enum rkm_algo {
                               added to its own plans, DTR's plans with copies, the
                               chain DP with each segment's input in host memory,
                               then a search that trades the fastest plan's
-                              recomputations for copies); so does DTR; the other
-                              algorithms never do */
+                              recomputations for copies); so do DTR and checkmate;
+                              the other algorithms never do */
     RKM_ALGO_ROTOR,        /* chain DP with two options per block */
     RKM_ALGO_SQRT,         /* Chen et al.: checkpoint about every sqrt(n)-th block */
-    RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve */
+    RKM_ALGO_CHECKMATE,    /* the ILP on the whole graph (small graphs); needs lp_solve.
+                              With a copy link, also the ILP with copies (each tensor
+                              or saved state a later stage needs may wait in host
+                              memory, offloaded in the forward, prefetched for a
+                              stage; the compute stream's waits priced in), the
+                              offload pass placing its copies; the faster plan kept,
+                              and its smallest budget may be below the recompute-only
+                              one. Its time limit goes to each of the two solves */
     RKM_ALGO_NONE,         /* the baseline plan */
     RKM_ALGO_DTR,          /* DTR (Kirisame et al.) simulated offline: any graph, any budget it
                               meets. With a copy link, an eviction may send a tensor or
@@ -699,7 +706,8 @@ typedef struct rkm_solve_desc {
      * are the same on every machine, as if there were none: the searches
      * are bounded by counts of work (ilp_time_limit, ilp_budget), not by
      * the clock. Checkmate also spends it as work: half of it a solve (a
-     * 24th a probe of its smallest budget), measured like ilp_time_limit. */
+     * 24th a probe of its smallest budget), measured like ilp_time_limit;
+     * with a copy link as much again for the ILP with copies. */
     double time_limit;
     /* Seconds per ILP solve; 0: 0.03. Enforced as a deterministic amount of
      * solver work calibrated to about that time on a current core, so that
@@ -806,7 +814,9 @@ typedef struct rkm_plan_stats {
     double gap;             /* checkmate: (time - bound) / time, bound being the LP relaxation's
                                lower bound over the ILP's schedule family (not over every
                                plan); 0 when the solve proved its schedule optimal in that
-                               family, and for the other algorithms */
+                               family, for its plans with copies (the model's times
+                               are estimates there, so no bound) and for the other
+                               algorithms */
     /* The plan's own memory layout (rkm_plan_layout with alignment 0),
      * made once at its birth: */
     uint64_t alignment;     /* its alignment: the solve desc's for a planned plan, 256

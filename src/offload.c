@@ -670,11 +670,13 @@ RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
 }
 
 /* The whole-graph ILP with copies (ilp.c): the recomputations chosen
- * knowing which tensors can spend the backward's start in host memory,
- * copies hidden; the offload pass places the copies on that schedule
- * (hidden, else exposed) and the simulator measures the plan. Into *out
- * (NULL: none) only where faster than `bound`; the solve gets time_limit's
- * work. */
+ * together with which slots wait in host memory and how they come back
+ * (the compute stream's waits priced in); the offload pass places the
+ * copies on that schedule (hidden, else exposed), the model's slots picked
+ * first, and the simulator measures the plan. Into *out (NULL: none) only
+ * where faster than `bound` (also lp_solve's cutoff); the solve gets
+ * time_limit's work. Checkmate's; rockmate does without (design.md,
+ * "Checkmate with copies": no plan changed on the bundled graphs). */
 RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
                                          rkm_plan **out)
 {
@@ -839,9 +841,9 @@ RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-/* Checkmate's plan with copies (*p) against the plan it hands out where it
- * finds none at the budget: the smallest budget's, kept where it fits and
- * is faster. The ILP counts memory conservatively (a forward's scratch on
+/* Checkmate's plan with copies (*p) against the plan it hands out where
+ * it finds none at the budget: its recompute-only floor's, kept where it
+ * fits and is faster. The ILP counts memory conservatively (a forward's scratch on
  * every run), so its recompute-only solve can find nothing at a budget
  * that a plan made for more memory fits (inplace-split at 93 %: 13.02 %
  * overhead from the smallest budget's plan, 26.01 % with copies at
@@ -849,7 +851,7 @@ RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
 RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     uint64_t min;
-    rkm_result r = rkm__checkmate_min_budget(pl, &min);
+    rkm_result r = rkm__min_budget_get(pl, &min);
     const rkm_plan *m = pl->min_plan;
     if (r || !m || m->stats.arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
     rkm_plan *q;

@@ -728,24 +728,31 @@ static const char dtr_copy_graph[] =
     "op B fwd=1e-3 bwd=1e-3 in=a out=b saved=a\nop C fwd=1e-3 bwd=1e-3 in=b out=c saved=b\n"
     "op D fwd=1e-3 bwd=1e-3 in=c out=d saved=c\nop L fwd=1e-3 bwd=1e-3 in=d out=loss saved=d\nloss loss\n";
 
-TEST(dtr_copies)
+/* Planner `algo` on graph `text` at `budget` (alignment 1), checked to
+ * offload, then with every allocation failing in turn. */
+static void copies_every_failure(const char *text, rkm_algo algo, uint64_t budget, const char *what)
 {
     rkm_context *ctx = new_ctx();
     solve_env e;
     memset(&e, 0, sizeof e);
-    CHECK(rkm_graph_read_string(ctx, dtr_copy_graph, strlen(dtr_copy_graph), "dtr-copy.rkg", &e.g) == RKM_OK);
-    e.desc.algo = RKM_ALGO_DTR;
+    CHECK(rkm_graph_read_string(ctx, text, strlen(text), "copies.rkg", &e.g) == RKM_OK);
+    e.desc.algo = algo;
     e.desc.alignment = 1;
-    e.budget = 4100;
+    e.budget = budget;
     rkm_plan *p = NULL;
     rkm_plan_stats ps;
     CHECK(e.g && rkm_plan_solve(e.g, &e.desc, e.budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
-    CHECK(p && ps.offloads == 1); /* else the loop below covers nothing new */
+    CHECK(p && ps.offloads > 0); /* else the loop below covers nothing new */
     rkm_plan_destroy(p);
-    op_under_test op = {"dtr with a copy link", run_solve, check_solve, drop_plan};
+    op_under_test op = {what, run_solve, check_solve, drop_plan};
     if (e.g) every_failure(&op, &e, ctx);
     rkm_graph_destroy(e.g);
     rkm_context_destroy(ctx);
+}
+
+TEST(dtr_copies)
+{
+    copies_every_failure(dtr_copy_graph, RKM_ALGO_DTR, 4100, "dtr with a copy link");
 }
 
 /* Rockmate's smallest budget with a copy link, below its recompute-only
@@ -787,22 +794,7 @@ TEST(offload_min_budget)
 #ifndef RKM_OMIT_SOLVER
 TEST(checkmate_copies)
 {
-    rkm_context *ctx = new_ctx();
-    solve_env e;
-    memset(&e, 0, sizeof e);
-    CHECK(rkm_graph_read_string(ctx, tiny_copy_graph, strlen(tiny_copy_graph), "tiny-copy.rkg", &e.g) == RKM_OK);
-    e.desc.algo = RKM_ALGO_CHECKMATE;
-    e.desc.alignment = 1;
-    e.budget = 224;
-    rkm_plan *p = NULL;
-    rkm_plan_stats ps;
-    CHECK(e.g && rkm_plan_solve(e.g, &e.desc, e.budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK);
-    CHECK(p && ps.offloads > 0); /* else the loop below covers nothing new */
-    rkm_plan_destroy(p);
-    op_under_test op = {"checkmate with a copy link", run_solve, check_solve, drop_plan};
-    if (e.g) every_failure(&op, &e, ctx);
-    rkm_graph_destroy(e.g);
-    rkm_context_destroy(ctx);
+    copies_every_failure(tiny_copy_graph, RKM_ALGO_CHECKMATE, 224, "checkmate with a copy link");
 }
 #endif
 
