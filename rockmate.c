@@ -686,11 +686,11 @@ typedef struct rkm__ilp_shape {
     rkm__ilp_arrays arrays;
 } rkm__ilp_shape;
 
-/* (b) The LP model of the block, budget-independent: budgets are bounds
- * that each solve sets. */
 /* How a slot comes back from host memory in the copy model (ilp.c). */
 enum { RKM__ILP_BACK_BWD, RKM__ILP_BACK_WAIT, RKM__ILP_BACK_STAGE, RKM__ILP_BACK_KINDS };
 
+/* (b) The LP model of the block, budget-independent: budgets are bounds
+ * that each solve sets. */
 typedef struct rkm__ilp_model {
     struct _lprec *lp; /* lp_solve's lprec; only ilp.c includes lp_lib.h */
     int32_t ncols, nrows;
@@ -5945,9 +5945,9 @@ static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int
 /* ---- copies (the whole graph with a copy link) ----
  *
  * rkm__ilp_block_create_copies adds to the whole-graph form a third choice
- * for every copy slot x that a later stage needs (a tensor needed after
- * stage 1, an op's saved state whose backward is not stage 1): spend the
- * backward's start in host memory (O). Its offload starts when the forward
+ * for every copy slot x (tensor i = x, or the saved state of op x - nt)
+ * that a backward stage needs: spend the backward's start in host memory
+ * (O). Its offload starts when the forward
  * makes it; D[x,k]: it is off the device from stage 0's node k on (after
  * its last stage-0 read, once its copy is done), by the forward's end at
  * the latest. It comes back for stage t by a prefetch: during stage t - 1's
@@ -5962,8 +5962,9 @@ static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int
  * with release times (each offload's node end) and deadlines (D's node
  * start), preemptive: for every window from a slot's release to a node
  * start, the offloads released in it and due by then fit its compute time
- * (that is exact for preemptive schedules). The read-out keeps only the
- * recomputations; the offload pass places the copies on that schedule
+ * and the waits in it (that is exact for preemptive schedules). The
+ * read-out keeps the recomputations and the set of slots offloaded; the
+ * offload pass places the copies on that schedule, those slots first
  * (offload.c), and the simulator measures it. */
 
 static int32_t rkm__ilp_O(const rkm__ilp_model *md, int32_t x) { return md->colO ? md->colO[x] : 0; }
@@ -12807,19 +12808,15 @@ static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
     return x >= need ? x < y : x > y;
 }
 
-/* The order of slots for a pick: the caller's preferred ones first, then
- * the larger (rkm__off_pick), or the better fit for `need`
- * (rkm__off_fits_better: rkm__off_picks_before). */
-static uint64_t rkm__off_rank(const rkm__off *o, int32_t t)
-{
-    return rkm__slot_bytes(o->g, t) | (o->prefer && o->prefer[t] ? (uint64_t)1 << 63 : 0);
-}
-
+/* Whether a pick takes slot t before slot u: the caller's preferred slots
+ * first, then the larger (need 0, rkm__off_pick), or the better fit for
+ * `need` (rkm__off_fits_better, rkm__off_pick_exposed). */
 static int rkm__off_picks_before(const rkm__off *o, int32_t t, int32_t u, uint64_t need)
 {
     int pt = o->prefer && o->prefer[t], pu = o->prefer && o->prefer[u];
+    uint64_t bt = rkm__slot_bytes(o->g, t), bu = rkm__slot_bytes(o->g, u);
     if (pt != pu) return pt;
-    return rkm__off_fits_better(rkm__slot_bytes(o->g, t), rkm__slot_bytes(o->g, u), need);
+    return need ? rkm__off_fits_better(bt, bu, need) : bt > bu;
 }
 
 /* An exposed copy for a peak at base step s that no hidden copy clears,
@@ -12864,7 +12861,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
         int32_t i = (int32_t)u;
         rkm__gap *x = &o->gap[i];
         if (o->in[i] || x->a >= s || x->b <= s) continue;
-        if (best >= 0 && rkm__off_rank(o, x->slot) <= rkm__off_rank(o, o->gap[best].slot)) continue;
+        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, 0)) continue;
         double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
         double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
         int64_t f = rkm__off_in_set_beside(o, i, -1) ? x->a : rkm__off_step_ending(o, x->a + 1, end);

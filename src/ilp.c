@@ -298,9 +298,9 @@ static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int
 /* ---- copies (the whole graph with a copy link) ----
  *
  * rkm__ilp_block_create_copies adds to the whole-graph form a third choice
- * for every copy slot x that a later stage needs (a tensor needed after
- * stage 1, an op's saved state whose backward is not stage 1): spend the
- * backward's start in host memory (O). Its offload starts when the forward
+ * for every copy slot x (tensor i = x, or the saved state of op x - nt)
+ * that a backward stage needs: spend the backward's start in host memory
+ * (O). Its offload starts when the forward
  * makes it; D[x,k]: it is off the device from stage 0's node k on (after
  * its last stage-0 read, once its copy is done), by the forward's end at
  * the latest. It comes back for stage t by a prefetch: during stage t - 1's
@@ -315,8 +315,9 @@ static int32_t rkm__ilp_S(const rkm__ilp_shape *b, const rkm__ilp_model *md, int
  * with release times (each offload's node end) and deadlines (D's node
  * start), preemptive: for every window from a slot's release to a node
  * start, the offloads released in it and due by then fit its compute time
- * (that is exact for preemptive schedules). The read-out keeps only the
- * recomputations; the offload pass places the copies on that schedule
+ * and the waits in it (that is exact for preemptive schedules). The
+ * read-out keeps the recomputations and the set of slots offloaded; the
+ * offload pass places the copies on that schedule, those slots first
  * (offload.c), and the simulator measures it. */
 
 static int32_t rkm__ilp_O(const rkm__ilp_model *md, int32_t x) { return md->colO ? md->colO[x] : 0; }

@@ -654,11 +654,11 @@ typedef struct rkm__ilp_shape {
     rkm__ilp_arrays arrays;
 } rkm__ilp_shape;
 
-/* (b) The LP model of the block, budget-independent: budgets are bounds
- * that each solve sets. */
 /* How a slot comes back from host memory in the copy model (ilp.c). */
 enum { RKM__ILP_BACK_BWD, RKM__ILP_BACK_WAIT, RKM__ILP_BACK_STAGE, RKM__ILP_BACK_KINDS };
 
+/* (b) The LP model of the block, budget-independent: budgets are bounds
+ * that each solve sets. */
 typedef struct rkm__ilp_model {
     struct _lprec *lp; /* lp_solve's lprec; only ilp.c includes lp_lib.h */
     int32_t ncols, nrows;

@@ -363,19 +363,15 @@ static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
     return x >= need ? x < y : x > y;
 }
 
-/* The order of slots for a pick: the caller's preferred ones first, then
- * the larger (rkm__off_pick), or the better fit for `need`
- * (rkm__off_fits_better: rkm__off_picks_before). */
-static uint64_t rkm__off_rank(const rkm__off *o, int32_t t)
-{
-    return rkm__slot_bytes(o->g, t) | (o->prefer && o->prefer[t] ? (uint64_t)1 << 63 : 0);
-}
-
+/* Whether a pick takes slot t before slot u: the caller's preferred slots
+ * first, then the larger (need 0, rkm__off_pick), or the better fit for
+ * `need` (rkm__off_fits_better, rkm__off_pick_exposed). */
 static int rkm__off_picks_before(const rkm__off *o, int32_t t, int32_t u, uint64_t need)
 {
     int pt = o->prefer && o->prefer[t], pu = o->prefer && o->prefer[u];
+    uint64_t bt = rkm__slot_bytes(o->g, t), bu = rkm__slot_bytes(o->g, u);
     if (pt != pu) return pt;
-    return rkm__off_fits_better(rkm__slot_bytes(o->g, t), rkm__slot_bytes(o->g, u), need);
+    return need ? rkm__off_fits_better(bt, bu, need) : bt > bu;
 }
 
 /* An exposed copy for a peak at base step s that no hidden copy clears,
@@ -420,7 +416,7 @@ static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
         int32_t i = (int32_t)u;
         rkm__gap *x = &o->gap[i];
         if (o->in[i] || x->a >= s || x->b <= s) continue;
-        if (best >= 0 && rkm__off_rank(o, x->slot) <= rkm__off_rank(o, o->gap[best].slot)) continue;
+        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, 0)) continue;
         double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
         double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
         int64_t f = rkm__off_in_set_beside(o, i, -1) ? x->a : rkm__off_step_ending(o, x->a + 1, end);
