@@ -11,7 +11,8 @@
  * Every algorithm meets its own smallest budget (rkm_planner_min_budget),
  * on its planner and on a fresh one (`rockmate info`, then `rockmate plan`
  * at that budget: issue 20). One input in four is planned by DTR with a
- * copy link too, and those of them rockmate plans by it (plan_offload). */
+ * copy link too, and those of them rockmate and checkmate plan by it
+ * (plan_offload). */
 #include "fuzz.h"
 
 /* rockmate's smallest budget bisects on whole-graph ILPs, checkmate's on
@@ -107,19 +108,19 @@ static void plan_all(rkm_context *ctx, const rkm_graph *g, int slow_too)
     plan_algos(ctx, g, algos, sizeof algos / sizeof algos[0], slow_too);
 }
 
-/* DTR, and where slow_too rockmate (plan_algos: up to FUZZ_SLOW_OPS ops),
- * with a copy link (the input's length picks its figures, from one that
+/* DTR, and where slow_too rockmate and checkmate (plan_algos: up to
+ * FUZZ_SLOW_OPS ops), with a copy link (the input's length picks its figures, from one that
  * hides every copy to one that hides none), so that their offloading plans
  * (copies, waits, a tensor prefetched more than once, DTR's evictions to
  * host memory and prefetches moved ahead of need) meet the same checks, at
  * the smallest budget too. */
 static void plan_offload(rkm_context *ctx, const rkm_graph *g, size_t size, int slow_too)
 {
-    static const rkm_algo algos[] = {RKM_ALGO_DTR, RKM_ALGO_ROCKMATE};
+    static const rkm_algo algos[] = {RKM_ALGO_DTR, RKM_ALGO_ROCKMATE, RKM_ALGO_CHECKMATE};
     static const double bandwidth[] = {1e12, 1e9, 1e7, 1e5};
     rkm_copy_desc link = {bandwidth[size / 16 % 4], bandwidth[size / 64 % 4], 1e-7 * (double)(size / 256 % 3)};
     rkm_graph *gc = NULL;
-    if (rkm_graph_with_copy(g, &link, &gc) == RKM_OK) plan_algos(ctx, gc, algos, 2, slow_too);
+    if (rkm_graph_with_copy(g, &link, &gc) == RKM_OK) plan_algos(ctx, gc, algos, sizeof algos / sizeof *algos, slow_too);
     rkm_graph_destroy(gc);
 }
 
