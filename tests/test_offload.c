@@ -1548,8 +1548,8 @@ static void against_brute_force(bo_tally *t)
  * with copies, its offloads placed by the pass. Its family (forward once,
  * offloads during the forward, prefetches per stage) holds the brute
  * force's plan at 30 of 32 budgets when this was written (4.0 % above it
- * at worst, the budgets rockmate misses too; 19 of 32 and 67 % before the
- * model had waits and prefetches after the loss node). */
+ * at worst, the budgets rockmate misses too; 19 of 32 and 67 % with
+ * hidden copies only, before the model had waits). */
 TEST(planners_against_brute_force)
 {
     bo_tally t;
