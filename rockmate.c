@@ -1069,7 +1069,6 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
                                          const uint8_t *prefer, rkm__steps *out, uint64_t *work);
 RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out);
 RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
@@ -5998,7 +5997,7 @@ static int32_t rkm__ilp_P1(const rkm__ilp_shape *b, const rkm__ilp_model *md, in
 
 /* Slot x's graph-wide copy slot (docs: rkm__slot_bytes), its producer in
  * stage 0, the first node it may be freed before (after its last touch
- * there) and its copy's time in tscale units. */
+ * there), its bytes and its copy's time in tscale units. */
 static int32_t rkm__ilp_cslot(const rkm__ilp_shape *b, int32_t x)
 {
     return x < b->nt ? b->tg[x] : (int32_t)b->g->n_tensors + b->op[x - b->nt];
@@ -6007,6 +6006,10 @@ static int32_t rkm__ilp_cprod(const rkm__ilp_shape *b, int32_t x) { return x < b
 static int32_t rkm__ilp_cfirst(const rkm__ilp_shape *b, int32_t x)
 {
     return x < b->nt ? b->last0[x] + 1 : x - b->nt + 1;
+}
+static double rkm__ilp_cbytes(const rkm__ilp_shape *b, int32_t x) /* in mscale units */
+{
+    return (double)rkm__slot_bytes(b->g, rkm__ilp_cslot(b, x)) / b->mscale;
 }
 static double rkm__ilp_ctime(const rkm__ilp_shape *b, int32_t x, double bytes_per_second)
 {
@@ -6311,9 +6314,8 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
                     rkm__ilp_term(w, rkm__ilp_O(md, i), -(double)g->tensors[b->tg[i]].bytes / ms);
                 }
             for (int32_t x = 0; t == 0 && md->colO && x < b->nt + b->n; x++) { /* offloads done by node v */
-                double by = (double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms;
-                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v), by);
-                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v - 1), -by);
+                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v), rkm__ilp_cbytes(b, x));
+                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v - 1), -rkm__ilp_cbytes(b, x));
             }
         } else { /* the stage start */
             rkm__ilp_term(w, RKM__ILP_ONE, -(double)(b->static_bytes + b->gstart[t]) / ms);
@@ -6326,16 +6328,14 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
                     rkm__ilp_term(w, rkm__ilp_O(md, b->nt + u), (double)g->ops[b->op[u]].phantom / ms);
             }
             for (int32_t x = 0; t && md->colO && x < b->nt + b->n; x++) /* prefetches during the whole stage */
-                rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_STAGE, t + 1, x),
-                              -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+                rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_STAGE, t + 1, x), -rkm__ilp_cbytes(b, x));
         }
         if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
         if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
         for (int32_t x = 0; k == md->node_off[1] + 1 && md->colO && x < b->nt + b->n; x++) /* back after the loss */
-            rkm__ilp_term(w, rkm__ilp_P1(b, md, x), -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+            rkm__ilp_term(w, rkm__ilp_P1(b, md, x), -rkm__ilp_cbytes(b, x));
         for (int32_t x = 0; nd->kind == RKM__ILP_NODE_BWD && md->colO && x < b->nt + b->n; x++) /* its prefetches */
-            rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_BWD, t + 1, x),
-                          -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+            rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_BWD, t + 1, x), -rkm__ilp_cbytes(b, x));
         if (nd->kind == RKM__ILP_NODE_FWD) {
             double made = (double)rkm__fwd_ws_most(o);
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;
@@ -10412,7 +10412,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
-    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below: rkm__checkmate_min_budget) */
+    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
     rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
     pl->fitting_min = 1;
@@ -10475,9 +10475,7 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
  * checkmate's offloading may meet less than their recompute-only floors. */
 static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
 {
-    if (rkm__offloads(pl))
-        return pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_min_budget(pl, out) : rkm__checkmate_min_budget(pl, out);
-    return rkm__min_budget_get(pl, out);
+    return rkm__offloads(pl) ? rkm__offload_min_budget(pl, out) : rkm__min_budget_get(pl, out);
 }
 
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
@@ -10645,7 +10643,7 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
 {
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
-    int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
     rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
     if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
         rkm_plan_destroy(p);
@@ -13053,17 +13051,55 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
     return r;
 }
 
-/* Rockmate's smallest budget on a graph with a copy link (*out): the
- * recompute-only floor (rkm__min_budget_get), or below it the least budget
- * a bisection from the graph's lower bound meets by offloading a base: the
+/* Rockmate below its recompute-only floor `min`: the least budget a
+ * bisection from the graph's lower bound meets by offloading a base: the
  * floor's own plan (what its peak steps hold besides their own needs can
  * wait in host memory, as in rkm__planner_offload), rockmate's plans for
  * budgets spaced geometrically from the floor to the baseline peak (fewer
  * recomputations, more to offload), the baseline. The bases do not depend
- * on the budget, so the probes only offload. The result is that plan's
- * arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands out a
- * copy where its own search finds nothing); kept with the floor (a cut
- * bisection makes both be sought again). */
+ * on the budget, so the probes only offload. *p: the plan met (NULL:
+ * none). */
+static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
+{
+    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL};
+    uint64_t hi = min, at = min;
+    rkm_result r = RKM_OK;
+    if (pl->min_plan && min > pl->lower_bound) {
+        pl->off_bases = b;
+        pl->off_made = 0;
+        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
+        if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
+        pl->off_bases = NULL;
+    }
+    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
+    return r;
+}
+
+/* Checkmate below its recompute-only floor `min`: the least budget a
+ * bisection from the graph's lower bound meets with the ILP with copies
+ * too, the plan met there laid out into *p (NULL: none, or its arena not
+ * below the floor). */
+static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
+{
+    uint64_t hi = min, at = min;
+    rkm_result r = RKM_OK;
+    if (min > pl->lower_bound)
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
+    if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
+    if (*p && (*p)->stats.arena_bytes >= min) {
+        rkm_plan_destroy(*p);
+        *p = NULL;
+    }
+    return r;
+}
+
+/* The smallest budget of an algorithm that offloads (rkm__offloads) on a
+ * graph with a copy link (*out): the recompute-only floor
+ * (rkm__min_budget_get), or below it the least budget its own search
+ * meets (rkm__offload_below, rkm__checkmate_below). The result is that
+ * plan's arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands
+ * out a copy where its own search finds nothing); kept with the floor (a
+ * cut bisection makes both be sought again). */
 RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
 {
     uint64_t min;
@@ -13072,18 +13108,14 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
         *out = r ? 0 : pl->off_min;
         return r;
     }
-    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL}, *p = NULL;
-    uint64_t hi = min, at = min;
+    rkm_plan *p = NULL;
     int stopped = 0;
-    if (pl->min_plan && min > pl->lower_bound) {
-        pl->off_bases = b;
-        pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, &stopped);
-        if (!r && hi < min) r = rkm__probe_offload(pl, hi, &p); /* the plan met there, again */
-        pl->off_bases = NULL;
+    r = pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_below(pl, min, &p, &stopped)
+                                        : rkm__checkmate_below(pl, min, &p, &stopped);
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
     }
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
-    if (r) return r;
     pl->off_min = p ? p->stats.arena_bytes : min;
     pl->off_min_plan = p;
     pl->min_cut |= stopped;
@@ -13249,38 +13281,6 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
 }
 
 /* ---- checkmate with copies ---------------------------------------------- */
-
-/* Checkmate's smallest budget on a graph with a copy link (*out): its
- * recompute-only floor (rkm__min_budget_get), or below it the least budget
- * a bisection from the graph's lower bound meets with the ILP with copies
- * too, that plan laid out and kept in pl->off_min_plan (what
- * rkm_planner_solve hands out where its own solve finds none); kept with
- * the floor, as rockmate's (rkm__offload_min_budget). */
-RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
-{
-    uint64_t min, hi, at;
-    rkm_result r = rkm__min_budget_get(pl, &min);
-    if (r || pl->off_min) {
-        *out = r ? 0 : pl->off_min;
-        return r;
-    }
-    rkm_plan *p = NULL;
-    int stopped = 0;
-    hi = at = min;
-    if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, &stopped);
-    if (!r && hi < min) r = rkm__planner_fit(pl, at, &p, NULL); /* the plan met there, laid out */
-    if (r || (p && p->stats.arena_bytes >= min)) {
-        rkm_plan_destroy(p);
-        p = NULL;
-    }
-    if (r) return r;
-    pl->off_min = p ? p->stats.arena_bytes : min;
-    pl->off_min_plan = p;
-    pl->min_cut |= stopped;
-    *out = pl->off_min;
-    return RKM_OK;
-}
 
 /* Checkmate's plan with copies (*p) against the plan it hands out where
  * it finds none at the budget: its recompute-only floor's, kept where it

@@ -351,7 +351,7 @@ static int32_t rkm__ilp_P1(const rkm__ilp_shape *b, const rkm__ilp_model *md, in
 
 /* Slot x's graph-wide copy slot (docs: rkm__slot_bytes), its producer in
  * stage 0, the first node it may be freed before (after its last touch
- * there) and its copy's time in tscale units. */
+ * there), its bytes and its copy's time in tscale units. */
 static int32_t rkm__ilp_cslot(const rkm__ilp_shape *b, int32_t x)
 {
     return x < b->nt ? b->tg[x] : (int32_t)b->g->n_tensors + b->op[x - b->nt];
@@ -360,6 +360,10 @@ static int32_t rkm__ilp_cprod(const rkm__ilp_shape *b, int32_t x) { return x < b
 static int32_t rkm__ilp_cfirst(const rkm__ilp_shape *b, int32_t x)
 {
     return x < b->nt ? b->last0[x] + 1 : x - b->nt + 1;
+}
+static double rkm__ilp_cbytes(const rkm__ilp_shape *b, int32_t x) /* in mscale units */
+{
+    return (double)rkm__slot_bytes(b->g, rkm__ilp_cslot(b, x)) / b->mscale;
 }
 static double rkm__ilp_ctime(const rkm__ilp_shape *b, int32_t x, double bytes_per_second)
 {
@@ -664,9 +668,8 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
                     rkm__ilp_term(w, rkm__ilp_O(md, i), -(double)g->tensors[b->tg[i]].bytes / ms);
                 }
             for (int32_t x = 0; t == 0 && md->colO && x < b->nt + b->n; x++) { /* offloads done by node v */
-                double by = (double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms;
-                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v), by);
-                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v - 1), -by);
+                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v), rkm__ilp_cbytes(b, x));
+                rkm__ilp_term(w, rkm__ilp_D(b, md, x, v - 1), -rkm__ilp_cbytes(b, x));
             }
         } else { /* the stage start */
             rkm__ilp_term(w, RKM__ILP_ONE, -(double)(b->static_bytes + b->gstart[t]) / ms);
@@ -679,16 +682,14 @@ static void rkm__ilp_rows_memory(const rkm__ilp_shape *b, rkm__ilp_model *md, rk
                     rkm__ilp_term(w, rkm__ilp_O(md, b->nt + u), (double)g->ops[b->op[u]].phantom / ms);
             }
             for (int32_t x = 0; t && md->colO && x < b->nt + b->n; x++) /* prefetches during the whole stage */
-                rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_STAGE, t + 1, x),
-                              -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+                rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_STAGE, t + 1, x), -rkm__ilp_cbytes(b, x));
         }
         if (nd->kind == RKM__ILP_NODE_LOSS) rkm__ilp_term(w, RKM__ILP_ONE, -(double)g->tensors[b->x_out].bytes / ms);
         if (nd->kind == RKM__ILP_NODE_BWD) rkm__ilp_term(w, RKM__ILP_ONE, -((double)b->gnew[t] + (double)o->bwd_ws) / ms);
         for (int32_t x = 0; k == md->node_off[1] + 1 && md->colO && x < b->nt + b->n; x++) /* back after the loss */
-            rkm__ilp_term(w, rkm__ilp_P1(b, md, x), -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+            rkm__ilp_term(w, rkm__ilp_P1(b, md, x), -rkm__ilp_cbytes(b, x));
         for (int32_t x = 0; nd->kind == RKM__ILP_NODE_BWD && md->colO && x < b->nt + b->n; x++) /* its prefetches */
-            rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_BWD, t + 1, x),
-                          -(double)rkm__slot_bytes(g, rkm__ilp_cslot(b, x)) / ms);
+            rkm__ilp_term(w, rkm__ilp_P(b, md, RKM__ILP_BACK_BWD, t + 1, x), -rkm__ilp_cbytes(b, x));
         if (nd->kind == RKM__ILP_NODE_FWD) {
             double made = (double)rkm__fwd_ws_most(o);
             for (int32_t j = 0; j < o->n_out; j++) made += (double)g->tensors[o->out[j]].bytes;

@@ -1037,7 +1037,6 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
                                          const uint8_t *prefer, rkm__steps *out, uint64_t *work);
 RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out);
 RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);

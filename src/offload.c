@@ -608,17 +608,55 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
     return r;
 }
 
-/* Rockmate's smallest budget on a graph with a copy link (*out): the
- * recompute-only floor (rkm__min_budget_get), or below it the least budget
- * a bisection from the graph's lower bound meets by offloading a base: the
+/* Rockmate below its recompute-only floor `min`: the least budget a
+ * bisection from the graph's lower bound meets by offloading a base: the
  * floor's own plan (what its peak steps hold besides their own needs can
  * wait in host memory, as in rkm__planner_offload), rockmate's plans for
  * budgets spaced geometrically from the floor to the baseline peak (fewer
  * recomputations, more to offload), the baseline. The bases do not depend
- * on the budget, so the probes only offload. The result is that plan's
- * arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands out a
- * copy where its own search finds nothing); kept with the floor (a cut
- * bisection makes both be sought again). */
+ * on the budget, so the probes only offload. *p: the plan met (NULL:
+ * none). */
+static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
+{
+    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL};
+    uint64_t hi = min, at = min;
+    rkm_result r = RKM_OK;
+    if (pl->min_plan && min > pl->lower_bound) {
+        pl->off_bases = b;
+        pl->off_made = 0;
+        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
+        if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
+        pl->off_bases = NULL;
+    }
+    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
+    return r;
+}
+
+/* Checkmate below its recompute-only floor `min`: the least budget a
+ * bisection from the graph's lower bound meets with the ILP with copies
+ * too, the plan met there laid out into *p (NULL: none, or its arena not
+ * below the floor). */
+static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
+{
+    uint64_t hi = min, at = min;
+    rkm_result r = RKM_OK;
+    if (min > pl->lower_bound)
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
+    if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
+    if (*p && (*p)->stats.arena_bytes >= min) {
+        rkm_plan_destroy(*p);
+        *p = NULL;
+    }
+    return r;
+}
+
+/* The smallest budget of an algorithm that offloads (rkm__offloads) on a
+ * graph with a copy link (*out): the recompute-only floor
+ * (rkm__min_budget_get), or below it the least budget its own search
+ * meets (rkm__offload_below, rkm__checkmate_below). The result is that
+ * plan's arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands
+ * out a copy where its own search finds nothing); kept with the floor (a
+ * cut bisection makes both be sought again). */
 RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
 {
     uint64_t min;
@@ -627,18 +665,14 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
         *out = r ? 0 : pl->off_min;
         return r;
     }
-    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL}, *p = NULL;
-    uint64_t hi = min, at = min;
+    rkm_plan *p = NULL;
     int stopped = 0;
-    if (pl->min_plan && min > pl->lower_bound) {
-        pl->off_bases = b;
-        pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, &stopped);
-        if (!r && hi < min) r = rkm__probe_offload(pl, hi, &p); /* the plan met there, again */
-        pl->off_bases = NULL;
+    r = pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_below(pl, min, &p, &stopped)
+                                        : rkm__checkmate_below(pl, min, &p, &stopped);
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
     }
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
-    if (r) return r;
     pl->off_min = p ? p->stats.arena_bytes : min;
     pl->off_min_plan = p;
     pl->min_cut |= stopped;
@@ -804,38 +838,6 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
 }
 
 /* ---- checkmate with copies ---------------------------------------------- */
-
-/* Checkmate's smallest budget on a graph with a copy link (*out): its
- * recompute-only floor (rkm__min_budget_get), or below it the least budget
- * a bisection from the graph's lower bound meets with the ILP with copies
- * too, that plan laid out and kept in pl->off_min_plan (what
- * rkm_planner_solve hands out where its own solve finds none); kept with
- * the floor, as rockmate's (rkm__offload_min_budget). */
-RKM_PRIVATE rkm_result rkm__checkmate_min_budget(rkm_planner *pl, uint64_t *out)
-{
-    uint64_t min, hi, at;
-    rkm_result r = rkm__min_budget_get(pl, &min);
-    if (r || pl->off_min) {
-        *out = r ? 0 : pl->off_min;
-        return r;
-    }
-    rkm_plan *p = NULL;
-    int stopped = 0;
-    hi = at = min;
-    if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, &stopped);
-    if (!r && hi < min) r = rkm__planner_fit(pl, at, &p, NULL); /* the plan met there, laid out */
-    if (r || (p && p->stats.arena_bytes >= min)) {
-        rkm_plan_destroy(p);
-        p = NULL;
-    }
-    if (r) return r;
-    pl->off_min = p ? p->stats.arena_bytes : min;
-    pl->off_min_plan = p;
-    pl->min_cut |= stopped;
-    *out = pl->off_min;
-    return RKM_OK;
-}
 
 /* Checkmate's plan with copies (*p) against the plan it hands out where
  * it finds none at the budget: its recompute-only floor's, kept where it

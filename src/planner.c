@@ -1152,7 +1152,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
-    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below: rkm__checkmate_min_budget) */
+    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
     rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
     pl->fitting_min = 1;
@@ -1215,9 +1215,7 @@ RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
  * checkmate's offloading may meet less than their recompute-only floors. */
 static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
 {
-    if (rkm__offloads(pl))
-        return pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_min_budget(pl, out) : rkm__checkmate_min_budget(pl, out);
-    return rkm__min_budget_get(pl, out);
+    return rkm__offloads(pl) ? rkm__offload_min_budget(pl, out) : rkm__min_budget_get(pl, out);
 }
 
 rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
@@ -1385,7 +1383,7 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
 {
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
-    int copies = pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->copy.d2h_bytes_per_second > 0;
+    int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
     rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
     if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
         rkm_plan_destroy(p);
