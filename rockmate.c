@@ -2620,16 +2620,13 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
         snprintf(buf, size, "bwd %s%s", g->ops[s->index].name, s->inplace ? " inplace" : "");
         break;
     case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
-    case RKM_STEP_OFFLOAD:
-    case RKM_STEP_PREFETCH:
-    case RKM_STEP_WAIT:
-    case RKM_STEP_FREE_HOST:
-        if (s->save) {
+    default: /* free, free_grad and the copy steps: a tensor, or (a copy step with save) a saved state; no
+                case falls through, for clang's -Wimplicit-fallthrough takes no comment */
+        if (s->kind >= RKM_STEP_OFFLOAD && s->save)
             snprintf(buf, size, "%s %s saved", rkm__step_words[s->kind], g->ops[s->index].name);
-            break;
-        }
-        /* fall through */
-    default: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name); break;
+        else
+            snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name);
+        break;
     }
 }
 
