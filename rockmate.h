@@ -20,14 +20,19 @@
  *     rkm_context *ctx;  rkm_graph *g;  rkm_plan *plan;
  *     rkm_context_create(NULL, &ctx);               // NULL desc: malloc, silent
  *     rkm_graph_read_file(ctx, "model.rkg", &g);    // or rkm_graph_create + add_*
- *     rkm_solve_desc sd = {0};                      // zero: the best algorithm built in
+ *     rkm_solve_desc sd = RKM_ZERO;                 // zero: the best algorithm built in
  *     if (rkm_plan_solve(g, &sd, budget_bytes, &plan) != RKM_OK)
  *         fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
- *     rkm_plan_execute(plan, &callbacks);           // once per training step
+ *     else
+ *         rkm_plan_execute(plan, &callbacks);       // once per training step
  *     rkm_plan_destroy(plan); rkm_graph_destroy(g); rkm_context_destroy(ctx);
  *
  * CONVENTIONS
  *
+ * - A zeroed desc means the defaults: RKM_ZERO zeroes a
+ *   struct in C and in C++ alike (`rkm_callbacks cb = RKM_ZERO;`, then set
+ *   the fields you use), where C's `= {0}` is an error in C++ for structs
+ *   that start with an enum and C++'s `= {}` is not C11.
  * - Every fallible function returns an rkm_result. Every failing call made
  *   through a context writes a message there that names the object
  *   (file:line, step, op or tensor) and the rule that was broken:
@@ -168,6 +173,14 @@
 extern "C" {
 #endif
 
+/* A zero initializer for any of the public structs, the same spelling in C
+ * and C++: `rkm_solve_desc sd = RKM_ZERO;`. */
+#ifdef __cplusplus
+#define RKM_ZERO {}
+#else
+#define RKM_ZERO {0}
+#endif
+
 /* Versions and the ABI. The version here is the one source: the Makefile
  * reads RKM_VERSION_STRING for the shared library's file name
  * (librockmate.so.MAJOR.MINOR.PATCH) and its soname (librockmate.so.MAJOR),
@@ -193,14 +206,19 @@ extern "C" {
  * progress callback (rkm_progress) and rkm_result RKM_ERROR_CANCELLED.
  * 0.4.0: offloading: the copy steps (rkm_step_kind, rkm_rule), the graph's
  * rkm_copy_desc, rkm_copy_call; rkm_sim_result, rkm_plan_stats and
- * rkm_callbacks gained fields at their ends. */
+ * rkm_callbacks gained fields at their ends.
+ * 0.5.0: rkm_parse_budget takes the graph and the alignment (a percentage is
+ * of the baseline's arena at that alignment, rkm_graph_baseline_arena, no
+ * longer of the baseline peak: "100%" is the baseline, at no overhead);
+ * rkm_graph_baseline_arena; RKM_ZERO. */
 #define RKM_VERSION_MAJOR 0
-#define RKM_VERSION_MINOR 4
+#define RKM_VERSION_MINOR 5
 #define RKM_VERSION_PATCH 0
-#define RKM_VERSION_STRING "0.4.0"
+#define RKM_VERSION_STRING "0.5.0"
 #define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
 
-/* The version of the compiled library, e.g. "0.3.0". */
+/* The version of the compiled library, RKM_VERSION_STRING when the header
+ * and the library agree, e.g. "0.5.0". */
 const char *rkm_version(void);
 int rkm_version_number(void);
 
@@ -431,6 +449,15 @@ typedef struct rkm_graph_stats {
     int32_t block_classes;  /* classes of blocks (rkm_block_info.class_id) */
 } rkm_graph_stats;
 rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out);
+
+/* The arena of the graph's baseline plan (rkm_plan_baseline) laid out at
+ * `alignment` (a power of two; 0: 256, as rkm_solve_desc.alignment): the one
+ * allocation of the plain "store all" step at that alignment, at least its
+ * aligned peak, which is at least baseline_peak. It is the 100 % of a
+ * percent budget (rkm_parse_budget, the CLI, the examples): a budget of it
+ * plans with algorithm none, and every algorithm meets it with no
+ * overhead. RKM_ERROR_GRAPH where the buffers rounded up pass 64 bits. */
+rkm_result rkm_graph_baseline_arena(const rkm_graph *g, uint64_t alignment, uint64_t *out);
 
 /* A lower bound on the extra compute (seconds over the baseline time) of
  * every valid plan whose peak is at most `budget`, whatever made it. At the
@@ -918,10 +945,13 @@ rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64
 /* Parse a budget as on the command line: a decimal number
  * ([0-9]*[.[0-9]*][(e|E)[+-]N], a digit somewhere), then nothing or B
  * (bytes), KiB, MiB, GiB (powers of 1024), KB, MB, GB (powers of 1000) or
- * % (of baseline_peak): "123", "123B", "64MiB", "1.5GB", "1e6", "40%".
- * Fractional byte counts round down. Anything else (hex, inf, spaces) is
- * RKM_ERROR_ARGUMENT with a message in ctx. */
-rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out);
+ * % (of the graph's baseline arena at `alignment`, rkm_graph_baseline_arena:
+ * what the plain step allocates, so that "100%" is the baseline with no
+ * overhead): "123", "123B", "64MiB", "1.5GB", "1e6", "40%". `alignment` is
+ * the solve desc's (0: 256); byte budgets do not depend on it. Fractional
+ * byte counts round down. Anything else (hex, inf, spaces) is
+ * RKM_ERROR_ARGUMENT with a message in g's context; *out is 0 on failure. */
+rkm_result rkm_parse_budget(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out);
 
 /* ---------------------------------------------------------------------------
  * Execution: the plan calls the host

@@ -570,6 +570,8 @@ typedef struct cli_graph {
     char name[128]; /* file name without folder and .rkg: chart titles */
     rkm_graph *g;
     rkm_graph_stats st;
+    uint64_t alignment;      /* --align */
+    uint64_t baseline_arena; /* at that alignment: the 100 % of a percent budget */
 } cli_graph;
 
 static void cli_graph_name(const char *path, char *buf, size_t size)
@@ -625,6 +627,7 @@ static int cli_graph_load(rkm_context *ctx, const char *path, const cli_opts *o,
 {
     memset(G, 0, sizeof *G);
     G->path = path;
+    G->alignment = o->alignment;
     cli_graph_name(path, G->name, sizeof G->name);
     rkm_result r = cli_graph_read(ctx, path, &G->g);
     if (r) return cli_fail(ctx, r, NULL);
@@ -636,21 +639,23 @@ static int cli_graph_load(rkm_context *ctx, const char *path, const cli_opts *o,
         if (r) return cli_fail(ctx, r, path);
     }
     r = rkm_graph_stats_get(G->g, &G->st);
+    if (!r) r = rkm_graph_baseline_arena(G->g, o->alignment, &G->baseline_arena);
     if (r) return cli_fail(ctx, r, path);
     return CLI_OK;
 }
 
-/* Budgets are parsed against the graph's baseline peak; bad text is usage. */
+/* Budgets are parsed against the baseline's arena at --align; bad text is
+ * usage. */
 static int cli_budget(const cli_graph *G, const char *text, const char *cmd, uint64_t *out)
 {
-    if (rkm_parse_budget(rkm_graph_context(G->g), text, G->st.baseline_peak, out) != RKM_OK)
+    if (rkm_parse_budget(G->g, text, G->alignment, out) != RKM_OK)
         return cli_usage_error(cmd, "bad budget '%s' (bytes, KiB/MiB/GiB, KB/MB/GB or N%%)", text);
     /* A bare number is bytes; a small one is almost surely a forgotten %. */
     size_t n = strlen(text);
     if (n && isdigit((unsigned char)text[n - 1]) && *out < CLI_BARE_BUDGET_MIN)
         return cli_usage_error(cmd,
                                "budget '%s' is %" PRIu64 " bytes, below 4 KiB: write '%s%%' for a share of the "
-                               "baseline peak, or '%sB' if bytes are meant",
+                               "baseline's arena, or '%sB' if bytes are meant",
                                text, *out, text, text);
     return CLI_OK;
 }
@@ -867,6 +872,7 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
         cli_json_null(j, "time");
     }
     cli_json_u64(j, "baseline_peak", G->st.baseline_peak);
+    cli_json_u64(j, "baseline_arena", G->baseline_arena);
     cli_json_num(j, "baseline_time", G->st.baseline_time);
     if (valid && G->st.baseline_time > 0)
         cli_json_num(j, "overhead", r->ps.overhead);
@@ -1232,8 +1238,8 @@ static int cli_plan_svg(const char *path, const cli_graph *G, const cli_result *
     else
         snprintf(title, sizeof title, "%s: activation memory, %s plan and baseline", G->name, algo);
     char c3[32];
-    snprintf(sub, sizeof sub, "budget %s (%.1f%% of baseline peak), peak %s, arena %s, overhead %.2f%%",
-             cli_size(a, sizeof a, r->budget), cli_percent((double)r->budget, (double)G->st.baseline_peak),
+    snprintf(sub, sizeof sub, "budget %s (%.1f%% of baseline arena), peak %s, arena %s, overhead %.2f%%",
+             cli_size(a, sizeof a, r->budget), cli_percent((double)r->budget, (double)G->baseline_arena),
              cli_size(b, sizeof b, r->ps.peak), cli_size(c3, sizeof c3, r->arena),
              100 * (r->ps.time / G->st.baseline_time - 1));
     if (r->ps.offloads) {
@@ -1292,8 +1298,8 @@ static void cli_text_plan(const cli_graph *G, const cli_result *r)
     char a[32];
     double bp = (double)G->st.baseline_peak;
     if (r->has_budget)
-        printf("  budget         %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
-               cli_size(a, sizeof a, r->budget), r->budget, cli_percent((double)r->budget, bp));
+        printf("  budget         %-12s (%" PRIu64 " bytes, %.1f%% of the baseline's arena)\n",
+               cli_size(a, sizeof a, r->budget), r->budget, cli_percent((double)r->budget, (double)G->baseline_arena));
     printf("  peak           %-12s (%" PRIu64 " bytes, %.1f%% of the baseline peak)\n",
            cli_size(a, sizeof a, r->ps.peak), r->ps.peak, cli_percent((double)r->ps.peak, bp));
     printf("  baseline peak  %-12s (%" PRIu64 " bytes)\n", cli_size(a, sizeof a, G->st.baseline_peak),
@@ -1563,6 +1569,7 @@ static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT 
     cli_json_str(&j, "loss", rkm_graph_tensor_info(G->g, loss, &ti) == RKM_OK ? ti.name : NULL);
     cli_json_u64(&j, "input_bytes", G->st.input_bytes);
     cli_json_u64(&j, "baseline_peak", G->st.baseline_peak);
+    cli_json_u64(&j, "baseline_arena", G->baseline_arena);
     cli_json_num(&j, "baseline_time", G->st.baseline_time);
     cli_json_u64(&j, "lower_bound", G->st.lower_bound);
     cli_json_open(&j, "overhead_bound", '{');

@@ -32,7 +32,7 @@
  * the kernels go on, so waits are real; the measured host peak must equal
  * the predicted one, to the byte, and the check shows the step's measured
  * time beside the simulator's.
- * --budget takes bytes, KiB/MiB/GiB, N% of the baseline peak, or "min".
+ * --budget takes bytes, KiB/MiB/GiB, N% of the baseline's arena, or "min".
  * Without --algo the library's default plans: rockmate (without its ILP
  * options in a build without lp_solve, make OMIT=1). The op costs are profiled first, and the
  * profiled graph is the one planned and run (profiling runs through the
@@ -211,12 +211,12 @@ static int setup_model(trainer *tr)
 }
 
 /* The budget in bytes ("min": the least the algorithm can meet), then the plan. */
-static int make_plan(trainer *tr, const rkm_solve_desc *sd, uint64_t baseline_peak)
+static int make_plan(trainer *tr, const rkm_solve_desc *sd)
 {
     rkm_planner *pl = NULL;
     rkm_result r = rkm_planner_create(tr->gg.g, sd, &pl);
     if (r == RKM_OK && !strcmp(tr->opt.budget, "min")) r = rkm_planner_min_budget(pl, &tr->budget);
-    else if (r == RKM_OK && rkm_parse_budget(tr->ctx, tr->opt.budget, baseline_peak, &tr->budget) != RKM_OK) {
+    else if (r == RKM_OK && rkm_parse_budget(tr->gg.g, tr->opt.budget, sd->alignment, &tr->budget) != RKM_OK) {
         rkm_planner_destroy(pl);
         return usage("bad --budget");
     }
@@ -310,12 +310,14 @@ static int setup_plans(trainer *tr)
     if ((rc = profile_graph(tr)) != 0 || (rc = add_copy_link(tr)) != 0) return rc;
     rkm_graph_stats_get(tr->gg.g, &gs);
     if (rkm_plan_baseline(tr->gg.g, &tr->base) != RKM_OK) return fail(tr, "baseline plan");
-    if ((rc = make_plan(tr, &sd, gs.baseline_peak)) != 0) return rc;
+    if ((rc = make_plan(tr, &sd)) != 0) return rc;
     rkm_plan_stats_get(tr->plan, &tr->ps);
     printf("baseline: peak %llu bytes, step %.2f ms (profiled)\n", (unsigned long long)gs.baseline_peak,
            gs.baseline_time * 1e3);
-    printf("budget: %llu bytes (%.1f%% of the baseline peak)\n", (unsigned long long)tr->budget,
-           pct(tr->budget, gs.baseline_peak));
+    uint64_t base_arena = 0; /* the 100 % of a percent budget */
+    rkm_graph_baseline_arena(tr->gg.g, sd.alignment, &base_arena);
+    printf("budget: %llu bytes (%.1f%% of the baseline's arena, %llu bytes)\n", (unsigned long long)tr->budget,
+           pct(tr->budget, base_arena), (unsigned long long)base_arena);
     printf("plan: %s, predicted peak %llu bytes (%.1f%%), arena %llu bytes, predicted overhead %.2f%%, %zu steps, "
            "%d blocks in %d classes, solved in %.3f s\n",
            rkm_algo_name(tr->ps.algo), (unsigned long long)tr->ps.peak, pct(tr->ps.peak, gs.baseline_peak),

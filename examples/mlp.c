@@ -656,7 +656,7 @@ typedef struct Options {
 static int usage(FILE *f, int status)
 {
     fprintf(f, "usage: mlp [--budget B] [--algo A] [--steps N] [--layers L] [--memory M] [--inplace] [--copy BW]\n"
-                    "  B: bytes, 64KiB, 50%% (of the baseline peak) or min\n"
+                    "  B: bytes, 64KiB, 50%% (of the baseline's arena) or min\n"
                     "  A: default (rockmate), rockmate, rotor, sqrt, dtr, none, checkmate\n"
                     "     (checkmate needs lp_solve; without it rockmate has no ILP options)\n"
                     "  N: training steps (default 5); L: 2..%d layers (default 8)\n"
@@ -709,7 +709,7 @@ static rkm_plan *make_plan(const Host *h, const Options *o, const rkm_graph_stat
     uint64_t budget;
     rkm_result r = rkm_planner_create(h->g, &sd, &pl);
     if (r == RKM_OK) {
-        r = strcmp(o->budget, "min") ? rkm_parse_budget(ctx, o->budget, st->baseline_peak, &budget)
+        r = strcmp(o->budget, "min") ? rkm_parse_budget(h->g, o->budget, sd.alignment, &budget)
                                      : rkm_planner_min_budget(pl, &budget);
         if (r == RKM_OK) r = rkm_planner_solve(pl, budget, &plan);
     }

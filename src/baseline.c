@@ -215,6 +215,24 @@ rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out)
     return rkm__plan_handout(rkm__plan_baseline(g, out), RKM_ARENA_ALIGN, out);
 }
 
+rkm_result rkm_graph_baseline_arena(const rkm_graph *g, uint64_t alignment, uint64_t *out)
+{
+    if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_baseline_arena: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = 0;
+    if (alignment & (alignment - 1))
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_baseline_arena: alignment %llu is not a power of two",
+                        (unsigned long long)alignment);
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_baseline_arena");
+    rkm_plan *p = NULL;
+    if (!r) r = rkm__plan_handout(rkm__plan_baseline(g, &p), alignment ? alignment : RKM_ARENA_ALIGN, &p);
+    if (!r && !p->stats.alignment)
+        r = rkm__err(g->ctx, RKM_ERROR_GRAPH, "rkm_graph_baseline_arena: the baseline's buffers rounded up to %llu bytes "
+                                              "add up past 64 bits", (unsigned long long)(alignment ? alignment : RKM_ARENA_ALIGN));
+    if (!r) *out = p->stats.arena_bytes;
+    rkm_plan_destroy(p);
+    return r;
+}
+
 /* Sum of bytes of the distinct tensors among two id lists (a, then b). */
 RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb,
                                  int grads_only)

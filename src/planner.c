@@ -1460,8 +1460,10 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
                     name);
 }
 
-/* The number and unit of a budget; 0 if the text is not one. */
-static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t *out)
+/* The number and unit of a budget; 0 if the text is not one (*r says why
+ * where that is not the text). A percentage is of the baseline's arena at
+ * `alignment`, laid out only when the text is one. */
+static int rkm__budget_value(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out, rkm_result *r)
 {
     static const struct { const char *suffix; double mult; } units[] = {
         {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"B", 1}, {"", 1}};
@@ -1479,7 +1481,9 @@ static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t 
     if (!rkm__decimal_value(text, n, &v)) return 0;
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcmp(end, units[i].suffix) != 0) continue;
-        double bytes = units[i].mult < 0 ? v / 100.0 * (double)baseline_peak : v * units[i].mult;
+        uint64_t whole = 0;
+        if (units[i].mult < 0 && (*r = rkm_graph_baseline_arena(g, alignment, &whole))) return 0;
+        double bytes = units[i].mult < 0 ? v / 100.0 * (double)whole : v * units[i].mult;
         if (bytes >= 18446744073709551615.0) return 0;
         *out = (uint64_t)bytes;
         return 1;
@@ -1487,12 +1491,16 @@ static int rkm__budget_value(const char *text, uint64_t baseline_peak, uint64_t 
     return 0;
 }
 
-rkm_result rkm_parse_budget(rkm_context *ctx, const char *text, uint64_t baseline_peak, uint64_t *out)
+rkm_result rkm_parse_budget(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out)
 {
-    if (!ctx) return RKM_ERROR_ARGUMENT;
-    if (!text || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
-    if (rkm__budget_value(text, baseline_peak, out)) return RKM_OK;
-    return rkm__err(ctx, RKM_ERROR_ARGUMENT,
-                    "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the baseline peak", text);
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!text || !out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
+    rkm_result r = RKM_OK;
+    *out = 0;
+    if (rkm__budget_value(g, text, alignment, out, &r)) return RKM_OK;
+    if (r) return r;
+    return rkm__err(g->ctx, RKM_ERROR_ARGUMENT,
+                    "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the "
+                    "baseline's arena",
+                    text);
 }
-

@@ -284,6 +284,7 @@ TEST(null_arguments_are_refused)
     CHECK(NULLED(rkm_plan_solve(NULL, &sd, 100, &pout), pout));
     CHECK(rkm_algo_from_name(NULL, "rotor", &sd.algo) == A);
     CHECK(rkm_parse_budget(NULL, "1", 0, &u) == A);
+    CHECK(rkm_graph_baseline_arena(NULL, 0, &u) == A);
     CHECK(rkm_plan_execute(NULL, &cb) == A);
     CHECK(NULLED(rkm_arena_create(NULL, 1024, 4, &aout), aout));
     rkm_arena_destroy(NULL);
@@ -345,8 +346,9 @@ TEST(null_arguments_are_refused)
     CALL(rkm_plan_solve(g, &sd, 100, NULL), "rkm_plan_solve: out is NULL");
     CALL(rkm_algo_from_name(ctx, NULL, &sd.algo), "rkm_algo_from_name: name or out is NULL");
     CALL(rkm_algo_from_name(ctx, "rotor", NULL), "rkm_algo_from_name: name or out is NULL");
-    CALL(rkm_parse_budget(ctx, NULL, 0, &u), "rkm_parse_budget: text or out is NULL");
-    CALL(rkm_parse_budget(ctx, "1", 0, NULL), "rkm_parse_budget: text or out is NULL");
+    CALL(rkm_parse_budget(g, NULL, 0, &u), "rkm_parse_budget: text or out is NULL");
+    CALL(rkm_parse_budget(g, "1", 0, NULL), "rkm_parse_budget: text or out is NULL");
+    CALL(rkm_graph_baseline_arena(g, 0, NULL), "rkm_graph_baseline_arena: out is NULL");
     CALL(rkm_plan_execute(p, NULL), "rkm_plan_execute: callbacks are NULL");
     CALL(rkm_arena_create(ctx, 1024, 4, NULL), "rkm_arena_create: out is NULL");
     CALL(rkm_arena_alloc(a, 1, NULL), "rkm_arena_alloc: offset is NULL");

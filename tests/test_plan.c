@@ -351,6 +351,51 @@ TEST(zeroed_desc_plans)
     rkm_context_destroy(ctx);
 }
 
+/* "100%" is the baseline's arena at the alignment in use: algorithm none
+ * plans there on every bundled graph, at every alignment, its arena exactly
+ * the budget; the others meet it with no overhead (resnet18-like-b32 is one
+ * where the arena at 256 is over the exact peak: 100 % of the peak was
+ * refused by none, and rockmate recomputed there). */
+TEST(hundred_percent_is_the_baseline)
+{
+    static const char *names[] = {TEST_BUNDLED_GRAPHS, "dag100", "dag4x50", "dag60", "dag6x30-s17",
+                                  "inplace-split", "unet-d2", "unet-d4", "unet-d6"};
+    static const uint64_t aligns[] = {1, 256, 4096};
+    rkm_context *ctx = test_new_ctx();
+    for (size_t i = 0; i < N_OF(names); i++) {
+        rkm_graph *g = test_load_graph(ctx, names[i]);
+        for (size_t k = 0; g && k < N_OF(aligns); k++) {
+            rkm_solve_desc sd = RKM_ZERO;
+            sd.algo = RKM_ALGO_NONE;
+            sd.alignment = aligns[k];
+            uint64_t budget = 0;
+            rkm_plan *p = NULL;
+            rkm_plan_stats ps;
+            CHECK(rkm_parse_budget(g, "100%", aligns[k], &budget) == RKM_OK);
+            int ok = rkm_plan_solve(g, &sd, budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK;
+            if (!ok) fprintf(stderr, "  %s at alignment %d: %s\n", names[i], (int)aligns[k], rkm_context_errmsg(ctx));
+            CHECK(ok && ps.arena_bytes == budget && ps.overhead == 0 && ps.recomputes == 0);
+            rkm_plan_destroy(p);
+        }
+        rkm_graph_destroy(g);
+    }
+    rkm_graph *g = test_load_graph(ctx, "resnet18-like-b32");
+    static const rkm_algo algos[] = {RKM_ALGO_DEFAULT, RKM_ALGO_ROTOR, RKM_ALGO_DTR};
+    for (size_t a = 0; g && a < N_OF(algos); a++) {
+        rkm_solve_desc sd = RKM_ZERO;
+        sd.algo = algos[a];
+        uint64_t budget = 0;
+        rkm_plan *p = NULL;
+        rkm_plan_stats ps;
+        CHECK(rkm_parse_budget(g, "100%", 0, &budget) == RKM_OK);
+        CHECK(rkm_plan_solve(g, &sd, budget, &p) == RKM_OK && rkm_plan_stats_get(p, &ps) == RKM_OK &&
+              ps.overhead == 0 && ps.arena_bytes <= budget);
+        rkm_plan_destroy(p);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* Algorithm names and budgets: unknown text is refused with a message. */
 TEST(names_and_budgets)
 {
@@ -363,27 +408,43 @@ TEST(names_and_budgets)
     CHECK(rkm_algo_from_name(ctx, "rotr", &a) == RKM_ERROR_ARGUMENT);
     CHECK(strstr(rkm_context_errmsg(ctx), "rotr") != NULL);
     CHECK(rkm_algo_from_name(NULL, "rotor", &a) == RKM_ERROR_ARGUMENT);
-    uint64_t b = 0;
-    CHECK(rkm_parse_budget(ctx, "40%", 1000, &b) == RKM_OK && b == 400);
-    CHECK(rkm_parse_budget(ctx, "2KiB", 0, &b) == RKM_OK && b == 2048);
-    CHECK(rkm_parse_budget(ctx, "1.5GB", 0, &b) == RKM_OK && b == 1500000000u);
-    CHECK(rkm_parse_budget(ctx, "12", 0, &b) == RKM_OK && b == 12);
-    CHECK(rkm_parse_budget(ctx, "12B", 0, &b) == RKM_OK && b == 12);
-    CHECK(rkm_parse_budget(ctx, "18446744073709551615B", 0, &b) == RKM_OK && b == UINT64_MAX);
-    CHECK(rkm_parse_budget(ctx, "2.5e1B", 0, &b) == RKM_OK && b == 25);
-    CHECK(rkm_parse_budget(ctx, "12BB", 0, &b) == RKM_ERROR_ARGUMENT);
-    CHECK(rkm_parse_budget(ctx, "B", 0, &b) == RKM_ERROR_ARGUMENT);
-    CHECK(rkm_parse_budget(ctx, "12%B", 0, &b) == RKM_ERROR_ARGUMENT);
-    CHECK(rkm_parse_budget(ctx, "12 MiB", 0, &b) == RKM_ERROR_ARGUMENT);
+    /* Percentages are of the baseline's arena at the given alignment. */
+    rkm_graph *g = test_load_graph(ctx, "resnet18-like-b32");
+    uint64_t b = 0, arena = 0, arena1 = 0, arena4k = 0;
+    CHECK(g && rkm_graph_baseline_arena(g, 0, &arena) == RKM_OK);
+    CHECK(rkm_graph_baseline_arena(g, 1, &arena1) == RKM_OK && rkm_graph_baseline_arena(g, 4096, &arena4k) == RKM_OK);
+    rkm_graph_stats st;
+    CHECK(rkm_graph_stats_get(g, &st) == RKM_OK);
+    /* this graph is one where the baseline's arena at 256 is over its exact peak */
+    CHECK(arena1 == st.baseline_peak && arena > st.baseline_peak && arena4k > arena);
+    CHECK(rkm_graph_baseline_arena(g, 3, &b) == RKM_ERROR_ARGUMENT && b == 0);
+    CHECK(rkm_parse_budget(g, "100%", 0, &b) == RKM_OK && b == arena);
+    CHECK(rkm_parse_budget(g, "100%", 256, &b) == RKM_OK && b == arena);
+    CHECK(rkm_parse_budget(g, "100%", 1, &b) == RKM_OK && b == st.baseline_peak);
+    CHECK(rkm_parse_budget(g, "100%", 4096, &b) == RKM_OK && b == arena4k);
+    CHECK(rkm_parse_budget(g, "40%", 0, &b) == RKM_OK && b == (uint64_t)((double)arena * 0.4));
+    CHECK(rkm_parse_budget(g, "2e1%", 0, &b) == RKM_OK && b == (uint64_t)((double)arena * 0.2));
+    CHECK(rkm_parse_budget(g, "40%", 3, &b) == RKM_ERROR_ARGUMENT && b == 0); /* not a power of two */
+    CHECK(strstr(rkm_context_errmsg(ctx), "alignment 3") != NULL);
+    CHECK(rkm_parse_budget(g, "2KiB", 3, &b) == RKM_OK && b == 2048); /* bytes: no alignment read */
+    CHECK(rkm_parse_budget(g, "1.5GB", 0, &b) == RKM_OK && b == 1500000000u);
+    CHECK(rkm_parse_budget(g, "12", 0, &b) == RKM_OK && b == 12);
+    CHECK(rkm_parse_budget(g, "12B", 0, &b) == RKM_OK && b == 12);
+    CHECK(rkm_parse_budget(g, "18446744073709551615B", 0, &b) == RKM_OK && b == UINT64_MAX);
+    CHECK(rkm_parse_budget(g, "2.5e1B", 0, &b) == RKM_OK && b == 25);
+    CHECK(rkm_parse_budget(g, "12BB", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(g, "B", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(g, "12%B", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(g, "12 MiB", 0, &b) == RKM_ERROR_ARGUMENT);
     CHECK(strstr(rkm_context_errmsg(ctx), "budget '12 MiB'") != NULL);
-    CHECK(rkm_parse_budget(ctx, "-5", 0, &b) == RKM_ERROR_ARGUMENT);
-    CHECK(rkm_parse_budget(ctx, "1e6", 0, &b) == RKM_OK && b == 1000000);
-    CHECK(rkm_parse_budget(ctx, "5e-1KiB", 0, &b) == RKM_OK && b == 512);
-    CHECK(rkm_parse_budget(ctx, "2e1%", 1000, &b) == RKM_OK && b == 200);
+    CHECK(rkm_parse_budget(g, "-5", 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(g, "1e6", 0, &b) == RKM_OK && b == 1000000);
+    CHECK(rkm_parse_budget(g, "5e-1KiB", 0, &b) == RKM_OK && b == 512);
     /* only the documented syntax: no hex (strtod's), no inf, no dangling exponent */
     static const char *bad[] = {"0x100", "0x1p16", "0x30KiB", "inf", "nan", "1e", "1e+", ".", "1.5 GB", "12kib"};
-    for (size_t i = 0; i < N_OF(bad); i++) CHECK(rkm_parse_budget(ctx, bad[i], 1000, &b) == RKM_ERROR_ARGUMENT);
-    CHECK(rkm_parse_budget(ctx, NULL, 0, &b) == RKM_ERROR_ARGUMENT);
+    for (size_t i = 0; i < N_OF(bad); i++) CHECK(rkm_parse_budget(g, bad[i], 0, &b) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_parse_budget(g, NULL, 0, &b) == RKM_ERROR_ARGUMENT);
+    rkm_graph_destroy(g);
     rkm_context_destroy(ctx);
 }
 
@@ -685,6 +746,7 @@ int main(void)
     RUN(plans_valid_within_budget_and_monotone);
     RUN(zeroed_desc_plans);
     RUN(names_and_budgets);
+    RUN(hundred_percent_is_the_baseline);
     RUN(dtr_hand_worked);
     RUN(time_bound_below_the_reference_plans);
     RUN(polish_drops_recomputes_that_fit);
