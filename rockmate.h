@@ -1035,8 +1035,14 @@ typedef struct rkm_buffer_call {
  * host copy per tensor and per saved state, which it allocates on offload
  * and releases on free_host; a plan may prefetch from it more than once (a
  * tensor off the device for several gaps is offloaded once). The device
- * buffer of a prefetch is new (allocate it, then start the copy into it),
- * released by a later free (or free_saved) step. */
+ * buffer of a prefetch is new, released by a later free (or free_saved)
+ * step: a host that runs the plan itself (rkm_plan_execute) allocates it,
+ * then starts the copy into it; under rkm_arena_exec_run the exec carves it
+ * at its offset before calling the host's prefetch, which finds it with
+ * rkm_arena_exec_tensor (rkm_arena_exec_saved) and only starts the copy.
+ * The exec touches no device buffer on offload, wait and free_host: it
+ * calls the host's (offload, prefetch and wait are required there, as
+ * here); the host copy is the host's own memory, outside the arena. */
 typedef struct rkm_copy_call {
     int64_t step;      /* index in the plan */
     int32_t index;     /* the tensor; with saved, the op */
@@ -1126,8 +1132,8 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * - RKM_ARENA_FIRST_FIT: each buffer at the lowest 256-aligned offset free
  *   when it is made, as a dynamic allocator would; it runs any plan of the
  *   graph. It can need more than the plan's arena, since it does not know
- *   the lifetimes ahead (on 349 plans of the bundled graphs, 5.2 % more
- *   than the peak on geometric mean, up to 47 %; bench/bench_layout).
+ *   the lifetimes ahead (on the bundled graphs' plans of bench/bench_layout,
+ *   5.2 % more than the peak on geometric mean, up to 47 %: bench/RESULTS.md).
  * - RKM_ARENA_MEASURE (profiling): first fit, and each op's workspace is
  *   measured as what its scratch requests took (rkm_arena_exec_scratch).
  *
