@@ -1287,9 +1287,8 @@ static int run_budgets(trainer *tr, const options *o, reference *ref, float *gra
     rkm_result r = rkm_planner_create(tr->gg.g, &sd, &pl);
     if (r != RKM_OK) return fail_lib(tr, "planner", r);
     if (rkm_planner_stats_get(pl, &pst) == RKM_OK) printf("planner: %s\n", rkm_algo_name(pst.algo));
-    uint64_t base_peak = 0;
-    rkm_graph_stats gs;
-    if (rkm_graph_stats_get(tr->gg.g, &gs) == RKM_OK) base_peak = gs.baseline_peak;
+    uint64_t base_peak = 0; /* the 100 % of --budgets: the baseline's arena at the plans' alignment */
+    if ((r = rkm_graph_baseline_arena(tr->gg.g, sd.alignment, &base_peak)) != RKM_OK) return fail_lib(tr, "baseline arena", r);
     int rc = 0;
     for (int i = 0; i < o->n_budgets && !rc; i++) {
         uint64_t budget = (uint64_t)((double)base_peak * o->budgets[i] / 100.0);
