@@ -1728,6 +1728,7 @@ rkm_result rkm_graph_set_copy(rkm_graph *g, const rkm_copy_desc *copy)
 
 rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!g) return RKM_ERROR_ARGUMENT;
     if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_copy_get: out is NULL");
     *out = g->copy;
@@ -1980,10 +1981,12 @@ int32_t rkm_graph_find_op(const rkm_graph *g, const char *name)
     return g && name ? rkm__map_find(&g->op_map, name, rkm__op_name_of, g) : -1;
 }
 
-/* What every info query checks: a graph, an output, an id in [0, n). */
-static rkm_result rkm__info_args(const rkm_graph *g, const void *out, int32_t id, size_t n, const char *fn,
+/* What every info query checks: a graph, an output, an id in [0, n). The
+ * output (size bytes) is zeroed first, so that every error leaves it so. */
+static rkm_result rkm__info_args(const rkm_graph *g, void *out, size_t size, int32_t id, size_t n, const char *fn,
                                  const char *what)
 {
+    if (out) memset(out, 0, size);
     if (!g) return RKM_ERROR_ARGUMENT;
     if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
     if (id < 0 || (size_t)id >= n) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s %d does not exist", fn, what, (int)id);
@@ -1992,7 +1995,7 @@ static rkm_result rkm__info_args(const rkm_graph *g, const void *out, int32_t id
 
 rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info *out)
 {
-    rkm_result r = rkm__info_args(g, out, id, g ? g->n_tensors : 0, "rkm_graph_tensor_info", "tensor id");
+    rkm_result r = rkm__info_args(g, out, sizeof *out, id, g ? g->n_tensors : 0, "rkm_graph_tensor_info", "tensor id");
     if (r) return r;
     const rkm__tensor *t = &g->tensors[id];
     *out = (rkm_tensor_info){t->name, t->bytes, t->flags, t->producer, t->has_grad, t->n_contrib};
@@ -2001,7 +2004,7 @@ rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info
 
 rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 {
-    rkm_result r = rkm__info_args(g, out, id, g ? g->n_ops : 0, "rkm_graph_op_info", "op id");
+    rkm_result r = rkm__info_args(g, out, sizeof *out, id, g ? g->n_ops : 0, "rkm_graph_op_info", "op id");
     if (r) return r;
     const rkm__op *o = &g->ops[id];
     *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
@@ -2011,8 +2014,9 @@ rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 
 rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     rkm_result r = g ? rkm__check_finalized(g, "rkm_graph_block_info") : RKM_ERROR_ARGUMENT;
-    if (!r) r = rkm__info_args(g, out, b, (size_t)g->n_blocks, "rkm_graph_block_info", "block");
+    if (!r) r = rkm__info_args(g, out, sizeof *out, b, (size_t)g->n_blocks, "rkm_graph_block_info", "block");
     if (r) return r;
     const rkm__block *k = &g->blocks[b];
     *out = (rkm_block_info){k->ops, k->n_ops, k->in, k->out, k->cls};
@@ -5150,6 +5154,7 @@ RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
 
 rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm_result r = rkm__check_finalized(g, "rkm_graph_stats_get");
     if (!r) *out = g->stats;
@@ -10694,6 +10699,7 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm__planner_figures(pl, out);
     return RKM_OK;
@@ -10713,6 +10719,7 @@ rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = p->stats;
     return RKM_OK;
@@ -14525,10 +14532,10 @@ static rkm_result rkm__first_fit_capacity(const rkm_plan *plan, rkm_arena_capaci
 
 rkm_result rkm_arena_capacity(const rkm_plan *plan, rkm_arena_mode mode, rkm_arena_capacity_info *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!plan) return RKM_ERROR_ARGUMENT;
     rkm_context *ctx = plan->ctx;
     if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_capacity: out is NULL");
-    memset(out, 0, sizeof *out);
     rkm_result r = RKM_OK;
     if (mode == RKM_ARENA_LAYOUT) {
         if (!plan->stats.alignment)

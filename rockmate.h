@@ -36,7 +36,8 @@
  * - Every fallible function returns an rkm_result. Every failing call made
  *   through a context writes a message there that names the object
  *   (file:line, step, op or tensor) and the rule that was broken:
- *   rkm_context_errmsg(). A failed call leaves its output pointer NULL and
+ *   rkm_context_errmsg(). A failed call leaves its output pointer NULL, the
+ *   struct it fills (stats, info, copy figures, capacity) zeroed, and
  *   nothing half-built. RKM_ERROR_INTERNAL is a bug in the library, never a
  *   consequence of the input; please report it with the message.
  * - No call crashes on a NULL pointer: one given a NULL object returns

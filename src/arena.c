@@ -987,10 +987,10 @@ static rkm_result rkm__first_fit_capacity(const rkm_plan *plan, rkm_arena_capaci
 
 rkm_result rkm_arena_capacity(const rkm_plan *plan, rkm_arena_mode mode, rkm_arena_capacity_info *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!plan) return RKM_ERROR_ARGUMENT;
     rkm_context *ctx = plan->ctx;
     if (!out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_arena_capacity: out is NULL");
-    memset(out, 0, sizeof *out);
     rkm_result r = RKM_OK;
     if (mode == RKM_ARENA_LAYOUT) {
         if (!plan->stats.alignment)

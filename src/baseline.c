@@ -374,6 +374,7 @@ RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
 
 rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!g || !out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm_result r = rkm__check_finalized(g, "rkm_graph_stats_get");
     if (!r) *out = g->stats;

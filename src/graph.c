@@ -262,6 +262,7 @@ rkm_result rkm_graph_set_copy(rkm_graph *g, const rkm_copy_desc *copy)
 
 rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!g) return RKM_ERROR_ARGUMENT;
     if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_copy_get: out is NULL");
     *out = g->copy;
@@ -514,10 +515,12 @@ int32_t rkm_graph_find_op(const rkm_graph *g, const char *name)
     return g && name ? rkm__map_find(&g->op_map, name, rkm__op_name_of, g) : -1;
 }
 
-/* What every info query checks: a graph, an output, an id in [0, n). */
-static rkm_result rkm__info_args(const rkm_graph *g, const void *out, int32_t id, size_t n, const char *fn,
+/* What every info query checks: a graph, an output, an id in [0, n). The
+ * output (size bytes) is zeroed first, so that every error leaves it so. */
+static rkm_result rkm__info_args(const rkm_graph *g, void *out, size_t size, int32_t id, size_t n, const char *fn,
                                  const char *what)
 {
+    if (out) memset(out, 0, size);
     if (!g) return RKM_ERROR_ARGUMENT;
     if (!out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
     if (id < 0 || (size_t)id >= n) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s %d does not exist", fn, what, (int)id);
@@ -526,7 +529,7 @@ static rkm_result rkm__info_args(const rkm_graph *g, const void *out, int32_t id
 
 rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info *out)
 {
-    rkm_result r = rkm__info_args(g, out, id, g ? g->n_tensors : 0, "rkm_graph_tensor_info", "tensor id");
+    rkm_result r = rkm__info_args(g, out, sizeof *out, id, g ? g->n_tensors : 0, "rkm_graph_tensor_info", "tensor id");
     if (r) return r;
     const rkm__tensor *t = &g->tensors[id];
     *out = (rkm_tensor_info){t->name, t->bytes, t->flags, t->producer, t->has_grad, t->n_contrib};
@@ -535,7 +538,7 @@ rkm_result rkm_graph_tensor_info(const rkm_graph *g, int32_t id, rkm_tensor_info
 
 rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 {
-    rkm_result r = rkm__info_args(g, out, id, g ? g->n_ops : 0, "rkm_graph_op_info", "op id");
+    rkm_result r = rkm__info_args(g, out, sizeof *out, id, g ? g->n_ops : 0, "rkm_graph_op_info", "op id");
     if (r) return r;
     const rkm__op *o = &g->ops[id];
     *out = (rkm_op_desc){o->name, o->fwd, o->bwd, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
@@ -545,8 +548,9 @@ rkm_result rkm_graph_op_info(const rkm_graph *g, int32_t id, rkm_op_desc *out)
 
 rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     rkm_result r = g ? rkm__check_finalized(g, "rkm_graph_block_info") : RKM_ERROR_ARGUMENT;
-    if (!r) r = rkm__info_args(g, out, b, (size_t)g->n_blocks, "rkm_graph_block_info", "block");
+    if (!r) r = rkm__info_args(g, out, sizeof *out, b, (size_t)g->n_blocks, "rkm_graph_block_info", "block");
     if (r) return r;
     const rkm__block *k = &g->blocks[b];
     *out = (rkm_block_info){k->ops, k->n_ops, k->in, k->out, k->cls};

@@ -1419,6 +1419,7 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     rkm__planner_figures(pl, out);
     return RKM_OK;
@@ -1438,6 +1439,7 @@ rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
 {
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = p->stats;
     return RKM_OK;

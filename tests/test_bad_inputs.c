@@ -257,7 +257,8 @@ TEST(null_arguments_are_refused)
     CHECK(rkm_graph_num_tensors(NULL) == 0 && rkm_graph_num_ops(NULL) == 0 && rkm_graph_loss(NULL) == -1);
     CHECK(rkm_graph_find_tensor(NULL, "x") == -1 && rkm_graph_find_op(NULL, "f") == -1);
     CHECK(rkm_graph_tensor_info(NULL, 0, &ti) == A);
-    CHECK(rkm_graph_op_info(NULL, 0, &od) == A);
+    rkm_op_desc od_out; /* not od: a failed info call zeroes its output */
+    CHECK(rkm_graph_op_info(NULL, 0, &od_out) == A);
     CHECK(rkm_graph_stats_get(NULL, &gs) == A);
     CHECK(rkm_graph_time_bound(NULL, 100, &dsec) == A);
     CHECK(rkm_graph_block_info(NULL, 0, &bi) == A);
@@ -388,10 +389,66 @@ TEST(null_arguments_are_refused)
     rkm_context_destroy(ctx);
 }
 
+/* Every call that fills a struct zeroes all of it on every error, whatever
+ * the cause (rockmate.h): each output starts as 0xff bytes and must come
+ * back all zero, for a NULL object, an id out of range, a graph not yet
+ * finalized, a bad mode. */
+static int all_zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i]) return 0;
+    return 1;
+}
+
+TEST(failed_getters_zero_their_output)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = NULL, *b = NULL;
+    CHECK(rkm_graph_read_string(ctx, PLAN_GRAPH, strlen(PLAN_GRAPH), "g.rkg", &g) == RKM_OK);
+    CHECK(rkm_graph_create(ctx, &b) == RKM_OK);
+    rkm_plan *p = NULL;
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    if (!g || !b || !p) return;
+    rkm_graph_stats gs;
+    rkm_plan_stats ps;
+    rkm_planner_stats pst;
+    rkm_arena_stats as;
+    rkm_arena_capacity_info ci;
+    rkm_copy_desc cd;
+    rkm_tensor_info ti;
+    rkm_op_desc od;
+    rkm_block_info bi;
+    /* ZEROED(call, out): the call fails and out is all zero bytes after it. */
+#define ZEROED(call, out) (memset(&(out), 0xff, sizeof(out)), (call) != RKM_OK && all_zero(&(out), sizeof(out)))
+    CHECK(ZEROED(rkm_graph_stats_get(NULL, &gs), gs));
+    CHECK(ZEROED(rkm_graph_stats_get(b, &gs), gs));
+    CHECK(ZEROED(rkm_plan_stats_get(NULL, &ps), ps));
+    CHECK(ZEROED(rkm_planner_stats_get(NULL, &pst), pst));
+    CHECK(ZEROED(rkm_arena_stats_get(NULL, &as), as));
+    CHECK(ZEROED(rkm_arena_exec_stats_get(NULL, &as), as));
+    CHECK(ZEROED(rkm_arena_capacity(NULL, RKM_ARENA_LAYOUT, &ci), ci));
+    CHECK(ZEROED(rkm_arena_capacity(p, (rkm_arena_mode)42, &ci), ci));
+    CHECK(ZEROED(rkm_graph_copy_get(NULL, &cd), cd));
+    CHECK(ZEROED(rkm_graph_tensor_info(NULL, 0, &ti), ti));
+    CHECK(ZEROED(rkm_graph_tensor_info(g, 99, &ti), ti));
+    CHECK(ZEROED(rkm_graph_op_info(NULL, 0, &od), od));
+    CHECK(ZEROED(rkm_graph_op_info(g, -1, &od), od));
+    CHECK(ZEROED(rkm_graph_block_info(NULL, 0, &bi), bi));
+    CHECK(ZEROED(rkm_graph_block_info(b, 0, &bi), bi));
+    CHECK(ZEROED(rkm_graph_block_info(g, 99, &bi), bi));
+#undef ZEROED
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(b);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(bad_files_are_refused_by_name);
     RUN(api_misuse_is_refused_by_name);
     RUN(null_arguments_are_refused);
+    RUN(failed_getters_zero_their_output);
     TEST_END();
 }
