@@ -77,11 +77,11 @@ static const char cli_usage_text2[] =
     "  --log             the chart's vertical axis on a log scale (memory of a\n"
     "                    plan at a small budget, overheads that span decades)\n"
     "  --copy D2H[,H2D[,LATENCY]]  plan with a copy link to host memory of D2H\n"
-    "                    and H2D bytes a second (H2D: D2H; 450e9 is NVLink-C2C,\n"
-    "                    25e9 PCIe 4.0 x16) and LATENCY seconds a copy, in place\n"
-    "                    of the graph's own (its `copy` statement); rockmate and\n"
-    "                    dtr then offload where that is faster; --copy none:\n"
-    "                    without\n"
+    "                    and H2D bytes a second (H2D: D2H; 450e9 or 450GB/s is\n"
+    "                    NVLink-C2C, 25e9 PCIe 4.0 x16) and LATENCY a copy (S,\n"
+    "                    default 0), in place of the graph's own (its `copy`\n"
+    "                    statement); rockmate and dtr then offload where that is\n"
+    "                    faster; --copy none: without\n"
     "  --slots N         memory slots of the chain dynamic program\n"
     "  --time-limit S    wall-clock seconds of planning per plan and algorithm\n"
     "                    (default 60), a safety stop: plans do not depend on it\n"
@@ -95,14 +95,20 @@ static const char cli_usage_text2[] =
     "                    its own where, its input held, it cuts into smaller\n"
     "                    blocks (default 24; never: no nesting)\n"
     "  --points N        budgets in a sweep\n"
-    "  --align N         the host's buffer alignment, a power of two (default\n"
-    "                    256): the arena is laid out, and a budget bounds it, at N\n"
+    "  --align N         the host's buffer alignment, a power of two of bytes\n"
+    "                    (default 256): the arena is laid out, and a budget bounds\n"
+    "                    it, at N\n"
     "  -v, --verbose     show the library's warnings and progress on stderr\n"
     "  --no-progress     no progress bar (info, plan and sweep draw one on stderr\n"
     "                    while they plan, erased when done, only where stderr is\n"
     "                    a terminal and --json is not given)\n"
     "  -h, --help        this text\n"
     "  --version         the library version\n"
+    "  Numbers are decimal (4096, 0.5, 1.5e6; no sign, hex or spaces), counts\n"
+    "  (--slots, --nest-ops, --points) digits only. Seconds S may end in s, ms,\n"
+    "  us or ns (5us); bytes (--budget, --align) in B, KB, MB, GB, KiB, MiB or\n"
+    "  GiB, and bytes a second (--copy) also in /s (25GB/s). A value with\n"
+    "  anything else is refused (exit status 2)\n"
     "\n"
     "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n"
     "(or none was found within --time-limit)\n";
@@ -241,10 +247,10 @@ static int cli_parse_algo_list(rkm_context *ctx, cli_opts *o, const char *list, 
             for (int k = CLI_FIRST_ALGO; k < RKM_ALGO_COUNT; k++)
                 snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k > CLI_FIRST_ALGO ? ", " : "",
                          rkm_algo_name((rkm_algo)k));
-            return cli_usage_error(cmd, "unknown algorithm '%s' (%s)", name, names);
+            return cli_usage_error(cmd, "--algo: unknown algorithm '%s' (%s)", name, names);
         }
         for (int k = 0; k < o->n_algos; k++)
-            if (o->algos[k] == a) return cli_usage_error(cmd, "algorithm '%s' is listed twice", name);
+            if (o->algos[k] == a) return cli_usage_error(cmd, "--algo lists '%s' twice", name);
         if (o->n_algos == RKM_ALGO_COUNT) return cli_usage_error(cmd, "bad --algo list '%s'", list);
         o->algos[o->n_algos++] = a;
         if (!p[n]) break;
@@ -254,14 +260,75 @@ static int cli_parse_algo_list(rkm_context *ctx, cli_opts *o, const char *list, 
     return -1;
 }
 
-/* A whole positive integer in [1, max]. */
+/* Option values are parsed whole, or refused with a usage error naming the
+ * option: one helper per kind of value. Counts (cli_parse_count); byte
+ * sizes and rates (cli_quantity with cli_byte_units, cli_rate) and
+ * durations (cli_time_units); budgets go through rkm_parse_budget. */
+
+/* A count: decimal digits alone (no sign, space or exponent), in [1, max]. */
 static int cli_parse_count(const char *text, long max, long *out)
 {
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (*end || end == text || v < 1 || v > max) return 0;
+    long v = 0;
+    if (!*text) return 0;
+    for (const char *p = text; *p; p++) {
+        if (!isdigit((unsigned char)*p) || v > (max - (*p - '0')) / 10) return 0;
+        v = 10 * v + (*p - '0');
+    }
+    if (v < 1) return 0;
     *out = v;
     return 1;
+}
+
+/* A suffix: the value is the number times mul, divided by div (so that
+ * 5us is exactly 5e-6, as the bare number reads). */
+typedef struct cli_unit {
+    const char *suffix;
+    double mul, div;
+} cli_unit;
+/* Bytes: rkm_parse_budget's suffixes but %; a bare number is bytes. */
+static const cli_unit cli_byte_units[] = {
+    {"", 1, 1}, {"B", 1, 1},
+    {"KB", 1e3, 1}, {"MB", 1e6, 1}, {"GB", 1e9, 1},
+    {"KiB", 1024.0, 1}, {"MiB", 1048576.0, 1}, {"GiB", 1073741824.0, 1},
+    {NULL, 0, 0}};
+/* Seconds: a bare number is seconds. */
+static const cli_unit cli_time_units[] = {
+    {"", 1, 1}, {"s", 1, 1}, {"ms", 1, 1e3}, {"us", 1, 1e6}, {"ns", 1, 1e9}, {NULL, 0, 0}};
+
+/* text[0..len): a decimal number as rkm_parse_budget reads one
+ * ([0-9]*[.[0-9]*][(e|E)[+-]N], a digit before the exponent: no sign, space,
+ * hex, inf or nan), then exactly one of units' suffixes. 1 with the value
+ * (finite, >= 0) in *out; else 0. */
+static int cli_quantity(const char *text, size_t len, const cli_unit *units, double *out)
+{
+    size_t n = 0, digits = 0;
+    while (n < len && isdigit((unsigned char)text[n])) n++, digits++;
+    if (n < len && text[n] == '.')
+        for (n++; n < len && isdigit((unsigned char)text[n]); n++) digits++;
+    if (n < len && digits && (text[n] == 'e' || text[n] == 'E')) {
+        size_t e = n + 1 + (n + 1 < len && (text[n + 1] == '+' || text[n + 1] == '-'));
+        if (e < len && isdigit((unsigned char)text[e])) /* else the 'e' is left to the suffix, and refused */
+            for (n = e; n < len && isdigit((unsigned char)text[n]);) n++;
+    }
+    char num[64];
+    if (!digits || n >= sizeof num) return 0;
+    memcpy(num, text, n);
+    num[n] = 0;
+    for (const cli_unit *u = units; u->suffix; u++)
+        if (strlen(u->suffix) == len - n && memcmp(text + n, u->suffix, len - n) == 0) {
+            double v = strtod(num, NULL) * u->mul / u->div;
+            if (!isfinite(v)) return 0;
+            *out = v;
+            return 1;
+        }
+    return 0;
+}
+
+/* A rate in bytes a second: a byte size, optionally followed by "/s" (25GB/s). */
+static int cli_rate(const char *text, size_t len, double *out)
+{
+    if (len >= 2 && memcmp(text + len - 2, "/s", 2) == 0) len -= 2;
+    return cli_quantity(text, len, cli_byte_units, out);
 }
 
 /* The --algo list, or the command's default: checkmate (the whole-graph
@@ -281,13 +348,42 @@ static int cli_seconds(const cli_opts *o, int opt, double *out)
 {
     const char *text = o->value[opt];
     if (!text) return 0;
-    char *end;
-    double t = strtod(text, &end);
-    if (end == text || *end || !(t > 0) || !isfinite(t))
-        return cli_usage_error(cli_cmd_names[o->cmd], "%s wants a positive number of seconds, not '%s'",
-                               cli_optdefs[opt].name, text);
+    double t;
+    if (!cli_quantity(text, strlen(text), cli_time_units, &t) || !(t > 0))
+        return cli_usage_error(cli_cmd_names[o->cmd], "%s wants a positive duration (seconds, or with s, ms, us "
+                               "or ns), not '%s'", cli_optdefs[opt].name, text);
     *out = t;
     return 0;
+}
+
+/* --copy D2H[,H2D[,LATENCY]] (two rates, H2D D2H's by default, and a
+ * duration, 0 by default) or none, into o->copy. -1 when accepted, else the
+ * usage error's status. */
+static int cli_parse_copy(cli_opts *o)
+{
+    static const char *const field[3] = {"D2H", "H2D", "LATENCY"};
+    const char *text = o->value[OPT_COPY], *cmd = cli_cmd_names[o->cmd];
+    double v[3] = {0, 0, 0};
+    int n = 0;
+    if (!text || strcmp(text, "none") == 0) return -1;
+    for (const char *p = text;; p++) {
+        size_t len = strcspn(p, ",");
+        if (n == 3)
+            return cli_usage_error(cmd, "--copy takes at most three values, D2H,H2D,LATENCY, not '%s'", text);
+        if (n < 2 ? !cli_rate(p, len, &v[n]) || !(v[n] > 0) : !cli_quantity(p, len, cli_time_units, &v[n]))
+            return cli_usage_error(cmd, "--copy: %s '%.*s' is not %s, in '%s'", field[n], (int)len, p,
+                                   n < 2 ? "a positive rate in bytes a second (25e9, 25GB or 25GB/s; KB, MB, GB, "
+                                           "KiB, MiB, GiB)"
+                                         : "a duration (seconds, or with s, ms, us or ns)",
+                                   text);
+        n++;
+        p += len;
+        if (!*p) break;
+    }
+    o->copy.d2h_bytes_per_second = v[0];
+    o->copy.h2d_bytes_per_second = n > 1 ? v[1] : v[0];
+    o->copy.latency_seconds = v[2];
+    return -1;
 }
 
 /* Check and convert the numeric options. */
@@ -310,27 +406,22 @@ static int cli_convert_options(cli_opts *o)
     }
     o->alignment = RKM_ARENA_ALIGN;
     if (o->value[OPT_ALIGN]) {
-        if (!cli_parse_count(o->value[OPT_ALIGN], 1L << 30, &v) || (v & (v - 1)))
-            return cli_usage_error(cmd, "--align wants a power of two from 1 to %ld, not '%s'", 1L << 30,
-                                   o->value[OPT_ALIGN]);
-        o->alignment = (uint64_t)v;
+        const char *a = o->value[OPT_ALIGN];
+        double bytes;
+        if (!cli_quantity(a, strlen(a), cli_byte_units, &bytes) || !(bytes >= 1 && bytes <= (double)(1L << 30)) ||
+            bytes != floor(bytes) || ((uint64_t)bytes & ((uint64_t)bytes - 1)))
+            return cli_usage_error(cmd, "--align wants a power of two from 1 to %ld bytes (optionally with B, KB, "
+                                   "KiB, ...), not '%s'", 1L << 30, a);
+        o->alignment = (uint64_t)bytes;
     }
-    if (o->value[OPT_COPY] && strcmp(o->value[OPT_COPY], "none") != 0) {
-        double *c = &o->copy.d2h_bytes_per_second;
-        int n = sscanf(o->value[OPT_COPY], "%lf,%lf,%lf", &c[0], &c[1], &o->copy.latency_seconds);
-        if (n == 1) c[1] = c[0];
-        if (n < 1 || !(c[0] > 0 && c[1] > 0 && isfinite(c[0]) && isfinite(c[1])) ||
-            !(o->copy.latency_seconds >= 0 && isfinite(o->copy.latency_seconds)))
-            return cli_usage_error(cmd, "--copy wants D2H[,H2D[,LATENCY]] (bytes a second, positive; seconds, >= 0) "
-                                   "or none, not '%s'", o->value[OPT_COPY]);
-    }
+    int rc;
+    if ((rc = cli_parse_copy(o)) >= 0) return rc;
     o->points = 12;
     if (o->value[OPT_POINTS]) {
         if (!cli_parse_count(o->value[OPT_POINTS], 10000, &v) || v < 2)
             return cli_usage_error(cmd, "--points wants an integer from 2 to 10000, not '%s'", o->value[OPT_POINTS]);
         o->points = (int)v;
     }
-    int rc;
     if ((rc = cli_seconds(o, OPT_TIME, &o->time_limit)) || (rc = cli_seconds(o, OPT_ILP_TIME, &o->ilp_time_limit)))
         return rc;
     if (o->cmd == CMD_PLAN && !o->value[OPT_BUDGET]) return cli_usage_error(cmd, "--budget is required");
@@ -649,12 +740,13 @@ static int cli_graph_load(rkm_context *ctx, const char *path, const cli_opts *o,
 static int cli_budget(const cli_graph *G, const char *text, const char *cmd, uint64_t *out)
 {
     if (rkm_parse_budget(G->g, text, G->alignment, out) != RKM_OK)
-        return cli_usage_error(cmd, "bad budget '%s' (bytes, KiB/MiB/GiB, KB/MB/GB or N%%)", text);
+        return cli_usage_error(cmd, "--budget wants bytes (optionally with B, KiB/MiB/GiB or KB/MB/GB) or N%% (of the "
+                               "baseline's arena), not '%s'", text);
     /* A bare number is bytes; a small one is almost surely a forgotten %. */
     size_t n = strlen(text);
     if (n && isdigit((unsigned char)text[n - 1]) && *out < CLI_BARE_BUDGET_MIN)
         return cli_usage_error(cmd,
-                               "budget '%s' is %" PRIu64 " bytes, below 4 KiB: write '%s%%' for a share of the "
+                               "--budget '%s' is %" PRIu64 " bytes, below 4 KiB: write '%s%%' for a share of the "
                                "baseline's arena, or '%sB' if bytes are meant",
                                text, *out, text, text);
     return CLI_OK;

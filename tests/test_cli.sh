@@ -323,6 +323,30 @@ expect "the nested plan replays within its budget" 0
 usage_case "bad --nest-ops" plan "$g0" --budget 50% --nest-ops sometimes
 usage_case "--nest-ops 0" plan "$g0" --budget 50% --nest-ops 0
 usage_case "bad --time-limit" plan "$g0" --budget 50% --time-limit soon
+# Every option value is parsed whole (issue 42): trailing text, a unit the
+# option does not take, a value too many; each a usage error whose line
+# names the option. bad_value OPTION COMMAND VALUE...
+names_option() { head -n 1 "$tmp/err" | grep -qF -- "$1"; }
+bad_value() {
+    local opt=$1 cmd=$2 v
+    shift 2
+    for v in "$@"; do
+        local args=("$cmd" "$g0" "$opt" "$v")
+        [[ $cmd == plan && $opt != --budget ]] && args+=(--budget 50%)
+        usage_case "$cmd $opt $v" "${args[@]}"
+        check "usage: $cmd $opt $v: the message names $opt" names_option "$opt"
+    done
+}
+bad_value --budget plan 50%x 50s 50%,60% ' 50%'
+bad_value --algo plan rotorx rotor,sqrt
+bad_value --algo sweep rotor, rotor,magic rotor,rotor
+bad_value --slots info 10x 10MB 10,20 +10 ' 10' 1e3
+bad_value --time-limit info 5x 5MB 5,6 -5 0x1p3 inf
+bad_value --ilp-time-limit info 0.03x 0.03GB 0.03,1 nan
+bad_value --nest-ops info 24x 24KB 24,30 neverx
+bad_value --points sweep 5x 5MB 5,6
+bad_value --align info 64x 64s 64,128 3 0x40
+bad_value --copy plan 1e9junk 1e9s 1e9,1e9,1GB 1e9,1e9,0,5 1e9, ,1e9 0 -1e9 1e400 1e9,1e9,-1 1e9,1e9,1us/s 0x10
 
 # --- bad input (exit 1) ---------------------------------------------------------
 # Standard output that cannot be written is an error, not a success.
@@ -529,6 +553,31 @@ check "info --copy (text): the (no copy) line follows rockmate's" \
 run plan "$g" --copy 25e9 --budget 40% --svg "$tmp/plan-copy.svg"
 expect "plan --copy --svg" 0
 check "plan --copy --svg: copies in flight drawn" grep -q 'offloads in flight' "$tmp/plan-copy.svg"
+# Units (issue 42): a value with one plans as the bare number does. same_plan
+# NAME ARGS -- ARGS: the two plan files are the same bytes.
+same_plan() {
+    local name=$1 a=() b=()
+    shift
+    while [[ $1 != -- ]]; do a+=("$1"); shift; done
+    shift
+    b=("$@")
+    run plan "$g" "${a[@]}" -o "$tmp/units-a.rkp"
+    expect "$name: ${a[*]}" 0
+    run plan "$g" "${b[@]}" -o "$tmp/units-b.rkp"
+    expect "$name: ${b[*]}" 0
+    check "$name: the same plan" cmp -s "$tmp/units-a.rkp" "$tmp/units-b.rkp"
+}
+same_plan "--copy with units" --budget 40% --copy 1GB,1GB,1us -- --budget 40% --copy 1e9,1e9,1e-6
+check "--copy with units: the plan offloads (1 byte a second, or a latency of 1 s, would not)" \
+    grep -q '^offload ' "$tmp/units-a.rkp"
+same_plan "--copy with binary units and /s" --budget 40% --copy 1GiB/s,512MiB/s,5us \
+    -- --budget 40% --copy 1073741824,536870912,5e-6
+same_plan "--copy D2H alone" --budget 40% --copy 25GB/s -- --budget 40% --copy 25e9,25e9,0
+same_plan "durations with units" --budget 50% --ilp-time-limit 30ms --time-limit 60s \
+    -- --budget 50% --ilp-time-limit 0.03 --time-limit 60
+run check "$g" "$base" --align 1KiB --json
+expect "--align 1KiB" 0
+check "--align 1KiB: laid out at 1024 bytes" grep -q '"arena_alignment": 1024,' "$tmp/out"
 pycheck svg "$tmp/plan.svg" "$tmp/sweep.svg" "$tmp/plan-rotor.svg" "$tmp/sweep2.svg" "$tmp/plan-log.svg" "$tmp/sweep-log.svg" \
     "$tmp/sweep-copy.svg" "$tmp/plan-copy.svg"
 
