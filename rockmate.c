@@ -9,7 +9,7 @@
  *   plan.c       plans: steps, plan files (.rkp), copies
  *   sim.c        the simulator: the one memory and time accounting
  *   layout.c     memory layout: one arena, an offset for every buffer
- *   baseline.c   the baseline plan and lower bounds
+ *   baseline.c   the baseline plan, its arena (the 100 % of a budget), lower bounds
  *   structure.c  structure: separators, blocks, classes of identical blocks
  *   options.c    block options: extremes, replay, dominance
  *   ilp.c        the block ILP: the model and lp_solve (the one file that includes it)
@@ -4779,9 +4779,9 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
 
 /* ==== src/baseline.c ==== */
 
-/* baseline.c -- the baseline plan and lower bounds
+/* baseline.c -- the baseline plan, its arena (the 100 % of a budget), lower bounds
  *
- * Uses (through internal.h): base.c, graph.c, plan.c, sim.c. */
+ * Uses (through internal.h): base.c, graph.c, rkg.c (decimal numbers), plan.c, sim.c, layout.c. */
 
 /* Per tensor: the last op (file order) whose forward reads it, and the first
  * op (file order) with a backward that saves it: after that op's backward no
@@ -5011,6 +5011,51 @@ rkm_result rkm_graph_baseline_arena(const rkm_graph *g, uint64_t alignment, uint
     if (!r) *out = p->stats.arena_bytes;
     rkm_plan_destroy(p);
     return r;
+}
+
+/* The number and unit of a budget; 0 if the text is not one (*r says why
+ * where that is not the text). A percentage is of the baseline's arena at
+ * `alignment`, laid out only when the text is one. */
+static int rkm__budget_value(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out, rkm_result *r)
+{
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"B", 1}, {"", 1}};
+    size_t n = rkm__decimal_len(text);
+    if (n && (text[n] == 0 || (text[n] == 'B' && text[n + 1] == 0))) { /* bytes: exact when an integer */
+        char digits[32];
+        if (n < sizeof digits) {
+            memcpy(digits, text, n);
+            digits[n] = 0;
+            if (rkm__parse_u64(digits, out)) return 1;
+        }
+    }
+    const char *end = text + n;
+    double v;
+    if (!rkm__decimal_value(text, n, &v)) return 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) != 0) continue;
+        uint64_t whole = 0;
+        if (units[i].mult < 0 && (*r = rkm_graph_baseline_arena(g, alignment, &whole))) return 0;
+        double bytes = units[i].mult < 0 ? v / 100.0 * (double)whole : v * units[i].mult;
+        if (bytes >= 18446744073709551615.0) return 0;
+        *out = (uint64_t)bytes;
+        return 1;
+    }
+    return 0;
+}
+
+rkm_result rkm_parse_budget(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!text || !out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
+    rkm_result r = RKM_OK;
+    *out = 0;
+    if (rkm__budget_value(g, text, alignment, out, &r)) return RKM_OK;
+    if (r) return r;
+    return rkm__err(g->ctx, RKM_ERROR_ARGUMENT,
+                    "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the "
+                    "baseline's arena",
+                    text);
 }
 
 /* Sum of bytes of the distinct tensors among two id lists (a, then b). */
@@ -10740,51 +10785,6 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
         }
     return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none or dtr)",
                     name);
-}
-
-/* The number and unit of a budget; 0 if the text is not one (*r says why
- * where that is not the text). A percentage is of the baseline's arena at
- * `alignment`, laid out only when the text is one. */
-static int rkm__budget_value(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out, rkm_result *r)
-{
-    static const struct { const char *suffix; double mult; } units[] = {
-        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"%", -1}, {"B", 1}, {"", 1}};
-    size_t n = rkm__decimal_len(text);
-    if (n && (text[n] == 0 || (text[n] == 'B' && text[n + 1] == 0))) { /* bytes: exact when an integer */
-        char digits[32];
-        if (n < sizeof digits) {
-            memcpy(digits, text, n);
-            digits[n] = 0;
-            if (rkm__parse_u64(digits, out)) return 1;
-        }
-    }
-    const char *end = text + n;
-    double v;
-    if (!rkm__decimal_value(text, n, &v)) return 0;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].suffix) != 0) continue;
-        uint64_t whole = 0;
-        if (units[i].mult < 0 && (*r = rkm_graph_baseline_arena(g, alignment, &whole))) return 0;
-        double bytes = units[i].mult < 0 ? v / 100.0 * (double)whole : v * units[i].mult;
-        if (bytes >= 18446744073709551615.0) return 0;
-        *out = (uint64_t)bytes;
-        return 1;
-    }
-    return 0;
-}
-
-rkm_result rkm_parse_budget(const rkm_graph *g, const char *text, uint64_t alignment, uint64_t *out)
-{
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (!text || !out) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_parse_budget: text or out is NULL");
-    rkm_result r = RKM_OK;
-    *out = 0;
-    if (rkm__budget_value(g, text, alignment, out, &r)) return RKM_OK;
-    if (r) return r;
-    return rkm__err(g->ctx, RKM_ERROR_ARGUMENT,
-                    "budget '%.64s': bytes (N or NB), optionally with KiB, MiB, GiB, KB, MB or GB, or N%% of the "
-                    "baseline's arena",
-                    text);
 }
 
 /* ==== src/progress.c ==== */
