@@ -457,6 +457,14 @@ for g in tests/graphs/*.rkg; do
     check "$name: check over --budget: one line" err_lines 1
     run check "$g" "$tmp/$name.base.rkp" --budget "$nb"
     expect "$name: check at its own arena" 0
+    # 100 % is the baseline's arena at --align: none plans there, at 1 and
+    # 4096 too, its arena exactly the budget
+    for al in 1 256 4096; do
+        run plan "$g" --algo none --budget 100% --align $al --json
+        expect "$name: plan --algo none --budget 100% --align $al" 0
+        check "$name: at 100% (--align $al) none's arena is the budget" \
+            python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(not (j["arena_bytes"] == j["budget"] == j["baseline_arena"]))' "$tmp/out"
+    done
     run plan "$g" --algo none --budget "$((lb - 1))"
     expect "$name: plan --algo none below the lower bound" 3
     check "$name: exit 3 gives the smallest budget (the baseline's arena)" \
@@ -655,5 +663,23 @@ check "in place: the message names the line and the rule" err_is 'ip-bad.rkp:4: 
 run plan "$tmp/ip.rkg" --algo sqrt --budget 3100B --align 1 -o "$tmp/ip-plan.rkp"
 expect "in place: plan at the lower bound" 0
 check "in place: the plan file runs in place" grep -q ' inplace$' "$tmp/ip-plan.rkp"
+
+# docs/formats.md, "What sets the smallest budgets": the worked example. A
+# rebuild of `a` needs f's workspace beside grad(b), keeping it adds its
+# bytes to bwd l: 7104 without copies for every planner; with a link `a`
+# waits on the host and every planner meets the lower bound, 6104.
+awk '/^### What sets the smallest budgets/{f=1} f && /^```$/{n++; if (n==2) exit; next} f && n==1' docs/formats.md >"$tmp/floor.rkg"
+run info "$tmp/floor.rkg" --align 1 --algo rockmate,dtr,checkmate --json
+expect "floors: info" 0
+check "floors: recompute-only 7104 for rockmate, dtr and checkmate, the lower bound 6104" \
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); m=j["min_budget"]; sys.exit(not (j["lower_bound"] == 6104 and m["rockmate"] == m["dtr"] == m["checkmate"] == 7104))' "$tmp/out"
+run info "$tmp/floor.rkg" --align 1 --algo rockmate,dtr,checkmate --copy 1e6,1e6 --json
+expect "floors: info with a link" 0
+check "floors: with copies 6104 for rockmate, dtr and checkmate (7104 without)" \
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); m=j["min_budget"]; sys.exit(not (m["rockmate"] == m["dtr"] == m["checkmate"] == 6104 and j["min_budget_no_copy"] == 7104))' "$tmp/out"
+run plan "$tmp/floor.rkg" --align 1 --budget 6104 --copy 1e6,1e6 -o "$tmp/floor.rkp"
+expect "floors: rockmate's plan at 6104" 0
+awk '/^### What sets the smallest budgets/{f=1} f && /^```$/{n++; if (n==4) exit; next} f && n==3' docs/formats.md >"$tmp/floor-doc.rkp"
+check "floors: the plan is the one docs/formats.md shows" cmp -s "$tmp/floor.rkp" "$tmp/floor-doc.rkp"
 
 finish
