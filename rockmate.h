@@ -1147,8 +1147,15 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * desc.allocate and the exec allocates the region itself, once, through the
  * context's allocator (rkm_arena_exec_base); a device host allocates it
  * itself (one cudaMalloc of the capacity, cuda/rockmate_cuda.h). Either way
- * rkm_arena_ptr(base, offset) is the buffer's address. The library never
- * touches the region's bytes: new buffers are not zeroed.
+ * rkm_arena_ptr(base, offset) is the buffer's address. Offsets, scratch
+ * included, are multiples of the mode's alignment (layout: the plan's
+ * rkm_plan_stats.alignment; first fit and measure: RKM_ARENA_ALIGN), and so
+ * is the base of the region the exec allocates (it asks the allocator for
+ * alignment - 1 bytes more), so every buffer's address is aligned. A host
+ * that allocates the region must align its base the same way (cudaMalloc
+ * gives 256; cuda/ pads for a larger plan alignment): the exec never sees
+ * that address and cannot check it. The library never touches the region's
+ * bytes: new buffers are not zeroed.
  *
  *     rkm_arena_exec_desc d = {.graph = g, .plan = plan, .host = &callbacks, .allocate = 1};
  *     rkm_arena_exec *x;
@@ -1239,7 +1246,9 @@ typedef struct rkm_arena_exec_desc {
                                    (rkm_arena_capacity); RKM_ARENA_UNBOUNDED (first fit,
                                    without allocate): a region that never runs out */
     const rkm_callbacks *host;  /* called inside each step (copied); NULL: bookkeeping only */
-    int allocate;               /* 1: the exec allocates the region (rkm_arena_exec_base) */
+    int allocate;               /* 1: the exec allocates the region (rkm_arena_exec_base), its
+                                   base aligned as the offsets are; 0: the host does, and must
+                                   align it so ("Where the region is" above) */
 } rkm_arena_exec_desc;
 
 /* Carves the inputs (in id order; in layout mode at the layout's offsets).

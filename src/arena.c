@@ -276,8 +276,9 @@ struct rkm_arena_exec {
     uint64_t *t_off, *g_off, *p_off; /* offsets of live data, gradients, phantoms */
     uint64_t *fwd_ws, *bwd_ws;       /* measure mode: largest workspace per op */
     uint64_t input_bytes;
-    void *base;         /* desc.allocate: the region, base_bytes long */
-    size_t base_bytes;
+    void *base;         /* desc.allocate: the region, aligned as the offsets are */
+    void *block;        /* the allocation that holds it, block_bytes long */
+    size_t block_bytes;
     /* Layout mode (lay != NULL): rkm_plan_layout's buffers; each buffer the
      * run creates must be the next one, and takes its offset. */
     rkm_buffer *lay;
@@ -643,7 +644,7 @@ void rkm_arena_exec_destroy(rkm_arena_exec *x)
     rkm_arena_destroy(x->arena);
     rkm__free(x->ctx, x->t_off, (nt * 2 + no * 3) * sizeof *x->t_off);
     rkm__free(x->ctx, x->lay, x->n_lay * sizeof *x->lay);
-    rkm__free(x->ctx, x->base, x->base_bytes);
+    rkm__free(x->ctx, x->block, x->block_bytes);
     rkm__free(x->ctx, x, sizeof *x);
 }
 
@@ -703,16 +704,26 @@ static rkm_result rkm__exec_tables(rkm_arena_exec *x, const rkm_arena_exec_desc 
     return r;
 }
 
-/* desc.allocate: the one block of the arena's capacity, from the context's
- * allocator. */
+/* desc.allocate: the region of the arena's capacity, from the context's
+ * allocator, its base aligned as the offsets are (the arena's alignment),
+ * so that every buffer's address is: the allocator promises no alignment
+ * of its own, so the block is alignment - 1 bytes longer and the base is
+ * its first aligned byte. */
 static rkm_result rkm__exec_region(rkm_arena_exec *x)
 {
-    uint64_t bytes = x->arena->capacity;
-    if (bytes <= SIZE_MAX) x->base = rkm__alloc(x->ctx, (size_t)bytes);
-    if (!x->base)
-        return rkm__err(x->ctx, RKM_ERROR_NOMEM, "rkm_arena_exec_create: no memory for the arena's region of "
-                        "%llu bytes", (unsigned long long)bytes);
-    x->base_bytes = (size_t)bytes;
+    const char *fn = "rkm_arena_exec_create";
+    uint64_t bytes = x->arena->capacity, align = x->arena->align, pad = align - 1;
+    if (bytes > UINT64_MAX - pad || bytes + pad > SIZE_MAX)
+        return rkm__err(x->ctx, RKM_ERROR_NOMEM, "%s: the arena's region of %llu bytes, plus %llu to align its "
+                        "base to %llu, is more than an allocation holds", fn, (unsigned long long)bytes,
+                        (unsigned long long)pad, (unsigned long long)align);
+    x->block = rkm__alloc(x->ctx, (size_t)(bytes + pad));
+    if (!x->block)
+        return rkm__err(x->ctx, RKM_ERROR_NOMEM, "%s: no memory for the arena's region of %llu bytes (%llu with "
+                        "the padding that aligns its base to %llu)", fn, (unsigned long long)bytes,
+                        (unsigned long long)(bytes + pad), (unsigned long long)align);
+    x->block_bytes = (size_t)(bytes + pad);
+    x->base = (char *)x->block + (align - (uint64_t)(uintptr_t)x->block % align) % align;
     return RKM_OK;
 }
 
