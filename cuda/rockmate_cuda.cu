@@ -15,7 +15,8 @@ struct rkm_cuda_arena {
     rkm_arena_exec *x;
     rkm_callbacks host;
     cudaStream_t stream;
-    char *base;
+    char *base;       /* the region, aligned as the exec's offsets are */
+    char *block;      /* the cudaMalloc that holds it */
     uint64_t capacity;
     /* Poisoning (desc.poison): the scratch buffers the call in progress
      * took, filled with POISON when it returns. */
@@ -216,23 +217,41 @@ static rkm_result rkm__cu_check_desc(rkm_context *ctx, const rkm_cuda_arena_desc
     return RKM_OK;
 }
 
+/* The alignment of the exec's offsets (rockmate.h, "Where the region is"):
+ * the plan's in layout mode, RKM_ARENA_ALIGN in the first-fit modes. */
+static uint64_t rkm__cu_align(const rkm_cuda_arena_desc *d)
+{
+    rkm_plan_stats ps;
+    if (d->mode == RKM_ARENA_LAYOUT && rkm_plan_stats_get(d->plan, &ps) == RKM_OK && ps.alignment)
+        return ps.alignment;
+    return RKM_ARENA_ALIGN;
+}
+
 /* The device region: the exec's capacity (the layout's arena size in
- * layout mode). */
-static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca)
+ * layout mode), its base aligned as the offsets are. cudaMalloc gives 256
+ * bytes, enough for any alignment up to it; a larger plan alignment gets
+ * alignment - 1 bytes more and the first aligned byte. */
+static rkm_result rkm__cu_malloc(rkm_cuda_arena *ca, uint64_t align)
 {
     rkm_arena_stats st;
     rkm_arena_exec_stats_get(ca->x, &st);
     ca->capacity = st.capacity;
     if (ca->capacity == 0) return RKM_OK;
-    cudaError_t e = cudaMalloc((void **)&ca->base, (size_t)ca->capacity);
+    uint64_t pad = align > RKM_ARENA_ALIGN ? align - 1 : 0;
+    if (ca->capacity > UINT64_MAX - pad || ca->capacity + pad > SIZE_MAX)
+        return rkm_context_fail(ca->ctx, RKM_ERROR_NOMEM, "rkm_cuda_arena_create: the region of %llu bytes, plus "
+                                "%llu to align its base to %llu, is more than an allocation holds",
+                                (unsigned long long)ca->capacity, (unsigned long long)pad, (unsigned long long)align);
+    cudaError_t e = cudaMalloc((void **)&ca->block, (size_t)(ca->capacity + pad));
+    if (e == cudaSuccess) ca->base = ca->block + (align - (uint64_t)(uintptr_t)ca->block % align) % align;
     /* Poisoned before the host fills the inputs, whatever stream it uses. */
     if (e == cudaSuccess && ca->poison) e = cudaMemsetAsync(ca->base, RKM__CU_POISON, (size_t)ca->capacity, ca->stream);
     if (e == cudaSuccess && ca->poison) e = cudaStreamSynchronize(ca->stream);
     if (e == cudaSuccess) return RKM_OK;
-    if (ca->base) (void)cudaFree(ca->base);
-    ca->base = NULL;
+    if (ca->block) (void)cudaFree(ca->block);
+    ca->block = ca->base = NULL;
     return rkm_context_fail(ca->ctx, rkm_cuda_result(e), "rkm_cuda_arena_create: cudaMalloc(%llu bytes): %s (%s)",
-                            (unsigned long long)ca->capacity, cudaGetErrorString(e), cudaGetErrorName(e));
+                            (unsigned long long)(ca->capacity + pad), cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 /* The bytes of copy slot i (a tensor's, or an op's saved state). */
@@ -340,7 +359,7 @@ rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *d, rkm_cuda_arena **
     xd.capacity = d->capacity;
     xd.host = &layer;
     r = rkm_arena_exec_create(&xd, &ca->x);
-    if (r == RKM_OK) r = rkm__cu_malloc(ca);
+    if (r == RKM_OK) r = rkm__cu_malloc(ca, rkm__cu_align(d));
     if (r == RKM_OK) r = rkm__cu_copies_open(ca, d->plan);
     if (r != RKM_OK) {
         rkm_cuda_arena_destroy(ca);
@@ -375,7 +394,7 @@ void rkm_cuda_arena_destroy(rkm_cuda_arena *ca)
 {
     if (!ca) return;
     rkm__cu_copies_close(ca);
-    if (ca->base) (void)cudaFree(ca->base);
+    if (ca->block) (void)cudaFree(ca->block);
     rkm_arena_exec_destroy(ca->x);
     (void)rkm_context_realloc(ca->ctx, ca, sizeof *ca, 0);
 }

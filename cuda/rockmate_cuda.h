@@ -108,7 +108,10 @@ typedef struct rkm_cuda_arena_desc {
 } rkm_cuda_arena_desc;
 
 /* cudaMalloc(capacity) and the bookkeeping; the inputs are carved at once
- * (fill them through rkm_cuda_tensor before a step). */
+ * (fill them through rkm_cuda_tensor before a step). The region's base is
+ * aligned as the offsets are: cudaMalloc's 256 bytes, or for a plan laid
+ * out at a larger alignment, alignment - 1 bytes more allocated and the
+ * first aligned byte taken. */
 rkm_result rkm_cuda_arena_create(const rkm_cuda_arena_desc *desc, rkm_cuda_arena **out);
 /* The arena for `plan` in layout mode: one cudaMalloc of rkm_plan_layout's
  * arena_bytes, every buffer at its layout offset; it runs this plan (as

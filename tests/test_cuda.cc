@@ -771,6 +771,93 @@ TEST(cuda_arena_copies)
     CHECK(rkm_dummy::live("device") == 0);
 }
 
+/* A host that checks that every device pointer a call sees (tensors,
+ * gradients, saved states, scratch) is a multiple of `align`. */
+typedef struct align_host {
+    rkm_cuda_arena *ca;
+    uintptr_t align;
+    long long checked, bad;
+} align_host;
+
+static void acheck(align_host *h, const void *p)
+{
+    h->checked++;
+    h->bad += !p || (uintptr_t)p % h->align != 0;
+}
+
+static int ascratch(align_host *h, uint64_t bytes)
+{
+    void *p = NULL;
+    if (bytes && rkm_cuda_scratch(h->ca, bytes, &p) != RKM_OK) return 1;
+    if (bytes) acheck(h, p);
+    return 0;
+}
+
+static int align_fwd(void *user, const rkm_fwd_call *c)
+{
+    align_host *h = (align_host *)user;
+    for (int32_t k = 0; k < c->n_in; k++) acheck(h, rkm_cuda_tensor(h->ca, c->in[k]));
+    for (int32_t k = 0; k < c->n_out; k++) acheck(h, rkm_cuda_tensor(h->ca, c->out[k]));
+    if (c->save) acheck(h, rkm_cuda_saved(h->ca, c->op));
+    return ascratch(h, c->ws_bytes);
+}
+
+static int align_bwd(void *user, const rkm_bwd_call *c)
+{
+    align_host *h = (align_host *)user;
+    for (int32_t k = 0; k < c->n_in; k++)
+        if (c->in_grad[k] != RKM_GRAD_NONE) acheck(h, rkm_cuda_grad(h->ca, c->in[k]));
+    for (int32_t k = 0; k < c->n_out; k++)
+        if (c->out_grad[k]) acheck(h, rkm_cuda_grad(h->ca, c->out[k]));
+    for (int32_t k = 0; k < c->n_saved; k++) acheck(h, rkm_cuda_tensor(h->ca, c->saved[k]));
+    if (c->phantom) acheck(h, rkm_cuda_saved(h->ca, c->op));
+    return ascratch(h, c->ws_bytes);
+}
+
+/* The device region is aligned as the exec's offsets are, whatever the
+ * plan's alignment, though cudaMalloc (and so the dummy) promises only 256
+ * bytes: plans at 64, 256 and 4096 in layout mode (their alignment), and
+ * the 4096 one in first fit (256). */
+TEST(cuda_arena_aligned)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = test_load_scratch_graph(ctx, "gpt2-tiny"); /* with workspaces */
+    const uint64_t aligns[] = {64, 256, 4096};
+    for (size_t i = 0; g && i < N_OF(aligns); i++) {
+        rkm_solve_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.algo = RKM_ALGO_NONE;
+        sd.alignment = aligns[i];
+        rkm_plan *p = NULL;
+        CHECK(rkm_plan_solve(g, &sd, UINT64_MAX, &p) == RKM_OK);
+        for (int mode = RKM_ARENA_LAYOUT; p && mode <= RKM_ARENA_FIRST_FIT; mode++) {
+            align_host h = {NULL, (uintptr_t)(mode == RKM_ARENA_LAYOUT ? aligns[i] : RKM_ARENA_ALIGN), 0, 0};
+            rkm_callbacks cb;
+            memset(&cb, 0, sizeof cb);
+            cb.user = &h;
+            cb.forward = align_fwd;
+            cb.backward = align_bwd;
+            rkm_cuda_arena_desc d;
+            memset(&d, 0, sizeof d);
+            d.graph = g;
+            d.mode = (rkm_arena_mode)mode;
+            d.plan = p;
+            d.host = &cb;
+            CHECK(rkm_cuda_arena_create(&d, &h.ca) == RKM_OK);
+            CHECK(h.ca && rkm_cuda_arena_run(h.ca, p) == RKM_OK);
+            if (h.bad)
+                fprintf(stderr, "alignment %llu, mode %d: %lld of %lld pointers misaligned\n",
+                        (unsigned long long)aligns[i], mode, h.bad, h.checked);
+            CHECK(h.checked > 100 && h.bad == 0);
+            rkm_cuda_arena_destroy(h.ca);
+        }
+        rkm_plan_destroy(p);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+    CHECK(rkm_dummy::live("device") == 0);
+}
+
 /* A failed cudaMalloc of the region: NOMEM, the size in the message. */
 TEST(cuda_arena_malloc_failure)
 {
@@ -804,6 +891,7 @@ int main(void)
     RUN(cuda_poison_catches_a_stale_read);
     RUN(cuda_profile_alloc_failures);
     RUN(cuda_profile_cuda_failures);
+    RUN(cuda_arena_aligned);
     RUN(cuda_arena_malloc_failure);
     RUN(cuda_arena_copies);
     TEST_END();

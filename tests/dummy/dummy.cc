@@ -710,6 +710,11 @@ cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
         if (S().sticky != cudaSuccess) return S().sticky; \
     } while (0)
 
+/* cudaMalloc promises 256-byte alignment and no more: each block starts
+ * 256 bytes past a 4096-byte boundary, so that code counting on more fails
+ * here too (those 256 bytes poisoned for AddressSanitizer). */
+#define RKM_DUMMY_SKEW 256
+
 cudaError_t cudaMalloc(void **ptr, size_t bytes)
 {
     state &s = S();
@@ -718,8 +723,13 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes)
     *ptr = nullptr;
     if (fails("cudaMalloc") || bytes > s.device_limit - s.device_bytes) return set_error(cudaErrorMemoryAllocation);
     if (bytes == 0) return cudaSuccess;
-    void *p = nullptr;
-    if (posix_memalign(&p, 256, bytes) != 0) return set_error(cudaErrorMemoryAllocation);
+    void *raw = nullptr;
+    if (bytes > SIZE_MAX - RKM_DUMMY_SKEW || posix_memalign(&raw, 4096, bytes + RKM_DUMMY_SKEW) != 0)
+        return set_error(cudaErrorMemoryAllocation);
+#ifdef RKM_DUMMY_ASAN
+    __asan_poison_memory_region(raw, RKM_DUMMY_SKEW);
+#endif
+    void *p = (char *)raw + RKM_DUMMY_SKEW;
     memset(p, POISON, bytes);
     s.mem[(uintptr_t)p] = region{bytes, MEM_DEVICE};
     s.device_bytes += bytes;
@@ -738,7 +748,11 @@ cudaError_t cudaFree(void *ptr)
     drain_all(); /* cudaFree waits for the device */
     s.device_bytes -= it->second.bytes;
     s.mem.erase(it);
-    free(ptr);
+    char *raw = (char *)ptr - RKM_DUMMY_SKEW;
+#ifdef RKM_DUMMY_ASAN
+    __asan_unpoison_memory_region(raw, RKM_DUMMY_SKEW);
+#endif
+    free(raw);
     return cudaSuccess;
 }
 
