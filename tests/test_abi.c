@@ -8,8 +8,9 @@
  * keeps source compatibility (a zeroed desc still means the defaults), never
  * binary compatibility.
  *
- * The figures are those of version 0.4.0 on LP64 (x86-64; aarch64 and the
- * other LP64 ABIs lay these structs out the same). Elsewhere (32-bit, LLP64
+ * The figures are those of version 0.4.0, unchanged in 0.5.0 (whose ABI
+ * change is a function's signature, rkm_parse_budget), on LP64 (x86-64;
+ * aarch64 and the other LP64 ABIs lay these structs out the same). Elsewhere (32-bit, LLP64
  * Windows) they differ, and the test says SKIP. Sizes pin every struct; the
  * offsets pin the last field of each (a field inserted or moved before it
  * moves it) and every field of rkm_step and rkm_buffer, which hosts read in
