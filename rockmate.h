@@ -1133,8 +1133,8 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * - RKM_ARENA_FIRST_FIT: each buffer at the lowest 256-aligned offset free
  *   when it is made, as a dynamic allocator would; it runs any plan of the
  *   graph. It can need more than the plan's arena, since it does not know
- *   the lifetimes ahead (on the bundled graphs' plans of bench/bench_layout,
- *   5.2 % more than the peak on geometric mean, up to 47 %: bench/RESULTS.md).
+ *   the lifetimes ahead (on the bundled graphs' 349 plans of bench/bench_layout
+ *   at 0.5.0, 5.4 % more than the peak on geometric mean, up to 40 %).
  * - RKM_ARENA_MEASURE (profiling): first fit, and each op's workspace is
  *   measured as what its scratch requests took (rkm_arena_exec_scratch).
  *

@@ -45,6 +45,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "gpt2_model.h"
 
 #define GPT2_DEFAULT_DATA "examples/data/fables.txt"
@@ -91,21 +92,24 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
                : !strcmp(a, "--heads")  ? &o->shape.NH : !strcmp(a, "--seq") ? &o->shape.T
                : !strcmp(a, "--batch")  ? &o->shape.B : !strcmp(a, "--steps") ? &o->steps : NULL;
         if (!v) return usage(strcmp(a, "-h") && strcmp(a, "--help") ? "missing value" : "");
-        if (n) *n = atoi(v);
-        else if (!strcmp(a, "--budget")) o->budget = v;
+        double x;
+        if (n) {
+            if (!arg_int(v, 0, INT_MAX, n)) return usage("a shape or --steps: a whole number");
+        } else if (!strcmp(a, "--budget")) o->budget = v;
         else if (!strcmp(a, "--algo")) o->algo = v;
         else if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--dropout")) o->dropout = strtof(v, NULL);
-        else if (!strcmp(a, "--lr")) o->lr = strtof(v, NULL);
-        else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--dropout") || !strcmp(a, "--lr")) {
+            if (!arg_double(v, &x)) return usage("--dropout, --lr: a decimal number");
+            *(a[2] == 'd' ? &o->dropout : &o->lr) = (float)x;
+        } else if (!strcmp(a, "--seed")) {
+            if (!arg_u64(v, &o->seed)) return usage("--seed: a whole number");
+        }
         else if (!strcmp(a, "--memory") && (!strcmp(v, "arena") || !strcmp(v, "malloc")))
             o->arena = !strcmp(v, "arena");
         else if (!strcmp(a, "--inplace") && (!strcmp(v, "0") || !strcmp(v, "1")))
             o->shape.inplace = !strcmp(v, "1");
         else if (!strcmp(a, "--copy")) {
-            char *end;
-            o->copy_bw = strtod(v, &end);
-            if (end == v || *end || !(o->copy_bw > 0)) return usage("--copy: bytes per second, a positive number");
+            if (!arg_double(v, &o->copy_bw) || !(o->copy_bw > 0)) return usage("--copy: bytes per second, a positive number");
         }
         else return usage("unknown option");
     }

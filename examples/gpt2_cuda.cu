@@ -85,6 +85,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #endif
 #define restrict __restrict__
+#include "args.h"
 #include "gpt2_model.h"
 #undef restrict
 #if defined(__GNUC__)
@@ -1055,19 +1056,23 @@ static int parse(rkm_context *ctx, options *o, int argc, char **argv)
         if (strcmp(a, "--preset") == 0) {
             if (strcmp(v, "tiny") && strcmp(v, "124M")) return usage("--preset is tiny or 124M");
             preset(o, v);
-        } else if (strcmp(a, "--layers") == 0) o->shape.L = atoi(v);
-        else if (strcmp(a, "--channels") == 0) o->shape.C = atoi(v);
-        else if (strcmp(a, "--heads") == 0) o->shape.NH = atoi(v);
-        else if (strcmp(a, "--vocab") == 0) o->shape.V = atoi(v);
-        else if (strcmp(a, "--batch") == 0) o->shape.B = atoi(v);
-        else if (strcmp(a, "--seq") == 0) o->shape.T = atoi(v);
-        else if (strcmp(a, "--dropout") == 0) o->dropout = (float)atof(v);
-        else if (strcmp(a, "--inplace") == 0 && (!strcmp(v, "0") || !strcmp(v, "1"))) inplace = !strcmp(v, "1");
-        else if (strcmp(a, "--steps") == 0) o->steps = atoi(v);
-        else if (strcmp(a, "--warmup") == 0) o->warmup = atoi(v);
-        else if (strcmp(a, "--profile-runs") == 0) o->profile_runs = atoi(v);
-        else if (strcmp(a, "--copy") == 0 && (o->copy_bw = atof(v)) > 0) continue;
-        else if (strcmp(a, "--algo") == 0) {
+            continue;
+        }
+        int *n = !strcmp(a, "--layers") ? &o->shape.L : !strcmp(a, "--channels") ? &o->shape.C
+               : !strcmp(a, "--heads") ? &o->shape.NH : !strcmp(a, "--vocab") ? &o->shape.V
+               : !strcmp(a, "--batch") ? &o->shape.B : !strcmp(a, "--seq") ? &o->shape.T
+               : !strcmp(a, "--steps") ? &o->steps : !strcmp(a, "--warmup") ? &o->warmup
+               : !strcmp(a, "--profile-runs") ? &o->profile_runs : NULL;
+        double x;
+        if (n) {
+            if (!arg_int(v, 0, INT_MAX, n)) return usage("a shape, --steps, --warmup, --profile-runs: a whole number");
+        } else if (strcmp(a, "--dropout") == 0) {
+            if (!arg_double(v, &x)) return usage("--dropout: a decimal number");
+            o->dropout = (float)x;
+        } else if (strcmp(a, "--inplace") == 0 && (!strcmp(v, "0") || !strcmp(v, "1"))) inplace = !strcmp(v, "1");
+        else if (strcmp(a, "--copy") == 0) {
+            if (!arg_double(v, &o->copy_bw) || !(o->copy_bw > 0)) return usage("--copy: bytes per second, a positive number");
+        } else if (strcmp(a, "--algo") == 0) {
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return usage(rkm_context_errmsg(ctx));
         } else if (strcmp(a, "--budgets") == 0) {
             if (!parse_budgets(o, v)) return usage("--budgets: percentages or min, comma separated");

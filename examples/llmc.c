@@ -34,6 +34,7 @@
 #define TESTING     /* leave out llm.c's main() */
 #include <train_gpt2.c>
 
+#include "args.h"
 #include "llmc_host.h"
 
 typedef struct options {
@@ -64,10 +65,14 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, options *o)
                : !strcmp(a, "--batch") ? &s->B : !strcmp(a, "--vocab") ? &s->V
                : !strcmp(a, "--padded-vocab") ? &s->Vp : NULL;
         if (!v) return usage("missing value");
-        if (n) *n = atoi(v);
+        if (n) {
+            if (!arg_int(v, 0, INT_MAX, n)) return usage("a shape: a whole number");
+        }
         else if (!strcmp(a, "--algo")) {
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return usage(rkm_context_errmsg(ctx));
-        } else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--seed")) {
+            if (!arg_u64(v, &o->seed)) return usage("--seed: a whole number");
+        }
         else return usage("unknown option");
     }
     s->maxT = s->T;

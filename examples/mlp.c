@@ -49,6 +49,7 @@
 #define _POSIX_C_SOURCE 200809L /* copier.h's clocks */
 #include "rockmate.h"
 
+#include "args.h"
 #include "copier.h"
 
 #include <math.h>
@@ -685,10 +686,10 @@ static int parse_args(rkm_context *ctx, int argc, char **argv, Options *o)
         if (!strcmp(a, "--budget")) o->budget = v;
         else if (!strcmp(a, "--algo")) {
             if (rkm_algo_from_name(ctx, v, &o->algo) != RKM_OK) return 0;
-        } else if (!strcmp(a, "--steps")) o->steps = atoi(v);
-        else if (!strcmp(a, "--layers")) o->layers = atoi(v);
-        else if (!strcmp(a, "--copy")) {
-            if (!((o->copy_bw = atof(v)) > 0)) return 0;
+        } else if (!strcmp(a, "--steps") || !strcmp(a, "--layers")) {
+            if (!arg_int(v, 0, INT_MAX, a[2] == 's' ? &o->steps : &o->layers)) return 0;
+        } else if (!strcmp(a, "--copy")) {
+            if (!arg_double(v, &o->copy_bw) || !(o->copy_bw > 0)) return 0;
         }
         else if (!strcmp(a, "--memory") && (!strcmp(v, "arena") || !strcmp(v, "malloc")))
             o->arena = !strcmp(v, "arena");

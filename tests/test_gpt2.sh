@@ -120,6 +120,11 @@ offloads offload_slow_dropout 3e7 35% --dropout 0.1
 offloads offload_dtr_inplace 1e9 40% --algo dtr --inplace 1
 expect too_small 3 '^demo: FAILED no plan fits the budget' "${tiny[@]}" --algo rotor --budget 1%
 expect bad_usage 2 'usage' --heads 3
+# option values are read whole (atoi took "2x" as 2, strtof "0.1p" as 0.1)
+expect bad_steps_trailing 2 'usage' --steps 2x
+expect bad_dropout_trailing 2 'usage' --dropout 0.1p
+expect bad_seed_sign 2 'usage' --seed -1
+expect bad_copy_unit 2 'usage' --copy 1GB
 expect no_data 1 'cannot read' "${tiny[@]}" --data /nonexistent/text.txt
 
 echo "test_gpt2.sh: $passed passed, $failed failed"

@@ -118,6 +118,11 @@ same_digest digest_deep_min --layers 24 --budget min --steps 2
 expect too_small 3 '' --budget 1%
 expect bad_usage 2 'usage' --layers 1
 expect bad_memory 2 'usage' --memory mmap
+# option values are read whole (atoi took "3x" as 3, atof "1GB" as 1)
+expect bad_steps_trailing 2 'usage' --steps 3x
+expect bad_layers_unit 2 'usage' --layers 4MB
+expect bad_copy_unit 2 'usage' --copy 1GB
+expect bad_copy_trailing 2 'usage' --copy 1e9junk
 
 echo "test_mlp.sh: $passed passed, $failed failed"
 ((failed == 0))
