@@ -2670,6 +2670,182 @@ rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, 
 
 /* Plan files (.rkp) */
 
+/* A version 2 plan file fingerprints the graph it was made for, aspect by
+ * aspect (docs/formats.md, "Plan file"): each object's record, little-endian,
+ * doubles by their IEEE bits, hashed with FNV-1a 64; an aspect's hash is
+ * the XOR of its objects' hashes, and its locator word b the low 32 bits of
+ * the XOR over the objects whose index has bit b set, so that one object
+ * that differs is named by its index. */
+enum { RKM__FP_TENSORS, RKM__FP_OPS, RKM__FP_STRUCTURE, RKM__FP_COPY, RKM__FP_ASPECTS };
+static const char *const rkm__fp_words[RKM__FP_ASPECTS] = {"tensors", "ops", "structure", "copy"};
+
+static uint64_t rkm__fnv(uint64_t h, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t rkm__fnv_f64(uint64_t h, double x)
+{
+    uint64_t v;
+    memcpy(&v, &x, sizeof v);
+    return rkm__fnv(h, v, 8);
+}
+
+static uint64_t rkm__fnv_ids(uint64_t h, const int32_t *ids, int32_t n)
+{
+    h = rkm__fnv(h, (uint32_t)n, 4);
+    for (int32_t k = 0; k < n; k++) h = rkm__fnv(h, (uint32_t)ids[k], 4);
+    return h;
+}
+
+/* The objects of aspect a: tensors; ops; ops then the loss; the link. */
+static size_t rkm__fp_objects(const rkm_graph *g, int a)
+{
+    if (a == RKM__FP_COPY) return 1;
+    return a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops + (a == RKM__FP_STRUCTURE);
+}
+
+static uint64_t rkm__fp_object(const rkm_graph *g, int a, size_t i)
+{
+    uint64_t h = rkm__fnv(14695981039346656037ull, (uint32_t)i, 4);
+    if (a == RKM__FP_TENSORS) {
+        const rkm__tensor *t = &g->tensors[i];
+        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD), 4);
+    }
+    if (a == RKM__FP_COPY)
+        return rkm__fnv_f64(rkm__fnv_f64(rkm__fnv_f64(h, g->copy.d2h_bytes_per_second), g->copy.h2d_bytes_per_second),
+                            g->copy.latency_seconds);
+    if (a == RKM__FP_STRUCTURE && i == g->n_ops) return rkm__fnv(h, (uint32_t)g->loss, 4); /* its last object */
+    const rkm__op *o = &g->ops[i];
+    if (a == RKM__FP_STRUCTURE) return rkm__fnv_ids(rkm__fnv_ids(rkm__fnv_ids(h, o->in, o->n_in), o->out, o->n_out),
+                                                    o->saved, o->n_saved);
+    h = rkm__fnv_f64(rkm__fnv_f64(h, o->fwd), o->bwd);
+    h = rkm__fnv(rkm__fnv(h, o->phantom, 8), o->scratch, 8);
+    h = rkm__fnv(rkm__fnv(h, o->fwd_ws, 8), o->bwd_ws, 8);
+    return rkm__fnv(h, o->flags & (RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE), 4);
+}
+
+/* Locator words for n objects: bits enough to write the indices 0..n-1. */
+static int rkm__fp_bits(size_t n)
+{
+    int k = 0;
+    while (k < 32 && ((size_t)1 << k) < n) k++;
+    return k;
+}
+
+/* Aspect a of g: its hash and locator words (rkm__fp_bits of its objects). */
+static void rkm__fp(const rkm_graph *g, int a, uint64_t *hash, uint32_t loc[32])
+{
+    size_t n = rkm__fp_objects(g, a);
+    *hash = 0;
+    memset(loc, 0, 32 * sizeof *loc);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = rkm__fp_object(g, a, i);
+        *hash ^= h;
+        for (int b = 0; b < 32 && (i >> b); b++)
+            if (i >> b & 1) loc[b] ^= (uint32_t)h;
+    }
+}
+
+static void rkm__fp_write(rkm__out *o, const rkm_graph *g)
+{
+    for (int a = 0; a < RKM__FP_ASPECTS; a++) {
+        uint64_t h;
+        uint32_t loc[32];
+        rkm__fp(g, a, &h, loc);
+        rkm__outf(o, "graph %s", rkm__fp_words[a]);
+        if (a != RKM__FP_COPY) rkm__outf(o, " %zu", a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops);
+        rkm__outf(o, " %016llx", (unsigned long long)h);
+        int k = rkm__fp_bits(rkm__fp_objects(g, a));
+        for (int b = 0; b < k; b++) rkm__outf(o, b ? "%08lx" : " %08lx", (unsigned long)loc[b]);
+        rkm__outf(o, "\n");
+    }
+}
+
+/* The first `digits` characters of s as lowercase hex digits (the caller
+ * checks the token's length). */
+static int rkm__parse_hex(const char *s, size_t digits, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < digits; i++, s++) {
+        int d = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (unsigned)d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* The one object whose hash differs, from the XOR of the two hashes (d)
+ * and of the two locators, or -1 where more than one differs. */
+static int64_t rkm__fp_locate(uint64_t d, const uint32_t *loc, const uint32_t *had, int k, size_t n)
+{
+    uint32_t low = (uint32_t)d;
+    size_t i = 0;
+    if (!low) return -1;
+    for (int b = 0; b < k; b++) {
+        uint32_t x = loc[b] ^ had[b];
+        if (x == low) i |= (size_t)1 << b;
+        else if (x) return -1;
+    }
+    return i < n ? (int64_t)i : -1;
+}
+
+/* `graph ASPECT [COUNT] HASH [LOCATOR]`: g is the graph the plan was made
+ * for, or the first difference is named. `seen`: the aspects read. */
+static rkm_result rkm__read_fp(rkm__reader *r, const rkm_graph *g, unsigned *seen)
+{
+    int a = 0;
+    while (a < RKM__FP_ASPECTS && (r->ntok < 2 || strcmp(r->tok[1], rkm__fp_words[a]) != 0)) a++;
+    if (a == RKM__FP_ASPECTS)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph tensors|ops|structure COUNT HASH [LOCATOR]' or "
+                         "'graph copy HASH'");
+    if (*seen & 1u << a) return rkm__rerr(r, RKM_ERROR_PARSE, "graph %s: given twice", rkm__fp_words[a]);
+    *seen |= 1u << a;
+    size_t have = a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops, n = rkm__fp_objects(g, a);
+    int c = a != RKM__FP_COPY; /* a count before the hash */
+    uint64_t count = 0, hash = 0;
+    uint32_t had[32] = {0};
+    int ok = r->ntok >= 3 + c && (!c || (rkm__parse_u64(r->tok[2], &count) && count < ((uint64_t)1 << 31)));
+    int k = ok && c ? rkm__fp_bits((size_t)count + (a == RKM__FP_STRUCTURE)) : 0;
+    const char *lt = r->ntok > 3 + c ? r->tok[3 + c] : "";
+    ok = ok && r->ntok <= 3 + c + (k > 0) && strlen(r->tok[2 + c]) == 16 && rkm__parse_hex(r->tok[2 + c], 16, &hash) &&
+         strlen(lt) == 8 * (size_t)k;
+    for (int b = 0; ok && b < k; b++) {
+        uint64_t v = 0;
+        ok = rkm__parse_hex(lt + 8 * b, 8, &v);
+        had[b] = (uint32_t)v;
+    }
+    if (!ok)
+        return c ? rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph %s COUNT HASH [LOCATOR]' (COUNT below 2^31; HASH "
+                             "16 hex digits; LOCATOR 8 a bit of the indices, where there are more than 1)",
+                             rkm__fp_words[a])
+                 : rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph copy HASH' (16 hex digits)");
+    if (c && count != have)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "the plan was made for a graph of %llu %s; this one has %zu",
+                         (unsigned long long)count, a == RKM__FP_TENSORS ? "tensors" : "ops", have);
+    uint64_t h;
+    uint32_t loc[32];
+    rkm__fp(g, a, &h, loc);
+    if (h == hash) return RKM_OK;
+    int64_t i = rkm__fp_locate(h ^ hash, loc, had, k, n);
+    static const char *const what[RKM__FP_ASPECTS][2] = {
+        {"tensor sizes or flags differ", ""},
+        {"op costs differ", " (seconds, phantom, scratch, workspaces or in-place flags)"},
+        {"the structure differs", " (in, out or saved lists)"},
+        {"the copy link differs", " (bandwidths or latency)"}};
+    char at[RKM_NAME_MAX + 64] = "";
+    if (a != RKM__FP_COPY) {
+        const char *obj = a == RKM__FP_TENSORS ? "tensor" : "op";
+        if (i < 0) snprintf(at, sizeof at, " at more than one %s", obj);
+        else if ((size_t)i == g->n_ops && a == RKM__FP_STRUCTURE) snprintf(at, sizeof at, " at the loss");
+        else snprintf(at, sizeof at, " at %s '%s'", obj, a == RKM__FP_TENSORS ? g->tensors[i].name : g->ops[i].name);
+    }
+    return rkm__rerr(r, RKM_ERROR_PARSE, "the plan was made for another graph: %s%s%s", what[a][0], at,
+                     i == (int64_t)g->n_ops && a == RKM__FP_STRUCTURE ? "" : what[a][1]);
+}
+
 static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps *d)
 {
     const char *w = r->tok[0];
@@ -2709,10 +2885,25 @@ static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps 
     return rkm__steps_push_step(d, &st) ? RKM_OK : rkm__nomem(r->ctx, r->src);
 }
 
-/* Parse .rkp text into d: syntax and names only. *lines (capacity *cap)
- * receives each step's line, for the messages of the rules. */
+/* `align N`: the alignment the plan is laid out at. */
+static rkm_result rkm__read_align(rkm__reader *r, unsigned *seen, uint64_t *align)
+{
+    uint64_t v;
+    if (*seen & 1u << RKM__FP_ASPECTS) return rkm__rerr(r, RKM_ERROR_PARSE, "align: given twice");
+    *seen |= 1u << RKM__FP_ASPECTS;
+    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM_MAX_ALIGNMENT)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'align N', N a power of two from 1 to %llu",
+                         (unsigned long long)RKM_MAX_ALIGNMENT);
+    *align = v;
+    return RKM_OK;
+}
+
+/* Parse .rkp text into d: syntax and names only, and for version 2 the
+ * alignment (*align, left as it is when not given) and the graph's
+ * fingerprint. *lines (capacity *cap) receives each step's line, for the
+ * messages of the rules. */
 static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm__steps *d,
-                                  int32_t **lines, size_t *cap)
+                                  int32_t **lines, size_t *cap, uint64_t *align)
 {
     rkm__reader r;
     memset(&r, 0, sizeof r);
@@ -2721,15 +2912,29 @@ static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t l
     r.p = text ? text : "";
     r.end = r.p + len;
     rkm_result res = rkm__next_stmt(&r);
-    if (!res && (r.ntok != 2 || strcmp(r.tok[0], "rockmate-plan") != 0 || strcmp(r.tok[1], "1") != 0)) {
+    int version = 0;
+    if (!res && r.ntok == 2 && strcmp(r.tok[0], "rockmate-plan") == 0)
+        version = strcmp(r.tok[1], "1") == 0 ? 1 : strcmp(r.tok[1], "2") == 0 ? 2 : 0;
+    if (!res && !version) {
         if (!r.line) r.line = 1;
-        res = rkm__rerr(&r, RKM_ERROR_PARSE, "the first statement must be the header 'rockmate-plan 1'");
+        res = rkm__rerr(&r, RKM_ERROR_PARSE,
+                        "the first statement must be the header 'rockmate-plan 1' or 'rockmate-plan 2'");
     }
+    unsigned seen = 0; /* the fingerprint's aspects read, and align */
     while (!res) {
         if ((res = rkm__next_stmt(&r)) || !r.ntok) break;
-        res = rkm__read_step(&r, g, d);
-        if (!res && !rkm__reserve(g->ctx, (void **)lines, cap, d->n, sizeof **lines)) res = rkm__nomem(g->ctx, r.src);
-        if (!res) (*lines)[d->n - 1] = (int32_t)r.line;
+        int head = strcmp(r.tok[0], "align") == 0 ? 1 : strcmp(r.tok[0], "graph") == 0 ? 2 : 0;
+        if (head && (version < 2 || d->n)) {
+            res = rkm__rerr(&r, RKM_ERROR_PARSE, version < 2 ? "'%s' needs the header 'rockmate-plan 2'"
+                                                             : "'%s' comes before the steps", r.tok[0]);
+        } else if (head) {
+            res = head == 1 ? rkm__read_align(&r, &seen, align) : rkm__read_fp(&r, g, &seen);
+        } else {
+            res = rkm__read_step(&r, g, d);
+            if (!res && !rkm__reserve(g->ctx, (void **)lines, cap, d->n, sizeof **lines))
+                res = rkm__nomem(g->ctx, r.src);
+            if (!res) (*lines)[d->n - 1] = (int32_t)r.line;
+        }
     }
     rkm__reader_free(&r);
     return res;
@@ -2744,8 +2949,9 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
     int32_t *lines = NULL;
     size_t cap = 0;
     rkm_sim_result tmp;
+    uint64_t align = RKM_ARENA_ALIGN;
     if (!sim) sim = &tmp;
-    if ((res = rkm__read_steps(g, text, len, source_name, &d, &lines, &cap))) {
+    if ((res = rkm__read_steps(g, text, len, source_name, &d, &lines, &cap, &align))) {
         rkm__steps_free(&d);
     } else if ((res = rkm__plan_birth(g, &d, sim, out)) == RKM_ERROR_PLAN) {
         /* The rule's message, led by the file and the step's line. */
@@ -2758,7 +2964,7 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
             rkm__err(g->ctx, res, "%s: %s", src, msg);
     }
     rkm__free(g->ctx, lines, cap * sizeof *lines);
-    return rkm__plan_handout(res, RKM_ARENA_ALIGN, out);
+    return rkm__plan_handout(res, align, out);
 }
 
 rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *sim, rkm_plan **out)
@@ -2778,7 +2984,9 @@ rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
 {
     if (!p || !fn) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_write: write function is NULL") : RKM_ERROR_ARGUMENT;
     rkm__out o = {fn, user, {0}, 0, 0};
-    rkm__outf(&o, "rockmate-plan 1\n");
+    rkm__outf(&o, "rockmate-plan 2\n");
+    if (p->stats.alignment) rkm__outf(&o, "align %llu\n", (unsigned long long)p->stats.alignment);
+    rkm__fp_write(&o, p->g);
     for (size_t i = 0; i < p->n_steps; i++) {
         char text[RKM_NAME_MAX + 32];
         rkm_step_text(p->g, &p->steps[i], text, sizeof text);

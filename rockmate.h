@@ -595,7 +595,15 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
 rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t num_steps, rkm_sim_result *res,
                            rkm_plan **out);
 /* Read .rkp text: syntax and names (RKM_ERROR_PARSE with source:line), then
- * the rules as above. */
+ * the rules as above. A version 2 file (what rkm_plan_write writes) also
+ * names the plan's alignment, at which the plan read is laid out
+ * (rkm_plan_stats.alignment), and fingerprints the graph the plan was made
+ * for: against a graph that differs in what the simulator reads (tensor
+ * sizes and flags, op costs, structure, the copy link; names play no part)
+ * it is refused, RKM_ERROR_PARSE naming the line and the first difference
+ * (the tensor or op, where one differs). A version 1 file (steps only)
+ * reads as it always did: laid out at 256, no check of the graph
+ * (docs/formats.md, "Plan file"). */
 rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *res, rkm_plan **out);
 rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name,
                                 rkm_sim_result *res, rkm_plan **out);
@@ -603,6 +611,7 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
 rkm_result rkm_plan_baseline(const rkm_graph *g, rkm_plan **out);
 void rkm_plan_destroy(rkm_plan *p);
 
+/* A version 2 .rkp file: header, alignment, the graph's fingerprint, steps. */
 rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn write, void *user);
 rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path);
 
@@ -847,8 +856,9 @@ typedef struct rkm_plan_stats {
                                algorithms */
     /* The plan's own memory layout (rkm_plan_layout with alignment 0),
      * made once at its birth: */
-    uint64_t alignment;     /* its alignment: the solve desc's for a planned plan, 256
-                               (RKM_ARENA_ALIGN) for the baseline and read or built plans;
+    uint64_t alignment;     /* its alignment: the solve desc's for a planned plan, its
+                               file's for a read plan (256 without one), 256
+                               (RKM_ARENA_ALIGN) for the baseline and built plans;
                                0 (no layout, the two figures below 0) for such a plan whose
                                buffers rounded up to it add up past 64 bits */
     uint64_t aligned_peak;  /* the most bytes live in one step, each buffer rounded up to
@@ -1127,7 +1137,7 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * - RKM_ARENA_LAYOUT (0, what a host normally wants): every buffer at its
  *   offset in desc.plan's own layout (rkm_plan_layout with alignment 0),
  *   offsets and scratch aligned as the plan was laid out
- *   (rkm_plan_stats.alignment: 256 unless the solve desc said otherwise).
+ *   (rkm_plan_stats.alignment: 256 unless the solve desc or plan file said otherwise).
  *   The region it needs is the plan's arena_bytes, which for a planned plan
  *   is at most its budget. The exec runs that plan only.
  * - RKM_ARENA_FIRST_FIT: each buffer at the lowest 256-aligned offset free

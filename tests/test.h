@@ -316,6 +316,15 @@ static inline int fail_write(void *user, const char *data, size_t len)
     return 1;
 }
 
+/* The steps of plan-file text: past its header, and past the `align` and
+ * `graph` lines that the writer puts before the steps. */
+static inline const char *test_plan_steps(const char *text)
+{
+    const char *s = text ? strchr(text, '\n') : NULL;
+    while (s && (strncmp(s + 1, "align ", 6) == 0 || strncmp(s + 1, "graph ", 6) == 0)) s = strchr(s + 1, '\n');
+    return s ? s + 1 : "";
+}
+
 /* Execution callbacks that do nothing. */
 static inline int noop_fwd(void *user, const rkm_fwd_call *c)
 {

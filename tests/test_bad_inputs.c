@@ -58,7 +58,7 @@ static const bad_input bad_files[] = {
     {"nul byte", 0, "rockmate-graph 1\ntensor x 4\0 input\n", RKM_ERROR_PARSE, "bad.rkg:2: a NUL byte is not allowed"},
     {"phantom bad", 0, "rockmate-graph 1\ntensor x 4 input\ntensor y 4\nop f fwd=1 bwd=1 in=x out=y phantom=-3\nloss y\n", RKM_ERROR_PARSE, "bad.rkg:4: op f: phantom='-3' is not a byte count"},
     {"empty plan", 1, "", RKM_ERROR_PARSE, "bad.rkp:1: the first statement must be the header 'rockmate-plan 1'"},
-    {"bad plan header", 1, "rockmate-plan 2\n", RKM_ERROR_PARSE, "bad.rkp:1: the first statement must be the header"},
+    {"bad plan header", 1, "rockmate-plan 3\n", RKM_ERROR_PARSE, "bad.rkp:1: the first statement must be the header"},
     {"unknown step", 1, "rockmate-plan 1\nfwdd f\n", RKM_ERROR_PARSE, "bad.rkp:2: unknown step 'fwdd'"},
     {"fwd without op", 1, "rockmate-plan 1\nfwd\n", RKM_ERROR_PARSE, "bad.rkp:2: expected 'fwd OP [save] [inplace]'"},
     {"fwd bad save", 1, "rockmate-plan 1\nfwd f sav\n", RKM_ERROR_PARSE,

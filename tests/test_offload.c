@@ -126,7 +126,7 @@ TEST(saved_state_copies)
         /* the same steps built through the API, and written back */
         CHECK(rkm_plan_create(g, rkm_plan_steps(p), rkm_plan_num_steps(p), NULL, &q) == RKM_OK);
         sbuf text = {0};
-        CHECK(q && rkm_plan_write(q, sbuf_write, &text) == RKM_OK && text.data && strcmp(text.data, plan) == 0);
+        CHECK(q && rkm_plan_write(q, sbuf_write, &text) == RKM_OK && text.data && strcmp(test_plan_steps(text.data), test_plan_steps(plan)) == 0);
         free(text.data);
         /* the prefetched saved state is a phantom buffer of the layout,
          * and the arena exec carves it there */
@@ -240,7 +240,7 @@ TEST(copy_files_round_trip)
     text = (sbuf){0};
     rkm_plan *p = NULL;
     if (back) CHECK(read_plan(back, P_COPY, NULL, &p) == RKM_OK);
-    CHECK(p && rkm_plan_write(p, sbuf_write, &text) == RKM_OK && text.data && strcmp(text.data, P_COPY) == 0);
+    CHECK(p && rkm_plan_write(p, sbuf_write, &text) == RKM_OK && text.data && strcmp(test_plan_steps(text.data), test_plan_steps(P_COPY)) == 0);
     free(text.data);
     rkm_plan_destroy(p);
     rkm_graph_destroy(back);

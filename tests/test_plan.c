@@ -478,8 +478,9 @@ TEST(dtr_hand_worked)
         CHECK(rkm_plan_solve(g, &d, 320, &p) == RKM_OK);
         sbuf out = {0};
         if (p) CHECK(rkm_plan_write(p, sbuf_write, &out) == RKM_OK);
-        if (out.data && strcmp(out.data, want) != 0) fprintf(stderr, "dtr at 320:\n%s", out.data);
-        CHECK(out.data && strcmp(out.data, want) == 0);
+        int same = out.data && strcmp(test_plan_steps(out.data), test_plan_steps(want)) == 0;
+        if (out.data && !same) fprintf(stderr, "dtr at 320:\n%s", out.data);
+        CHECK(same);
         rkm_plan_stats ps;
         if (p) CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
         CHECK(p && ps.peak == 312 && ps.peak_step == 4 && ps.time == 46 && ps.recomputes == 1 && ps.algo == RKM_ALGO_DTR);

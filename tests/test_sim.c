@@ -973,7 +973,7 @@ TEST(inplace_hand_worked)
             check_inplace_layout(g, p, 4); /* a, s; grad(b), grad(h) */
             sbuf text = {0};
             CHECK(rkm_plan_write(p, sbuf_write, &text) == RKM_OK && text.data &&
-                  strcmp(text.data, P_INPLACE_BASE) == 0);
+                  strcmp(test_plan_steps(text.data), test_plan_steps(P_INPLACE_BASE)) == 0);
             free(text.data);
         }
         rkm_plan_destroy(p);
@@ -1604,7 +1604,7 @@ typedef struct bad_rkp {
 
 static const bad_rkp bad_rkps[] = {
     {"fwd f\n", 1, "rockmate-plan"},
-    {"rockmate-plan 2\nfwd f\n", 1, "rockmate-plan"},
+    {"rockmate-plan 3\nfwd f\n", 1, "rockmate-plan"},
     {"rockmate-plan\nfwd f\n", 1, "rockmate-plan"},
     {"rockmate-plan 1\n# comment\n\nfwdd f\n", 4, "fwdd"},
     {"rockmate-plan 1\nfwd f\nfwd zz\n", 3, "zz"},
@@ -1684,7 +1684,7 @@ static void plan_round_trip(const char *graph_text)
     sbuf a = {0}, b = {0};
     if (g && rkm_plan_baseline(g, &p) == RKM_OK) {
         CHECK(rkm_plan_write(p, sbuf_write, &a) == RKM_OK);
-        CHECK(a.data && strncmp(a.data, "rockmate-plan 1", 15) == 0);
+        CHECK(a.data && strncmp(a.data, "rockmate-plan 2", 15) == 0);
         CHECK(a.data && rkm_plan_read_string(g, a.data, a.len, "rt.rkp", NULL, &q) == RKM_OK);
         if (q) {
             CHECK(rkm_plan_num_steps(q) == rkm_plan_num_steps(p));
