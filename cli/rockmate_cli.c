@@ -43,7 +43,9 @@ static const char cli_usage_text[] =
     "        in flight, where it offloads)\n"
     "  check GRAPH PLAN [--budget B] [--json] [--align N]\n"
     "        replays a plan file: valid or not, its peak, arena and time; with\n"
-    "        --budget, whether its arena fits B (then its peak does too)\n"
+    "        --budget, whether its arena fits B (then its peak does too); the\n"
+    "        arena at the file's alignment (its `align`, else 256) unless\n"
+    "        --align N lays the plan out anew for a host that aligns to N\n"
     "  sweep GRAPH [--algo A,A,...] [--points N] [--json] [--svg FILE]\n"
     "        [--slots N] [--time-limit S] [--align N]\n"
     "        overhead against budget, from the smallest feasible budget to\n"
@@ -909,12 +911,14 @@ static uint64_t cli_aligned_peak(const rkm_buffer *b, size_t n, size_t n_steps, 
 }
 
 /* Gather a plan's figures and its layout at the tool's alignment (the plan
- * stays owned by the caller): the plan's own where the alignments agree. */
+ * stays owned by the caller): the plan's own where the alignments agree,
+ * and where align is 0 (check without --align: the file's). */
 static rkm_result cli_result_fill(const cli_graph *G, rkm_plan *plan, uint64_t align, cli_result *r)
 {
     r->plan = plan;
     rkm_result e = rkm_plan_stats_get(plan, &r->ps);
     if (e) return e;
+    if (!align) align = r->ps.alignment ? r->ps.alignment : RKM_ARENA_ALIGN;
     r->n_buffers = rkm_plan_num_buffers(plan);
     r->alignment = align;
     r->aligned_peak = r->ps.aligned_peak;
@@ -1527,7 +1531,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
         rc = cli_budget(&G, o->value[OPT_BUDGET], "check", &r.budget);
         r.has_budget = 1;
     }
-    rc = rc ? rc : cli_check_read(ctx, &G, plan_path, o->alignment, &r);
+    rc = rc ? rc : cli_check_read(ctx, &G, plan_path, o->value[OPT_ALIGN] ? o->alignment : 0, &r);
     if (rc) {
         rkm_plan_destroy(r.plan);
         rkm_graph_destroy(G.g);

@@ -680,6 +680,31 @@ check "floors: with copies 6104 for rockmate, dtr and checkmate (7104 without)" 
 run plan "$tmp/floor.rkg" --align 1 --budget 6104 --copy 1e6,1e6 -o "$tmp/floor.rkp"
 expect "floors: rockmate's plan at 6104" 0
 awk '/^### What sets the smallest budgets/{f=1} f && /^```$/{n++; if (n==4) exit; next} f && n==3' docs/formats.md >"$tmp/floor-doc.rkp"
-check "floors: the plan is the one docs/formats.md shows" cmp -s "$tmp/floor.rkp" "$tmp/floor-doc.rkp"
+steps_of() { grep -vE '^(rockmate-plan|align|graph) ' "$1"; }
+check "floors: the plan's steps are those docs/formats.md shows" cmp -s <(steps_of "$tmp/floor.rkp") <(steps_of "$tmp/floor-doc.rkp")
+
+# A plan file keeps its alignment and the graph it was made for: check lays
+# it out at the file's alignment unless --align names another, and refuses
+# it against a graph that differs, naming the difference.
+check "plan file: says its alignment" grep -qx 'align 1' "$tmp/ip-plan.rkp"
+run check "$tmp/ip.rkg" "$tmp/ip-plan.rkp" --budget 3100B --json
+expect "plan file: check at the file's alignment" 0
+check "plan file: its arena's alignment is the file's" grep -q '"arena_alignment": 1,' "$tmp/out"
+run check "$tmp/ip.rkg" "$tmp/ip-plan.rkp" --budget 3100B --align 256
+expect "plan file: check --align over the file's" 3
+sed 's/^tensor loss 4$/tensor loss 8/' "$tmp/ip.rkg" >"$tmp/ip-other.rkg"
+run check "$tmp/ip-other.rkg" "$tmp/ip-plan.rkp"
+expect "plan file: against a graph with another tensor size" 1
+check "plan file: names the line and the tensor" \
+    err_is "ip-plan.rkp:3: the plan was made for another graph: tensor sizes .* at tensor 'loss'"
+sed 's/^op fc2 fwd=2 /op fc2 fwd=3 /' "$tmp/ip.rkg" >"$tmp/ip-other.rkg"
+run check "$tmp/ip-other.rkg" "$tmp/ip-plan.rkp"
+expect "plan file: against a graph with another op cost" 1
+check "plan file: names the line and the op" \
+    err_is "ip-plan.rkp:4: the plan was made for another graph: op costs differ at op 'fc2'"
+run check "$tmp/ip.rkg" "$tmp/ip-plan.rkp" --copy 25e9
+expect "plan file: against a graph with another copy link" 1
+check "plan file: names the copy link" \
+    err_is "ip-plan.rkp:6: the plan was made for another graph: the copy link differs"
 
 finish
