@@ -5,7 +5,7 @@
  * file's graph).
  * A plan is refused with a message or handed out valid; a valid one lays
  * out without overlap, holds its peak, runs, and writes back to text that
- * reads to the same steps. */
+ * reads to the same steps, laid out as it was. */
 #include "fuzz.h"
 
 static rkm_context *ctx;
@@ -33,6 +33,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(rkm_plan_read_string(graph, a.data, a.len, "again.rkp", NULL, &q) == RKM_OK);
         FUZZ_CHECK(rkm_plan_num_steps(q) == rkm_plan_num_steps(p));
         FUZZ_CHECK(memcmp(rkm_plan_steps(p), rkm_plan_steps(q), rkm_plan_num_steps(p) * sizeof(rkm_step)) == 0);
+        rkm_plan_stats ps, qs;
+        FUZZ_CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK && rkm_plan_stats_get(q, &qs) == RKM_OK);
+        FUZZ_CHECK(qs.alignment == ps.alignment && qs.arena_bytes == ps.arena_bytes);
         free(a.data);
     }
     rkm_plan_destroy(q);
