@@ -211,7 +211,10 @@ extern "C" {
  * 0.5.0: rkm_parse_budget takes the graph and the alignment (a percentage is
  * of the baseline's arena at that alignment, rkm_graph_baseline_arena, no
  * longer of the baseline peak: "100%" is the baseline, at no overhead);
- * rkm_graph_baseline_arena; RKM_ZERO. */
+ * rkm_graph_baseline_arena; RKM_ZERO. Not the ABI, but what files mean:
+ * plan files are written as version 2 (their alignment, their graph's
+ * fingerprint: docs/formats.md); version 1 files read as before, and an
+ * older library refuses a version 2 file at its header. */
 #define RKM_VERSION_MAJOR 0
 #define RKM_VERSION_MINOR 5
 #define RKM_VERSION_PATCH 0
