@@ -391,6 +391,12 @@ struct rkm_context {
     void *log_user;
     int log_level;
     char errmsg[RKM_ERRMSG_SIZE];
+    /* Lifetime (rockmate.h, CONVENTIONS): the graphs and arenas made with
+     * it that are alive (they keep it alive; what is made from them keeps
+     * them alive); destroyed: rkm_context_destroy came while some were, so
+     * the last one's release frees it. */
+    size_t live;
+    int destroyed;
 };
 
 /* A name -> id map: open addressing over FNV-1a hashes, ids index `names`. */
@@ -455,6 +461,12 @@ struct rkm_graph {
     /* Set by a reader so that builder errors can name file:line. */
     const char *src_name;
     int32_t src_line;
+    /* Lifetime, as the context's: the plans, planners and arena execs that
+     * hold it (rkm__graph_hold); destroyed: rkm_graph_destroy came while
+     * some were alive. Bookkeeping, not content: it changes on a graph
+     * handed out as const, where nothing else does. */
+    size_t live;
+    int destroyed;
 };
 
 /* ---- rkg.c ---- */
@@ -1006,12 +1018,26 @@ RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
 RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
 RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
 RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
+/* Lifetimes: an object made with ctx (graph, arena) holds it from its
+ * birth and releases it as the last thing it does in its destroy; the last
+ * release of a destroyed context frees it. */
+RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx);
+RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx);
 
 /* graph.c */
 RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
 RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
 RKM_PRIVATE int rkm__name_ok(const char *s);
 RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
+/* As rkm__ctx_hold for what is made from a graph (plan, planner, arena
+ * exec): held from birth, released as the last thing of its destroy. */
+RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g);
+RKM_PRIVATE void rkm__graph_release(const rkm_graph *g);
+/* A holder's destroy ends with this: free the holder (size bytes, with
+ * ctx), then release g. */
+RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g);
+/* *slot, the graph a holder holds, becomes g (held; the old one released). */
+RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
 RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
 RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
 RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
@@ -1384,9 +1410,23 @@ rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out)
     return RKM_OK;
 }
 
+static void rkm__ctx_free(rkm_context *ctx) { ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0); }
+
+RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx) { ctx->live++; }
+
+RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx)
+{
+    if (--ctx->live == 0 && ctx->destroyed) rkm__ctx_free(ctx);
+}
+
+/* Deferred while graphs or arenas made with it live (as sqlite3_close_v2):
+ * they keep working, messages and logger included, and the last one's
+ * destroy frees the context. */
 void rkm_context_destroy(rkm_context *ctx)
 {
-    if (ctx) ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
+    if (!ctx) return;
+    if (ctx->live) ctx->destroyed = 1;
+    else rkm__ctx_free(ctx);
 }
 
 const char *rkm_context_errmsg(const rkm_context *ctx) { return ctx ? ctx->errmsg : ""; }
@@ -1509,6 +1549,7 @@ rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
     if (!g) return rkm__nomem(ctx, "rkm_graph_create");
     g->ctx = ctx;
     g->loss = -1;
+    rkm__ctx_hold(ctx);
     *out = g;
     return RKM_OK;
 }
@@ -1522,9 +1563,8 @@ RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
     g->n_blocks = g->n_classes = 0;
 }
 
-void rkm_graph_destroy(rkm_graph *g)
+static void rkm__graph_free(rkm_graph *g)
 {
-    if (!g) return;
     rkm_context *ctx = g->ctx;
     for (size_t i = 0; i < g->n_tensors; i++) rkm__strfree(ctx, g->tensors[i].name);
     for (size_t i = 0; i < g->n_ops; i++) {
@@ -1538,6 +1578,40 @@ void rkm_graph_destroy(rkm_graph *g)
     rkm__map_free(ctx, &g->tensor_map);
     rkm__map_free(ctx, &g->op_map);
     rkm__free(ctx, g, sizeof *g);
+    rkm__ctx_release(ctx);
+}
+
+/* The count is bookkeeping, not content, so it changes through the const
+ * pointers that plans and planners keep (one thread at a time: the
+ * objects of one context are used so). */
+RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g) { ((rkm_graph *)g)->live++; }
+
+RKM_PRIVATE void rkm__graph_release(const rkm_graph *g)
+{
+    rkm_graph *m = (rkm_graph *)g;
+    if (--m->live == 0 && m->destroyed) rkm__graph_free(m);
+}
+
+RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g)
+{
+    rkm__free(ctx, holder, size);
+    rkm__graph_release(g); /* last: it may free g, and ctx with it */
+}
+
+RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g)
+{
+    rkm__graph_hold(g);
+    rkm__graph_release(*slot);
+    *slot = g;
+}
+
+/* Deferred while plans, planners or arena execs made from it live (as
+ * sqlite3_close_v2): the last one's destroy frees the graph. */
+void rkm_graph_destroy(rkm_graph *g)
+{
+    if (!g) return;
+    if (g->live) g->destroyed = 1;
+    else rkm__graph_free(g);
 }
 
 static rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
@@ -2512,7 +2586,7 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p->flags, p->n_flags);
     if (p->peer) rkm__free(ctx, p->peer, p->n_steps * sizeof *p->peer);
     rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
-    rkm__free(ctx, p, sizeof *p);
+    rkm__graph_free_holder(ctx, p, sizeof *p, p->g);
 }
 
 /* Append a copy of *st (a step as given: the birth checks it; `save`
@@ -3692,6 +3766,7 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
         return rkm__nomem(g->ctx, "plan");
     }
     p->g = g;
+    rkm__graph_hold(g);
     p->ctx = g->ctx;
     p->steps = steps;
     p->n_steps = n;
@@ -9945,7 +10020,7 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm_plan_destroy(pl->min_plan);
     rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
-    rkm__free(pl->ctx, pl, sizeof *pl);
+    rkm__graph_free_holder(pl->ctx, pl, sizeof *pl, pl->user);
 }
 
 /* A count option: 0 means default; negative refused. */
@@ -10012,6 +10087,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
     if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
     pl->g = pl->user = g;
+    rkm__graph_hold(g);
     pl->ctx = g->ctx;
     pl->d = d;
     pl->depth = depth;
@@ -10066,7 +10142,7 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
         rkm_graph_destroy(ag);
         return r;
     }
-    (*out)->user = g;
+    rkm__graph_rehold(&(*out)->user, g); /* the user's graph, not its own copy */
     (*out)->own = ag;
     return RKM_OK;
 }
@@ -13798,6 +13874,7 @@ rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_bl
     rkm_arena *a = rkm__calloc(ctx, 1, sizeof *a);
     if (a) {
         a->ctx = ctx;
+        rkm__ctx_hold(ctx);
         a->capacity = capacity;
         a->max_blocks = max_blocks;
         a->align = RKM_ARENA_ALIGN;
@@ -13820,7 +13897,9 @@ void rkm_arena_destroy(rkm_arena *a)
     if (!a) return;
     rkm__free(a->ctx, a->freel, ((size_t)a->max_blocks + 1) * sizeof *a->freel);
     rkm__free(a->ctx, a->used, a->max_blocks * sizeof *a->used);
-    rkm__free(a->ctx, a, sizeof *a);
+    rkm_context *ctx = a->ctx;
+    rkm__free(ctx, a, sizeof *a);
+    rkm__ctx_release(ctx); /* last: it may free the context */
 }
 
 void rkm_arena_clear(rkm_arena *a)
@@ -14398,7 +14477,7 @@ void rkm_arena_exec_destroy(rkm_arena_exec *x)
     rkm__free(x->ctx, x->t_off, (nt * 2 + no * 3) * sizeof *x->t_off);
     rkm__free(x->ctx, x->lay, x->n_lay * sizeof *x->lay);
     rkm__free(x->ctx, x->block, x->block_bytes);
-    rkm__free(x->ctx, x, sizeof *x);
+    rkm__graph_free_holder(x->ctx, x, sizeof *x, x->g);
 }
 
 /* Carve the inputs, in id order, from the empty arena (step -1). */
@@ -14531,6 +14610,7 @@ rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **
     if (!x) return rkm__err(ctx, RKM_ERROR_NOMEM, "rkm_arena_exec_create: no memory for the exec");
     x->ctx = ctx;
     x->g = d->graph;
+    rkm__graph_hold(x->g);
     x->step = -1;
     x->n_tensors = (int32_t)d->graph->n_tensors;
     x->n_ops = (int32_t)d->graph->n_ops;

@@ -54,9 +54,17 @@
  *   so RKM_ALGO_DEFAULT, which is rockmate there.
  * - The library never aborts and never prints; messages go to the optional
  *   logger.
- * - Objects have one owner and one destroy function. A graph must outlive the
- *   plans and planners made from it; a context must outlive everything made
- *   with it.
+ * - Objects have one owner and one destroy function. What an object was made
+ *   from lives as long as it does, as sqlite3_close_v2 does: destroying a
+ *   graph while plans, planners or arena execs made from it live, or a
+ *   context while objects made with it live, only marks it destroyed; those
+ *   objects keep working exactly as before (their failing calls still
+ *   write the context's message and call its logger), and the graph or
+ *   context is freed when the last of them is destroyed, in any order. The
+ *   graph and context they reach (rkm_plan_graph, rkm_graph_context) stay
+ *   usable meanwhile, to read the message or to make new objects, which
+ *   hold them in turn. Destroying an object twice, or using it after it is
+ *   freed, is undefined, as with free.
  * - Threads: a context is shared by everything made with it: every failing
  *   call on any of its graphs, plans, planners or executors writes the
  *   context's one message and calls its logger and allocator. So the objects
@@ -289,6 +297,9 @@ typedef struct rkm_context_desc {
  * is NULL and there is no context to hold a message: RKM_ERROR_NOMEM, or
  * RKM_ERROR_ARGUMENT for a log_level outside 0..RKM_LOG_DEBUG. */
 rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out);
+/* Frees the context, or, while graphs or arenas made with it (or objects
+ * made from those) live, marks it destroyed and frees it when the last of
+ * them is destroyed (CONVENTIONS). */
 void rkm_context_destroy(rkm_context *ctx);
 /* The message of the most recent failed call made through this context; ""
  * before the first failure. A successful call leaves it as it is (read it
@@ -361,6 +372,9 @@ typedef struct rkm_op_desc {
 #define RKM_OP_GRAD_INPLACE 2u
 
 rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out);
+/* Frees the graph, or, while plans, planners or arena execs made from it
+ * live, marks it destroyed and frees it when the last of them is
+ * destroyed (CONVENTIONS). */
 void rkm_graph_destroy(rkm_graph *g);
 
 /* Builder calls, in file order: tensors are declared before use, ops in a
@@ -1228,7 +1242,7 @@ typedef struct rkm_arena_stats {
 } rkm_arena_stats;
 
 /* An arena over [0, capacity) holding at most max_blocks live blocks
- * (1..UINT32_MAX-1). ctx (kept; it outlives the arena) gives the allocator
+ * (1..UINT32_MAX-1). ctx (kept; the arena keeps it alive) gives the allocator
  * and takes the messages. All memory is taken here, none by alloc/free. */
 rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_blocks, rkm_arena **out);
 void rkm_arena_destroy(rkm_arena *a);
@@ -1251,7 +1265,7 @@ typedef enum rkm_arena_mode {
 typedef struct rkm_arena_exec rkm_arena_exec;
 
 typedef struct rkm_arena_exec_desc {
-    const rkm_graph *graph;     /* finalized; outlives the exec; its context takes the messages */
+    const rkm_graph *graph;     /* finalized; the exec keeps it alive; its context takes the messages */
     rkm_arena_mode mode;        /* 0: layout */
     const rkm_plan *plan;       /* of graph; layout: the plan whose layout the exec follows
                                    (copied: the plan may go); first fit: sizes capacity 0 */

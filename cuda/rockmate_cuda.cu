@@ -395,8 +395,9 @@ void rkm_cuda_arena_destroy(rkm_cuda_arena *ca)
     if (!ca) return;
     rkm__cu_copies_close(ca);
     if (ca->block) (void)cudaFree(ca->block);
-    rkm_arena_exec_destroy(ca->x);
+    rkm_arena_exec *x = ca->x;
     (void)rkm_context_realloc(ca->ctx, ca, sizeof *ca, 0);
+    rkm_arena_exec_destroy(x); /* last: it holds the graph, so the context, which may go with it */
 }
 
 rkm_result rkm_cuda_arena_run(rkm_cuda_arena *ca, const rkm_plan *plan)

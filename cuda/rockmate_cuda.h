@@ -94,7 +94,7 @@ extern "C" {
 typedef struct rkm_cuda_arena rkm_cuda_arena;
 
 typedef struct rkm_cuda_arena_desc {
-    const rkm_graph *graph;    /* finalized; outlives the arena; its context takes the messages */
+    const rkm_graph *graph;    /* finalized; the arena keeps it alive; its context takes the messages */
     /* As rkm_arena_exec_desc's: the mode (0: layout; RKM_ARENA_MEASURE for
      * rkm_cuda_profile), the plan (layout: the one it runs; first fit:
      * sizes capacity 0) and the device bytes to allocate (0: what the plan

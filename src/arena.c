@@ -45,6 +45,7 @@ rkm_result rkm_arena_create(rkm_context *ctx, uint64_t capacity, uint32_t max_bl
     rkm_arena *a = rkm__calloc(ctx, 1, sizeof *a);
     if (a) {
         a->ctx = ctx;
+        rkm__ctx_hold(ctx);
         a->capacity = capacity;
         a->max_blocks = max_blocks;
         a->align = RKM_ARENA_ALIGN;
@@ -67,7 +68,9 @@ void rkm_arena_destroy(rkm_arena *a)
     if (!a) return;
     rkm__free(a->ctx, a->freel, ((size_t)a->max_blocks + 1) * sizeof *a->freel);
     rkm__free(a->ctx, a->used, a->max_blocks * sizeof *a->used);
-    rkm__free(a->ctx, a, sizeof *a);
+    rkm_context *ctx = a->ctx;
+    rkm__free(ctx, a, sizeof *a);
+    rkm__ctx_release(ctx); /* last: it may free the context */
 }
 
 void rkm_arena_clear(rkm_arena *a)
@@ -645,7 +648,7 @@ void rkm_arena_exec_destroy(rkm_arena_exec *x)
     rkm__free(x->ctx, x->t_off, (nt * 2 + no * 3) * sizeof *x->t_off);
     rkm__free(x->ctx, x->lay, x->n_lay * sizeof *x->lay);
     rkm__free(x->ctx, x->block, x->block_bytes);
-    rkm__free(x->ctx, x, sizeof *x);
+    rkm__graph_free_holder(x->ctx, x, sizeof *x, x->g);
 }
 
 /* Carve the inputs, in id order, from the empty arena (step -1). */
@@ -778,6 +781,7 @@ rkm_result rkm_arena_exec_create(const rkm_arena_exec_desc *d, rkm_arena_exec **
     if (!x) return rkm__err(ctx, RKM_ERROR_NOMEM, "rkm_arena_exec_create: no memory for the exec");
     x->ctx = ctx;
     x->g = d->graph;
+    rkm__graph_hold(x->g);
     x->step = -1;
     x->n_tensors = (int32_t)d->graph->n_tensors;
     x->n_ops = (int32_t)d->graph->n_ops;

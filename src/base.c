@@ -169,9 +169,23 @@ rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out)
     return RKM_OK;
 }
 
+static void rkm__ctx_free(rkm_context *ctx) { ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0); }
+
+RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx) { ctx->live++; }
+
+RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx)
+{
+    if (--ctx->live == 0 && ctx->destroyed) rkm__ctx_free(ctx);
+}
+
+/* Deferred while graphs or arenas made with it live (as sqlite3_close_v2):
+ * they keep working, messages and logger included, and the last one's
+ * destroy frees the context. */
 void rkm_context_destroy(rkm_context *ctx)
 {
-    if (ctx) ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
+    if (!ctx) return;
+    if (ctx->live) ctx->destroyed = 1;
+    else rkm__ctx_free(ctx);
 }
 
 const char *rkm_context_errmsg(const rkm_context *ctx) { return ctx ? ctx->errmsg : ""; }

@@ -43,6 +43,7 @@ rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
     if (!g) return rkm__nomem(ctx, "rkm_graph_create");
     g->ctx = ctx;
     g->loss = -1;
+    rkm__ctx_hold(ctx);
     *out = g;
     return RKM_OK;
 }
@@ -56,9 +57,8 @@ RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
     g->n_blocks = g->n_classes = 0;
 }
 
-void rkm_graph_destroy(rkm_graph *g)
+static void rkm__graph_free(rkm_graph *g)
 {
-    if (!g) return;
     rkm_context *ctx = g->ctx;
     for (size_t i = 0; i < g->n_tensors; i++) rkm__strfree(ctx, g->tensors[i].name);
     for (size_t i = 0; i < g->n_ops; i++) {
@@ -72,6 +72,40 @@ void rkm_graph_destroy(rkm_graph *g)
     rkm__map_free(ctx, &g->tensor_map);
     rkm__map_free(ctx, &g->op_map);
     rkm__free(ctx, g, sizeof *g);
+    rkm__ctx_release(ctx);
+}
+
+/* The count is bookkeeping, not content, so it changes through the const
+ * pointers that plans and planners keep (one thread at a time: the
+ * objects of one context are used so). */
+RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g) { ((rkm_graph *)g)->live++; }
+
+RKM_PRIVATE void rkm__graph_release(const rkm_graph *g)
+{
+    rkm_graph *m = (rkm_graph *)g;
+    if (--m->live == 0 && m->destroyed) rkm__graph_free(m);
+}
+
+RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g)
+{
+    rkm__free(ctx, holder, size);
+    rkm__graph_release(g); /* last: it may free g, and ctx with it */
+}
+
+RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g)
+{
+    rkm__graph_hold(g);
+    rkm__graph_release(*slot);
+    *slot = g;
+}
+
+/* Deferred while plans, planners or arena execs made from it live (as
+ * sqlite3_close_v2): the last one's destroy frees the graph. */
+void rkm_graph_destroy(rkm_graph *g)
+{
+    if (!g) return;
+    if (g->live) g->destroyed = 1;
+    else rkm__graph_free(g);
 }
 
 static rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)

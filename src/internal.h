@@ -359,6 +359,12 @@ struct rkm_context {
     void *log_user;
     int log_level;
     char errmsg[RKM_ERRMSG_SIZE];
+    /* Lifetime (rockmate.h, CONVENTIONS): the graphs and arenas made with
+     * it that are alive (they keep it alive; what is made from them keeps
+     * them alive); destroyed: rkm_context_destroy came while some were, so
+     * the last one's release frees it. */
+    size_t live;
+    int destroyed;
 };
 
 /* A name -> id map: open addressing over FNV-1a hashes, ids index `names`. */
@@ -423,6 +429,12 @@ struct rkm_graph {
     /* Set by a reader so that builder errors can name file:line. */
     const char *src_name;
     int32_t src_line;
+    /* Lifetime, as the context's: the plans, planners and arena execs that
+     * hold it (rkm__graph_hold); destroyed: rkm_graph_destroy came while
+     * some were alive. Bookkeeping, not content: it changes on a graph
+     * handed out as const, where nothing else does. */
+    size_t live;
+    int destroyed;
 };
 
 /* ---- rkg.c ---- */
@@ -974,12 +986,26 @@ RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
 RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
 RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
 RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
+/* Lifetimes: an object made with ctx (graph, arena) holds it from its
+ * birth and releases it as the last thing it does in its destroy; the last
+ * release of a destroyed context frees it. */
+RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx);
+RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx);
 
 /* graph.c */
 RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
 RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
 RKM_PRIVATE int rkm__name_ok(const char *s);
 RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
+/* As rkm__ctx_hold for what is made from a graph (plan, planner, arena
+ * exec): held from birth, released as the last thing of its destroy. */
+RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g);
+RKM_PRIVATE void rkm__graph_release(const rkm_graph *g);
+/* A holder's destroy ends with this: free the holder (size bytes, with
+ * ctx), then release g. */
+RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g);
+/* *slot, the graph a holder holds, becomes g (held; the old one released). */
+RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
 RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
 RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
 RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);

@@ -14,7 +14,7 @@ void rkm_plan_destroy(rkm_plan *p)
     rkm__free(ctx, p->flags, p->n_flags);
     if (p->peer) rkm__free(ctx, p->peer, p->n_steps * sizeof *p->peer);
     rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
-    rkm__free(ctx, p, sizeof *p);
+    rkm__graph_free_holder(ctx, p, sizeof *p, p->g);
 }
 
 /* Append a copy of *st (a step as given: the birth checks it; `save`

@@ -412,7 +412,7 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm_plan_destroy(pl->min_plan);
     rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
-    rkm__free(pl->ctx, pl, sizeof *pl);
+    rkm__graph_free_holder(pl->ctx, pl, sizeof *pl, pl->user);
 }
 
 /* A count option: 0 means default; negative refused. */
@@ -479,6 +479,7 @@ RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_des
     rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
     if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
     pl->g = pl->user = g;
+    rkm__graph_hold(g);
     pl->ctx = g->ctx;
     pl->d = d;
     pl->depth = depth;
@@ -533,7 +534,7 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
         rkm_graph_destroy(ag);
         return r;
     }
-    (*out)->user = g;
+    rkm__graph_rehold(&(*out)->user, g); /* the user's graph, not its own copy */
     (*out)->own = ag;
     return RKM_OK;
 }

@@ -684,6 +684,7 @@ static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_pla
         return rkm__nomem(g->ctx, "plan");
     }
     p->g = g;
+    rkm__graph_hold(g);
     p->ctx = g->ctx;
     p->steps = steps;
     p->n_steps = n;

@@ -878,6 +878,32 @@ TEST(cuda_arena_malloc_failure)
     CHECK(rkm_dummy::live("device") == 0);
 }
 
+/* An arena destroyed last, after its plan's graph and context
+ * (rockmate.h, CONVENTIONS: they live as long as it does): it runs and
+ * fails as before, and its destroy frees them without touching them
+ * after. */
+TEST(cuda_arena_outlives_its_context)
+{
+    size_t live0 = alloc_live;
+    rkm_context *ctx = checking_ctx();
+    rkm_graph *g = test_load_graph(ctx, "multi-output");
+    rkm_plan *p = NULL;
+    host h = {NULL, g, NULL};
+    rkm_callbacks cb = host_callbacks(&h);
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    CHECK(p && rkm_cuda_arena_create_for_plan(p, &cb, NULL, &h.ca, NULL) == RKM_OK);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+    CHECK(h.ca && rkm_cuda_arena_run(h.ca, p) == RKM_OK);
+    CHECK(rkm_cuda_scratch(h.ca, 16, NULL) == RKM_ERROR_ARGUMENT);
+    CHECK(strstr(rkm_context_errmsg(rkm_graph_context(rkm_plan_graph(p))), "ptr is NULL") != NULL);
+    rkm_plan_destroy(p);
+    CHECK(alloc_live > live0);
+    rkm_cuda_arena_destroy(h.ca);
+    CHECK(alloc_live == live0); /* the context went too */
+    CHECK(rkm_dummy::live("device") == 0);
+}
+
 int main(void)
 {
     RUN(dummy_launch_limits);
@@ -894,5 +920,6 @@ int main(void)
     RUN(cuda_arena_aligned);
     RUN(cuda_arena_malloc_failure);
     RUN(cuda_arena_copies);
+    RUN(cuda_arena_outlives_its_context);
     TEST_END();
 }
