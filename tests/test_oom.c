@@ -2,7 +2,8 @@
  * N-th allocation, for every N up to the number of allocations a clean run
  * makes (of an operation of thousands, its first and last few hundred and
  * a sample between: fails_here): each run either succeeds with the same result as the clean run, or
- * returns RKM_ERROR_NOMEM with its output NULL; nothing leaks; and the sizes
+ * returns RKM_ERROR_NOMEM with its output NULL; nothing leaks, nor holds
+ * the context (rockmate.h, CONVENTIONS: lifetimes); and the sizes
  * the library passes back on realloc and free always match what it asked
  * for (the allocator keeps every block's size in a table). */
 #include "../rockmate.c"
@@ -113,7 +114,7 @@ static int fails_here(long n, long calls)
  * wrong. */
 static void every_failure(const op_under_test *op, void *env, const rkm_context *ctx)
 {
-    size_t live0 = A.live;
+    size_t live0 = A.live, held0 = ctx->live; /* held: the context's live graphs and arenas */
     long bad0 = A.bad_sizes;
     A.fail_at = 0;
     long c0 = A.calls;
@@ -149,6 +150,7 @@ static void every_failure(const op_under_test *op, void *env, const rkm_context 
         if (A.live != live0)
             fprintf(stderr, "%s: failing allocation %ld: %zu bytes leaked\n", op->name, n, A.live - live0);
         CHECK_EQ_U64(A.live, live0);
+        CHECK_EQ_U64(ctx->live, held0);
     }
     CHECK(clean_calls == 0 || fails > 0);
     if (A.bad_sizes != bad0)
@@ -443,6 +445,40 @@ static int count_write(void *user, const char *data, size_t len)
     return 0;
 }
 
+/* An arena exec (layout mode, its region allocated) and an arena: each
+ * holds what it was made from, and a failed one holds nothing. */
+static rkm_result run_exec(void *env, void **out)
+{
+    plan_env *e = env;
+    rkm_arena_exec_desc d = {.graph = e->g, .plan = e->p, .allocate = 1};
+    return rkm_arena_exec_create(&d, (rkm_arena_exec **)out);
+}
+
+static int check_exec(void *env, void *out)
+{
+    plan_env *e = env;
+    rkm_arena_stats st;
+    return rkm_arena_exec_run(out, e->p) == RKM_OK && rkm_arena_exec_stats_get(out, &st) == RKM_OK &&
+           st.peak == e->peak;
+}
+
+static void drop_exec(void *out) { rkm_arena_exec_destroy(out); }
+
+static rkm_result run_arena(void *env, void **out)
+{
+    plan_env *e = env;
+    return rkm_arena_create(rkm_graph_context(e->g), 4096, 16, (rkm_arena **)out);
+}
+
+static int check_arena(void *env, void *out)
+{
+    (void)env;
+    uint64_t off;
+    return rkm_arena_alloc(out, 100, &off) == RKM_OK && off == 0;
+}
+
+static void drop_arena(void *out) { rkm_arena_destroy(out); }
+
 static size_t written;
 
 static rkm_result run_write(void *env, void **out)
@@ -495,6 +531,8 @@ TEST(plans)
             {"plan read", run_plan_read, check_plan, drop_plan},
             {"layout", run_layout, check_layout, drop_nothing},
             {"write", run_write, check_write, drop_nothing},
+            {"arena exec", run_exec, check_exec, drop_exec},
+            {"arena", run_arena, check_arena, drop_arena},
         };
         for (size_t k = 0; k < N_OF(ops); k++) every_failure(&ops[k], &e, ctx);
     }
