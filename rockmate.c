@@ -4,16 +4,17 @@
  * The library in one file, in pipeline order:
  *
  *   base.c       context, allocator, errors, small containers
- *   graph.c      the graph builder: tensors, ops, validation, gradients and backwards
- *   rkg.c        graph files (.rkg): reader and writer
- *   plan.c       plans: steps, plan files (.rkp), copies
+ *   graph.c      the graph builder: tensors, ops, their checks; lifetimes; queries
+ *   text.c       text in and out: statements, numbers, buffered output, files
  *   sim.c        the simulator: the one memory and time accounting
  *   layout.c     memory layout: one arena, an offset for every buffer
+ *   plan.c       the plan object: birth (a replay), seal (its layout), hand-out, copies, files (.rkp)
  *   baseline.c   the baseline plan, its arena (the 100 % of a budget), lower bounds
- *   structure.c  structure: separators, blocks, classes of identical blocks
+ *   structure.c  structure (separators, blocks, classes of identical blocks) and finalize
+ *   rkg.c        graph files (.rkg): reader and writer
  *   options.c    block options: extremes, replay, dominance
- *   ilp.c        the block ILP: the model and lp_solve (the one file that includes it)
  *   ilp_sched.c  the block ILP's schedules: steps, replay, the greedy, a block's shape
+ *   ilp.c        the block ILP: the model and lp_solve (the one file that includes it)
  *   chain.c      the chain DP (Rotor-style) over blocks and their options
  *   dtr.c        DTR: dynamic tensor rematerialization, simulated offline
  *   planner.c    the planner: its API, the algorithms, flattening, budgets
@@ -1040,9 +1041,12 @@ RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t s
 RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
 RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
 RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+/* Graph error: prefixes "source:line: " when a reader is active. */
+RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...);
+/* RKM_ERROR_STATE unless g is a builder (not finalized). */
+RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn);
 
-/* rkg.c */
+/* text.c */
 RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
 RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
 RKM_PRIVATE void rkm__reader_free(rkm__reader *r);
@@ -1066,9 +1070,8 @@ RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
 RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
 RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
-RKM_PRIVATE int rkm__step_on_op(int32_t kind);
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
-RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
 
@@ -1089,7 +1092,15 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
 RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
 RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
 RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+RKM_PRIVATE int rkm__step_on_op(int32_t kind);
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
+RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
+/* The buffers' lifetimes, recorded by a replay (rkm__sim_run_peaks) */
+RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
+RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc);
+/* The object a broken rule concerns, by name ("" if none) */
+RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
 /* offload.c */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
@@ -1104,11 +1115,9 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
 RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
 RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
 RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
 
 /* baseline.c */
 RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o);
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
 RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
 RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
@@ -1118,6 +1127,9 @@ RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
 /* structure.c */
 RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
 RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
+/* finalize's work again on a copy of g with these costs, copy link, or
+ * alignment (the planner's graph whose sizes are rounded up to it) */
+RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
 
 /* options.c */
 RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
@@ -1137,6 +1149,9 @@ RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
 #ifndef RKM_OMIT_SOLVER
+#endif
+
+/* ilp_sched.c */
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
 RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
@@ -1144,9 +1159,6 @@ RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, co
 RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
 RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
 RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
-#endif
-
-/* ilp_sched.c */
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
@@ -1505,9 +1517,9 @@ RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m)
 
 /* ==== src/graph.c ==== */
 
-/* graph.c -- the graph builder: tensors, ops, validation, gradients and backwards
+/* graph.c -- the graph builder: tensors, ops, their checks; lifetimes; queries
  *
- * Uses (through internal.h): base.c, baseline.c, structure.c. */
+ * Uses (through internal.h): base.c. */
 
 /* The most a forward of o holds transiently: its workspace, and its scratch
  * on a run that keeps no saved state. Fits in 64 bits (rkm__bytes_fit). */
@@ -1517,7 +1529,7 @@ RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id) { return 
 static const char *rkm__op_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->ops[id].name; }
 
 /* Graph error: prefixes "source:line: " when a reader is active. */
-static rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
+RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
 {
     char msg[RKM_ERRMSG_SIZE];
     va_list ap;
@@ -1614,7 +1626,7 @@ void rkm_graph_destroy(rkm_graph *g)
     else rkm__graph_free(g);
 }
 
-static rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
+RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
 {
     if (g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is finalized and read-only", fn);
     return RKM_OK;
@@ -1835,208 +1847,10 @@ rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
     return RKM_OK;
 }
 
-static void rkm__graph_derive(rkm_graph *g)
-{
-    for (size_t t = 0; t < g->n_tensors; t++) {
-        g->tensors[t].has_grad = 0;
-        g->tensors[t].n_contrib = 0;
-        g->tensors[t].n_readers = 0;
-    }
-    g->has_inplace = 0;
-    for (size_t i = 0; i < g->n_ops; i++) {
-        for (int32_t k = 0; k < g->ops[i].n_in; k++) g->tensors[g->ops[i].in[k]].n_readers++;
-        g->has_inplace |= g->ops[i].flags != 0;
-    }
-    /* Readers come after producers, so one reverse pass settles both. */
-    g->tensors[g->loss].has_grad = 1;
-    g->tensors[g->loss].n_contrib = 1;
-    for (size_t i = g->n_ops; i-- > 0;) {
-        rkm__op *o = &g->ops[i];
-        o->has_bwd = 0;
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (g->tensors[o->out[k]].has_grad) o->has_bwd = 1;
-        if (!o->has_bwd) continue;
-        for (int32_t k = 0; k < o->n_in; k++) {
-            rkm__tensor *t = &g->tensors[o->in[k]];
-            if (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD)) continue;
-            t->has_grad = 1;
-            t->n_contrib++;
-        }
-    }
-}
-
-/* 2 x all tensors + all phantoms + the largest workspace fits in 64 bits,
- * so that no memory sum anywhere can overflow. */
-static int rkm__bytes_fit(const rkm_graph *g)
-{
-    uint64_t total = 0, ws = 0;
-    int ok = 1;
-    for (size_t t = 0; t < g->n_tensors && ok; t++)
-        ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
-    for (size_t i = 0; i < g->n_ops && ok; i++) {
-        uint64_t f = 0; /* rkm__fwd_ws_most, checked here */
-        ok = rkm__add_u64(total, g->ops[i].phantom, &total) && rkm__add_u64(g->ops[i].fwd_ws, g->ops[i].scratch, &f);
-        if (f > ws) ws = f;
-        if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
-    }
-    return ok && rkm__add_u64(total, ws, &total);
-}
-
-static rkm_result rkm__graph_check_whole(rkm_graph *g)
-{
-    if (g->loss < 0) return rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "no loss statement (exactly one is required)");
-    for (size_t t = 0; t < g->n_tensors; t++) {
-        const rkm__tensor *x = &g->tensors[t];
-        if (!(x->flags & RKM_TENSOR_INPUT) && x->producer < 0)
-            return rkm__gerr(g, RKM_ERROR_GRAPH, x->line, "tensor %s: not an input and no op writes it", x->name);
-    }
-    /* Every op must be an ancestor of the loss: mark backwards from it. */
-    uint8_t *anc = rkm__calloc(g->ctx, g->n_ops + 1, 1);
-    uint8_t *need = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
-    rkm_result r = RKM_OK;
-    if (!anc || !need) {
-        r = rkm__nomem(g->ctx, "rkm_graph_finalize");
-        goto done;
-    }
-    need[g->loss] = 1;
-    for (size_t i = g->n_ops; i-- > 0;) {
-        const rkm__op *o = &g->ops[i];
-        for (int32_t k = 0; k < o->n_out && !anc[i]; k++) anc[i] = need[o->out[k]];
-        if (anc[i])
-            for (int32_t k = 0; k < o->n_in; k++) need[o->in[k]] = 1;
-    }
-    for (size_t i = 0; i < g->n_ops; i++)
-        if (!anc[i]) {
-            r = rkm__gerr(g, RKM_ERROR_GRAPH, g->ops[i].line, "op %s: not an ancestor of the loss %s", g->ops[i].name,
-                          g->tensors[g->loss].name);
-            break;
-        }
-    if (r == RKM_OK && !rkm__bytes_fit(g))
-        r = rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "byte counts too large: their total must fit in 64 bits");
-done:
-    rkm__free(g->ctx, anc, g->n_ops + 1);
-    rkm__free(g->ctx, need, g->n_tensors + 1);
-    return r;
-}
-
-/* grad_inplace, once gradients are known: both tensors have one. */
-static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
-{
-    for (size_t i = 0; i < g->n_ops; i++) {
-        const rkm__op *o = &g->ops[i];
-        if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
-        const rkm__tensor *a = &g->tensors[o->in[0]], *b = &g->tensors[o->out[0]];
-        if (!a->has_grad || !b->has_grad)
-            return rkm__gerr(g, RKM_ERROR_GRAPH, o->line, "op %s: grad_inplace needs gradients of %s and %s; %s has none",
-                             o->name, a->name, b->name, a->has_grad ? b->name : a->name);
-    }
-    return RKM_OK;
-}
-
-rkm_result rkm_graph_finalize(rkm_graph *g)
-{
-    if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_builder(g, "rkm_graph_finalize");
-    if (r) return r;
-    if ((r = rkm__graph_check_whole(g))) return r;
-    rkm__graph_derive(g);
-    if ((r = rkm__check_grad_inplace(g))) return r;
-    g->input_bytes = 0;
-    for (size_t t = 0; t < g->n_tensors; t++)
-        if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
-    if ((r = rkm__structure_detect(g))) return r;
-    if ((r = rkm__graph_figures(g))) {
-        rkm__graph_free_blocks(g);
-        return r;
-    }
-    g->finalized = 1;
-    return RKM_OK;
-}
-
 RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
 {
     if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is not finalized", fn);
     return RKM_OK;
-}
-
-/* Rebuild g's tensors, ops (with their costs from `costs`, or g's when
- * NULL) and loss into the empty graph n, every byte count rounded up to
- * `align` (1: as they are), then finalize it: everything derived comes
- * from the new figures, as when the graph's file is read. */
-static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
-                                     uint64_t align, rkm_graph *n)
-{
-    rkm_result r = RKM_OK;
-    for (size_t t = 0; t < g->n_tensors && !r; t++)
-        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align), g->tensors[t].flags,
-                                 NULL);
-    for (size_t i = 0; i < g->n_ops && !r; i++) {
-        const rkm__op *o = &g->ops[i];
-        rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
-        rkm_op_desc d = {o->name, c.fwd_seconds, c.bwd_seconds, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
-                         rkm__round_up(o->phantom, align), rkm__round_up(c.fwd_ws, align), rkm__round_up(c.bwd_ws, align),
-                         rkm__round_up(o->scratch, align), o->flags};
-        r = rkm_graph_add_op(n, &d, NULL);
-    }
-    if (!r) r = rkm_graph_set_loss(n, g->loss);
-    if (!r) r = rkm_graph_set_copy(n, copy);
-    if (!r) r = rkm_graph_finalize(n);
-    return r;
-}
-
-/* The graph a planner plans with at alignment `align`: g with every byte
- * count rounded up to it, so that the planners' own accounting (the
- * simulator's peak of that graph) bounds the plan's aligned peak. *out
- * NULL when g's counts are multiples of align already (g itself serves). */
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
-{
-    *out = NULL;
-    int aligned = 1;
-    for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = g->tensors[t].bytes % align == 0;
-    for (size_t i = 0; i < g->n_ops && aligned; i++) {
-        const rkm__op *o = &g->ops[i];
-        aligned = (o->phantom | o->fwd_ws | o->bwd_ws | o->scratch) % align == 0;
-    }
-    if (aligned) return RKM_OK;
-    rkm_graph *n;
-    rkm_result r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
-    if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
-        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
-                        "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
-    if (!r) *out = n;
-    return r;
-}
-
-rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (!costs) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: costs is NULL");
-    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_costs");
-    if (r) return r;
-    rkm_graph *n;
-    if ((r = rkm_graph_create(g->ctx, &n))) return r;
-    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
-        rkm_graph_destroy(n);
-        return r;
-    }
-    *out = n;
-    return RKM_OK;
-}
-
-rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rkm_graph **out)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_copy: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
-    rkm_graph *n = NULL;
-    if (!r) r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
-    if (!r) *out = n;
-    return r;
 }
 
 rkm_context *rkm_graph_context(const rkm_graph *g) { return g ? g->ctx : NULL; }
@@ -2098,11 +1912,14 @@ rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *o
 }
 
 
-/* ==== src/rkg.c ==== */
+/* ==== src/text.c ==== */
 
-/* rkg.c -- graph files (.rkg): reader and writer
+/* text.c -- text in and out: statements, numbers, buffered output, files
  *
- * Uses (through internal.h): base.c, graph.c. */
+ * What the graph (.rkg) and plan (.rkp) readers and writers share, and the
+ * budget parser's numbers.
+ *
+ * Uses (through internal.h): base.c. */
 
 RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...)
 {
@@ -2198,209 +2015,6 @@ RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
     return 1;
 }
 
-/* Non-negative decimal float, the whole of s. */
-static int rkm__parse_time(const char *s, double *out)
-{
-    size_t n = rkm__decimal_len(s);
-    return n && !s[n] && rkm__decimal_value(s, n, out);
-}
-
-/* Split "a,b,c" into tensor ids appended to *ids. */
-static rkm_result rkm__parse_names(rkm__reader *r, const rkm_graph *g, const char *key, char *list, int32_t **ids,
-                                   size_t *n, size_t *cap)
-{
-    for (char *s = list;;) {
-        char *comma = strchr(s, ',');
-        if (comma) *comma = 0;
-        if (!rkm__name_ok(s)) return rkm__rerr(r, RKM_ERROR_PARSE, "%s=: '%.64s' is not a valid tensor name", key, s);
-        int32_t id = rkm_graph_find_tensor(g, s);
-        if (id < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "%s=: tensor %s is not declared (declare tensors before use)", key, s);
-        if (!rkm__reserve(r->ctx, (void **)ids, cap, *n + 1, sizeof **ids)) return rkm__nomem(r->ctx, r->src);
-        (*ids)[(*n)++] = id;
-        if (!comma) return RKM_OK;
-        s = comma + 1;
-    }
-}
-
-static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
-{
-    if (r->ntok < 3 || r->ntok > 5)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [nograd]'");
-    if (!rkm__name_ok(r->tok[1]))
-        return rkm__rerr(r, RKM_ERROR_PARSE, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", r->tok[1]);
-    uint64_t bytes;
-    if (!rkm__parse_u64(r->tok[2], &bytes))
-        return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: '%.64s' is not a byte count (unsigned 64-bit decimal)",
-                         r->tok[1], r->tok[2]);
-    unsigned flags = 0;
-    for (int i = 3; i < r->ntok; i++) {
-        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD : 0;
-        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input or nograd)", r->tok[1], r->tok[i]);
-        if (flags & f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: flag %s given twice", r->tok[1], r->tok[i]);
-        flags |= f;
-    }
-    return rkm_graph_add_tensor(g, r->tok[1], bytes, flags, NULL);
-}
-
-static const char *const rkm__op_keys[] = {"fwd", "bwd", "in", "out", "saved", "phantom", "fwd_ws", "bwd_ws", "scratch"};
-enum { RKM__K_FWD, RKM__K_BWD, RKM__K_IN, RKM__K_OUT, RKM__K_SAVED, RKM__K_PHANTOM, RKM__K_FWS, RKM__K_BWS, RKM__K_SCRATCH,
-       RKM__K_N };
-
-typedef struct rkm__idlist {
-    int32_t *ids;
-    size_t n, cap;
-} rkm__idlist;
-
-static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
-{
-    if (r->ntok < 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'op NAME fwd=S bwd=S ...'");
-    const char *name = r->tok[1];
-    if (!rkm__name_ok(name))
-        return rkm__rerr(r, RKM_ERROR_PARSE, "op '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
-    int seen[RKM__K_N] = {0};
-    rkm__idlist lists[3] = {{0}};
-    uint64_t num[4] = {0, 0, 0, 0};
-    rkm_op_desc d;
-    memset(&d, 0, sizeof d);
-    d.name = name;
-    rkm_result res = RKM_OK;
-    for (int i = 2; i < r->ntok && res == RKM_OK; i++) {
-        char *eq = strchr(r->tok[i], '=');
-        unsigned flag = strcmp(r->tok[i], "inplace") == 0 ? RKM_OP_INPLACE
-                        : strcmp(r->tok[i], "grad_inplace") == 0 ? RKM_OP_GRAD_INPLACE : 0;
-        if (flag) {
-            if (d.flags & flag) res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: flag %s given twice", name, r->tok[i]);
-            d.flags |= flag;
-            continue;
-        }
-        if (!eq) {
-            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: '%.64s' is not KEY=VALUE, inplace or grad_inplace", name,
-                            r->tok[i]);
-            break;
-        }
-        *eq = 0;
-        int k = 0;
-        while (k < RKM__K_N && strcmp(r->tok[i], rkm__op_keys[k]) != 0) k++;
-        if (k == RKM__K_N) {
-            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: unknown key '%.64s'", name, r->tok[i]);
-        } else if (seen[k]++) {
-            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: key %s given twice", name, rkm__op_keys[k]);
-        } else if (k == RKM__K_FWD || k == RKM__K_BWD) {
-            double *t = k == RKM__K_FWD ? &d.fwd_seconds : &d.bwd_seconds;
-            if (!rkm__parse_time(eq + 1, t))
-                res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: %s='%.64s' is not a non-negative decimal time in seconds",
-                                name, rkm__op_keys[k], eq + 1);
-        } else if (k >= RKM__K_PHANTOM) {
-            if (!rkm__parse_u64(eq + 1, &num[k - RKM__K_PHANTOM]))
-                res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: %s='%.64s' is not a byte count", name, rkm__op_keys[k], eq + 1);
-        } else {
-            rkm__idlist *l = &lists[k - RKM__K_IN];
-            res = rkm__parse_names(r, g, rkm__op_keys[k], eq + 1, &l->ids, &l->n, &l->cap);
-        }
-    }
-    if (res == RKM_OK && (!seen[RKM__K_FWD] || !seen[RKM__K_BWD]))
-        res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: fwd= and bwd= are required", name);
-    if (res == RKM_OK && !seen[RKM__K_OUT]) res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: out= is required", name);
-    if (res == RKM_OK) {
-        d.in = lists[0].ids;
-        d.n_in = (int32_t)lists[0].n;
-        d.out = lists[1].ids;
-        d.n_out = (int32_t)lists[1].n;
-        d.saved = lists[2].ids;
-        d.n_saved = (int32_t)lists[2].n;
-        d.phantom = num[0];
-        d.fwd_ws = num[1];
-        d.bwd_ws = num[2];
-        d.scratch = num[3];
-        res = rkm_graph_add_op(g, &d, NULL);
-    }
-    for (int i = 0; i < 3; i++) rkm__free(r->ctx, lists[i].ids, lists[i].cap * sizeof(int32_t));
-    return res;
-}
-
-/* copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND [latency=SECONDS] */
-static rkm_result rkm__read_copy(rkm__reader *r, rkm_graph *g)
-{
-    static const char *const keys[] = {"d2h", "h2d", "latency"};
-    double v[3] = {0, 0, 0};
-    int seen[3] = {0, 0, 0};
-    if (g->copy.d2h_bytes_per_second > 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: given twice (at most once)");
-    for (int i = 1; i < r->ntok; i++) {
-        char *eq = strchr(r->tok[i], '=');
-        int k = 0;
-        if (eq) *eq = 0;
-        while (k < 3 && strcmp(r->tok[i], keys[k]) != 0) k++;
-        if (!eq || k == 3 || seen[k])
-            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: expected 'copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND "
-                             "[latency=SECONDS]', not '%.64s' as word %d", r->tok[i], i + 1);
-        if (!rkm__parse_time(eq + 1, &v[k]))
-            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: %s=%.64s is not a non-negative decimal number", keys[k], eq + 1);
-        seen[k] = 1;
-    }
-    if (!seen[0] || !seen[1]) return rkm__rerr(r, RKM_ERROR_PARSE, "copy: d2h= and h2d= are required");
-    rkm_copy_desc c = {v[0], v[1], v[2]};
-    if (!(c.d2h_bytes_per_second > 0 && c.h2d_bytes_per_second > 0))
-        return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: both bandwidths must be positive");
-    return rkm_graph_set_copy(g, &c);
-}
-
-static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
-{
-    rkm_result res = rkm__next_stmt(r);
-    if (res) return res;
-    if (r->ntok != 2 || strcmp(r->tok[0], "rockmate-graph") != 0 || strcmp(r->tok[1], "1") != 0) {
-        if (!r->ntok) r->line = r->line ? r->line : 1;
-        return rkm__rerr(r, RKM_ERROR_PARSE, "the first statement must be the header 'rockmate-graph 1'");
-    }
-    for (;;) {
-        if ((res = rkm__next_stmt(r))) return res;
-        if (!r->ntok) break;
-        g->src_line = r->line;
-        const char *w = r->tok[0];
-        if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
-        else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
-        else if (strcmp(w, "copy") == 0) res = rkm__read_copy(r, g);
-        else if (strcmp(w, "loss") == 0) {
-            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
-            int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
-            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
-            res = rkm_graph_set_loss(g, t);
-        } else
-            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss or copy)", w);
-        if (res) return res;
-    }
-    g->src_line = r->line;
-    return rkm_graph_finalize(g);
-}
-
-rkm_result rkm_graph_read_string(rkm_context *ctx, const char *text, size_t len, const char *source_name, rkm_graph **out)
-{
-    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!ctx) return RKM_ERROR_ARGUMENT;
-    if (!text && len) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_string: text is NULL");
-    rkm_graph *g;
-    rkm_result res = rkm_graph_create(ctx, &g);
-    if (res) return res;
-    rkm__reader r;
-    memset(&r, 0, sizeof r);
-    r.ctx = ctx;
-    r.src = source_name ? source_name : "<string>";
-    r.p = text ? text : "";
-    r.end = r.p + len;
-    g->src_name = r.src;
-    res = rkm__read_graph_stmts(&r, g);
-    rkm__reader_free(&r);
-    g->src_name = NULL;
-    g->src_line = 0;
-    if (res) {
-        rkm_graph_destroy(g);
-        return res;
-    }
-    *out = g;
-    return RKM_OK;
-}
-
 /* Read a whole file through the context allocator. */
 RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len)
 {
@@ -2442,20 +2056,6 @@ RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **dat
     return RKM_OK;
 }
 
-rkm_result rkm_graph_read_file(rkm_context *ctx, const char *path, rkm_graph **out)
-{
-    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_file: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!ctx || !path) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_file: path is NULL") : RKM_ERROR_ARGUMENT;
-    char *data;
-    size_t len;
-    rkm_result res = rkm__slurp(ctx, path, &data, &len);
-    if (res) return res;
-    res = rkm_graph_read_string(ctx, data, len, path, out);
-    rkm__free(ctx, data, len + 1);
-    return res;
-}
-
 RKM_PRIVATE void rkm__out_flush(rkm__out *o)
 {
     if (o->n && !o->failed && o->fn(o->user, o->buf, o->n) != 0) o->failed = 1;
@@ -2476,72 +2076,6 @@ RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...)
     o->n += (size_t)n;
 }
 
-/* The shortest %g form of x that reads back as exactly x. */
-static void rkm__fmt_time(double x, char *buf, size_t size)
-{
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, size, "%.*g", prec, x);
-        if (strtod(buf, NULL) == x) return;
-    }
-}
-
-/* A bandwidth: whole bytes per second as an integer, else as a time. */
-static void rkm__fmt_rate(double x, char *buf, size_t size)
-{
-    if (x == floor(x) && x < 1e15) snprintf(buf, size, "%.0f", x);
-    else rkm__fmt_time(x, buf, size);
-}
-
-static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, const int32_t *ids, int32_t n)
-{
-    if (!n) return;
-    rkm__outf(o, " %s=", key);
-    for (int32_t i = 0; i < n; i++) rkm__outf(o, "%s%s", i ? "," : "", g->tensors[ids[i]].name);
-}
-
-static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
-{
-    rkm__outf(o, "rockmate-graph 1\n");
-    if (g->copy.d2h_bytes_per_second > 0) {
-        char d[40], h[40], l[40];
-        rkm__fmt_rate(g->copy.d2h_bytes_per_second, d, sizeof d);
-        rkm__fmt_rate(g->copy.h2d_bytes_per_second, h, sizeof h);
-        rkm__fmt_time(g->copy.latency_seconds, l, sizeof l);
-        rkm__outf(o, "copy d2h=%s h2d=%s latency=%s\n", d, h, l);
-    }
-    for (size_t t = 0; t < g->n_tensors; t++) {
-        const rkm__tensor *x = &g->tensors[t];
-        rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,
-                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
-    }
-    for (size_t i = 0; i < g->n_ops; i++) {
-        const rkm__op *op = &g->ops[i];
-        char f[40], b[40];
-        rkm__fmt_time(op->fwd, f, sizeof f);
-        rkm__fmt_time(op->bwd, b, sizeof b);
-        rkm__outf(o, "op %s fwd=%s bwd=%s", op->name, f, b);
-        rkm__out_list(o, g, "in", op->in, op->n_in);
-        rkm__out_list(o, g, "out", op->out, op->n_out);
-        rkm__out_list(o, g, "saved", op->saved, op->n_saved);
-        if (op->phantom) rkm__outf(o, " phantom=%llu", (unsigned long long)op->phantom);
-        if (op->fwd_ws) rkm__outf(o, " fwd_ws=%llu", (unsigned long long)op->fwd_ws);
-        if (op->scratch) rkm__outf(o, " scratch=%llu", (unsigned long long)op->scratch);
-        if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
-        rkm__outf(o, "%s%s\n", op->flags & RKM_OP_INPLACE ? " inplace" : "", op->flags & RKM_OP_GRAD_INPLACE ? " grad_inplace" : "");
-    }
-    rkm__outf(o, "loss %s\n", g->tensors[g->loss].name);
-}
-
-rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn fn, void *user)
-{
-    if (!g || !fn) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_write: write function is NULL") : RKM_ERROR_ARGUMENT;
-    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_write: the graph is not finalized");
-    rkm__out o = {fn, user, {0}, 0, 0};
-    rkm__write_graph_to(g, &o);
-    rkm__out_flush(&o);
-    return o.failed ? rkm__err(g->ctx, RKM_ERROR_IO, "rkm_graph_write: the write function failed") : RKM_OK;
-}
-
 static int rkm__file_write(void *user, const char *data, size_t len)
 {
     return fwrite(data, 1, len, (FILE *)user) == len ? 0 : 1;
@@ -2560,530 +2094,12 @@ RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_r
     return res;
 }
 
-static rkm_result rkm__graph_writer(const void *g, rkm_write_fn fn, void *user) { return rkm_graph_write(g, fn, user); }
-
-rkm_result rkm_graph_write_file(const rkm_graph *g, const char *path)
-{
-    if (!g) return RKM_ERROR_ARGUMENT;
-    return rkm__write_file(g->ctx, path, rkm__graph_writer, g);
-}
-
-
-/* ==== src/plan.c ==== */
-
-/* plan.c -- plans: steps, plan files (.rkp), copies
- *
- * Uses (through internal.h): base.c, graph.c, rkg.c, sim.c, layout.c. */
-
-void rkm_plan_destroy(rkm_plan *p)
-{
-    if (!p) return;
-    rkm_context *ctx = p->ctx;
-    rkm__free(ctx, p->steps, p->n_steps * sizeof *p->steps);
-    rkm__free(ctx, p->mem_after, (p->n_steps + 1) * sizeof *p->mem_after);
-    rkm__free(ctx, p->step_peak, (p->n_steps + 1) * sizeof *p->step_peak);
-    rkm__free(ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
-    rkm__free(ctx, p->flags, p->n_flags);
-    if (p->peer) rkm__free(ctx, p->peer, p->n_steps * sizeof *p->peer);
-    rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
-    rkm__graph_free_holder(ctx, p, sizeof *p, p->g);
-}
-
-/* Append a copy of *st (a step as given: the birth checks it; `save`
- * means something on forward and copy steps only). */
-RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
-{
-    int save = st->kind == RKM_STEP_FWD || st->kind >= RKM_STEP_OFFLOAD;
-    if (!rkm__steps_push(l, st->kind, st->index, save ? st->save : 0)) return 0;
-    l->s[l->n - 1].inplace = st->inplace;
-    return 1;
-}
-
-/* Shrink to exactly n steps so that the owner frees with n * size. */
-RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
-{
-    rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
-    if (!s) return NULL;
-    if (!l->n) {
-        rkm__free(l->ctx, s, sizeof *s);
-        s = NULL;
-    }
-    l->s = NULL;
-    l->n = l->cap = 0;
-    return s;
-}
-
-RKM_PRIVATE void rkm__steps_free(rkm__steps *l)
-{
-    rkm__free(l->ctx, l->s, l->cap * sizeof *l->s);
-    l->s = NULL;
-    l->n = l->cap = 0;
-}
-
-/* A draft of the n given steps (each as rkm__steps_push_step copies it),
- * for a birth; out of memory names `what` and leaves nothing. */
-RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
-{
-    *d = (rkm__steps){ctx, NULL, 0, 0};
-    for (size_t i = 0; i < n; i++)
-        if (!rkm__steps_push_step(d, &steps[i])) {
-            rkm__steps_free(d);
-            return rkm__nomem(ctx, what);
-        }
-    return RKM_OK;
-}
-
-/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
- * (A copy step names an op when it copies its saved state: `save`.) */
-RKM_PRIVATE int rkm__step_on_op(int32_t kind)
-{
-    return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
-}
-
-/* A copy step's slot in the simulator's copy arrays: the tensor, or after
- * the tensors the op whose saved state it copies. */
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
-{
-    return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
-}
-
-RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
-{
-    int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
-    if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
-    switch (s->kind) {
-    case RKM_STEP_FWD: return s->index >= 0 && (size_t)s->index < g->n_ops && (s->save == 0 || s->save == 1);
-    case RKM_STEP_BWD:
-    case RKM_STEP_FREE_SAVED: return s->index >= 0 && (size_t)s->index < g->n_ops;
-    case RKM_STEP_LOSS: return s->index == g->loss;
-    case RKM_STEP_FREE:
-    case RKM_STEP_FREE_GRAD:
-    case RKM_STEP_OFFLOAD:
-    case RKM_STEP_PREFETCH:
-    case RKM_STEP_WAIT:
-    case RKM_STEP_FREE_HOST:
-        return s->index >= 0 && (s->save == 0 ? (size_t)s->index < g->n_tensors
-                                 : s->save == 1 && (size_t)s->index < g->n_ops && g->ops[s->index].phantom > 0);
-    default: return 0;
-    }
-}
-
-const rkm_graph *rkm_plan_graph(const rkm_plan *p) { return p ? p->g : NULL; }
-size_t rkm_plan_num_steps(const rkm_plan *p) { return p ? p->n_steps : 0; }
-const rkm_step *rkm_plan_steps(const rkm_plan *p) { return p ? p->steps : NULL; }
-const uint64_t *rkm_plan_mem_after(const rkm_plan *p) { return p ? p->mem_after : NULL; }
-const uint64_t *rkm_plan_step_peaks(const rkm_plan *p) { return p ? p->step_peak : NULL; }
-size_t rkm_plan_num_buffers(const rkm_plan *p) { return p ? p->n_buffers : 0; }
-
-static const char *const rkm__step_words[RKM__STEP_KINDS] = {"fwd",     "loss",     "bwd",  "free",     "free_saved",
-                                                             "free_grad", "offload", "prefetch", "wait", "free_host"};
-
-void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
-{
-    if (!buf || !size) return;
-    if (!g || !s) {
-        buf[0] = '\0';
-        return;
-    }
-    if (!rkm__step_index_ok(g, s)) {
-        snprintf(buf, size, "<kind %d index %d>", (int)s->kind, (int)s->index);
-        return;
-    }
-    switch (s->kind) {
-    case RKM_STEP_LOSS: snprintf(buf, size, "loss"); break;
-    case RKM_STEP_FWD:
-        snprintf(buf, size, "fwd %s%s%s", g->ops[s->index].name, s->save ? " save" : "", s->inplace ? " inplace" : "");
-        break;
-    case RKM_STEP_BWD:
-        snprintf(buf, size, "bwd %s%s", g->ops[s->index].name, s->inplace ? " inplace" : "");
-        break;
-    case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
-    default: /* free, free_grad and the copy steps: a tensor, or (a copy step with save) a saved state; no
-                case falls through, for clang's -Wimplicit-fallthrough takes no comment */
-        if (s->kind >= RKM_STEP_OFFLOAD && s->save)
-            snprintf(buf, size, "%s %s saved", rkm__step_words[s->kind], g->ops[s->index].name);
-        else
-            snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name);
-        break;
-    }
-}
-
-/* A plan handed out by the API: born (r is the birth's result), then laid
- * out at `alignment`; on failure nothing is left. A read, built or baseline
- * plan whose buffers rounded up add up past 64 bits is handed out without a
- * layout (its alignment 0; rkm_plan_layout says why). */
-RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
-{
-    if (r == RKM_OK && !rkm__layout_fits(*out, alignment)) return RKM_OK;
-    if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment))) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    return r;
-}
-
-/* What every function that makes a plan of g checks first: *out cleared,
- * g given and finalized, its input (`what`) given when input_ok is 0. */
-RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn) : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    if (!input_ok) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s is NULL", fn, what);
-    return rkm__check_finalized(g, fn);
-}
-
-rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, rkm_sim_result *res, rkm_plan **out)
-{
-    rkm_result r = rkm__plan_args(g, out, steps || !n, "rkm_plan_create", "steps");
-    if (r) return r;
-    rkm__steps d;
-    if ((r = rkm__steps_copy(g->ctx, steps, n, &d, "rkm_plan_create"))) return r;
-    return rkm__plan_handout(rkm__plan_birth(g, &d, res, out), RKM_ARENA_ALIGN, out);
-}
-
-/* Plan files (.rkp) */
-
-/* A version 2 plan file fingerprints the graph it was made for, aspect by
- * aspect (docs/formats.md, "Plan file"): each object's record, little-endian,
- * doubles by their IEEE bits, hashed with FNV-1a 64; an aspect's hash is
- * the XOR of its objects' hashes, and its locator word b the low 32 bits of
- * the XOR over the objects whose index has bit b set, so that one object
- * that differs is named by its index. */
-enum { RKM__FP_TENSORS, RKM__FP_OPS, RKM__FP_STRUCTURE, RKM__FP_COPY, RKM__FP_ASPECTS };
-static const char *const rkm__fp_words[RKM__FP_ASPECTS] = {"tensors", "ops", "structure", "copy"};
-
-static uint64_t rkm__fnv(uint64_t h, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
-    return h;
-}
-
-static uint64_t rkm__fnv_f64(uint64_t h, double x)
-{
-    uint64_t v;
-    memcpy(&v, &x, sizeof v);
-    return rkm__fnv(h, v, 8);
-}
-
-static uint64_t rkm__fnv_ids(uint64_t h, const int32_t *ids, int32_t n)
-{
-    h = rkm__fnv(h, (uint32_t)n, 4);
-    for (int32_t k = 0; k < n; k++) h = rkm__fnv(h, (uint32_t)ids[k], 4);
-    return h;
-}
-
-/* The objects of aspect a: tensors; ops; ops then the loss; the link. */
-static size_t rkm__fp_objects(const rkm_graph *g, int a)
-{
-    if (a == RKM__FP_COPY) return 1;
-    return a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops + (a == RKM__FP_STRUCTURE);
-}
-
-static uint64_t rkm__fp_object(const rkm_graph *g, int a, size_t i)
-{
-    uint64_t h = rkm__fnv(14695981039346656037ull, (uint32_t)i, 4);
-    if (a == RKM__FP_TENSORS) {
-        const rkm__tensor *t = &g->tensors[i];
-        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD), 4);
-    }
-    if (a == RKM__FP_COPY)
-        return rkm__fnv_f64(rkm__fnv_f64(rkm__fnv_f64(h, g->copy.d2h_bytes_per_second), g->copy.h2d_bytes_per_second),
-                            g->copy.latency_seconds);
-    if (a == RKM__FP_STRUCTURE && i == g->n_ops) return rkm__fnv(h, (uint32_t)g->loss, 4); /* its last object */
-    const rkm__op *o = &g->ops[i];
-    if (a == RKM__FP_STRUCTURE) return rkm__fnv_ids(rkm__fnv_ids(rkm__fnv_ids(h, o->in, o->n_in), o->out, o->n_out),
-                                                    o->saved, o->n_saved);
-    h = rkm__fnv_f64(rkm__fnv_f64(h, o->fwd), o->bwd);
-    h = rkm__fnv(rkm__fnv(h, o->phantom, 8), o->scratch, 8);
-    h = rkm__fnv(rkm__fnv(h, o->fwd_ws, 8), o->bwd_ws, 8);
-    return rkm__fnv(h, o->flags & (RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE), 4);
-}
-
-/* Locator words for n objects: bits enough to write the indices 0..n-1. */
-static int rkm__fp_bits(size_t n)
-{
-    int k = 0;
-    while (k < 32 && ((size_t)1 << k) < n) k++;
-    return k;
-}
-
-/* Aspect a of g: its hash and locator words (rkm__fp_bits of its objects). */
-static void rkm__fp(const rkm_graph *g, int a, uint64_t *hash, uint32_t loc[32])
-{
-    size_t n = rkm__fp_objects(g, a);
-    *hash = 0;
-    memset(loc, 0, 32 * sizeof *loc);
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = rkm__fp_object(g, a, i);
-        *hash ^= h;
-        for (int b = 0; b < 32 && (i >> b); b++)
-            if (i >> b & 1) loc[b] ^= (uint32_t)h;
-    }
-}
-
-static void rkm__fp_write(rkm__out *o, const rkm_graph *g)
-{
-    for (int a = 0; a < RKM__FP_ASPECTS; a++) {
-        uint64_t h;
-        uint32_t loc[32];
-        rkm__fp(g, a, &h, loc);
-        rkm__outf(o, "graph %s", rkm__fp_words[a]);
-        if (a != RKM__FP_COPY) rkm__outf(o, " %zu", a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops);
-        rkm__outf(o, " %016llx", (unsigned long long)h);
-        int k = rkm__fp_bits(rkm__fp_objects(g, a));
-        for (int b = 0; b < k; b++) rkm__outf(o, b ? "%08lx" : " %08lx", (unsigned long)loc[b]);
-        rkm__outf(o, "\n");
-    }
-}
-
-/* The first `digits` characters of s as lowercase hex digits (the caller
- * checks the token's length). */
-static int rkm__parse_hex(const char *s, size_t digits, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (size_t i = 0; i < digits; i++, s++) {
-        int d = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10 : -1;
-        if (d < 0) return 0;
-        v = v << 4 | (unsigned)d;
-    }
-    *out = v;
-    return 1;
-}
-
-/* The one object whose hash differs, from the XOR of the two hashes (d)
- * and of the two locators, or -1 where more than one differs. */
-static int64_t rkm__fp_locate(uint64_t d, const uint32_t *loc, const uint32_t *had, int k, size_t n)
-{
-    uint32_t low = (uint32_t)d;
-    size_t i = 0;
-    if (!low) return -1;
-    for (int b = 0; b < k; b++) {
-        uint32_t x = loc[b] ^ had[b];
-        if (x == low) i |= (size_t)1 << b;
-        else if (x) return -1;
-    }
-    return i < n ? (int64_t)i : -1;
-}
-
-/* `graph ASPECT [COUNT] HASH [LOCATOR]`: g is the graph the plan was made
- * for, or the first difference is named. `seen`: the aspects read. */
-static rkm_result rkm__read_fp(rkm__reader *r, const rkm_graph *g, unsigned *seen)
-{
-    int a = 0;
-    while (a < RKM__FP_ASPECTS && (r->ntok < 2 || strcmp(r->tok[1], rkm__fp_words[a]) != 0)) a++;
-    if (a == RKM__FP_ASPECTS)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph tensors|ops|structure COUNT HASH [LOCATOR]' or "
-                         "'graph copy HASH'");
-    if (*seen & 1u << a) return rkm__rerr(r, RKM_ERROR_PARSE, "graph %s: given twice", rkm__fp_words[a]);
-    *seen |= 1u << a;
-    size_t have = a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops, n = rkm__fp_objects(g, a);
-    int c = a != RKM__FP_COPY; /* a count before the hash */
-    uint64_t count = 0, hash = 0;
-    uint32_t had[32] = {0};
-    int ok = r->ntok >= 3 + c && (!c || (rkm__parse_u64(r->tok[2], &count) && count < ((uint64_t)1 << 31)));
-    int k = ok && c ? rkm__fp_bits((size_t)count + (a == RKM__FP_STRUCTURE)) : 0;
-    const char *lt = r->ntok > 3 + c ? r->tok[3 + c] : "";
-    ok = ok && r->ntok <= 3 + c + (k > 0) && strlen(r->tok[2 + c]) == 16 && rkm__parse_hex(r->tok[2 + c], 16, &hash) &&
-         strlen(lt) == 8 * (size_t)k;
-    for (int b = 0; ok && b < k; b++) {
-        uint64_t v = 0;
-        ok = rkm__parse_hex(lt + 8 * b, 8, &v);
-        had[b] = (uint32_t)v;
-    }
-    if (!ok)
-        return c ? rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph %s COUNT HASH [LOCATOR]' (COUNT below 2^31; HASH "
-                             "16 hex digits; LOCATOR 8 a bit of the indices, where there are more than 1)",
-                             rkm__fp_words[a])
-                 : rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph copy HASH' (16 hex digits)");
-    if (c && count != have)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "the plan was made for a graph of %llu %s; this one has %zu",
-                         (unsigned long long)count, a == RKM__FP_TENSORS ? "tensors" : "ops", have);
-    uint64_t h;
-    uint32_t loc[32];
-    rkm__fp(g, a, &h, loc);
-    if (h == hash) return RKM_OK;
-    int64_t i = rkm__fp_locate(h ^ hash, loc, had, k, n);
-    static const char *const what[RKM__FP_ASPECTS][2] = {
-        {"tensor sizes or flags differ", ""},
-        {"op costs differ", " (seconds, phantom, scratch, workspaces or in-place flags)"},
-        {"the structure differs", " (in, out or saved lists)"},
-        {"the copy link differs", " (bandwidths or latency)"}};
-    char at[RKM_NAME_MAX + 64] = "";
-    if (a != RKM__FP_COPY) {
-        const char *obj = a == RKM__FP_TENSORS ? "tensor" : "op";
-        if (i < 0) snprintf(at, sizeof at, " at more than one %s", obj);
-        else if ((size_t)i == g->n_ops && a == RKM__FP_STRUCTURE) snprintf(at, sizeof at, " at the loss");
-        else snprintf(at, sizeof at, " at %s '%s'", obj, a == RKM__FP_TENSORS ? g->tensors[i].name : g->ops[i].name);
-    }
-    return rkm__rerr(r, RKM_ERROR_PARSE, "the plan was made for another graph: %s%s%s", what[a][0], at,
-                     i == (int64_t)g->n_ops && a == RKM__FP_STRUCTURE ? "" : what[a][1]);
-}
-
-static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps *d)
-{
-    const char *w = r->tok[0];
-    int kind = -1;
-    for (int k = 0; k < RKM__STEP_KINDS; k++)
-        if (strcmp(w, rkm__step_words[k]) == 0) kind = k;
-    if (kind < 0)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad, offload, "
-                         "prefetch, wait, free_host)", w);
-    rkm_step st = {kind, 0, 0, 0};
-    if (kind == RKM_STEP_LOSS) {
-        if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
-        st.index = g->loss;
-    } else {
-        int copy = kind >= RKM_STEP_OFFLOAD;
-        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD || copy ? 3 : 2;
-        const char *form = kind == RKM_STEP_FWD ? "fwd OP [save] [inplace]" : kind == RKM_STEP_BWD ? "bwd OP [inplace]" : NULL;
-        if (copy && r->ntok == 3 && strcmp(r->tok[2], "saved") != 0)
-            return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s TENSOR' or '%s OP saved', not '%.64s' as word 3", w, w,
-                             r->tok[2]);
-        st.save = copy && r->ntok == 3;
-        if (r->ntok < 2 || r->ntok > want_max)
-            return form ? rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s'", form) : rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s NAME'", w);
-        for (int i = 2; i < r->ntok && !copy; i++) {
-            int is_save = kind == RKM_STEP_FWD && strcmp(r->tok[i], "save") == 0 && i == 2;
-            int is_inplace = strcmp(r->tok[i], "inplace") == 0 && !st.inplace;
-            if (!is_save && !is_inplace)
-                return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s', not '%.64s' as word %d", form, r->tok[i], i + 1);
-            st.save |= is_save;
-            st.inplace |= is_inplace;
-        }
-        int on_op = rkm__step_on_op(kind) || st.save;
-        st.index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
-        if (st.index < 0)
-            return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
-    }
-    return rkm__steps_push_step(d, &st) ? RKM_OK : rkm__nomem(r->ctx, r->src);
-}
-
-/* `align N`: the alignment the plan is laid out at. */
-static rkm_result rkm__read_align(rkm__reader *r, unsigned *seen, uint64_t *align)
-{
-    uint64_t v;
-    if (*seen & 1u << RKM__FP_ASPECTS) return rkm__rerr(r, RKM_ERROR_PARSE, "align: given twice");
-    *seen |= 1u << RKM__FP_ASPECTS;
-    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM_MAX_ALIGNMENT)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'align N', N a power of two from 1 to %llu",
-                         (unsigned long long)RKM_MAX_ALIGNMENT);
-    *align = v;
-    return RKM_OK;
-}
-
-/* Parse .rkp text into d: syntax and names only, and for version 2 the
- * alignment (*align, left as it is when not given) and the graph's
- * fingerprint. *lines (capacity *cap) receives each step's line, for the
- * messages of the rules. */
-static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm__steps *d,
-                                  int32_t **lines, size_t *cap, uint64_t *align)
-{
-    rkm__reader r;
-    memset(&r, 0, sizeof r);
-    r.ctx = g->ctx;
-    r.src = source_name ? source_name : "<string>";
-    r.p = text ? text : "";
-    r.end = r.p + len;
-    rkm_result res = rkm__next_stmt(&r);
-    int version = 0;
-    if (!res && r.ntok == 2 && strcmp(r.tok[0], "rockmate-plan") == 0)
-        version = strcmp(r.tok[1], "1") == 0 ? 1 : strcmp(r.tok[1], "2") == 0 ? 2 : 0;
-    if (!res && !version) {
-        if (!r.line) r.line = 1;
-        res = rkm__rerr(&r, RKM_ERROR_PARSE,
-                        "the first statement must be the header 'rockmate-plan 1' or 'rockmate-plan 2'");
-    }
-    unsigned seen = 0; /* the fingerprint's aspects read, and align */
-    while (!res) {
-        if ((res = rkm__next_stmt(&r)) || !r.ntok) break;
-        int head = strcmp(r.tok[0], "align") == 0 ? 1 : strcmp(r.tok[0], "graph") == 0 ? 2 : 0;
-        if (head && (version < 2 || d->n)) {
-            res = rkm__rerr(&r, RKM_ERROR_PARSE, version < 2 ? "'%s' needs the header 'rockmate-plan 2'"
-                                                             : "'%s' comes before the steps", r.tok[0]);
-        } else if (head) {
-            res = head == 1 ? rkm__read_align(&r, &seen, align) : rkm__read_fp(&r, g, &seen);
-        } else {
-            res = rkm__read_step(&r, g, d);
-            if (!res && !rkm__reserve(g->ctx, (void **)lines, cap, d->n, sizeof **lines))
-                res = rkm__nomem(g->ctx, r.src);
-            if (!res) (*lines)[d->n - 1] = (int32_t)r.line;
-        }
-    }
-    rkm__reader_free(&r);
-    return res;
-}
-
-rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name,
-                                rkm_sim_result *sim, rkm_plan **out)
-{
-    rkm_result res = rkm__plan_args(g, out, text || !len, "rkm_plan_read_string", "text");
-    if (res) return res;
-    rkm__steps d = {g->ctx, NULL, 0, 0};
-    int32_t *lines = NULL;
-    size_t cap = 0;
-    rkm_sim_result tmp;
-    uint64_t align = RKM_ARENA_ALIGN;
-    if (!sim) sim = &tmp;
-    if ((res = rkm__read_steps(g, text, len, source_name, &d, &lines, &cap, &align))) {
-        rkm__steps_free(&d);
-    } else if ((res = rkm__plan_birth(g, &d, sim, out)) == RKM_ERROR_PLAN) {
-        /* The rule's message, led by the file and the step's line. */
-        char msg[RKM_ERRMSG_SIZE];
-        snprintf(msg, sizeof msg, "%s", g->ctx->errmsg);
-        const char *src = source_name ? source_name : "<string>";
-        if (sim->fail_step >= 0 && (size_t)sim->fail_step < sim->num_steps)
-            rkm__err(g->ctx, res, "%s:%d: %s", src, (int)lines[sim->fail_step], msg);
-        else
-            rkm__err(g->ctx, res, "%s: %s", src, msg);
-    }
-    rkm__free(g->ctx, lines, cap * sizeof *lines);
-    return rkm__plan_handout(res, align, out);
-}
-
-rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *sim, rkm_plan **out)
-{
-    rkm_result res = rkm__plan_args(g, out, path != NULL, "rkm_plan_read_file", "path");
-    if (res) return res;
-    char *data;
-    size_t len;
-    res = rkm__slurp(g->ctx, path, &data, &len);
-    if (res) return res;
-    res = rkm_plan_read_string(g, data, len, path, sim, out);
-    rkm__free(g->ctx, data, len + 1);
-    return res;
-}
-
-rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
-{
-    if (!p || !fn) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_write: write function is NULL") : RKM_ERROR_ARGUMENT;
-    rkm__out o = {fn, user, {0}, 0, 0};
-    rkm__outf(&o, "rockmate-plan 2\n");
-    if (p->stats.alignment) rkm__outf(&o, "align %llu\n", (unsigned long long)p->stats.alignment);
-    rkm__fp_write(&o, p->g);
-    for (size_t i = 0; i < p->n_steps; i++) {
-        char text[RKM_NAME_MAX + 32];
-        rkm_step_text(p->g, &p->steps[i], text, sizeof text);
-        rkm__outf(&o, "%s\n", text);
-    }
-    rkm__out_flush(&o);
-    return o.failed ? rkm__err(p->ctx, RKM_ERROR_IO, "rkm_plan_write: the write function failed") : RKM_OK;
-}
-
-static rkm_result rkm__plan_writer(const void *p, rkm_write_fn fn, void *user) { return rkm_plan_write(p, fn, user); }
-
-rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
-{
-    if (!p) return RKM_ERROR_ARGUMENT;
-    return rkm__write_file(p->ctx, path, rkm__plan_writer, p);
-}
-
-
 /* ==== src/sim.c ==== */
 
 /* sim.c -- the simulator: the one memory and time accounting
  *
- * Uses (through internal.h): base.c, plan.c. */
+ * Uses (through internal.h): base.c (the steps' objects, the copy slots and the
+ * recorder of buffer lifetimes live here: plan.c builds on them). */
 
 /* The simulator's byte flags: D, G per tensor; P, fwd_done, bwd_done per
  * op; then H, inflight per copy slot (tensors, then ops' saved states),
@@ -3533,7 +2549,7 @@ static int rkm__buf_take_over(rkm__recorder *rc, int64_t *from, int32_t from_ind
     return 1;
 }
 
-static void rkm__recorder_free(rkm__recorder *rc)
+RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc)
 {
     rkm__free(rc->p->ctx, rc->open_t, rc->n_open * sizeof *rc->open_t);
     rc->open_t = NULL;
@@ -3541,7 +2557,7 @@ static void rkm__recorder_free(rkm__recorder *rc)
 
 /* Open arrays, and the input tensors' buffers: live from before the first
  * step to after the last. */
-static rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
+RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
 {
     const rkm_graph *g = p->g;
     memset(rc, 0, sizeof *rc);
@@ -3718,7 +2734,7 @@ const char *rkm_rule_string(rkm_rule rule)
     return rkm__rules[rule].text;
 }
 
-static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
+RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
 {
     if (obj < 0) return "";
     if (rkm__rules[rule].on_op == 2 && (size_t)obj >= g->n_tensors) {
@@ -3729,163 +2745,62 @@ static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
     return (size_t)obj < g->n_tensors ? g->tensors[obj].name : "";
 }
 
-/* Forward steps of ops whose forward came earlier in the list. */
-static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *steps, size_t n, size_t *out)
+/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
+ * (A copy step names an op when it copies its saved state: `save`.) */
+RKM_PRIVATE int rkm__step_on_op(int32_t kind)
 {
-    uint8_t *ran = rkm__calloc(g->ctx, g->n_ops + 1, 1);
-    if (!ran) return rkm__nomem(g->ctx, "plan");
-    *out = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || (size_t)steps[i].index >= g->n_ops) continue;
-        *out += ran[steps[i].index];
-        ran[steps[i].index] = 1;
-    }
-    rkm__free(g->ctx, ran, g->n_ops + 1);
-    return RKM_OK;
+    return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
 }
 
-/* An empty plan that takes the draft's steps and has room for every
- * per-step record. The draft is emptied whatever happens. */
-static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+/* A copy step's slot in the simulator's copy arrays: the tensor, or after
+ * the tensors the op whose saved state it copies. */
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
 {
-    *out = NULL;
-    size_t n = draft->n, nf = 0, copies = 0;
-    for (size_t i = 0; i < n; i++) {
-        const rkm_step *st = &draft->s[i];
-        if (!rkm__step_index_ok(g, st)) continue;
-        if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
-        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
-        copies += st->kind == RKM_STEP_WAIT;
-    }
-    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
-    rkm_step *steps = rkm__steps_take(draft);
-    if (!p || (n && !steps)) {
-        rkm__steps_free(draft);
-        rkm__free(g->ctx, steps, n * sizeof *steps);
-        rkm__free(g->ctx, p, sizeof *p);
-        return rkm__nomem(g->ctx, "plan");
-    }
-    p->g = g;
-    rkm__graph_hold(g);
-    p->ctx = g->ctx;
-    p->steps = steps;
-    p->n_steps = n;
-    p->n_flags = nf + 1;
-    p->mem_after = rkm__calloc(g->ctx, n + 1, sizeof *p->mem_after);
-    p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
-    p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
-    p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
-    if (copies) p->peer = rkm__alloc(g->ctx, n * sizeof *p->peer);
-    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags || (copies && !p->peer)) {
-        rkm_plan_destroy(p);
-        return rkm__nomem(g->ctx, "plan");
-    }
-    *out = p;
-    return RKM_OK;
+    return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
-/* p->peer of a valid plan with copies; open (a copy slot each) is
- * scratch. */
-static void rkm__plan_peers(rkm_plan *p, int64_t *open)
+RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
-    for (size_t t = 0; t < p->g->n_tensors + p->g->n_ops; t++) open[t] = -1;
-    for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *st = &p->steps[i];
-        size_t slot = rkm__copy_slot(p->g, st);
-        p->peer[i] = -1;
-        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[slot] = (int64_t)i;
-        if (st->kind != RKM_STEP_WAIT) continue;
-        p->peer[i] = open[slot];
-        p->peer[open[slot]] = (int64_t)i;
+    int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
+    if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
+    switch (s->kind) {
+    case RKM_STEP_FWD: return s->index >= 0 && (size_t)s->index < g->n_ops && (s->save == 0 || s->save == 1);
+    case RKM_STEP_BWD:
+    case RKM_STEP_FREE_SAVED: return s->index >= 0 && (size_t)s->index < g->n_ops;
+    case RKM_STEP_LOSS: return s->index == g->loss;
+    case RKM_STEP_FREE:
+    case RKM_STEP_FREE_GRAD:
+    case RKM_STEP_OFFLOAD:
+    case RKM_STEP_PREFETCH:
+    case RKM_STEP_WAIT:
+    case RKM_STEP_FREE_HOST:
+        return s->index >= 0 && (s->save == 0 ? (size_t)s->index < g->n_tensors
+                                 : s->save == 1 && (size_t)s->index < g->n_ops && g->ops[s->index].phantom > 0);
+    default: return 0;
     }
 }
 
-/* Replay the plan once, recording everything a query may later ask. 1:
- * valid, 0: a rule broke (res says which), -1: out of memory. */
-static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
+/* The tensors that step st reads, makes or frees (grads 0), or whose
+ * gradients it does (grads 1): *n ids, in the graph or the step. */
+RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
 {
-    rkm__sim s;
-    rkm__recorder rc;
-    if (rkm__recorder_init(&rc, p)) return -1;
-    if (rkm__sim_init(p->g, &s)) {
-        rkm__recorder_free(&rc);
-        return -1;
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
+    switch (st->kind) {
+    case RKM_STEP_FWD: *n = grads ? 0 : o->n_in + o->n_out; return o->in; /* in, out contiguous */
+    case RKM_STEP_BWD: *n = grads ? o->n_in + o->n_out : o->n_saved; return grads ? o->in : o->saved;
+    case RKM_STEP_LOSS: *n = 1; return &st->index;
+    case RKM_STEP_FREE: *n = !grads; return &st->index;
+    case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
+    case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
+    default: *n = !grads && !st->save; return &st->index; /* a copy reads or makes the tensor (not a saved state) */
     }
-    int ok = rkm__sim_run_peaks(&s, p->steps, p->n_steps, res, p->mem_after, p->step_peak, &rc);
-    int32_t obj = -1;
-    rkm_rule rule = ok == 1 ? rkm__sim_end(&s, &obj) : RKM_RULE_NONE;
-    if (rule != RKM_RULE_NONE) {
-        ok = 0;
-        res->rule = rule;
-        res->fail_step = (int64_t)p->n_steps;
-        res->fail_object = obj;
-    }
-    p->stats.d2h_seconds = s.d2h_busy;
-    p->stats.h2d_seconds = s.h2d_busy;
-    if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
-    rkm__sim_free(&s);
-    rkm__recorder_free(&rc);
-    res->valid = ok == 1;
-    return ok;
 }
-
-/* The message of an invalid plan: the step and the rule. */
-static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
-{
-    char text[300] = "end of plan";
-    if (res->fail_step < (int64_t)p->n_steps) rkm_step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
-    const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
-    return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
-                    rkm_rule_string(res->rule), *on ? ": " : "", on);
-}
-
-/* The one way a plan comes to be: the draft's steps (taken) replayed once;
- * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
-{
-    rkm_sim_result tmp;
-    if (!res) res = &tmp;
-    memset(res, 0, sizeof *res);
-    res->fail_step = res->peak_step = -1;
-    res->fail_object = -1;
-    *out = NULL;
-    rkm_plan *p;
-    size_t recomputes = 0;
-    rkm_result r = rkm__count_recomputes(g, draft->s, draft->n, &recomputes);
-    if (r) {
-        rkm__steps_free(draft);
-        return r;
-    }
-    if ((r = rkm__plan_alloc(g, draft, &p))) return r;
-    int ok = rkm__plan_replay(p, res);
-    res->recomputes = recomputes;
-    if (ok != 1) {
-        r = ok < 0 ? rkm__nomem(g->ctx, "plan") : rkm__plan_refuse(p, res);
-        rkm_plan_destroy(p);
-        return r;
-    }
-    rkm_plan_stats *st = &p->stats;
-    st->algo = RKM_ALGO_NONE;
-    st->peak = res->peak;
-    st->peak_step = res->peak_step;
-    st->time = res->time;
-    st->recomputes = recomputes;
-    st->baseline_peak = g->stats.baseline_peak;
-    st->baseline_time = g->stats.baseline_time;
-    st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
-    st->host_peak = res->host_peak;
-    st->wait_seconds = res->wait_seconds;
-    for (size_t i = 0; i < p->n_steps; i++) st->offloads += p->steps[i].kind == RKM_STEP_OFFLOAD;
-    *out = p;
-    return RKM_OK;
-}
-
 
 /* ==== src/layout.c ==== */
 
 /* layout.c -- memory layout: one arena, an offset for every buffer
  *
- * Uses (through internal.h): base.c, plan.c, sim.c. */
+ * Uses (through internal.h): base.c. */
 
 /* ---------------------------------------------------------------------------
  * Memory layout: one arena, an offset for every buffer
@@ -5022,22 +3937,6 @@ RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
     return RKM_OK;
 }
 
-/* A plan of the same steps, laid out as p is (birth and layout are
- * functions of the steps). */
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
-{
-    rkm__steps d;
-    rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
-    if (r) return r;
-    r = rkm__plan_birth(p->g, &d, NULL, out);
-    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    if (!r) (*out)->stats.gap = p->stats.gap;
-    return r;
-}
-
 rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes)
 {
     if (!p || !buffers || !arena_bytes)
@@ -5060,11 +3959,652 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
 }
 
 
+/* ==== src/plan.c ==== */
+
+/* plan.c -- the plan object: birth (a replay), seal (its layout), hand-out, copies, files (.rkp)
+ *
+ * Uses (through internal.h): base.c, graph.c, text.c, sim.c, layout.c. */
+
+void rkm_plan_destroy(rkm_plan *p)
+{
+    if (!p) return;
+    rkm_context *ctx = p->ctx;
+    rkm__free(ctx, p->steps, p->n_steps * sizeof *p->steps);
+    rkm__free(ctx, p->mem_after, (p->n_steps + 1) * sizeof *p->mem_after);
+    rkm__free(ctx, p->step_peak, (p->n_steps + 1) * sizeof *p->step_peak);
+    rkm__free(ctx, p->flag_off, (p->n_steps + 1) * sizeof *p->flag_off);
+    rkm__free(ctx, p->flags, p->n_flags);
+    if (p->peer) rkm__free(ctx, p->peer, p->n_steps * sizeof *p->peer);
+    rkm__free(ctx, p->buffers, p->cap_buffers * sizeof *p->buffers);
+    rkm__graph_free_holder(ctx, p, sizeof *p, p->g);
+}
+
+/* Append a copy of *st (a step as given: the birth checks it; `save`
+ * means something on forward and copy steps only). */
+RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
+{
+    int save = st->kind == RKM_STEP_FWD || st->kind >= RKM_STEP_OFFLOAD;
+    if (!rkm__steps_push(l, st->kind, st->index, save ? st->save : 0)) return 0;
+    l->s[l->n - 1].inplace = st->inplace;
+    return 1;
+}
+
+/* Shrink to exactly n steps so that the owner frees with n * size. */
+RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
+{
+    rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
+    if (!s) return NULL;
+    if (!l->n) {
+        rkm__free(l->ctx, s, sizeof *s);
+        s = NULL;
+    }
+    l->s = NULL;
+    l->n = l->cap = 0;
+    return s;
+}
+
+RKM_PRIVATE void rkm__steps_free(rkm__steps *l)
+{
+    rkm__free(l->ctx, l->s, l->cap * sizeof *l->s);
+    l->s = NULL;
+    l->n = l->cap = 0;
+}
+
+/* A draft of the n given steps (each as rkm__steps_push_step copies it),
+ * for a birth; out of memory names `what` and leaves nothing. */
+RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
+{
+    *d = (rkm__steps){ctx, NULL, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (!rkm__steps_push_step(d, &steps[i])) {
+            rkm__steps_free(d);
+            return rkm__nomem(ctx, what);
+        }
+    return RKM_OK;
+}
+
+const rkm_graph *rkm_plan_graph(const rkm_plan *p) { return p ? p->g : NULL; }
+size_t rkm_plan_num_steps(const rkm_plan *p) { return p ? p->n_steps : 0; }
+const rkm_step *rkm_plan_steps(const rkm_plan *p) { return p ? p->steps : NULL; }
+const uint64_t *rkm_plan_mem_after(const rkm_plan *p) { return p ? p->mem_after : NULL; }
+const uint64_t *rkm_plan_step_peaks(const rkm_plan *p) { return p ? p->step_peak : NULL; }
+size_t rkm_plan_num_buffers(const rkm_plan *p) { return p ? p->n_buffers : 0; }
+
+static const char *const rkm__step_words[RKM__STEP_KINDS] = {"fwd",     "loss",     "bwd",  "free",     "free_saved",
+                                                             "free_grad", "offload", "prefetch", "wait", "free_host"};
+
+void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size)
+{
+    if (!buf || !size) return;
+    if (!g || !s) {
+        buf[0] = '\0';
+        return;
+    }
+    if (!rkm__step_index_ok(g, s)) {
+        snprintf(buf, size, "<kind %d index %d>", (int)s->kind, (int)s->index);
+        return;
+    }
+    switch (s->kind) {
+    case RKM_STEP_LOSS: snprintf(buf, size, "loss"); break;
+    case RKM_STEP_FWD:
+        snprintf(buf, size, "fwd %s%s%s", g->ops[s->index].name, s->save ? " save" : "", s->inplace ? " inplace" : "");
+        break;
+    case RKM_STEP_BWD:
+        snprintf(buf, size, "bwd %s%s", g->ops[s->index].name, s->inplace ? " inplace" : "");
+        break;
+    case RKM_STEP_FREE_SAVED: snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->ops[s->index].name); break;
+    default: /* free, free_grad and the copy steps: a tensor, or (a copy step with save) a saved state; no
+                case falls through, for clang's -Wimplicit-fallthrough takes no comment */
+        if (s->kind >= RKM_STEP_OFFLOAD && s->save)
+            snprintf(buf, size, "%s %s saved", rkm__step_words[s->kind], g->ops[s->index].name);
+        else
+            snprintf(buf, size, "%s %s", rkm__step_words[s->kind], g->tensors[s->index].name);
+        break;
+    }
+}
+
+/* A plan handed out by the API: born (r is the birth's result), then laid
+ * out at `alignment`; on failure nothing is left. A read, built or baseline
+ * plan whose buffers rounded up add up past 64 bits is handed out without a
+ * layout (its alignment 0; rkm_plan_layout says why). */
+RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
+{
+    if (r == RKM_OK && !rkm__layout_fits(*out, alignment)) return RKM_OK;
+    if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
+/* What every function that makes a plan of g checks first: *out cleared,
+ * g given and finalized, its input (`what`) given when input_ok is 0. */
+RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn) : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!input_ok) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: %s is NULL", fn, what);
+    return rkm__check_finalized(g, fn);
+}
+
+rkm_result rkm_plan_create(const rkm_graph *g, const rkm_step *steps, size_t n, rkm_sim_result *res, rkm_plan **out)
+{
+    rkm_result r = rkm__plan_args(g, out, steps || !n, "rkm_plan_create", "steps");
+    if (r) return r;
+    rkm__steps d;
+    if ((r = rkm__steps_copy(g->ctx, steps, n, &d, "rkm_plan_create"))) return r;
+    return rkm__plan_handout(rkm__plan_birth(g, &d, res, out), RKM_ARENA_ALIGN, out);
+}
+
+/* Plan files (.rkp) */
+
+/* A version 2 plan file fingerprints the graph it was made for, aspect by
+ * aspect (docs/formats.md, "Plan file"): each object's record, little-endian,
+ * doubles by their IEEE bits, hashed with FNV-1a 64; an aspect's hash is
+ * the XOR of its objects' hashes, and its locator word b the low 32 bits of
+ * the XOR over the objects whose index has bit b set, so that one object
+ * that differs is named by its index. */
+enum { RKM__FP_TENSORS, RKM__FP_OPS, RKM__FP_STRUCTURE, RKM__FP_COPY, RKM__FP_ASPECTS };
+static const char *const rkm__fp_words[RKM__FP_ASPECTS] = {"tensors", "ops", "structure", "copy"};
+
+static uint64_t rkm__fnv(uint64_t h, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t rkm__fnv_f64(uint64_t h, double x)
+{
+    uint64_t v;
+    memcpy(&v, &x, sizeof v);
+    return rkm__fnv(h, v, 8);
+}
+
+static uint64_t rkm__fnv_ids(uint64_t h, const int32_t *ids, int32_t n)
+{
+    h = rkm__fnv(h, (uint32_t)n, 4);
+    for (int32_t k = 0; k < n; k++) h = rkm__fnv(h, (uint32_t)ids[k], 4);
+    return h;
+}
+
+/* The objects of aspect a: tensors; ops; ops then the loss; the link. */
+static size_t rkm__fp_objects(const rkm_graph *g, int a)
+{
+    if (a == RKM__FP_COPY) return 1;
+    return a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops + (a == RKM__FP_STRUCTURE);
+}
+
+static uint64_t rkm__fp_object(const rkm_graph *g, int a, size_t i)
+{
+    uint64_t h = rkm__fnv(14695981039346656037ull, (uint32_t)i, 4);
+    if (a == RKM__FP_TENSORS) {
+        const rkm__tensor *t = &g->tensors[i];
+        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD), 4);
+    }
+    if (a == RKM__FP_COPY)
+        return rkm__fnv_f64(rkm__fnv_f64(rkm__fnv_f64(h, g->copy.d2h_bytes_per_second), g->copy.h2d_bytes_per_second),
+                            g->copy.latency_seconds);
+    if (a == RKM__FP_STRUCTURE && i == g->n_ops) return rkm__fnv(h, (uint32_t)g->loss, 4); /* its last object */
+    const rkm__op *o = &g->ops[i];
+    if (a == RKM__FP_STRUCTURE) return rkm__fnv_ids(rkm__fnv_ids(rkm__fnv_ids(h, o->in, o->n_in), o->out, o->n_out),
+                                                    o->saved, o->n_saved);
+    h = rkm__fnv_f64(rkm__fnv_f64(h, o->fwd), o->bwd);
+    h = rkm__fnv(rkm__fnv(h, o->phantom, 8), o->scratch, 8);
+    h = rkm__fnv(rkm__fnv(h, o->fwd_ws, 8), o->bwd_ws, 8);
+    return rkm__fnv(h, o->flags & (RKM_OP_INPLACE | RKM_OP_GRAD_INPLACE), 4);
+}
+
+/* Locator words for n objects: bits enough to write the indices 0..n-1. */
+static int rkm__fp_bits(size_t n)
+{
+    int k = 0;
+    while (k < 32 && ((size_t)1 << k) < n) k++;
+    return k;
+}
+
+/* Aspect a of g: its hash and locator words (rkm__fp_bits of its objects). */
+static void rkm__fp(const rkm_graph *g, int a, uint64_t *hash, uint32_t loc[32])
+{
+    size_t n = rkm__fp_objects(g, a);
+    *hash = 0;
+    memset(loc, 0, 32 * sizeof *loc);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = rkm__fp_object(g, a, i);
+        *hash ^= h;
+        for (int b = 0; b < 32 && (i >> b); b++)
+            if (i >> b & 1) loc[b] ^= (uint32_t)h;
+    }
+}
+
+static void rkm__fp_write(rkm__out *o, const rkm_graph *g)
+{
+    for (int a = 0; a < RKM__FP_ASPECTS; a++) {
+        uint64_t h;
+        uint32_t loc[32];
+        rkm__fp(g, a, &h, loc);
+        rkm__outf(o, "graph %s", rkm__fp_words[a]);
+        if (a != RKM__FP_COPY) rkm__outf(o, " %zu", a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops);
+        rkm__outf(o, " %016llx", (unsigned long long)h);
+        int k = rkm__fp_bits(rkm__fp_objects(g, a));
+        for (int b = 0; b < k; b++) rkm__outf(o, b ? "%08lx" : " %08lx", (unsigned long)loc[b]);
+        rkm__outf(o, "\n");
+    }
+}
+
+/* The first `digits` characters of s as lowercase hex digits (the caller
+ * checks the token's length). */
+static int rkm__parse_hex(const char *s, size_t digits, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < digits; i++, s++) {
+        int d = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (unsigned)d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* The one object whose hash differs, from the XOR of the two hashes (d)
+ * and of the two locators, or -1 where more than one differs. */
+static int64_t rkm__fp_locate(uint64_t d, const uint32_t *loc, const uint32_t *had, int k, size_t n)
+{
+    uint32_t low = (uint32_t)d;
+    size_t i = 0;
+    if (!low) return -1;
+    for (int b = 0; b < k; b++) {
+        uint32_t x = loc[b] ^ had[b];
+        if (x == low) i |= (size_t)1 << b;
+        else if (x) return -1;
+    }
+    return i < n ? (int64_t)i : -1;
+}
+
+/* `graph ASPECT [COUNT] HASH [LOCATOR]`: g is the graph the plan was made
+ * for, or the first difference is named. `seen`: the aspects read. */
+static rkm_result rkm__read_fp(rkm__reader *r, const rkm_graph *g, unsigned *seen)
+{
+    int a = 0;
+    while (a < RKM__FP_ASPECTS && (r->ntok < 2 || strcmp(r->tok[1], rkm__fp_words[a]) != 0)) a++;
+    if (a == RKM__FP_ASPECTS)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph tensors|ops|structure COUNT HASH [LOCATOR]' or "
+                         "'graph copy HASH'");
+    if (*seen & 1u << a) return rkm__rerr(r, RKM_ERROR_PARSE, "graph %s: given twice", rkm__fp_words[a]);
+    *seen |= 1u << a;
+    size_t have = a == RKM__FP_TENSORS ? g->n_tensors : g->n_ops, n = rkm__fp_objects(g, a);
+    int c = a != RKM__FP_COPY; /* a count before the hash */
+    uint64_t count = 0, hash = 0;
+    uint32_t had[32] = {0};
+    int ok = r->ntok >= 3 + c && (!c || (rkm__parse_u64(r->tok[2], &count) && count < ((uint64_t)1 << 31)));
+    int k = ok && c ? rkm__fp_bits((size_t)count + (a == RKM__FP_STRUCTURE)) : 0;
+    const char *lt = r->ntok > 3 + c ? r->tok[3 + c] : "";
+    ok = ok && r->ntok <= 3 + c + (k > 0) && strlen(r->tok[2 + c]) == 16 && rkm__parse_hex(r->tok[2 + c], 16, &hash) &&
+         strlen(lt) == 8 * (size_t)k;
+    for (int b = 0; ok && b < k; b++) {
+        uint64_t v = 0;
+        ok = rkm__parse_hex(lt + 8 * b, 8, &v);
+        had[b] = (uint32_t)v;
+    }
+    if (!ok)
+        return c ? rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph %s COUNT HASH [LOCATOR]' (COUNT below 2^31; HASH "
+                             "16 hex digits; LOCATOR 8 a bit of the indices, where there are more than 1)",
+                             rkm__fp_words[a])
+                 : rkm__rerr(r, RKM_ERROR_PARSE, "expected 'graph copy HASH' (16 hex digits)");
+    if (c && count != have)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "the plan was made for a graph of %llu %s; this one has %zu",
+                         (unsigned long long)count, a == RKM__FP_TENSORS ? "tensors" : "ops", have);
+    uint64_t h;
+    uint32_t loc[32];
+    rkm__fp(g, a, &h, loc);
+    if (h == hash) return RKM_OK;
+    int64_t i = rkm__fp_locate(h ^ hash, loc, had, k, n);
+    static const char *const what[RKM__FP_ASPECTS][2] = {
+        {"tensor sizes or flags differ", ""},
+        {"op costs differ", " (seconds, phantom, scratch, workspaces or in-place flags)"},
+        {"the structure differs", " (in, out or saved lists)"},
+        {"the copy link differs", " (bandwidths or latency)"}};
+    char at[RKM_NAME_MAX + 64] = "";
+    if (a != RKM__FP_COPY) {
+        const char *obj = a == RKM__FP_TENSORS ? "tensor" : "op";
+        if (i < 0) snprintf(at, sizeof at, " at more than one %s", obj);
+        else if ((size_t)i == g->n_ops && a == RKM__FP_STRUCTURE) snprintf(at, sizeof at, " at the loss");
+        else snprintf(at, sizeof at, " at %s '%s'", obj, a == RKM__FP_TENSORS ? g->tensors[i].name : g->ops[i].name);
+    }
+    return rkm__rerr(r, RKM_ERROR_PARSE, "the plan was made for another graph: %s%s%s", what[a][0], at,
+                     i == (int64_t)g->n_ops && a == RKM__FP_STRUCTURE ? "" : what[a][1]);
+}
+
+static rkm_result rkm__read_step(rkm__reader *r, const rkm_graph *g, rkm__steps *d)
+{
+    const char *w = r->tok[0];
+    int kind = -1;
+    for (int k = 0; k < RKM__STEP_KINDS; k++)
+        if (strcmp(w, rkm__step_words[k]) == 0) kind = k;
+    if (kind < 0)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "unknown step '%.64s' (fwd, loss, bwd, free, free_saved, free_grad, offload, "
+                         "prefetch, wait, free_host)", w);
+    rkm_step st = {kind, 0, 0, 0};
+    if (kind == RKM_STEP_LOSS) {
+        if (r->ntok != 1) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss' alone");
+        st.index = g->loss;
+    } else {
+        int copy = kind >= RKM_STEP_OFFLOAD;
+        int want_max = kind == RKM_STEP_FWD ? 4 : kind == RKM_STEP_BWD || copy ? 3 : 2;
+        const char *form = kind == RKM_STEP_FWD ? "fwd OP [save] [inplace]" : kind == RKM_STEP_BWD ? "bwd OP [inplace]" : NULL;
+        if (copy && r->ntok == 3 && strcmp(r->tok[2], "saved") != 0)
+            return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s TENSOR' or '%s OP saved', not '%.64s' as word 3", w, w,
+                             r->tok[2]);
+        st.save = copy && r->ntok == 3;
+        if (r->ntok < 2 || r->ntok > want_max)
+            return form ? rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s'", form) : rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s NAME'", w);
+        for (int i = 2; i < r->ntok && !copy; i++) {
+            int is_save = kind == RKM_STEP_FWD && strcmp(r->tok[i], "save") == 0 && i == 2;
+            int is_inplace = strcmp(r->tok[i], "inplace") == 0 && !st.inplace;
+            if (!is_save && !is_inplace)
+                return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s', not '%.64s' as word %d", form, r->tok[i], i + 1);
+            st.save |= is_save;
+            st.inplace |= is_inplace;
+        }
+        int on_op = rkm__step_on_op(kind) || st.save;
+        st.index = on_op ? rkm_graph_find_op(g, r->tok[1]) : rkm_graph_find_tensor(g, r->tok[1]);
+        if (st.index < 0)
+            return rkm__rerr(r, RKM_ERROR_PARSE, "%s: no %s named '%.64s' in the graph", w, on_op ? "op" : "tensor", r->tok[1]);
+    }
+    return rkm__steps_push_step(d, &st) ? RKM_OK : rkm__nomem(r->ctx, r->src);
+}
+
+/* `align N`: the alignment the plan is laid out at. */
+static rkm_result rkm__read_align(rkm__reader *r, unsigned *seen, uint64_t *align)
+{
+    uint64_t v;
+    if (*seen & 1u << RKM__FP_ASPECTS) return rkm__rerr(r, RKM_ERROR_PARSE, "align: given twice");
+    *seen |= 1u << RKM__FP_ASPECTS;
+    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM_MAX_ALIGNMENT)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'align N', N a power of two from 1 to %llu",
+                         (unsigned long long)RKM_MAX_ALIGNMENT);
+    *align = v;
+    return RKM_OK;
+}
+
+/* Parse .rkp text into d: syntax and names only, and for version 2 the
+ * alignment (*align, left as it is when not given) and the graph's
+ * fingerprint. *lines (capacity *cap) receives each step's line, for the
+ * messages of the rules. */
+static rkm_result rkm__read_steps(const rkm_graph *g, const char *text, size_t len, const char *source_name, rkm__steps *d,
+                                  int32_t **lines, size_t *cap, uint64_t *align)
+{
+    rkm__reader r;
+    memset(&r, 0, sizeof r);
+    r.ctx = g->ctx;
+    r.src = source_name ? source_name : "<string>";
+    r.p = text ? text : "";
+    r.end = r.p + len;
+    rkm_result res = rkm__next_stmt(&r);
+    int version = 0;
+    if (!res && r.ntok == 2 && strcmp(r.tok[0], "rockmate-plan") == 0)
+        version = strcmp(r.tok[1], "1") == 0 ? 1 : strcmp(r.tok[1], "2") == 0 ? 2 : 0;
+    if (!res && !version) {
+        if (!r.line) r.line = 1;
+        res = rkm__rerr(&r, RKM_ERROR_PARSE,
+                        "the first statement must be the header 'rockmate-plan 1' or 'rockmate-plan 2'");
+    }
+    unsigned seen = 0; /* the fingerprint's aspects read, and align */
+    while (!res) {
+        if ((res = rkm__next_stmt(&r)) || !r.ntok) break;
+        int head = strcmp(r.tok[0], "align") == 0 ? 1 : strcmp(r.tok[0], "graph") == 0 ? 2 : 0;
+        if (head && (version < 2 || d->n)) {
+            res = rkm__rerr(&r, RKM_ERROR_PARSE, version < 2 ? "'%s' needs the header 'rockmate-plan 2'"
+                                                             : "'%s' comes before the steps", r.tok[0]);
+        } else if (head) {
+            res = head == 1 ? rkm__read_align(&r, &seen, align) : rkm__read_fp(&r, g, &seen);
+        } else {
+            res = rkm__read_step(&r, g, d);
+            if (!res && !rkm__reserve(g->ctx, (void **)lines, cap, d->n, sizeof **lines))
+                res = rkm__nomem(g->ctx, r.src);
+            if (!res) (*lines)[d->n - 1] = (int32_t)r.line;
+        }
+    }
+    rkm__reader_free(&r);
+    return res;
+}
+
+rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len, const char *source_name,
+                                rkm_sim_result *sim, rkm_plan **out)
+{
+    rkm_result res = rkm__plan_args(g, out, text || !len, "rkm_plan_read_string", "text");
+    if (res) return res;
+    rkm__steps d = {g->ctx, NULL, 0, 0};
+    int32_t *lines = NULL;
+    size_t cap = 0;
+    rkm_sim_result tmp;
+    uint64_t align = RKM_ARENA_ALIGN;
+    if (!sim) sim = &tmp;
+    if ((res = rkm__read_steps(g, text, len, source_name, &d, &lines, &cap, &align))) {
+        rkm__steps_free(&d);
+    } else if ((res = rkm__plan_birth(g, &d, sim, out)) == RKM_ERROR_PLAN) {
+        /* The rule's message, led by the file and the step's line. */
+        char msg[RKM_ERRMSG_SIZE];
+        snprintf(msg, sizeof msg, "%s", g->ctx->errmsg);
+        const char *src = source_name ? source_name : "<string>";
+        if (sim->fail_step >= 0 && (size_t)sim->fail_step < sim->num_steps)
+            rkm__err(g->ctx, res, "%s:%d: %s", src, (int)lines[sim->fail_step], msg);
+        else
+            rkm__err(g->ctx, res, "%s: %s", src, msg);
+    }
+    rkm__free(g->ctx, lines, cap * sizeof *lines);
+    return rkm__plan_handout(res, align, out);
+}
+
+rkm_result rkm_plan_read_file(const rkm_graph *g, const char *path, rkm_sim_result *sim, rkm_plan **out)
+{
+    rkm_result res = rkm__plan_args(g, out, path != NULL, "rkm_plan_read_file", "path");
+    if (res) return res;
+    char *data;
+    size_t len;
+    res = rkm__slurp(g->ctx, path, &data, &len);
+    if (res) return res;
+    res = rkm_plan_read_string(g, data, len, path, sim, out);
+    rkm__free(g->ctx, data, len + 1);
+    return res;
+}
+
+rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
+{
+    if (!p || !fn) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_write: write function is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__out o = {fn, user, {0}, 0, 0};
+    rkm__outf(&o, "rockmate-plan 2\n");
+    if (p->stats.alignment) rkm__outf(&o, "align %llu\n", (unsigned long long)p->stats.alignment);
+    rkm__fp_write(&o, p->g);
+    for (size_t i = 0; i < p->n_steps; i++) {
+        char text[RKM_NAME_MAX + 32];
+        rkm_step_text(p->g, &p->steps[i], text, sizeof text);
+        rkm__outf(&o, "%s\n", text);
+    }
+    rkm__out_flush(&o);
+    return o.failed ? rkm__err(p->ctx, RKM_ERROR_IO, "rkm_plan_write: the write function failed") : RKM_OK;
+}
+
+static rkm_result rkm__plan_writer(const void *p, rkm_write_fn fn, void *user) { return rkm_plan_write(p, fn, user); }
+
+rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
+{
+    if (!p) return RKM_ERROR_ARGUMENT;
+    return rkm__write_file(p->ctx, path, rkm__plan_writer, p);
+}
+
+/* Forward steps of ops whose forward came earlier in the list. */
+static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *steps, size_t n, size_t *out)
+{
+    uint8_t *ran = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    if (!ran) return rkm__nomem(g->ctx, "plan");
+    *out = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || (size_t)steps[i].index >= g->n_ops) continue;
+        *out += ran[steps[i].index];
+        ran[steps[i].index] = 1;
+    }
+    rkm__free(g->ctx, ran, g->n_ops + 1);
+    return RKM_OK;
+}
+
+/* An empty plan that takes the draft's steps and has room for every
+ * per-step record. The draft is emptied whatever happens. */
+static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+{
+    *out = NULL;
+    size_t n = draft->n, nf = 0, copies = 0;
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *st = &draft->s[i];
+        if (!rkm__step_index_ok(g, st)) continue;
+        if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
+        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
+        copies += st->kind == RKM_STEP_WAIT;
+    }
+    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
+    rkm_step *steps = rkm__steps_take(draft);
+    if (!p || (n && !steps)) {
+        rkm__steps_free(draft);
+        rkm__free(g->ctx, steps, n * sizeof *steps);
+        rkm__free(g->ctx, p, sizeof *p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    p->g = g;
+    rkm__graph_hold(g);
+    p->ctx = g->ctx;
+    p->steps = steps;
+    p->n_steps = n;
+    p->n_flags = nf + 1;
+    p->mem_after = rkm__calloc(g->ctx, n + 1, sizeof *p->mem_after);
+    p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
+    p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
+    p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
+    if (copies) p->peer = rkm__alloc(g->ctx, n * sizeof *p->peer);
+    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags || (copies && !p->peer)) {
+        rkm_plan_destroy(p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+/* p->peer of a valid plan with copies; open (a copy slot each) is
+ * scratch. */
+static void rkm__plan_peers(rkm_plan *p, int64_t *open)
+{
+    for (size_t t = 0; t < p->g->n_tensors + p->g->n_ops; t++) open[t] = -1;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        const rkm_step *st = &p->steps[i];
+        size_t slot = rkm__copy_slot(p->g, st);
+        p->peer[i] = -1;
+        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[slot] = (int64_t)i;
+        if (st->kind != RKM_STEP_WAIT) continue;
+        p->peer[i] = open[slot];
+        p->peer[open[slot]] = (int64_t)i;
+    }
+}
+
+/* Replay the plan once, recording everything a query may later ask. 1:
+ * valid, 0: a rule broke (res says which), -1: out of memory. */
+static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
+{
+    rkm__sim s;
+    rkm__recorder rc;
+    if (rkm__recorder_init(&rc, p)) return -1;
+    if (rkm__sim_init(p->g, &s)) {
+        rkm__recorder_free(&rc);
+        return -1;
+    }
+    int ok = rkm__sim_run_peaks(&s, p->steps, p->n_steps, res, p->mem_after, p->step_peak, &rc);
+    int32_t obj = -1;
+    rkm_rule rule = ok == 1 ? rkm__sim_end(&s, &obj) : RKM_RULE_NONE;
+    if (rule != RKM_RULE_NONE) {
+        ok = 0;
+        res->rule = rule;
+        res->fail_step = (int64_t)p->n_steps;
+        res->fail_object = obj;
+    }
+    p->stats.d2h_seconds = s.d2h_busy;
+    p->stats.h2d_seconds = s.h2d_busy;
+    if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
+    rkm__sim_free(&s);
+    rkm__recorder_free(&rc);
+    res->valid = ok == 1;
+    return ok;
+}
+
+/* The message of an invalid plan: the step and the rule. */
+static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
+{
+    char text[300] = "end of plan";
+    if (res->fail_step < (int64_t)p->n_steps) rkm_step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
+    const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
+    return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
+                    rkm_rule_string(res->rule), *on ? ": " : "", on);
+}
+
+/* The one way a plan comes to be: the draft's steps (taken) replayed once;
+ * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
+RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
+{
+    rkm_sim_result tmp;
+    if (!res) res = &tmp;
+    memset(res, 0, sizeof *res);
+    res->fail_step = res->peak_step = -1;
+    res->fail_object = -1;
+    *out = NULL;
+    rkm_plan *p;
+    size_t recomputes = 0;
+    rkm_result r = rkm__count_recomputes(g, draft->s, draft->n, &recomputes);
+    if (r) {
+        rkm__steps_free(draft);
+        return r;
+    }
+    if ((r = rkm__plan_alloc(g, draft, &p))) return r;
+    int ok = rkm__plan_replay(p, res);
+    res->recomputes = recomputes;
+    if (ok != 1) {
+        r = ok < 0 ? rkm__nomem(g->ctx, "plan") : rkm__plan_refuse(p, res);
+        rkm_plan_destroy(p);
+        return r;
+    }
+    rkm_plan_stats *st = &p->stats;
+    st->algo = RKM_ALGO_NONE;
+    st->peak = res->peak;
+    st->peak_step = res->peak_step;
+    st->time = res->time;
+    st->recomputes = recomputes;
+    st->baseline_peak = g->stats.baseline_peak;
+    st->baseline_time = g->stats.baseline_time;
+    st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
+    st->host_peak = res->host_peak;
+    st->wait_seconds = res->wait_seconds;
+    for (size_t i = 0; i < p->n_steps; i++) st->offloads += p->steps[i].kind == RKM_STEP_OFFLOAD;
+    *out = p;
+    return RKM_OK;
+}
+
+/* A plan of the same steps, laid out as p is (birth and layout are
+ * functions of the steps). */
+RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
+{
+    rkm__steps d;
+    rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
+    if (r) return r;
+    r = rkm__plan_birth(p->g, &d, NULL, out);
+    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    if (!r) (*out)->stats.gap = p->stats.gap;
+    return r;
+}
+
 /* ==== src/baseline.c ==== */
 
 /* baseline.c -- the baseline plan, its arena (the 100 % of a budget), lower bounds
  *
- * Uses (through internal.h): base.c, graph.c, rkg.c (decimal numbers), plan.c, sim.c, layout.c. */
+ * Uses (through internal.h): base.c, graph.c, text.c (decimal numbers), sim.c, plan.c. */
 
 /* Per tensor: the last op (file order) whose forward reads it, and the first
  * op (file order) with a backward that saves it: after that op's backward no
@@ -5103,22 +4643,6 @@ RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && 
  * the plan holds one buffer fewer, and no step's peak grows: the plan stays
  * valid and never peaks higher. One decision cannot undo another's
  * conditions: a tensor freed early is touched by nothing in between. */
-
-/* The tensors that step st reads, makes or frees (grads 0), or whose
- * gradients it does (grads 1): *n ids, in the graph or the step. */
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
-{
-    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
-    switch (st->kind) {
-    case RKM_STEP_FWD: *n = grads ? 0 : o->n_in + o->n_out; return o->in; /* in, out contiguous */
-    case RKM_STEP_BWD: *n = grads ? o->n_in + o->n_out : o->n_saved; return grads ? o->in : o->saved;
-    case RKM_STEP_LOSS: *n = 1; return &st->index;
-    case RKM_STEP_FREE: *n = !grads; return &st->index;
-    case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
-    case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
-    default: *n = !grads && !st->save; return &st->index; /* a copy reads or makes the tensor (not a saved state) */
-    }
-}
 
 /* Step i is the next touch (next[t] = i) of each tensor (grads 0) or
  * gradient (grads 1) that st reads, makes or frees. */
@@ -5492,9 +5016,9 @@ rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out)
 
 /* ==== src/structure.c ==== */
 
-/* structure.c -- structure: separators, blocks, classes of identical blocks
+/* structure.c -- structure (separators, blocks, classes of identical blocks) and finalize
  *
- * Uses (through internal.h): base.c, graph.c. */
+ * Uses (through internal.h): base.c, graph.c, baseline.c (finalize's figures). */
 
 /* Separators are the tensors that dominate the loss in the graph that
  * runs from a virtual source to the first ops (those that read only input
@@ -5752,6 +5276,501 @@ RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
     return r;
 }
 
+static void rkm__graph_derive(rkm_graph *g)
+{
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        g->tensors[t].has_grad = 0;
+        g->tensors[t].n_contrib = 0;
+        g->tensors[t].n_readers = 0;
+    }
+    g->has_inplace = 0;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        for (int32_t k = 0; k < g->ops[i].n_in; k++) g->tensors[g->ops[i].in[k]].n_readers++;
+        g->has_inplace |= g->ops[i].flags != 0;
+    }
+    /* Readers come after producers, so one reverse pass settles both. */
+    g->tensors[g->loss].has_grad = 1;
+    g->tensors[g->loss].n_contrib = 1;
+    for (size_t i = g->n_ops; i-- > 0;) {
+        rkm__op *o = &g->ops[i];
+        o->has_bwd = 0;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].has_grad) o->has_bwd = 1;
+        if (!o->has_bwd) continue;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            rkm__tensor *t = &g->tensors[o->in[k]];
+            if (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD)) continue;
+            t->has_grad = 1;
+            t->n_contrib++;
+        }
+    }
+}
+
+/* 2 x all tensors + all phantoms + the largest workspace fits in 64 bits,
+ * so that no memory sum anywhere can overflow. */
+static int rkm__bytes_fit(const rkm_graph *g)
+{
+    uint64_t total = 0, ws = 0;
+    int ok = 1;
+    for (size_t t = 0; t < g->n_tensors && ok; t++)
+        ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
+    for (size_t i = 0; i < g->n_ops && ok; i++) {
+        uint64_t f = 0; /* rkm__fwd_ws_most, checked here */
+        ok = rkm__add_u64(total, g->ops[i].phantom, &total) && rkm__add_u64(g->ops[i].fwd_ws, g->ops[i].scratch, &f);
+        if (f > ws) ws = f;
+        if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
+    }
+    return ok && rkm__add_u64(total, ws, &total);
+}
+
+static rkm_result rkm__graph_check_whole(rkm_graph *g)
+{
+    if (g->loss < 0) return rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "no loss statement (exactly one is required)");
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        if (!(x->flags & RKM_TENSOR_INPUT) && x->producer < 0)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, x->line, "tensor %s: not an input and no op writes it", x->name);
+    }
+    /* Every op must be an ancestor of the loss: mark backwards from it. */
+    uint8_t *anc = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    uint8_t *need = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
+    rkm_result r = RKM_OK;
+    if (!anc || !need) {
+        r = rkm__nomem(g->ctx, "rkm_graph_finalize");
+        goto done;
+    }
+    need[g->loss] = 1;
+    for (size_t i = g->n_ops; i-- > 0;) {
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_out && !anc[i]; k++) anc[i] = need[o->out[k]];
+        if (anc[i])
+            for (int32_t k = 0; k < o->n_in; k++) need[o->in[k]] = 1;
+    }
+    for (size_t i = 0; i < g->n_ops; i++)
+        if (!anc[i]) {
+            r = rkm__gerr(g, RKM_ERROR_GRAPH, g->ops[i].line, "op %s: not an ancestor of the loss %s", g->ops[i].name,
+                          g->tensors[g->loss].name);
+            break;
+        }
+    if (r == RKM_OK && !rkm__bytes_fit(g))
+        r = rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "byte counts too large: their total must fit in 64 bits");
+done:
+    rkm__free(g->ctx, anc, g->n_ops + 1);
+    rkm__free(g->ctx, need, g->n_tensors + 1);
+    return r;
+}
+
+/* grad_inplace, once gradients are known: both tensors have one. */
+static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
+{
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
+        const rkm__tensor *a = &g->tensors[o->in[0]], *b = &g->tensors[o->out[0]];
+        if (!a->has_grad || !b->has_grad)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, o->line, "op %s: grad_inplace needs gradients of %s and %s; %s has none",
+                             o->name, a->name, b->name, a->has_grad ? b->name : a->name);
+    }
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_finalize(rkm_graph *g)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_finalize");
+    if (r) return r;
+    if ((r = rkm__graph_check_whole(g))) return r;
+    rkm__graph_derive(g);
+    if ((r = rkm__check_grad_inplace(g))) return r;
+    g->input_bytes = 0;
+    for (size_t t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
+    if ((r = rkm__structure_detect(g))) return r;
+    if ((r = rkm__graph_figures(g))) {
+        rkm__graph_free_blocks(g);
+        return r;
+    }
+    g->finalized = 1;
+    return RKM_OK;
+}
+
+/* Rebuild g's tensors, ops (with their costs from `costs`, or g's when
+ * NULL) and loss into the empty graph n, every byte count rounded up to
+ * `align` (1: as they are), then finalize it: everything derived comes
+ * from the new figures, as when the graph's file is read. */
+static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
+                                     uint64_t align, rkm_graph *n)
+{
+    rkm_result r = RKM_OK;
+    for (size_t t = 0; t < g->n_tensors && !r; t++)
+        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align), g->tensors[t].flags,
+                                 NULL);
+    for (size_t i = 0; i < g->n_ops && !r; i++) {
+        const rkm__op *o = &g->ops[i];
+        rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
+        rkm_op_desc d = {o->name, c.fwd_seconds, c.bwd_seconds, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
+                         rkm__round_up(o->phantom, align), rkm__round_up(c.fwd_ws, align), rkm__round_up(c.bwd_ws, align),
+                         rkm__round_up(o->scratch, align), o->flags};
+        r = rkm_graph_add_op(n, &d, NULL);
+    }
+    if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = rkm_graph_set_copy(n, copy);
+    if (!r) r = rkm_graph_finalize(n);
+    return r;
+}
+
+/* The graph a planner plans with at alignment `align`: g with every byte
+ * count rounded up to it, so that the planners' own accounting (the
+ * simulator's peak of that graph) bounds the plan's aligned peak. *out
+ * NULL when g's counts are multiples of align already (g itself serves). */
+RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
+{
+    *out = NULL;
+    int aligned = 1;
+    for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = g->tensors[t].bytes % align == 0;
+    for (size_t i = 0; i < g->n_ops && aligned; i++) {
+        const rkm__op *o = &g->ops[i];
+        aligned = (o->phantom | o->fwd_ws | o->bwd_ws | o->scratch) % align == 0;
+    }
+    if (aligned) return RKM_OK;
+    rkm_graph *n;
+    rkm_result r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
+    if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
+                        "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
+    if (!r) *out = n;
+    return r;
+}
+
+rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!costs) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: costs is NULL");
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_costs");
+    if (r) return r;
+    rkm_graph *n;
+    if ((r = rkm_graph_create(g->ctx, &n))) return r;
+    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
+        rkm_graph_destroy(n);
+        return r;
+    }
+    *out = n;
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_copy: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
+    rkm_graph *n = NULL;
+    if (!r) r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
+    if (!r) *out = n;
+    return r;
+}
+
+/* ==== src/rkg.c ==== */
+
+/* rkg.c -- graph files (.rkg): reader and writer
+ *
+ * Uses (through internal.h): base.c, graph.c, text.c, structure.c (finalize). */
+
+/* Non-negative decimal float, the whole of s. */
+static int rkm__parse_time(const char *s, double *out)
+{
+    size_t n = rkm__decimal_len(s);
+    return n && !s[n] && rkm__decimal_value(s, n, out);
+}
+
+/* Split "a,b,c" into tensor ids appended to *ids. */
+static rkm_result rkm__parse_names(rkm__reader *r, const rkm_graph *g, const char *key, char *list, int32_t **ids,
+                                   size_t *n, size_t *cap)
+{
+    for (char *s = list;;) {
+        char *comma = strchr(s, ',');
+        if (comma) *comma = 0;
+        if (!rkm__name_ok(s)) return rkm__rerr(r, RKM_ERROR_PARSE, "%s=: '%.64s' is not a valid tensor name", key, s);
+        int32_t id = rkm_graph_find_tensor(g, s);
+        if (id < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "%s=: tensor %s is not declared (declare tensors before use)", key, s);
+        if (!rkm__reserve(r->ctx, (void **)ids, cap, *n + 1, sizeof **ids)) return rkm__nomem(r->ctx, r->src);
+        (*ids)[(*n)++] = id;
+        if (!comma) return RKM_OK;
+        s = comma + 1;
+    }
+}
+
+static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
+{
+    if (r->ntok < 3 || r->ntok > 5)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [nograd]'");
+    if (!rkm__name_ok(r->tok[1]))
+        return rkm__rerr(r, RKM_ERROR_PARSE, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", r->tok[1]);
+    uint64_t bytes;
+    if (!rkm__parse_u64(r->tok[2], &bytes))
+        return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: '%.64s' is not a byte count (unsigned 64-bit decimal)",
+                         r->tok[1], r->tok[2]);
+    unsigned flags = 0;
+    for (int i = 3; i < r->ntok; i++) {
+        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD : 0;
+        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input or nograd)", r->tok[1], r->tok[i]);
+        if (flags & f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: flag %s given twice", r->tok[1], r->tok[i]);
+        flags |= f;
+    }
+    return rkm_graph_add_tensor(g, r->tok[1], bytes, flags, NULL);
+}
+
+static const char *const rkm__op_keys[] = {"fwd", "bwd", "in", "out", "saved", "phantom", "fwd_ws", "bwd_ws", "scratch"};
+enum { RKM__K_FWD, RKM__K_BWD, RKM__K_IN, RKM__K_OUT, RKM__K_SAVED, RKM__K_PHANTOM, RKM__K_FWS, RKM__K_BWS, RKM__K_SCRATCH,
+       RKM__K_N };
+
+typedef struct rkm__idlist {
+    int32_t *ids;
+    size_t n, cap;
+} rkm__idlist;
+
+static rkm_result rkm__read_op(rkm__reader *r, rkm_graph *g)
+{
+    if (r->ntok < 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'op NAME fwd=S bwd=S ...'");
+    const char *name = r->tok[1];
+    if (!rkm__name_ok(name))
+        return rkm__rerr(r, RKM_ERROR_PARSE, "op '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
+    int seen[RKM__K_N] = {0};
+    rkm__idlist lists[3] = {{0}};
+    uint64_t num[4] = {0, 0, 0, 0};
+    rkm_op_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = name;
+    rkm_result res = RKM_OK;
+    for (int i = 2; i < r->ntok && res == RKM_OK; i++) {
+        char *eq = strchr(r->tok[i], '=');
+        unsigned flag = strcmp(r->tok[i], "inplace") == 0 ? RKM_OP_INPLACE
+                        : strcmp(r->tok[i], "grad_inplace") == 0 ? RKM_OP_GRAD_INPLACE : 0;
+        if (flag) {
+            if (d.flags & flag) res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: flag %s given twice", name, r->tok[i]);
+            d.flags |= flag;
+            continue;
+        }
+        if (!eq) {
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: '%.64s' is not KEY=VALUE, inplace or grad_inplace", name,
+                            r->tok[i]);
+            break;
+        }
+        *eq = 0;
+        int k = 0;
+        while (k < RKM__K_N && strcmp(r->tok[i], rkm__op_keys[k]) != 0) k++;
+        if (k == RKM__K_N) {
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: unknown key '%.64s'", name, r->tok[i]);
+        } else if (seen[k]++) {
+            res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: key %s given twice", name, rkm__op_keys[k]);
+        } else if (k == RKM__K_FWD || k == RKM__K_BWD) {
+            double *t = k == RKM__K_FWD ? &d.fwd_seconds : &d.bwd_seconds;
+            if (!rkm__parse_time(eq + 1, t))
+                res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: %s='%.64s' is not a non-negative decimal time in seconds",
+                                name, rkm__op_keys[k], eq + 1);
+        } else if (k >= RKM__K_PHANTOM) {
+            if (!rkm__parse_u64(eq + 1, &num[k - RKM__K_PHANTOM]))
+                res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: %s='%.64s' is not a byte count", name, rkm__op_keys[k], eq + 1);
+        } else {
+            rkm__idlist *l = &lists[k - RKM__K_IN];
+            res = rkm__parse_names(r, g, rkm__op_keys[k], eq + 1, &l->ids, &l->n, &l->cap);
+        }
+    }
+    if (res == RKM_OK && (!seen[RKM__K_FWD] || !seen[RKM__K_BWD]))
+        res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: fwd= and bwd= are required", name);
+    if (res == RKM_OK && !seen[RKM__K_OUT]) res = rkm__rerr(r, RKM_ERROR_PARSE, "op %.64s: out= is required", name);
+    if (res == RKM_OK) {
+        d.in = lists[0].ids;
+        d.n_in = (int32_t)lists[0].n;
+        d.out = lists[1].ids;
+        d.n_out = (int32_t)lists[1].n;
+        d.saved = lists[2].ids;
+        d.n_saved = (int32_t)lists[2].n;
+        d.phantom = num[0];
+        d.fwd_ws = num[1];
+        d.bwd_ws = num[2];
+        d.scratch = num[3];
+        res = rkm_graph_add_op(g, &d, NULL);
+    }
+    for (int i = 0; i < 3; i++) rkm__free(r->ctx, lists[i].ids, lists[i].cap * sizeof(int32_t));
+    return res;
+}
+
+/* copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND [latency=SECONDS] */
+static rkm_result rkm__read_copy(rkm__reader *r, rkm_graph *g)
+{
+    static const char *const keys[] = {"d2h", "h2d", "latency"};
+    double v[3] = {0, 0, 0};
+    int seen[3] = {0, 0, 0};
+    if (g->copy.d2h_bytes_per_second > 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: given twice (at most once)");
+    for (int i = 1; i < r->ntok; i++) {
+        char *eq = strchr(r->tok[i], '=');
+        int k = 0;
+        if (eq) *eq = 0;
+        while (k < 3 && strcmp(r->tok[i], keys[k]) != 0) k++;
+        if (!eq || k == 3 || seen[k])
+            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: expected 'copy d2h=BYTES_PER_SECOND h2d=BYTES_PER_SECOND "
+                             "[latency=SECONDS]', not '%.64s' as word %d", r->tok[i], i + 1);
+        if (!rkm__parse_time(eq + 1, &v[k]))
+            return rkm__rerr(r, RKM_ERROR_PARSE, "copy: %s=%.64s is not a non-negative decimal number", keys[k], eq + 1);
+        seen[k] = 1;
+    }
+    if (!seen[0] || !seen[1]) return rkm__rerr(r, RKM_ERROR_PARSE, "copy: d2h= and h2d= are required");
+    rkm_copy_desc c = {v[0], v[1], v[2]};
+    if (!(c.d2h_bytes_per_second > 0 && c.h2d_bytes_per_second > 0))
+        return rkm__rerr(r, RKM_ERROR_GRAPH, "copy: both bandwidths must be positive");
+    return rkm_graph_set_copy(g, &c);
+}
+
+static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
+{
+    rkm_result res = rkm__next_stmt(r);
+    if (res) return res;
+    if (r->ntok != 2 || strcmp(r->tok[0], "rockmate-graph") != 0 || strcmp(r->tok[1], "1") != 0) {
+        if (!r->ntok) r->line = r->line ? r->line : 1;
+        return rkm__rerr(r, RKM_ERROR_PARSE, "the first statement must be the header 'rockmate-graph 1'");
+    }
+    for (;;) {
+        if ((res = rkm__next_stmt(r))) return res;
+        if (!r->ntok) break;
+        g->src_line = r->line;
+        const char *w = r->tok[0];
+        if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
+        else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
+        else if (strcmp(w, "copy") == 0) res = rkm__read_copy(r, g);
+        else if (strcmp(w, "loss") == 0) {
+            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
+            int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
+            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
+            res = rkm_graph_set_loss(g, t);
+        } else
+            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss or copy)", w);
+        if (res) return res;
+    }
+    g->src_line = r->line;
+    return rkm_graph_finalize(g);
+}
+
+rkm_result rkm_graph_read_string(rkm_context *ctx, const char *text, size_t len, const char *source_name, rkm_graph **out)
+{
+    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_string: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!text && len) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_string: text is NULL");
+    rkm_graph *g;
+    rkm_result res = rkm_graph_create(ctx, &g);
+    if (res) return res;
+    rkm__reader r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.src = source_name ? source_name : "<string>";
+    r.p = text ? text : "";
+    r.end = r.p + len;
+    g->src_name = r.src;
+    res = rkm__read_graph_stmts(&r, g);
+    rkm__reader_free(&r);
+    g->src_name = NULL;
+    g->src_line = 0;
+    if (res) {
+        rkm_graph_destroy(g);
+        return res;
+    }
+    *out = g;
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_read_file(rkm_context *ctx, const char *path, rkm_graph **out)
+{
+    if (!out) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_file: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!ctx || !path) return ctx ? rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_graph_read_file: path is NULL") : RKM_ERROR_ARGUMENT;
+    char *data;
+    size_t len;
+    rkm_result res = rkm__slurp(ctx, path, &data, &len);
+    if (res) return res;
+    res = rkm_graph_read_string(ctx, data, len, path, out);
+    rkm__free(ctx, data, len + 1);
+    return res;
+}
+
+/* The shortest %g form of x that reads back as exactly x. */
+static void rkm__fmt_time(double x, char *buf, size_t size)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}
+
+/* A bandwidth: whole bytes per second as an integer, else as a time. */
+static void rkm__fmt_rate(double x, char *buf, size_t size)
+{
+    if (x == floor(x) && x < 1e15) snprintf(buf, size, "%.0f", x);
+    else rkm__fmt_time(x, buf, size);
+}
+
+static void rkm__out_list(rkm__out *o, const rkm_graph *g, const char *key, const int32_t *ids, int32_t n)
+{
+    if (!n) return;
+    rkm__outf(o, " %s=", key);
+    for (int32_t i = 0; i < n; i++) rkm__outf(o, "%s%s", i ? "," : "", g->tensors[ids[i]].name);
+}
+
+static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
+{
+    rkm__outf(o, "rockmate-graph 1\n");
+    if (g->copy.d2h_bytes_per_second > 0) {
+        char d[40], h[40], l[40];
+        rkm__fmt_rate(g->copy.d2h_bytes_per_second, d, sizeof d);
+        rkm__fmt_rate(g->copy.h2d_bytes_per_second, h, sizeof h);
+        rkm__fmt_time(g->copy.latency_seconds, l, sizeof l);
+        rkm__outf(o, "copy d2h=%s h2d=%s latency=%s\n", d, h, l);
+    }
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,
+                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
+    }
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *op = &g->ops[i];
+        char f[40], b[40];
+        rkm__fmt_time(op->fwd, f, sizeof f);
+        rkm__fmt_time(op->bwd, b, sizeof b);
+        rkm__outf(o, "op %s fwd=%s bwd=%s", op->name, f, b);
+        rkm__out_list(o, g, "in", op->in, op->n_in);
+        rkm__out_list(o, g, "out", op->out, op->n_out);
+        rkm__out_list(o, g, "saved", op->saved, op->n_saved);
+        if (op->phantom) rkm__outf(o, " phantom=%llu", (unsigned long long)op->phantom);
+        if (op->fwd_ws) rkm__outf(o, " fwd_ws=%llu", (unsigned long long)op->fwd_ws);
+        if (op->scratch) rkm__outf(o, " scratch=%llu", (unsigned long long)op->scratch);
+        if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
+        rkm__outf(o, "%s%s\n", op->flags & RKM_OP_INPLACE ? " inplace" : "", op->flags & RKM_OP_GRAD_INPLACE ? " grad_inplace" : "");
+    }
+    rkm__outf(o, "loss %s\n", g->tensors[g->loss].name);
+}
+
+rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn fn, void *user)
+{
+    if (!g || !fn) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_write: write function is NULL") : RKM_ERROR_ARGUMENT;
+    if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "rkm_graph_write: the graph is not finalized");
+    rkm__out o = {fn, user, {0}, 0, 0};
+    rkm__write_graph_to(g, &o);
+    rkm__out_flush(&o);
+    return o.failed ? rkm__err(g->ctx, RKM_ERROR_IO, "rkm_graph_write: the write function failed") : RKM_OK;
+}
+
+static rkm_result rkm__graph_writer(const void *g, rkm_write_fn fn, void *user) { return rkm_graph_write(g, fn, user); }
+
+rkm_result rkm_graph_write_file(const rkm_graph *g, const char *path)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    return rkm__write_file(g->ctx, path, rkm__graph_writer, g);
+}
+
 
 /* ==== src/options.c ==== */
 
@@ -5991,11 +6010,714 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
 }
 
 
+/* ==== src/ilp_sched.c ==== */
+
+/* ilp_sched.c -- the block ILP's schedules: steps, replay, the greedy, a block's shape
+ *
+ * Uses (through internal.h): base.c, graph.c, sim.c, plan.c. */
+
+#ifndef RKM_OMIT_SOLVER
+
+/* ---- the shape's small queries, the work meter's check, errors --------- */
+
+RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
+{
+    if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
+    if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
+    return rkm__now() > u->deadline;
+}
+
+RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
+
+/* Copy src's contents and figures into dst, which keeps its own arrays. */
+RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
+{
+    rkm__ilp_sched own = *dst;
+    memcpy(own.r, src->r, rkm__ilp_rsize(b));
+    memcpy(own.save, src->save, (size_t)b->n * sizeof *own.save);
+    *dst = *src;
+    dst->r = own.r;
+    dst->save = own.save;
+    dst->r_bytes = own.r_bytes;
+    dst->n_save = own.n_save;
+}
+
+/* Report an error of block b: "block ILP: first..last: why". */
+RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
+{
+    char why[RKM_ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return rkm__err(b->ctx, code, "block ILP: %s..%s: %s", b->g->ops[b->op[0]].name, b->g->ops[b->op[b->n - 1]].name,
+                    why);
+}
+
+RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
+{
+    const rkm__op *o = &b->g->ops[b->op[v]];
+    return o->phantom > 0 && o->has_bwd;
+}
+
+/* Local tensor of global t if it is a block tensor, else -1. */
+RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
+
+/* Does stage t's backward read block tensor i (saved)? */
+RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
+{
+    if (t < 1 || t > b->nb) return 0;
+    const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
+    return rkm__list_has(o->saved, o->n_saved, b->tg[i]);
+}
+
+/* ---- schedules: steps, replay ------------------------------------------- */
+
+static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
+{
+    return rkm__steps_push(&o->l, kind, index, save);
+}
+
+/* The most events a schedule of the block has (rkm__ilp_events). */
+RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
+{
+    return (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
+}
+
+/* Events of a schedule in order: stage 0's forwards, the loss node, then per
+ * stage its recomputations and its backward. Returns the count. */
+static size_t rkm__ilp_events(const rkm__ilp_shape *b, const rkm__ilp_sched *s, rkm__ilp_event *ev)
+{
+    size_t m = 0;
+    for (int32_t v = 0; v < b->n; v++) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, 0};
+    ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_LOSS, -1, 1};
+    for (int32_t t = 1; t <= b->nb; t++) {
+        for (int32_t v = 0; v < b->n; v++)
+            if (s->r[(size_t)t * (size_t)b->n + (size_t)v]) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, t};
+        ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_BWD, b->bop[t], t};
+    }
+    return m;
+}
+
+/* Block tensors an event reads, through a callback-free list: fills buf
+ * (capacity enough for any op's in/saved list) and returns the count. */
+static int32_t rkm__ilp_reads(const rkm__ilp_shape *b, const rkm__ilp_event *e, int32_t *buf)
+{
+    int32_t k = 0;
+    if (e->kind == RKM__ILP_NODE_LOSS) {
+        buf[k++] = rkm__ilp_loc(b, b->x_out);
+        return k;
+    }
+    const rkm__op *o = &b->g->ops[b->op[e->v]];
+    const int32_t *list = e->kind == RKM__ILP_NODE_FWD ? o->in : o->saved;
+    int32_t nl = e->kind == RKM__ILP_NODE_FWD ? o->n_in : o->n_saved;
+    for (int32_t j = 0; j < nl; j++)
+        if (rkm__ilp_loc(b, list[j]) >= 0) buf[k++] = rkm__ilp_loc(b, list[j]);
+    return k;
+}
+
+/* Emit the main step of event e. */
+static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e,
+                               rkm__ilp_out *o)
+{
+    const rkm_graph *g = b->g;
+    if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(o, RKM_STEP_LOSS, g->loss, 0) : 1;
+    int32_t gop = b->op[e->v];
+    if (e->kind == RKM__ILP_NODE_FWD)
+        return rkm__ilp_push(o, RKM_STEP_FWD, gop, rkm__ilp_phantom(b, e->v) && s->save[e->v] == e->t);
+    return rkm__ilp_push(o, RKM_STEP_BWD, gop, 0);
+}
+
+/* After a backward: its saved state and its outputs' gradients are dead. */
+static int rkm__ilp_emit_bwd_frees(const rkm__ilp_shape *b, int32_t v, rkm__ilp_out *o)
+{
+    const rkm__op *op = &b->g->ops[b->op[v]];
+    if (op->phantom > 0 && !rkm__ilp_push(o, RKM_STEP_FREE_SAVED, b->op[v], 0)) return 0;
+    for (int32_t k = 0; k < op->n_out; k++)
+        if (b->g->tensors[op->out[k]].has_grad && !rkm__ilp_push(o, RKM_STEP_FREE_GRAD, op->out[k], 0)) return 0;
+    return 1;
+}
+
+/* Block tensor i is freed after event e: into e's list, in tensor order
+ * (what a sort of the points by event, then tensor, gave). 0: no memory. */
+static int rkm__ilp_free_at(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, size_t *n, size_t e, int32_t i)
+{
+    if (!rkm__reserve(b->ctx, (void **)&rp->fp, &rp->fcap, *n + 1, sizeof *rp->fp)) return 0;
+    int32_t *at = &rp->fhead[e];
+    while (*at >= 0 && rp->fp[*at].i < i) at = &rp->fp[*at].next;
+    rp->fp[*n] = (rkm__ilp_fpoint){i, *at};
+    *at = (int32_t)(*n)++;
+    return 1;
+}
+
+/* Free points of the block tensors of the schedule whose m events are in
+ * rp->ev, into rp->fhead's lists: each right after its last use before it
+ * is made again, or right after it is made if nothing reads it. 0: no
+ * memory. */
+static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, size_t m)
+{
+    const rkm__ilp_event *ev = rp->ev;
+    int32_t *live = rp->live;
+    size_t n = 0;
+    int ok = 1;
+    for (int32_t i = 0; i < b->nt; i++) live[i] = -1;
+    for (size_t e = 0; e < m; e++) rp->fhead[e] = -1;
+    /* Lifetimes: live[i] is the last event that touched i since it was made. */
+    for (size_t e = 0; e < m && ok; e++) {
+        int32_t nr = rkm__ilp_reads(b, &ev[e], rp->rbuf);
+        for (int32_t j = 0; j < nr; j++) live[rp->rbuf[j]] = (int32_t)e;
+        if (ev[e].kind != RKM__ILP_NODE_FWD) continue;
+        const rkm__op *op = &b->g->ops[b->op[ev[e].v]];
+        for (int32_t k = 0; k < op->n_out && ok; k++) {
+            int32_t i = rkm__ilp_loc(b, op->out[k]);
+            if (live[i] >= 0) ok = rkm__ilp_free_at(b, rp, &n, (size_t)live[i], i);
+            live[i] = (int32_t)e;
+        }
+    }
+    for (int32_t i = 0; i < b->nt && ok; i++)
+        if (live[i] >= 0) ok = rkm__ilp_free_at(b, rp, &n, (size_t)live[i], i);
+    return ok;
+}
+
+/* The steps of schedule s appended to o->l (empty, the caller's): events in
+ * order, each followed by the frees rkm__ilp_free_points puts there. On
+ * RKM_ERROR_NOMEM o->l is freed. */
+RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+                                rkm__ilp_out *o)
+{
+    o->n_fwd = 0;
+    size_t m = rkm__ilp_events(b, s, rp->ev);
+    int ok = rkm__ilp_free_points(b, rp, m);
+    for (size_t e = 0; e < m && ok; e++) {
+        ok = rkm__ilp_emit_event(b, s, &rp->ev[e], o);
+        if (ok && rp->ev[e].kind == RKM__ILP_NODE_BWD) ok = rkm__ilp_emit_bwd_frees(b, rp->ev[e].v, o);
+        for (int32_t f = rp->fhead[e]; ok && f >= 0; f = rp->fp[f].next)
+            ok = rkm__ilp_push(o, RKM_STEP_FREE, b->tg[rp->fp[f].i], 0);
+        if (ok && e + 1 < m && rp->ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->l.n;
+    }
+    if (!ok) {
+        rkm__steps_free(&o->l);
+        o->n_fwd = 0;
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
+    }
+    return RKM_OK;
+}
+
+/* Does the simulator's state hold exactly the block's end state? */
+static int rkm__ilp_end_ok(const rkm__ilp_shape *b, const rkm__sim *s)
+{
+    const rkm_graph *g = b->g;
+    for (int32_t v = 0; v < b->n; v++) {
+        int32_t x = b->op[v];
+        if ((g->ops[x].has_bwd && !s->bwd_done[x]) || s->P[x]) return 0;
+    }
+    if (b->is_last && !s->loss_done) return 0;
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        int is_in = (g->tensors[t].flags & RKM_TENSOR_INPUT) || (int32_t)t == b->x_in;
+        if (s->D[t] != is_in) return 0;
+        int want_g = (int32_t)t == b->x_in && g->tensors[t].has_grad;
+        if (s->G[t] != want_g) return 0;
+        if (want_g && !rkm__grad_complete(s, (int32_t)t)) return 0;
+    }
+    return 1;
+}
+
+/* Replay a block schedule from the block's start state; fills the figures
+ * of s (absolute bytes; kept: all that is live at the end of F). Returns 1
+ * if it is valid and ends in the block's end state. */
+static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__ilp_out *o, rkm__ilp_sched *s)
+{
+    rkm_sim_result r1, r2;
+    rkm__sim_reset(sim);
+    rkm__sim_give_tensor(sim, b->x_in);
+    if (!rkm__sim_run(sim, o->l.s, o->n_fwd, &r1, NULL)) return 0;
+    s->kept = sim->mem;
+    if (!b->is_last) rkm__sim_give_grad(sim, b->x_out);
+    if (!rkm__sim_run(sim, o->l.s + o->n_fwd, o->l.n - o->n_fwd, &r2, NULL)) return 0;
+    s->peak = r1.peak > r2.peak ? r1.peak : r2.peak;
+    s->time = r1.time + r2.time;
+    return rkm__ilp_end_ok(b, sim);
+}
+
+/* Emit and replay schedule s, setting its figures. Returns 1 if valid;
+ * RKM_ERROR_NOMEM is reported through *res. */
+RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
+{
+    rkm__ilp_out o = {rp->steps, 0};
+    o.l.n = 0;
+    *res = rkm__ilp_emit(b, rp, s, &o);
+    rp->steps = o.l; /* its buffer, for the next schedule */
+    if (*res) return 0;
+    rp->last_steps = o.l.n;
+    return rkm__ilp_replay(b, &rp->sim, &o, s);
+}
+
+RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
+{
+    return s->peak <= peak_budget && s->kept <= kept_budget;
+}
+
+/* ---- greedy: a recompute set -------------------------------------------- */
+
+/* Mark op v to run in stage row r when the recompute set says it does not
+ * keep its outputs from earlier: 1, recompute in every stage that reads
+ * them; 2, recompute in the first such stage and keep them (and the
+ * phantom) from there. */
+static void rkm__ilp_greedy_need(const rkm__ilp_greedy_ws *gw, uint8_t *r, int32_t v)
+{
+    if (gw->x[v] == 1 || (gw->x[v] == 2 && !gw->seen2[v])) r[v] = 1;
+}
+
+/* The schedule that the recompute set gw->x describes: each stage
+ * recomputes, from what is live, what its backward reads (the phantom of an
+ * op with x != 0 included). */
+static void rkm__ilp_greedy_sched(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_sched *s)
+{
+    const rkm_graph *g = b->g;
+    const uint8_t *x = gw->x;
+    size_t n = (size_t)b->n;
+    memset(s->r, 0, rkm__ilp_rsize(b));
+    memset(s->r, 1, n);
+    memset(gw->seen2, 0, n);
+    for (int32_t v = 0; v < b->n; v++) s->save[v] = !rkm__ilp_phantom(b, v) ? -1 : x[v] ? b->st[v] : 0;
+    for (int32_t t = 1; t <= b->nb; t++) {
+        uint8_t *r = s->r + (size_t)t * n;
+        int32_t o = b->bop[t];
+        const rkm__op *bo = &g->ops[b->op[o]];
+        if (rkm__ilp_phantom(b, o)) rkm__ilp_greedy_need(gw, r, o);
+        for (int32_t k = 0; k < bo->n_saved; k++) {
+            int32_t i = rkm__ilp_loc(b, bo->saved[k]);
+            if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
+        }
+        for (int32_t v = b->n; v-- > 0;) {
+            if (!r[v]) continue;
+            const rkm__op *op = &g->ops[b->op[v]];
+            for (int32_t k = 0; k < op->n_in; k++) {
+                int32_t i = rkm__ilp_loc(b, op->in[k]);
+                if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
+            }
+        }
+        for (int32_t v = 0; v < b->n; v++)
+            if (r[v] && x[v] == 2) {
+                gw->seen2[v] = 1;
+                if (rkm__ilp_phantom(b, v)) s->save[v] = t;
+            }
+    }
+}
+
+/* How far s is over the budgets (0: fits). */
+static uint64_t rkm__ilp_excess(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
+{
+    uint64_t e = s->peak > peak_budget ? s->peak - peak_budget : 0;
+    uint64_t f = s->kept > kept_budget ? s->kept - kept_budget : 0;
+    return e > UINT64_MAX - f ? UINT64_MAX : e + f;
+}
+
+/* Is a better than c: fitting first, then less excess, then less time? */
+static int rkm__ilp_better(const rkm__ilp_sched *a, const rkm__ilp_sched *c, uint64_t peak_budget,
+                           uint64_t kept_budget)
+{
+    uint64_t ea = rkm__ilp_excess(a, peak_budget, kept_budget), ec = rkm__ilp_excess(c, peak_budget, kept_budget);
+    if (ea != ec) return ea < ec;
+    return a->time < c->time;
+}
+
+/* Evaluate the recompute set with op v set to `val` into gw->trial.
+ * Returns 1 if valid. */
+static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, int32_t v,
+                               uint8_t val, rkm_result *res)
+{
+    uint8_t keep = gw->x[v];
+    gw->x[v] = val;
+    rkm__ilp_greedy_sched(b, gw, &gw->trial);
+    int ok = rkm__ilp_measure(b, rp, &gw->trial, res);
+    gw->x[v] = keep;
+    return ok;
+}
+
+/* One round of the local search: every change of one op's mode, the best
+ * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
+ * *to its new mode. The wall clock (not the work, which stops between
+ * rounds) ends a round early: a round of a 60-op block takes tens of ms. */
+static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                        uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                        rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
+{
+    rkm_result res = RKM_OK;
+    int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
+    *pick = -1;
+    for (int32_t v = 0; v < b->n && !(v > 0 && rkm__now() > work->deadline); v++)
+        for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
+            if (val == gw->x[v]) continue;
+            int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);
+            work->evals += (double)rp->last_steps;
+            if (!ok) {
+                if (res) return res;
+                continue;
+            }
+            if (rkm__ilp_better(&gw->trial, out, peak_budget, kept_budget)) {
+                *pick = v;
+                *to = val;
+                rkm__ilp_sched_copy(b, out, &gw->trial);
+            }
+        }
+    return RKM_OK;
+}
+
+/* Local search over recompute sets from gw->x: take the change of one op's
+ * mode that gives the best (excess, time) while it improves. Leaves the
+ * best schedule in *out (not gw->trial or gw->alt). */
+static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                   uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
+                                   rkm__ilp_sched *out)
+{
+    rkm_result res = RKM_OK;
+    rkm__ilp_greedy_sched(b, gw, out);
+    if (!rkm__ilp_measure(b, rp, out, &res)) {
+        if (res) return res;
+        return rkm__ilp_err(b, RKM_ERROR_INTERNAL, "internal error: the greedy's first schedule does not replay");
+    }
+    for (int32_t round = 0; round < 4 * b->n && !rkm__ilp_spent(work, 1); round++) {
+        int32_t pick;
+        uint8_t to = 0;
+        if ((res = rkm__ilp_greedy_round(b, gw, rp, peak_budget, kept_budget, work, out, &pick, &to))) return res;
+        if (pick < 0) break;
+        gw->x[pick] = to;
+    }
+    return RKM_OK;
+}
+
+/* Greedy: the local search from "recompute nothing" and from "recompute
+ * everything", the better of the two in *out (valid, maybe not fitting). */
+RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+                                  uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out)
+{
+    memset(gw->x, 1, (size_t)b->n);
+    rkm_result r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, &gw->alt);
+    if (r) return r;
+    memset(gw->x, 0, (size_t)b->n);
+    if ((r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, out))) return r;
+    if (rkm__ilp_better(&gw->alt, out, peak_budget, kept_budget)) rkm__ilp_sched_copy(b, out, &gw->alt);
+    return RKM_OK;
+}
+
+/* ---- structure of a block ------------------------------------------------ */
+
+/* Check the block against the graph: ops in topological order, reads only
+ * inputs, x_in and block tensors, block tensors read outside only if x_out. */
+RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
+{
+    const rkm_graph *g = b->g;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t t = o->in[k];
+            if (b->lt[t] >= 0 || t == b->x_in || (g->tensors[t].flags & RKM_TENSOR_INPUT)) {
+                if (t != b->x_out || b->is_last) continue;
+                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads the block's output %s", o->name,
+                                    g->tensors[t].name);
+            }
+            return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads %s, made outside the block", o->name,
+                                g->tensors[t].name);
+        }
+    }
+    for (size_t x = 0; x < g->n_ops; x++) {
+        if (opl[x] >= 0) continue;
+        const rkm__op *o = &g->ops[x];
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (b->lt[o->in[k]] >= 0 && o->in[k] != b->x_out)
+                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "%s is read by op %s outside the block",
+                                    g->tensors[o->in[k]].name, o->name);
+    }
+    if (b->x_in >= 0 && b->lt[b->x_in] >= 0)
+        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_in %s is made inside the block", g->tensors[b->x_in].name);
+    if (b->lt[b->x_out] < 0) return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "no block op makes x_out");
+    if (!g->tensors[b->x_out].has_grad)
+        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_out %s has no gradient", g->tensors[b->x_out].name);
+    return RKM_OK;
+}
+
+/* Stages (backwards in reverse order), readers, and how late each op and
+ * tensor can be useful (need). fill: [nt] zeroed counters. */
+RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
+{
+    const rkm_graph *g = b->g;
+    int32_t t = 0;
+    for (int32_t v = b->n; v-- > 0;) {
+        b->st[v] = g->ops[b->op[v]].has_bwd ? ++t : 0;
+        if (b->st[v]) b->bop[b->st[v]] = v;
+    }
+    for (int32_t i = 0; i <= b->nt; i++) b->rd_off[i] = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (b->lt[o->in[k]] >= 0) b->rd_off[b->lt[o->in[k]] + 1]++;
+    }
+    for (int32_t i = 0; i < b->nt; i++) b->rd_off[i + 1] += b->rd_off[i];
+    for (int32_t i = 0; i < b->nt; i++) b->last0[i] = b->tprod[i];
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) {
+            int32_t i = b->lt[o->in[k]];
+            if (i < 0) continue;
+            b->rd[b->rd_off[i] + fill[i]++] = v;
+            b->last0[i] = v;
+        }
+    }
+    for (int32_t v = b->n; v-- > 0;) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        int32_t nv = rkm__ilp_phantom(b, v) ? b->st[v] : 0;
+        for (int32_t k = 0; k < o->n_out; k++) {
+            int32_t i = b->lt[o->out[k]], nd = o->out[k] == b->x_out ? 1 : 0;
+            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
+                if (b->need_o[b->rd[j]] > nd) nd = b->need_o[b->rd[j]];
+            for (int32_t s = 1; s <= b->nb; s++)
+                if (s > nd && rkm__ilp_bwd_reads(b, s, i)) nd = s;
+            b->need_t[i] = nd;
+            if (nd > nv) nv = nd;
+        }
+        b->need_o[v] = nv;
+    }
+}
+
+/* Sum of bytes of the block tensors in a list. */
+static uint64_t rkm__ilp_list_bytes(const rkm__ilp_shape *b, const int32_t *list, int32_t n)
+{
+    uint64_t m = 0;
+    for (int32_t k = 0; k < n; k++)
+        if (b->lt[list[k]] >= 0) m += b->g->tensors[list[k]].bytes;
+    return m;
+}
+
+/* What must be live at some node of every schedule: x_out (and its
+ * gradient) at the boundary, an op's inputs and outputs in the forward pass,
+ * a backward's saved tensors, phantom and gradients. */
+RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
+{
+    const rkm_graph *g = b->g;
+    uint64_t xo = g->tensors[b->x_out].bytes;
+    memo->min_kept = b->static_bytes + xo;
+    memo->min_peak = memo->min_kept + xo;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        uint64_t m = b->static_bytes + rkm__ilp_list_bytes(b, o->in, o->n_in) + rkm__ilp_list_bytes(b, o->out, o->n_out);
+        if (m + rkm__fwd_ws_most(o) > memo->min_peak) memo->min_peak = m + rkm__fwd_ws_most(o);
+        int32_t t = b->st[v];
+        if (!t) continue;
+        m = b->static_bytes + (t == 1 ? xo : b->gstart[t]) + b->gnew[t] + o->bwd_ws + o->phantom +
+            rkm__ilp_list_bytes(b, o->saved, o->n_saved);
+        if (m > memo->min_peak) memo->min_peak = m;
+    }
+}
+
+/* Gradient bytes along the backward order (fixed, so constants). */
+static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    uint8_t *gl = rkm__calloc(b->ctx, g->n_tensors + 1, 1);
+    if (!gl) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the gradient bytes");
+    uint64_t live = g->tensors[b->x_out].bytes;
+    gl[b->x_out] = 1;
+    b->gstart[1] = 0;
+    for (int32_t t = 1; t <= b->nb; t++) {
+        if (t > 1) b->gstart[t] = live;
+        const rkm__op *o = &g->ops[b->op[b->bop[t]]];
+        b->gnew[t] = b->gfree[t] = 0;
+        for (int32_t k = 0; k < o->n_in; k++)
+            if (g->tensors[o->in[k]].has_grad && !gl[o->in[k]]) {
+                gl[o->in[k]] = 1;
+                b->gnew[t] += g->tensors[o->in[k]].bytes;
+            }
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].has_grad && gl[o->out[k]]) {
+                gl[o->out[k]] = 0;
+                b->gfree[t] += g->tensors[o->out[k]].bytes;
+            }
+        live = live + b->gnew[t] - b->gfree[t];
+    }
+    b->gstart[b->nb + 1] = live;
+    rkm__free(b->ctx, gl, g->n_tensors + 1);
+    return RKM_OK;
+}
+
+/* Gradient bytes, static bytes, base time and the two scales. */
+RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    uint64_t mx = 1;
+    rkm_result r = rkm__ilp_grad_bytes(b);
+    if (r) return r;
+    b->static_bytes = g->input_bytes;
+    if (b->x_in >= 0 && !(g->tensors[b->x_in].flags & RKM_TENSOR_INPUT)) b->static_bytes += g->tensors[b->x_in].bytes;
+    b->base_time = 0;
+    b->tscale = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        b->base_time += o->fwd + (o->has_bwd ? o->bwd : 0);
+        if (o->fwd > b->tscale) b->tscale = o->fwd;
+        uint64_t m = o->phantom > rkm__fwd_ws_most(o) ? o->phantom : rkm__fwd_ws_most(o);
+        if (o->bwd_ws > m) m = o->bwd_ws;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].bytes > m) m = g->tensors[o->out[k]].bytes;
+        if (m > mx) mx = m;
+    }
+    if (!(b->tscale > 0)) b->tscale = 1;
+    /* A power of two: bytes / mscale is exact in a double. */
+    b->mscale = 1;
+    while (b->mscale * 2 <= (double)mx) b->mscale *= 2;
+    return RKM_OK;
+}
+
+/* ---- a block's shape (ilp.c's part (a)) ---------------------------------- */
+
+/* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
+RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
+{
+    void **p = where;
+    if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
+    *p = rkm__calloc(ctx, count, elem);
+    if (!*p) return 0;
+    a->at[a->n] = p;
+    a->bytes[a->n++] = count * elem;
+    return 1;
+}
+
+RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
+{
+    for (int k = 0; k < a->n; k++) {
+        rkm__free(ctx, *a->at[k], a->bytes[k]);
+        *a->at[k] = NULL;
+    }
+    a->n = 0;
+}
+
+/* Stage 0's node start times, for the copy columns. 0: no memory. */
+static int rkm__ilp_fstart(rkm__ilp_shape *b)
+{
+    if (!rkm__ilp_take(b->ctx, &b->arrays, &b->fstart, (size_t)b->n + 1, sizeof *b->fstart)) return 0;
+    for (int32_t v = 0; v < b->n; v++) b->fstart[v + 1] = b->fstart[v] + b->g->ops[b->op[v]].fwd / b->tscale;
+    return 1;
+}
+
+/* Local ids: ops (checked topological), block tensors and their producers. */
+static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t *opl)
+{
+    const rkm_graph *g = b->g;
+    b->nt = 0;
+    b->max_list = 1;
+    for (int32_t v = 0; v < b->n; v++) {
+        int32_t x = ops[v];
+        if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
+                                                        "and increasing", (int)v, (int)x);
+        b->op[v] = x;
+        opl[x] = v;
+        const rkm__op *o = &g->ops[x];
+        b->nt += o->n_out;
+        if (o->n_in >= b->max_list) b->max_list = o->n_in + 1;
+        if (o->n_saved >= b->max_list) b->max_list = o->n_saved + 1;
+    }
+    return RKM_OK;
+}
+
+/* The shape's arrays whose size is known once n, nt, nb are. 0: no memory. */
+static int rkm__ilp_shape_arrays(rkm__ilp_shape *b)
+{
+    rkm_context *ctx = b->ctx;
+    rkm__ilp_arrays *a = &b->arrays;
+    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
+    return rkm__ilp_take(ctx, a, &b->tg, nt, sizeof *b->tg) && rkm__ilp_take(ctx, a, &b->tprod, nt, sizeof *b->tprod) &&
+           rkm__ilp_take(ctx, a, &b->rd_off, nt + 1, sizeof *b->rd_off) &&
+           rkm__ilp_take(ctx, a, &b->st, n, sizeof *b->st) && rkm__ilp_take(ctx, a, &b->bop, nb + 1, sizeof *b->bop) &&
+           rkm__ilp_take(ctx, a, &b->need_o, n, sizeof *b->need_o) &&
+           rkm__ilp_take(ctx, a, &b->need_t, nt, sizeof *b->need_t) &&
+           rkm__ilp_take(ctx, a, &b->last0, nt, sizeof *b->last0) &&
+           rkm__ilp_take(ctx, a, &b->gstart, nb + 2, sizeof *b->gstart) &&
+           rkm__ilp_take(ctx, a, &b->gnew, nb + 1, sizeof *b->gnew) &&
+           rkm__ilp_take(ctx, a, &b->gfree, nb + 1, sizeof *b->gfree);
+}
+
+/* Number block tensors and stages; allocate the shape's arrays. */
+static rkm_result rkm__ilp_number(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    int32_t i = 0;
+    b->nb = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        b->nb += o->has_bwd ? 1 : 0;
+        for (int32_t k = 0; k < o->n_out; k++) b->lt[o->out[k]] = i++;
+    }
+    if ((double)(b->nb + 1) * b->n > 20.0 * RKM__ILP_MAX_COLS)
+        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops are too many for one model", (int)b->n);
+    if (!rkm__ilp_shape_arrays(b)) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the block's structure");
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_out; k++) {
+            b->tg[b->lt[o->out[k]]] = o->out[k];
+            b->tprod[b->lt[o->out[k]]] = v;
+        }
+    }
+    return RKM_OK;
+}
+
+/* Readers, stages, needs (see rkm__ilp_derive) and constants. */
+static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
+{
+    const rkm_graph *g = b->g;
+    size_t n_rd = 0;
+    for (int32_t v = 0; v < b->n; v++) {
+        const rkm__op *o = &g->ops[b->op[v]];
+        for (int32_t k = 0; k < o->n_in; k++) n_rd += b->lt[o->in[k]] >= 0;
+    }
+    int32_t *fill = rkm__calloc(b->ctx, (size_t)b->nt + 1, sizeof *fill);
+    if (!fill || !rkm__ilp_take(b->ctx, &b->arrays, &b->rd, n_rd + 1, sizeof *b->rd)) {
+        rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the readers");
+    }
+    rkm__ilp_derive(b, fill);
+    rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
+    return rkm__ilp_constants(b);
+}
+
+/* (a) The block's shape: checked against the graph, numbered, derived
+ * (with copies: stage 0's node start times too). */
+RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+                                           int32_t x_out, int is_last, int copies, rkm__ilp_shape *b)
+{
+    rkm_context *ctx = g->ctx;
+    b->g = g;
+    b->ctx = ctx;
+    b->n = n_ops;
+    b->x_in = x_in;
+    b->x_out = x_out;
+    b->is_last = is_last ? 1 : 0;
+    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
+    rkm_result r = RKM_OK;
+    if (!opl || !rkm__ilp_take(ctx, &b->arrays, &b->lt, g->n_tensors + 1, sizeof *b->lt) ||
+        !rkm__ilp_take(ctx, &b->arrays, &b->op, (size_t)n_ops, sizeof *b->op))
+        r = rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
+    if (!r) {
+        for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
+        for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
+        r = rkm__ilp_locals(b, ops, opl);
+    }
+    if (!r) r = rkm__ilp_number(b);
+    if (!r) r = rkm__ilp_check(b, opl);
+    if (!r) r = rkm__ilp_structure(b);
+    b->copies = copies;
+    if (!r && copies && !rkm__ilp_fstart(b)) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the copy columns");
+    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
+    return r;
+}
+
+#endif /* RKM_OMIT_SOLVER */
+
 /* ==== src/ilp.c ==== */
 
 /* ilp.c -- the block ILP: the model and lp_solve (the one file that includes it)
  *
- * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, ilp_sched.c. */
+ * Uses (through internal.h): base.c, graph.c, sim.c, plan.c, ilp_sched.c. */
 
 /* A block: forward ops (global ids, topological order) of a finalized graph,
  * the separator x_in entering it (-1: none) and x_out leaving it (the loss
@@ -6171,13 +6893,6 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 
 #define RKM__ILP_ONE (-1) /* a variable reference that is the constant 1 */
 
-RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
-{
-    if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
-    if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
-    return rkm__now() > u->deadline;
-}
-
 /* Scratch in the ILP: a forward's transient bytes count as
  * rkm__fwd_ws_most on every run. The simulator counts the scratch only on
  * runs that keep no saved state, so the ILP over-counts a `save` run by at
@@ -6206,8 +6921,6 @@ RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user,
     b->stop_user = user;
 }
 
-RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
-
 static rkm__ilp_free *rkm__ilp_fend(const rkm__ilp_model *md, int32_t k)
 {
     return md->fcand + (k + 1 < md->n_nodes ? md->node[k + 1].f0 : md->n_fcand);
@@ -6228,48 +6941,6 @@ static void rkm__ilp_sched_free(rkm_context *ctx, rkm__ilp_sched *s)
     rkm__free(ctx, s->save, s->n_save * sizeof *s->save);
     s->r = NULL;
     s->save = NULL;
-}
-
-/* Copy src's contents and figures into dst, which keeps its own arrays. */
-RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
-{
-    rkm__ilp_sched own = *dst;
-    memcpy(own.r, src->r, rkm__ilp_rsize(b));
-    memcpy(own.save, src->save, (size_t)b->n * sizeof *own.save);
-    *dst = *src;
-    dst->r = own.r;
-    dst->save = own.save;
-    dst->r_bytes = own.r_bytes;
-    dst->n_save = own.n_save;
-}
-
-/* Report an error of block b: "block ILP: first..last: why". */
-RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
-{
-    char why[RKM_ERRMSG_SIZE];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return rkm__err(b->ctx, code, "block ILP: %s..%s: %s", b->g->ops[b->op[0]].name, b->g->ops[b->op[b->n - 1]].name,
-                    why);
-}
-
-RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
-{
-    const rkm__op *o = &b->g->ops[b->op[v]];
-    return o->phantom > 0 && o->has_bwd;
-}
-
-/* Local tensor of global t if it is a block tensor, else -1. */
-RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
-
-/* Does stage t's backward read block tensor i (saved)? */
-RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
-{
-    if (t < 1 || t > b->nb) return 0;
-    const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
-    return rkm__list_has(o->saved, o->n_saved, b->tg[i]);
 }
 
 /* ---- the model ----------------------------------------------------------- */
@@ -7452,656 +8123,6 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp
     if (!(g->copy.d2h_bytes_per_second > 0) || !(g->copy.h2d_bytes_per_second > 0))
         return rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block ILP with copies on a graph without a link");
     return rkm__ilp_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, 1, out);
-}
-
-#endif /* RKM_OMIT_SOLVER */
-
-/* ==== src/ilp_sched.c ==== */
-
-/* ilp_sched.c -- the block ILP's schedules: steps, replay, the greedy, a block's shape
- *
- * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, ilp.c. */
-
-#ifndef RKM_OMIT_SOLVER
-
-/* ---- schedules: steps, replay ------------------------------------------- */
-
-static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t save)
-{
-    return rkm__steps_push(&o->l, kind, index, save);
-}
-
-/* The most events a schedule of the block has (rkm__ilp_events). */
-RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
-{
-    return (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
-}
-
-/* Events of a schedule in order: stage 0's forwards, the loss node, then per
- * stage its recomputations and its backward. Returns the count. */
-static size_t rkm__ilp_events(const rkm__ilp_shape *b, const rkm__ilp_sched *s, rkm__ilp_event *ev)
-{
-    size_t m = 0;
-    for (int32_t v = 0; v < b->n; v++) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, 0};
-    ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_LOSS, -1, 1};
-    for (int32_t t = 1; t <= b->nb; t++) {
-        for (int32_t v = 0; v < b->n; v++)
-            if (s->r[(size_t)t * (size_t)b->n + (size_t)v]) ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_FWD, v, t};
-        ev[m++] = (rkm__ilp_event){RKM__ILP_NODE_BWD, b->bop[t], t};
-    }
-    return m;
-}
-
-/* Block tensors an event reads, through a callback-free list: fills buf
- * (capacity enough for any op's in/saved list) and returns the count. */
-static int32_t rkm__ilp_reads(const rkm__ilp_shape *b, const rkm__ilp_event *e, int32_t *buf)
-{
-    int32_t k = 0;
-    if (e->kind == RKM__ILP_NODE_LOSS) {
-        buf[k++] = rkm__ilp_loc(b, b->x_out);
-        return k;
-    }
-    const rkm__op *o = &b->g->ops[b->op[e->v]];
-    const int32_t *list = e->kind == RKM__ILP_NODE_FWD ? o->in : o->saved;
-    int32_t nl = e->kind == RKM__ILP_NODE_FWD ? o->n_in : o->n_saved;
-    for (int32_t j = 0; j < nl; j++)
-        if (rkm__ilp_loc(b, list[j]) >= 0) buf[k++] = rkm__ilp_loc(b, list[j]);
-    return k;
-}
-
-/* Emit the main step of event e. */
-static int rkm__ilp_emit_event(const rkm__ilp_shape *b, const rkm__ilp_sched *s, const rkm__ilp_event *e,
-                               rkm__ilp_out *o)
-{
-    const rkm_graph *g = b->g;
-    if (e->kind == RKM__ILP_NODE_LOSS) return b->is_last ? rkm__ilp_push(o, RKM_STEP_LOSS, g->loss, 0) : 1;
-    int32_t gop = b->op[e->v];
-    if (e->kind == RKM__ILP_NODE_FWD)
-        return rkm__ilp_push(o, RKM_STEP_FWD, gop, rkm__ilp_phantom(b, e->v) && s->save[e->v] == e->t);
-    return rkm__ilp_push(o, RKM_STEP_BWD, gop, 0);
-}
-
-/* After a backward: its saved state and its outputs' gradients are dead. */
-static int rkm__ilp_emit_bwd_frees(const rkm__ilp_shape *b, int32_t v, rkm__ilp_out *o)
-{
-    const rkm__op *op = &b->g->ops[b->op[v]];
-    if (op->phantom > 0 && !rkm__ilp_push(o, RKM_STEP_FREE_SAVED, b->op[v], 0)) return 0;
-    for (int32_t k = 0; k < op->n_out; k++)
-        if (b->g->tensors[op->out[k]].has_grad && !rkm__ilp_push(o, RKM_STEP_FREE_GRAD, op->out[k], 0)) return 0;
-    return 1;
-}
-
-/* Block tensor i is freed after event e: into e's list, in tensor order
- * (what a sort of the points by event, then tensor, gave). 0: no memory. */
-static int rkm__ilp_free_at(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, size_t *n, size_t e, int32_t i)
-{
-    if (!rkm__reserve(b->ctx, (void **)&rp->fp, &rp->fcap, *n + 1, sizeof *rp->fp)) return 0;
-    int32_t *at = &rp->fhead[e];
-    while (*at >= 0 && rp->fp[*at].i < i) at = &rp->fp[*at].next;
-    rp->fp[*n] = (rkm__ilp_fpoint){i, *at};
-    *at = (int32_t)(*n)++;
-    return 1;
-}
-
-/* Free points of the block tensors of the schedule whose m events are in
- * rp->ev, into rp->fhead's lists: each right after its last use before it
- * is made again, or right after it is made if nothing reads it. 0: no
- * memory. */
-static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, size_t m)
-{
-    const rkm__ilp_event *ev = rp->ev;
-    int32_t *live = rp->live;
-    size_t n = 0;
-    int ok = 1;
-    for (int32_t i = 0; i < b->nt; i++) live[i] = -1;
-    for (size_t e = 0; e < m; e++) rp->fhead[e] = -1;
-    /* Lifetimes: live[i] is the last event that touched i since it was made. */
-    for (size_t e = 0; e < m && ok; e++) {
-        int32_t nr = rkm__ilp_reads(b, &ev[e], rp->rbuf);
-        for (int32_t j = 0; j < nr; j++) live[rp->rbuf[j]] = (int32_t)e;
-        if (ev[e].kind != RKM__ILP_NODE_FWD) continue;
-        const rkm__op *op = &b->g->ops[b->op[ev[e].v]];
-        for (int32_t k = 0; k < op->n_out && ok; k++) {
-            int32_t i = rkm__ilp_loc(b, op->out[k]);
-            if (live[i] >= 0) ok = rkm__ilp_free_at(b, rp, &n, (size_t)live[i], i);
-            live[i] = (int32_t)e;
-        }
-    }
-    for (int32_t i = 0; i < b->nt && ok; i++)
-        if (live[i] >= 0) ok = rkm__ilp_free_at(b, rp, &n, (size_t)live[i], i);
-    return ok;
-}
-
-/* The steps of schedule s appended to o->l (empty, the caller's): events in
- * order, each followed by the frees rkm__ilp_free_points puts there. On
- * RKM_ERROR_NOMEM o->l is freed. */
-RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
-                                rkm__ilp_out *o)
-{
-    o->n_fwd = 0;
-    size_t m = rkm__ilp_events(b, s, rp->ev);
-    int ok = rkm__ilp_free_points(b, rp, m);
-    for (size_t e = 0; e < m && ok; e++) {
-        ok = rkm__ilp_emit_event(b, s, &rp->ev[e], o);
-        if (ok && rp->ev[e].kind == RKM__ILP_NODE_BWD) ok = rkm__ilp_emit_bwd_frees(b, rp->ev[e].v, o);
-        for (int32_t f = rp->fhead[e]; ok && f >= 0; f = rp->fp[f].next)
-            ok = rkm__ilp_push(o, RKM_STEP_FREE, b->tg[rp->fp[f].i], 0);
-        if (ok && e + 1 < m && rp->ev[e + 1].kind == RKM__ILP_NODE_LOSS) o->n_fwd = o->l.n;
-    }
-    if (!ok) {
-        rkm__steps_free(&o->l);
-        o->n_fwd = 0;
-        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for a schedule's steps");
-    }
-    return RKM_OK;
-}
-
-/* Does the simulator's state hold exactly the block's end state? */
-static int rkm__ilp_end_ok(const rkm__ilp_shape *b, const rkm__sim *s)
-{
-    const rkm_graph *g = b->g;
-    for (int32_t v = 0; v < b->n; v++) {
-        int32_t x = b->op[v];
-        if ((g->ops[x].has_bwd && !s->bwd_done[x]) || s->P[x]) return 0;
-    }
-    if (b->is_last && !s->loss_done) return 0;
-    for (size_t t = 0; t < g->n_tensors; t++) {
-        int is_in = (g->tensors[t].flags & RKM_TENSOR_INPUT) || (int32_t)t == b->x_in;
-        if (s->D[t] != is_in) return 0;
-        int want_g = (int32_t)t == b->x_in && g->tensors[t].has_grad;
-        if (s->G[t] != want_g) return 0;
-        if (want_g && !rkm__grad_complete(s, (int32_t)t)) return 0;
-    }
-    return 1;
-}
-
-/* Replay a block schedule from the block's start state; fills the figures
- * of s (absolute bytes; kept: all that is live at the end of F). Returns 1
- * if it is valid and ends in the block's end state. */
-static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__ilp_out *o, rkm__ilp_sched *s)
-{
-    rkm_sim_result r1, r2;
-    rkm__sim_reset(sim);
-    rkm__sim_give_tensor(sim, b->x_in);
-    if (!rkm__sim_run(sim, o->l.s, o->n_fwd, &r1, NULL)) return 0;
-    s->kept = sim->mem;
-    if (!b->is_last) rkm__sim_give_grad(sim, b->x_out);
-    if (!rkm__sim_run(sim, o->l.s + o->n_fwd, o->l.n - o->n_fwd, &r2, NULL)) return 0;
-    s->peak = r1.peak > r2.peak ? r1.peak : r2.peak;
-    s->time = r1.time + r2.time;
-    return rkm__ilp_end_ok(b, sim);
-}
-
-/* Emit and replay schedule s, setting its figures. Returns 1 if valid;
- * RKM_ERROR_NOMEM is reported through *res. */
-RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
-{
-    rkm__ilp_out o = {rp->steps, 0};
-    o.l.n = 0;
-    *res = rkm__ilp_emit(b, rp, s, &o);
-    rp->steps = o.l; /* its buffer, for the next schedule */
-    if (*res) return 0;
-    rp->last_steps = o.l.n;
-    return rkm__ilp_replay(b, &rp->sim, &o, s);
-}
-
-RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
-{
-    return s->peak <= peak_budget && s->kept <= kept_budget;
-}
-
-/* ---- greedy: a recompute set -------------------------------------------- */
-
-/* Mark op v to run in stage row r when the recompute set says it does not
- * keep its outputs from earlier: 1, recompute in every stage that reads
- * them; 2, recompute in the first such stage and keep them (and the
- * phantom) from there. */
-static void rkm__ilp_greedy_need(const rkm__ilp_greedy_ws *gw, uint8_t *r, int32_t v)
-{
-    if (gw->x[v] == 1 || (gw->x[v] == 2 && !gw->seen2[v])) r[v] = 1;
-}
-
-/* The schedule that the recompute set gw->x describes: each stage
- * recomputes, from what is live, what its backward reads (the phantom of an
- * op with x != 0 included). */
-static void rkm__ilp_greedy_sched(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_sched *s)
-{
-    const rkm_graph *g = b->g;
-    const uint8_t *x = gw->x;
-    size_t n = (size_t)b->n;
-    memset(s->r, 0, rkm__ilp_rsize(b));
-    memset(s->r, 1, n);
-    memset(gw->seen2, 0, n);
-    for (int32_t v = 0; v < b->n; v++) s->save[v] = !rkm__ilp_phantom(b, v) ? -1 : x[v] ? b->st[v] : 0;
-    for (int32_t t = 1; t <= b->nb; t++) {
-        uint8_t *r = s->r + (size_t)t * n;
-        int32_t o = b->bop[t];
-        const rkm__op *bo = &g->ops[b->op[o]];
-        if (rkm__ilp_phantom(b, o)) rkm__ilp_greedy_need(gw, r, o);
-        for (int32_t k = 0; k < bo->n_saved; k++) {
-            int32_t i = rkm__ilp_loc(b, bo->saved[k]);
-            if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
-        }
-        for (int32_t v = b->n; v-- > 0;) {
-            if (!r[v]) continue;
-            const rkm__op *op = &g->ops[b->op[v]];
-            for (int32_t k = 0; k < op->n_in; k++) {
-                int32_t i = rkm__ilp_loc(b, op->in[k]);
-                if (i >= 0) rkm__ilp_greedy_need(gw, r, b->tprod[i]);
-            }
-        }
-        for (int32_t v = 0; v < b->n; v++)
-            if (r[v] && x[v] == 2) {
-                gw->seen2[v] = 1;
-                if (rkm__ilp_phantom(b, v)) s->save[v] = t;
-            }
-    }
-}
-
-/* How far s is over the budgets (0: fits). */
-static uint64_t rkm__ilp_excess(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
-{
-    uint64_t e = s->peak > peak_budget ? s->peak - peak_budget : 0;
-    uint64_t f = s->kept > kept_budget ? s->kept - kept_budget : 0;
-    return e > UINT64_MAX - f ? UINT64_MAX : e + f;
-}
-
-/* Is a better than c: fitting first, then less excess, then less time? */
-static int rkm__ilp_better(const rkm__ilp_sched *a, const rkm__ilp_sched *c, uint64_t peak_budget,
-                           uint64_t kept_budget)
-{
-    uint64_t ea = rkm__ilp_excess(a, peak_budget, kept_budget), ec = rkm__ilp_excess(c, peak_budget, kept_budget);
-    if (ea != ec) return ea < ec;
-    return a->time < c->time;
-}
-
-/* Evaluate the recompute set with op v set to `val` into gw->trial.
- * Returns 1 if valid. */
-static int rkm__ilp_greedy_try(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, int32_t v,
-                               uint8_t val, rkm_result *res)
-{
-    uint8_t keep = gw->x[v];
-    gw->x[v] = val;
-    rkm__ilp_greedy_sched(b, gw, &gw->trial);
-    int ok = rkm__ilp_measure(b, rp, &gw->trial, res);
-    gw->x[v] = keep;
-    return ok;
-}
-
-/* One round of the local search: every change of one op's mode, the best
- * (excess, time) below *out's into *out. *pick: the op changed (-1: none),
- * *to its new mode. The wall clock (not the work, which stops between
- * rounds) ends a round early: a round of a 60-op block takes tens of ms. */
-static rkm_result rkm__ilp_greedy_round(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
-                                        uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
-                                        rkm__ilp_sched *out, int32_t *pick, uint8_t *to)
-{
-    rkm_result res = RKM_OK;
-    int32_t xo = b->tprod[rkm__ilp_loc(b, b->x_out)];
-    *pick = -1;
-    for (int32_t v = 0; v < b->n && !(v > 0 && rkm__now() > work->deadline); v++)
-        for (uint8_t val = 0; val < 3 && b->need_o[v] >= 1 && v != xo; val++) {
-            if (val == gw->x[v]) continue;
-            int ok = rkm__ilp_greedy_try(b, gw, rp, v, val, &res);
-            work->evals += (double)rp->last_steps;
-            if (!ok) {
-                if (res) return res;
-                continue;
-            }
-            if (rkm__ilp_better(&gw->trial, out, peak_budget, kept_budget)) {
-                *pick = v;
-                *to = val;
-                rkm__ilp_sched_copy(b, out, &gw->trial);
-            }
-        }
-    return RKM_OK;
-}
-
-/* Local search over recompute sets from gw->x: take the change of one op's
- * mode that gives the best (excess, time) while it improves. Leaves the
- * best schedule in *out (not gw->trial or gw->alt). */
-static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
-                                   uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work,
-                                   rkm__ilp_sched *out)
-{
-    rkm_result res = RKM_OK;
-    rkm__ilp_greedy_sched(b, gw, out);
-    if (!rkm__ilp_measure(b, rp, out, &res)) {
-        if (res) return res;
-        return rkm__ilp_err(b, RKM_ERROR_INTERNAL, "internal error: the greedy's first schedule does not replay");
-    }
-    for (int32_t round = 0; round < 4 * b->n && !rkm__ilp_spent(work, 1); round++) {
-        int32_t pick;
-        uint8_t to = 0;
-        if ((res = rkm__ilp_greedy_round(b, gw, rp, peak_budget, kept_budget, work, out, &pick, &to))) return res;
-        if (pick < 0) break;
-        gw->x[pick] = to;
-    }
-    return RKM_OK;
-}
-
-/* Greedy: the local search from "recompute nothing" and from "recompute
- * everything", the better of the two in *out (valid, maybe not fitting). */
-RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
-                                  uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out)
-{
-    memset(gw->x, 1, (size_t)b->n);
-    rkm_result r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, &gw->alt);
-    if (r) return r;
-    memset(gw->x, 0, (size_t)b->n);
-    if ((r = rkm__ilp_descend(b, gw, rp, peak_budget, kept_budget, work, out))) return r;
-    if (rkm__ilp_better(&gw->alt, out, peak_budget, kept_budget)) rkm__ilp_sched_copy(b, out, &gw->alt);
-    return RKM_OK;
-}
-
-/* ---- structure of a block ------------------------------------------------ */
-
-/* Check the block against the graph: ops in topological order, reads only
- * inputs, x_in and block tensors, block tensors read outside only if x_out. */
-RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
-{
-    const rkm_graph *g = b->g;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_in; k++) {
-            int32_t t = o->in[k];
-            if (b->lt[t] >= 0 || t == b->x_in || (g->tensors[t].flags & RKM_TENSOR_INPUT)) {
-                if (t != b->x_out || b->is_last) continue;
-                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads the block's output %s", o->name,
-                                    g->tensors[t].name);
-            }
-            return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "op %s reads %s, made outside the block", o->name,
-                                g->tensors[t].name);
-        }
-    }
-    for (size_t x = 0; x < g->n_ops; x++) {
-        if (opl[x] >= 0) continue;
-        const rkm__op *o = &g->ops[x];
-        for (int32_t k = 0; k < o->n_in; k++)
-            if (b->lt[o->in[k]] >= 0 && o->in[k] != b->x_out)
-                return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "%s is read by op %s outside the block",
-                                    g->tensors[o->in[k]].name, o->name);
-    }
-    if (b->x_in >= 0 && b->lt[b->x_in] >= 0)
-        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_in %s is made inside the block", g->tensors[b->x_in].name);
-    if (b->lt[b->x_out] < 0) return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "no block op makes x_out");
-    if (!g->tensors[b->x_out].has_grad)
-        return rkm__ilp_err(b, RKM_ERROR_ARGUMENT, "x_out %s has no gradient", g->tensors[b->x_out].name);
-    return RKM_OK;
-}
-
-/* Stages (backwards in reverse order), readers, and how late each op and
- * tensor can be useful (need). fill: [nt] zeroed counters. */
-RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
-{
-    const rkm_graph *g = b->g;
-    int32_t t = 0;
-    for (int32_t v = b->n; v-- > 0;) {
-        b->st[v] = g->ops[b->op[v]].has_bwd ? ++t : 0;
-        if (b->st[v]) b->bop[b->st[v]] = v;
-    }
-    for (int32_t i = 0; i <= b->nt; i++) b->rd_off[i] = 0;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_in; k++)
-            if (b->lt[o->in[k]] >= 0) b->rd_off[b->lt[o->in[k]] + 1]++;
-    }
-    for (int32_t i = 0; i < b->nt; i++) b->rd_off[i + 1] += b->rd_off[i];
-    for (int32_t i = 0; i < b->nt; i++) b->last0[i] = b->tprod[i];
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_in; k++) {
-            int32_t i = b->lt[o->in[k]];
-            if (i < 0) continue;
-            b->rd[b->rd_off[i] + fill[i]++] = v;
-            b->last0[i] = v;
-        }
-    }
-    for (int32_t v = b->n; v-- > 0;) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        int32_t nv = rkm__ilp_phantom(b, v) ? b->st[v] : 0;
-        for (int32_t k = 0; k < o->n_out; k++) {
-            int32_t i = b->lt[o->out[k]], nd = o->out[k] == b->x_out ? 1 : 0;
-            for (int32_t j = b->rd_off[i]; j < b->rd_off[i + 1]; j++)
-                if (b->need_o[b->rd[j]] > nd) nd = b->need_o[b->rd[j]];
-            for (int32_t s = 1; s <= b->nb; s++)
-                if (s > nd && rkm__ilp_bwd_reads(b, s, i)) nd = s;
-            b->need_t[i] = nd;
-            if (nd > nv) nv = nd;
-        }
-        b->need_o[v] = nv;
-    }
-}
-
-/* Sum of bytes of the block tensors in a list. */
-static uint64_t rkm__ilp_list_bytes(const rkm__ilp_shape *b, const int32_t *list, int32_t n)
-{
-    uint64_t m = 0;
-    for (int32_t k = 0; k < n; k++)
-        if (b->lt[list[k]] >= 0) m += b->g->tensors[list[k]].bytes;
-    return m;
-}
-
-/* What must be live at some node of every schedule: x_out (and its
- * gradient) at the boundary, an op's inputs and outputs in the forward pass,
- * a backward's saved tensors, phantom and gradients. */
-RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
-{
-    const rkm_graph *g = b->g;
-    uint64_t xo = g->tensors[b->x_out].bytes;
-    memo->min_kept = b->static_bytes + xo;
-    memo->min_peak = memo->min_kept + xo;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        uint64_t m = b->static_bytes + rkm__ilp_list_bytes(b, o->in, o->n_in) + rkm__ilp_list_bytes(b, o->out, o->n_out);
-        if (m + rkm__fwd_ws_most(o) > memo->min_peak) memo->min_peak = m + rkm__fwd_ws_most(o);
-        int32_t t = b->st[v];
-        if (!t) continue;
-        m = b->static_bytes + (t == 1 ? xo : b->gstart[t]) + b->gnew[t] + o->bwd_ws + o->phantom +
-            rkm__ilp_list_bytes(b, o->saved, o->n_saved);
-        if (m > memo->min_peak) memo->min_peak = m;
-    }
-}
-
-/* Gradient bytes along the backward order (fixed, so constants). */
-static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
-{
-    const rkm_graph *g = b->g;
-    uint8_t *gl = rkm__calloc(b->ctx, g->n_tensors + 1, 1);
-    if (!gl) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the gradient bytes");
-    uint64_t live = g->tensors[b->x_out].bytes;
-    gl[b->x_out] = 1;
-    b->gstart[1] = 0;
-    for (int32_t t = 1; t <= b->nb; t++) {
-        if (t > 1) b->gstart[t] = live;
-        const rkm__op *o = &g->ops[b->op[b->bop[t]]];
-        b->gnew[t] = b->gfree[t] = 0;
-        for (int32_t k = 0; k < o->n_in; k++)
-            if (g->tensors[o->in[k]].has_grad && !gl[o->in[k]]) {
-                gl[o->in[k]] = 1;
-                b->gnew[t] += g->tensors[o->in[k]].bytes;
-            }
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (g->tensors[o->out[k]].has_grad && gl[o->out[k]]) {
-                gl[o->out[k]] = 0;
-                b->gfree[t] += g->tensors[o->out[k]].bytes;
-            }
-        live = live + b->gnew[t] - b->gfree[t];
-    }
-    b->gstart[b->nb + 1] = live;
-    rkm__free(b->ctx, gl, g->n_tensors + 1);
-    return RKM_OK;
-}
-
-/* Gradient bytes, static bytes, base time and the two scales. */
-RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
-{
-    const rkm_graph *g = b->g;
-    uint64_t mx = 1;
-    rkm_result r = rkm__ilp_grad_bytes(b);
-    if (r) return r;
-    b->static_bytes = g->input_bytes;
-    if (b->x_in >= 0 && !(g->tensors[b->x_in].flags & RKM_TENSOR_INPUT)) b->static_bytes += g->tensors[b->x_in].bytes;
-    b->base_time = 0;
-    b->tscale = 0;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        b->base_time += o->fwd + (o->has_bwd ? o->bwd : 0);
-        if (o->fwd > b->tscale) b->tscale = o->fwd;
-        uint64_t m = o->phantom > rkm__fwd_ws_most(o) ? o->phantom : rkm__fwd_ws_most(o);
-        if (o->bwd_ws > m) m = o->bwd_ws;
-        for (int32_t k = 0; k < o->n_out; k++)
-            if (g->tensors[o->out[k]].bytes > m) m = g->tensors[o->out[k]].bytes;
-        if (m > mx) mx = m;
-    }
-    if (!(b->tscale > 0)) b->tscale = 1;
-    /* A power of two: bytes / mscale is exact in a double. */
-    b->mscale = 1;
-    while (b->mscale * 2 <= (double)mx) b->mscale *= 2;
-    return RKM_OK;
-}
-
-/* ---- a block's shape (ilp.c's part (a)) ---------------------------------- */
-
-/* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
-RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
-{
-    void **p = where;
-    if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
-    *p = rkm__calloc(ctx, count, elem);
-    if (!*p) return 0;
-    a->at[a->n] = p;
-    a->bytes[a->n++] = count * elem;
-    return 1;
-}
-
-RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
-{
-    for (int k = 0; k < a->n; k++) {
-        rkm__free(ctx, *a->at[k], a->bytes[k]);
-        *a->at[k] = NULL;
-    }
-    a->n = 0;
-}
-
-/* Stage 0's node start times, for the copy columns. 0: no memory. */
-static int rkm__ilp_fstart(rkm__ilp_shape *b)
-{
-    if (!rkm__ilp_take(b->ctx, &b->arrays, &b->fstart, (size_t)b->n + 1, sizeof *b->fstart)) return 0;
-    for (int32_t v = 0; v < b->n; v++) b->fstart[v + 1] = b->fstart[v] + b->g->ops[b->op[v]].fwd / b->tscale;
-    return 1;
-}
-
-/* Local ids: ops (checked topological), block tensors and their producers. */
-static rkm_result rkm__ilp_locals(rkm__ilp_shape *b, const int32_t *ops, int32_t *opl)
-{
-    const rkm_graph *g = b->g;
-    b->nt = 0;
-    b->max_list = 1;
-    for (int32_t v = 0; v < b->n; v++) {
-        int32_t x = ops[v];
-        if (x < 0 || (size_t)x >= g->n_ops || (v > 0 && x <= ops[v - 1]))
-            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "block ILP: op %d of the block has id %d: ids must be valid "
-                                                        "and increasing", (int)v, (int)x);
-        b->op[v] = x;
-        opl[x] = v;
-        const rkm__op *o = &g->ops[x];
-        b->nt += o->n_out;
-        if (o->n_in >= b->max_list) b->max_list = o->n_in + 1;
-        if (o->n_saved >= b->max_list) b->max_list = o->n_saved + 1;
-    }
-    return RKM_OK;
-}
-
-/* The shape's arrays whose size is known once n, nt, nb are. 0: no memory. */
-static int rkm__ilp_shape_arrays(rkm__ilp_shape *b)
-{
-    rkm_context *ctx = b->ctx;
-    rkm__ilp_arrays *a = &b->arrays;
-    size_t n = (size_t)b->n, nt = (size_t)b->nt, nb = (size_t)b->nb;
-    return rkm__ilp_take(ctx, a, &b->tg, nt, sizeof *b->tg) && rkm__ilp_take(ctx, a, &b->tprod, nt, sizeof *b->tprod) &&
-           rkm__ilp_take(ctx, a, &b->rd_off, nt + 1, sizeof *b->rd_off) &&
-           rkm__ilp_take(ctx, a, &b->st, n, sizeof *b->st) && rkm__ilp_take(ctx, a, &b->bop, nb + 1, sizeof *b->bop) &&
-           rkm__ilp_take(ctx, a, &b->need_o, n, sizeof *b->need_o) &&
-           rkm__ilp_take(ctx, a, &b->need_t, nt, sizeof *b->need_t) &&
-           rkm__ilp_take(ctx, a, &b->last0, nt, sizeof *b->last0) &&
-           rkm__ilp_take(ctx, a, &b->gstart, nb + 2, sizeof *b->gstart) &&
-           rkm__ilp_take(ctx, a, &b->gnew, nb + 1, sizeof *b->gnew) &&
-           rkm__ilp_take(ctx, a, &b->gfree, nb + 1, sizeof *b->gfree);
-}
-
-/* Number block tensors and stages; allocate the shape's arrays. */
-static rkm_result rkm__ilp_number(rkm__ilp_shape *b)
-{
-    const rkm_graph *g = b->g;
-    int32_t i = 0;
-    b->nb = 0;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        b->nb += o->has_bwd ? 1 : 0;
-        for (int32_t k = 0; k < o->n_out; k++) b->lt[o->out[k]] = i++;
-    }
-    if ((double)(b->nb + 1) * b->n > 20.0 * RKM__ILP_MAX_COLS)
-        return rkm__ilp_err(b, RKM_ERROR_SOLVER, "%d ops are too many for one model", (int)b->n);
-    if (!rkm__ilp_shape_arrays(b)) return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the block's structure");
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_out; k++) {
-            b->tg[b->lt[o->out[k]]] = o->out[k];
-            b->tprod[b->lt[o->out[k]]] = v;
-        }
-    }
-    return RKM_OK;
-}
-
-/* Readers, stages, needs (see rkm__ilp_derive) and constants. */
-static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
-{
-    const rkm_graph *g = b->g;
-    size_t n_rd = 0;
-    for (int32_t v = 0; v < b->n; v++) {
-        const rkm__op *o = &g->ops[b->op[v]];
-        for (int32_t k = 0; k < o->n_in; k++) n_rd += b->lt[o->in[k]] >= 0;
-    }
-    int32_t *fill = rkm__calloc(b->ctx, (size_t)b->nt + 1, sizeof *fill);
-    if (!fill || !rkm__ilp_take(b->ctx, &b->arrays, &b->rd, n_rd + 1, sizeof *b->rd)) {
-        rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
-        return rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the readers");
-    }
-    rkm__ilp_derive(b, fill);
-    rkm__free(b->ctx, fill, ((size_t)b->nt + 1) * sizeof *fill);
-    return rkm__ilp_constants(b);
-}
-
-/* (a) The block's shape: checked against the graph, numbered, derived
- * (with copies: stage 0's node start times too). */
-RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
-                                           int32_t x_out, int is_last, int copies, rkm__ilp_shape *b)
-{
-    rkm_context *ctx = g->ctx;
-    b->g = g;
-    b->ctx = ctx;
-    b->n = n_ops;
-    b->x_in = x_in;
-    b->x_out = x_out;
-    b->is_last = is_last ? 1 : 0;
-    int32_t *opl = rkm__alloc(ctx, (g->n_ops + 1) * sizeof *opl);
-    rkm_result r = RKM_OK;
-    if (!opl || !rkm__ilp_take(ctx, &b->arrays, &b->lt, g->n_tensors + 1, sizeof *b->lt) ||
-        !rkm__ilp_take(ctx, &b->arrays, &b->op, (size_t)n_ops, sizeof *b->op))
-        r = rkm__err(ctx, RKM_ERROR_NOMEM, "block ILP: out of memory for a block of %d ops", (int)n_ops);
-    if (!r) {
-        for (size_t x = 0; x < g->n_ops; x++) opl[x] = -1;
-        for (size_t t = 0; t < g->n_tensors; t++) b->lt[t] = -1;
-        r = rkm__ilp_locals(b, ops, opl);
-    }
-    if (!r) r = rkm__ilp_number(b);
-    if (!r) r = rkm__ilp_check(b, opl);
-    if (!r) r = rkm__ilp_structure(b);
-    b->copies = copies;
-    if (!r && copies && !rkm__ilp_fstart(b)) r = rkm__ilp_err(b, RKM_ERROR_NOMEM, "out of memory for the copy columns");
-    rkm__free(ctx, opl, (g->n_ops + 1) * sizeof *opl);
-    return r;
 }
 
 #endif /* RKM_OMIT_SOLVER */

@@ -1,6 +1,6 @@
 /* baseline.c -- the baseline plan, its arena (the 100 % of a budget), lower bounds
  *
- * Uses (through internal.h): base.c, graph.c, rkg.c (decimal numbers), plan.c, sim.c, layout.c. */
+ * Uses (through internal.h): base.c, graph.c, text.c (decimal numbers), sim.c, plan.c. */
 #include "internal.h"
 
 /* Per tensor: the last op (file order) whose forward reads it, and the first
@@ -40,22 +40,6 @@ RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && 
  * the plan holds one buffer fewer, and no step's peak grows: the plan stays
  * valid and never peaks higher. One decision cannot undo another's
  * conditions: a tensor freed early is touched by nothing in between. */
-
-/* The tensors that step st reads, makes or frees (grads 0), or whose
- * gradients it does (grads 1): *n ids, in the graph or the step. */
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
-{
-    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
-    switch (st->kind) {
-    case RKM_STEP_FWD: *n = grads ? 0 : o->n_in + o->n_out; return o->in; /* in, out contiguous */
-    case RKM_STEP_BWD: *n = grads ? o->n_in + o->n_out : o->n_saved; return grads ? o->in : o->saved;
-    case RKM_STEP_LOSS: *n = 1; return &st->index;
-    case RKM_STEP_FREE: *n = !grads; return &st->index;
-    case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
-    case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
-    default: *n = !grads && !st->save; return &st->index; /* a copy reads or makes the tensor (not a saved state) */
-    }
-}
 
 /* Step i is the next touch (next[t] = i) of each tensor (grads 0) or
  * gradient (grads 1) that st reads, makes or frees. */

@@ -1,6 +1,6 @@
 /* ilp.c -- the block ILP: the model and lp_solve (the one file that includes it)
  *
- * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, ilp_sched.c. */
+ * Uses (through internal.h): base.c, graph.c, sim.c, plan.c, ilp_sched.c. */
 #include "internal.h"
 
 /* A block: forward ops (global ids, topological order) of a finalized graph,
@@ -177,13 +177,6 @@ static void rkm__ilp_unlock(void) { (void)pthread_mutex_unlock(&rkm__ilp_mtx); }
 
 #define RKM__ILP_ONE (-1) /* a variable reference that is the constant 1 */
 
-RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
-{
-    if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
-    if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
-    return rkm__now() > u->deadline;
-}
-
 /* Scratch in the ILP: a forward's transient bytes count as
  * rkm__fwd_ws_most on every run. The simulator counts the scratch only on
  * runs that keep no saved state, so the ILP over-counts a `save` run by at
@@ -212,8 +205,6 @@ RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user,
     b->stop_user = user;
 }
 
-RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
-
 static rkm__ilp_free *rkm__ilp_fend(const rkm__ilp_model *md, int32_t k)
 {
     return md->fcand + (k + 1 < md->n_nodes ? md->node[k + 1].f0 : md->n_fcand);
@@ -234,48 +225,6 @@ static void rkm__ilp_sched_free(rkm_context *ctx, rkm__ilp_sched *s)
     rkm__free(ctx, s->save, s->n_save * sizeof *s->save);
     s->r = NULL;
     s->save = NULL;
-}
-
-/* Copy src's contents and figures into dst, which keeps its own arrays. */
-RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
-{
-    rkm__ilp_sched own = *dst;
-    memcpy(own.r, src->r, rkm__ilp_rsize(b));
-    memcpy(own.save, src->save, (size_t)b->n * sizeof *own.save);
-    *dst = *src;
-    dst->r = own.r;
-    dst->save = own.save;
-    dst->r_bytes = own.r_bytes;
-    dst->n_save = own.n_save;
-}
-
-/* Report an error of block b: "block ILP: first..last: why". */
-RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
-{
-    char why[RKM_ERRMSG_SIZE];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return rkm__err(b->ctx, code, "block ILP: %s..%s: %s", b->g->ops[b->op[0]].name, b->g->ops[b->op[b->n - 1]].name,
-                    why);
-}
-
-RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
-{
-    const rkm__op *o = &b->g->ops[b->op[v]];
-    return o->phantom > 0 && o->has_bwd;
-}
-
-/* Local tensor of global t if it is a block tensor, else -1. */
-RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
-
-/* Does stage t's backward read block tensor i (saved)? */
-RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
-{
-    if (t < 1 || t > b->nb) return 0;
-    const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
-    return rkm__list_has(o->saved, o->n_saved, b->tg[i]);
 }
 
 /* ---- the model ----------------------------------------------------------- */

@@ -1008,9 +1008,12 @@ RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t s
 RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
 RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
 RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+/* Graph error: prefixes "source:line: " when a reader is active. */
+RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...);
+/* RKM_ERROR_STATE unless g is a builder (not finalized). */
+RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn);
 
-/* rkg.c */
+/* text.c */
 RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
 RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
 RKM_PRIVATE void rkm__reader_free(rkm__reader *r);
@@ -1034,9 +1037,8 @@ RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
 RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
 RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
 RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
-RKM_PRIVATE int rkm__step_on_op(int32_t kind);
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
-RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
 
@@ -1057,7 +1059,15 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
 RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
 RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
 RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+RKM_PRIVATE int rkm__step_on_op(int32_t kind);
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
+RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
+/* The buffers' lifetimes, recorded by a replay (rkm__sim_run_peaks) */
+RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
+RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc);
+/* The object a broken rule concerns, by name ("" if none) */
+RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
 /* offload.c */
 RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
@@ -1072,11 +1082,9 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
 RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
 RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
 RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
 
 /* baseline.c */
 RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o);
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
 RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
 RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
 RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
@@ -1086,6 +1094,9 @@ RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
 /* structure.c */
 RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
 RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
+/* finalize's work again on a copy of g with these costs, copy link, or
+ * alignment (the planner's graph whose sizes are rounded up to it) */
+RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
 
 /* options.c */
 RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
@@ -1105,6 +1116,9 @@ RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
 #ifndef RKM_OMIT_SOLVER
+#endif
+
+/* ilp_sched.c */
 RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
 RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
 RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
@@ -1112,9 +1126,6 @@ RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, co
 RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
 RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
 RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
-#endif
-
-/* ilp_sched.c */
 
 #ifndef RKM_OMIT_SOLVER
 RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);

@@ -1,6 +1,6 @@
 /* layout.c -- memory layout: one arena, an offset for every buffer
  *
- * Uses (through internal.h): base.c, plan.c, sim.c. */
+ * Uses (through internal.h): base.c. */
 #include "internal.h"
 
 /* ---------------------------------------------------------------------------
@@ -1136,22 +1136,6 @@ RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
     p->stats.aligned_peak = peak;
     p->stats.arena_bytes = arena;
     return RKM_OK;
-}
-
-/* A plan of the same steps, laid out as p is (birth and layout are
- * functions of the steps). */
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
-{
-    rkm__steps d;
-    rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
-    if (r) return r;
-    r = rkm__plan_birth(p->g, &d, NULL, out);
-    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    if (!r) (*out)->stats.gap = p->stats.gap;
-    return r;
 }
 
 rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *buffers, uint64_t *arena_bytes)

@@ -1,6 +1,6 @@
-/* plan.c -- plans: steps, plan files (.rkp), copies
+/* plan.c -- the plan object: birth (a replay), seal (its layout), hand-out, copies, files (.rkp)
  *
- * Uses (through internal.h): base.c, graph.c, rkg.c, sim.c, layout.c. */
+ * Uses (through internal.h): base.c, graph.c, text.c, sim.c, layout.c. */
 #include "internal.h"
 
 void rkm_plan_destroy(rkm_plan *p)
@@ -59,41 +59,6 @@ RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, 
             return rkm__nomem(ctx, what);
         }
     return RKM_OK;
-}
-
-/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
- * (A copy step names an op when it copies its saved state: `save`.) */
-RKM_PRIVATE int rkm__step_on_op(int32_t kind)
-{
-    return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
-}
-
-/* A copy step's slot in the simulator's copy arrays: the tensor, or after
- * the tensors the op whose saved state it copies. */
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
-{
-    return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
-}
-
-RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
-{
-    int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
-    if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
-    switch (s->kind) {
-    case RKM_STEP_FWD: return s->index >= 0 && (size_t)s->index < g->n_ops && (s->save == 0 || s->save == 1);
-    case RKM_STEP_BWD:
-    case RKM_STEP_FREE_SAVED: return s->index >= 0 && (size_t)s->index < g->n_ops;
-    case RKM_STEP_LOSS: return s->index == g->loss;
-    case RKM_STEP_FREE:
-    case RKM_STEP_FREE_GRAD:
-    case RKM_STEP_OFFLOAD:
-    case RKM_STEP_PREFETCH:
-    case RKM_STEP_WAIT:
-    case RKM_STEP_FREE_HOST:
-        return s->index >= 0 && (s->save == 0 ? (size_t)s->index < g->n_tensors
-                                 : s->save == 1 && (size_t)s->index < g->n_ops && g->ops[s->index].phantom > 0);
-    default: return 0;
-    }
 }
 
 const rkm_graph *rkm_plan_graph(const rkm_plan *p) { return p ? p->g : NULL; }
@@ -506,3 +471,169 @@ rkm_result rkm_plan_write_file(const rkm_plan *p, const char *path)
     return rkm__write_file(p->ctx, path, rkm__plan_writer, p);
 }
 
+/* Forward steps of ops whose forward came earlier in the list. */
+static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *steps, size_t n, size_t *out)
+{
+    uint8_t *ran = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    if (!ran) return rkm__nomem(g->ctx, "plan");
+    *out = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || (size_t)steps[i].index >= g->n_ops) continue;
+        *out += ran[steps[i].index];
+        ran[steps[i].index] = 1;
+    }
+    rkm__free(g->ctx, ran, g->n_ops + 1);
+    return RKM_OK;
+}
+
+/* An empty plan that takes the draft's steps and has room for every
+ * per-step record. The draft is emptied whatever happens. */
+static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+{
+    *out = NULL;
+    size_t n = draft->n, nf = 0, copies = 0;
+    for (size_t i = 0; i < n; i++) {
+        const rkm_step *st = &draft->s[i];
+        if (!rkm__step_index_ok(g, st)) continue;
+        if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
+        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
+        copies += st->kind == RKM_STEP_WAIT;
+    }
+    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
+    rkm_step *steps = rkm__steps_take(draft);
+    if (!p || (n && !steps)) {
+        rkm__steps_free(draft);
+        rkm__free(g->ctx, steps, n * sizeof *steps);
+        rkm__free(g->ctx, p, sizeof *p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    p->g = g;
+    rkm__graph_hold(g);
+    p->ctx = g->ctx;
+    p->steps = steps;
+    p->n_steps = n;
+    p->n_flags = nf + 1;
+    p->mem_after = rkm__calloc(g->ctx, n + 1, sizeof *p->mem_after);
+    p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
+    p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
+    p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
+    if (copies) p->peer = rkm__alloc(g->ctx, n * sizeof *p->peer);
+    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags || (copies && !p->peer)) {
+        rkm_plan_destroy(p);
+        return rkm__nomem(g->ctx, "plan");
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+/* p->peer of a valid plan with copies; open (a copy slot each) is
+ * scratch. */
+static void rkm__plan_peers(rkm_plan *p, int64_t *open)
+{
+    for (size_t t = 0; t < p->g->n_tensors + p->g->n_ops; t++) open[t] = -1;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        const rkm_step *st = &p->steps[i];
+        size_t slot = rkm__copy_slot(p->g, st);
+        p->peer[i] = -1;
+        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[slot] = (int64_t)i;
+        if (st->kind != RKM_STEP_WAIT) continue;
+        p->peer[i] = open[slot];
+        p->peer[open[slot]] = (int64_t)i;
+    }
+}
+
+/* Replay the plan once, recording everything a query may later ask. 1:
+ * valid, 0: a rule broke (res says which), -1: out of memory. */
+static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
+{
+    rkm__sim s;
+    rkm__recorder rc;
+    if (rkm__recorder_init(&rc, p)) return -1;
+    if (rkm__sim_init(p->g, &s)) {
+        rkm__recorder_free(&rc);
+        return -1;
+    }
+    int ok = rkm__sim_run_peaks(&s, p->steps, p->n_steps, res, p->mem_after, p->step_peak, &rc);
+    int32_t obj = -1;
+    rkm_rule rule = ok == 1 ? rkm__sim_end(&s, &obj) : RKM_RULE_NONE;
+    if (rule != RKM_RULE_NONE) {
+        ok = 0;
+        res->rule = rule;
+        res->fail_step = (int64_t)p->n_steps;
+        res->fail_object = obj;
+    }
+    p->stats.d2h_seconds = s.d2h_busy;
+    p->stats.h2d_seconds = s.h2d_busy;
+    if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
+    rkm__sim_free(&s);
+    rkm__recorder_free(&rc);
+    res->valid = ok == 1;
+    return ok;
+}
+
+/* The message of an invalid plan: the step and the rule. */
+static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
+{
+    char text[300] = "end of plan";
+    if (res->fail_step < (int64_t)p->n_steps) rkm_step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
+    const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
+    return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
+                    rkm_rule_string(res->rule), *on ? ": " : "", on);
+}
+
+/* The one way a plan comes to be: the draft's steps (taken) replayed once;
+ * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
+RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
+{
+    rkm_sim_result tmp;
+    if (!res) res = &tmp;
+    memset(res, 0, sizeof *res);
+    res->fail_step = res->peak_step = -1;
+    res->fail_object = -1;
+    *out = NULL;
+    rkm_plan *p;
+    size_t recomputes = 0;
+    rkm_result r = rkm__count_recomputes(g, draft->s, draft->n, &recomputes);
+    if (r) {
+        rkm__steps_free(draft);
+        return r;
+    }
+    if ((r = rkm__plan_alloc(g, draft, &p))) return r;
+    int ok = rkm__plan_replay(p, res);
+    res->recomputes = recomputes;
+    if (ok != 1) {
+        r = ok < 0 ? rkm__nomem(g->ctx, "plan") : rkm__plan_refuse(p, res);
+        rkm_plan_destroy(p);
+        return r;
+    }
+    rkm_plan_stats *st = &p->stats;
+    st->algo = RKM_ALGO_NONE;
+    st->peak = res->peak;
+    st->peak_step = res->peak_step;
+    st->time = res->time;
+    st->recomputes = recomputes;
+    st->baseline_peak = g->stats.baseline_peak;
+    st->baseline_time = g->stats.baseline_time;
+    st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
+    st->host_peak = res->host_peak;
+    st->wait_seconds = res->wait_seconds;
+    for (size_t i = 0; i < p->n_steps; i++) st->offloads += p->steps[i].kind == RKM_STEP_OFFLOAD;
+    *out = p;
+    return RKM_OK;
+}
+
+/* A plan of the same steps, laid out as p is (birth and layout are
+ * functions of the steps). */
+RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
+{
+    rkm__steps d;
+    rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
+    if (r) return r;
+    r = rkm__plan_birth(p->g, &d, NULL, out);
+    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    if (!r) (*out)->stats.gap = p->stats.gap;
+    return r;
+}

@@ -1,6 +1,7 @@
 /* sim.c -- the simulator: the one memory and time accounting
  *
- * Uses (through internal.h): base.c, plan.c. */
+ * Uses (through internal.h): base.c (the steps' objects, the copy slots and the
+ * recorder of buffer lifetimes live here: plan.c builds on them). */
 #include "internal.h"
 
 /* The simulator's byte flags: D, G per tensor; P, fwd_done, bwd_done per
@@ -451,7 +452,7 @@ static int rkm__buf_take_over(rkm__recorder *rc, int64_t *from, int32_t from_ind
     return 1;
 }
 
-static void rkm__recorder_free(rkm__recorder *rc)
+RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc)
 {
     rkm__free(rc->p->ctx, rc->open_t, rc->n_open * sizeof *rc->open_t);
     rc->open_t = NULL;
@@ -459,7 +460,7 @@ static void rkm__recorder_free(rkm__recorder *rc)
 
 /* Open arrays, and the input tensors' buffers: live from before the first
  * step to after the last. */
-static rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
+RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
 {
     const rkm_graph *g = p->g;
     memset(rc, 0, sizeof *rc);
@@ -636,7 +637,7 @@ const char *rkm_rule_string(rkm_rule rule)
     return rkm__rules[rule].text;
 }
 
-static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
+RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
 {
     if (obj < 0) return "";
     if (rkm__rules[rule].on_op == 2 && (size_t)obj >= g->n_tensors) {
@@ -647,154 +648,53 @@ static const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
     return (size_t)obj < g->n_tensors ? g->tensors[obj].name : "";
 }
 
-/* Forward steps of ops whose forward came earlier in the list. */
-static rkm_result rkm__count_recomputes(const rkm_graph *g, const rkm_step *steps, size_t n, size_t *out)
+/* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
+ * (A copy step names an op when it copies its saved state: `save`.) */
+RKM_PRIVATE int rkm__step_on_op(int32_t kind)
 {
-    uint8_t *ran = rkm__calloc(g->ctx, g->n_ops + 1, 1);
-    if (!ran) return rkm__nomem(g->ctx, "plan");
-    *out = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (steps[i].kind != RKM_STEP_FWD || steps[i].index < 0 || (size_t)steps[i].index >= g->n_ops) continue;
-        *out += ran[steps[i].index];
-        ran[steps[i].index] = 1;
-    }
-    rkm__free(g->ctx, ran, g->n_ops + 1);
-    return RKM_OK;
+    return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
 }
 
-/* An empty plan that takes the draft's steps and has room for every
- * per-step record. The draft is emptied whatever happens. */
-static rkm_result rkm__plan_alloc(const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+/* A copy step's slot in the simulator's copy arrays: the tensor, or after
+ * the tensors the op whose saved state it copies. */
+RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
 {
-    *out = NULL;
-    size_t n = draft->n, nf = 0, copies = 0;
-    for (size_t i = 0; i < n; i++) {
-        const rkm_step *st = &draft->s[i];
-        if (!rkm__step_index_ok(g, st)) continue;
-        if (st->kind == RKM_STEP_FWD) nf += 2 + (size_t)g->ops[st->index].n_out;
-        if (st->kind == RKM_STEP_BWD) nf += (size_t)g->ops[st->index].n_in + (size_t)g->ops[st->index].n_out;
-        copies += st->kind == RKM_STEP_WAIT;
-    }
-    rkm_plan *p = rkm__calloc(g->ctx, 1, sizeof *p);
-    rkm_step *steps = rkm__steps_take(draft);
-    if (!p || (n && !steps)) {
-        rkm__steps_free(draft);
-        rkm__free(g->ctx, steps, n * sizeof *steps);
-        rkm__free(g->ctx, p, sizeof *p);
-        return rkm__nomem(g->ctx, "plan");
-    }
-    p->g = g;
-    rkm__graph_hold(g);
-    p->ctx = g->ctx;
-    p->steps = steps;
-    p->n_steps = n;
-    p->n_flags = nf + 1;
-    p->mem_after = rkm__calloc(g->ctx, n + 1, sizeof *p->mem_after);
-    p->step_peak = rkm__calloc(g->ctx, n + 1, sizeof *p->step_peak);
-    p->flag_off = rkm__calloc(g->ctx, n + 1, sizeof *p->flag_off);
-    p->flags = rkm__calloc(g->ctx, p->n_flags, 1);
-    if (copies) p->peer = rkm__alloc(g->ctx, n * sizeof *p->peer);
-    if (!p->mem_after || !p->step_peak || !p->flag_off || !p->flags || (copies && !p->peer)) {
-        rkm_plan_destroy(p);
-        return rkm__nomem(g->ctx, "plan");
-    }
-    *out = p;
-    return RKM_OK;
+    return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
-/* p->peer of a valid plan with copies; open (a copy slot each) is
- * scratch. */
-static void rkm__plan_peers(rkm_plan *p, int64_t *open)
+RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
-    for (size_t t = 0; t < p->g->n_tensors + p->g->n_ops; t++) open[t] = -1;
-    for (size_t i = 0; i < p->n_steps; i++) {
-        const rkm_step *st = &p->steps[i];
-        size_t slot = rkm__copy_slot(p->g, st);
-        p->peer[i] = -1;
-        if (st->kind == RKM_STEP_OFFLOAD || st->kind == RKM_STEP_PREFETCH) open[slot] = (int64_t)i;
-        if (st->kind != RKM_STEP_WAIT) continue;
-        p->peer[i] = open[slot];
-        p->peer[open[slot]] = (int64_t)i;
+    int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
+    if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
+    switch (s->kind) {
+    case RKM_STEP_FWD: return s->index >= 0 && (size_t)s->index < g->n_ops && (s->save == 0 || s->save == 1);
+    case RKM_STEP_BWD:
+    case RKM_STEP_FREE_SAVED: return s->index >= 0 && (size_t)s->index < g->n_ops;
+    case RKM_STEP_LOSS: return s->index == g->loss;
+    case RKM_STEP_FREE:
+    case RKM_STEP_FREE_GRAD:
+    case RKM_STEP_OFFLOAD:
+    case RKM_STEP_PREFETCH:
+    case RKM_STEP_WAIT:
+    case RKM_STEP_FREE_HOST:
+        return s->index >= 0 && (s->save == 0 ? (size_t)s->index < g->n_tensors
+                                 : s->save == 1 && (size_t)s->index < g->n_ops && g->ops[s->index].phantom > 0);
+    default: return 0;
     }
 }
 
-/* Replay the plan once, recording everything a query may later ask. 1:
- * valid, 0: a rule broke (res says which), -1: out of memory. */
-static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
+/* The tensors that step st reads, makes or frees (grads 0), or whose
+ * gradients it does (grads 1): *n ids, in the graph or the step. */
+RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
 {
-    rkm__sim s;
-    rkm__recorder rc;
-    if (rkm__recorder_init(&rc, p)) return -1;
-    if (rkm__sim_init(p->g, &s)) {
-        rkm__recorder_free(&rc);
-        return -1;
+    const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
+    switch (st->kind) {
+    case RKM_STEP_FWD: *n = grads ? 0 : o->n_in + o->n_out; return o->in; /* in, out contiguous */
+    case RKM_STEP_BWD: *n = grads ? o->n_in + o->n_out : o->n_saved; return grads ? o->in : o->saved;
+    case RKM_STEP_LOSS: *n = 1; return &st->index;
+    case RKM_STEP_FREE: *n = !grads; return &st->index;
+    case RKM_STEP_FREE_GRAD: *n = grads != 0; return &st->index;
+    case RKM_STEP_FREE_SAVED: *n = 0; return NULL; /* a saved state, no tensor */
+    default: *n = !grads && !st->save; return &st->index; /* a copy reads or makes the tensor (not a saved state) */
     }
-    int ok = rkm__sim_run_peaks(&s, p->steps, p->n_steps, res, p->mem_after, p->step_peak, &rc);
-    int32_t obj = -1;
-    rkm_rule rule = ok == 1 ? rkm__sim_end(&s, &obj) : RKM_RULE_NONE;
-    if (rule != RKM_RULE_NONE) {
-        ok = 0;
-        res->rule = rule;
-        res->fail_step = (int64_t)p->n_steps;
-        res->fail_object = obj;
-    }
-    p->stats.d2h_seconds = s.d2h_busy;
-    p->stats.h2d_seconds = s.h2d_busy;
-    if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
-    rkm__sim_free(&s);
-    rkm__recorder_free(&rc);
-    res->valid = ok == 1;
-    return ok;
 }
-
-/* The message of an invalid plan: the step and the rule. */
-static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
-{
-    char text[300] = "end of plan";
-    if (res->fail_step < (int64_t)p->n_steps) rkm_step_text(p->g, &p->steps[res->fail_step], text, sizeof text);
-    const char *on = rkm__obj_name(p->g, res->rule, res->fail_object);
-    return rkm__err(p->ctx, RKM_ERROR_PLAN, "step %lld (%s): %s%s%s", (long long)res->fail_step, text,
-                    rkm_rule_string(res->rule), *on ? ": " : "", on);
-}
-
-/* The one way a plan comes to be: the draft's steps (taken) replayed once;
- * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
-{
-    rkm_sim_result tmp;
-    if (!res) res = &tmp;
-    memset(res, 0, sizeof *res);
-    res->fail_step = res->peak_step = -1;
-    res->fail_object = -1;
-    *out = NULL;
-    rkm_plan *p;
-    size_t recomputes = 0;
-    rkm_result r = rkm__count_recomputes(g, draft->s, draft->n, &recomputes);
-    if (r) {
-        rkm__steps_free(draft);
-        return r;
-    }
-    if ((r = rkm__plan_alloc(g, draft, &p))) return r;
-    int ok = rkm__plan_replay(p, res);
-    res->recomputes = recomputes;
-    if (ok != 1) {
-        r = ok < 0 ? rkm__nomem(g->ctx, "plan") : rkm__plan_refuse(p, res);
-        rkm_plan_destroy(p);
-        return r;
-    }
-    rkm_plan_stats *st = &p->stats;
-    st->algo = RKM_ALGO_NONE;
-    st->peak = res->peak;
-    st->peak_step = res->peak_step;
-    st->time = res->time;
-    st->recomputes = recomputes;
-    st->baseline_peak = g->stats.baseline_peak;
-    st->baseline_time = g->stats.baseline_time;
-    st->overhead = st->baseline_time > 0 ? st->time / st->baseline_time - 1 : 0;
-    st->host_peak = res->host_peak;
-    st->wait_seconds = res->wait_seconds;
-    for (size_t i = 0; i < p->n_steps; i++) st->offloads += p->steps[i].kind == RKM_STEP_OFFLOAD;
-    *out = p;
-    return RKM_OK;
-}
-

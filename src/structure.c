@@ -1,6 +1,6 @@
-/* structure.c -- structure: separators, blocks, classes of identical blocks
+/* structure.c -- structure (separators, blocks, classes of identical blocks) and finalize
  *
- * Uses (through internal.h): base.c, graph.c. */
+ * Uses (through internal.h): base.c, graph.c, baseline.c (finalize's figures). */
 #include "internal.h"
 
 /* Separators are the tensors that dominate the loss in the graph that
@@ -259,3 +259,200 @@ RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
     return r;
 }
 
+static void rkm__graph_derive(rkm_graph *g)
+{
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        g->tensors[t].has_grad = 0;
+        g->tensors[t].n_contrib = 0;
+        g->tensors[t].n_readers = 0;
+    }
+    g->has_inplace = 0;
+    for (size_t i = 0; i < g->n_ops; i++) {
+        for (int32_t k = 0; k < g->ops[i].n_in; k++) g->tensors[g->ops[i].in[k]].n_readers++;
+        g->has_inplace |= g->ops[i].flags != 0;
+    }
+    /* Readers come after producers, so one reverse pass settles both. */
+    g->tensors[g->loss].has_grad = 1;
+    g->tensors[g->loss].n_contrib = 1;
+    for (size_t i = g->n_ops; i-- > 0;) {
+        rkm__op *o = &g->ops[i];
+        o->has_bwd = 0;
+        for (int32_t k = 0; k < o->n_out; k++)
+            if (g->tensors[o->out[k]].has_grad) o->has_bwd = 1;
+        if (!o->has_bwd) continue;
+        for (int32_t k = 0; k < o->n_in; k++) {
+            rkm__tensor *t = &g->tensors[o->in[k]];
+            if (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD)) continue;
+            t->has_grad = 1;
+            t->n_contrib++;
+        }
+    }
+}
+
+/* 2 x all tensors + all phantoms + the largest workspace fits in 64 bits,
+ * so that no memory sum anywhere can overflow. */
+static int rkm__bytes_fit(const rkm_graph *g)
+{
+    uint64_t total = 0, ws = 0;
+    int ok = 1;
+    for (size_t t = 0; t < g->n_tensors && ok; t++)
+        ok = rkm__add_u64(total, g->tensors[t].bytes, &total) && rkm__add_u64(total, g->tensors[t].bytes, &total);
+    for (size_t i = 0; i < g->n_ops && ok; i++) {
+        uint64_t f = 0; /* rkm__fwd_ws_most, checked here */
+        ok = rkm__add_u64(total, g->ops[i].phantom, &total) && rkm__add_u64(g->ops[i].fwd_ws, g->ops[i].scratch, &f);
+        if (f > ws) ws = f;
+        if (g->ops[i].bwd_ws > ws) ws = g->ops[i].bwd_ws;
+    }
+    return ok && rkm__add_u64(total, ws, &total);
+}
+
+static rkm_result rkm__graph_check_whole(rkm_graph *g)
+{
+    if (g->loss < 0) return rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "no loss statement (exactly one is required)");
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        if (!(x->flags & RKM_TENSOR_INPUT) && x->producer < 0)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, x->line, "tensor %s: not an input and no op writes it", x->name);
+    }
+    /* Every op must be an ancestor of the loss: mark backwards from it. */
+    uint8_t *anc = rkm__calloc(g->ctx, g->n_ops + 1, 1);
+    uint8_t *need = rkm__calloc(g->ctx, g->n_tensors + 1, 1);
+    rkm_result r = RKM_OK;
+    if (!anc || !need) {
+        r = rkm__nomem(g->ctx, "rkm_graph_finalize");
+        goto done;
+    }
+    need[g->loss] = 1;
+    for (size_t i = g->n_ops; i-- > 0;) {
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_out && !anc[i]; k++) anc[i] = need[o->out[k]];
+        if (anc[i])
+            for (int32_t k = 0; k < o->n_in; k++) need[o->in[k]] = 1;
+    }
+    for (size_t i = 0; i < g->n_ops; i++)
+        if (!anc[i]) {
+            r = rkm__gerr(g, RKM_ERROR_GRAPH, g->ops[i].line, "op %s: not an ancestor of the loss %s", g->ops[i].name,
+                          g->tensors[g->loss].name);
+            break;
+        }
+    if (r == RKM_OK && !rkm__bytes_fit(g))
+        r = rkm__gerr(g, RKM_ERROR_GRAPH, g->src_line, "byte counts too large: their total must fit in 64 bits");
+done:
+    rkm__free(g->ctx, anc, g->n_ops + 1);
+    rkm__free(g->ctx, need, g->n_tensors + 1);
+    return r;
+}
+
+/* grad_inplace, once gradients are known: both tensors have one. */
+static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
+{
+    for (size_t i = 0; i < g->n_ops; i++) {
+        const rkm__op *o = &g->ops[i];
+        if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
+        const rkm__tensor *a = &g->tensors[o->in[0]], *b = &g->tensors[o->out[0]];
+        if (!a->has_grad || !b->has_grad)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, o->line, "op %s: grad_inplace needs gradients of %s and %s; %s has none",
+                             o->name, a->name, b->name, a->has_grad ? b->name : a->name);
+    }
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_finalize(rkm_graph *g)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_builder(g, "rkm_graph_finalize");
+    if (r) return r;
+    if ((r = rkm__graph_check_whole(g))) return r;
+    rkm__graph_derive(g);
+    if ((r = rkm__check_grad_inplace(g))) return r;
+    g->input_bytes = 0;
+    for (size_t t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
+    if ((r = rkm__structure_detect(g))) return r;
+    if ((r = rkm__graph_figures(g))) {
+        rkm__graph_free_blocks(g);
+        return r;
+    }
+    g->finalized = 1;
+    return RKM_OK;
+}
+
+/* Rebuild g's tensors, ops (with their costs from `costs`, or g's when
+ * NULL) and loss into the empty graph n, every byte count rounded up to
+ * `align` (1: as they are), then finalize it: everything derived comes
+ * from the new figures, as when the graph's file is read. */
+static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
+                                     uint64_t align, rkm_graph *n)
+{
+    rkm_result r = RKM_OK;
+    for (size_t t = 0; t < g->n_tensors && !r; t++)
+        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align), g->tensors[t].flags,
+                                 NULL);
+    for (size_t i = 0; i < g->n_ops && !r; i++) {
+        const rkm__op *o = &g->ops[i];
+        rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
+        rkm_op_desc d = {o->name, c.fwd_seconds, c.bwd_seconds, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
+                         rkm__round_up(o->phantom, align), rkm__round_up(c.fwd_ws, align), rkm__round_up(c.bwd_ws, align),
+                         rkm__round_up(o->scratch, align), o->flags};
+        r = rkm_graph_add_op(n, &d, NULL);
+    }
+    if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = rkm_graph_set_copy(n, copy);
+    if (!r) r = rkm_graph_finalize(n);
+    return r;
+}
+
+/* The graph a planner plans with at alignment `align`: g with every byte
+ * count rounded up to it, so that the planners' own accounting (the
+ * simulator's peak of that graph) bounds the plan's aligned peak. *out
+ * NULL when g's counts are multiples of align already (g itself serves). */
+RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
+{
+    *out = NULL;
+    int aligned = 1;
+    for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = g->tensors[t].bytes % align == 0;
+    for (size_t i = 0; i < g->n_ops && aligned; i++) {
+        const rkm__op *o = &g->ops[i];
+        aligned = (o->phantom | o->fwd_ws | o->bwd_ws | o->scratch) % align == 0;
+    }
+    if (aligned) return RKM_OK;
+    rkm_graph *n;
+    rkm_result r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
+    if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
+                        "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
+    if (!r) *out = n;
+    return r;
+}
+
+rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!costs) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_costs: costs is NULL");
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_costs");
+    if (r) return r;
+    rkm_graph *n;
+    if ((r = rkm_graph_create(g->ctx, &n))) return r;
+    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
+        rkm_graph_destroy(n);
+        return r;
+    }
+    *out = n;
+    return RKM_OK;
+}
+
+rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rkm_graph **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_with_copy: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
+    rkm_graph *n = NULL;
+    if (!r) r = rkm_graph_create(g->ctx, &n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
+    if (!r) *out = n;
+    return r;
+}
