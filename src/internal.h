@@ -1162,7 +1162,6 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
 /* planner.c */
 RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
@@ -1194,6 +1193,7 @@ RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* progress.c */
+RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
 RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
 RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);

@@ -123,22 +123,6 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
-/* Past the call's deadline (time_limit), or cancelled by the progress
- * callback: 1, and the call is cut. Checked between candidates, moves and
- * probes, never inside one, so a call overruns its deadline by one such
- * unit of work and its finish (the slack rockmate.h gives); while it
- * returns 0 it changes nothing, so an uncut call is as deterministic as if
- * there were no limit. It is also where progress is reported (progress.c):
- * a nested planner's checks are its parent's. */
-RKM_PRIVATE int rkm__over(rkm_planner *pl)
-{
-    if (pl->cut) return 1;
-    double now = rkm__now();
-    if (pl->parent ? rkm__over(pl->parent) : rkm__progress_report(pl, now, 0)) pl->cut = 1;
-    if (now > pl->deadline) pl->cut = 1;
-    return pl->cut;
-}
-
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
@@ -1444,21 +1428,4 @@ rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
     if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = p->stats;
     return RKM_OK;
-}
-
-static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"};
-
-const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
-
-rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
-{
-    if (!ctx) return RKM_ERROR_ARGUMENT;
-    if (!name || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_algo_from_name: name or out is NULL");
-    for (int a = 0; a < RKM_ALGO_COUNT; a++)
-        if (strcmp(name, rkm__algo_names[a]) == 0) {
-            *out = (rkm_algo)a;
-            return RKM_OK;
-        }
-    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none or dtr)",
-                    name);
 }

@@ -1,6 +1,6 @@
-/* progress.c -- a planner call's progress reports and their cancel (rkm_solve_desc.progress)
+/* progress.c -- a planner call's deadline check, progress reports and their cancel; the algorithms' names
  *
- * Uses (through internal.h): base.c, planner.c.
+ * Uses (through internal.h): base.c.
  *
  * A call reports as it starts (rkm__progress_begin) and then from its
  * planner's checks of the deadline (rkm__over), rate-limited; a callback
@@ -12,6 +12,23 @@
  * a callback. Only the top planner reports: a nested one's checks are its
  * parent's (rkm__over). */
 #include "internal.h"
+
+static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"};
+
+const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
+
+rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
+{
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!name || !out) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_algo_from_name: name or out is NULL");
+    for (int a = 0; a < RKM_ALGO_COUNT; a++)
+        if (strcmp(name, rkm__algo_names[a]) == 0) {
+            *out = (rkm_algo)a;
+            return RKM_OK;
+        }
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none or dtr)",
+                    name);
+}
 
 static const char *const rkm__stage_names[] = {"", "create", "solve", "min_budget"};
 
@@ -55,6 +72,22 @@ RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
     g->p.seconds = now - g->start;
     g->cancelled = pl->d.progress(pl->d.progress_user, &g->p) != 0;
     return g->cancelled;
+}
+
+/* Past the call's deadline (time_limit), or cancelled by the progress
+ * callback: 1, and the call is cut. Checked between candidates, moves and
+ * probes, never inside one, so a call overruns its deadline by one such
+ * unit of work and its finish (the slack rockmate.h gives); while it
+ * returns 0 it changes nothing, so an uncut call is as deterministic as if
+ * there were no limit. It is also where progress is reported (rkm__progress_report):
+ * a nested planner's checks are its parent's. */
+RKM_PRIVATE int rkm__over(rkm_planner *pl)
+{
+    if (pl->cut) return 1;
+    double now = rkm__now();
+    if (pl->parent ? rkm__over(pl->parent) : rkm__progress_report(pl, now, 0)) pl->cut = 1;
+    if (now > pl->deadline) pl->cut = 1;
+    return pl->cut;
 }
 
 /* The part [lo, hi] of the call's work starts (its progress `sub` 0); a
