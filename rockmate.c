@@ -18,6 +18,7 @@
  *   chain.c      the chain DP (Rotor-style) over blocks and their options
  *   dtr.c        DTR: dynamic tensor rematerialization, simulated offline
  *   progress.c   a planner call's deadline check, progress reports and their cancel; the algorithms' names
+ *   produce.c    the planner's plans for a budget: chain DP and sqrt, DTR, with copies; births, handouts
  *   planner.c    the planner: its API, the algorithms, flattening, budgets
  *   nest.c       a big block as a graph of its own: nesting, and drop options
  *   search.c     the local search: polish, squeeze, kick, the rockmate portfolio and phases
@@ -1193,37 +1194,14 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
                                       double max_time, rkm__steps *draft);
 
 /* planner.c */
-RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
-/* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
- * block inputs in host memory where that is faster (a graph with a link). */
-enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
-RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
-RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
-typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped);
-RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* progress.c */
 RKM_PRIVATE int rkm__over(rkm_planner *pl);
@@ -1234,6 +1212,34 @@ RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
 RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
 RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
 RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
+
+/* produce.c */
+RKM_PRIVATE void rkm__planner_free(rkm_planner *pl);
+RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
+RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
+RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
+/* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
+ * block inputs in host memory where that is faster (a graph with a link). */
+enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
+RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
+RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
+RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped);
+RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* nest.c */
 RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
@@ -9766,44 +9772,20 @@ RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const
                     g->p.stage_name, rkm_algo_name(pl->d.algo), budget, 100 * g->p.fraction, rkm__now() - g->start);
 }
 
-/* ==== src/planner.c ==== */
+/* ==== src/produce.c ==== */
 
-/* planner.c -- the planner: its API, the algorithms, flattening, budgets
+/* produce.c -- the planner's plans for a budget: chain DP and sqrt, DTR, with copies; births, handouts
  *
- * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
+ * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, layout.c, baseline.c, options.c, chain.c, dtr.c,
+ * progress.c.
+ *
+ * The lower half of the planner: what rkm_planner's set-up leaves (block
+ * options, the chain in slots, the DP table: planner.c) turned into plans
+ * for a budget, the producers that the search, nesting, offloading and
+ * the top drivers (planner.c) call. */
 
-/* The planner's figures so far, ILP counters included. */
-static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
-{
-    memset(st, 0, sizeof *st);
-    st->algo = pl->d.algo;
-    st->blocks = pl->g->n_blocks;
-    st->block_classes = pl->g->n_classes;
-    st->options = (int32_t)pl->n_dpo;
-    st->ilp_solves = pl->ilp.solves;
-    st->ilp_optimal = pl->ilp.optimal;
-    st->ilp_suboptimal = pl->ilp.suboptimal;
-    st->ilp_infeasible = pl->ilp.infeasible;
-    st->ilp_timeout = pl->ilp.timeout;
-    st->ilp_failed = pl->ilp.failed;
-    st->ilp_skipped = pl->ilp_skipped;
-    st->ilp_seconds = pl->ilp.seconds;
-    st->create_seconds = pl->create_seconds;
-    st->nested_classes = pl->nested;
-    st->cut = pl->cuts;
-}
-
-static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
-
-/* Bytes and DP slots: the planner's only conversions. A slot is pl->q
- * bytes above the input tensors (always live). */
-
-/* Slots for a byte count, rounded up (so the DP never under-counts). */
-static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
-{
-    uint64_t s = rkm__ceil_div(bytes, pl->q);
-    return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
-}
+/* Budgets and DP slots (planner.c converts bytes: rkm__slots_up): a slot
+ * is pl->q bytes above the input tensors (always live). */
 
 /* The most slots the chain DP's table holds: d.slots, fewer where the time
  * limit cut its solve. */
@@ -9820,46 +9802,6 @@ static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
 
 /* The absolute bytes of m slots: the budget they stand for. */
 RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
-
-/* The DP's view of the chain: every figure converted to slots, the one
- * place where block figures (absolute bytes, options.c) become the DP's
- * (slots above the inputs, chain.c): tensor sizes round up on their own,
- * memory figures round up once the inputs are taken off. */
-static rkm_result rkm__planner_chain(rkm_planner *pl)
-{
-    const rkm_graph *g = pl->g;
-    size_t n_opt = 0;
-    for (int32_t b = 0; b < g->n_blocks; b++) n_opt += pl->bo[b].n_opt;
-    pl->dpb = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->dpb);
-    pl->dpo = rkm__calloc(pl->ctx, n_opt, sizeof *pl->dpo);
-    pl->n_dpo = n_opt;
-    if (!pl->dpb || !pl->dpo) return rkm__nomem(pl->ctx, "planner");
-    size_t at = 0;
-    for (int32_t b = 0; b < g->n_blocks; b++) {
-        const rkm__block *k = &g->blocks[b];
-        const rkm__bopts *bo = &pl->bo[b];
-        rkm__dp_block *x = &pl->dpb[b];
-        x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
-        x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
-        x->tfn = bo->tfn;
-        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
-        uint64_t out_bytes = g->tensors[k->out].bytes;
-        x->opt = pl->dpo + at;
-        x->n_opt = (int32_t)bo->n_opt;
-        for (size_t i = 0; i < bo->n_opt; i++, at++) {
-            const rkm__option *o = &bo->opt[i];
-            rkm__dp_option *y = &pl->dpo[at];
-            y->tf = o->tf;
-            y->tb = o->tb;
-            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
-             * it, as the DP subtracts them together. */
-            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
-            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
-            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
-        }
-    }
-    return RKM_OK;
-}
 
 /* Turn block-level operations into graph-level steps. */
 static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm__steps *p)
@@ -9890,35 +9832,6 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
     return ok ? RKM_OK : rkm__nomem(pl->ctx, "plan");
 }
 
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
-
-/* A call on a made planner (solve, min_budget) starts at `now`: it gets
- * what the planner's creation left of time_limit, so that creation and
- * the call together, one plan's planning, stay within it. */
-static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64_t budget)
-{
-    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
-    pl->cut = 0;
-    rkm__progress_begin(pl, stage, budget);
-}
-
-/* Peak a block's ops need at least: the inputs stay live throughout, plus
- * the largest single step. */
-static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
-{
-    uint64_t need = 0;
-    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
-        const rkm__op *o = &g->ops[i];
-        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + rkm__fwd_ws_most(o);
-        uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
-                                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
-                                : 0;
-        if (f > need) need = f;
-        if (k > need) need = k;
-    }
-    return g->input_bytes + need;
-}
-
 /* Add a schedule found on block `from` to every block of its class. */
 RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
                                  size_t nb)
@@ -9939,219 +9852,9 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
     return RKM_OK;
 }
 
-/* A class's claim on the block ILP budget: its blocks' forward time (what
- * recomputing can cost, so what a better option can save) times its ops
- * (what a solve of its block takes); never 0 for a block with ops. */
-static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
-{
-    const rkm_graph *g = pl->g;
-    double w = 0;
-    for (int32_t k = 0; k < g->n_blocks; k++) {
-        const rkm__block *b = &g->blocks[k];
-        if (b->cls != cls) continue;
-        double fwd = pl->base_time * 1e-6;
-        for (int32_t j = 0; j < b->n_ops; j++) fwd += g->ops[b->ops[j]].fwd;
-        w += fwd * b->n_ops;
-    }
-    return w;
-}
-
-/* A grid of block ILP solves for block b's class: np peak budgets from
- * peak_lo to peak_hi by nk kept budgets from kept_lo to the baseline's
- * kept, each solve at most `lim` seconds of work and what is left of the
- * class's share `allow` (spent: pl->ilp.work - work0). Every schedule is
- * replayed on every block of the class (mapped op for op) and replay
- * decides what becomes an option. Per peak budget (a row) the kept budgets
- * go from loose to tight: a schedule that already fits a tighter kept
- * budget is that budget's answer too (the optimum of a looser problem that
- * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. Once the share is spent, or the deadline passed, the rest are
- * left out. */
-typedef struct rkm__grid {
-    uint64_t peak_lo, peak_hi, kept_lo;
-    int32_t np, nk;
-    double lim, allow, work0;
-    int32_t next;      /* the next point, row by row */
-    uint64_t row_kept; /* kept memory of the row's last schedule */
-} rkm__grid;
-
-/* The grid's points from gr->next on; with `probe`, up to the first solve
- * that finds a schedule (*hard: it reached its work limit). */
-static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block *b, rkm__ilp_block *ib, rkm__grid *gr,
-                                  int probe, int *hard)
-{
-    const rkm_graph *g = pl->g;
-    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
-    rkm_result r = RKM_OK;
-    for (; gr->next < gr->np * gr->nk && !r; gr->next++) {
-        int32_t i = gr->next / gr->nk, j = gr->nk - 1 - gr->next % gr->nk;
-        if (j == gr->nk - 1) gr->row_kept = UINT64_MAX;
-        double fp = gr->np > 1 ? (double)i / (gr->np - 1) : 1.0, fk = gr->nk > 1 ? (double)j / (gr->nk - 1) : 1.0;
-        uint64_t peak_budget = gr->peak_lo + (uint64_t)((double)(gr->peak_hi - gr->peak_lo) * fp);
-        uint64_t kept_budget = gr->kept_lo + (uint64_t)((double)(all.kept - gr->kept_lo) * fk);
-        double share = gr->allow - (pl->ilp.work - gr->work0);
-        if (gr->row_kept <= kept_budget) continue;
-        if (share <= 0 || rkm__over(pl)) {
-            pl->ilp_skipped++;
-            continue;
-        }
-        rkm_step *steps = NULL;
-        size_t nf = 0, nb = 0;
-        int found = 0;
-        int32_t timeouts = pl->ilp.timeout;
-        rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
-        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
-        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
-        if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
-        if (r || !found) continue;
-        rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
-        if (rkm__option_measure(s, b, &o)) gr->row_kept = o.kept;
-        r = rkm__class_add(pl, s, b, steps, nf, nb);
-        rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
-        if (probe) {
-            *hard = pl->ilp.timeout > timeouts;
-            gr->next++;
-            break;
-        }
-    }
-    return r;
-}
-
-/* ILP options of block b's class, from `allow` seconds of solver work (the
- * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
- * ilp_time_limit a solve, but where the first solve that finds a schedule
- * reaches its work limit, the block is hard for the solver and its options
- * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
-static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
-                                 double allow)
-{
-    const rkm_graph *g = pl->g;
-    rkm__grid gr = {peak_lo, peak_hi, 0, pl->d.ilp_peak_points, pl->d.ilp_kept_points, pl->d.ilp_time_limit, allow,
-                    pl->ilp.work, 0, UINT64_MAX};
-    /* kept when nothing but the inputs, x_in and x_out is */
-    gr.kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
-    rkm__ilp_block *ib;
-    rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
-    if (r) return r;
-    rkm__ilp_block_deadline(ib, pl->deadline);
-    int hard = 0;
-    r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
-    if (!r && hard) { /* the probe's option stays; the grid starts over */
-        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
-        gr.lim *= RKM_ILP_HARD_EFFORT;
-        gr.next = 0;
-    }
-    if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
-    rkm__ilp_block_destroy(ib);
-    return r;
-}
-
-/* Whether the chain has blocks to trade memory between: two or more of
- * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
- * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
- * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
- * the whole-graph search plans the block, and the options moved plans
- * both ways (random30 at 40 %: 23.36 -> 24.17 %; dag100 at 50 %: 11.33 ->
- * 11.83 %, at 40 %: 115.0 -> 25.0 %). */
-static int rkm__drop_chain(const rkm_graph *g)
-{
-    int32_t big = 0;
-    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
-    return big >= 2;
-}
-
-/* Options of one class, solved on its first block: a nested planner's
- * where the block nests, drop options on a chain of big blocks
- * (rkm__drop_chain), the block ILP's (with lp_solve) unless the nested planner
- * covered a block too big for it or the block is too big for the ILP. The
- * class spends the block ILP budget left times its weight w over wl, its
- * own and that of the classes still to come, so what one class leaves goes
- * to the next. */
-static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
-{
-    const rkm_graph *g = pl->g;
-    int32_t rep = 0;
-    while (g->blocks[rep].cls != cls) rep++;
-    const rkm__block *b = &g->blocks[rep];
-    /* The block's baseline (its only option yet) bounds the grid. */
-    const rkm__option *all = &pl->bo[rep].opt[0];
-    uint64_t peak_hi = all->pf > all->pb ? all->pf : all->pb, peak_lo = rkm__block_floor(g, b);
-    if (peak_lo > peak_hi) peak_lo = peak_hi;
-    double work0 = pl->ilp.work, allow = pl->pool * w / wl;
-    int nested = 0;
-    rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
-    if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
-    double left = allow - (pl->ilp.work - work0);
-    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
-        /* a share below a tenth of one solve's limit buys no solve but costs
-         * the model's build (a chain of 5000 distinct blocks: 17 s of it);
-         * it is spent all the same, or the last of many such classes would
-         * get the others' and build after all */
-        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
-            pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
-            pl->pool = fmax(0, pl->pool - left);
-        } else
-            r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, left);
-    }
-    pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
-    return r;
-}
-
-/* Every class's options, heaviest class first (by rkm__class_weight, then
- * in order): what it leaves of its share goes to the lighter ones, which
- * often need less than they would be given (peer-gpt: with the default
- * budget, lightest first leaves 12 of 72 solves out, heaviest first none). */
-static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
-{
-    int32_t n = pl->g->n_classes;
-    double *w = rkm__alloc(pl->ctx, (size_t)n * sizeof *w), wl = 0;
-    int32_t *order = rkm__alloc(pl->ctx, (size_t)n * sizeof *order);
-    rkm_result r = w && order ? RKM_OK : rkm__nomem(pl->ctx, "planner");
-    for (int32_t c = 0; c < n && !r; c++) {
-        w[c] = rkm__class_weight(pl, c);
-        wl += w[c];
-        int32_t k = c; /* insertion, stable: equal weights keep their order */
-        for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
-        order[k] = c;
-    }
-    double all = wl;
-    for (int32_t i = 0; i < n && !r; i++) {
-        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
-        r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
-        wl -= w[order[i]];
-    }
-    rkm__free(pl->ctx, w, (size_t)n * sizeof *w);
-    rkm__free(pl->ctx, order, (size_t)n * sizeof *order);
-    return r;
-}
-
-/* Every block's options: the two extremes, and for rockmate the ILP's. */
-static rkm_result rkm__planner_options(rkm_planner *pl)
-{
-    const rkm_graph *g = pl->g;
-    pl->bo = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->bo);
-    if (!pl->bo) return rkm__nomem(pl->ctx, "planner");
-    rkm__sim s;
-    rkm_result r = rkm__sim_init(g, &s);
-    for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
-    if (pl->ilp_skipped && !pl->depth && !pl->prog.cancelled)
-        rkm__log(pl->ctx, RKM_LOG_WARN,
-                 "%s ran out: %d block ILP solves left out; plans may be worse",
-                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
-                 (int)pl->ilp_skipped);
-    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
-        rkm__log(pl->ctx, RKM_LOG_WARN,
-                 "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
-                 "solver's best within it; a larger ilp_time_limit may find better ones",
-                 (int)pl->ilp.solves, pl->d.ilp_time_limit);
-    for (int32_t b = 0; b < g->n_blocks && !r; b++)
-        qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
-    if (s.g) rkm__sim_free(&s);
-    return r;
-}
-
-void rkm_planner_destroy(rkm_planner *pl)
+/* The planner's memory, freed: rkm_planner_destroy's, and a nested
+ * planner's (nest.c). */
+RKM_PRIVATE void rkm__planner_free(rkm_planner *pl)
 {
     if (!pl) return;
     if (pl->bo)
@@ -10166,161 +9869,6 @@ void rkm_planner_destroy(rkm_planner *pl)
     rkm_plan_destroy(pl->off_min_plan);
     rkm_graph_destroy(pl->own);
     rkm__graph_free_holder(pl->ctx, pl, sizeof *pl, pl->user);
-}
-
-/* A count option: 0 means default; negative refused. */
-static rkm_result rkm__desc_count(rkm_context *ctx, const char *what, int32_t *v, int32_t dflt)
-{
-    if (*v < 0) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %d (positive, or 0 for the default)", what, (int)*v);
-    if (*v == 0) *v = dflt;
-    return RKM_OK;
-}
-
-/* A seconds option: 0 means default; negative, NaN or infinite refused. */
-static rkm_result rkm__desc_seconds(rkm_context *ctx, const char *what, double *v, double dflt)
-{
-    if (!(*v >= 0) || !isfinite(*v))
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %g (finite and positive, or 0 for the default)", what, *v);
-    if (*v == 0) *v = dflt;
-    return RKM_OK;
-}
-
-static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
-{
-    memset(d, 0, sizeof *d);
-    if (desc) *d = *desc;
-    rkm_context *ctx = g->ctx;
-    if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
-    if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM_ALGO_ROCKMATE;
-    rkm_result r;
-    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
-        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
-        return r;
-    if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
-    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
-                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
-    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
-    if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
-#ifdef RKM_OMIT_SOLVER
-    /* rockmate plans without its ILP options (rkm__class_options) */
-    if (d->algo == RKM_ALGO_CHECKMATE)
-        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
-                        rkm_algo_name(d->algo));
-#endif
-    return RKM_OK;
-}
-
-static rkm_result rkm__planner_dp(rkm_planner *pl);
-
-static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
-
-/* A planner for g with settings d (defaults applied), below `parent` (NULL:
- * the one the user made): nested planners do not log, and their checks
- * are their parent's (rkm__over). */
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
-{
-    int32_t depth = parent ? parent->depth + 1 : 0;
-    const rkm_solve_desc d = *desc;
-    rkm_result r = RKM_OK;
-    const rkm_graph_stats gs = g->stats;
-    rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
-    if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
-    pl->g = pl->user = g;
-    rkm__graph_hold(g);
-    pl->ctx = g->ctx;
-    pl->d = d;
-    pl->depth = depth;
-    pl->parent = parent;
-    pl->pool = d.ilp_budget;
-    pl->kick_work = rkm__kick_work(g);
-    rkm__search_begin(pl); /* for white-box callers of the search's parts */
-    pl->t0 = rkm__now();
-    pl->deadline = pl->t0 + d.time_limit;
-    pl->base_peak = gs.baseline_peak;
-    pl->base_time = gs.baseline_time;
-    pl->lower_bound = gs.lower_bound;
-    uint64_t span = gs.baseline_peak - g->input_bytes;
-    pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
-    if (!parent) rkm__progress_begin(pl, RKM_STAGE_CREATE, 0);
-    if (rkm__uses_chain(d.algo)) {
-        r = rkm__planner_options(pl);
-        if (!r) r = rkm__planner_chain(pl);
-        if (!r && !depth)
-            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options (%d classes nested); %d ILP "
-                     "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
-                     (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
-        double t = rkm__now();
-        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
-        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
-            rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
-                     (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
-    }
-    if (!parent) r = rkm__progress_result(pl, r, "rkm_planner_create");
-    if (r) {
-        rkm_planner_destroy(pl);
-        return r;
-    }
-    pl->create_seconds = rkm__elapsed(pl);
-    pl->create_cut = pl->cut;
-    pl->cuts = pl->cut;
-    *out = pl;
-    return RKM_OK;
-}
-
-rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
-    if (r) return r;
-    rkm_solve_desc d;
-    rkm_graph *ag;
-    if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
-    if ((r = rkm__planner_make(ag ? ag : g, &d, NULL, out))) {
-        rkm_graph_destroy(ag);
-        return r;
-    }
-    rkm__graph_rehold(&(*out)->user, g); /* the user's graph, not its own copy */
-    (*out)->own = ag;
-    return RKM_OK;
-}
-
-/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
- * has nothing to plan with: refused, with the figure and the knob. Rockmate
- * goes on without the chain DP (sqrt, DTR), with a warning. */
-static rkm_result rkm__planner_dp(rkm_planner *pl)
-{
-    int32_t n = pl->g->n_blocks, M = pl->d.slots;
-    double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) {
-        int cut; /* past the deadline or cancelled: the first tile only */
-        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
-        pl->cut |= cut;
-        return r;
-    }
-    if (pl->d.algo == RKM_ALGO_ROCKMATE) {
-        rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
-                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
-        return RKM_OK;
-    }
-    int32_t fit = M;
-    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
-    char hint[96];
-    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
-        snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
-    else
-        snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
-    return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
-                    "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
-                    "plan with rockmate or dtr",
-                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
 }
 
 /* Birth of a draft the planner made for g (its graph, or a block's as a
@@ -10348,12 +9896,10 @@ RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rk
     return r;
 }
 
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-
 /* The planner's plan p (taken) as the host gets it: born on the user's
  * graph (p is of the aligned one, unless they are the same) and laid out
  * at the desc's alignment. */
-static rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
+RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
@@ -10387,42 +9933,9 @@ RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, ui
     return r;
 }
 
-/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
- * plan for the budget (its peak, counted at the alignment, within it), and
- * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
- * past the deadline: each try ends in a layout, which it does not cut). *need
- * (if not NULL): the least arena of the plans that did not fit, 0 if
- * none. */
-static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
-{
-    *out = NULL;
-    if (need) *need = 0;
-    uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
-        rkm_plan *p, *q;
-        rkm_result r = rkm__planner_try(pl, b, &p);
-        if (r || !p) return r;
-        if ((r = rkm__planner_handout(pl, p, &q))) return r;
-        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
-        if (arena <= budget) {
-            *out = q;
-            return RKM_OK;
-        }
-        rkm_plan_destroy(q);
-        if (need && (!*need || arena < *need)) *need = arena;
-        /* below this plan's own aligned peak: a budget between the two
-         * would give the same plan */
-        uint64_t below = at < b ? at : b;
-        if (below <= arena - budget) break;
-        b = below - (arena - budget);
-    }
-    return RKM_OK;
-}
-
 /* Plan p (taken) as the host gets it into *out where its arena fits the
  * budget; else *out NULL and *arena (if not NULL) that arena. */
-static rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
+RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
 {
     rkm_result r = rkm__planner_handout(pl, p, out);
     if (!r && (*out)->stats.arena_bytes > budget) {
@@ -10431,44 +9944,6 @@ static rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t bud
         *out = NULL;
     }
     return r;
-}
-
-/* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
- * was over the budget (*need set), the faster of that and DTR's plan for
- * the budget itself: DTR plans to an allocator of the budget's bytes, so
- * its arena fits, and the tries' smaller budgets may give slower plans
- * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
- * (at DTR's smallest budget). */
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
-{
-    uint64_t over = 0;
-    rkm_plan *p = NULL, *q = NULL;
-    rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
-    if (need) *need = over;
-    if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
-    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
-    if (r) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-        return r;
-    }
-    *out = rkm__faster(*out, q);
-    return RKM_OK;
-}
-
-/* The planner's figures of a plan it hands out; over budget is a bug. */
-static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
-{
-    rkm_plan_stats *st = &p->stats;
-    if (st->peak > budget || st->arena_bytes > budget)
-        return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
-                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
-                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
-    st->algo = pl->d.algo;
-    st->budget = budget;
-    st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
-    st->cut = pl->cut || pl->create_cut;
-    return RKM_OK;
 }
 
 /* A draft from a block-level schedule; freed on failure. */
@@ -10598,48 +10073,6 @@ RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan 
     rkm_result r = rkm__solve_dp_at(pl, budget, out);
     if (!r) r = rkm__solve_dp_up(pl, budget, *out, &up);
     *out = rkm__faster(up, *out);
-    return r;
-}
-
-/* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
- * for checkmate on a graph with a copy link, the faster of that and the
- * ILP with copies (rkm__ilp_offloads), with as much work each. */
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
-{
-    *out = NULL;
-    /* without lp_solve only rockmate's candidates get here (checkmate is
-     * refused): none from the whole-graph ILP */
-    if (!RKM__HAVE_ILP) return RKM_OK;
-    const rkm_graph *g = pl->g;
-    rkm__ilp_block *ib;
-    rkm_result r = rkm__ilp_block_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, &ib);
-    if (r) return r;
-    rkm_step *steps = NULL;
-    size_t nf = 0, nb = 0;
-    int found = 0;
-    rkm__ilp_block_deadline(ib, pl->deadline);
-    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
-    pl->prog.ilp = 0;
-    (void)rkm__over(pl); /* it may have stopped at the deadline */
-    if (!r && found) {
-        rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
-        steps = NULL;
-        r = rkm__planned_birth(pl, &d, out);
-    }
-    /* The gap to the LP bound: over the ILP's schedule family only. */
-    if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
-    rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
-    rkm__ilp_block_destroy(ib);
-    if (!r && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl) && !pl->plain_only) { /* and with copies */
-        rkm_plan *c = NULL;
-        r = rkm__ilp_offloads(pl, budget, *out ? (*out)->stats.time : INFINITY, time_limit, &c);
-        *out = rkm__faster(*out, c);
-        if (r) { /* nothing half-built */
-            rkm_plan_destroy(*out);
-            *out = NULL;
-        }
-    }
     return r;
 }
 
@@ -10871,6 +10304,652 @@ RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
     return keep_a ? a : b;
 }
 
+/* One bisection serves every smallest-budget search: between lo and *hi
+ * (a budget met), `probes` probes, none started past the deadline; a probe
+ * that finds a plan at budget m sets *at = m and *hi = m, or the plan's
+ * peak when by_peak (where every budget from a plan's peak on is met too);
+ * one that finds none moves lo above m. Where success is not monotone in
+ * the budget (DTR, the search) this is the least budget the probes met.
+ * *stopped (if not NULL): the deadline ended it. */
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped)
+{
+    rkm_result r = RKM_OK;
+    int over = 0;
+    double p0 = pl->prog.lo, p1 = pl->prog.hi;
+    for (int it = 0; it < probes && lo < *hi && !r && !(over = rkm__over(pl)); it++) {
+        rkm__progress_part(pl, p0 + (p1 - p0) * it / probes, p0 + (p1 - p0) * (it + 1) / probes);
+        uint64_t mid = lo + (*hi - lo) / 2;
+        rkm_plan *p = NULL;
+        r = probe(pl, mid, &p);
+        if (!r && p) *hi = by_peak ? p->stats.peak : mid, *at = mid;
+        else if (!r) lo = mid + 1;
+        rkm_plan_destroy(p);
+    }
+    rkm__progress_part(pl, p0, p1);
+    if (stopped) *stopped = over;
+    return r;
+}
+
+/* DTR plans on an allocator of the budget's bytes: a plan's peak can be
+ * below the arena it needed, so the budget, not the peak, is what is met. */
+static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    return rkm__dtr_plan(pl, budget, 1, out, NULL);
+}
+
+/* DTR's smallest budget, kept after the first call the deadline did not
+ * cut. */
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl->dtr_min) {
+        uint64_t hi = pl->base_peak, at = pl->base_peak;
+        int stopped;
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
+        if (r) return r;
+        pl->dtr_min_at = at;
+        if (stopped) { /* a cut bisection is not kept */
+            *out = hi;
+            return RKM_OK;
+        }
+        pl->dtr_min = hi;
+    }
+    *out = pl->dtr_min;
+    return RKM_OK;
+}
+
+/* ==== src/planner.c ==== */
+
+/* planner.c -- the planner: its API, the algorithms, flattening, budgets
+ *
+ * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
+
+/* The planner's figures so far, ILP counters included. */
+static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->algo = pl->d.algo;
+    st->blocks = pl->g->n_blocks;
+    st->block_classes = pl->g->n_classes;
+    st->options = (int32_t)pl->n_dpo;
+    st->ilp_solves = pl->ilp.solves;
+    st->ilp_optimal = pl->ilp.optimal;
+    st->ilp_suboptimal = pl->ilp.suboptimal;
+    st->ilp_infeasible = pl->ilp.infeasible;
+    st->ilp_timeout = pl->ilp.timeout;
+    st->ilp_failed = pl->ilp.failed;
+    st->ilp_skipped = pl->ilp_skipped;
+    st->ilp_seconds = pl->ilp.seconds;
+    st->create_seconds = pl->create_seconds;
+    st->nested_classes = pl->nested;
+    st->cut = pl->cuts;
+}
+
+static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+/* Bytes and DP slots: the planner's only conversions. A slot is pl->q
+ * bytes above the input tensors (always live). */
+
+/* Slots for a byte count, rounded up (so the DP never under-counts). */
+static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
+{
+    uint64_t s = rkm__ceil_div(bytes, pl->q);
+    return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
+}
+
+/* The DP's view of the chain: every figure converted to slots, the one
+ * place where block figures (absolute bytes, options.c) become the DP's
+ * (slots above the inputs, chain.c): tensor sizes round up on their own,
+ * memory figures round up once the inputs are taken off. */
+static rkm_result rkm__planner_chain(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    size_t n_opt = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) n_opt += pl->bo[b].n_opt;
+    pl->dpb = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->dpb);
+    pl->dpo = rkm__calloc(pl->ctx, n_opt, sizeof *pl->dpo);
+    pl->n_dpo = n_opt;
+    if (!pl->dpb || !pl->dpo) return rkm__nomem(pl->ctx, "planner");
+    size_t at = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) {
+        const rkm__block *k = &g->blocks[b];
+        const rkm__bopts *bo = &pl->bo[b];
+        rkm__dp_block *x = &pl->dpb[b];
+        x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
+        x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
+        x->tfn = bo->tfn;
+        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
+        uint64_t out_bytes = g->tensors[k->out].bytes;
+        x->opt = pl->dpo + at;
+        x->n_opt = (int32_t)bo->n_opt;
+        for (size_t i = 0; i < bo->n_opt; i++, at++) {
+            const rkm__option *o = &bo->opt[i];
+            rkm__dp_option *y = &pl->dpo[at];
+            y->tf = o->tf;
+            y->tb = o->tb;
+            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
+             * it, as the DP subtracts them together. */
+            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
+            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
+            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
+        }
+    }
+    return RKM_OK;
+}
+
+RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
+
+/* A call on a made planner (solve, min_budget) starts at `now`: it gets
+ * what the planner's creation left of time_limit, so that creation and
+ * the call together, one plan's planning, stay within it. */
+static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64_t budget)
+{
+    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
+    pl->cut = 0;
+    rkm__progress_begin(pl, stage, budget);
+}
+
+/* Peak a block's ops need at least: the inputs stay live throughout, plus
+ * the largest single step. */
+static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
+{
+    uint64_t need = 0;
+    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
+        const rkm__op *o = &g->ops[i];
+        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + rkm__fwd_ws_most(o);
+        uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
+                                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
+                                : 0;
+        if (f > need) need = f;
+        if (k > need) need = k;
+    }
+    return g->input_bytes + need;
+}
+
+/* A class's claim on the block ILP budget: its blocks' forward time (what
+ * recomputing can cost, so what a better option can save) times its ops
+ * (what a solve of its block takes); never 0 for a block with ops. */
+static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
+{
+    const rkm_graph *g = pl->g;
+    double w = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) {
+        const rkm__block *b = &g->blocks[k];
+        if (b->cls != cls) continue;
+        double fwd = pl->base_time * 1e-6;
+        for (int32_t j = 0; j < b->n_ops; j++) fwd += g->ops[b->ops[j]].fwd;
+        w += fwd * b->n_ops;
+    }
+    return w;
+}
+
+/* A grid of block ILP solves for block b's class: np peak budgets from
+ * peak_lo to peak_hi by nk kept budgets from kept_lo to the baseline's
+ * kept, each solve at most `lim` seconds of work and what is left of the
+ * class's share `allow` (spent: pl->ilp.work - work0). Every schedule is
+ * replayed on every block of the class (mapped op for op) and replay
+ * decides what becomes an option. Per peak budget (a row) the kept budgets
+ * go from loose to tight: a schedule that already fits a tighter kept
+ * budget is that budget's answer too (the optimum of a looser problem that
+ * is feasible in a tighter one), and a proven infeasible kept budget ends
+ * the row. Once the share is spent, or the deadline passed, the rest are
+ * left out. */
+typedef struct rkm__grid {
+    uint64_t peak_lo, peak_hi, kept_lo;
+    int32_t np, nk;
+    double lim, allow, work0;
+    int32_t next;      /* the next point, row by row */
+    uint64_t row_kept; /* kept memory of the row's last schedule */
+} rkm__grid;
+
+/* The grid's points from gr->next on; with `probe`, up to the first solve
+ * that finds a schedule (*hard: it reached its work limit). */
+static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block *b, rkm__ilp_block *ib, rkm__grid *gr,
+                                  int probe, int *hard)
+{
+    const rkm_graph *g = pl->g;
+    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
+    rkm_result r = RKM_OK;
+    for (; gr->next < gr->np * gr->nk && !r; gr->next++) {
+        int32_t i = gr->next / gr->nk, j = gr->nk - 1 - gr->next % gr->nk;
+        if (j == gr->nk - 1) gr->row_kept = UINT64_MAX;
+        double fp = gr->np > 1 ? (double)i / (gr->np - 1) : 1.0, fk = gr->nk > 1 ? (double)j / (gr->nk - 1) : 1.0;
+        uint64_t peak_budget = gr->peak_lo + (uint64_t)((double)(gr->peak_hi - gr->peak_lo) * fp);
+        uint64_t kept_budget = gr->kept_lo + (uint64_t)((double)(all.kept - gr->kept_lo) * fk);
+        double share = gr->allow - (pl->ilp.work - gr->work0);
+        if (gr->row_kept <= kept_budget) continue;
+        if (share <= 0 || rkm__over(pl)) {
+            pl->ilp_skipped++;
+            continue;
+        }
+        rkm_step *steps = NULL;
+        size_t nf = 0, nb = 0;
+        int found = 0;
+        int32_t timeouts = pl->ilp.timeout;
+        rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
+        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
+        if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
+        if (r || !found) continue;
+        rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
+        if (rkm__option_measure(s, b, &o)) gr->row_kept = o.kept;
+        r = rkm__class_add(pl, s, b, steps, nf, nb);
+        rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+        if (probe) {
+            *hard = pl->ilp.timeout > timeouts;
+            gr->next++;
+            break;
+        }
+    }
+    return r;
+}
+
+/* ILP options of block b's class, from `allow` seconds of solver work (the
+ * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
+ * ilp_time_limit a solve, but where the first solve that finds a schedule
+ * reaches its work limit, the block is hard for the solver and its options
+ * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
+static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
+                                 double allow)
+{
+    const rkm_graph *g = pl->g;
+    rkm__grid gr = {peak_lo, peak_hi, 0, pl->d.ilp_peak_points, pl->d.ilp_kept_points, pl->d.ilp_time_limit, allow,
+                    pl->ilp.work, 0, UINT64_MAX};
+    /* kept when nothing but the inputs, x_in and x_out is */
+    gr.kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
+    if (r) return r;
+    rkm__ilp_block_deadline(ib, pl->deadline);
+    int hard = 0;
+    r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
+    if (!r && hard) { /* the probe's option stays; the grid starts over */
+        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
+        gr.lim *= RKM_ILP_HARD_EFFORT;
+        gr.next = 0;
+    }
+    if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
+    rkm__ilp_block_destroy(ib);
+    return r;
+}
+
+/* Whether the chain has blocks to trade memory between: two or more of
+ * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
+ * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
+ * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
+ * the whole-graph search plans the block, and the options moved plans
+ * both ways (random30 at 40 %: 23.36 -> 24.17 %; dag100 at 50 %: 11.33 ->
+ * 11.83 %, at 40 %: 115.0 -> 25.0 %). */
+static int rkm__drop_chain(const rkm_graph *g)
+{
+    int32_t big = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
+    return big >= 2;
+}
+
+/* Options of one class, solved on its first block: a nested planner's
+ * where the block nests, drop options on a chain of big blocks
+ * (rkm__drop_chain), the block ILP's (with lp_solve) unless the nested planner
+ * covered a block too big for it or the block is too big for the ILP. The
+ * class spends the block ILP budget left times its weight w over wl, its
+ * own and that of the classes still to come, so what one class leaves goes
+ * to the next. */
+static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
+{
+    const rkm_graph *g = pl->g;
+    int32_t rep = 0;
+    while (g->blocks[rep].cls != cls) rep++;
+    const rkm__block *b = &g->blocks[rep];
+    /* The block's baseline (its only option yet) bounds the grid. */
+    const rkm__option *all = &pl->bo[rep].opt[0];
+    uint64_t peak_hi = all->pf > all->pb ? all->pf : all->pb, peak_lo = rkm__block_floor(g, b);
+    if (peak_lo > peak_hi) peak_lo = peak_hi;
+    double work0 = pl->ilp.work, allow = pl->pool * w / wl;
+    int nested = 0;
+    rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
+    if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
+    double left = allow - (pl->ilp.work - work0);
+    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
+        /* a share below a tenth of one solve's limit buys no solve but costs
+         * the model's build (a chain of 5000 distinct blocks: 17 s of it);
+         * it is spent all the same, or the last of many such classes would
+         * get the others' and build after all */
+        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
+            pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
+            pl->pool = fmax(0, pl->pool - left);
+        } else
+            r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, left);
+    }
+    pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
+    return r;
+}
+
+/* Every class's options, heaviest class first (by rkm__class_weight, then
+ * in order): what it leaves of its share goes to the lighter ones, which
+ * often need less than they would be given (peer-gpt: with the default
+ * budget, lightest first leaves 12 of 72 solves out, heaviest first none). */
+static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
+{
+    int32_t n = pl->g->n_classes;
+    double *w = rkm__alloc(pl->ctx, (size_t)n * sizeof *w), wl = 0;
+    int32_t *order = rkm__alloc(pl->ctx, (size_t)n * sizeof *order);
+    rkm_result r = w && order ? RKM_OK : rkm__nomem(pl->ctx, "planner");
+    for (int32_t c = 0; c < n && !r; c++) {
+        w[c] = rkm__class_weight(pl, c);
+        wl += w[c];
+        int32_t k = c; /* insertion, stable: equal weights keep their order */
+        for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
+        order[k] = c;
+    }
+    double all = wl;
+    for (int32_t i = 0; i < n && !r; i++) {
+        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
+        r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
+        wl -= w[order[i]];
+    }
+    rkm__free(pl->ctx, w, (size_t)n * sizeof *w);
+    rkm__free(pl->ctx, order, (size_t)n * sizeof *order);
+    return r;
+}
+
+/* Every block's options: the two extremes, and for rockmate the ILP's. */
+static rkm_result rkm__planner_options(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    pl->bo = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->bo);
+    if (!pl->bo) return rkm__nomem(pl->ctx, "planner");
+    rkm__sim s;
+    rkm_result r = rkm__sim_init(g, &s);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
+    if (pl->ilp_skipped && !pl->depth && !pl->prog.cancelled)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "%s ran out: %d block ILP solves left out; plans may be worse",
+                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 (int)pl->ilp_skipped);
+    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
+                 "solver's best within it; a larger ilp_time_limit may find better ones",
+                 (int)pl->ilp.solves, pl->d.ilp_time_limit);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++)
+        qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
+    if (s.g) rkm__sim_free(&s);
+    return r;
+}
+
+void rkm_planner_destroy(rkm_planner *pl) { rkm__planner_free(pl); }
+
+/* A count option: 0 means default; negative refused. */
+static rkm_result rkm__desc_count(rkm_context *ctx, const char *what, int32_t *v, int32_t dflt)
+{
+    if (*v < 0) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %d (positive, or 0 for the default)", what, (int)*v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+/* A seconds option: 0 means default; negative, NaN or infinite refused. */
+static rkm_result rkm__desc_seconds(rkm_context *ctx, const char *what, double *v, double dflt)
+{
+    if (!(*v >= 0) || !isfinite(*v))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %g (finite and positive, or 0 for the default)", what, *v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    if (desc) *d = *desc;
+    rkm_context *ctx = g->ctx;
+    if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
+    if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM_ALGO_ROCKMATE;
+    rkm_result r;
+    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
+        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
+        return r;
+    if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
+    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
+                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
+    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
+    if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
+#ifdef RKM_OMIT_SOLVER
+    /* rockmate plans without its ILP options (rkm__class_options) */
+    if (d->algo == RKM_ALGO_CHECKMATE)
+        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
+                        rkm_algo_name(d->algo));
+#endif
+    return RKM_OK;
+}
+
+static rkm_result rkm__planner_dp(rkm_planner *pl);
+
+static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
+
+/* A planner for g with settings d (defaults applied), below `parent` (NULL:
+ * the one the user made): nested planners do not log, and their checks
+ * are their parent's (rkm__over). */
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
+{
+    int32_t depth = parent ? parent->depth + 1 : 0;
+    const rkm_solve_desc d = *desc;
+    rkm_result r = RKM_OK;
+    const rkm_graph_stats gs = g->stats;
+    rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
+    if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
+    pl->g = pl->user = g;
+    rkm__graph_hold(g);
+    pl->ctx = g->ctx;
+    pl->d = d;
+    pl->depth = depth;
+    pl->parent = parent;
+    pl->pool = d.ilp_budget;
+    pl->kick_work = rkm__kick_work(g);
+    rkm__search_begin(pl); /* for white-box callers of the search's parts */
+    pl->t0 = rkm__now();
+    pl->deadline = pl->t0 + d.time_limit;
+    pl->base_peak = gs.baseline_peak;
+    pl->base_time = gs.baseline_time;
+    pl->lower_bound = gs.lower_bound;
+    uint64_t span = gs.baseline_peak - g->input_bytes;
+    pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
+    if (!parent) rkm__progress_begin(pl, RKM_STAGE_CREATE, 0);
+    if (rkm__uses_chain(d.algo)) {
+        r = rkm__planner_options(pl);
+        if (!r) r = rkm__planner_chain(pl);
+        if (!r && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options (%d classes nested); %d ILP "
+                     "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
+                     (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
+        double t = rkm__now();
+        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
+        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
+                     (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
+    }
+    if (!parent) r = rkm__progress_result(pl, r, "rkm_planner_create");
+    if (r) {
+        rkm_planner_destroy(pl);
+        return r;
+    }
+    pl->create_seconds = rkm__elapsed(pl);
+    pl->create_cut = pl->cut;
+    pl->cuts = pl->cut;
+    *out = pl;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
+    if (r) return r;
+    rkm_solve_desc d;
+    rkm_graph *ag;
+    if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
+    if ((r = rkm__planner_make(ag ? ag : g, &d, NULL, out))) {
+        rkm_graph_destroy(ag);
+        return r;
+    }
+    rkm__graph_rehold(&(*out)->user, g); /* the user's graph, not its own copy */
+    (*out)->own = ag;
+    return RKM_OK;
+}
+
+/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
+ * has nothing to plan with: refused, with the figure and the knob. Rockmate
+ * goes on without the chain DP (sqrt, DTR), with a warning. */
+static rkm_result rkm__planner_dp(rkm_planner *pl)
+{
+    int32_t n = pl->g->n_blocks, M = pl->d.slots;
+    double need = rkm__dp_bytes(pl->dpb, n, M);
+    if (need <= RKM_DP_MAX_BYTES) {
+        int cut; /* past the deadline or cancelled: the first tile only */
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
+        pl->cut |= cut;
+        return r;
+    }
+    if (pl->d.algo == RKM_ALGO_ROCKMATE) {
+        rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
+                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
+        return RKM_OK;
+    }
+    int32_t fit = M;
+    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
+    char hint[96];
+    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
+        snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
+    else
+        snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
+    return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
+                    "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
+                    "plan with rockmate or dtr",
+                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
+}
+
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
+ * plan for the budget (its peak, counted at the alignment, within it), and
+ * where that plan's layout misses its aligned peak by more than the room
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * past the deadline: each try ends in a layout, which it does not cut). *need
+ * (if not NULL): the least arena of the plans that did not fit, 0 if
+ * none. */
+static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+{
+    *out = NULL;
+    if (need) *need = 0;
+    uint64_t b = budget;
+    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
+        rkm_plan *p, *q;
+        rkm_result r = rkm__planner_try(pl, b, &p);
+        if (r || !p) return r;
+        if ((r = rkm__planner_handout(pl, p, &q))) return r;
+        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
+        if (arena <= budget) {
+            *out = q;
+            return RKM_OK;
+        }
+        rkm_plan_destroy(q);
+        if (need && (!*need || arena < *need)) *need = arena;
+        /* below this plan's own aligned peak: a budget between the two
+         * would give the same plan */
+        uint64_t below = at < b ? at : b;
+        if (below <= arena - budget) break;
+        b = below - (arena - budget);
+    }
+    return RKM_OK;
+}
+
+/* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
+ * was over the budget (*need set), the faster of that and DTR's plan for
+ * the budget itself: DTR plans to an allocator of the budget's bytes, so
+ * its arena fits, and the tries' smaller budgets may give slower plans
+ * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
+ * (at DTR's smallest budget). */
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+{
+    uint64_t over = 0;
+    rkm_plan *p = NULL, *q = NULL;
+    rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
+    if (need) *need = over;
+    if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
+    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+        return r;
+    }
+    *out = rkm__faster(*out, q);
+    return RKM_OK;
+}
+
+/* The planner's figures of a plan it hands out; over budget is a bug. */
+static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
+{
+    rkm_plan_stats *st = &p->stats;
+    if (st->peak > budget || st->arena_bytes > budget)
+        return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
+                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
+                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
+    st->algo = pl->d.algo;
+    st->budget = budget;
+    st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    st->cut = pl->cut || pl->create_cut;
+    return RKM_OK;
+}
+
+/* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
+ * for checkmate on a graph with a copy link, the faster of that and the
+ * ILP with copies (rkm__ilp_offloads), with as much work each. */
+RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+{
+    *out = NULL;
+    /* without lp_solve only rockmate's candidates get here (checkmate is
+     * refused): none from the whole-graph ILP */
+    if (!RKM__HAVE_ILP) return RKM_OK;
+    const rkm_graph *g = pl->g;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, &ib);
+    if (r) return r;
+    rkm_step *steps = NULL;
+    size_t nf = 0, nb = 0;
+    int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
+    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    pl->prog.ilp = 0;
+    (void)rkm__over(pl); /* it may have stopped at the deadline */
+    if (!r && found) {
+        rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
+        steps = NULL;
+        r = rkm__planned_birth(pl, &d, out);
+    }
+    /* The gap to the LP bound: over the ILP's schedule family only. */
+    if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
+    rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+    rkm__ilp_block_destroy(ib);
+    if (!r && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl) && !pl->plain_only) { /* and with copies */
+        rkm_plan *c = NULL;
+        r = rkm__ilp_offloads(pl, budget, *out ? (*out)->stats.time : INFINITY, time_limit, &c);
+        *out = rkm__faster(*out, c);
+        if (r) { /* nothing half-built */
+            rkm_plan_destroy(*out);
+            *out = NULL;
+        }
+    }
+    return r;
+}
+
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
@@ -10982,46 +11061,12 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
     return rkm__progress_result(pl, r, "rkm_planner_min_budget");
 }
 
-/* One bisection serves every smallest-budget search: between lo and *hi
- * (a budget met), `probes` probes, none started past the deadline; a probe
- * that finds a plan at budget m sets *at = m and *hi = m, or the plan's
- * peak when by_peak (where every budget from a plan's peak on is met too);
- * one that finds none moves lo above m. Where success is not monotone in
- * the budget (DTR, the search) this is the least budget the probes met.
- * *stopped (if not NULL): the deadline ended it. */
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped)
-{
-    rkm_result r = RKM_OK;
-    int over = 0;
-    double p0 = pl->prog.lo, p1 = pl->prog.hi;
-    for (int it = 0; it < probes && lo < *hi && !r && !(over = rkm__over(pl)); it++) {
-        rkm__progress_part(pl, p0 + (p1 - p0) * it / probes, p0 + (p1 - p0) * (it + 1) / probes);
-        uint64_t mid = lo + (*hi - lo) / 2;
-        rkm_plan *p = NULL;
-        r = probe(pl, mid, &p);
-        if (!r && p) *hi = by_peak ? p->stats.peak : mid, *at = mid;
-        else if (!r) lo = mid + 1;
-        rkm_plan_destroy(p);
-    }
-    rkm__progress_part(pl, p0, p1);
-    if (stopped) *stopped = over;
-    return r;
-}
-
 /* Checkmate: feasibility is monotone in the budget; the probes share the
  * time limit, and one that times out counts as infeasible, so this is the
  * least budget the solver could meet. */
 RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
-}
-
-/* DTR plans on an allocator of the budget's bytes: a plan's peak can be
- * below the arena it needed, so the budget, not the peak, is what is met. */
-static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
-{
-    return rkm__dtr_plan(pl, budget, 1, out, NULL);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
@@ -11035,26 +11080,6 @@ static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **
     rkm_result r = rkm__solve_checkmate(pl, budget, RKM_BISECT_SMALL_SECONDS, out);
     if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
-}
-
-/* DTR's smallest budget, kept after the first call the deadline did not
- * cut. */
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
-{
-    if (!pl->dtr_min) {
-        uint64_t hi = pl->base_peak, at = pl->base_peak;
-        int stopped;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
-        if (r) return r;
-        pl->dtr_min_at = at;
-        if (stopped) { /* a cut bisection is not kept */
-            *out = hi;
-            return RKM_OK;
-        }
-        pl->dtr_min = hi;
-    }
-    *out = pl->dtr_min;
-    return RKM_OK;
 }
 
 /* The least peak of the plans the planner's algorithm makes (*out), and

@@ -1160,37 +1160,14 @@ RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int s
                                       double max_time, rkm__steps *draft);
 
 /* planner.c */
-RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
 RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
 RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
-/* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
- * block inputs in host memory where that is faster (a graph with a link). */
-enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
-RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
-RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
-typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped);
-RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* progress.c */
 RKM_PRIVATE int rkm__over(rkm_planner *pl);
@@ -1201,6 +1178,34 @@ RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
 RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
 RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
 RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
+
+/* produce.c */
+RKM_PRIVATE void rkm__planner_free(rkm_planner *pl);
+RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
+RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
+RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
+/* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
+ * block inputs in host memory where that is faster (a graph with a link). */
+enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
+RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
+RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
+RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
+RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
+RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+                                   uint64_t *at, int *stopped);
+RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* nest.c */
 RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
