@@ -19,10 +19,10 @@
  *   dtr.c        DTR: dynamic tensor rematerialization, simulated offline
  *   progress.c   a planner call's deadline check, progress reports and their cancel; the algorithms' names
  *   produce.c    the planner's plans for a budget: chain DP and sqrt, DTR, with copies; births, handouts
- *   planner.c    the planner: its API, the algorithms, flattening, budgets
- *   nest.c       a big block as a graph of its own: nesting, and drop options
- *   search.c     the local search: polish, squeeze, kick, the rockmate portfolio and phases
  *   offload.c    offloading: a recompute-only plan's idle tensors sent to host memory
+ *   search.c     the local search: polish, squeeze, kick, the rockmate portfolio and phases
+ *   nest.c       a big block as a graph of its own: nesting, and drop options
+ *   planner.c    the planner: its API, every block's options, the drivers of solve and min_budget
  *   exec.c       the executor and the profiler
  *   arena.c      the arena: an offset allocator, plans run in one allocation
  *
@@ -288,7 +288,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_BISECT_SMALL 8
 #define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
 /* With a copy link, rockmate's below its recompute-only floor, from the
- * graph's lower bound (offload.c, rkm__offload_min_budget): each probe
+ * graph's lower bound (planner.c, rkm__offload_min_budget): each probe
  * offloads its bases, an offloading pass and a layout each, until one
  * fits. */
 #define RKM_BISECT_OFFLOAD 16
@@ -953,7 +953,7 @@ struct rkm_planner {
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
     int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
-    int fitting_base;        /* offload.c plans a base: no whole-graph ILP start, phases or missed track */
+    int fitting_base;        /* rkm__planner_offload plans a base: no whole-graph ILP start, phases or missed track */
     int plain_only;          /* checkmate's recompute-only floor is sought: no copy model */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
@@ -1103,15 +1103,6 @@ RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 /* The object a broken rule concerns, by name ("" if none) */
 RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
-/* offload.c */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
-                                         const uint8_t *prefer, rkm__steps *out, uint64_t *work);
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
-
 /* layout.c */
 RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
 RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
@@ -1193,16 +1184,6 @@ RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__s
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft);
 
-/* planner.c */
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
-/* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
-
 /* progress.c */
 RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
@@ -1241,10 +1222,17 @@ RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
-/* nest.c */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
+/* offload.c */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
+                                         const uint8_t *prefer, rkm__steps *out, uint64_t *work);
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                            rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                        rkm_plan **q, rkm_plan **x);
+RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 
 /* search.c */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
@@ -1253,6 +1241,28 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
 RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* nest.c */
+RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
+RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
+/* A planner for g below `parent`: rkm__planner_make (planner.c), handed
+ * down to nesting, the planner's recursion (a block planned as a graph of
+ * its own), so that nest.c calls nothing above it. */
+typedef rkm_result (*rkm__planner_maker)(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent,
+                                         rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+                                         uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
+
+/* planner.c */
+RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+/* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
+RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 #endif /* RKM_INTERNAL_H */
 
@@ -10358,554 +10368,659 @@ RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-/* ==== src/planner.c ==== */
+/* ==== src/offload.c ==== */
 
-/* planner.c -- the planner: its API, the algorithms, flattening, budgets
+/* offload.c -- offloading: a recompute-only plan's idle tensors sent to host memory
  *
- * Uses (through internal.h): base.c, graph.c, rkg.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c, dtr.c, nest.c, search.c. */
+ * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, ilp.c, progress.c, produce.c.
+ *
+ * Below, "tensor" stands for a copy slot: a tensor or an op's saved state.
+ * A plan keeps every tensor it does not recompute on the device from its
+ * last read before a gap (typically a forward) to its next read after it
+ * (the matching backward). With a copy link (docs/formats.md, "Offloading")
+ * the tensor can spend that gap in host memory instead: `offload` once it
+ * is written (reads may go on while it is copied), `wait`+`free` after its
+ * last read before the gap once the copy is done, `prefetch` back just in
+ * time for the next read, `wait` before it. rkm__offload_plan picks which
+ * gaps, greedily, until the plan's peak fits the budget:
+ *
+ * - A tensor's gaps are its idle stretches in the base plan, where it is
+ *   live and nothing reads, writes or frees it, up to a compute step that
+ *   reads it. Any of them may be in the set: the first offloads, each frees
+ *   and prefetches, the last frees the host copy (a tensor has one value,
+ *   so one host copy serves every gap: test_offload
+ *   planner_prefetches_twice).
+ * - Timing is the base plan's compute timeline. Offloads are queued on the
+ *   device-to-host stream in the order of their gaps, each as soon as its
+ *   tensor is written (reads may go on while it is copied) and the copy
+ *   before it is issued; a tensor is freed after the first compute step
+ *   that ends once its copy has: its wait never waits. Prefetches are
+ *   placed as late as the host-to-device stream allows (latest first, each
+ *   ending when the next read starts or the later prefetch begins), issued
+ *   before the last compute step that starts by then: their bytes are live
+ *   as briefly as the stream allows, and waits are only where the stream is
+ *   the bottleneck.
+ * - While the plan peaks over the budget, the gap around the peak step of
+ *   the largest tensor whose copies leave it off the device there (as they
+ *   would alone) joins the set; a gap that helps nowhere never does.
+ * - Where none does and the caller allows it (exposed), a tensor live across
+ *   the peak step that the step does not touch (a new one, or one of the
+ *   set whose copies are too late to clear it) is off the device across
+ *   that step, and the compute stream waits for whatever of its copies does
+ *   not hide (rkm__off_pick_exposed): the largest such tensor, or the
+ *   smallest that covers the bytes over the budget (it waits less), both
+ *   tried, the faster kept. Prefetches issued at one step queue in the order
+ *   of their reads.
+ *
+ * The simulator measures every try; the planner (rkm__planner_offload)
+ * keeps a result only if it is faster than the recompute-only plan and its
+ * arena fits. */
 
-/* The planner's figures so far, ILP counters included. */
-static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
+/* One gap of a tensor in the base plan (an item of the pass: a tensor has
+ * one for each stretch it is live and idle) and its copies, in base step
+ * indices: its last touch before the gap a and its last write before that
+ * w, offload after step o (w <= o <= a: it may be read while copied), wait
+ * and free after step f, prefetch before step p, wait before step b (its
+ * next read). Of a tensor's gaps in the set, only the first (head) offloads
+ * and only the last (tail) frees the host copy: the others free after a
+ * and prefetch again from the same host copy (a tensor has one value). An
+ * exposed copy (picked for a peak its hidden copies do not clear) is off
+ * the device by f_max at the latest and back no sooner than p_min, and the
+ * compute stream waits for what does not hide. */
+typedef struct rkm__gap {
+    int64_t a, b, w, o, f, p, f_max, p_min;
+    double off_end, pre_start; /* the copies' planned times */
+    int32_t slot;              /* its tensor (copy slot) */
+    uint8_t head, tail;        /* rkm__off_place: the slot's first, last gap in the set */
+} rkm__gap;
+
+/* A sort key: ids ordered by key, then id (a total order: qsort gives the
+ * same result on every C library). */
+typedef struct rkm__off_key {
+    int64_t key;
+    int32_t id;
+} rkm__off_key;
+
+typedef struct rkm__off {
+    const rkm_graph *g;
+    const rkm_step *base;
+    size_t n;
+    double *ts, *te;   /* [n] each base step's start and end on the compute timeline */
+    size_t n_slots;    /* copy slots: tensors, then ops' saved states */
+    rkm__gap *gap;     /* [n_gaps] every slot's gaps, by slot, then a */
+    size_t n_gaps, cap_gap;
+    uint8_t *in;       /* [n_gaps] in the set (1), or never again (2) */
+    int32_t *order;    /* [2 (n_gaps + 1)] the set by b, then the set itself */
+    rkm__off_key *keys;/* [5 (n_gaps + 1)] sort scratch */
+    int32_t *touch;    /* [n_touch]: the most slots one step touches */
+    size_t n_touch;
+    rkm__sim sim;
+    uint64_t *peak;    /* [steps emitted] */
+    int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
+    size_t cap_peak, cap_from;
+    rkm__steps out;
+    int exposed;       /* copies may make the compute stream wait, and which (rkm__offload_plan) */
+    const uint8_t *prefer; /* [n_slots] or NULL: slots picked before any other (rkm__offload_plan) */
+} rkm__off;
+
+/* Whether slot t is on the device in sim's state. */
+static int rkm__slot_live(const rkm__sim *s, int32_t t)
 {
-    memset(st, 0, sizeof *st);
-    st->algo = pl->d.algo;
-    st->blocks = pl->g->n_blocks;
-    st->block_classes = pl->g->n_classes;
-    st->options = (int32_t)pl->n_dpo;
-    st->ilp_solves = pl->ilp.solves;
-    st->ilp_optimal = pl->ilp.optimal;
-    st->ilp_suboptimal = pl->ilp.suboptimal;
-    st->ilp_infeasible = pl->ilp.infeasible;
-    st->ilp_timeout = pl->ilp.timeout;
-    st->ilp_failed = pl->ilp.failed;
-    st->ilp_skipped = pl->ilp_skipped;
-    st->ilp_seconds = pl->ilp.seconds;
-    st->create_seconds = pl->create_seconds;
-    st->nested_classes = pl->nested;
-    st->cut = pl->cuts;
+    size_t nt = s->g->n_tensors;
+    return (size_t)t < nt ? s->D[t] : s->P[(size_t)t - nt];
 }
 
-static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
-
-/* Bytes and DP slots: the planner's only conversions. A slot is pl->q
- * bytes above the input tensors (always live). */
-
-/* Slots for a byte count, rounded up (so the DP never under-counts). */
-static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
+/* Whether v[j] of rkm__slot_touches(st) is written by st (a forward's
+ * outputs, saved state and in-place input), not only read: an offload of
+ * it may not be in flight then. */
+static int rkm__slot_written(const rkm_graph *g, const rkm_step *st, int32_t j)
 {
-    uint64_t s = rkm__ceil_div(bytes, pl->q);
-    return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
+    return st->kind == RKM_STEP_FWD && (j >= g->ops[st->index].n_in || (j == 0 && st->inplace));
 }
 
-/* The DP's view of the chain: every figure converted to slots, the one
- * place where block figures (absolute bytes, options.c) become the DP's
- * (slots above the inputs, chain.c): tensor sizes round up on their own,
- * memory figures round up once the inputs are taken off. */
-static rkm_result rkm__planner_chain(rkm_planner *pl)
+static int rkm__off_gap_cmp(const void *x, const void *y)
 {
-    const rkm_graph *g = pl->g;
-    size_t n_opt = 0;
-    for (int32_t b = 0; b < g->n_blocks; b++) n_opt += pl->bo[b].n_opt;
-    pl->dpb = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->dpb);
-    pl->dpo = rkm__calloc(pl->ctx, n_opt, sizeof *pl->dpo);
-    pl->n_dpo = n_opt;
-    if (!pl->dpb || !pl->dpo) return rkm__nomem(pl->ctx, "planner");
-    size_t at = 0;
-    for (int32_t b = 0; b < g->n_blocks; b++) {
-        const rkm__block *k = &g->blocks[b];
-        const rkm__bopts *bo = &pl->bo[b];
-        rkm__dp_block *x = &pl->dpb[b];
-        x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
-        x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
-        x->tfn = bo->tfn;
-        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
-        uint64_t out_bytes = g->tensors[k->out].bytes;
-        x->opt = pl->dpo + at;
-        x->n_opt = (int32_t)bo->n_opt;
-        for (size_t i = 0; i < bo->n_opt; i++, at++) {
-            const rkm__option *o = &bo->opt[i];
-            rkm__dp_option *y = &pl->dpo[at];
-            y->tf = o->tf;
-            y->tb = o->tb;
-            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
-             * it, as the DP subtracts them together. */
-            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
-            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
-            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
+    const rkm__gap *u = x, *v = y;
+    if (u->slot != v->slot) return u->slot < v->slot ? -1 : 1;
+    return (u->a > v->a) - (u->a < v->a);
+}
+
+/* Gap of slot t from its touch a (w: its last write) to step b, noted (one
+ * between two adjacent steps, or of an input, gains nothing); 0 when out of
+ * memory. */
+static int rkm__off_gap_note(rkm__off *o, int32_t t, int64_t a, int64_t b, int64_t w)
+{
+    const rkm_graph *g = o->g;
+    if (b - a < 2 || ((size_t)t < g->n_tensors && (g->tensors[t].flags & RKM_TENSOR_INPUT))) return 1;
+    if (!rkm__reserve(g->ctx, (void **)&o->gap, &o->cap_gap, o->n_gaps + 1, sizeof *o->gap)) return 0;
+    /* f, p: where rkm__off_place (or a pick, until then) puts its copies */
+    o->gap[o->n_gaps++] = (rkm__gap){a, b, w, -1, -1, INT64_MAX, INT64_MAX, -1, 0, 0, t, 0, 0};
+    return 1;
+}
+
+/* The compute timeline and every tensor's gaps (where it is live and idle,
+ * up to a compute step that reads it), from a replay of the base plan
+ * (valid, no copy steps), by slot and start; last and wr: scratch. 0 when
+ * out of memory. */
+static int rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
+{
+    const rkm_graph *g = o->g;
+    rkm__sim_reset(&o->sim);
+    for (size_t t = 0; t < o->n_slots; t++) last[t] = wr[t] = -1;
+    for (size_t i = 0; i < o->n; i++) {
+        const rkm_step *st = &o->base[i];
+        o->ts[i] = o->sim.clock; /* the replay's compute clock: no copies, no waits */
+        int32_t k = rkm__slot_touches(g, st, o->touch);
+        int compute = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_LOSS;
+        for (int32_t j = 0; j < k; j++) {
+            int32_t t = o->touch[j];
+            int64_t a = last[t];
+            if (!compute || a < 0 || !rkm__slot_live(&o->sim, t)) continue;
+            if (!rkm__off_gap_note(o, t, a, (int64_t)i, wr[t] >= 0 && wr[t] <= a ? wr[t] : a)) return 0;
+            last[t] = -1; /* a step that reads it twice: one gap */
+        }
+        uint64_t pk;
+        int32_t obj;
+        rkm__sim_step(&o->sim, st, &pk, &obj);
+        o->te[i] = o->sim.clock;
+        for (int32_t j = 0; j < k; j++) {
+            last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
+            if (rkm__slot_written(g, st, j)) wr[o->touch[j]] = (int64_t)i;
         }
     }
-    return RKM_OK;
+    if (o->n_gaps) qsort(o->gap, o->n_gaps, sizeof *o->gap, rkm__off_gap_cmp);
+    return 1;
 }
 
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
-
-/* A call on a made planner (solve, min_budget) starts at `now`: it gets
- * what the planner's creation left of time_limit, so that creation and
- * the call together, one plan's planning, stay within it. */
-static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64_t budget)
+/* The first compute step at or after i that ends at or after time x (the
+ * last step if none). The compute clock never goes back, so the first step
+ * at or after i that ends by then is a binary search away; zero-length
+ * steps (frees) after it are skipped. */
+static int64_t rkm__off_step_ending(const rkm__off *o, int64_t i, double x)
 {
-    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
-    pl->cut = 0;
-    rkm__progress_begin(pl, stage, budget);
-}
-
-/* Peak a block's ops need at least: the inputs stay live throughout, plus
- * the largest single step. */
-static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
-{
-    uint64_t need = 0;
-    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
-        const rkm__op *o = &g->ops[i];
-        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + rkm__fwd_ws_most(o);
-        uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
-                                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
-                                : 0;
-        if (f > need) need = f;
-        if (k > need) need = k;
+    int64_t hi = (int64_t)o->n - 1;
+    while (i < hi) { /* te[lo..hi): the first >= x */
+        int64_t mid = i + (hi - i) / 2;
+        if (o->te[mid] >= x) hi = mid;
+        else i = mid + 1;
     }
-    return g->input_bytes + need;
+    for (; (size_t)i + 1 < o->n; i++)
+        if (o->te[i] > o->ts[i]) return i;
+    return (int64_t)o->n - 1;
 }
 
-/* A class's claim on the block ILP budget: its blocks' forward time (what
- * recomputing can cost, so what a better option can save) times its ops
- * (what a solve of its block takes); never 0 for a block with ops. */
-static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
+/* The last step at or before b that starts by time x (0 if none does). */
+static int64_t rkm__off_step_starting(const rkm__off *o, int64_t b, double x)
 {
-    const rkm_graph *g = pl->g;
-    double w = 0;
-    for (int32_t k = 0; k < g->n_blocks; k++) {
-        const rkm__block *b = &g->blocks[k];
-        if (b->cls != cls) continue;
-        double fwd = pl->base_time * 1e-6;
-        for (int32_t j = 0; j < b->n_ops; j++) fwd += g->ops[b->ops[j]].fwd;
-        w += fwd * b->n_ops;
+    int64_t lo = 0;
+    while (lo < b) { /* the last of ts[lo..b] <= x */
+        int64_t mid = b - (b - lo) / 2;
+        if (o->ts[mid] <= x) lo = mid;
+        else b = mid - 1;
     }
-    return w;
+    return lo;
 }
 
-/* A grid of block ILP solves for block b's class: np peak budgets from
- * peak_lo to peak_hi by nk kept budgets from kept_lo to the baseline's
- * kept, each solve at most `lim` seconds of work and what is left of the
- * class's share `allow` (spent: pl->ilp.work - work0). Every schedule is
- * replayed on every block of the class (mapped op for op) and replay
- * decides what becomes an option. Per peak budget (a row) the kept budgets
- * go from loose to tight: a schedule that already fits a tighter kept
- * budget is that budget's answer too (the optimum of a looser problem that
- * is feasible in a tighter one), and a proven infeasible kept budget ends
- * the row. Once the share is spent, or the deadline passed, the rest are
- * left out. */
-typedef struct rkm__grid {
-    uint64_t peak_lo, peak_hi, kept_lo;
-    int32_t np, nk;
-    double lim, allow, work0;
-    int32_t next;      /* the next point, row by row */
-    uint64_t row_kept; /* kept memory of the row's last schedule */
-} rkm__grid;
-
-/* The grid's points from gr->next on; with `probe`, up to the first solve
- * that finds a schedule (*hard: it reached its work limit). */
-static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block *b, rkm__ilp_block *ib, rkm__grid *gr,
-                                  int probe, int *hard)
+static int rkm__off_key_cmp(const void *x, const void *y)
 {
-    const rkm_graph *g = pl->g;
-    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
-    rkm_result r = RKM_OK;
-    for (; gr->next < gr->np * gr->nk && !r; gr->next++) {
-        int32_t i = gr->next / gr->nk, j = gr->nk - 1 - gr->next % gr->nk;
-        if (j == gr->nk - 1) gr->row_kept = UINT64_MAX;
-        double fp = gr->np > 1 ? (double)i / (gr->np - 1) : 1.0, fk = gr->nk > 1 ? (double)j / (gr->nk - 1) : 1.0;
-        uint64_t peak_budget = gr->peak_lo + (uint64_t)((double)(gr->peak_hi - gr->peak_lo) * fp);
-        uint64_t kept_budget = gr->kept_lo + (uint64_t)((double)(all.kept - gr->kept_lo) * fk);
-        double share = gr->allow - (pl->ilp.work - gr->work0);
-        if (gr->row_kept <= kept_budget) continue;
-        if (share <= 0 || rkm__over(pl)) {
-            pl->ilp_skipped++;
+    const rkm__off_key *u = x, *v = y;
+    if (u->key != v->key) return u->key < v->key ? -1 : 1;
+    return (u->id > v->id) - (u->id < v->id);
+}
+
+/* ids[0..m) ordered by their gap's a (by_b 0) or by b, latest first. */
+static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
+{
+    for (int32_t k = 0; k < m; k++) o->keys[k] = (rkm__off_key){by_b ? -o->gap[ids[k]].b : o->gap[ids[k]].a, ids[k]};
+    qsort(o->keys, (size_t)m, sizeof *o->keys, rkm__off_key_cmp);
+    for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
+}
+
+/* Whether a gap of gap i's slot before it (dir -1) or after it (+1) is in
+ * the set: a slot's gaps are contiguous in o->gap, by start. */
+static int rkm__off_in_set_beside(const rkm__off *o, int32_t i, int dir)
+{
+    for (int64_t j = (int64_t)i + dir; j >= 0 && (size_t)j < o->n_gaps && o->gap[j].slot == o->gap[i].slot; j += dir)
+        if (o->in[j] == 1) return 1;
+    return 0;
+}
+
+/* Where the set's copies go (gap o, f, p, times): offloads of the slots'
+ * first gaps in the set (head) in the order of their gaps, each issued
+ * once written and after the one before it (no copy ends later than issued
+ * at the gap's start would); a later gap of a slot (its host copy made
+ * already) frees after its last touch; prefetches latest first. Returns a
+ * gap whose window is empty (it would come back before it left), -1 if
+ * none is. */
+static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
+{
+    const rkm_graph *g = o->g;
+    rkm__off_sort(o, set, m, 0);
+    for (int32_t k = 0; k < m; k++) {
+        o->gap[set[k]].head = !rkm__off_in_set_beside(o, set[k], -1);
+        o->gap[set[k]].tail = !rkm__off_in_set_beside(o, set[k], 1);
+    }
+    double d2h = 0, h2d = INFINITY;
+    int64_t at = 0;
+    for (int32_t k = 0; k < m; k++) {
+        rkm__gap *x = &o->gap[set[k]];
+        if (!x->head) {
+            x->o = -1, x->f = x->a;
             continue;
         }
-        rkm_step *steps = NULL;
-        size_t nf = 0, nb = 0;
-        int found = 0;
-        int32_t timeouts = pl->ilp.timeout;
-        rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
-        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
-        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
-        if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
-        if (r || !found) continue;
-        rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
-        if (rkm__option_measure(s, b, &o)) gr->row_kept = o.kept;
-        r = rkm__class_add(pl, s, b, steps, nf, nb);
-        rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
-        if (probe) {
-            *hard = pl->ilp.timeout > timeouts;
-            gr->next++;
-            break;
+        x->o = at = x->w > at ? x->w : at;
+        double start = o->te[at] > d2h ? o->te[at] : d2h;
+        x->off_end = d2h = start + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
+        x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
+        if (x->f > x->f_max) x->f = x->f_max;
+    }
+    for (int32_t k = 0; k < m; k++) o->order[k] = set[k];
+    rkm__off_sort(o, o->order, m, 1);
+    for (int32_t k = 0; k < m; k++) {
+        rkm__gap *x = &o->gap[o->order[k]];
+        double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
+        x->pre_start = h2d = end - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
+        x->p = rkm__off_step_starting(o, x->b, x->pre_start);
+        if (x->p < x->p_min) x->p = x->p_min;
+        if (x->p <= x->f) return o->order[k];
+    }
+    return -1;
+}
+
+/* Record that the step just pushed belongs to base step `from`. */
+static int rkm__off_note(rkm__off *o, int64_t from)
+{
+    if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &o->cap_peak, o->out.n, sizeof *o->peak) ||
+        !rkm__reserve(o->g->ctx, (void **)&o->from, &o->cap_from, o->out.n, sizeof *o->from))
+        return 0;
+    o->from[o->out.n - 1] = from;
+    return 1;
+}
+
+/* Push a step on slot t (a copy of it, or the free of what it holds), from
+ * base step `from`. */
+static int rkm__off_push(rkm__off *o, int32_t kind, int32_t t, int64_t from)
+{
+    size_t nt = o->g->n_tensors;
+    int saved = (size_t)t >= nt;
+    if (saved && kind == RKM_STEP_FREE) kind = RKM_STEP_FREE_SAVED;
+    int32_t index = saved ? (int32_t)((size_t)t - nt) : t;
+    return rkm__steps_push(&o->out, kind, index, saved && kind != RKM_STEP_FREE_SAVED) && rkm__off_note(o, from);
+}
+
+/* The base step of a set member's event e: its prefetch goes before step
+ * p (0), its wait and host free before b (1), its offload after o (2), its
+ * wait and free after f (3). */
+static int64_t rkm__off_event(const rkm__gap *x, int e)
+{
+    return e == 0 ? x->p : e == 1 ? x->b : e == 2 ? x->o : x->f;
+}
+
+/* Member k of the set in event e's order within a step (rkm__off_emit). */
+static int32_t rkm__off_member(const rkm__off *o, const int32_t *set, int32_t m, int e, int32_t k)
+{
+    return e == 0 ? o->order[m - 1 - k] : set[k];
+}
+
+/* Push gap x's steps of event e, from base step `from`: its head offloads
+ * and waits for that copy before its free, its tail frees the host copy
+ * after its last prefetch. */
+static int rkm__off_push_event(rkm__off *o, int e, const rkm__gap *x, int64_t from)
+{
+    int32_t t = x->slot;
+    switch (e) {
+    case 0: return rkm__off_push(o, RKM_STEP_PREFETCH, t, from);
+    case 1: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && (!x->tail || rkm__off_push(o, RKM_STEP_FREE_HOST, t, from));
+    case 2: return rkm__off_push(o, RKM_STEP_OFFLOAD, t, from);
+    default: return (!x->head || rkm__off_push(o, RKM_STEP_WAIT, t, from)) && rkm__off_push(o, RKM_STEP_FREE, t, from);
+    }
+}
+
+/* The base plan with the set's copies (set and o->order as rkm__off_place
+ * left them): each event's members sorted by their step and merged into the
+ * base plan's steps in one pass. Within a step, copies go in their
+ * stream's planned order: offloads in set order, prefetches by their next
+ * read (o->order from its end; in set order, two prefetches issued at one
+ * step could queue the later-needed one first). */
+static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
+{
+    rkm__off_key *ev[4];
+    int32_t at[4] = {0, 0, 0, 0};
+    for (int e = 0; e < 4; e++) {
+        ev[e] = o->keys + (size_t)(e + 1) * (o->n_gaps + 1);
+        for (int32_t k = 0; k < m; k++) ev[e][k] = (rkm__off_key){rkm__off_event(&o->gap[rkm__off_member(o, set, m, e, k)], e), k};
+        qsort(ev[e], (size_t)m, sizeof *ev[e], rkm__off_key_cmp);
+    }
+    o->out.n = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        int64_t s = (int64_t)i;
+        for (int e = 0; e < 4; e++) {
+            while (at[e] < m && ev[e][at[e]].key < s) at[e]++; /* never at a step: none emitted */
+            if (e == 2 && (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, s))) return 0;
+            for (; at[e] < m && ev[e][at[e]].key == s; at[e]++)
+                if (!rkm__off_push_event(o, e, &o->gap[rkm__off_member(o, set, m, e, ev[e][at[e]].id)], s)) return 0;
         }
     }
-    return r;
+    return 1;
 }
 
-/* ILP options of block b's class, from `allow` seconds of solver work (the
- * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
- * ilp_time_limit a solve, but where the first solve that finds a schedule
- * reaches its work limit, the block is hard for the solver and its options
- * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
-static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
-                                 double allow)
+/* The emitted plan's peak step (-1 if it breaks a rule, which a bug would
+ * be), its peak in *peak. */
+static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
 {
-    const rkm_graph *g = pl->g;
-    rkm__grid gr = {peak_lo, peak_hi, 0, pl->d.ilp_peak_points, pl->d.ilp_kept_points, pl->d.ilp_time_limit, allow,
-                    pl->ilp.work, 0, UINT64_MAX};
-    /* kept when nothing but the inputs, x_in and x_out is */
-    gr.kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
-    rkm__ilp_block *ib;
-    rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
+    rkm_sim_result res;
+    rkm__sim_reset(&o->sim);
+    if (rkm__sim_run_peaks(&o->sim, o->out.s, o->out.n, &res, NULL, o->peak, NULL) != 1) return -1;
+    *peak = res.peak;
+    return res.peak_step;
+}
+
+/* A gap of the set (o->in 1) around base step s whose copies do not hide
+ * there: held off the device across s instead (its free before s, its
+ * prefetch after it, the compute stream waiting for the rest). */
+static int rkm__off_exposes(const rkm__off *o, int32_t i, int64_t s)
+{
+    const rkm__gap *x = &o->gap[i];
+    return o->in[i] == 1 && x->a < s && s < x->b && (x->f >= s || x->p <= s);
+}
+
+/* Whether a slot of x bytes is a better exposed copy than one of y, where
+ * `need` bytes must leave the device: the compute stream waits for about
+ * its copy's time, which grows with its bytes, so the smallest that covers
+ * the need, else the largest. */
+static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
+{
+    if ((x >= need) != (y >= need)) return x >= need;
+    return x >= need ? x < y : x > y;
+}
+
+/* Whether a pick takes slot t before slot u: the caller's preferred slots
+ * first, then the larger (need 0, rkm__off_pick), or the better fit for
+ * `need` (rkm__off_fits_better, rkm__off_pick_exposed). */
+static int rkm__off_picks_before(const rkm__off *o, int32_t t, int32_t u, uint64_t need)
+{
+    int pt = o->prefer && o->prefer[t], pu = o->prefer && o->prefer[u];
+    uint64_t bt = rkm__slot_bytes(o->g, t), bu = rkm__slot_bytes(o->g, u);
+    if (pt != pu) return pt;
+    return need ? rkm__off_fits_better(bt, bu, need) : bt > bu;
+}
+
+/* An exposed copy for a peak at base step s that no hidden copy clears,
+ * `need` bytes over the budget there: the gap around s, of a slot live
+ * there, the best fit for the need (rkm__off_fits_better; UINT64_MAX: the
+ * largest): one of the set whose copies leave it live there
+ * (rkm__off_exposes), or a new one. It is held off the device across s and
+ * the frees after it (f_max, p_min, which only ever tighten: the greedy
+ * ends); -1 if none. */
+static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s, uint64_t need)
+{
+    int32_t best = -1;
+    for (size_t u = 0; u < o->n_gaps; u++) {
+        int32_t i = (int32_t)u;
+        const rkm__gap *x = &o->gap[i];
+        if (x->a >= s || s >= x->b) continue;
+        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, need)) continue;
+        if (rkm__off_exposes(o, i, s) || !o->in[i]) best = i; /* a gap: live across s in the base */
+    }
+    if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
+        rkm__gap *x = &o->gap[best];
+        if (x->f_max > s - 1) x->f_max = s - 1;
+        int64_t p = s + 1;
+        while (p < x->b && o->te[p] == o->ts[p]) p++;
+        if (x->p_min < p) x->p_min = p;
+        x->f = x->f_max, x->p = x->p_min; /* until rkm__off_place: not exposed at s again */
+    }
+    return best;
+}
+
+/* The gap to add for a peak at base step s, `need` bytes over the budget:
+ * the largest slot's gap around s whose copies, as they would be placed
+ * alone, leave it off the device there (a slot with an earlier gap in the
+ * set has its host copy: it frees at once); -1 if none. With o->exposed,
+ * where no copy hides, an exposed one: the largest (1) or the best fit for
+ * the need (2). */
+static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
+{
+    const rkm_graph *g = o->g;
+    int32_t best = -1;
+    for (size_t u = 0; u < o->n_gaps; u++) {
+        int32_t i = (int32_t)u;
+        rkm__gap *x = &o->gap[i];
+        if (o->in[i] || x->a >= s || x->b <= s) continue;
+        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, 0)) continue;
+        double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
+        double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
+        int64_t f = rkm__off_in_set_beside(o, i, -1) ? x->a : rkm__off_step_ending(o, x->a + 1, end);
+        int64_t p = rkm__off_step_starting(o, x->b, start);
+        if (f >= s || p <= s) continue;
+        best = i, x->f = f, x->p = p;
+    }
+    return best >= 0 || !o->exposed ? best : rkm__off_pick_exposed(o, s, o->exposed == 2 ? need : UINT64_MAX);
+}
+
+static void rkm__off_free(rkm__off *o)
+{
+    rkm_context *ctx = o->g->ctx;
+    size_t ng = o->n_gaps + 1;
+    rkm__free(ctx, o->ts, 2 * (o->n + 1) * sizeof *o->ts);
+    rkm__free(ctx, o->gap, o->cap_gap * sizeof *o->gap);
+    rkm__free(ctx, o->in, ng);
+    rkm__free(ctx, o->order, 2 * ng * sizeof *o->order);
+    rkm__free(ctx, o->keys, 5 * ng * sizeof *o->keys);
+    rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
+    rkm__free(ctx, o->peak, o->cap_peak * sizeof *o->peak);
+    rkm__free(ctx, o->from, o->cap_from * sizeof *o->from);
+    rkm__steps_free(&o->out);
+    rkm__sim_free(&o->sim);
+}
+
+/* The pass's state for base (gaps, timeline), all of it or nothing. */
+static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step *base, size_t n)
+{
+    memset(o, 0, sizeof *o);
+    o->g = g;
+    o->base = base;
+    o->n = n;
+    o->out = (rkm__steps){g->ctx, NULL, 0, 0};
+    o->n_slots = g->n_tensors + g->n_ops;
+    size_t ns = o->n_slots;
+    o->n_touch = rkm__slot_touches_max(g);
+    o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
+    o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
+    int64_t *last = rkm__alloc(g->ctx, 2 * ns * sizeof *last);
+    int ok = o->ts && o->touch && last && rkm__sim_init(g, &o->sim) == RKM_OK;
+    if (ok) {
+        o->te = o->ts + n + 1;
+        ok = rkm__off_gaps(o, last, last + ns);
+    }
+    rkm__free(g->ctx, last, 2 * ns * sizeof *last);
+    size_t ng = o->n_gaps + 1;
+    if (ok) { /* the gaps are known: what depends on their number */
+        o->in = rkm__calloc(g->ctx, ng, 1);
+        o->order = rkm__alloc(g->ctx, 2 * ng * sizeof *o->order);
+        o->keys = rkm__alloc(g->ctx, 5 * ng * sizeof *o->keys); /* rkm__off_sort's, rkm__off_emit's four */
+        ok = o->in && o->order && o->keys;
+    }
+    if (!ok) {
+        rkm__off_free(o);
+        return rkm__nomem(g->ctx, "offloading");
+    }
+    return RKM_OK;
+}
+
+/* The base plan's steps (valid on g, no copies) with copies that bring its
+ * peak within `budget`, into *out (taken by the caller); out->n 0 when
+ * none does; *work (NULL: not counted) grows by the steps it replayed.
+ * g has a copy link. exposed 0: only copies that hide behind
+ * compute; 1: where none does, copies the compute stream waits for, the
+ * largest slot first; 2: the same, the best fit for the bytes over the
+ * budget first (rkm__off_fits_better). */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
+                                         int exposed, const uint8_t *prefer, rkm__steps *out, uint64_t *work)
+{
+    rkm__off o;
+    *out = (rkm__steps){g->ctx, NULL, 0, 0};
+    rkm_result r = rkm__off_init(&o, g, base, n);
     if (r) return r;
-    rkm__ilp_block_deadline(ib, pl->deadline);
-    int hard = 0;
-    r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
-    if (!r && hard) { /* the probe's option stays; the grid starts over */
-        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
-        gr.lim *= RKM_ILP_HARD_EFFORT;
-        gr.next = 0;
+    o.exposed = exposed;
+    o.prefer = prefer;
+    int32_t *set = o.order + o.n_gaps + 1, m = 0;
+    for (;;) {
+        int32_t bad = rkm__off_place(&o, set, m);
+        if (bad >= 0) { /* it stays marked, never tried again */
+            o.in[bad] = 2;
+            int32_t k = 0;
+            while (set[k] != bad) k++;
+            memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
+            m--;
+            continue;
+        }
+        if (!rkm__off_emit(&o, set, m)) {
+            r = rkm__nomem(g->ctx, "offloading");
+            break;
+        }
+        if (work) *work += o.out.n;
+        uint64_t peak;
+        int64_t s = rkm__off_peak(&o, &peak);
+        if (s >= 0 && peak <= budget) {
+            *out = o.out;
+            o.out = (rkm__steps){g->ctx, NULL, 0, 0};
+            break;
+        }
+        /* as many as their bytes cover the excess at the peak step, largest
+         * first: one replay for each such batch, not each slot */
+        uint64_t got = 0;
+        int32_t t, added = 0;
+        while (s >= 0 && got < peak - budget && (t = rkm__off_pick(&o, o.from[s], peak - budget - got)) >= 0) {
+            if (!o.in[t]) set[m++] = t; /* else one of the set, now exposed */
+            o.in[t] = 1;
+            got += rkm__slot_bytes(g, o.gap[t].slot);
+            added++;
+        }
+        if (!added) break;
     }
-    if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
-    rkm__ilp_block_destroy(ib);
+    rkm__off_free(&o);
     return r;
 }
 
-/* Whether the chain has blocks to trade memory between: two or more of
- * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
- * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
- * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
- * the whole-graph search plans the block, and the options moved plans
- * both ways (random30 at 40 %: 23.36 -> 24.17 %; dag100 at 50 %: 11.33 ->
- * 11.83 %, at 40 %: 115.0 -> 25.0 %). */
-static int rkm__drop_chain(const rkm_graph *g)
-{
-    int32_t big = 0;
-    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
-    return big >= 2;
-}
-
-/* Options of one class, solved on its first block: a nested planner's
- * where the block nests, drop options on a chain of big blocks
- * (rkm__drop_chain), the block ILP's (with lp_solve) unless the nested planner
- * covered a block too big for it or the block is too big for the ILP. The
- * class spends the block ILP budget left times its weight w over wl, its
- * own and that of the classes still to come, so what one class leaves goes
- * to the next. */
-static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
-{
-    const rkm_graph *g = pl->g;
-    int32_t rep = 0;
-    while (g->blocks[rep].cls != cls) rep++;
-    const rkm__block *b = &g->blocks[rep];
-    /* The block's baseline (its only option yet) bounds the grid. */
-    const rkm__option *all = &pl->bo[rep].opt[0];
-    uint64_t peak_hi = all->pf > all->pb ? all->pf : all->pb, peak_lo = rkm__block_floor(g, b);
-    if (peak_lo > peak_hi) peak_lo = peak_hi;
-    double work0 = pl->ilp.work, allow = pl->pool * w / wl;
-    int nested = 0;
-    rkm_result r = rkm__nest_options(pl, s, b, peak_lo, peak_hi, allow, &nested);
-    if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
-    double left = allow - (pl->ilp.work - work0);
-    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
-        /* a share below a tenth of one solve's limit buys no solve but costs
-         * the model's build (a chain of 5000 distinct blocks: 17 s of it);
-         * it is spent all the same, or the last of many such classes would
-         * get the others' and build after all */
-        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
-            pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
-            pl->pool = fmax(0, pl->pool - left);
-        } else
-            r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, left);
-    }
-    pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
-    return r;
-}
-
-/* Every class's options, heaviest class first (by rkm__class_weight, then
- * in order): what it leaves of its share goes to the lighter ones, which
- * often need less than they would be given (peer-gpt: with the default
- * budget, lightest first leaves 12 of 72 solves out, heaviest first none). */
-static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
-{
-    int32_t n = pl->g->n_classes;
-    double *w = rkm__alloc(pl->ctx, (size_t)n * sizeof *w), wl = 0;
-    int32_t *order = rkm__alloc(pl->ctx, (size_t)n * sizeof *order);
-    rkm_result r = w && order ? RKM_OK : rkm__nomem(pl->ctx, "planner");
-    for (int32_t c = 0; c < n && !r; c++) {
-        w[c] = rkm__class_weight(pl, c);
-        wl += w[c];
-        int32_t k = c; /* insertion, stable: equal weights keep their order */
-        for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
-        order[k] = c;
-    }
-    double all = wl;
-    for (int32_t i = 0; i < n && !r; i++) {
-        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
-        r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
-        wl -= w[order[i]];
-    }
-    rkm__free(pl->ctx, w, (size_t)n * sizeof *w);
-    rkm__free(pl->ctx, order, (size_t)n * sizeof *order);
-    return r;
-}
-
-/* Every block's options: the two extremes, and for rockmate the ILP's. */
-static rkm_result rkm__planner_options(rkm_planner *pl)
-{
-    const rkm_graph *g = pl->g;
-    pl->bo = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->bo);
-    if (!pl->bo) return rkm__nomem(pl->ctx, "planner");
-    rkm__sim s;
-    rkm_result r = rkm__sim_init(g, &s);
-    for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
-    if (pl->ilp_skipped && !pl->depth && !pl->prog.cancelled)
-        rkm__log(pl->ctx, RKM_LOG_WARN,
-                 "%s ran out: %d block ILP solves left out; plans may be worse",
-                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
-                 (int)pl->ilp_skipped);
-    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
-        rkm__log(pl->ctx, RKM_LOG_WARN,
-                 "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
-                 "solver's best within it; a larger ilp_time_limit may find better ones",
-                 (int)pl->ilp.solves, pl->d.ilp_time_limit);
-    for (int32_t b = 0; b < g->n_blocks && !r; b++)
-        qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
-    if (s.g) rkm__sim_free(&s);
-    return r;
-}
-
-void rkm_planner_destroy(rkm_planner *pl) { rkm__planner_free(pl); }
-
-/* A count option: 0 means default; negative refused. */
-static rkm_result rkm__desc_count(rkm_context *ctx, const char *what, int32_t *v, int32_t dflt)
-{
-    if (*v < 0) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %d (positive, or 0 for the default)", what, (int)*v);
-    if (*v == 0) *v = dflt;
-    return RKM_OK;
-}
-
-/* A seconds option: 0 means default; negative, NaN or infinite refused. */
-static rkm_result rkm__desc_seconds(rkm_context *ctx, const char *what, double *v, double dflt)
-{
-    if (!(*v >= 0) || !isfinite(*v))
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %g (finite and positive, or 0 for the default)", what, *v);
-    if (*v == 0) *v = dflt;
-    return RKM_OK;
-}
-
-static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
-{
-    memset(d, 0, sizeof *d);
-    if (desc) *d = *desc;
-    rkm_context *ctx = g->ctx;
-    if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
-    if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM_ALGO_ROCKMATE;
-    rkm_result r;
-    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
-        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
-        return r;
-    if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
-    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
-                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
-    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
-    if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
-#ifdef RKM_OMIT_SOLVER
-    /* rockmate plans without its ILP options (rkm__class_options) */
-    if (d->algo == RKM_ALGO_CHECKMATE)
-        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
-                        rkm_algo_name(d->algo));
-#endif
-    return RKM_OK;
-}
-
-static rkm_result rkm__planner_dp(rkm_planner *pl);
-
-static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
-
-/* A planner for g with settings d (defaults applied), below `parent` (NULL:
- * the one the user made): nested planners do not log, and their checks
- * are their parent's (rkm__over). */
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
-{
-    int32_t depth = parent ? parent->depth + 1 : 0;
-    const rkm_solve_desc d = *desc;
-    rkm_result r = RKM_OK;
-    const rkm_graph_stats gs = g->stats;
-    rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
-    if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
-    pl->g = pl->user = g;
-    rkm__graph_hold(g);
-    pl->ctx = g->ctx;
-    pl->d = d;
-    pl->depth = depth;
-    pl->parent = parent;
-    pl->pool = d.ilp_budget;
-    pl->kick_work = rkm__kick_work(g);
-    rkm__search_begin(pl); /* for white-box callers of the search's parts */
-    pl->t0 = rkm__now();
-    pl->deadline = pl->t0 + d.time_limit;
-    pl->base_peak = gs.baseline_peak;
-    pl->base_time = gs.baseline_time;
-    pl->lower_bound = gs.lower_bound;
-    uint64_t span = gs.baseline_peak - g->input_bytes;
-    pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
-    if (!parent) rkm__progress_begin(pl, RKM_STAGE_CREATE, 0);
-    if (rkm__uses_chain(d.algo)) {
-        r = rkm__planner_options(pl);
-        if (!r) r = rkm__planner_chain(pl);
-        if (!r && !depth)
-            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options (%d classes nested); %d ILP "
-                     "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
-                     (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
-        double t = rkm__now();
-        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
-        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
-            rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
-                     (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
-    }
-    if (!parent) r = rkm__progress_result(pl, r, "rkm_planner_create");
-    if (r) {
-        rkm_planner_destroy(pl);
-        return r;
-    }
-    pl->create_seconds = rkm__elapsed(pl);
-    pl->create_cut = pl->cut;
-    pl->cuts = pl->cut;
-    *out = pl;
-    return RKM_OK;
-}
-
-rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    if (!g) return RKM_ERROR_ARGUMENT;
-    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
-    if (r) return r;
-    rkm_solve_desc d;
-    rkm_graph *ag;
-    if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
-    if ((r = rkm__planner_make(ag ? ag : g, &d, NULL, out))) {
-        rkm_graph_destroy(ag);
-        return r;
-    }
-    rkm__graph_rehold(&(*out)->user, g); /* the user's graph, not its own copy */
-    (*out)->own = ag;
-    return RKM_OK;
-}
-
-/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
- * has nothing to plan with: refused, with the figure and the knob. Rockmate
- * goes on without the chain DP (sqrt, DTR), with a warning. */
-static rkm_result rkm__planner_dp(rkm_planner *pl)
-{
-    int32_t n = pl->g->n_blocks, M = pl->d.slots;
-    double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) {
-        int cut; /* past the deadline or cancelled: the first tile only */
-        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
-        pl->cut |= cut;
-        return r;
-    }
-    if (pl->d.algo == RKM_ALGO_ROCKMATE) {
-        rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
-                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
-        return RKM_OK;
-    }
-    int32_t fit = M;
-    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
-    char hint[96];
-    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
-        snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
-    else
-        snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
-    return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
-                    "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
-                    "plan with rockmate or dtr",
-                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
-}
-
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-
-/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
- * plan for the budget (its peak, counted at the alignment, within it), and
- * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
- * past the deadline: each try ends in a layout, which it does not cut). *need
- * (if not NULL): the least arena of the plans that did not fit, 0 if
- * none. */
-static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+/* The base plan b (kept) with copies for `budget`, laid out as the host
+ * gets it, or *out NULL: where the layout misses the aligned peak by more
+ * than the room left, the copies for that much less (as planner_fit does). */
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
+                                        const uint8_t *prefer, rkm_plan **out)
 {
     *out = NULL;
-    if (need) *need = 0;
-    uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
-        rkm_plan *p, *q;
-        rkm_result r = rkm__planner_try(pl, b, &p);
-        if (r || !p) return r;
-        if ((r = rkm__planner_handout(pl, p, &q))) return r;
-        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
+    uint64_t target = budget;
+    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+        rkm__steps d;
+        rkm_plan *q;
+        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
+        if (r || !d.n) return r;
+        if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
+        if ((r = rkm__plan_seal(q, pl->d.alignment))) {
+            rkm_plan_destroy(q);
+            return r;
+        }
+        uint64_t arena = q->stats.arena_bytes;
         if (arena <= budget) {
             *out = q;
             return RKM_OK;
         }
         rkm_plan_destroy(q);
-        if (need && (!*need || arena < *need)) *need = arena;
-        /* below this plan's own aligned peak: a budget between the two
-         * would give the same plan */
-        uint64_t below = at < b ? at : b;
-        if (below <= arena - budget) break;
-        b = below - (arena - budget);
+        if (target <= arena - budget) break;
+        target -= arena - budget;
     }
     return RKM_OK;
 }
 
-/* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
- * was over the budget (*need set), the faster of that and DTR's plan for
- * the budget itself: DTR plans to an allocator of the budget's bytes, so
- * its arena fits, and the tries' smaller budgets may give slower plans
- * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
- * (at DTR's smallest budget). */
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+/* Base b's plan with exposed copies for `budget` into *out (NULL: none):
+ * the faster of the picks by the largest slot and by the best fit. The best
+ * fit waits less where both fit (test_offload planner_meets_brute_force);
+ * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
+ * with 25 GB/s fits only so). */
+RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                      rkm_plan **out)
 {
-    uint64_t over = 0;
-    rkm_plan *p = NULL, *q = NULL;
-    rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
-    if (need) *need = over;
-    if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
-    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
+    rkm_plan *e = NULL;
+    rkm_result r = rkm__offload_fit(pl, b, budget, 1, prefer, out);
+    if (!r) r = rkm__offload_fit(pl, b, budget, 2, prefer, &e);
+    *out = rkm__faster(*out, e);
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
-        return r;
     }
-    *out = rkm__faster(*out, q);
-    return RKM_OK;
+    return r;
 }
 
-/* The planner's figures of a plan it hands out; over budget is a bug. */
-static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
+/* Base b's plan with hidden copies into *q; where there is none, with
+ * exposed ones into *x, the faster kept (copies the compute stream waits
+ * for beat the recomputations they replace when these are long). */
+RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                   rkm_plan **q, rkm_plan **x)
 {
-    rkm_plan_stats *st = &p->stats;
-    if (st->peak > budget || st->arena_bytes > budget)
-        return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
-                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
-                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
-    st->algo = pl->d.algo;
-    st->budget = budget;
-    st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
-    st->cut = pl->cut || pl->create_cut;
-    return RKM_OK;
+    rkm_plan *e = NULL;
+    rkm_result r = rkm__offload_fit(pl, b, budget, 0, prefer, q);
+    if (!r && !*q && !(r = rkm__offload_exposed(pl, b, budget, prefer, &e))) *x = rkm__faster(*x, e);
+    return r;
+}
+
+/* Whether the planner's algorithm offloads on its graph: rockmate and
+ * checkmate on a graph with a copy link. */
+RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
+{
+    return (pl->d.algo == RKM_ALGO_ROCKMATE || pl->d.algo == RKM_ALGO_CHECKMATE) && pl->g->copy.d2h_bytes_per_second > 0;
+}
+
+/* ---- checkmate with copies ---------------------------------------------- */
+
+/* The whole-graph ILP with copies (ilp.c): the recomputations chosen
+ * together with which slots wait in host memory and how they come back
+ * (the compute stream's waits priced in); the offload pass places the
+ * copies on that schedule (hidden, else exposed), the model's slots picked
+ * first, and the simulator measures the plan. Into *out (NULL: none) only
+ * where faster than `bound` (also lp_solve's cutoff); the solve gets
+ * time_limit's work. Checkmate's; rockmate does without (design.md,
+ * "Checkmate with copies": no plan changed on the bundled graphs). */
+RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
+                                         rkm_plan **out)
+{
+    const rkm_graph *g = pl->g;
+    *out = NULL;
+    if (!RKM__HAVE_ILP) return RKM_OK;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create_copies(g, &ib);
+    if (r == RKM_ERROR_SOLVER) { /* as rkm__start_ilp: the other plans stand */
+        rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP with copies left out: %s", rkm_context_errmsg(pl->ctx));
+        return RKM_OK;
+    }
+    if (r) return r;
+    size_t ns = g->n_tensors + g->n_ops, n = 0;
+    uint8_t *prefer = rkm__alloc(pl->ctx, ns);
+    rkm_step *steps = NULL;
+    int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
+    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
+    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
+               : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
+    pl->prog.ilp = 0;
+    (void)rkm__over(pl);
+    rkm_plan *base = NULL, *x = NULL;
+    if (!r && found) {
+        rkm__steps d = {pl->ctx, steps, n, n}; /* the draft takes the steps */
+        steps = NULL;
+        r = rkm__planned_birth(pl, &d, &base);
+    }
+    if (!r && base) r = rkm__offload_try(pl, base, budget, prefer, out, &x); /* the model's offloads first */
+    *out = rkm__faster(*out, x);
+    if (r || (*out && !((*out)->stats.time < bound))) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    rkm_plan_destroy(base);
+    rkm__free(pl->ctx, steps, n * sizeof *steps);
+    rkm__free(pl->ctx, prefer, ns);
+    rkm__ilp_block_destroy(ib);
+    return r;
 }
 
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
@@ -10950,635 +11065,11 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
     return r;
 }
 
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
-{
-    *out = NULL;
-    rkm__search_begin(pl);
-    rkm_algo a = pl->d.algo;
-    if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
-    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
-    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
-    if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
-        rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
-        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
-    }
-    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
-    /* One solve's work is worth about its share of the limit; on a slow
-     * machine the call's deadline (rkm__over) stops it first. */
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE, out);
-    return RKM_OK;
-}
-
-static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
-
-/* The smallest budget the planner meets, and the plan that meets it
- * (pl->min_plan): from the least budget the algorithm plans for (its peaks
- * counted at the alignment) upwards, by the least arena of the plans that
- * did not fit, else by steps that double from 1/RKM_MIN_BUDGET_STEPS of the
- * way to the baseline peak, until a plan fits (the baseline's arena always
- * does); then down, while the budget one byte under the plan's arena finds
- * a plan. The budget is that plan's arena: rkm_planner_solve meets any
- * budget from there on, with this plan where its own search finds none
- * (the searches are not monotone in the budget). */
-static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
-{
-    uint64_t m, at, failed = 0;
-    rkm_plan *p = NULL;
-    rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
-    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
-    rkm_result r = rkm__min_budget(pl, &m, &at);
-    rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
-    pl->fitting_min = 1;
-    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
-    for (int k = 0; !r && !p; k++) {
-        uint64_t need = 0;
-        /* the baseline, laid out, fits its own arena; past the deadline,
-         * after one try at the least peak */
-        if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
-            if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
-        } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
-            failed = m;
-            uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
-            if (at > m) at = 0; /* first, the budget the least peak was made for */
-            else step *= 2;
-            m = need > m ? need : m + up;
-        }
-    }
-    /* then down: a budget just under that arena may find another plan, but
-     * not one under a budget that found none on the way up (the searches
-     * are not monotone, but a failing solve is the dearest of all) */
-    rkm__progress_part(pl, (1 + RKM_PROGRESS_FLOORS) / 2, 1);
-    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
-        rkm_plan *q = NULL;
-        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
-        rkm_plan_destroy(p);
-        p = q;
-    }
-    pl->fitting_min = pl->plain_only = 0;
-    if (r) {
-        rkm_plan_destroy(p);
-        return r;
-    }
-    pl->min_plan = p;
-    *out = p->stats.arena_bytes;
-    return RKM_OK;
-}
-
-/* The smallest budget, kept unless a cut call found it (then the next call
- * looks again), within the call's deadline. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
-{
-    if (!pl->min_budget || pl->min_cut) {
-        rkm_plan_destroy(pl->min_plan);
-        rkm_plan_destroy(pl->off_min_plan);
-        pl->min_plan = pl->off_min_plan = NULL;
-        pl->off_min = 0;
-        rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
-        if (r) {
-            pl->min_budget = 0;
-            return r;
-        }
-        pl->min_cut = pl->cut;
-    }
-    *out = pl->min_budget;
-    return RKM_OK;
-}
-
-/* The smallest budget the planner meets: with a copy link, rockmate's and
- * checkmate's offloading may meet less than their recompute-only floors. */
-static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
-{
-    return rkm__offloads(pl) ? rkm__offload_min_budget(pl, out) : rkm__min_budget_get(pl, out);
-}
-
-rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
-{
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
-    rkm__call_start(pl, rkm__now(), RKM_STAGE_MIN_BUDGET, 0);
-    rkm_result r = rkm__planner_min(pl, out);
-    if (pl->prog.cancelled) *out = 0;
-    pl->cuts += pl->cut && !pl->prog.cancelled;
-    return rkm__progress_result(pl, r, "rkm_planner_min_budget");
-}
-
-/* Checkmate: feasibility is monotone in the budget; the probes share the
- * time limit, and one that times out counts as infeasible, so this is the
- * least budget the solver could meet. */
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
-{
-    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
-}
-
-/* On graphs small enough for the whole-graph ILP, rockmate's candidates
- * reach below the floors of the chain DP, sqrt and DTR (a random DAG of 60
- * ops: 41.5 % where they stop at 42.2 %): the whole-graph ILP's plan (at a
- * fifth of a solve's work, which the solve's own search extends), else the
- * squeeze's. */
-static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
-{
-    rkm__search_begin(pl);
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_BISECT_SMALL_SECONDS, out);
-    if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
-    return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
-}
-
-/* The least peak of the plans the planner's algorithm makes (*out), and
- * the budget the plan of that peak was made for (*at, at least *out): the
- * searches are not monotone in the budget. */
-static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
-{
-    rkm_result r = RKM_OK;
-    *out = *at = pl->base_peak;
-    if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
-        uint64_t floor;
-        int64_t slots;
-        if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
-    } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
-        uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
-        *at = *out;
-    }
-    /* sqrt's one schedule: rockmate has it among its candidates, so its
-     * floor too (in place, it can peak below the chain DP's) */
-    if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
-        rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
-        rkm_plan_destroy(p);
-    }
-    if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
-        uint64_t dtr;
-        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS / 2);
-        if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
-    }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
-        rkm__progress_part(pl, RKM_PROGRESS_FLOORS / 2, RKM_PROGRESS_FLOORS);
-        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
-    }
-    if (*at < *out) *at = *out;
-    return r;
-}
-
-/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call or the planner's
- * creation was cut (a search to the end, from all the options, might have
- * found one), else RKM_ERROR_BUDGET. */
-static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
-{
-    if (pl->cut || pl->create_cut)
-        return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
-                        "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
-                        "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
-                        rkm_algo_name(pl->d.algo), pl->d.time_limit, (unsigned long long)budget, pl->create_seconds);
-    return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
-                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
-}
-
-/* A budget under the graph's lower bound: no plan of any algorithm fits
- * it, copies or not, whatever the time, so no search, and no search for
- * the smallest budget either (seconds on a large graph, for a message):
- * the message names the step that needs more, and the smallest budget
- * where a call found it. */
-static rkm_result rkm__under_bound(rkm_planner *pl, uint64_t budget)
-{
-    const char *name = rkm_algo_name(pl->d.algo);
-    int copies = rkm__offloads(pl);
-    char min[96];
-    if (pl->min_budget && !pl->min_cut && (!copies || pl->off_min))
-        snprintf(min, sizeof min, "; the smallest it can meet is %llu bytes",
-                 (unsigned long long)(copies ? pl->off_min : pl->min_budget));
-    else
-        snprintf(min, sizeof min, " (rkm_planner_min_budget gives the smallest budget %s meets)", name);
-    int32_t op;
-    int bwd;
-    uint64_t lb = rkm__lower_bound(pl->g, &op, &bwd);
-    return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
-                    "%s: no plan fits a budget of %llu bytes: no plan of any algorithm peaks under %llu bytes, what "
-                    "%s%s%s alone holds%s",
-                    name, (unsigned long long)budget, (unsigned long long)lb,
-                    op < 0 ? "the loss step" : bwd ? "the backward of op '" : "the forward of op '",
-                    op < 0 ? "" : pl->g->ops[op].name, op < 0 ? "" : "'", min);
-}
-
-static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
-{
-    if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
-    rkm_plan *p;
-    int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
-    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
-    if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
-        rkm_plan_destroy(p);
-    if (r) return r;
-    if (!p) {
-        uint64_t min;
-        if ((r = rkm__planner_min(pl, &min))) return r;
-        if (budget < min) return rkm__no_plan(pl, budget, min);
-        if ((r = rkm__plan_copy(budget < pl->min_budget ? pl->off_min_plan : pl->min_plan, &p))) return r;
-    }
-    if ((r = rkm__planner_finish(pl, p, budget, t))) {
-        rkm_plan_destroy(p);
-        return r;
-    }
-    *out = p;
-    return RKM_OK;
-}
-
-rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
-{
-    if (out) *out = NULL;
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    double t = rkm__now();
-    rkm__call_start(pl, t, RKM_STAGE_SOLVE, budget);
-    rkm_result r = rkm__planner_solve(pl, budget, t, out);
-    if (pl->prog.cancelled) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    pl->cuts += pl->cut && !pl->prog.cancelled;
-    return rkm__progress_result(pl, r, "rkm_planner_solve");
-}
-
-rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
-{
-    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
-    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
-    rkm__planner_figures(pl, out);
-    return RKM_OK;
-}
-
-rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget, rkm_plan **out)
-{
-    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_solve: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = NULL;
-    rkm_planner *pl;
-    rkm_result r = rkm_planner_create(g, desc, &pl);
-    if (r) return r;
-    r = rkm_planner_solve(pl, budget, out);
-    rkm_planner_destroy(pl);
-    return r;
-}
-
-rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
-{
-    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
-    if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
-    *out = p->stats;
-    return RKM_OK;
-}
-
-/* ==== src/nest.c ==== */
-
-/* nest.c -- a big block as a graph of its own: nesting, and drop options
- *
- * Uses (through internal.h): base.c, graph.c, plan.c, baseline.c, search.c
- * (rkm__canonical_draft), planner.c. */
-
-/* ---- nesting: a big block planned as a graph of its own ------------------
- *
- * A block without separators inside may have some once its input is held:
- * a U-Net's outer block is a pooling, the whole inner U-Net and a decoder
- * level, tied together only by the skip tensor, which is the block's input.
- * The block as a graph of its own (its input and the graph's inputs are
- * inputs there, a stand-in loss reads and saves its output) is cut into a
- * chain by the same structure detection, and a planner one level down (the
- * same pipeline, so big blocks there nest again) gives it options: its
- * chain DP's plans at a grid of peak budgets, mapped back op for op, are
- * offered to the block like the ILP's, and the replay decides as always.
- * Budgets are the same bytes at both levels: the nested graph's inputs
- * are exactly what is live all the time in the block's own replay. */
-
-/* Op `op` of g added to h, its tensors renamed by `to` (g's id -> h's);
- * the outputs become h's tensors (their names are their ids in g, so none
- * can clash) and map[h's id] = g's id. ids: scratch for the three lists. */
-static rkm_result rkm__nest_op(const rkm_graph *g, rkm_graph *h, int32_t op, int32_t *to, int32_t *map, int32_t *ids)
-{
-    const rkm__op *o = &g->ops[op];
-    char name[32];
-    rkm_result r = RKM_OK;
-    for (int32_t k = 0; k < o->n_out && !r; k++) {
-        const rkm__tensor *t = &g->tensors[o->out[k]];
-        snprintf(name, sizeof name, "t%d", (int)o->out[k]);
-        r = rkm_graph_add_tensor(h, name, t->bytes, t->flags & RKM_TENSOR_NOGRAD, &to[o->out[k]]);
-        if (!r) map[to[o->out[k]]] = o->out[k];
-    }
-    int32_t *in = ids, *out = in + o->n_in, *saved = out + o->n_out;
-    for (int32_t k = 0; k < o->n_in; k++) in[k] = to[o->in[k]];
-    for (int32_t k = 0; k < o->n_out; k++) out[k] = to[o->out[k]];
-    for (int32_t k = 0; k < o->n_saved; k++) saved[k] = to[o->saved[k]];
-    snprintf(name, sizeof name, "o%d", (int)op);
-    /* in-place words left out: planner models do not count them anyway */
-    rkm_op_desc d = {name, o->fwd, o->bwd, in, o->n_in, out, o->n_out, saved, o->n_saved,
-                     o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, 0};
-    return r ? r : rkm_graph_add_op(h, &d, NULL);
-}
-
-/* The loss of h: g's loss when block b has it, else a stand-in that reads
- * and saves b's output (so that the output is live when the forward part
- * of a nested plan ends, as a block option leaves it). */
-static rkm_result rkm__nest_loss(const rkm_graph *g, const rkm__block *b, rkm_graph *h, const int32_t *to)
-{
-    if (b->out == g->loss) return rkm_graph_set_loss(h, to[g->loss]);
-    int32_t loss, x = to[b->out];
-    rkm_result r = rkm_graph_add_tensor(h, "loss", 4, 0, &loss);
-    rkm_op_desc d = {"loss", 0, 0, &x, 1, &loss, 1, &x, 1, 0, 0, 0, 0, 0};
-    if (!r) r = rkm_graph_add_op(h, &d, NULL);
-    return r ? r : rkm_graph_set_loss(h, loss);
-}
-
-/* Block b of g as a graph of its own, finalized, in *out; map[h's tensor]
- * = g's tensor (h's stand-in loss excepted). */
-static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32_t *map, rkm_graph **out)
-{
-    *out = NULL;
-    int32_t most = 0;
-    for (int32_t j = 0; j < b->n_ops; j++) {
-        const rkm__op *o = &g->ops[b->ops[j]];
-        if (o->n_in + o->n_out + o->n_saved > most) most = o->n_in + o->n_out + o->n_saved;
-    }
-    int32_t *to = rkm__alloc(g->ctx, g->n_tensors * sizeof *to), *ids = rkm__alloc(g->ctx, (size_t)most * sizeof *ids);
-    rkm_graph *h = NULL;
-    rkm_result r = to && ids ? rkm_graph_create(g->ctx, &h) : rkm__nomem(g->ctx, "nested graph");
-    char name[32];
-    for (size_t t = 0; t < g->n_tensors && !r; t++) {
-        to[t] = -1;
-        if (!(g->tensors[t].flags & RKM_TENSOR_INPUT) && (int32_t)t != b->in) continue;
-        snprintf(name, sizeof name, "t%zu", t);
-        r = rkm_graph_add_tensor(h, name, g->tensors[t].bytes, RKM_TENSOR_INPUT, &to[t]);
-        if (!r) map[to[t]] = (int32_t)t;
-    }
-    for (int32_t j = 0; j < b->n_ops && !r; j++) r = rkm__nest_op(g, h, b->ops[j], to, map, ids);
-    if (!r) r = rkm__nest_loss(g, b, h, to);
-    if (!r) r = rkm_graph_finalize(h);
-    if (r && r != RKM_ERROR_NOMEM) { /* g was valid, so its block is: a bug */
-        char why[RKM_ERRMSG_SIZE];
-        snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
-        r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s as a graph of its own: %s",
-                     g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name, why);
-    }
-    rkm__free(g->ctx, to, g->n_tensors * sizeof *to);
-    rkm__free(g->ctx, ids, (size_t)most * sizeof *ids);
-    if (r) rkm_graph_destroy(h);
-    else *out = h;
-    return r;
-}
-
-/* Does h cut b into a chain worth planning (its largest block peels at
- * least RKM_NEST_PEEL ops off b)? */
-static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
-{
-    int32_t most = 0;
-    for (int32_t k = 0; k < h->n_blocks; k++)
-        if (h->blocks[k].n_ops > most) most = h->blocks[k].n_ops;
-    return most <= b->n_ops - RKM_NEST_PEEL;
-}
-
-/* Nested plan p (of h) as block b's steps: in g's ids, the stand-in
- * loss's steps left out, the forward part (*nf steps) being what comes
- * before the loss step; *steps (p's step count long) is the caller's. */
-static rkm_result rkm__nest_steps(const rkm_graph *g, const rkm__block *b, const rkm_plan *p, const int32_t *map,
-                                  rkm_step **steps, size_t *n, size_t *nf)
-{
-    const rkm_graph *h = p->g;
-    int stand = b->out != g->loss;
-    int32_t loss_op = h->tensors[h->loss].producer;
-    rkm_step *st = *steps = rkm__alloc(g->ctx, p->n_steps * sizeof *st);
-    if (!st) return rkm__nomem(g->ctx, "nested options");
-    *n = *nf = 0;
-    for (size_t i = 0; i < p->n_steps; i++) {
-        rkm_step x = p->steps[i];
-        int on_op = rkm__step_on_op(x.kind);
-        if (x.kind == RKM_STEP_LOSS) *nf = *n;
-        if (stand && (on_op ? x.index == loss_op : x.index == h->loss)) continue;
-        x.index = on_op ? b->ops[x.index] : map[x.index];
-        st[(*n)++] = x;
-    }
-    return RKM_OK;
-}
-
-/* Nested plan p as an option offered to block b's class. */
-static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block *b, const rkm_plan *p,
-                                  const int32_t *map)
-{
-    rkm_step *st = NULL;
-    size_t n = 0, nf = 0;
-    rkm_result r = rkm__nest_steps(pl->g, b, p, map, &st, &n, &nf);
-    if (!r) r = rkm__class_add(pl, s, b, st, nf, n - nf);
-    if (st) rkm__free(pl->ctx, st, p->n_steps * sizeof *st);
-    return r;
-}
-
-/* The nested planner's counters, added to its parent's (its classes only
- * when it gave options: `offered`). */
-static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered)
-{
-    if (offered) pl->nested += 1 + sub->nested;
-    pl->ilp_skipped += sub->ilp_skipped;
-    pl->cut |= sub->cut;
-    pl->ilp.solves += sub->ilp.solves;
-    pl->ilp.optimal += sub->ilp.optimal;
-    pl->ilp.suboptimal += sub->ilp.suboptimal;
-    pl->ilp.infeasible += sub->ilp.infeasible;
-    pl->ilp.timeout += sub->ilp.timeout;
-    pl->ilp.failed += sub->ilp.failed;
-    pl->ilp.seconds += sub->ilp.seconds;
-    pl->ilp.work += sub->ilp.work;
-}
-
-/* ---- drop options: all kept but a set of cheap tensors --------------------
- *
- * On chains of random-DAG blocks too big for the block ILP (dag4x50's 50
- * ops), the whole-graph ILP's plan is, block by block, one schedule: the
- * forward keeps all but a set of tensors cheap to make again for the bytes
- * they hold, and the backward makes each of them again once, just before
- * its first reader; offered as options, its blocks' schedules take
- * rockmate below that plan. The sets here are the prefixes of the ops in
- * order of forward time per byte they free (outputs a backward reads, and
- * the saved state); each is its compute steps with the earliest frees
- * (rkm__canonical_draft), replayed as an option like any other. */
-
-/* Push `fwd j save` onto c after the forwards it needs that are dropped
- * and not made again yet (made[j]: it was). */
-static int rkm__drop_remake(const rkm_graph *h, int32_t j, uint8_t *drop, uint8_t *made, rkm__steps *c)
-{
-    const rkm__op *o = &h->ops[j];
-    for (int32_t k = 0; k < o->n_in; k++) {
-        int32_t q = h->tensors[o->in[k]].producer;
-        if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
-    }
-    made[j] = 1;
-    return rkm__steps_push(c, RKM_STEP_FWD, j, rkm__saves_phantom(o));
-}
-
-/* The compute steps of h's baseline `base` with the ops drop[] made again
- * in the backward, each once, before its first reader there. */
-static int rkm__drop_steps(const rkm_graph *h, const rkm_plan *base, uint8_t *drop, uint8_t *made, rkm__steps *c)
-{
-    int after = 0;
-    memset(made, 0, h->n_ops);
-    c->n = 0;
-    for (size_t i = 0; i < base->n_steps; i++) {
-        const rkm_step *st = &base->steps[i];
-        if (st->kind == RKM_STEP_BWD) {
-            const rkm__op *o = &h->ops[st->index];
-            if (drop[st->index] && !made[st->index] && rkm__saves_phantom(o) &&
-                !rkm__drop_remake(h, st->index, drop, made, c))
-                return 0;
-            for (int32_t k = 0; k < o->n_saved; k++) {
-                int32_t q = h->tensors[o->saved[k]].producer;
-                if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
-            }
-        }
-        after |= st->kind == RKM_STEP_LOSS;
-        if ((st->kind == RKM_STEP_FWD && !after) || st->kind == RKM_STEP_LOSS || st->kind == RKM_STEP_BWD)
-            if (!rkm__steps_push_step(c, st)) return 0;
-    }
-    return 1;
-}
-
-/* The plan of h (a block as a graph of its own, `base` its baseline) with
- * the ops drop[] (h->n_ops flags, then as many of scratch) made again in
- * the backward, each once, before its first reader there; c: scratch. */
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
-                                      rkm__steps *c, rkm_plan **out)
-{
-    rkm__steps d = {pl->ctx, NULL, 0, 0};
-    *out = NULL;
-    if (!rkm__drop_steps(h, base, drop, drop + h->n_ops, c)) return rkm__nomem(pl->ctx, "drop options");
-    rkm_result r = rkm__canonical_draft(h, c->s, c->n, &d);
-    return r ? r : rkm__draft_birth(pl, h, &d, out);
-}
-
-/* What dropping op j of h frees for its forward time: the bytes of its
- * outputs that a backward reads (but the block's output, read by h's loss
- * op `keep`) and its saved state. */
-static double rkm__drop_ratio(const rkm_graph *h, int32_t j, const uint8_t *read, int32_t keep, uint64_t *bytes)
-{
-    const rkm__op *o = &h->ops[j];
-    *bytes = rkm__saves_phantom(o) ? o->phantom : 0;
-    for (int32_t k = 0; k < o->n_out; k++)
-        if (read[o->out[k]]) *bytes += h->tensors[o->out[k]].bytes;
-    for (int32_t k = 0; k < h->ops[keep].n_in; k++)
-        for (int32_t m = 0; m < o->n_out; m++)
-            if (o->out[m] == h->ops[keep].in[k]) *bytes = 0;
-    return *bytes ? o->fwd / (double)*bytes : INFINITY;
-}
-
-/* The ops of h that dropping frees bytes, in order[] by forward time per
- * byte (ratio[], bytes[]: per op; read: h->n_tensors of scratch, zeroed),
- * ties in op order; their count, and *total their bytes. */
-static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order, double *ratio, uint64_t *bytes,
-                               uint64_t *total)
-{
-    int32_t m = 0, n = (int32_t)h->n_ops, keep = h->tensors[h->loss].producer;
-    for (int32_t j = 0; j < n; j++)
-        for (int32_t k = 0; h->ops[j].has_bwd && k < h->ops[j].n_saved; k++) read[h->ops[j].saved[k]] = 1;
-    for (int32_t j = 0; j < n; j++) {
-        ratio[j] = j == keep ? INFINITY : rkm__drop_ratio(h, j, read, keep, &bytes[j]);
-        if (ratio[j] == INFINITY) continue;
-        *total += bytes[j];
-        int32_t k = m++; /* insertion, stable */
-        for (; k > 0 && ratio[order[k - 1]] > ratio[j]; k--) order[k] = order[k - 1];
-        order[k] = j;
-    }
-    return m;
-}
-
-/* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
- * offered to its class; past the deadline, no more. */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
-{
-    const rkm_graph *g = pl->g;
-    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
-    rkm_graph *h = NULL;
-    rkm_plan *base = NULL;
-    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "drop options");
-    if (!r) r = rkm__plan_baseline(h, &base);
-    size_t n = r ? 0 : h->n_ops;
-    uint8_t *read = r ? NULL : rkm__calloc(pl->ctx, h->n_tensors + 2 * n, 1), *drop = read ? read + h->n_tensors : NULL;
-    int32_t *order = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *order);
-    double *ratio = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *ratio);
-    uint64_t *bytes = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *bytes), total = 0;
-    rkm__steps c = {pl->ctx, NULL, 0, 0};
-    if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
-    int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
-    uint64_t freed = 0;
-    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r && !rkm__over(pl); i++) {
-        uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
-        int more = 0;
-        for (; p < m && freed < goal; p++, more = 1) {
-            drop[order[p]] = 1;
-            freed += bytes[order[p]];
-        }
-        if (!more) continue;
-        rkm_plan *q = NULL;
-        r = rkm__drop_plan(pl, h, base, drop, &c, &q);
-        if (!r) r = rkm__nest_offer(pl, s, b, q, map);
-        rkm_plan_destroy(q);
-    }
-    rkm__steps_free(&c);
-    rkm__free(pl->ctx, bytes, n * sizeof *bytes);
-    rkm__free(pl->ctx, ratio, n * sizeof *ratio);
-    rkm__free(pl->ctx, order, n * sizeof *order);
-    rkm__free(pl->ctx, read, read ? h->n_tensors + 2 * n : 0);
-    rkm_plan_destroy(base);
-    rkm_graph_destroy(h);
-    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
-    return r;
-}
-
-/* Block b's options from a nested planner (whose block ILP budget is
- * `allow`), over peak budgets from the nested floor (or the block's, if
- * higher) to peak_hi; *nested: some were offered. Nothing happens for
- * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, past the
- * deadline, or where b does not cut. */
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
-                                    uint64_t peak_hi, double allow, int *nested)
-{
-    const rkm_graph *g = pl->g;
-    *nested = 0;
-    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
-    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
-    rkm_graph *h = NULL;
-    rkm_planner *sub = NULL;
-    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
-    if (!r && rkm__nest_worth(h, b)) {
-        rkm_solve_desc d = pl->d;
-        d.time_limit = fmax(pl->deadline - rkm__now(), 1e-9); /* its deadline is ours */
-        d.ilp_budget = allow > 0 ? allow : 1e-9;
-        uint64_t floor = 0, dtr = 0;
-        int64_t slots;
-        r = rkm__planner_make(h, &d, pl, &sub);
-        if (!r) r = rkm__chain_floor(sub, &floor, &slots);
-        if (!r) r = rkm__dtr_min_budget(sub, &dtr);
-        if (floor == 0 || dtr < floor) floor = dtr;
-        /* grad(x_in) is not in h (its input has none): the nested plans are
-         * made for that much less, so that the options fit the grid's peaks */
-        uint64_t gx = b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0;
-        uint64_t lo = floor + gx > peak_lo ? floor + gx : peak_lo;
-        if (lo < gx) lo = gx; /* never: the block's floor counts x_in */
-        uint64_t hi = peak_hi > lo ? peak_hi : lo;
-        /* the chain DP's plan and DTR's at each point: DTR reaches below
-         * the chain's floor, where the nested blocks' boundaries are held */
-        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
-            rkm_plan *p = NULL;
-            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
-            r = i % 2 ? rkm__solve_dtr(sub, budget, &p, NULL) : rkm__solve_dp(sub, budget, &p);
-            if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
-            *nested |= p != NULL;
-            rkm_plan_destroy(p);
-        }
-        if (sub) rkm__nest_count(pl, sub, *nested);
-    }
-    rkm_planner_destroy(sub);
-    rkm_graph_destroy(h);
-    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
-    return r;
-}
-
-
 /* ==== src/search.c ==== */
 
 /* search.c -- the local search: polish, squeeze, kick, the rockmate portfolio and phases
  *
- * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c. */
+ * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, baseline.c, progress.c, produce.c, offload.c. */
 
 /* ---- the solve's work -----------------------------------------------------
  *
@@ -11603,7 +11094,7 @@ static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
 }
 
 /* Also counted in pl->work_done (the offloading bases' shared work ends at
- * pl->base_end of it: offload.c). */
+ * pl->base_end of it: rkm__planner_offload). */
 static void rkm__spend(rkm_planner *pl, uint64_t work)
 {
     pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
@@ -12800,589 +12291,1092 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     return RKM_OK;
 }
 
-/* ==== src/offload.c ==== */
+/* ==== src/nest.c ==== */
 
-/* offload.c -- offloading: a recompute-only plan's idle tensors sent to host memory
+/* nest.c -- a big block as a graph of its own: nesting, and drop options
  *
- * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c.
+ * Uses (through internal.h): base.c, graph.c, plan.c, baseline.c, progress.c, produce.c, search.c
+ * (rkm__canonical_draft); the nested planner comes from planner.c through a
+ * function pointer (rkm__planner_maker). */
+
+/* ---- nesting: a big block planned as a graph of its own ------------------
  *
- * Below, "tensor" stands for a copy slot: a tensor or an op's saved state.
- * A plan keeps every tensor it does not recompute on the device from its
- * last read before a gap (typically a forward) to its next read after it
- * (the matching backward). With a copy link (docs/formats.md, "Offloading")
- * the tensor can spend that gap in host memory instead: `offload` once it
- * is written (reads may go on while it is copied), `wait`+`free` after its
- * last read before the gap once the copy is done, `prefetch` back just in
- * time for the next read, `wait` before it. rkm__offload_plan picks which
- * gaps, greedily, until the plan's peak fits the budget:
- *
- * - A tensor's gaps are its idle stretches in the base plan, where it is
- *   live and nothing reads, writes or frees it, up to a compute step that
- *   reads it. Any of them may be in the set: the first offloads, each frees
- *   and prefetches, the last frees the host copy (a tensor has one value,
- *   so one host copy serves every gap: test_offload
- *   planner_prefetches_twice).
- * - Timing is the base plan's compute timeline. Offloads are queued on the
- *   device-to-host stream in the order of their gaps, each as soon as its
- *   tensor is written (reads may go on while it is copied) and the copy
- *   before it is issued; a tensor is freed after the first compute step
- *   that ends once its copy has: its wait never waits. Prefetches are
- *   placed as late as the host-to-device stream allows (latest first, each
- *   ending when the next read starts or the later prefetch begins), issued
- *   before the last compute step that starts by then: their bytes are live
- *   as briefly as the stream allows, and waits are only where the stream is
- *   the bottleneck.
- * - While the plan peaks over the budget, the gap around the peak step of
- *   the largest tensor whose copies leave it off the device there (as they
- *   would alone) joins the set; a gap that helps nowhere never does.
- * - Where none does and the caller allows it (exposed), a tensor live across
- *   the peak step that the step does not touch (a new one, or one of the
- *   set whose copies are too late to clear it) is off the device across
- *   that step, and the compute stream waits for whatever of its copies does
- *   not hide (rkm__off_pick_exposed): the largest such tensor, or the
- *   smallest that covers the bytes over the budget (it waits less), both
- *   tried, the faster kept. Prefetches issued at one step queue in the order
- *   of their reads.
- *
- * The simulator measures every try; the planner (rkm__planner_offload)
- * keeps a result only if it is faster than the recompute-only plan and its
- * arena fits. */
+ * A block without separators inside may have some once its input is held:
+ * a U-Net's outer block is a pooling, the whole inner U-Net and a decoder
+ * level, tied together only by the skip tensor, which is the block's input.
+ * The block as a graph of its own (its input and the graph's inputs are
+ * inputs there, a stand-in loss reads and saves its output) is cut into a
+ * chain by the same structure detection, and a planner one level down (the
+ * same pipeline, so big blocks there nest again) gives it options: its
+ * chain DP's plans at a grid of peak budgets, mapped back op for op, are
+ * offered to the block like the ILP's, and the replay decides as always.
+ * Budgets are the same bytes at both levels: the nested graph's inputs
+ * are exactly what is live all the time in the block's own replay. */
 
-/* One gap of a tensor in the base plan (an item of the pass: a tensor has
- * one for each stretch it is live and idle) and its copies, in base step
- * indices: its last touch before the gap a and its last write before that
- * w, offload after step o (w <= o <= a: it may be read while copied), wait
- * and free after step f, prefetch before step p, wait before step b (its
- * next read). Of a tensor's gaps in the set, only the first (head) offloads
- * and only the last (tail) frees the host copy: the others free after a
- * and prefetch again from the same host copy (a tensor has one value). An
- * exposed copy (picked for a peak its hidden copies do not clear) is off
- * the device by f_max at the latest and back no sooner than p_min, and the
- * compute stream waits for what does not hide. */
-typedef struct rkm__gap {
-    int64_t a, b, w, o, f, p, f_max, p_min;
-    double off_end, pre_start; /* the copies' planned times */
-    int32_t slot;              /* its tensor (copy slot) */
-    uint8_t head, tail;        /* rkm__off_place: the slot's first, last gap in the set */
-} rkm__gap;
-
-/* A sort key: ids ordered by key, then id (a total order: qsort gives the
- * same result on every C library). */
-typedef struct rkm__off_key {
-    int64_t key;
-    int32_t id;
-} rkm__off_key;
-
-typedef struct rkm__off {
-    const rkm_graph *g;
-    const rkm_step *base;
-    size_t n;
-    double *ts, *te;   /* [n] each base step's start and end on the compute timeline */
-    size_t n_slots;    /* copy slots: tensors, then ops' saved states */
-    rkm__gap *gap;     /* [n_gaps] every slot's gaps, by slot, then a */
-    size_t n_gaps, cap_gap;
-    uint8_t *in;       /* [n_gaps] in the set (1), or never again (2) */
-    int32_t *order;    /* [2 (n_gaps + 1)] the set by b, then the set itself */
-    rkm__off_key *keys;/* [5 (n_gaps + 1)] sort scratch */
-    int32_t *touch;    /* [n_touch]: the most slots one step touches */
-    size_t n_touch;
-    rkm__sim sim;
-    uint64_t *peak;    /* [steps emitted] */
-    int64_t *from;     /* [steps emitted] the base step each emitted step belongs to */
-    size_t cap_peak, cap_from;
-    rkm__steps out;
-    int exposed;       /* copies may make the compute stream wait, and which (rkm__offload_plan) */
-    const uint8_t *prefer; /* [n_slots] or NULL: slots picked before any other (rkm__offload_plan) */
-} rkm__off;
-
-/* Whether slot t is on the device in sim's state. */
-static int rkm__slot_live(const rkm__sim *s, int32_t t)
+/* Op `op` of g added to h, its tensors renamed by `to` (g's id -> h's);
+ * the outputs become h's tensors (their names are their ids in g, so none
+ * can clash) and map[h's id] = g's id. ids: scratch for the three lists. */
+static rkm_result rkm__nest_op(const rkm_graph *g, rkm_graph *h, int32_t op, int32_t *to, int32_t *map, int32_t *ids)
 {
-    size_t nt = s->g->n_tensors;
-    return (size_t)t < nt ? s->D[t] : s->P[(size_t)t - nt];
-}
-
-/* Whether v[j] of rkm__slot_touches(st) is written by st (a forward's
- * outputs, saved state and in-place input), not only read: an offload of
- * it may not be in flight then. */
-static int rkm__slot_written(const rkm_graph *g, const rkm_step *st, int32_t j)
-{
-    return st->kind == RKM_STEP_FWD && (j >= g->ops[st->index].n_in || (j == 0 && st->inplace));
-}
-
-static int rkm__off_gap_cmp(const void *x, const void *y)
-{
-    const rkm__gap *u = x, *v = y;
-    if (u->slot != v->slot) return u->slot < v->slot ? -1 : 1;
-    return (u->a > v->a) - (u->a < v->a);
-}
-
-/* Gap of slot t from its touch a (w: its last write) to step b, noted (one
- * between two adjacent steps, or of an input, gains nothing); 0 when out of
- * memory. */
-static int rkm__off_gap_note(rkm__off *o, int32_t t, int64_t a, int64_t b, int64_t w)
-{
-    const rkm_graph *g = o->g;
-    if (b - a < 2 || ((size_t)t < g->n_tensors && (g->tensors[t].flags & RKM_TENSOR_INPUT))) return 1;
-    if (!rkm__reserve(g->ctx, (void **)&o->gap, &o->cap_gap, o->n_gaps + 1, sizeof *o->gap)) return 0;
-    /* f, p: where rkm__off_place (or a pick, until then) puts its copies */
-    o->gap[o->n_gaps++] = (rkm__gap){a, b, w, -1, -1, INT64_MAX, INT64_MAX, -1, 0, 0, t, 0, 0};
-    return 1;
-}
-
-/* The compute timeline and every tensor's gaps (where it is live and idle,
- * up to a compute step that reads it), from a replay of the base plan
- * (valid, no copy steps), by slot and start; last and wr: scratch. 0 when
- * out of memory. */
-static int rkm__off_gaps(rkm__off *o, int64_t *last, int64_t *wr)
-{
-    const rkm_graph *g = o->g;
-    rkm__sim_reset(&o->sim);
-    for (size_t t = 0; t < o->n_slots; t++) last[t] = wr[t] = -1;
-    for (size_t i = 0; i < o->n; i++) {
-        const rkm_step *st = &o->base[i];
-        o->ts[i] = o->sim.clock; /* the replay's compute clock: no copies, no waits */
-        int32_t k = rkm__slot_touches(g, st, o->touch);
-        int compute = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD || st->kind == RKM_STEP_LOSS;
-        for (int32_t j = 0; j < k; j++) {
-            int32_t t = o->touch[j];
-            int64_t a = last[t];
-            if (!compute || a < 0 || !rkm__slot_live(&o->sim, t)) continue;
-            if (!rkm__off_gap_note(o, t, a, (int64_t)i, wr[t] >= 0 && wr[t] <= a ? wr[t] : a)) return 0;
-            last[t] = -1; /* a step that reads it twice: one gap */
-        }
-        uint64_t pk;
-        int32_t obj;
-        rkm__sim_step(&o->sim, st, &pk, &obj);
-        o->te[i] = o->sim.clock;
-        for (int32_t j = 0; j < k; j++) {
-            last[o->touch[j]] = rkm__slot_live(&o->sim, o->touch[j]) ? (int64_t)i : -1;
-            if (rkm__slot_written(g, st, j)) wr[o->touch[j]] = (int64_t)i;
-        }
+    const rkm__op *o = &g->ops[op];
+    char name[32];
+    rkm_result r = RKM_OK;
+    for (int32_t k = 0; k < o->n_out && !r; k++) {
+        const rkm__tensor *t = &g->tensors[o->out[k]];
+        snprintf(name, sizeof name, "t%d", (int)o->out[k]);
+        r = rkm_graph_add_tensor(h, name, t->bytes, t->flags & RKM_TENSOR_NOGRAD, &to[o->out[k]]);
+        if (!r) map[to[o->out[k]]] = o->out[k];
     }
-    if (o->n_gaps) qsort(o->gap, o->n_gaps, sizeof *o->gap, rkm__off_gap_cmp);
-    return 1;
+    int32_t *in = ids, *out = in + o->n_in, *saved = out + o->n_out;
+    for (int32_t k = 0; k < o->n_in; k++) in[k] = to[o->in[k]];
+    for (int32_t k = 0; k < o->n_out; k++) out[k] = to[o->out[k]];
+    for (int32_t k = 0; k < o->n_saved; k++) saved[k] = to[o->saved[k]];
+    snprintf(name, sizeof name, "o%d", (int)op);
+    /* in-place words left out: planner models do not count them anyway */
+    rkm_op_desc d = {name, o->fwd, o->bwd, in, o->n_in, out, o->n_out, saved, o->n_saved,
+                     o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, 0};
+    return r ? r : rkm_graph_add_op(h, &d, NULL);
 }
 
-/* The first compute step at or after i that ends at or after time x (the
- * last step if none). The compute clock never goes back, so the first step
- * at or after i that ends by then is a binary search away; zero-length
- * steps (frees) after it are skipped. */
-static int64_t rkm__off_step_ending(const rkm__off *o, int64_t i, double x)
+/* The loss of h: g's loss when block b has it, else a stand-in that reads
+ * and saves b's output (so that the output is live when the forward part
+ * of a nested plan ends, as a block option leaves it). */
+static rkm_result rkm__nest_loss(const rkm_graph *g, const rkm__block *b, rkm_graph *h, const int32_t *to)
 {
-    int64_t hi = (int64_t)o->n - 1;
-    while (i < hi) { /* te[lo..hi): the first >= x */
-        int64_t mid = i + (hi - i) / 2;
-        if (o->te[mid] >= x) hi = mid;
-        else i = mid + 1;
+    if (b->out == g->loss) return rkm_graph_set_loss(h, to[g->loss]);
+    int32_t loss, x = to[b->out];
+    rkm_result r = rkm_graph_add_tensor(h, "loss", 4, 0, &loss);
+    rkm_op_desc d = {"loss", 0, 0, &x, 1, &loss, 1, &x, 1, 0, 0, 0, 0, 0};
+    if (!r) r = rkm_graph_add_op(h, &d, NULL);
+    return r ? r : rkm_graph_set_loss(h, loss);
+}
+
+/* Block b of g as a graph of its own, finalized, in *out; map[h's tensor]
+ * = g's tensor (h's stand-in loss excepted). */
+static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32_t *map, rkm_graph **out)
+{
+    *out = NULL;
+    int32_t most = 0;
+    for (int32_t j = 0; j < b->n_ops; j++) {
+        const rkm__op *o = &g->ops[b->ops[j]];
+        if (o->n_in + o->n_out + o->n_saved > most) most = o->n_in + o->n_out + o->n_saved;
     }
-    for (; (size_t)i + 1 < o->n; i++)
-        if (o->te[i] > o->ts[i]) return i;
-    return (int64_t)o->n - 1;
-}
-
-/* The last step at or before b that starts by time x (0 if none does). */
-static int64_t rkm__off_step_starting(const rkm__off *o, int64_t b, double x)
-{
-    int64_t lo = 0;
-    while (lo < b) { /* the last of ts[lo..b] <= x */
-        int64_t mid = b - (b - lo) / 2;
-        if (o->ts[mid] <= x) lo = mid;
-        else b = mid - 1;
+    int32_t *to = rkm__alloc(g->ctx, g->n_tensors * sizeof *to), *ids = rkm__alloc(g->ctx, (size_t)most * sizeof *ids);
+    rkm_graph *h = NULL;
+    rkm_result r = to && ids ? rkm_graph_create(g->ctx, &h) : rkm__nomem(g->ctx, "nested graph");
+    char name[32];
+    for (size_t t = 0; t < g->n_tensors && !r; t++) {
+        to[t] = -1;
+        if (!(g->tensors[t].flags & RKM_TENSOR_INPUT) && (int32_t)t != b->in) continue;
+        snprintf(name, sizeof name, "t%zu", t);
+        r = rkm_graph_add_tensor(h, name, g->tensors[t].bytes, RKM_TENSOR_INPUT, &to[t]);
+        if (!r) map[to[t]] = (int32_t)t;
     }
-    return lo;
-}
-
-static int rkm__off_key_cmp(const void *x, const void *y)
-{
-    const rkm__off_key *u = x, *v = y;
-    if (u->key != v->key) return u->key < v->key ? -1 : 1;
-    return (u->id > v->id) - (u->id < v->id);
-}
-
-/* ids[0..m) ordered by their gap's a (by_b 0) or by b, latest first. */
-static void rkm__off_sort(rkm__off *o, int32_t *ids, int32_t m, int by_b)
-{
-    for (int32_t k = 0; k < m; k++) o->keys[k] = (rkm__off_key){by_b ? -o->gap[ids[k]].b : o->gap[ids[k]].a, ids[k]};
-    qsort(o->keys, (size_t)m, sizeof *o->keys, rkm__off_key_cmp);
-    for (int32_t k = 0; k < m; k++) ids[k] = o->keys[k].id;
-}
-
-/* Whether a gap of gap i's slot before it (dir -1) or after it (+1) is in
- * the set: a slot's gaps are contiguous in o->gap, by start. */
-static int rkm__off_in_set_beside(const rkm__off *o, int32_t i, int dir)
-{
-    for (int64_t j = (int64_t)i + dir; j >= 0 && (size_t)j < o->n_gaps && o->gap[j].slot == o->gap[i].slot; j += dir)
-        if (o->in[j] == 1) return 1;
-    return 0;
-}
-
-/* Where the set's copies go (gap o, f, p, times): offloads of the slots'
- * first gaps in the set (head) in the order of their gaps, each issued
- * once written and after the one before it (no copy ends later than issued
- * at the gap's start would); a later gap of a slot (its host copy made
- * already) frees after its last touch; prefetches latest first. Returns a
- * gap whose window is empty (it would come back before it left), -1 if
- * none is. */
-static int32_t rkm__off_place(rkm__off *o, int32_t *set, int32_t m)
-{
-    const rkm_graph *g = o->g;
-    rkm__off_sort(o, set, m, 0);
-    for (int32_t k = 0; k < m; k++) {
-        o->gap[set[k]].head = !rkm__off_in_set_beside(o, set[k], -1);
-        o->gap[set[k]].tail = !rkm__off_in_set_beside(o, set[k], 1);
+    for (int32_t j = 0; j < b->n_ops && !r; j++) r = rkm__nest_op(g, h, b->ops[j], to, map, ids);
+    if (!r) r = rkm__nest_loss(g, b, h, to);
+    if (!r) r = rkm_graph_finalize(h);
+    if (r && r != RKM_ERROR_NOMEM) { /* g was valid, so its block is: a bug */
+        char why[RKM_ERRMSG_SIZE];
+        snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
+        r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s as a graph of its own: %s",
+                     g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name, why);
     }
-    double d2h = 0, h2d = INFINITY;
-    int64_t at = 0;
-    for (int32_t k = 0; k < m; k++) {
-        rkm__gap *x = &o->gap[set[k]];
-        if (!x->head) {
-            x->o = -1, x->f = x->a;
-            continue;
-        }
-        x->o = at = x->w > at ? x->w : at;
-        double start = o->te[at] > d2h ? o->te[at] : d2h;
-        x->off_end = d2h = start + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
-        x->f = rkm__off_step_ending(o, x->a + 1, x->off_end);
-        if (x->f > x->f_max) x->f = x->f_max;
-    }
-    for (int32_t k = 0; k < m; k++) o->order[k] = set[k];
-    rkm__off_sort(o, o->order, m, 1);
-    for (int32_t k = 0; k < m; k++) {
-        rkm__gap *x = &o->gap[o->order[k]];
-        double end = o->ts[x->b] < h2d ? o->ts[x->b] : h2d;
-        x->pre_start = h2d = end - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
-        x->p = rkm__off_step_starting(o, x->b, x->pre_start);
-        if (x->p < x->p_min) x->p = x->p_min;
-        if (x->p <= x->f) return o->order[k];
-    }
-    return -1;
+    rkm__free(g->ctx, to, g->n_tensors * sizeof *to);
+    rkm__free(g->ctx, ids, (size_t)most * sizeof *ids);
+    if (r) rkm_graph_destroy(h);
+    else *out = h;
+    return r;
 }
 
-/* Record that the step just pushed belongs to base step `from`. */
-static int rkm__off_note(rkm__off *o, int64_t from)
+/* Does h cut b into a chain worth planning (its largest block peels at
+ * least RKM_NEST_PEEL ops off b)? */
+static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
 {
-    if (!rkm__reserve(o->g->ctx, (void **)&o->peak, &o->cap_peak, o->out.n, sizeof *o->peak) ||
-        !rkm__reserve(o->g->ctx, (void **)&o->from, &o->cap_from, o->out.n, sizeof *o->from))
-        return 0;
-    o->from[o->out.n - 1] = from;
-    return 1;
+    int32_t most = 0;
+    for (int32_t k = 0; k < h->n_blocks; k++)
+        if (h->blocks[k].n_ops > most) most = h->blocks[k].n_ops;
+    return most <= b->n_ops - RKM_NEST_PEEL;
 }
 
-/* Push a step on slot t (a copy of it, or the free of what it holds), from
- * base step `from`. */
-static int rkm__off_push(rkm__off *o, int32_t kind, int32_t t, int64_t from)
+/* Nested plan p (of h) as block b's steps: in g's ids, the stand-in
+ * loss's steps left out, the forward part (*nf steps) being what comes
+ * before the loss step; *steps (p's step count long) is the caller's. */
+static rkm_result rkm__nest_steps(const rkm_graph *g, const rkm__block *b, const rkm_plan *p, const int32_t *map,
+                                  rkm_step **steps, size_t *n, size_t *nf)
 {
-    size_t nt = o->g->n_tensors;
-    int saved = (size_t)t >= nt;
-    if (saved && kind == RKM_STEP_FREE) kind = RKM_STEP_FREE_SAVED;
-    int32_t index = saved ? (int32_t)((size_t)t - nt) : t;
-    return rkm__steps_push(&o->out, kind, index, saved && kind != RKM_STEP_FREE_SAVED) && rkm__off_note(o, from);
-}
-
-/* The base step of a set member's event e: its prefetch goes before step
- * p (0), its wait and host free before b (1), its offload after o (2), its
- * wait and free after f (3). */
-static int64_t rkm__off_event(const rkm__gap *x, int e)
-{
-    return e == 0 ? x->p : e == 1 ? x->b : e == 2 ? x->o : x->f;
-}
-
-/* Member k of the set in event e's order within a step (rkm__off_emit). */
-static int32_t rkm__off_member(const rkm__off *o, const int32_t *set, int32_t m, int e, int32_t k)
-{
-    return e == 0 ? o->order[m - 1 - k] : set[k];
-}
-
-/* Push gap x's steps of event e, from base step `from`: its head offloads
- * and waits for that copy before its free, its tail frees the host copy
- * after its last prefetch. */
-static int rkm__off_push_event(rkm__off *o, int e, const rkm__gap *x, int64_t from)
-{
-    int32_t t = x->slot;
-    switch (e) {
-    case 0: return rkm__off_push(o, RKM_STEP_PREFETCH, t, from);
-    case 1: return rkm__off_push(o, RKM_STEP_WAIT, t, from) && (!x->tail || rkm__off_push(o, RKM_STEP_FREE_HOST, t, from));
-    case 2: return rkm__off_push(o, RKM_STEP_OFFLOAD, t, from);
-    default: return (!x->head || rkm__off_push(o, RKM_STEP_WAIT, t, from)) && rkm__off_push(o, RKM_STEP_FREE, t, from);
-    }
-}
-
-/* The base plan with the set's copies (set and o->order as rkm__off_place
- * left them): each event's members sorted by their step and merged into the
- * base plan's steps in one pass. Within a step, copies go in their
- * stream's planned order: offloads in set order, prefetches by their next
- * read (o->order from its end; in set order, two prefetches issued at one
- * step could queue the later-needed one first). */
-static int rkm__off_emit(rkm__off *o, const int32_t *set, int32_t m)
-{
-    rkm__off_key *ev[4];
-    int32_t at[4] = {0, 0, 0, 0};
-    for (int e = 0; e < 4; e++) {
-        ev[e] = o->keys + (size_t)(e + 1) * (o->n_gaps + 1);
-        for (int32_t k = 0; k < m; k++) ev[e][k] = (rkm__off_key){rkm__off_event(&o->gap[rkm__off_member(o, set, m, e, k)], e), k};
-        qsort(ev[e], (size_t)m, sizeof *ev[e], rkm__off_key_cmp);
-    }
-    o->out.n = 0;
-    for (size_t i = 0; i < o->n; i++) {
-        int64_t s = (int64_t)i;
-        for (int e = 0; e < 4; e++) {
-            while (at[e] < m && ev[e][at[e]].key < s) at[e]++; /* never at a step: none emitted */
-            if (e == 2 && (!rkm__steps_push_step(&o->out, &o->base[i]) || !rkm__off_note(o, s))) return 0;
-            for (; at[e] < m && ev[e][at[e]].key == s; at[e]++)
-                if (!rkm__off_push_event(o, e, &o->gap[rkm__off_member(o, set, m, e, ev[e][at[e]].id)], s)) return 0;
-        }
-    }
-    return 1;
-}
-
-/* The emitted plan's peak step (-1 if it breaks a rule, which a bug would
- * be), its peak in *peak. */
-static int64_t rkm__off_peak(rkm__off *o, uint64_t *peak)
-{
-    rkm_sim_result res;
-    rkm__sim_reset(&o->sim);
-    if (rkm__sim_run_peaks(&o->sim, o->out.s, o->out.n, &res, NULL, o->peak, NULL) != 1) return -1;
-    *peak = res.peak;
-    return res.peak_step;
-}
-
-/* A gap of the set (o->in 1) around base step s whose copies do not hide
- * there: held off the device across s instead (its free before s, its
- * prefetch after it, the compute stream waiting for the rest). */
-static int rkm__off_exposes(const rkm__off *o, int32_t i, int64_t s)
-{
-    const rkm__gap *x = &o->gap[i];
-    return o->in[i] == 1 && x->a < s && s < x->b && (x->f >= s || x->p <= s);
-}
-
-/* Whether a slot of x bytes is a better exposed copy than one of y, where
- * `need` bytes must leave the device: the compute stream waits for about
- * its copy's time, which grows with its bytes, so the smallest that covers
- * the need, else the largest. */
-static int rkm__off_fits_better(uint64_t x, uint64_t y, uint64_t need)
-{
-    if ((x >= need) != (y >= need)) return x >= need;
-    return x >= need ? x < y : x > y;
-}
-
-/* Whether a pick takes slot t before slot u: the caller's preferred slots
- * first, then the larger (need 0, rkm__off_pick), or the better fit for
- * `need` (rkm__off_fits_better, rkm__off_pick_exposed). */
-static int rkm__off_picks_before(const rkm__off *o, int32_t t, int32_t u, uint64_t need)
-{
-    int pt = o->prefer && o->prefer[t], pu = o->prefer && o->prefer[u];
-    uint64_t bt = rkm__slot_bytes(o->g, t), bu = rkm__slot_bytes(o->g, u);
-    if (pt != pu) return pt;
-    return need ? rkm__off_fits_better(bt, bu, need) : bt > bu;
-}
-
-/* An exposed copy for a peak at base step s that no hidden copy clears,
- * `need` bytes over the budget there: the gap around s, of a slot live
- * there, the best fit for the need (rkm__off_fits_better; UINT64_MAX: the
- * largest): one of the set whose copies leave it live there
- * (rkm__off_exposes), or a new one. It is held off the device across s and
- * the frees after it (f_max, p_min, which only ever tighten: the greedy
- * ends); -1 if none. */
-static int32_t rkm__off_pick_exposed(rkm__off *o, int64_t s, uint64_t need)
-{
-    int32_t best = -1;
-    for (size_t u = 0; u < o->n_gaps; u++) {
-        int32_t i = (int32_t)u;
-        const rkm__gap *x = &o->gap[i];
-        if (x->a >= s || s >= x->b) continue;
-        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, need)) continue;
-        if (rkm__off_exposes(o, i, s) || !o->in[i]) best = i; /* a gap: live across s in the base */
-    }
-    if (best >= 0) { /* back at the first compute step after s: the frees after s first lower the memory */
-        rkm__gap *x = &o->gap[best];
-        if (x->f_max > s - 1) x->f_max = s - 1;
-        int64_t p = s + 1;
-        while (p < x->b && o->te[p] == o->ts[p]) p++;
-        if (x->p_min < p) x->p_min = p;
-        x->f = x->f_max, x->p = x->p_min; /* until rkm__off_place: not exposed at s again */
-    }
-    return best;
-}
-
-/* The gap to add for a peak at base step s, `need` bytes over the budget:
- * the largest slot's gap around s whose copies, as they would be placed
- * alone, leave it off the device there (a slot with an earlier gap in the
- * set has its host copy: it frees at once); -1 if none. With o->exposed,
- * where no copy hides, an exposed one: the largest (1) or the best fit for
- * the need (2). */
-static int32_t rkm__off_pick(rkm__off *o, int64_t s, uint64_t need)
-{
-    const rkm_graph *g = o->g;
-    int32_t best = -1;
-    for (size_t u = 0; u < o->n_gaps; u++) {
-        int32_t i = (int32_t)u;
-        rkm__gap *x = &o->gap[i];
-        if (o->in[i] || x->a >= s || x->b <= s) continue;
-        if (best >= 0 && !rkm__off_picks_before(o, x->slot, o->gap[best].slot, 0)) continue;
-        double end = o->te[x->w] + rkm__copy_seconds(g, x->slot, g->copy.d2h_bytes_per_second);
-        double start = o->ts[x->b] - rkm__copy_seconds(g, x->slot, g->copy.h2d_bytes_per_second);
-        int64_t f = rkm__off_in_set_beside(o, i, -1) ? x->a : rkm__off_step_ending(o, x->a + 1, end);
-        int64_t p = rkm__off_step_starting(o, x->b, start);
-        if (f >= s || p <= s) continue;
-        best = i, x->f = f, x->p = p;
-    }
-    return best >= 0 || !o->exposed ? best : rkm__off_pick_exposed(o, s, o->exposed == 2 ? need : UINT64_MAX);
-}
-
-static void rkm__off_free(rkm__off *o)
-{
-    rkm_context *ctx = o->g->ctx;
-    size_t ng = o->n_gaps + 1;
-    rkm__free(ctx, o->ts, 2 * (o->n + 1) * sizeof *o->ts);
-    rkm__free(ctx, o->gap, o->cap_gap * sizeof *o->gap);
-    rkm__free(ctx, o->in, ng);
-    rkm__free(ctx, o->order, 2 * ng * sizeof *o->order);
-    rkm__free(ctx, o->keys, 5 * ng * sizeof *o->keys);
-    rkm__free(ctx, o->touch, o->n_touch * sizeof *o->touch);
-    rkm__free(ctx, o->peak, o->cap_peak * sizeof *o->peak);
-    rkm__free(ctx, o->from, o->cap_from * sizeof *o->from);
-    rkm__steps_free(&o->out);
-    rkm__sim_free(&o->sim);
-}
-
-/* The pass's state for base (gaps, timeline), all of it or nothing. */
-static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step *base, size_t n)
-{
-    memset(o, 0, sizeof *o);
-    o->g = g;
-    o->base = base;
-    o->n = n;
-    o->out = (rkm__steps){g->ctx, NULL, 0, 0};
-    o->n_slots = g->n_tensors + g->n_ops;
-    size_t ns = o->n_slots;
-    o->n_touch = rkm__slot_touches_max(g);
-    o->touch = rkm__alloc(g->ctx, o->n_touch * sizeof *o->touch);
-    o->ts = rkm__alloc(g->ctx, 2 * (n + 1) * sizeof *o->ts);
-    int64_t *last = rkm__alloc(g->ctx, 2 * ns * sizeof *last);
-    int ok = o->ts && o->touch && last && rkm__sim_init(g, &o->sim) == RKM_OK;
-    if (ok) {
-        o->te = o->ts + n + 1;
-        ok = rkm__off_gaps(o, last, last + ns);
-    }
-    rkm__free(g->ctx, last, 2 * ns * sizeof *last);
-    size_t ng = o->n_gaps + 1;
-    if (ok) { /* the gaps are known: what depends on their number */
-        o->in = rkm__calloc(g->ctx, ng, 1);
-        o->order = rkm__alloc(g->ctx, 2 * ng * sizeof *o->order);
-        o->keys = rkm__alloc(g->ctx, 5 * ng * sizeof *o->keys); /* rkm__off_sort's, rkm__off_emit's four */
-        ok = o->in && o->order && o->keys;
-    }
-    if (!ok) {
-        rkm__off_free(o);
-        return rkm__nomem(g->ctx, "offloading");
+    const rkm_graph *h = p->g;
+    int stand = b->out != g->loss;
+    int32_t loss_op = h->tensors[h->loss].producer;
+    rkm_step *st = *steps = rkm__alloc(g->ctx, p->n_steps * sizeof *st);
+    if (!st) return rkm__nomem(g->ctx, "nested options");
+    *n = *nf = 0;
+    for (size_t i = 0; i < p->n_steps; i++) {
+        rkm_step x = p->steps[i];
+        int on_op = rkm__step_on_op(x.kind);
+        if (x.kind == RKM_STEP_LOSS) *nf = *n;
+        if (stand && (on_op ? x.index == loss_op : x.index == h->loss)) continue;
+        x.index = on_op ? b->ops[x.index] : map[x.index];
+        st[(*n)++] = x;
     }
     return RKM_OK;
 }
 
-/* The base plan's steps (valid on g, no copies) with copies that bring its
- * peak within `budget`, into *out (taken by the caller); out->n 0 when
- * none does; *work (NULL: not counted) grows by the steps it replayed.
- * g has a copy link. exposed 0: only copies that hide behind
- * compute; 1: where none does, copies the compute stream waits for, the
- * largest slot first; 2: the same, the best fit for the bytes over the
- * budget first (rkm__off_fits_better). */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
-                                         int exposed, const uint8_t *prefer, rkm__steps *out, uint64_t *work)
+/* Nested plan p as an option offered to block b's class. */
+static rkm_result rkm__nest_offer(rkm_planner *pl, rkm__sim *s, const rkm__block *b, const rkm_plan *p,
+                                  const int32_t *map)
 {
-    rkm__off o;
-    *out = (rkm__steps){g->ctx, NULL, 0, 0};
-    rkm_result r = rkm__off_init(&o, g, base, n);
-    if (r) return r;
-    o.exposed = exposed;
-    o.prefer = prefer;
-    int32_t *set = o.order + o.n_gaps + 1, m = 0;
-    for (;;) {
-        int32_t bad = rkm__off_place(&o, set, m);
-        if (bad >= 0) { /* it stays marked, never tried again */
-            o.in[bad] = 2;
-            int32_t k = 0;
-            while (set[k] != bad) k++;
-            memmove(set + k, set + k + 1, (size_t)(m - k - 1) * sizeof *set);
-            m--;
-            continue;
-        }
-        if (!rkm__off_emit(&o, set, m)) {
-            r = rkm__nomem(g->ctx, "offloading");
-            break;
-        }
-        if (work) *work += o.out.n;
-        uint64_t peak;
-        int64_t s = rkm__off_peak(&o, &peak);
-        if (s >= 0 && peak <= budget) {
-            *out = o.out;
-            o.out = (rkm__steps){g->ctx, NULL, 0, 0};
-            break;
-        }
-        /* as many as their bytes cover the excess at the peak step, largest
-         * first: one replay for each such batch, not each slot */
-        uint64_t got = 0;
-        int32_t t, added = 0;
-        while (s >= 0 && got < peak - budget && (t = rkm__off_pick(&o, o.from[s], peak - budget - got)) >= 0) {
-            if (!o.in[t]) set[m++] = t; /* else one of the set, now exposed */
-            o.in[t] = 1;
-            got += rkm__slot_bytes(g, o.gap[t].slot);
-            added++;
-        }
-        if (!added) break;
-    }
-    rkm__off_free(&o);
+    rkm_step *st = NULL;
+    size_t n = 0, nf = 0;
+    rkm_result r = rkm__nest_steps(pl->g, b, p, map, &st, &n, &nf);
+    if (!r) r = rkm__class_add(pl, s, b, st, nf, n - nf);
+    if (st) rkm__free(pl->ctx, st, p->n_steps * sizeof *st);
     return r;
 }
 
-/* The base plan b (kept) with copies for `budget`, laid out as the host
- * gets it, or *out NULL: where the layout misses the aligned peak by more
- * than the room left, the copies for that much less (as planner_fit does). */
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
-                                        const uint8_t *prefer, rkm_plan **out)
+/* The nested planner's counters, added to its parent's (its classes only
+ * when it gave options: `offered`). */
+static void rkm__nest_count(rkm_planner *pl, const rkm_planner *sub, int offered)
+{
+    if (offered) pl->nested += 1 + sub->nested;
+    pl->ilp_skipped += sub->ilp_skipped;
+    pl->cut |= sub->cut;
+    pl->ilp.solves += sub->ilp.solves;
+    pl->ilp.optimal += sub->ilp.optimal;
+    pl->ilp.suboptimal += sub->ilp.suboptimal;
+    pl->ilp.infeasible += sub->ilp.infeasible;
+    pl->ilp.timeout += sub->ilp.timeout;
+    pl->ilp.failed += sub->ilp.failed;
+    pl->ilp.seconds += sub->ilp.seconds;
+    pl->ilp.work += sub->ilp.work;
+}
+
+/* ---- drop options: all kept but a set of cheap tensors --------------------
+ *
+ * On chains of random-DAG blocks too big for the block ILP (dag4x50's 50
+ * ops), the whole-graph ILP's plan is, block by block, one schedule: the
+ * forward keeps all but a set of tensors cheap to make again for the bytes
+ * they hold, and the backward makes each of them again once, just before
+ * its first reader; offered as options, its blocks' schedules take
+ * rockmate below that plan. The sets here are the prefixes of the ops in
+ * order of forward time per byte they free (outputs a backward reads, and
+ * the saved state); each is its compute steps with the earliest frees
+ * (rkm__canonical_draft), replayed as an option like any other. */
+
+/* Push `fwd j save` onto c after the forwards it needs that are dropped
+ * and not made again yet (made[j]: it was). */
+static int rkm__drop_remake(const rkm_graph *h, int32_t j, uint8_t *drop, uint8_t *made, rkm__steps *c)
+{
+    const rkm__op *o = &h->ops[j];
+    for (int32_t k = 0; k < o->n_in; k++) {
+        int32_t q = h->tensors[o->in[k]].producer;
+        if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
+    }
+    made[j] = 1;
+    return rkm__steps_push(c, RKM_STEP_FWD, j, rkm__saves_phantom(o));
+}
+
+/* The compute steps of h's baseline `base` with the ops drop[] made again
+ * in the backward, each once, before its first reader there. */
+static int rkm__drop_steps(const rkm_graph *h, const rkm_plan *base, uint8_t *drop, uint8_t *made, rkm__steps *c)
+{
+    int after = 0;
+    memset(made, 0, h->n_ops);
+    c->n = 0;
+    for (size_t i = 0; i < base->n_steps; i++) {
+        const rkm_step *st = &base->steps[i];
+        if (st->kind == RKM_STEP_BWD) {
+            const rkm__op *o = &h->ops[st->index];
+            if (drop[st->index] && !made[st->index] && rkm__saves_phantom(o) &&
+                !rkm__drop_remake(h, st->index, drop, made, c))
+                return 0;
+            for (int32_t k = 0; k < o->n_saved; k++) {
+                int32_t q = h->tensors[o->saved[k]].producer;
+                if (q >= 0 && drop[q] && !made[q] && !rkm__drop_remake(h, q, drop, made, c)) return 0;
+            }
+        }
+        after |= st->kind == RKM_STEP_LOSS;
+        if ((st->kind == RKM_STEP_FWD && !after) || st->kind == RKM_STEP_LOSS || st->kind == RKM_STEP_BWD)
+            if (!rkm__steps_push_step(c, st)) return 0;
+    }
+    return 1;
+}
+
+/* The plan of h (a block as a graph of its own, `base` its baseline) with
+ * the ops drop[] (h->n_ops flags, then as many of scratch) made again in
+ * the backward, each once, before its first reader there; c: scratch. */
+RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
+                                      rkm__steps *c, rkm_plan **out)
+{
+    rkm__steps d = {pl->ctx, NULL, 0, 0};
+    *out = NULL;
+    if (!rkm__drop_steps(h, base, drop, drop + h->n_ops, c)) return rkm__nomem(pl->ctx, "drop options");
+    rkm_result r = rkm__canonical_draft(h, c->s, c->n, &d);
+    return r ? r : rkm__draft_birth(pl, h, &d, out);
+}
+
+/* What dropping op j of h frees for its forward time: the bytes of its
+ * outputs that a backward reads (but the block's output, read by h's loss
+ * op `keep`) and its saved state. */
+static double rkm__drop_ratio(const rkm_graph *h, int32_t j, const uint8_t *read, int32_t keep, uint64_t *bytes)
+{
+    const rkm__op *o = &h->ops[j];
+    *bytes = rkm__saves_phantom(o) ? o->phantom : 0;
+    for (int32_t k = 0; k < o->n_out; k++)
+        if (read[o->out[k]]) *bytes += h->tensors[o->out[k]].bytes;
+    for (int32_t k = 0; k < h->ops[keep].n_in; k++)
+        for (int32_t m = 0; m < o->n_out; m++)
+            if (o->out[m] == h->ops[keep].in[k]) *bytes = 0;
+    return *bytes ? o->fwd / (double)*bytes : INFINITY;
+}
+
+/* The ops of h that dropping frees bytes, in order[] by forward time per
+ * byte (ratio[], bytes[]: per op; read: h->n_tensors of scratch, zeroed),
+ * ties in op order; their count, and *total their bytes. */
+static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order, double *ratio, uint64_t *bytes,
+                               uint64_t *total)
+{
+    int32_t m = 0, n = (int32_t)h->n_ops, keep = h->tensors[h->loss].producer;
+    for (int32_t j = 0; j < n; j++)
+        for (int32_t k = 0; h->ops[j].has_bwd && k < h->ops[j].n_saved; k++) read[h->ops[j].saved[k]] = 1;
+    for (int32_t j = 0; j < n; j++) {
+        ratio[j] = j == keep ? INFINITY : rkm__drop_ratio(h, j, read, keep, &bytes[j]);
+        if (ratio[j] == INFINITY) continue;
+        *total += bytes[j];
+        int32_t k = m++; /* insertion, stable */
+        for (; k > 0 && ratio[order[k - 1]] > ratio[j]; k--) order[k] = order[k - 1];
+        order[k] = j;
+    }
+    return m;
+}
+
+/* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
+ * offered to its class; past the deadline, no more. */
+RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
+{
+    const rkm_graph *g = pl->g;
+    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
+    rkm_graph *h = NULL;
+    rkm_plan *base = NULL;
+    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "drop options");
+    if (!r) r = rkm__plan_baseline(h, &base);
+    size_t n = r ? 0 : h->n_ops;
+    uint8_t *read = r ? NULL : rkm__calloc(pl->ctx, h->n_tensors + 2 * n, 1), *drop = read ? read + h->n_tensors : NULL;
+    int32_t *order = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *order);
+    double *ratio = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *ratio);
+    uint64_t *bytes = r ? NULL : rkm__alloc(pl->ctx, n * sizeof *bytes), total = 0;
+    rkm__steps c = {pl->ctx, NULL, 0, 0};
+    if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
+    int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
+    uint64_t freed = 0;
+    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r && !rkm__over(pl); i++) {
+        uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
+        int more = 0;
+        for (; p < m && freed < goal; p++, more = 1) {
+            drop[order[p]] = 1;
+            freed += bytes[order[p]];
+        }
+        if (!more) continue;
+        rkm_plan *q = NULL;
+        r = rkm__drop_plan(pl, h, base, drop, &c, &q);
+        if (!r) r = rkm__nest_offer(pl, s, b, q, map);
+        rkm_plan_destroy(q);
+    }
+    rkm__steps_free(&c);
+    rkm__free(pl->ctx, bytes, n * sizeof *bytes);
+    rkm__free(pl->ctx, ratio, n * sizeof *ratio);
+    rkm__free(pl->ctx, order, n * sizeof *order);
+    rkm__free(pl->ctx, read, read ? h->n_tensors + 2 * n : 0);
+    rkm_plan_destroy(base);
+    rkm_graph_destroy(h);
+    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
+    return r;
+}
+
+/* Block b's options from a nested planner made by `make` (planner.c's
+ * rkm__planner_make, handed down: the planner's recursion), whose block
+ * ILP budget is `allow`, over peak budgets from the nested floor (or the
+ * block's, if higher) to peak_hi; *nested: some were offered. Nothing
+ * happens for blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH
+ * levels, past the deadline, or where b does not cut. */
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+                                         uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested)
+{
+    const rkm_graph *g = pl->g;
+    *nested = 0;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
+    int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
+    rkm_graph *h = NULL;
+    rkm_planner *sub = NULL;
+    rkm_result r = map ? rkm__nest_graph(g, b, map, &h) : rkm__nomem(pl->ctx, "nested graph");
+    if (!r && rkm__nest_worth(h, b)) {
+        rkm_solve_desc d = pl->d;
+        d.time_limit = fmax(pl->deadline - rkm__now(), 1e-9); /* its deadline is ours */
+        d.ilp_budget = allow > 0 ? allow : 1e-9;
+        uint64_t floor = 0, dtr = 0;
+        int64_t slots;
+        r = make(h, &d, pl, &sub);
+        if (!r) r = rkm__chain_floor(sub, &floor, &slots);
+        if (!r) r = rkm__dtr_min_budget(sub, &dtr);
+        if (floor == 0 || dtr < floor) floor = dtr;
+        /* grad(x_in) is not in h (its input has none): the nested plans are
+         * made for that much less, so that the options fit the grid's peaks */
+        uint64_t gx = b->in >= 0 && g->tensors[b->in].has_grad ? g->tensors[b->in].bytes : 0;
+        uint64_t lo = floor + gx > peak_lo ? floor + gx : peak_lo;
+        if (lo < gx) lo = gx; /* never: the block's floor counts x_in */
+        uint64_t hi = peak_hi > lo ? peak_hi : lo;
+        /* the chain DP's plan and DTR's at each point: DTR reaches below
+         * the chain's floor, where the nested blocks' boundaries are held */
+        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
+            rkm_plan *p = NULL;
+            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
+            r = i % 2 ? rkm__solve_dtr(sub, budget, &p, NULL) : rkm__solve_dp(sub, budget, &p);
+            if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
+            *nested |= p != NULL;
+            rkm_plan_destroy(p);
+        }
+        if (sub) rkm__nest_count(pl, sub, *nested);
+    }
+    rkm__planner_free(sub);
+    rkm_graph_destroy(h);
+    rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
+    return r;
+}
+
+
+/* ==== src/planner.c ==== */
+
+/* planner.c -- the planner: its API, every block's options, the drivers of solve and min_budget
+ *
+ * Uses (through internal.h): base.c, graph.c, plan.c, sim.c, layout.c, baseline.c, options.c, ilp.c, chain.c,
+ * progress.c, produce.c, offload.c, search.c, nest.c.
+ *
+ * The top of the pipeline: rkm_planner_create (the desc's defaults, every
+ * block's options from the block ILP, nesting and drop options, the chain
+ * in DP slots and its table), then the drivers that pick among the plans
+ * of the files below (produce.c, offload.c, search.c): a solve's plan
+ * fitted to its arena, the smallest budget, and with a copy link the
+ * bases offloaded. Nesting plans a block with a planner of its own:
+ * nest.c gets rkm__planner_make handed down (rkm__planner_maker). */
+
+/* The planner's figures so far, ILP counters included. */
+static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->algo = pl->d.algo;
+    st->blocks = pl->g->n_blocks;
+    st->block_classes = pl->g->n_classes;
+    st->options = (int32_t)pl->n_dpo;
+    st->ilp_solves = pl->ilp.solves;
+    st->ilp_optimal = pl->ilp.optimal;
+    st->ilp_suboptimal = pl->ilp.suboptimal;
+    st->ilp_infeasible = pl->ilp.infeasible;
+    st->ilp_timeout = pl->ilp.timeout;
+    st->ilp_failed = pl->ilp.failed;
+    st->ilp_skipped = pl->ilp_skipped;
+    st->ilp_seconds = pl->ilp.seconds;
+    st->create_seconds = pl->create_seconds;
+    st->nested_classes = pl->nested;
+    st->cut = pl->cuts;
+}
+
+/* ---- creation: every block's options, the chain in DP slots, its table --- */
+
+static uint64_t rkm__ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+/* Bytes and DP slots: the planner's only conversions. A slot is pl->q
+ * bytes above the input tensors (always live). */
+
+/* Slots for a byte count, rounded up (so the DP never under-counts). */
+static int32_t rkm__slots_up(const rkm_planner *pl, uint64_t bytes)
+{
+    uint64_t s = rkm__ceil_div(bytes, pl->q);
+    return s > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)s;
+}
+
+/* The DP's view of the chain: every figure converted to slots, the one
+ * place where block figures (absolute bytes, options.c) become the DP's
+ * (slots above the inputs, chain.c): tensor sizes round up on their own,
+ * memory figures round up once the inputs are taken off. */
+static rkm_result rkm__planner_chain(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    size_t n_opt = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) n_opt += pl->bo[b].n_opt;
+    pl->dpb = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->dpb);
+    pl->dpo = rkm__calloc(pl->ctx, n_opt, sizeof *pl->dpo);
+    pl->n_dpo = n_opt;
+    if (!pl->dpb || !pl->dpo) return rkm__nomem(pl->ctx, "planner");
+    size_t at = 0;
+    for (int32_t b = 0; b < g->n_blocks; b++) {
+        const rkm__block *k = &g->blocks[b];
+        const rkm__bopts *bo = &pl->bo[b];
+        rkm__dp_block *x = &pl->dpb[b];
+        x->in_sz = k->in >= 0 ? rkm__slots_up(pl, g->tensors[k->in].bytes) : 0;
+        x->g_out = k->out != g->loss ? rkm__slots_up(pl, g->tensors[k->out].bytes) : 0;
+        x->tfn = bo->tfn;
+        x->pfn = rkm__slots_up(pl, bo->pfn - g->input_bytes);
+        uint64_t out_bytes = g->tensors[k->out].bytes;
+        x->opt = pl->dpo + at;
+        x->n_opt = (int32_t)bo->n_opt;
+        for (size_t i = 0; i < bo->n_opt; i++, at++) {
+            const rkm__option *o = &bo->opt[i];
+            rkm__dp_option *y = &pl->dpo[at];
+            y->tf = o->tf;
+            y->tb = o->tb;
+            /* The DP's kept is besides x_{i-1} and x_i; x_in rounds up with
+             * it, as the DP subtracts them together. */
+            y->kept = rkm__slots_up(pl, o->kept - out_bytes - g->input_bytes) - x->in_sz;
+            y->pf = rkm__slots_up(pl, o->pf - g->input_bytes);
+            y->pb = rkm__slots_up(pl, o->pb - g->input_bytes);
+        }
+    }
+    return RKM_OK;
+}
+
+RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
+
+/* A call on a made planner (solve, min_budget) starts at `now`: it gets
+ * what the planner's creation left of time_limit, so that creation and
+ * the call together, one plan's planning, stay within it. */
+static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64_t budget)
+{
+    pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
+    pl->cut = 0;
+    rkm__progress_begin(pl, stage, budget);
+}
+
+/* Peak a block's ops need at least: the inputs stay live throughout, plus
+ * the largest single step. */
+static uint64_t rkm__block_floor(const rkm_graph *g, const rkm__block *b)
+{
+    uint64_t need = 0;
+    for (int32_t i = b->ops[0]; i <= b->ops[b->n_ops - 1]; i++) {
+        const rkm__op *o = &g->ops[i];
+        uint64_t f = rkm__bytes_union(g, o->in, o->n_in, o->out, o->n_out, 0) + rkm__fwd_ws_most(o);
+        uint64_t k = o->has_bwd ? rkm__bytes_union(g, o->saved, o->n_saved, NULL, 0, 0) + o->phantom + o->bwd_ws +
+                                      rkm__bytes_union(g, o->out, o->n_out, o->in, o->n_in, 1)
+                                : 0;
+        if (f > need) need = f;
+        if (k > need) need = k;
+    }
+    return g->input_bytes + need;
+}
+
+/* A class's claim on the block ILP budget: its blocks' forward time (what
+ * recomputing can cost, so what a better option can save) times its ops
+ * (what a solve of its block takes); never 0 for a block with ops. */
+static double rkm__class_weight(const rkm_planner *pl, int32_t cls)
+{
+    const rkm_graph *g = pl->g;
+    double w = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) {
+        const rkm__block *b = &g->blocks[k];
+        if (b->cls != cls) continue;
+        double fwd = pl->base_time * 1e-6;
+        for (int32_t j = 0; j < b->n_ops; j++) fwd += g->ops[b->ops[j]].fwd;
+        w += fwd * b->n_ops;
+    }
+    return w;
+}
+
+/* A grid of block ILP solves for block b's class: np peak budgets from
+ * peak_lo to peak_hi by nk kept budgets from kept_lo to the baseline's
+ * kept, each solve at most `lim` seconds of work and what is left of the
+ * class's share `allow` (spent: pl->ilp.work - work0). Every schedule is
+ * replayed on every block of the class (mapped op for op) and replay
+ * decides what becomes an option. Per peak budget (a row) the kept budgets
+ * go from loose to tight: a schedule that already fits a tighter kept
+ * budget is that budget's answer too (the optimum of a looser problem that
+ * is feasible in a tighter one), and a proven infeasible kept budget ends
+ * the row. Once the share is spent, or the deadline passed, the rest are
+ * left out. */
+typedef struct rkm__grid {
+    uint64_t peak_lo, peak_hi, kept_lo;
+    int32_t np, nk;
+    double lim, allow, work0;
+    int32_t next;      /* the next point, row by row */
+    uint64_t row_kept; /* kept memory of the row's last schedule */
+} rkm__grid;
+
+/* The grid's points from gr->next on; with `probe`, up to the first solve
+ * that finds a schedule (*hard: it reached its work limit). */
+static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block *b, rkm__ilp_block *ib, rkm__grid *gr,
+                                  int probe, int *hard)
+{
+    const rkm_graph *g = pl->g;
+    const rkm__option all = pl->bo[b - g->blocks].opt[0]; /* copied: adding options may move the array */
+    rkm_result r = RKM_OK;
+    for (; gr->next < gr->np * gr->nk && !r; gr->next++) {
+        int32_t i = gr->next / gr->nk, j = gr->nk - 1 - gr->next % gr->nk;
+        if (j == gr->nk - 1) gr->row_kept = UINT64_MAX;
+        double fp = gr->np > 1 ? (double)i / (gr->np - 1) : 1.0, fk = gr->nk > 1 ? (double)j / (gr->nk - 1) : 1.0;
+        uint64_t peak_budget = gr->peak_lo + (uint64_t)((double)(gr->peak_hi - gr->peak_lo) * fp);
+        uint64_t kept_budget = gr->kept_lo + (uint64_t)((double)(all.kept - gr->kept_lo) * fk);
+        double share = gr->allow - (pl->ilp.work - gr->work0);
+        if (gr->row_kept <= kept_budget) continue;
+        if (share <= 0 || rkm__over(pl)) {
+            pl->ilp_skipped++;
+            continue;
+        }
+        rkm_step *steps = NULL;
+        size_t nf = 0, nb = 0;
+        int found = 0;
+        int32_t timeouts = pl->ilp.timeout;
+        rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
+        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
+        if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
+        if (r || !found) continue;
+        rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
+        if (rkm__option_measure(s, b, &o)) gr->row_kept = o.kept;
+        r = rkm__class_add(pl, s, b, steps, nf, nb);
+        rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+        if (probe) {
+            *hard = pl->ilp.timeout > timeouts;
+            gr->next++;
+            break;
+        }
+    }
+    return r;
+}
+
+/* ILP options of block b's class, from `allow` seconds of solver work (the
+ * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
+ * ilp_time_limit a solve, but where the first solve that finds a schedule
+ * reaches its work limit, the block is hard for the solver and its options
+ * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
+static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
+                                 double allow)
+{
+    const rkm_graph *g = pl->g;
+    rkm__grid gr = {peak_lo, peak_hi, 0, pl->d.ilp_peak_points, pl->d.ilp_kept_points, pl->d.ilp_time_limit, allow,
+                    pl->ilp.work, 0, UINT64_MAX};
+    /* kept when nothing but the inputs, x_in and x_out is */
+    gr.kept_lo = g->input_bytes + (b->in >= 0 ? g->tensors[b->in].bytes : 0) + g->tensors[b->out].bytes;
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, b->ops, b->n_ops, b->in, b->out, b->out == g->loss, &ib);
+    if (r) return r;
+    rkm__ilp_block_deadline(ib, pl->deadline);
+    int hard = 0;
+    r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
+    if (!r && hard) { /* the probe's option stays; the grid starts over */
+        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
+        gr.lim *= RKM_ILP_HARD_EFFORT;
+        gr.next = 0;
+    }
+    if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
+    rkm__ilp_block_destroy(ib);
+    return r;
+}
+
+/* Whether the chain has blocks to trade memory between: two or more of
+ * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
+ * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
+ * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
+ * the whole-graph search plans the block, and the options moved plans
+ * both ways (random30 at 40 %: 23.36 -> 24.17 %; dag100 at 50 %: 11.33 ->
+ * 11.83 %, at 40 %: 115.0 -> 25.0 %). */
+static int rkm__drop_chain(const rkm_graph *g)
+{
+    int32_t big = 0;
+    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
+    return big >= 2;
+}
+
+/* Options of one class, solved on its first block: a nested planner's
+ * where the block nests, drop options on a chain of big blocks
+ * (rkm__drop_chain), the block ILP's (with lp_solve) unless the nested planner
+ * covered a block too big for it or the block is too big for the ILP. The
+ * class spends the block ILP budget left times its weight w over wl, its
+ * own and that of the classes still to come, so what one class leaves goes
+ * to the next. */
+static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, double w, double wl)
+{
+    const rkm_graph *g = pl->g;
+    int32_t rep = 0;
+    while (g->blocks[rep].cls != cls) rep++;
+    const rkm__block *b = &g->blocks[rep];
+    /* The block's baseline (its only option yet) bounds the grid. */
+    const rkm__option *all = &pl->bo[rep].opt[0];
+    uint64_t peak_hi = all->pf > all->pb ? all->pf : all->pb, peak_lo = rkm__block_floor(g, b);
+    if (peak_lo > peak_hi) peak_lo = peak_hi;
+    double work0 = pl->ilp.work, allow = pl->pool * w / wl;
+    int nested = 0;
+    rkm_result r = rkm__nest_options(pl, rkm__planner_make, s, b, peak_lo, peak_hi, allow, &nested);
+    if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
+    double left = allow - (pl->ilp.work - work0);
+    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
+        /* a share below a tenth of one solve's limit buys no solve but costs
+         * the model's build (a chain of 5000 distinct blocks: 17 s of it);
+         * it is spent all the same, or the last of many such classes would
+         * get the others' and build after all */
+        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
+            pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
+            pl->pool = fmax(0, pl->pool - left);
+        } else
+            r = rkm__class_ilp(pl, s, b, peak_lo, peak_hi, left);
+    }
+    pl->pool = fmax(0, pl->pool - (pl->ilp.work - work0));
+    return r;
+}
+
+/* Every class's options, heaviest class first (by rkm__class_weight, then
+ * in order): what it leaves of its share goes to the lighter ones, which
+ * often need less than they would be given (peer-gpt: with the default
+ * budget, lightest first leaves 12 of 72 solves out, heaviest first none). */
+static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
+{
+    int32_t n = pl->g->n_classes;
+    double *w = rkm__alloc(pl->ctx, (size_t)n * sizeof *w), wl = 0;
+    int32_t *order = rkm__alloc(pl->ctx, (size_t)n * sizeof *order);
+    rkm_result r = w && order ? RKM_OK : rkm__nomem(pl->ctx, "planner");
+    for (int32_t c = 0; c < n && !r; c++) {
+        w[c] = rkm__class_weight(pl, c);
+        wl += w[c];
+        int32_t k = c; /* insertion, stable: equal weights keep their order */
+        for (; k > 0 && w[order[k - 1]] < w[c]; k--) order[k] = order[k - 1];
+        order[k] = c;
+    }
+    double all = wl;
+    for (int32_t i = 0; i < n && !r; i++) {
+        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
+        r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
+        wl -= w[order[i]];
+    }
+    rkm__free(pl->ctx, w, (size_t)n * sizeof *w);
+    rkm__free(pl->ctx, order, (size_t)n * sizeof *order);
+    return r;
+}
+
+/* Every block's options: the two extremes, and for rockmate the ILP's. */
+static rkm_result rkm__planner_options(rkm_planner *pl)
+{
+    const rkm_graph *g = pl->g;
+    pl->bo = rkm__calloc(pl->ctx, (size_t)g->n_blocks, sizeof *pl->bo);
+    if (!pl->bo) return rkm__nomem(pl->ctx, "planner");
+    rkm__sim s;
+    rkm_result r = rkm__sim_init(g, &s);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++) r = rkm__bopts_extremes(&s, &g->blocks[b], &pl->bo[b]);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE) r = rkm__planner_classes(pl, &s);
+    if (pl->ilp_skipped && !pl->depth && !pl->prog.cancelled)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "%s ran out: %d block ILP solves left out; plans may be worse",
+                 pl->cut ? "the time limit" : "the block ILP budget (ilp_budget)",
+                 (int)pl->ilp_skipped);
+    if (pl->ilp.solves > 0 && pl->ilp.timeout == pl->ilp.solves && !pl->depth)
+        rkm__log(pl->ctx, RKM_LOG_WARN,
+                 "every block ILP solve (%d) reached its work limit (ilp_time_limit %g s): the options are the "
+                 "solver's best within it; a larger ilp_time_limit may find better ones",
+                 (int)pl->ilp.solves, pl->d.ilp_time_limit);
+    for (int32_t b = 0; b < g->n_blocks && !r; b++)
+        qsort(pl->bo[b].opt, pl->bo[b].n_opt, sizeof *pl->bo[b].opt, rkm__option_cmp);
+    if (s.g) rkm__sim_free(&s);
+    return r;
+}
+
+void rkm_planner_destroy(rkm_planner *pl) { rkm__planner_free(pl); }
+
+/* A count option: 0 means default; negative refused. */
+static rkm_result rkm__desc_count(rkm_context *ctx, const char *what, int32_t *v, int32_t dflt)
+{
+    if (*v < 0) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %d (positive, or 0 for the default)", what, (int)*v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+/* A seconds option: 0 means default; negative, NaN or infinite refused. */
+static rkm_result rkm__desc_seconds(rkm_context *ctx, const char *what, double *v, double dflt)
+{
+    if (!(*v >= 0) || !isfinite(*v))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: %s is %g (finite and positive, or 0 for the default)", what, *v);
+    if (*v == 0) *v = dflt;
+    return RKM_OK;
+}
+
+static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *desc, rkm_solve_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    if (desc) *d = *desc;
+    rkm_context *ctx = g->ctx;
+    if ((int)d->algo < 0 || d->algo >= RKM_ALGO_COUNT)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
+    if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM_ALGO_ROCKMATE;
+    rkm_result r;
+    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
+        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
+        return r;
+    if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
+    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
+                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
+    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
+    if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
+#ifdef RKM_OMIT_SOLVER
+    /* rockmate plans without its ILP options (rkm__class_options) */
+    if (d->algo == RKM_ALGO_CHECKMATE)
+        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve: %s needs lp_solve, left out by RKM_OMIT_SOLVER",
+                        rkm_algo_name(d->algo));
+#endif
+    return RKM_OK;
+}
+
+static rkm_result rkm__planner_dp(rkm_planner *pl);
+
+static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
+
+/* A planner for g with settings d (defaults applied), below `parent` (NULL:
+ * the one the user made): nested planners do not log, and their checks
+ * are their parent's (rkm__over). */
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
+{
+    int32_t depth = parent ? parent->depth + 1 : 0;
+    const rkm_solve_desc d = *desc;
+    rkm_result r = RKM_OK;
+    const rkm_graph_stats gs = g->stats;
+    rkm_planner *pl = rkm__calloc(g->ctx, 1, sizeof *pl);
+    if (!pl) return rkm__nomem(g->ctx, "rkm_planner_create");
+    pl->g = pl->user = g;
+    rkm__graph_hold(g);
+    pl->ctx = g->ctx;
+    pl->d = d;
+    pl->depth = depth;
+    pl->parent = parent;
+    pl->pool = d.ilp_budget;
+    pl->kick_work = rkm__kick_work(g);
+    rkm__search_begin(pl); /* for white-box callers of the search's parts */
+    pl->t0 = rkm__now();
+    pl->deadline = pl->t0 + d.time_limit;
+    pl->base_peak = gs.baseline_peak;
+    pl->base_time = gs.baseline_time;
+    pl->lower_bound = gs.lower_bound;
+    uint64_t span = gs.baseline_peak - g->input_bytes;
+    pl->q = span ? rkm__ceil_div(span, (uint64_t)d.slots) : 1;
+    if (!parent) rkm__progress_begin(pl, RKM_STAGE_CREATE, 0);
+    if (rkm__uses_chain(d.algo)) {
+        r = rkm__planner_options(pl);
+        if (!r) r = rkm__planner_chain(pl);
+        if (!r && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "%s: %d blocks in %d classes, %zu options (%d classes nested); %d ILP "
+                     "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
+                     (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
+        double t = rkm__now();
+        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
+        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
+            rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
+                     (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
+    }
+    if (!parent) r = rkm__progress_result(pl, r, "rkm_planner_create");
+    if (r) {
+        rkm_planner_destroy(pl);
+        return r;
+    }
+    pl->create_seconds = rkm__elapsed(pl);
+    pl->create_cut = pl->cut;
+    pl->cuts = pl->cut;
+    *out = pl;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_create: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_planner_create");
+    if (r) return r;
+    rkm_solve_desc d;
+    rkm_graph *ag;
+    if ((r = rkm__desc_defaults(g, desc, &d)) || (r = rkm__graph_aligned(g, d.alignment, &ag))) return r;
+    if ((r = rkm__planner_make(ag ? ag : g, &d, NULL, out))) {
+        rkm_graph_destroy(ag);
+        return r;
+    }
+    rkm__graph_rehold(&(*out)->user, g); /* the user's graph, not its own copy */
+    (*out)->own = ag;
+    return RKM_OK;
+}
+
+/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
+ * has nothing to plan with: refused, with the figure and the knob. Rockmate
+ * goes on without the chain DP (sqrt, DTR), with a warning. */
+static rkm_result rkm__planner_dp(rkm_planner *pl)
+{
+    int32_t n = pl->g->n_blocks, M = pl->d.slots;
+    double need = rkm__dp_bytes(pl->dpb, n, M);
+    if (need <= RKM_DP_MAX_BYTES) {
+        int cut; /* past the deadline or cancelled: the first tile only */
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
+        pl->cut |= cut;
+        return r;
+    }
+    if (pl->d.algo == RKM_ALGO_ROCKMATE) {
+        rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
+                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
+        return RKM_OK;
+    }
+    int32_t fit = M;
+    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
+    char hint[96];
+    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
+        snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
+    else
+        snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
+    return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
+                    "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
+                    "plan with rockmate or dtr",
+                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
+}
+
+/* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
+
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
+ * plan for the budget (its peak, counted at the alignment, within it), and
+ * where that plan's layout misses its aligned peak by more than the room
+ * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * past the deadline: each try ends in a layout, which it does not cut). *need
+ * (if not NULL): the least arena of the plans that did not fit, 0 if
+ * none. */
+static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
 {
     *out = NULL;
-    uint64_t target = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
-        rkm__steps d;
-        rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
-        if (r || !d.n) return r;
-        if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
-        if ((r = rkm__plan_seal(q, pl->d.alignment))) {
-            rkm_plan_destroy(q);
-            return r;
-        }
-        uint64_t arena = q->stats.arena_bytes;
+    if (need) *need = 0;
+    uint64_t b = budget;
+    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
+        rkm_plan *p, *q;
+        rkm_result r = rkm__planner_try(pl, b, &p);
+        if (r || !p) return r;
+        if ((r = rkm__planner_handout(pl, p, &q))) return r;
+        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
         if (arena <= budget) {
             *out = q;
             return RKM_OK;
         }
         rkm_plan_destroy(q);
-        if (target <= arena - budget) break;
-        target -= arena - budget;
+        if (need && (!*need || arena < *need)) *need = arena;
+        /* below this plan's own aligned peak: a budget between the two
+         * would give the same plan */
+        uint64_t below = at < b ? at : b;
+        if (below <= arena - budget) break;
+        b = below - (arena - budget);
     }
     return RKM_OK;
 }
 
-/* Base b's plan with exposed copies for `budget` into *out (NULL: none):
- * the faster of the picks by the largest slot and by the best fit. The best
- * fit waits less where both fit (test_offload planner_meets_brute_force);
- * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
- * with 25 GB/s fits only so). */
-static rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
-                                      rkm_plan **out)
+/* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
+ * was over the budget (*need set), the faster of that and DTR's plan for
+ * the budget itself: DTR plans to an allocator of the budget's bytes, so
+ * its arena fits, and the tries' smaller budgets may give slower plans
+ * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
+ * (at DTR's smallest budget). */
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
 {
-    rkm_plan *e = NULL;
-    rkm_result r = rkm__offload_fit(pl, b, budget, 1, prefer, out);
-    if (!r) r = rkm__offload_fit(pl, b, budget, 2, prefer, &e);
-    *out = rkm__faster(*out, e);
+    uint64_t over = 0;
+    rkm_plan *p = NULL, *q = NULL;
+    rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
+    if (need) *need = over;
+    if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
+    if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
+        return r;
     }
+    *out = rkm__faster(*out, q);
+    return RKM_OK;
+}
+
+/* The planner's figures of a plan it hands out; over budget is a bug. */
+static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
+{
+    rkm_plan_stats *st = &p->stats;
+    if (st->peak > budget || st->arena_bytes > budget)
+        return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
+                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
+                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
+    st->algo = pl->d.algo;
+    st->budget = budget;
+    st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
+    st->cut = pl->cut || pl->create_cut;
+    return RKM_OK;
+}
+
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    *out = NULL;
+    rkm__search_begin(pl);
+    rkm_algo a = pl->d.algo;
+    if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
+    if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
+        rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
+        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
+    }
+    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
+    /* One solve's work is worth about its share of the limit; on a slow
+     * machine the call's deadline (rkm__over) stops it first. */
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE, out);
+    return RKM_OK;
+}
+
+/* ---- the smallest budget ------------------------------------------------- */
+
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
+
+/* The smallest budget the planner meets, and the plan that meets it
+ * (pl->min_plan): from the least budget the algorithm plans for (its peaks
+ * counted at the alignment) upwards, by the least arena of the plans that
+ * did not fit, else by steps that double from 1/RKM_MIN_BUDGET_STEPS of the
+ * way to the baseline peak, until a plan fits (the baseline's arena always
+ * does); then down, while the budget one byte under the plan's arena finds
+ * a plan. The budget is that plan's arena: rkm_planner_solve meets any
+ * budget from there on, with this plan where its own search finds none
+ * (the searches are not monotone in the budget). */
+static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t m, at, failed = 0;
+    rkm_plan *p = NULL;
+    rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
+    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
+    rkm_result r = rkm__min_budget(pl, &m, &at);
+    rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
+    pl->fitting_min = 1;
+    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
+    for (int k = 0; !r && !p; k++) {
+        uint64_t need = 0;
+        /* the baseline, laid out, fits its own arena; past the deadline,
+         * after one try at the least peak */
+        if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
+            if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
+        } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
+            failed = m;
+            uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
+            if (at > m) at = 0; /* first, the budget the least peak was made for */
+            else step *= 2;
+            m = need > m ? need : m + up;
+        }
+    }
+    /* then down: a budget just under that arena may find another plan, but
+     * not one under a budget that found none on the way up (the searches
+     * are not monotone, but a failing solve is the dearest of all) */
+    rkm__progress_part(pl, (1 + RKM_PROGRESS_FLOORS) / 2, 1);
+    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
+        rkm_plan *q = NULL;
+        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
+        rkm_plan_destroy(p);
+        p = q;
+    }
+    pl->fitting_min = pl->plain_only = 0;
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    pl->min_plan = p;
+    *out = p->stats.arena_bytes;
+    return RKM_OK;
+}
+
+/* The smallest budget, kept unless a cut call found it (then the next call
+ * looks again), within the call's deadline. */
+RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl->min_budget || pl->min_cut) {
+        rkm_plan_destroy(pl->min_plan);
+        rkm_plan_destroy(pl->off_min_plan);
+        pl->min_plan = pl->off_min_plan = NULL;
+        pl->off_min = 0;
+        rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
+        if (r) {
+            pl->min_budget = 0;
+            return r;
+        }
+        pl->min_cut = pl->cut;
+    }
+    *out = pl->min_budget;
+    return RKM_OK;
+}
+
+/* The smallest budget the planner meets: with a copy link, rockmate's and
+ * checkmate's offloading may meet less than their recompute-only floors. */
+static rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out)
+{
+    return rkm__offloads(pl) ? rkm__offload_min_budget(pl, out) : rkm__min_budget_get(pl, out);
+}
+
+rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
+{
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_min_budget: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__call_start(pl, rkm__now(), RKM_STAGE_MIN_BUDGET, 0);
+    rkm_result r = rkm__planner_min(pl, out);
+    if (pl->prog.cancelled) *out = 0;
+    pl->cuts += pl->cut && !pl->prog.cancelled;
+    return rkm__progress_result(pl, r, "rkm_planner_min_budget");
+}
+
+/* Checkmate: feasibility is monotone in the budget; the probes share the
+ * time limit, and one that times out counts as infeasible, so this is the
+ * least budget the solver could meet. */
+RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
+}
+
+/* On graphs small enough for the whole-graph ILP, rockmate's candidates
+ * reach below the floors of the chain DP, sqrt and DTR (a random DAG of 60
+ * ops: 41.5 % where they stop at 42.2 %): the whole-graph ILP's plan (at a
+ * fifth of a solve's work, which the solve's own search extends), else the
+ * squeeze's. */
+static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm__search_begin(pl);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_BISECT_SMALL_SECONDS, out);
+    if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
+    return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
+}
+
+/* The least peak of the plans the planner's algorithm makes (*out), and
+ * the budget the plan of that peak was made for (*at, at least *out): the
+ * searches are not monotone in the budget. */
+static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
+{
+    rkm_result r = RKM_OK;
+    *out = *at = pl->base_peak;
+    if (pl->d.algo == RKM_ALGO_ROTOR || pl->d.algo == RKM_ALGO_ROCKMATE) {
+        uint64_t floor;
+        int64_t slots;
+        if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
+    } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
+        uint64_t ignored;
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
+        *at = *out;
+    }
+    /* sqrt's one schedule: rockmate has it among its candidates, so its
+     * floor too (in place, it can peak below the chain DP's) */
+    if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
+        rkm_plan *p;
+        if (!(r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
+        rkm_plan_destroy(p);
+    }
+    if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
+        uint64_t dtr;
+        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS / 2);
+        if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
+    }
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
+        rkm__progress_part(pl, RKM_PROGRESS_FLOORS / 2, RKM_PROGRESS_FLOORS);
+        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+    }
+    if (*at < *out) *at = *out;
     return r;
 }
+
+/* ---- with a copy link: offloading's drivers (offload.c places copies) ---- */
 
 /* Base k of rkm__offload_min_budget (NULL: no plan there), into
  * pl->off_bases[k]. */
@@ -13483,75 +13477,6 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
-/* Base b's plan with hidden copies into *q; where there is none, with
- * exposed ones into *x, the faster kept (copies the compute stream waits
- * for beat the recomputations they replace when these are long). */
-static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
-                                   rkm_plan **q, rkm_plan **x)
-{
-    rkm_plan *e = NULL;
-    rkm_result r = rkm__offload_fit(pl, b, budget, 0, prefer, q);
-    if (!r && !*q && !(r = rkm__offload_exposed(pl, b, budget, prefer, &e))) *x = rkm__faster(*x, e);
-    return r;
-}
-
-/* Whether the planner's algorithm offloads on its graph: rockmate and
- * checkmate on a graph with a copy link. */
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
-{
-    return (pl->d.algo == RKM_ALGO_ROCKMATE || pl->d.algo == RKM_ALGO_CHECKMATE) && pl->g->copy.d2h_bytes_per_second > 0;
-}
-
-/* The whole-graph ILP with copies (ilp.c): the recomputations chosen
- * together with which slots wait in host memory and how they come back
- * (the compute stream's waits priced in); the offload pass places the
- * copies on that schedule (hidden, else exposed), the model's slots picked
- * first, and the simulator measures the plan. Into *out (NULL: none) only
- * where faster than `bound` (also lp_solve's cutoff); the solve gets
- * time_limit's work. Checkmate's; rockmate does without (design.md,
- * "Checkmate with copies": no plan changed on the bundled graphs). */
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
-                                         rkm_plan **out)
-{
-    const rkm_graph *g = pl->g;
-    *out = NULL;
-    if (!RKM__HAVE_ILP) return RKM_OK;
-    rkm__ilp_block *ib;
-    rkm_result r = rkm__ilp_block_create_copies(g, &ib);
-    if (r == RKM_ERROR_SOLVER) { /* as rkm__start_ilp: the other plans stand */
-        rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP with copies left out: %s", rkm_context_errmsg(pl->ctx));
-        return RKM_OK;
-    }
-    if (r) return r;
-    size_t ns = g->n_tensors + g->n_ops, n = 0;
-    uint8_t *prefer = rkm__alloc(pl->ctx, ns);
-    rkm_step *steps = NULL;
-    int found = 0;
-    rkm__ilp_block_deadline(ib, pl->deadline);
-    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
-               : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
-    pl->prog.ilp = 0;
-    (void)rkm__over(pl);
-    rkm_plan *base = NULL, *x = NULL;
-    if (!r && found) {
-        rkm__steps d = {pl->ctx, steps, n, n}; /* the draft takes the steps */
-        steps = NULL;
-        r = rkm__planned_birth(pl, &d, &base);
-    }
-    if (!r && base) r = rkm__offload_try(pl, base, budget, prefer, out, &x); /* the model's offloads first */
-    *out = rkm__faster(*out, x);
-    if (r || (*out && !((*out)->stats.time < bound))) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    rkm_plan_destroy(base);
-    rkm__free(pl->ctx, steps, n * sizeof *steps);
-    rkm__free(pl->ctx, prefer, ns);
-    rkm__ilp_block_destroy(ib);
-    return r;
-}
-
 /* Rockmate on a graph with a copy link, into *p (NULL if no plan fits;
  * nothing on an error): the faster of its recompute-only plan and a plan
  * that offloads. The bases to offload from are plans with fewer
@@ -13640,8 +13565,6 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     return r;
 }
 
-/* ---- checkmate with copies ---------------------------------------------- */
-
 /* Checkmate's plan with copies (*p) against the plan it hands out where
  * it finds none at the budget: its recompute-only floor's, kept where it
  * fits and is faster. The ILP counts memory conservatively (a forward's scratch on
@@ -13659,6 +13582,114 @@ RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget,
     if ((r = rkm__plan_copy(m, &q))) return r;
     rkm_plan_destroy(*p);
     *p = q;
+    return RKM_OK;
+}
+
+/* ---- the API's calls ----------------------------------------------------- */
+
+/* No plan for `budget`: RKM_ERROR_TIMEOUT where the call or the planner's
+ * creation was cut (a search to the end, from all the options, might have
+ * found one), else RKM_ERROR_BUDGET. */
+static rkm_result rkm__no_plan(rkm_planner *pl, uint64_t budget, uint64_t min)
+{
+    if (pl->cut || pl->create_cut)
+        return rkm__err(pl->ctx, RKM_ERROR_TIMEOUT,
+                        "%s: the time limit of %g s ran out before a plan for %llu bytes was found (creating the "
+                        "planner took %.3g s of it); a larger time_limit (--time-limit) may find one",
+                        rkm_algo_name(pl->d.algo), pl->d.time_limit, (unsigned long long)budget, pl->create_seconds);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET, "%s: no plan fits a budget of %llu bytes; the smallest it can meet is %llu bytes",
+                    rkm_algo_name(pl->d.algo), (unsigned long long)budget, (unsigned long long)min);
+}
+
+/* A budget under the graph's lower bound: no plan of any algorithm fits
+ * it, copies or not, whatever the time, so no search, and no search for
+ * the smallest budget either (seconds on a large graph, for a message):
+ * the message names the step that needs more, and the smallest budget
+ * where a call found it. */
+static rkm_result rkm__under_bound(rkm_planner *pl, uint64_t budget)
+{
+    const char *name = rkm_algo_name(pl->d.algo);
+    int copies = rkm__offloads(pl);
+    char min[96];
+    if (pl->min_budget && !pl->min_cut && (!copies || pl->off_min))
+        snprintf(min, sizeof min, "; the smallest it can meet is %llu bytes",
+                 (unsigned long long)(copies ? pl->off_min : pl->min_budget));
+    else
+        snprintf(min, sizeof min, " (rkm_planner_min_budget gives the smallest budget %s meets)", name);
+    int32_t op;
+    int bwd;
+    uint64_t lb = rkm__lower_bound(pl->g, &op, &bwd);
+    return rkm__err(pl->ctx, RKM_ERROR_BUDGET,
+                    "%s: no plan fits a budget of %llu bytes: no plan of any algorithm peaks under %llu bytes, what "
+                    "%s%s%s alone holds%s",
+                    name, (unsigned long long)budget, (unsigned long long)lb,
+                    op < 0 ? "the loss step" : bwd ? "the backward of op '" : "the forward of op '",
+                    op < 0 ? "" : pl->g->ops[op].name, op < 0 ? "" : "'", min);
+}
+
+static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t, rkm_plan **out)
+{
+    if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
+    rkm_plan *p;
+    int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
+    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
+    if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
+        rkm_plan_destroy(p);
+    if (r) return r;
+    if (!p) {
+        uint64_t min;
+        if ((r = rkm__planner_min(pl, &min))) return r;
+        if (budget < min) return rkm__no_plan(pl, budget, min);
+        if ((r = rkm__plan_copy(budget < pl->min_budget ? pl->off_min_plan : pl->min_plan, &p))) return r;
+    }
+    if ((r = rkm__planner_finish(pl, p, budget, t))) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    *out = p;
+    return RKM_OK;
+}
+
+rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    if (out) *out = NULL;
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    double t = rkm__now();
+    rkm__call_start(pl, t, RKM_STAGE_SOLVE, budget);
+    rkm_result r = rkm__planner_solve(pl, budget, t, out);
+    if (pl->prog.cancelled) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    pl->cuts += pl->cut && !pl->prog.cancelled;
+    return rkm__progress_result(pl, r, "rkm_planner_solve");
+}
+
+rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out)
+{
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
+    if (!pl || !out) return pl ? rkm__err(pl->ctx, RKM_ERROR_ARGUMENT, "rkm_planner_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
+    rkm__planner_figures(pl, out);
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_solve(const rkm_graph *g, const rkm_solve_desc *desc, uint64_t budget, rkm_plan **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_solve: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    rkm_planner *pl;
+    rkm_result r = rkm_planner_create(g, desc, &pl);
+    if (r) return r;
+    r = rkm_planner_solve(pl, budget, out);
+    rkm_planner_destroy(pl);
+    return r;
+}
+
+rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
+{
+    if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
+    if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = p->stats;
     return RKM_OK;
 }
 

@@ -254,7 +254,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM_BISECT_SMALL 8
 #define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
 /* With a copy link, rockmate's below its recompute-only floor, from the
- * graph's lower bound (offload.c, rkm__offload_min_budget): each probe
+ * graph's lower bound (planner.c, rkm__offload_min_budget): each probe
  * offloads its bases, an offloading pass and a layout each, until one
  * fits. */
 #define RKM_BISECT_OFFLOAD 16
@@ -919,7 +919,7 @@ struct rkm_planner {
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
     int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
-    int fitting_base;        /* offload.c plans a base: no whole-graph ILP start, phases or missed track */
+    int fitting_base;        /* rkm__planner_offload plans a base: no whole-graph ILP start, phases or missed track */
     int plain_only;          /* checkmate's recompute-only floor is sought: no copy model */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
@@ -1069,15 +1069,6 @@ RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 /* The object a broken rule concerns, by name ("" if none) */
 RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
-/* offload.c */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
-                                         const uint8_t *prefer, rkm__steps *out, uint64_t *work);
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
-
 /* layout.c */
 RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
 RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
@@ -1159,16 +1150,6 @@ RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__s
 RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft);
 
-/* planner.c */
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
-/* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
-
 /* progress.c */
 RKM_PRIVATE int rkm__over(rkm_planner *pl);
 RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
@@ -1207,10 +1188,17 @@ RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes
 RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
-/* nest.c */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
+/* offload.c */
+RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
+                                         const uint8_t *prefer, rkm__steps *out, uint64_t *work);
+RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                            rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+                                        rkm_plan **q, rkm_plan **x);
+RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 
 /* search.c */
 RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
@@ -1219,5 +1207,27 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
 RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
 RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+
+/* nest.c */
+RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
+RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
+/* A planner for g below `parent`: rkm__planner_make (planner.c), handed
+ * down to nesting, the planner's recursion (a block planned as a graph of
+ * its own), so that nest.c calls nothing above it. */
+typedef rkm_result (*rkm__planner_maker)(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent,
+                                         rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+                                         uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
+
+/* planner.c */
+RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
+RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+/* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
+RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 #endif /* RKM_INTERNAL_H */

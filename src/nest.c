@@ -1,7 +1,8 @@
 /* nest.c -- a big block as a graph of its own: nesting, and drop options
  *
- * Uses (through internal.h): base.c, graph.c, plan.c, baseline.c, search.c
- * (rkm__canonical_draft), planner.c. */
+ * Uses (through internal.h): base.c, graph.c, plan.c, baseline.c, progress.c, produce.c, search.c
+ * (rkm__canonical_draft); the nested planner comes from planner.c through a
+ * function pointer (rkm__planner_maker). */
 #include "internal.h"
 
 /* ---- nesting: a big block planned as a graph of its own ------------------
@@ -297,13 +298,14 @@ RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm
     return r;
 }
 
-/* Block b's options from a nested planner (whose block ILP budget is
- * `allow`), over peak budgets from the nested floor (or the block's, if
- * higher) to peak_hi; *nested: some were offered. Nothing happens for
- * blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH levels, past the
- * deadline, or where b does not cut. */
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo,
-                                    uint64_t peak_hi, double allow, int *nested)
+/* Block b's options from a nested planner made by `make` (planner.c's
+ * rkm__planner_make, handed down: the planner's recursion), whose block
+ * ILP budget is `allow`, over peak budgets from the nested floor (or the
+ * block's, if higher) to peak_hi; *nested: some were offered. Nothing
+ * happens for blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH
+ * levels, past the deadline, or where b does not cut. */
+RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+                                         uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested)
 {
     const rkm_graph *g = pl->g;
     *nested = 0;
@@ -318,7 +320,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         d.ilp_budget = allow > 0 ? allow : 1e-9;
         uint64_t floor = 0, dtr = 0;
         int64_t slots;
-        r = rkm__planner_make(h, &d, pl, &sub);
+        r = make(h, &d, pl, &sub);
         if (!r) r = rkm__chain_floor(sub, &floor, &slots);
         if (!r) r = rkm__dtr_min_budget(sub, &dtr);
         if (floor == 0 || dtr < floor) floor = dtr;
@@ -340,7 +342,7 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__sim *s, const rkm
         }
         if (sub) rkm__nest_count(pl, sub, *nested);
     }
-    rkm_planner_destroy(sub);
+    rkm__planner_free(sub);
     rkm_graph_destroy(h);
     rkm__free(pl->ctx, map, (g->n_tensors + 1) * sizeof *map);
     return r;

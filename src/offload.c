@@ -1,6 +1,6 @@
 /* offload.c -- offloading: a recompute-only plan's idle tensors sent to host memory
  *
- * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c.
+ * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, ilp.c, progress.c, produce.c.
  *
  * Below, "tensor" stands for a copy slot: a tensor or an op's saved state.
  * A plan keeps every tensor it does not recompute on the device from its
@@ -567,7 +567,7 @@ RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint
  * fit waits less where both fit (test_offload planner_meets_brute_force);
  * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
  * with 25 GB/s fits only so). */
-static rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                       rkm_plan **out)
 {
     rkm_plan *e = NULL;
@@ -581,109 +581,10 @@ static rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint6
     return r;
 }
 
-/* Base k of rkm__offload_min_budget (NULL: no plan there), into
- * pl->off_bases[k]. */
-static rkm_result rkm__off_min_base(rkm_planner *pl, int k)
-{
-    const int n = RKM_OFFLOAD_MIN_BASES;
-    double floor = (double)pl->min_budget;
-    if (k == 0) return rkm__plan_copy(pl->min_plan, &pl->off_bases[0]);
-    if (k == n - 1) return rkm__plan_baseline(pl->user, &pl->off_bases[k]);
-    return rkm__planner_fit(pl, (uint64_t)(floor * pow((double)pl->base_peak / floor, (double)k / (n - 1))),
-                            &pl->off_bases[k], NULL);
-}
-
-/* `budget` met by offloading one of the bases of rkm__offload_min_budget,
- * the first that fits, copies the compute stream waits for allowed. A base
- * is made when a probe first needs it (where the floor's own plan meets
- * every probe, no other is). */
-static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan **out)
-{
-    rkm_result r = RKM_OK;
-    *out = NULL;
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++) {
-        if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
-        if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, NULL, out);
-    }
-    return r;
-}
-
-/* Rockmate below its recompute-only floor `min`: the least budget a
- * bisection from the graph's lower bound meets by offloading a base: the
- * floor's own plan (what its peak steps hold besides their own needs can
- * wait in host memory, as in rkm__planner_offload), rockmate's plans for
- * budgets spaced geometrically from the floor to the baseline peak (fewer
- * recomputations, more to offload), the baseline. The bases do not depend
- * on the budget, so the probes only offload. *p: the plan met (NULL:
- * none). */
-static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
-{
-    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL};
-    uint64_t hi = min, at = min;
-    rkm_result r = RKM_OK;
-    if (pl->min_plan && min > pl->lower_bound) {
-        pl->off_bases = b;
-        pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
-        if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
-        pl->off_bases = NULL;
-    }
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
-    return r;
-}
-
-/* Checkmate below its recompute-only floor `min`: the least budget a
- * bisection from the graph's lower bound meets with the ILP with copies
- * too, the plan met there laid out into *p (NULL: none, or its arena not
- * below the floor). */
-static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
-{
-    uint64_t hi = min, at = min;
-    rkm_result r = RKM_OK;
-    if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
-    if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
-    if (*p && (*p)->stats.arena_bytes >= min) {
-        rkm_plan_destroy(*p);
-        *p = NULL;
-    }
-    return r;
-}
-
-/* The smallest budget of an algorithm that offloads (rkm__offloads) on a
- * graph with a copy link (*out): the recompute-only floor
- * (rkm__min_budget_get), or below it the least budget its own search
- * meets (rkm__offload_below, rkm__checkmate_below). The result is that
- * plan's arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands
- * out a copy where its own search finds nothing); kept with the floor (a
- * cut bisection makes both be sought again). */
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
-{
-    uint64_t min;
-    rkm_result r = rkm__min_budget_get(pl, &min);
-    if (r || pl->off_min) {
-        *out = r ? 0 : pl->off_min;
-        return r;
-    }
-    rkm_plan *p = NULL;
-    int stopped = 0;
-    r = pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_below(pl, min, &p, &stopped)
-                                        : rkm__checkmate_below(pl, min, &p, &stopped);
-    if (r) {
-        rkm_plan_destroy(p);
-        return r;
-    }
-    pl->off_min = p ? p->stats.arena_bytes : min;
-    pl->off_min_plan = p;
-    pl->min_cut |= stopped;
-    *out = pl->off_min;
-    return RKM_OK;
-}
-
 /* Base b's plan with hidden copies into *q; where there is none, with
  * exposed ones into *x, the faster kept (copies the compute stream waits
  * for beat the recomputations they replace when these are long). */
-static rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                    rkm_plan **q, rkm_plan **x)
 {
     rkm_plan *e = NULL;
@@ -698,6 +599,8 @@ RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
 {
     return (pl->d.algo == RKM_ALGO_ROCKMATE || pl->d.algo == RKM_ALGO_CHECKMATE) && pl->g->copy.d2h_bytes_per_second > 0;
 }
+
+/* ---- checkmate with copies ---------------------------------------------- */
 
 /* The whole-graph ILP with copies (ilp.c): the recomputations chosen
  * together with which slots wait in host memory and how they come back
@@ -749,112 +652,44 @@ RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doubl
     return r;
 }
 
-/* Rockmate on a graph with a copy link, into *p (NULL if no plan fits;
- * nothing on an error): the faster of its recompute-only plan and a plan
- * that offloads. The bases to offload from are plans with fewer
- * recomputations than the budget's: first the baseline (where its hidden
- * copies fit, nothing is faster, and no recompute-only solve runs), then
- * rockmate's plan for the budget plus a share of what the slower copy stream
- * moves in the baseline's forward time (about what can leave the device
- * unseen while the forward runs), at most the geometric mean of the budget
- * and the baseline peak (a fast link would otherwise leave only the
- * baseline); where the copies do not bring that plan within the budget (too
- * many, each with its latency), a plan for a quarter as much more memory,
- * and where there is no plan (below the recompute-only floor), one for half
- * way to the baseline peak: RKM_OFFLOAD_BASES plans at most, until one fits
- * with hidden copies (a base where only exposed ones fit is a candidate, not
- * the end). A base is planned without the whole-graph ILP start, the phases
- * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
- * graphs doubled a base's time for the same overheads (bench_offload: one
- * row of 39 moved, by 0.01 point), and the bases' searches together do at
- * most the work the recompute-only solve's did (a whole solve's where it
- * found no plan), so a solve with a link plans in about twice the time
- * without (each base used to get a whole solve's: gpt2-124M-b4-t64 at its
- * floor with 25 GB/s, three bases of 21 M replayed steps each after a solve
- * of 20 M). Where none of those gives a plan either, below the floor, the
- * plan that meets the floor (the smallest budget's, found once per planner):
- * what its peak steps hold besides their own needs (a chain's checkpoint)
- * can wait in host memory. Last, two planners that choose copies as they
- * go, which can beat offloading a plan made without them: DTR's plans with
- * copies, each run stopped where its clock passes the fastest so far
- * (gpt2-124M-b4-t64 at 50 % with 450 GB/s: 12.65 % overhead against the
- * pass's 16.64 %), and the chain DP with block inputs in host memory
- * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). Then
- * the offload moves (search.c) on the fastest of all, within
- * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
- * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
- * 12.65 % -> 2.70 %). */
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+/* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
+ * for checkmate on a graph with a copy link, the faster of that and the
+ * ILP with copies (rkm__ilp_offloads), with as much work each. */
+RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
+    *out = NULL;
+    /* without lp_solve only rockmate's candidates get here (checkmate is
+     * refused): none from the whole-graph ILP */
+    if (!RKM__HAVE_ILP) return RKM_OK;
     const rkm_graph *g = pl->g;
-    rkm_plan *base = NULL, *q = NULL, *x = NULL;
-    *p = NULL;
-    rkm_result r = rkm__plan_baseline(pl->user, &base);
-    if (!r) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
-    rkm_plan_destroy(base);
-    base = NULL;
-    uint64_t done = pl->work_done;
-    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
-    /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
-     * did, or a solve's where it found no plan (only a base can give one);
-     * the offload moves, RKM_OFFLOAD_MOVES_WORK of it */
-    double solve = *p ? (double)(pl->work_done - done) : (double)RKM_SOLVE_WORK;
-    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
-    *p = rkm__faster(*p, q);
-    q = NULL;
-    if (!r && *p && (*p)->stats.time <= pl->base_time) {
-        rkm_plan_destroy(x);
-        return RKM_OK; /* nothing is faster */
+    rkm__ilp_block *ib;
+    rkm_result r = rkm__ilp_block_create(g, g->block_ops, (int32_t)g->n_ops, -1, g->loss, 1, &ib);
+    if (r) return r;
+    rkm_step *steps = NULL;
+    size_t nf = 0, nb = 0;
+    int found = 0;
+    rkm__ilp_block_deadline(ib, pl->deadline);
+    rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    pl->prog.ilp = 0;
+    (void)rkm__over(pl); /* it may have stopped at the deadline */
+    if (!r && found) {
+        rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
+        steps = NULL;
+        r = rkm__planned_birth(pl, &d, out);
     }
-    double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
-    for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
-    double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
-        pl->fitting_base = 1;
-        r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
-        pl->fitting_base = 0;
-        if (!r && base) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
-        /* no plan there (below the recompute-only floor): more memory;
-         * copies that do not fit: less */
-        up = base ? (double)budget + (up - (double)budget) / 4 : (up + (double)pl->base_peak) / 2;
-        rkm_plan_destroy(base);
-        base = NULL;
-    }
-    uint64_t min;
-    if (!r && !*p && !q && !(r = rkm__min_budget_get(pl, &min)) && pl->min_plan && budget < min)
-        r = rkm__offload_exposed(pl, pl->min_plan, budget, NULL, &q); /* below the floor: offload what its peak holds */
-    *p = rkm__faster(*p, rkm__faster(q, x));
-    rkm_plan *d = NULL, *c = NULL;
-    if (!r) r = rkm__dtr_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &d);
-    *p = rkm__faster(*p, d);
-    if (!r) r = rkm__chain_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &c);
-    *p = rkm__faster(*p, c);
-    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM_OFFLOAD_MOVES_WORK), p);
-    if (r) { /* nothing half-built: the plan taken goes too */
-        rkm_plan_destroy(*p);
-        *p = NULL;
+    /* The gap to the LP bound: over the ILP's schedule family only. */
+    if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
+    rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+    rkm__ilp_block_destroy(ib);
+    if (!r && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl) && !pl->plain_only) { /* and with copies */
+        rkm_plan *c = NULL;
+        r = rkm__ilp_offloads(pl, budget, *out ? (*out)->stats.time : INFINITY, time_limit, &c);
+        *out = rkm__faster(*out, c);
+        if (r) { /* nothing half-built */
+            rkm_plan_destroy(*out);
+            *out = NULL;
+        }
     }
     return r;
-}
-
-/* ---- checkmate with copies ---------------------------------------------- */
-
-/* Checkmate's plan with copies (*p) against the plan it hands out where
- * it finds none at the budget: its recompute-only floor's, kept where it
- * fits and is faster. The ILP counts memory conservatively (a forward's scratch on
- * every run), so its recompute-only solve can find nothing at a budget
- * that a plan made for more memory fits (inplace-split at 93 %: 13.02 %
- * overhead from the smallest budget's plan, 26.01 % with copies at
- * 100 MB/s). */
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
-{
-    uint64_t min;
-    rkm_result r = rkm__min_budget_get(pl, &min);
-    const rkm_plan *m = pl->min_plan;
-    if (r || !m || m->stats.arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
-    rkm_plan *q;
-    if ((r = rkm__plan_copy(m, &q))) return r;
-    rkm_plan_destroy(*p);
-    *p = q;
-    return RKM_OK;
 }

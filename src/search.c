@@ -1,6 +1,6 @@
 /* search.c -- the local search: polish, squeeze, kick, the rockmate portfolio and phases
  *
- * Uses (through internal.h): base.c, plan.c, sim.c, baseline.c, planner.c. */
+ * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, baseline.c, progress.c, produce.c, offload.c. */
 #include "internal.h"
 
 /* ---- the solve's work -----------------------------------------------------
@@ -26,7 +26,7 @@ static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
 }
 
 /* Also counted in pl->work_done (the offloading bases' shared work ends at
- * pl->base_end of it: offload.c). */
+ * pl->base_end of it: rkm__planner_offload). */
 static void rkm__spend(rkm_planner *pl, uint64_t work)
 {
     pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
