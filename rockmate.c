@@ -28,7 +28,7 @@
  *
  * See rockmate.h for the public API and docs/formats.md for the contract.
  * Build: cc -c rockmate.c (with lp_solve) or cc -DRKM_OMIT_SOLVER -c rockmate.c. */
-#define RKM_AMALGAMATION 1
+#define RKM__AMALGAMATION 1
 
 /* ==== src/internal.h ==== */
 
@@ -38,10 +38,10 @@
  *
  * Every source file in src/ includes this header first and nothing else of ours. The
  * amalgamation (make amalgamation -> rockmate.c) is this header followed by
- * the files in pipeline order; there RKM_PRIVATE is `static`, so the
+ * the files in pipeline order; there RKM__PRIVATE is `static`, so the
  * library exports only the rkm_ API. */
-#ifndef RKM_INTERNAL_H
-#define RKM_INTERNAL_H
+#ifndef RKM__INTERNAL_H
+#define RKM__INTERNAL_H
 
 #if !defined(_POSIX_C_SOURCE) && !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
@@ -60,10 +60,10 @@
 #include <emmintrin.h> /* the chain DP's min loops */
 #endif
 
-#ifdef RKM_AMALGAMATION
-#define RKM_PRIVATE static
+#ifdef RKM__AMALGAMATION
+#define RKM__PRIVATE static
 #else
-#define RKM_PRIVATE
+#define RKM__PRIVATE
 #endif
 
 struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
@@ -78,14 +78,14 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ---- rkm_solve_desc's defaults (rockmate.h documents each) ---- */
 
-#define RKM_DEFAULT_SLOTS 1000
-#define RKM_DEFAULT_TIME_LIMIT 60.0
-#define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
-#define RKM_DEFAULT_PEAK_POINTS 5
-#define RKM_DEFAULT_KEPT_POINTS 10
-#define RKM_DEFAULT_NEST_OPS 24
-#define RKM_DEFAULT_ILP_BUDGET 2.0
-#define RKM_MAX_ALIGNMENT ((uint64_t)1 << 30)
+#define RKM__DEFAULT_SLOTS 1000
+#define RKM__DEFAULT_TIME_LIMIT 60.0
+#define RKM__DEFAULT_ILP_TIME_LIMIT 0.03
+#define RKM__DEFAULT_PEAK_POINTS 5
+#define RKM__DEFAULT_KEPT_POINTS 10
+#define RKM__DEFAULT_NEST_OPS 24
+#define RKM__DEFAULT_ILP_BUDGET 2.0
+#define RKM__MAX_ALIGNMENT ((uint64_t)1 << 30)
 
 /* ---- structure (structure.c) ---- */
 
@@ -93,13 +93,13 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * class shares its ILP schedules only: every block's option figures come
  * from replaying the schedule on that block, so the tolerance trades option
  * quality for fewer solves, never correctness. */
-#define RKM_CLASS_TIME_TOLERANCE 0.20
+#define RKM__CLASS_TIME_TOLERANCE 0.20
 /* Blocks of fewer ops are merged into runs of at most this many (see
  * rkm__structure_detect): runs of 4 take rockmate's smallest budget on
  * gpt2-124M from 65 % to 49 % and its overhead on gpt2-tiny at 41 % from
  * 31 % to 20 %; longer runs gain little more for rockmate and cost rotor
  * more of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
-#define RKM_MERGE_RUN 4
+#define RKM__MERGE_RUN 4
 
 /* ---- block options: the block ILP (ilp.c) and who gets it (planner.c) ---- */
 
@@ -118,20 +118,20 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
  * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
  * or worse. */
-#define RKM_ILP_FLAT_OPS 24
+#define RKM__ILP_FLAT_OPS 24
 /* Blocks of more ops than this get no block ILP at all (their options are
  * the two extremes, and the nested planner's where they nest): every solve
  * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
  * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
  * chain DP's plan with those options stayed at 650 % overhead. DTR, the
- * squeeze and (up to RKM_WHOLE_GRAPH_OPS) the whole-graph ILP plan such
+ * squeeze and (up to RKM__WHOLE_GRAPH_OPS) the whole-graph ILP plan such
  * graphs: without these solves the 100-op DAG plans in 0.06..0.18 s, no
  * slower at 90..45 % (15.63 -> 14.92 % at 45 %), dag60 in half the time,
  * 0.1 % slower once (16.51 -> 16.62 % at 50 %). */
-#define RKM_ILP_MAX_OPS 48
+#define RKM__ILP_MAX_OPS 48
 /* A class whose block's first ILP solve to find a schedule reaches its
  * work limit (random DAG blocks of 20 to 40 ops: 29 of 30 solves do) gets
- * RKM_ILP_HARD_KEPT of the kept budgets, each solve RKM_ILP_HARD_EFFORT
+ * RKM__ILP_HARD_KEPT of the kept budgets, each solve RKM__ILP_HARD_EFFORT
  * times the work (about the grid's work again): on 6 copies of a 30-op DAG
  * (seed 17) at 70/50/30 %, 6.29/13.80/21.36 % -> 5.58/10.49/19.94 %, where
  * the whole-graph ILP finds 5.82/12.12/20.42 % in 14 s; the fine grid's
@@ -139,23 +139,23 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * whole-graph ILP's at the same kept memory. Measured against 3 x 6 at 3.2
  * times, 3 x 10 at 2, 4 x 8 at 2 and 3 x 6 at 6 on four such chains: the
  * only one as good or better at 18 of 20 points, within 0.06 at the others. */
-#define RKM_ILP_HARD_KEPT 0.6
-#define RKM_ILP_HARD_EFFORT 2.0
+#define RKM__ILP_HARD_KEPT 0.6
+#define RKM__ILP_HARD_EFFORT 2.0
 /* A class whose share of the ILP pool is below this many of one solve's
  * ilp_time_limit gets no ILP options: the share buys no solve but costs the
  * model's build (a chain of 5000 distinct blocks: 17 s of it). */
-#define RKM_ILP_MIN_SHARE 0.1
+#define RKM__ILP_MIN_SHARE 0.1
 
 /* ---- nesting (nest.c) ---- */
 
-#define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
-#define RKM_NEST_DEPTH 16 /* levels at most */
-#define RKM_NEST_POINTS 8 /* peak budgets of the grid */
+#define RKM__NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
+#define RKM__NEST_DEPTH 16 /* levels at most */
+#define RKM__NEST_POINTS 8 /* peak budgets of the grid */
 /* Drop options (nest.c) a class gets: the prefixes that free 1/12, 2/12,
  * ... of the droppable bytes. On dag4x50, dag6x30-s17, dag5x40-s11 and
  * dag3x50-s21 at 90..30 %, 6, 12 and 24 gave overheads within 1 % of one
  * another in sum (195.5, 197.1, 195.8 points), each ahead at some budgets. */
-#define RKM_DROP_POINTS 12
+#define RKM__DROP_POINTS 12
 
 /* ---- the chain DP (chain.c, planner.c) ---- */
 
@@ -163,7 +163,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * (rkm__dp_bytes): the planner checks it before anything is allocated, so
  * that a long chain is refused at once, with the figure, instead of taking
  * the process down. A size limit, not a tuning. */
-#define RKM_DP_MAX_BYTES (1024.0 * 1024 * 1024)
+#define RKM__DP_MAX_BYTES (1024.0 * 1024 * 1024)
 /* Slot budgets the chain DP tries above a given one. Sizes round up to
  * slots one by one, so a plan for m slots may peak well below m slots'
  * bytes, and one for more slots may still fit them: the floor scans this
@@ -185,11 +185,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* rockmate's DTR candidates: on graphs of at most this many ops x tensors
  * (about 6000 ops; gpt2-xl has 485): a DTR run is O(steps x live buffers),
  * and a chain of 20000 ops takes 9 s a run. */
-#define RKM_DTR_MAX_WORK 4e7
+#define RKM__DTR_MAX_WORK 4e7
 /* A DTR run stops (no plan) after this many steps per op and tensor: a
  * thrashing eviction order would otherwise run on. */
-#define RKM_DTR_STEPS_PER_OBJECT 16
-#define RKM_DTR_STEPS_MIN 64
+#define RKM__DTR_STEPS_PER_OBJECT 16
+#define RKM__DTR_STEPS_MIN 64
 /* DTR with copies (on a graph with a copy link) prices an
  * eviction to host memory at its prefetch's whole copy time (a prefetch on
  * demand), and in other runs at this share of it (the prefetch moved ahead
@@ -199,57 +199,57 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * chain DP's twins (block inputs in host memory) price their prefetch so
  * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s at
  * 40 and 10 %, at a quarter and at 1/20 plans of the same time there. */
-#define RKM_PREFETCH_PRICE 0.25
+#define RKM__PREFETCH_PRICE 0.25
 
 /* ---- the search (search.c): one work budget a solve ---- */
 
 /* The search's work per solve, in replayed steps: on the bundled graphs a
  * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
  * kicks 10 M), so this bounds a pathological solve without changing any. */
-#define RKM_SOLVE_WORK 64000000u
+#define RKM__SOLVE_WORK 64000000u
 /* States of a reference plan's replay the search keeps (rkm__replay): a
  * candidate that differs from it from some step on replays from the last
  * one before. Speed only: the figures are the whole replay's. */
 #define RKM__CHECKPOINTS 16
 /* The squeeze's share of a solve, and the longest chain of forwards one of
  * its moves inserts. */
-#define RKM_SQUEEZE_WORK 20000000u
-#define RKM_SQUEEZE_CHAIN 32
-/* Lookahead: the RKM_SQUEEZE_LOOK moves of a round with the best scores are
+#define RKM__SQUEEZE_WORK 20000000u
+#define RKM__SQUEEZE_CHAIN 32
+/* Lookahead: the RKM__SQUEEZE_LOOK moves of a round with the best scores are
  * each applied and pruned (recomputing forwards dropped while the excess
  * does not grow) and scored again, and the applied move is pruned too: a
  * move often makes other recomputations redundant, which its own score does
  * not see (gpt2-tiny at 27.98 %: recomputing h1.res3 from h1.res2 serves
  * gelu's backward too; 71.7 % overhead without the lookahead, 67.9 % with
  * it). It costs about that many prunes a round, so a solve's squeezes look
- * ahead for their first RKM_SQUEEZE_LOOK_WORK of work only (replayed steps:
+ * ahead for their first RKM__SQUEEZE_LOOK_WORK of work only (replayed steps:
  * gpt2-tiny's need 2 M in all; peer-gpt's would take 19 M, 0.25 s more), and
  * the kicks' squeezes not at all. */
-#define RKM_SQUEEZE_LOOK 4
-#define RKM_SQUEEZE_LOOK_WORK 4000000u
+#define RKM__SQUEEZE_LOOK 4
+#define RKM__SQUEEZE_LOOK_WORK 4000000u
 /* The squeeze's starts: the chain DP's plans for the budget's multiples
- * 1 + RKM_SQUEEZE_STEP * 2^i, i < RKM_SQUEEZE_STARTS (5 % to 160 % more
- * memory), then DTR's for the first RKM_SQUEEZE_DTR_STARTS of them: on the
+ * 1 + RKM__SQUEEZE_STEP * 2^i, i < RKM__SQUEEZE_STARTS (5 % to 160 % more
+ * memory), then DTR's for the first RKM__SQUEEZE_DTR_STARTS of them: on the
  * bundled graphs the start that squeezes best lies anywhere from 7 % to 86 %
  * above the budget, so one start is not enough. */
-#define RKM_SQUEEZE_STARTS 6
-#define RKM_SQUEEZE_STEP 0.05
-#define RKM_SQUEEZE_DTR_STARTS 3
-/* At most RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish):
+#define RKM__SQUEEZE_STARTS 6
+#define RKM__SQUEEZE_STEP 0.05
+#define RKM__SQUEEZE_DTR_STARTS 3
+/* At most RKM__KICK_TRIALS kicks a solve (each a squeeze and a polish):
  * measured on the bundled graphs, 64 reach what 200 do but on peer-gpt
  * (27.05 % against 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
-#define RKM_KICK_TRIALS 64
+#define RKM__KICK_TRIALS 64
 /* The kicks' squeeze work on graphs too big for the whole-graph ILP, where
  * a kick's squeeze costs more and the squeeze's whole work took 0.3..0.5 s
  * on chains of 50-op random-DAG blocks (205 ops): half of it finds most of
  * what the whole does (40 %: 10.99 % against 10.92 %, 11.40 % unkicked) in
- * 0.1..0.2 s. Graphs of more than RKM_KICK_MAX_OPS get no kicks: on gpt2-xl
+ * 0.1..0.2 s. Graphs of more than RKM__KICK_MAX_OPS get no kicks: on gpt2-xl
  * (485 ops) they found nothing at 90..25 % and cost 0.1..0.2 s a solve. */
 /* A smooth rule in place of these two steps (the squeeze's work times
  * 64 / ops above 64 ops, kicks on every graph) lost 0.12 and 0.10 points on
  * dag4x50 at 40 and 25 % (14.05 -> 14.17 %, 22.82 -> 22.92 %), 2026-12-02. */
-#define RKM_KICK_WORK_LARGE (RKM_SQUEEZE_WORK / 2)
-#define RKM_KICK_MAX_OPS 256
+#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2)
+#define RKM__KICK_MAX_OPS 256
 /* The search's phases after the portfolio (search.c), {fraction of the
  * budget, kicks at most}: kicks at the budget itself, then rungs that
  * squeeze and kick at 96 % and 90 % of it (on graphs small enough for the
@@ -259,53 +259,53 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * 32 kicks keep that at 37..42 % (16 lose it at 39, 41 and 42 %) and take
  * peer-gpt's planning at 25 % from 1.00..1.03 s to 0.90..0.95 s here,
  * against 64. */
-#define RKM_RUNG_KICK_TRIALS 32
-#define RKM_SEARCH_PHASES {{1.0, RKM_KICK_TRIALS}, {0.96, RKM_RUNG_KICK_TRIALS}, {0.90, RKM_RUNG_KICK_TRIALS}}
+#define RKM__RUNG_KICK_TRIALS 32
+#define RKM__SEARCH_PHASES {{1.0, RKM__KICK_TRIALS}, {0.96, RKM__RUNG_KICK_TRIALS}, {0.90, RKM__RUNG_KICK_TRIALS}}
 /* Kicks of the track of DTR's plan whose layout missed the budget
  * (search.c, rkm__missed_track): 64 took gpt2-124M's solve at 80 and 50 %
  * from 0.40..0.44 s (none) to 0.55..0.61 s and found nothing there; 32 keep
  * dag4x50's figures at 70..25 % in 0.51..0.54 s; 16 lose 0.01 at 40 %. */
-#define RKM_MISSED_KICK_TRIALS 32
+#define RKM__MISSED_KICK_TRIALS 32
 /* Graphs this small also get the whole-graph ILP inside rockmate, for this
  * long a solve (its deterministic work limit): measured on the bundled
  * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
  * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
-#define RKM_WHOLE_GRAPH_OPS 64
-#define RKM_WHOLE_GRAPH_SECONDS 0.5
+#define RKM__WHOLE_GRAPH_OPS 64
+#define RKM__WHOLE_GRAPH_SECONDS 0.5
 /* checkmate's share of time_limit for one solve (the rest is left to its
  * smallest-budget bisection). */
-#define RKM_CHECKMATE_SHARE 0.5
+#define RKM__CHECKMATE_SHARE 0.5
 
 /* ---- the smallest budget (planner.c) ---- */
 
 /* Probes of the bisections (rkm__bisect): checkmate's (sharing
- * RKM_CHECKMATE_SHARE of the time limit), DTR's (cheap: down to a byte on
+ * RKM__CHECKMATE_SHARE of the time limit), DTR's (cheap: down to a byte on
  * the bundled graphs) and, on graphs small enough for the whole-graph ILP,
  * rockmate's below the chain DP's floor, whose ILP gets a fifth of a
  * solve's (the solve's own search extends it). */
-#define RKM_BISECT_CHECKMATE 12
-#define RKM_BISECT_DTR 40
-#define RKM_BISECT_SMALL 8
-#define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
+#define RKM__BISECT_CHECKMATE 12
+#define RKM__BISECT_DTR 40
+#define RKM__BISECT_SMALL 8
+#define RKM__BISECT_SMALL_SECONDS (RKM__WHOLE_GRAPH_SECONDS / 5)
 /* With a copy link, rockmate's below its recompute-only floor, from the
  * graph's lower bound (planner.c, rkm__offload_min_budget): each probe
  * offloads its bases, an offloading pass and a layout each, until one
  * fits. */
-#define RKM_BISECT_OFFLOAD 16
+#define RKM__BISECT_OFFLOAD 16
 /* Its bases: the floor's plan, rockmate's plans for budgets spaced
  * geometrically from the floor to the baseline peak, the baseline (this
  * many in all). */
-#define RKM_OFFLOAD_MIN_BASES 5
+#define RKM__OFFLOAD_MIN_BASES 5
 /* From the least peak up to a plan that fits its arena: steps of 1/this of
- * the way to the baseline peak, doubling, RKM_MIN_BUDGET_UP tries before
+ * the way to the baseline peak, doubling, RKM__MIN_BUDGET_UP tries before
  * the baseline itself; then down, while one byte under the plan's arena
- * still plans, RKM_MIN_BUDGET_DOWN plans at most. These fits are whole
+ * still plans, RKM__MIN_BUDGET_DOWN plans at most. These fits are whole
  * solves: without the search's phases (kicks, rungs) `info` took 10..67 %
  * less time, but the smallest budget rose on random30 (1481728 -> 1519616),
  * dag60 (3827712 -> 3943424) and dag100 (4371456 -> 4513792), 2026-12-02. */
-#define RKM_MIN_BUDGET_STEPS 256
-#define RKM_MIN_BUDGET_UP (2 * RKM_LAYOUT_TRIES)
-#define RKM_MIN_BUDGET_DOWN (4 * RKM_LAYOUT_TRIES)
+#define RKM__MIN_BUDGET_STEPS 256
+#define RKM__MIN_BUDGET_UP (2 * RKM__LAYOUT_TRIES)
+#define RKM__MIN_BUDGET_DOWN (4 * RKM__LAYOUT_TRIES)
 
 /* ---- the arena (layout.c, planner.c) ---- */
 
@@ -314,7 +314,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * misses the aligned peak on about one plan in ten; on bench_dagblocks'
  * chains of 600+ buffers, 13 of 63 before rkm__arena_fit; the next mostly
  * fits). */
-#define RKM_LAYOUT_TRIES 4
+#define RKM__LAYOUT_TRIES 4
 /* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
  * its plan squeezed below the budget this many times, the first by the
  * arena's excess, the next bisecting. On the 13 of bench_dagblocks' 63
@@ -323,18 +323,18 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * 6.19, 9.46 -> 9.38 %), 4 at 2 more (dag3x50-s21 at 30 %: 21.31 ->
  * 20.23 %) but took dag4x50's and dag6x30-s17's solves at 30 % from
  * about 1.0 to 1.3 s. */
-#define RKM_ARENA_FIT_TRIES 2
+#define RKM__ARENA_FIT_TRIES 2
 /* Work of the stages after the skyline, per layout: 10 M units is at most
  * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
  * rockmate (every bundled graph at 90..30 % and its smallest budget; the
  * skyline alone: 48 at the bound), 2 M units brought 67 to the bound, 10 M
  * 78, 20 M 79. */
-#define RKM_LAYOUT_WORK 10000000u
-#define RKM_LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
+#define RKM__LAYOUT_WORK 10000000u
+#define RKM__LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
 /* First fit's own work: it is what makes a DTR plan fit (DTR spent as much
  * placing its buffers), so it runs apart from the stages' shared work; 200
  * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
-#define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
+#define RKM__LAYOUT_FIRSTFIT_WORK 200000000u
 
 /* ---- offloading (offload.c) ---- */
 
@@ -344,19 +344,19 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * GB in its 0.15 s forward), bases at +1.5 and +3 GB brought 10.46 %
  * overhead to 9.60 and 7.35 %; from +4.5 GB on the copies no longer fit
  * (the forward's last offloads end too late). */
-#define RKM_OFFLOAD_HIDE 0.5
+#define RKM__OFFLOAD_HIDE 0.5
 /* Plans for ever less memory tried as bases, the first whose copies fit
  * ending the search. gpt2-124M-b4-t64 at 50 % with 450 GB/s and 10 us a
  * copy: the first base (70.7 %) needs copies whose latencies do not hide
  * (25.01 % overhead, recompute-only's), the second (55.2 %) does. */
-#define RKM_OFFLOAD_BASES 3
+#define RKM__OFFLOAD_BASES 3
 /* The bases' searches together get this share of the work the
  * recompute-only solve's search did (a whole solve's where it found no
  * plan): a base's search costs a little more time per unit of work than the
  * solve's (its chain DP and DTR starts are not metered), so at 1 planning
  * with a link took up to 2.1 times the time without (gpt2-124M-b4-t64 at
  * 50 % with 450 GB/s, two bases). */
-#define RKM_OFFLOAD_BASE_WORK 0.75
+#define RKM__OFFLOAD_BASE_WORK 0.75
 /* The offload moves (search.c, rkm__offload_moves) get this share of the
  * work the recompute-only solve's search did (a whole solve's where it
  * found no plan). A move is judged by the offload pass, several times the
@@ -366,25 +366,25 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * the moves 17.36 and 4.29 % (0.84, 0.63 s); 1/64: 14.96 and 4.11 %
  * (0.89, 0.66 s); 1/32: 14.77 and 4.11 % (0.89, 0.69 s); the whole
  * search: 14.77 and 4.06 % (1.67, 1.74 s). */
-#define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
+#define RKM__OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 
-/* A report at most every RKM_PROGRESS_SECONDS of wall clock: a terminal
+/* A report at most every RKM__PROGRESS_SECONDS of wall clock: a terminal
  * bar wants ~10 a second (the deadline's checks come ~10^5 a second on
  * peer-gpt, so a count of them would be a poor clock). */
-#define RKM_PROGRESS_SECONDS 0.1
+#define RKM__PROGRESS_SECONDS 0.1
 /* The share of a call its first part takes in the reports' fraction:
  * creation's block classes (the chain DP after them), min_budget's floors
  * (the fit up and down after them). Rough: time_limit's share spent is
  * the other measure. */
-#define RKM_PROGRESS_CLASSES 0.95
-#define RKM_PROGRESS_FLOORS 0.6
+#define RKM__PROGRESS_CLASSES 0.95
+#define RKM__PROGRESS_FLOORS 0.6
 
 /* ---- base.c ---- */
 
-#define RKM_ERRMSG_SIZE 512
-#define RKM_NAME_MAX 255
+#define RKM__ERRMSG_SIZE 512
+#define RKM__NAME_MAX 255
 
 struct rkm_context {
     rkm_alloc_fn alloc;
@@ -392,7 +392,7 @@ struct rkm_context {
     rkm_log_fn log;
     void *log_user;
     int log_level;
-    char errmsg[RKM_ERRMSG_SIZE];
+    char errmsg[RKM__ERRMSG_SIZE];
     /* Lifetime (rockmate.h, CONVENTIONS): the graphs and arenas made with
      * it that are alive (they keep it alive; what is made from them keeps
      * them alive); destroyed: rkm_context_destroy came while some were, so
@@ -473,7 +473,7 @@ struct rkm_graph {
 
 /* ---- rkg.c ---- */
 
-#define RKM_MAX_TOKENS 16
+#define RKM__MAX_TOKENS 16
 
 /* A statement reader shared by the .rkg and .rkp parsers: one statement a
  * line, tokens split by spaces or tabs, '#' to the end of the line ignored. */
@@ -484,7 +484,7 @@ typedef struct rkm__reader {
     int32_t line;
     char *buf;
     size_t cap;
-    char *tok[RKM_MAX_TOKENS];
+    char *tok[RKM__MAX_TOKENS];
     int ntok;
 } rkm__reader;
 
@@ -970,7 +970,7 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM__OFFLOAD_MIN_BASES] */
     int off_made;            /* how many of them are made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
@@ -997,11 +997,11 @@ struct rkm_planner {
  * ======================================================================== */
 
 /* base.c */
-RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
-RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
-RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
-RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
-RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+RKM__PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
+RKM__PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
+RKM__PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
+RKM__PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
+RKM__PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
 /* Grow *p (an array of `elem`-byte items with capacity *cap) to hold `need`:
  * inline where it has room, as on nearly every call (as a call, 6 % of a
  * solve's time on dag4x50). */
@@ -1009,55 +1009,55 @@ static inline int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t n
 {
     return need <= *cap || rkm__reserve_grow(ctx, p, cap, need, elem);
 }
-RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
-RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
-RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where);
-RKM_PRIVATE double rkm__now(void);
-RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out);
-RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
-RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
-RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
-RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
+RKM__PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
+RKM__PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
+RKM__PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where);
+RKM__PRIVATE double rkm__now(void);
+RKM__PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out);
+RKM__PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
+RKM__PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
+RKM__PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
+RKM__PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
 /* Lifetimes: an object made with ctx (graph, arena) holds it from its
  * birth and releases it as the last thing it does in its destroy; the last
  * release of a destroyed context frees it. */
-RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx);
-RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx);
+RKM__PRIVATE void rkm__ctx_hold(rkm_context *ctx);
+RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx);
 
 /* graph.c */
-RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
-RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
-RKM_PRIVATE int rkm__name_ok(const char *s);
-RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
+RKM__PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
+RKM__PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
+RKM__PRIVATE int rkm__name_ok(const char *s);
+RKM__PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
 /* As rkm__ctx_hold for what is made from a graph (plan, planner, arena
  * exec): held from birth, released as the last thing of its destroy. */
-RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g);
-RKM_PRIVATE void rkm__graph_release(const rkm_graph *g);
+RKM__PRIVATE void rkm__graph_hold(const rkm_graph *g);
+RKM__PRIVATE void rkm__graph_release(const rkm_graph *g);
 /* A holder's destroy ends with this: free the holder (size bytes, with
  * ctx), then release g. */
-RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g);
+RKM__PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g);
 /* *slot, the graph a holder holds, becomes g (held; the old one released). */
-RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
-RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
-RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
+RKM__PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
+RKM__PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
+RKM__PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
 /* Graph error: prefixes "source:line: " when a reader is active. */
-RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...);
 /* RKM_ERROR_STATE unless g is a builder (not finalized). */
-RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn);
+RKM__PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn);
 
 /* text.c */
-RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
-RKM_PRIVATE void rkm__reader_free(rkm__reader *r);
-RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out);
-RKM_PRIVATE size_t rkm__decimal_len(const char *s);
-RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out);
-RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len);
-RKM_PRIVATE void rkm__out_flush(rkm__out *o);
-RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
+RKM__PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
+RKM__PRIVATE void rkm__reader_free(rkm__reader *r);
+RKM__PRIVATE int rkm__parse_u64(const char *s, uint64_t *out);
+RKM__PRIVATE size_t rkm__decimal_len(const char *s);
+RKM__PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out);
+RKM__PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len);
+RKM__PRIVATE void rkm__out_flush(rkm__out *o);
+RKM__PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
 
 /* plan.c */
 /* Append a step (not in place); 0 on NOMEM. Inline: the search's inner loops. */
@@ -1067,204 +1067,204 @@ static inline int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, in
     l->s[l->n++] = (rkm_step){.kind = kind, .index = index, .save = save};
     return 1;
 }
-RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
-RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
-RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
-RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
+RKM__PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
+RKM__PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
+RKM__PRIVATE void rkm__steps_free(rkm__steps *l);
+RKM__PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
+RKM__PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
 
 /* sim.c */
-RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t);
-RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g);
-RKM_PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v);
-RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second);
-RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
-RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
-RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
-RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
-RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
-RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);
-RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t);
-RKM_PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save);
-RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj);
-RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
-RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
-RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
-RKM_PRIVATE int rkm__step_on_op(int32_t kind);
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
-RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
+RKM__PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t);
+RKM__PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g);
+RKM__PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v);
+RKM__PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second);
+RKM__PRIVATE void rkm__sim_free(rkm__sim *s);
+RKM__PRIVATE void rkm__sim_reset(rkm__sim *s);
+RKM__PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
+RKM__PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
+RKM__PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
+RKM__PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);
+RKM__PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t);
+RKM__PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save);
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj);
+RKM__PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
+RKM__PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
+RKM__PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
+RKM__PRIVATE int rkm__step_on_op(int32_t kind);
+RKM__PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
+RKM__PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
 /* The buffers' lifetimes, recorded by a replay (rkm__sim_run_peaks) */
-RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
-RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc);
+RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
+RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 /* The object a broken rule concerns, by name ("" if none) */
-RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
+RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
 /* layout.c */
-RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
-RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
-RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
+RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
+RKM__PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
 
 /* baseline.c */
-RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o);
-RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
-RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
-RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
-RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
-RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd);
+RKM__PRIVATE int rkm__saves_phantom(const rkm__op *o);
+RKM__PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
+RKM__PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
+RKM__PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
+RKM__PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
+RKM__PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd);
 
 /* structure.c */
-RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
-RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
+RKM__PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
+RKM__PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
 /* finalize's work again on a copy of g with these costs, copy link, or
  * alignment (the planner's graph whose sizes are rounded up to it) */
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
 
 /* options.c */
-RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
-RKM_PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o);
-RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid);
-RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y);
-RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo);
-RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st);
+RKM__PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
+RKM__PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o);
+RKM__PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid);
+RKM__PRIVATE int rkm__option_cmp(const void *x, const void *y);
+RKM__PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo);
+RKM__PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st);
 
 /* ilp.c */
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
-RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
-RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out);
-RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s, rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st, int *found);
-RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
-RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
-RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
+RKM__PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
+RKM__PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
+RKM__PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out);
+RKM__PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s, rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st, int *found);
+RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
+RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
+RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
 #ifndef RKM_OMIT_SOLVER
 #endif
 
 /* ilp_sched.c */
-RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
-RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
-RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
-RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...);
-RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
-RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
-RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
+RKM__PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
+RKM__PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
+RKM__PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
+RKM__PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...);
+RKM__PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
+RKM__PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
+RKM__PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
 
 #ifndef RKM_OMIT_SOLVER
-RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
-RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
-RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
-RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
-RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out);
-RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl);
-RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill);
-RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem);
-RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a);
-RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, int copies, rkm__ilp_shape *b);
-RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo);
-RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b);
+RKM__PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
+RKM__PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
+RKM__PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
+RKM__PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
+RKM__PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out);
+RKM__PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl);
+RKM__PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill);
+RKM__PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem);
+RKM__PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a);
+RKM__PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, int copies, rkm__ilp_shape *b);
+RKM__PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo);
+RKM__PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b);
 #endif
 
 /* chain.c */
-RKM_PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o);
-RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops, double *time, int64_t *peak);
-RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
-RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
-RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
-RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
-RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
-RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
+RKM__PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o);
+RKM__PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops, double *time, int64_t *peak);
+RKM__PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
+RKM__PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
+RKM__PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
+RKM__PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
+RKM__PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
+RKM__PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
 
 /* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
 #define RKM__DTR_COPY_SETS 5
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
-RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
+RKM__PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
+RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft);
 
 /* progress.c */
-RKM_PRIVATE int rkm__over(rkm_planner *pl);
-RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
-RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
-RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
-RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
-RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
-RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
-RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
+RKM__PRIVATE int rkm__over(rkm_planner *pl);
+RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
+RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
+RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
+RKM__PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
+RKM__PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
+RKM__PRIVATE int rkm__progress_ilp(void *user, double done);
+RKM__PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
 
 /* produce.c */
-RKM_PRIVATE void rkm__planner_free(rkm_planner *pl);
-RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
-RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
+RKM__PRIVATE void rkm__planner_free(rkm_planner *pl);
+RKM__PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
+RKM__PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
+RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
 /* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
  * block inputs in host memory where that is faster (a graph with a link). */
 enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
-RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
-RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
-RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
+RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
+RKM__PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
+RKM__PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
+RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
+RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
                                    uint64_t *at, int *stopped);
-RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* offload.c */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
+RKM__PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
                                          const uint8_t *prefer, rkm__steps *out, uint64_t *work);
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                             rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                         rkm_plan **q, rkm_plan **x);
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
+RKM__PRIVATE int rkm__offloads(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 
 /* search.c */
-RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
-RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
-RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
-RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
+RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
+RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 
 /* nest.c */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
+RKM__PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
 /* A planner for g below `parent`: rkm__planner_make (planner.c), handed
  * down to nesting, the planner's recursion (a block planned as a graph of
  * its own), so that nest.c calls nothing above it. */
 typedef rkm_result (*rkm__planner_maker)(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent,
                                          rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
 /* planner.c */
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
+RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
-#endif /* RKM_INTERNAL_H */
+#endif /* RKM__INTERNAL_H */
 
 /* ==== src/base.c ==== */
 
@@ -1283,13 +1283,13 @@ static void *rkm__default_alloc(void *user, void *ptr, size_t old_size, size_t n
     return realloc(ptr, new_size);
 }
 
-RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size)
+RKM__PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size)
 {
     if (size == 0) size = 1;
     return ctx->alloc(ctx->alloc_user, NULL, 0, size);
 }
 
-RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
+RKM__PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
 {
     if (elem && n > SIZE_MAX / elem) return NULL;
     void *p = rkm__alloc(ctx, n * elem);
@@ -1297,21 +1297,21 @@ RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
     return p;
 }
 
-RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size)
+RKM__PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size)
 {
     if (new_size == 0) new_size = 1;
     if (!ptr) old_size = 0;
     return ctx->alloc(ctx->alloc_user, ptr, old_size, new_size);
 }
 
-RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size)
+RKM__PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size)
 {
     if (ptr) ctx->alloc(ctx->alloc_user, ptr, size ? size : 1, 0);
 }
 
 /* rkm__reserve's growth: *p (an array of `elem`-byte items with capacity
  * *cap) to hold `need`, more than it does. */
-RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
+RKM__PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
 {
     size_t ncap = *cap ? *cap : 8;
     while (ncap < need) ncap *= 2;
@@ -1323,7 +1323,7 @@ RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_
     return 1;
 }
 
-RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s)
+RKM__PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s)
 {
     size_t n = strlen(s) + 1;
     char *d = rkm__alloc(ctx, n);
@@ -1331,7 +1331,7 @@ RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s)
     return d;
 }
 
-RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s)
+RKM__PRIVATE void rkm__strfree(rkm_context *ctx, char *s)
 {
     if (s) rkm__free(ctx, s, strlen(s) + 1);
 }
@@ -1339,12 +1339,12 @@ RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s)
 static void rkm__logv(rkm_context *ctx, rkm_log_level level, const char *fmt, va_list ap)
 {
     if (!ctx->log || (int)level > ctx->log_level) return;
-    char buf[RKM_ERRMSG_SIZE];
+    char buf[RKM__ERRMSG_SIZE];
     vsnprintf(buf, sizeof buf, fmt, ap);
     ctx->log(ctx->log_user, level, buf);
 }
 
-RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...)
+RKM__PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -1353,7 +1353,7 @@ RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt
 }
 
 /* Record the message of a failed call and return its code. */
-RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -1363,12 +1363,12 @@ RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *f
     return code;
 }
 
-RKM_PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where)
+RKM__PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where)
 {
     return rkm__err(ctx, RKM_ERROR_NOMEM, "%s: out of memory", where);
 }
 
-RKM_PRIVATE double rkm__now(void)
+RKM__PRIVATE double rkm__now(void)
 {
     struct timespec ts;
 #if defined(CLOCK_MONOTONIC)
@@ -1380,7 +1380,7 @@ RKM_PRIVATE double rkm__now(void)
 }
 
 /* Checked 64-bit add: returns 0 on overflow. */
-RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out)
+RKM__PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     if (a > UINT64_MAX - b) return 0;
     *out = a + b;
@@ -1388,7 +1388,7 @@ RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out)
 }
 
 /* v rounded up to a multiple of a power of two a (v + a - 1 must fit). */
-RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+RKM__PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 const char *rkm_version(void) { return RKM_VERSION_STRING; }
 int rkm_version_number(void) { return RKM_VERSION_NUMBER; }
@@ -1440,9 +1440,9 @@ rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out)
 
 static void rkm__ctx_free(rkm_context *ctx) { ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0); }
 
-RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx) { ctx->live++; }
+RKM__PRIVATE void rkm__ctx_hold(rkm_context *ctx) { ctx->live++; }
 
-RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx)
+RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx)
 {
     if (--ctx->live == 0 && ctx->destroyed) rkm__ctx_free(ctx);
 }
@@ -1472,7 +1472,7 @@ void *rkm_context_realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t n
 rkm_result rkm_context_fail(rkm_context *ctx, rkm_result code, const char *fmt, ...)
 {
     if (!ctx || !fmt) return code;
-    char msg[RKM_ERRMSG_SIZE];
+    char msg[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -1487,7 +1487,7 @@ static uint64_t rkm__hash(const char *s)
     return h;
 }
 
-RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner)
+RKM__PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner)
 {
     if (!m->cap) return -1;
     size_t mask = m->cap - 1;
@@ -1499,7 +1499,7 @@ RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name
 }
 
 /* Insert id (whose name is not yet in the map); 0 on allocation failure. */
-RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner)
+RKM__PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner)
 {
     if ((m->count + 1) * 2 > m->cap) {
         size_t ncap = m->cap ? m->cap * 2 : 64;
@@ -1524,7 +1524,7 @@ RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__
     return 1;
 }
 
-RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m)
+RKM__PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m)
 {
     rkm__free(ctx, m->slots, m->cap * sizeof *m->slots);
     memset(m, 0, sizeof *m);
@@ -1539,15 +1539,15 @@ RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m)
 
 /* The most a forward of o holds transiently: its workspace, and its scratch
  * on a run that keeps no saved state. Fits in 64 bits (rkm__bytes_fit). */
-RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o) { return o->fwd_ws + o->scratch; }
+RKM__PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o) { return o->fwd_ws + o->scratch; }
 
-RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->tensors[id].name; }
+RKM__PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->tensors[id].name; }
 static const char *rkm__op_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->ops[id].name; }
 
 /* Graph error: prefixes "source:line: " when a reader is active. */
-RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
 {
-    char msg[RKM_ERRMSG_SIZE];
+    char msg[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -1556,7 +1556,7 @@ RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t li
     return rkm__err(g->ctx, code, "%s", msg);
 }
 
-RKM_PRIVATE int rkm__name_ok(const char *s)
+RKM__PRIVATE int rkm__name_ok(const char *s)
 {
     size_t n = 0;
     for (; s[n]; n++) {
@@ -1565,7 +1565,7 @@ RKM_PRIVATE int rkm__name_ok(const char *s)
               c == ':' || c == '/' || c == '[' || c == ']' || c == '-'))
             return 0;
     }
-    return n > 0 && n <= RKM_NAME_MAX;
+    return n > 0 && n <= RKM__NAME_MAX;
 }
 
 rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
@@ -1582,7 +1582,7 @@ rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
     return RKM_OK;
 }
 
-RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
+RKM__PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
 {
     rkm__free(g->ctx, g->blocks, (size_t)g->n_blocks * sizeof *g->blocks);
     rkm__free(g->ctx, g->block_ops, g->n_ops * sizeof *g->block_ops);
@@ -1612,21 +1612,21 @@ static void rkm__graph_free(rkm_graph *g)
 /* The count is bookkeeping, not content, so it changes through the const
  * pointers that plans and planners keep (one thread at a time: the
  * objects of one context are used so). */
-RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g) { ((rkm_graph *)g)->live++; }
+RKM__PRIVATE void rkm__graph_hold(const rkm_graph *g) { ((rkm_graph *)g)->live++; }
 
-RKM_PRIVATE void rkm__graph_release(const rkm_graph *g)
+RKM__PRIVATE void rkm__graph_release(const rkm_graph *g)
 {
     rkm_graph *m = (rkm_graph *)g;
     if (--m->live == 0 && m->destroyed) rkm__graph_free(m);
 }
 
-RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g)
+RKM__PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g)
 {
     rkm__free(ctx, holder, size);
     rkm__graph_release(g); /* last: it may free g, and ctx with it */
 }
 
-RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g)
+RKM__PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g)
 {
     rkm__graph_hold(g);
     rkm__graph_release(*slot);
@@ -1642,7 +1642,7 @@ void rkm_graph_destroy(rkm_graph *g)
     else rkm__graph_free(g);
 }
 
-RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
+RKM__PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
 {
     if (g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is finalized and read-only", fn);
     return RKM_OK;
@@ -1683,7 +1683,7 @@ rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, 
     return RKM_OK;
 }
 
-RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x)
+RKM__PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x)
 {
     for (int32_t i = 0; i < n; i++)
         if (list[i] == x) return 1;
@@ -1863,7 +1863,7 @@ rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
     return RKM_OK;
 }
 
-RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
+RKM__PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
 {
     if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is not finalized", fn);
     return RKM_OK;
@@ -1937,9 +1937,9 @@ rkm_result rkm_graph_block_info(const rkm_graph *g, int32_t b, rkm_block_info *o
  *
  * Uses (through internal.h): base.c. */
 
-RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...)
 {
-    char msg[RKM_ERRMSG_SIZE];
+    char msg[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -1949,7 +1949,7 @@ RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fm
 
 /* Next non-empty statement into r->tok. RKM_OK with ntok > 0, or ntok == 0
  * at the end of the text. */
-RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
+RKM__PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
 {
     r->ntok = 0;
     while (r->p < r->end) {
@@ -1967,7 +1967,7 @@ RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
         for (char *s = r->buf;;) {
             while (*s == ' ' || *s == '\t' || *s == '\r') s++;
             if (!*s) break;
-            if (r->ntok == RKM_MAX_TOKENS) return rkm__rerr(r, RKM_ERROR_PARSE, "too many fields on one line");
+            if (r->ntok == RKM__MAX_TOKENS) return rkm__rerr(r, RKM_ERROR_PARSE, "too many fields on one line");
             r->tok[r->ntok++] = s;
             while (*s && *s != ' ' && *s != '\t' && *s != '\r') s++;
             if (*s) *s++ = 0;
@@ -1977,10 +1977,10 @@ RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
     return RKM_OK;
 }
 
-RKM_PRIVATE void rkm__reader_free(rkm__reader *r) { rkm__free(r->ctx, r->buf, r->cap); }
+RKM__PRIVATE void rkm__reader_free(rkm__reader *r) { rkm__free(r->ctx, r->buf, r->cap); }
 
 /* Unsigned 64-bit decimal: digits only, no overflow. */
-RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out)
+RKM__PRIVATE int rkm__parse_u64(const char *s, uint64_t *out)
 {
     uint64_t v = 0;
     if (!*s) return 0;
@@ -1997,7 +1997,7 @@ RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out)
 /* The length of the decimal number s starts with,
  * [0-9]*[.[0-9]*][(e|E)[+-][0-9]+] with a digit somewhere; 0 if none. No
  * hex, no inf or nan: what strtod also takes is not the documented syntax. */
-RKM_PRIVATE size_t rkm__decimal_len(const char *s)
+RKM__PRIVATE size_t rkm__decimal_len(const char *s)
 {
     const char *p = s;
     int digits = 0;
@@ -2019,7 +2019,7 @@ RKM_PRIVATE size_t rkm__decimal_len(const char *s)
 }
 
 /* The value of the decimal number s[0..n), finite and non-negative; 0 if not. */
-RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
+RKM__PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
 {
     char buf[64];
     if (!n || n >= sizeof buf) return 0;
@@ -2032,7 +2032,7 @@ RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
 }
 
 /* Read a whole file through the context allocator. */
-RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len)
+RKM__PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len)
 {
     *data = NULL;
     *len = 0;
@@ -2072,15 +2072,15 @@ RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **dat
     return RKM_OK;
 }
 
-RKM_PRIVATE void rkm__out_flush(rkm__out *o)
+RKM__PRIVATE void rkm__out_flush(rkm__out *o)
 {
     if (o->n && !o->failed && o->fn(o->user, o->buf, o->n) != 0) o->failed = 1;
     o->n = 0;
 }
 
-RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...)
+RKM__PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...)
 {
-    char tmp[RKM_NAME_MAX + 64];
+    char tmp[RKM__NAME_MAX + 64];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
@@ -2098,7 +2098,7 @@ static int rkm__file_write(void *user, const char *data, size_t len)
 }
 
 /* Open path, run writer(obj) into it, close; errors name the path. */
-RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *),
+RKM__PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *),
                                   const void *obj)
 {
     if (!path) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "write: path is NULL");
@@ -2123,7 +2123,7 @@ RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_r
 static size_t rkm__sim_flags(const rkm_graph *g) { return g->n_tensors * 2 + g->n_ops * 3 + 1; }
 static size_t rkm__sim_bytes(const rkm_graph *g) { return rkm__sim_flags(g) + 2 * (g->n_tensors + g->n_ops); }
 
-RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
+RKM__PRIVATE void rkm__sim_free(rkm__sim *s)
 {
     if (!s->g) return;
     rkm_context *ctx = s->g->ctx;
@@ -2134,7 +2134,7 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 }
 
 /* The contract's start state: inputs live, nothing else. */
-RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
+RKM__PRIVATE void rkm__sim_reset(rkm__sim *s)
 {
     const rkm_graph *g = s->g;
     memset(s->D, 0, rkm__sim_flags(g));
@@ -2153,7 +2153,7 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 
 /* dst (initialised for src's graph) in src's state: a replay resumed from
  * a step instead of the first. */
-RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
+RKM__PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
 {
     const rkm_graph *g = src->g;
     rkm__sim s = *src;
@@ -2165,7 +2165,7 @@ RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
     *dst = s;
 }
 
-RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
+RKM__PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
     size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1, ns = g->n_tensors + g->n_ops + 1;
@@ -2194,7 +2194,7 @@ RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 }
 
 /* Make tensor t live (a block replay's starting checkpoint). */
-RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
+RKM__PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
 {
     if (t < 0 || s->D[t]) return;
     s->D[t] = 1;
@@ -2202,7 +2202,7 @@ RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
 }
 
 /* Make grad(t) live and complete (as if every contributor had run). */
-RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
+RKM__PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
 {
     if (t < 0 || s->G[t]) return;
     s->G[t] = 1;
@@ -2210,7 +2210,7 @@ RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
     s->mem += s->g->tensors[t].bytes;
 }
 
-RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
+RKM__PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
 {
     return s->G[t] && s->recv[t] == s->g->tensors[t].n_contrib;
 }
@@ -2220,7 +2220,7 @@ RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
 /* The transient bytes of a forward of op x: its workspace, and its scratch
  * when the run keeps no saved state (with save, or with the saved state
  * live already, the scratch is written into the saved state). */
-RKM_PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save)
+RKM__PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save)
 {
     return o->fwd_ws + (!save && !s->P[x] ? o->scratch : 0);
 }
@@ -2263,13 +2263,13 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
 }
 
 /* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
-RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
+RKM__PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
 {
     return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
 }
 
 /* The most slots one step touches (rkm__slot_touches). */
-RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
+RKM__PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
 {
     size_t most = 1;
     for (size_t i = 0; i < g->n_ops; i++)
@@ -2281,7 +2281,7 @@ RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
  * rkm__slot_touches_max entries): its tensors, and its op's saved state
  * for a forward that makes or writes it, a backward that reads it, a
  * free_saved, and a copy step of it. */
-RKM_PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
+RKM__PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
 {
     int32_t n;
     const int32_t *t = rkm__step_objects(g, st, 0, &n);
@@ -2301,7 +2301,7 @@ static double rkm__copy_time(const rkm_graph *g, uint64_t bytes, double bytes_pe
 }
 
 /* The same for copy slot t. */
-RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
+RKM__PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
 {
     return rkm__copy_time(g, rkm__slot_bytes(g, t), bytes_per_second);
 }
@@ -2401,7 +2401,7 @@ static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, i
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
-RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -2504,7 +2504,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
 }
 
 /* The contract's end-of-plan rules. */
-RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
+RKM__PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -2565,7 +2565,7 @@ static int rkm__buf_take_over(rkm__recorder *rc, int64_t *from, int32_t from_ind
     return 1;
 }
 
-RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc)
+RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc)
 {
     rkm__free(rc->p->ctx, rc->open_t, rc->n_open * sizeof *rc->open_t);
     rc->open_t = NULL;
@@ -2573,7 +2573,7 @@ RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc)
 
 /* Open arrays, and the input tensors' buffers: live from before the first
  * step to after the last. */
-RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
+RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
 {
     const rkm_graph *g = p->g;
     memset(rc, 0, sizeof *rc);
@@ -2654,7 +2654,7 @@ static void rkm__record_after(rkm__recorder *rc, const rkm_step *st, int64_t i)
  * failure rule/fail_step/fail_object), and when given: mem_after and
  * step_peak per step, and what a plan's birth records (rc). Returns 1 if
  * every step held, -1 if recording ran out of memory, 0 otherwise. */
-RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
+RKM__PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
                               uint64_t *step_peak, rkm__recorder *rc)
 {
     memset(res, 0, sizeof *res);
@@ -2693,7 +2693,7 @@ RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n,
     return 1;
 }
 
-RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
+RKM__PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
 {
     return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL, NULL) == 1;
 }
@@ -2750,7 +2750,7 @@ const char *rkm_rule_string(rkm_rule rule)
     return rkm__rules[rule].text;
 }
 
-RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
+RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
 {
     if (obj < 0) return "";
     if (rkm__rules[rule].on_op == 2 && (size_t)obj >= g->n_tensors) {
@@ -2763,19 +2763,19 @@ RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t
 
 /* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
  * (A copy step names an op when it copies its saved state: `save`.) */
-RKM_PRIVATE int rkm__step_on_op(int32_t kind)
+RKM__PRIVATE int rkm__step_on_op(int32_t kind)
 {
     return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
 }
 
 /* A copy step's slot in the simulator's copy arrays: the tensor, or after
  * the tensors the op whose saved state it copies. */
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
+RKM__PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
 {
     return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
-RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
+RKM__PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
     int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
     if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
@@ -2798,7 +2798,7 @@ RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 
 /* The tensors that step st reads, makes or frees (grads 0), or whose
  * gradients it does (grads 1): *n ids, in the graph or the step. */
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
+RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
 {
     const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
     switch (st->kind) {
@@ -2835,12 +2835,12 @@ RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step 
  *    graphs' plans (every algorithm, 90..20 % and the smallest budgets);
  * 3. where it misses: first fit in creation order (a dynamic allocator's
  *    layout: DTR plans on it, so for DTR plans it fits the budget), the
- *    library's first greedy in three orders (up to RKM_LAYOUT_GREEDY_ITEMS
+ *    library's first greedy in three orders (up to RKM__LAYOUT_GREEDY_ITEMS
  *    buffers), then a search over canonical placements (MiniMalloc:
  *    Moffitt, ASPLOS 2024) for a layout at the bound, then bisection
  *    between the bound and the best found. First fit has
- *    RKM_LAYOUT_FIRSTFIT_WORK units of work, the last two share
- *    RKM_LAYOUT_WORK (a unit: one buffer or section visited), so the
+ *    RKM__LAYOUT_FIRSTFIT_WORK units of work, the last two share
+ *    RKM__LAYOUT_WORK (a unit: one buffer or section visited), so the
  *    layout is the same on every machine. All together, on 349 plans:
  *    89.1 % at the bound, the geometric mean of arena / bound 1.0015
  *    (bench_layout; 10x the work moves a few plans, at 10x the time).
@@ -3852,7 +3852,7 @@ static int rkm__lay_build(rkm__lay *L, const rkm_buffer *b, size_t n, uint64_t a
 /* Lay out b[0..n) (lifetimes and takes_over as recorded) at alignment
  * `align` with the given stages: offsets into b, the arena and the aligned
  * peak. RKM_OK or RKM_ERROR_NOMEM (message left to the caller). */
-RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages,
+RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages,
                               uint64_t *arena, uint64_t *peak)
 {
     rkm__lay L;
@@ -3885,14 +3885,14 @@ RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, ui
     }
     if (ok && L.height > L.bound && (stages & RKM__LAY_SKYLINE)) {
         int32_t *live = rkm__alloc(ctx, ni * sizeof *live);
-        L.work = RKM_LAYOUT_FIRSTFIT_WORK;
+        L.work = RKM__LAYOUT_FIRSTFIT_WORK;
         uint64_t h = live ? rkm__lay_firstfit(&L, live) : UINT64_MAX;
         ok = live != NULL;
         if (h != UINT64_MAX) rkm__lay_keep(&L, h);
         rkm__free(ctx, live, ni * sizeof *live);
     }
-    L.work = stages & RKM__LAY_SKYLINE ? RKM_LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
-    if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM_LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
+    L.work = stages & RKM__LAY_SKYLINE ? RKM__LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
+    if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM__LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
         ok = rkm__lay_greedies(&L);
     /* the search improves on a layout; its undo log packs an index in 29 bits */
     if (ok && L.height > L.bound && L.height != UINT64_MAX && (stages & RKM__LAY_SEARCH) && L.n < (1 << 28) &&
@@ -3920,7 +3920,7 @@ RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, ui
 
 /* Whether the plan's buffers, rounded up to align, add up within 64 bits
  * (then every offset + size does too). */
-RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align)
+RKM__PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < p->n_buffers; i++)
@@ -3940,7 +3940,7 @@ static rkm_result rkm__layout_too_big(const rkm_plan *p, uint64_t align, const c
 /* The plan's own layout, at `alignment`, kept with it: offsets in
  * p->buffers, the figures in p->stats. Done once, before a plan is handed
  * out (the planner's candidates are never laid out). */
-RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
 {
     if (!rkm__layout_fits(p, alignment)) return rkm__layout_too_big(p, alignment, "plan layout");
     rkm_result r;
@@ -3997,7 +3997,7 @@ void rkm_plan_destroy(rkm_plan *p)
 
 /* Append a copy of *st (a step as given: the birth checks it; `save`
  * means something on forward and copy steps only). */
-RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
+RKM__PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
 {
     int save = st->kind == RKM_STEP_FWD || st->kind >= RKM_STEP_OFFLOAD;
     if (!rkm__steps_push(l, st->kind, st->index, save ? st->save : 0)) return 0;
@@ -4006,7 +4006,7 @@ RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
 }
 
 /* Shrink to exactly n steps so that the owner frees with n * size. */
-RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
+RKM__PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
 {
     rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
     if (!s) return NULL;
@@ -4019,7 +4019,7 @@ RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
     return s;
 }
 
-RKM_PRIVATE void rkm__steps_free(rkm__steps *l)
+RKM__PRIVATE void rkm__steps_free(rkm__steps *l)
 {
     rkm__free(l->ctx, l->s, l->cap * sizeof *l->s);
     l->s = NULL;
@@ -4028,7 +4028,7 @@ RKM_PRIVATE void rkm__steps_free(rkm__steps *l)
 
 /* A draft of the n given steps (each as rkm__steps_push_step copies it),
  * for a birth; out of memory names `what` and leaves nothing. */
-RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
+RKM__PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
 {
     *d = (rkm__steps){ctx, NULL, 0, 0};
     for (size_t i = 0; i < n; i++)
@@ -4083,7 +4083,7 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
  * out at `alignment`; on failure nothing is left. A read, built or baseline
  * plan whose buffers rounded up add up past 64 bits is handed out without a
  * layout (its alignment 0; rkm_plan_layout says why). */
-RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
 {
     if (r == RKM_OK && !rkm__layout_fits(*out, alignment)) return RKM_OK;
     if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment))) {
@@ -4095,7 +4095,7 @@ RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_p
 
 /* What every function that makes a plan of g checks first: *out cleared,
  * g given and finalized, its input (`what`) given when input_ok is 0. */
-RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
+RKM__PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
 {
     if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn) : RKM_ERROR_ARGUMENT;
     *out = NULL;
@@ -4280,7 +4280,7 @@ static rkm_result rkm__read_fp(rkm__reader *r, const rkm_graph *g, unsigned *see
         {"op costs differ", " (seconds, phantom, scratch, workspaces or in-place flags)"},
         {"the structure differs", " (in, out or saved lists)"},
         {"the copy link differs", " (bandwidths or latency)"}};
-    char at[RKM_NAME_MAX + 64] = "";
+    char at[RKM__NAME_MAX + 64] = "";
     if (a != RKM__FP_COPY) {
         const char *obj = a == RKM__FP_TENSORS ? "tensor" : "op";
         if (i < 0) snprintf(at, sizeof at, " at more than one %s", obj);
@@ -4336,9 +4336,9 @@ static rkm_result rkm__read_align(rkm__reader *r, unsigned *seen, uint64_t *alig
     uint64_t v;
     if (*seen & 1u << RKM__FP_ASPECTS) return rkm__rerr(r, RKM_ERROR_PARSE, "align: given twice");
     *seen |= 1u << RKM__FP_ASPECTS;
-    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM_MAX_ALIGNMENT)
+    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM__MAX_ALIGNMENT)
         return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'align N', N a power of two from 1 to %llu",
-                         (unsigned long long)RKM_MAX_ALIGNMENT);
+                         (unsigned long long)RKM__MAX_ALIGNMENT);
     *align = v;
     return RKM_OK;
 }
@@ -4400,7 +4400,7 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
         rkm__steps_free(&d);
     } else if ((res = rkm__plan_birth(g, &d, sim, out)) == RKM_ERROR_PLAN) {
         /* The rule's message, led by the file and the step's line. */
-        char msg[RKM_ERRMSG_SIZE];
+        char msg[RKM__ERRMSG_SIZE];
         snprintf(msg, sizeof msg, "%s", g->ctx->errmsg);
         const char *src = source_name ? source_name : "<string>";
         if (sim->fail_step >= 0 && (size_t)sim->fail_step < sim->num_steps)
@@ -4433,7 +4433,7 @@ rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
     if (p->stats.alignment) rkm__outf(&o, "align %llu\n", (unsigned long long)p->stats.alignment);
     rkm__fp_write(&o, p->g);
     for (size_t i = 0; i < p->n_steps; i++) {
-        char text[RKM_NAME_MAX + 32];
+        char text[RKM__NAME_MAX + 32];
         rkm_step_text(p->g, &p->steps[i], text, sizeof text);
         rkm__outf(&o, "%s\n", text);
     }
@@ -4561,7 +4561,7 @@ static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
 
 /* The one way a plan comes to be: the draft's steps (taken) replayed once;
  * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
 {
     rkm_sim_result tmp;
     if (!res) res = &tmp;
@@ -4602,7 +4602,7 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 
 /* A plan of the same steps, laid out as p is (birth and layout are
  * functions of the steps). */
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
 {
     rkm__steps d;
     rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
@@ -4648,7 +4648,7 @@ static rkm_result rkm__uses(const rkm_graph *g, int32_t **last_fwd, int32_t **fi
     return RKM_OK;
 }
 
-RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
+RKM__PRIVATE int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
 
 /* In-place runs, made from a valid plan: a `fwd OP` of an op that declares
  * RKM_OP_INPLACE, whose in[0] is live and out[0] is not, and after which
@@ -4713,7 +4713,7 @@ static void rkm__inplace_mark(const rkm_graph *g, rkm__steps *d, uint8_t *ok, in
 }
 
 /* Lower d (a valid plan, or one valid up to some step) to in-place runs. */
-RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d)
+RKM__PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d)
 {
     size_t n = d->n;
     if (!n || !g->has_inplace) return RKM_OK;
@@ -4797,7 +4797,7 @@ static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm__steps *d)
 }
 
 /* The baseline plan, not laid out (the planner's candidate). */
-RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out)
 {
     rkm__steps d = {g->ctx, NULL, 0, 0};
     rkm_result r = rkm__baseline_steps(g, &d);
@@ -4882,7 +4882,7 @@ rkm_result rkm_parse_budget(const rkm_graph *g, const char *text, uint64_t align
 }
 
 /* Sum of bytes of the distinct tensors among two id lists (a, then b). */
-RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb,
+RKM__PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb,
                                  int grads_only)
 {
     uint64_t sum = 0;
@@ -4900,7 +4900,7 @@ RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int3
 /* The largest single step's need: no plan can peak below it. *op, *bwd:
  * that step (-1: the loss step, which holds the inputs, the loss and its
  * gradient). */
-RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
+RKM__PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
 {
     uint64_t lb = g->input_bytes + 2 * g->tensors[g->loss].bytes;
     *op = -1;
@@ -4995,7 +4995,7 @@ rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *ext
 
 /* The graph's figures, once, at finalize: the baseline's peak and time come
  * from replaying its steps (the graph is not finalized yet: no plan). */
-RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
+RKM__PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
 {
     rkm__steps d = {g->ctx, NULL, 0, 0};
     rkm__sim s;
@@ -5115,12 +5115,12 @@ static rkm_result rkm__separators(const rkm_graph *g, int32_t *seps, int32_t *n_
 static int rkm__close(double a, double b)
 {
     double m = a > b ? a : b;
-    return fabs(a - b) <= RKM_CLASS_TIME_TOLERANCE * m;
+    return fabs(a - b) <= RKM__CLASS_TIME_TOLERANCE * m;
 }
 
 /* A tensor seen from a block: an input tensor (its id), the block input
  * (-1), or output k of the block's j-th op (-(2 + j * 65536 + k)). */
-RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t)
+RKM__PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t)
 {
     if (g->tensors[t].flags & RKM_TENSOR_INPUT) return t;
     if (t == b->in) return -1;
@@ -5234,7 +5234,7 @@ static rkm_result rkm__classes(rkm_graph *g)
 
 /* Cut at the separators. Blocks are runs of consecutive ops: an op that is
  * not an ancestor of a separator is a descendant of it. Runs of one-op
- * blocks are merged, RKM_MERGE_RUN ops at most, so that chains of tiny ops
+ * blocks are merged, RKM__MERGE_RUN ops at most, so that chains of tiny ops
  * (an MLP, a GPT's head) do not become a block each: every block boundary is
  * held from its forward to its block's backward, so boundaries cost memory,
  * while the block ILP handles what lies inside a block. Measured against
@@ -5242,7 +5242,7 @@ static rkm_result rkm__classes(rkm_graph *g)
  * 49 % and its overhead on gpt2-tiny at 41 % from 31 % to 20 %; longer runs
  * gain little more for rockmate and cost rotor (two options a block) more
  * of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
-RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
+RKM__PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
 {
     rkm__graph_free_blocks(g);
     int32_t *seps = rkm__alloc(g->ctx, (g->n_tensors + 1) * sizeof *seps);
@@ -5256,7 +5256,7 @@ RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
         int32_t m = 0, prev = -1; /* merge runs of one-op blocks */
         for (int32_t i = 0; i < n; i++) {
             int single = ends[i] - prev == 1;
-            for (int run = 1; single && run < RKM_MERGE_RUN && i + 1 < n && ends[i + 1] - ends[i] == 1; run++) i++;
+            for (int run = 1; single && run < RKM__MERGE_RUN && i + 1 < n && ends[i + 1] - ends[i] == 1; run++) i++;
             prev = ends[i];
             ends[m] = ends[i];
             seps[m] = i < n_seps ? seps[i] : g->loss;
@@ -5439,7 +5439,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
  * count rounded up to it, so that the planners' own accounting (the
  * simulator's peak of that graph) bounds the plan's aligned peak. *out
  * NULL when g's counts are multiples of align already (g itself serves). */
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
+RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
 {
     *out = NULL;
     int aligned = 1;
@@ -5809,7 +5809,7 @@ static void rkm__option_free(rkm_context *ctx, rkm__option *o)
     o->steps = NULL;
 }
 
-RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b)
+RKM__PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b)
 {
     rkm__free(ctx, b->nosave, b->n_nosave * sizeof *b->nosave);
     for (size_t i = 0; i < b->n_opt; i++) rkm__option_free(ctx, &b->opt[i]);
@@ -5887,7 +5887,7 @@ static int rkm__gen_backward(const rkm_graph *g, const rkm__block *b, rkm__steps
 /* Replay an option from the block's start state; fill its figures. Returns
  * 1 when both parts are valid and the backward ends in the block's end
  * state: x_in live, grad(x_in) live and complete, nothing else of the block. */
-RKM_PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
+RKM__PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
 {
     const rkm_graph *g = s->g;
     rkm_sim_result r;
@@ -5932,7 +5932,7 @@ static int rkm__dominates(const rkm__option *a, const rkm__option *b)
 /* Measure an option and add it unless an option already there dominates
  * it; drop those it dominates. Takes ownership of o->steps either way.
  * Returns 0 on allocation failure, else 1; *valid says whether it replayed. */
-RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid)
+RKM__PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid)
 {
     *valid = rkm__option_measure(s, b, o);
     if (!*valid) {
@@ -5962,7 +5962,7 @@ RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *
 /* Less memory first, then less time, then fewer steps, then arrival: a
  * total order, so qsort gives the same result on every C library, and the
  * DP prefers earlier options on ties. */
-RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y)
+RKM__PRIVATE int rkm__option_cmp(const void *x, const void *y)
 {
     const rkm__option *a = x, *b = y;
     if (a->kept != b->kept) return a->kept < b->kept ? -1 : 1;
@@ -5975,7 +5975,7 @@ RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y)
 }
 
 /* The two extremes of a block: its own baseline, and the no-save forward. */
-RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
+RKM__PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
 {
     const rkm_graph *g = s->g;
     rkm__steps l = {g->ctx, NULL, 0, 0};
@@ -6007,7 +6007,7 @@ RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm
 }
 
 /* Map a step of block `from` onto the identical block `to`. */
-RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st)
+RKM__PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st)
 {
     if (st.kind == RKM_STEP_LOSS) return st;
     if (rkm__step_on_op(st.kind)) {
@@ -6036,17 +6036,17 @@ RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, c
 
 /* ---- the shape's small queries, the work meter's check, errors --------- */
 
-RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
+RKM__PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
     if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
     return rkm__now() > u->deadline;
 }
 
-RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
+RKM__PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
 /* Copy src's contents and figures into dst, which keeps its own arrays. */
-RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
+RKM__PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
 {
     rkm__ilp_sched own = *dst;
     memcpy(own.r, src->r, rkm__ilp_rsize(b));
@@ -6059,9 +6059,9 @@ RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *ds
 }
 
 /* Report an error of block b: "block ILP: first..last: why". */
-RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
 {
-    char why[RKM_ERRMSG_SIZE];
+    char why[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
@@ -6070,17 +6070,17 @@ RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, co
                     why);
 }
 
-RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
+RKM__PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
 {
     const rkm__op *o = &b->g->ops[b->op[v]];
     return o->phantom > 0 && o->has_bwd;
 }
 
 /* Local tensor of global t if it is a block tensor, else -1. */
-RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
+RKM__PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
 
 /* Does stage t's backward read block tensor i (saved)? */
-RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
+RKM__PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
 {
     if (t < 1 || t > b->nb) return 0;
     const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
@@ -6095,7 +6095,7 @@ static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t s
 }
 
 /* The most events a schedule of the block has (rkm__ilp_events). */
-RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
+RKM__PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
 {
     return (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
 }
@@ -6198,7 +6198,7 @@ static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, 
 /* The steps of schedule s appended to o->l (empty, the caller's): events in
  * order, each followed by the frees rkm__ilp_free_points puts there. On
  * RKM_ERROR_NOMEM o->l is freed. */
-RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+RKM__PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
                                 rkm__ilp_out *o)
 {
     o->n_fwd = 0;
@@ -6257,7 +6257,7 @@ static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__il
 
 /* Emit and replay schedule s, setting its figures. Returns 1 if valid;
  * RKM_ERROR_NOMEM is reported through *res. */
-RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
+RKM__PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
 {
     rkm__ilp_out o = {rp->steps, 0};
     o.l.n = 0;
@@ -6268,7 +6268,7 @@ RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp,
     return rkm__ilp_replay(b, &rp->sim, &o, s);
 }
 
-RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
+RKM__PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
 {
     return s->peak <= peak_budget && s->kept <= kept_budget;
 }
@@ -6405,7 +6405,7 @@ static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *
 
 /* Greedy: the local search from "recompute nothing" and from "recompute
  * everything", the better of the two in *out (valid, maybe not fitting). */
-RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+RKM__PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
                                   uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out)
 {
     memset(gw->x, 1, (size_t)b->n);
@@ -6421,7 +6421,7 @@ RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_
 
 /* Check the block against the graph: ops in topological order, reads only
  * inputs, x_in and block tensors, block tensors read outside only if x_out. */
-RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
+RKM__PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
 {
     const rkm_graph *g = b->g;
     for (int32_t v = 0; v < b->n; v++) {
@@ -6455,7 +6455,7 @@ RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *op
 
 /* Stages (backwards in reverse order), readers, and how late each op and
  * tensor can be useful (need). fill: [nt] zeroed counters. */
-RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
+RKM__PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
 {
     const rkm_graph *g = b->g;
     int32_t t = 0;
@@ -6508,7 +6508,7 @@ static uint64_t rkm__ilp_list_bytes(const rkm__ilp_shape *b, const int32_t *list
 /* What must be live at some node of every schedule: x_out (and its
  * gradient) at the boundary, an op's inputs and outputs in the forward pass,
  * a backward's saved tensors, phantom and gradients. */
-RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
+RKM__PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
 {
     const rkm_graph *g = b->g;
     uint64_t xo = g->tensors[b->x_out].bytes;
@@ -6557,7 +6557,7 @@ static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
 }
 
 /* Gradient bytes, static bytes, base time and the two scales. */
-RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+RKM__PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
 {
     const rkm_graph *g = b->g;
     uint64_t mx = 1;
@@ -6587,7 +6587,7 @@ RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
 /* ---- a block's shape (ilp.c's part (a)) ---------------------------------- */
 
 /* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
-RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
+RKM__PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
 {
     void **p = where;
     if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
@@ -6598,7 +6598,7 @@ RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where,
     return 1;
 }
 
-RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
+RKM__PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
 {
     for (int k = 0; k < a->n; k++) {
         rkm__free(ctx, *a->at[k], a->bytes[k]);
@@ -6698,7 +6698,7 @@ static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
 
 /* (a) The block's shape: checked against the graph, numbered, derived
  * (with copies: stage 0's node start times too). */
-RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+RKM__PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
                                            int32_t x_out, int is_last, int copies, rkm__ilp_shape *b)
 {
     rkm_context *ctx = g->ctx;
@@ -6816,7 +6816,7 @@ struct rkm__ilp_block {
     int unused;
 };
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+RKM__PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
                                         int32_t x_out, int is_last, rkm__ilp_block **out)
 {
     (void)ops, (void)n_ops, (void)x_in, (void)x_out, (void)is_last;
@@ -6824,7 +6824,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
     return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "block ILP: built without lp_solve (RKM_OMIT_SOLVER)");
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
                                        double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
                                        rkm__ilp_stats *st, int *found)
 {
@@ -6836,13 +6836,13 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
     return RKM_ERROR_INTERNAL;
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
+RKM__PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
 {
     *out = NULL;
     return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "block ILP: built without lp_solve (RKM_OMIT_SOLVER)");
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s,
                                               rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st,
                                               int *found)
 {
@@ -6853,9 +6853,9 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t b
     return RKM_ERROR_INTERNAL; /* no block: rkm__ilp_block_create_copies refused */
 }
 
-RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
-RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
-RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
+RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
 {
     (void)b, (void)stop, (void)user;
 }
@@ -6926,12 +6926,12 @@ struct rkm__ilp_block {
 
 /* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
  * the planner's time_limit. */
-RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
+RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
 
 /* Solves also stop where stop(user, done) answers non-zero, asked at every
  * check of their work (the whole-graph ILP's planner reports its progress
  * from there). */
-RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
 {
     b->stop = stop;
     b->stop_user = user;
@@ -7902,7 +7902,7 @@ static rkm__ilp_work rkm__ilp_work_for(const rkm__ilp_block *bk, double lim)
                            lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline, bk->stop, bk->stop_user};
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
                                        double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
                                        rkm__ilp_stats *st, int *found)
 {
@@ -7960,7 +7960,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
  * offload pass puts it). *found 0 (steps NULL) when lp_solve finds none
  * in its work; that is RKM_OK too. No memo: the model's floors and the
  * greedy are recompute-only. */
-RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t budget, double cutoff, double time_limit_s,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t budget, double cutoff, double time_limit_s,
                                               rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st,
                                               int *found)
 {
@@ -8091,7 +8091,7 @@ static void rkm__ilp_scratch_free(rkm_context *ctx, rkm__ilp_scratch *sc)
     rkm__ilp_drop(ctx, &sc->arrays);
 }
 
-RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *bk)
+RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *bk)
 {
     if (!bk) return;
     rkm_context *ctx = bk->shape.ctx;
@@ -8126,14 +8126,14 @@ static rkm_result rkm__ilp_create(const rkm_graph *g, const int32_t *ops, int32_
     return RKM_OK;
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+RKM__PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
                                         int32_t x_out, int is_last, rkm__ilp_block **out)
 {
     return rkm__ilp_create(g, ops, n_ops, x_in, x_out, is_last, 0, out);
 }
 
 /* The whole graph's model with copy columns; g has a copy link. */
-RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
+RKM__PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
 {
     *out = NULL;
     if (!(g->copy.d2h_bytes_per_second > 0) || !(g->copy.h2d_bytes_per_second > 0))
@@ -8334,7 +8334,7 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     return NULL;
 }
 
-RKM_PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o)
+RKM__PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o)
 {
     rkm__free(ctx, o->v, o->cap * sizeof *o->v);
     o->v = NULL;
@@ -8351,7 +8351,7 @@ static int rkm__dp_ops_push(rkm_context *ctx, rkm__dp_ops *o, int32_t kind, int3
 /* Replay a whole schedule from the start of a step: *time and *peak (slots).
  * RKM_ERROR_PLAN names the first op whose preconditions fail, or a schedule
  * that does not end with every backward done and nothing live. */
-RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops,
+RKM__PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops,
                                double *time, int64_t *peak)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
@@ -8435,7 +8435,7 @@ static void rkm__dp_fill_lo(const rkm__dp_block *bl, int32_t n, int64_t *lo)
 
 /* The least M with Opt(1, n, M) finite; RKM_ERROR_BUDGET when there is none
  * (a block without options). */
-RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min)
+RKM__PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
@@ -8605,7 +8605,7 @@ static void rkm__dp_solve_tile(rkm__dp_table *t, size_t p, int32_t m0, int32_t m
     for (int32_t m = e > m0 ? e : m0; m < m1; m++) best[m] = best[hi]; /* constant past hi */
 }
 
-RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t)
+RKM__PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t)
 {
     size_t pairs = t->n > 0 ? rkm__dp_pairs(t->n) : 0;
     rkm__free(ctx, t->cost, pairs * t->row * sizeof *t->cost);
@@ -8641,7 +8641,7 @@ static int rkm__dp_prepare(rkm_context *ctx, rkm__dp_table *t)
     return 1;
 }
 
-RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
+RKM__PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
 {
     int32_t max_opt = 0, twins = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -8663,7 +8663,7 @@ RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
  * never): the table then holds the columns solved so far, at least the
  * first tile's (t->M is the last: a valid table for fewer slots), and *cut
  * (when not NULL) is 1. */
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline,
+RKM__PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline,
                                      rkm__dp_table *t, int *cut)
 {
     if (cut) *cut = 0;
@@ -8710,7 +8710,7 @@ nomem:
 }
 
 /* Opt(a, b, m); INFINITY when infeasible. */
-RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
+RKM__PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
 {
     return t->cost[rkm__dp_pair(t->n, a, b) * t->row + (size_t)m];
 }
@@ -8784,7 +8784,7 @@ static int rkm__dp_expand(rkm_context *ctx, rkm__dp_table *t, rkm__dp_stack *s, 
 
 /* The schedule of Opt(1, n, m) from a table solved with M >= m, appended to
  * *ops (which the caller frees). RKM_ERROR_BUDGET if infeasible at m. */
-RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops)
+RKM__PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops)
 {
     if (m < 0 || m > t->M) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: %d slots outside the table", (int)m);
     if (!isfinite(rkm__dp_opt(t, 0, t->n - 1, m)))
@@ -8817,7 +8817,7 @@ static int32_t rkm__dp_fastest(const rkm__dp_block *b)
 /* Chen et al.'s schedule: segments of ceil(sqrt(n)) blocks; a no-save forward
  * keeps only segment inputs; then, from the last segment back, forward with
  * the fastest option through the segment and backward through it. */
-RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
@@ -8885,7 +8885,7 @@ RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, i
  * write, where all of them still end by their waits (rkm__dtr_off_place):
  * the stream's idle time early on serves the later evictions. A prefetch
  * is on demand here, waited for at once (its wait priced whole, or at
- * RKM_PREFETCH_PRICE of it); rkm__dtr_hoist then moves the plan's
+ * RKM__PREFETCH_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
  * rkm__dtr_plan keeps the fastest of DTR recompute-only and these, at
  * either price, with saved states sent to host memory too or not (each
@@ -9462,7 +9462,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     memset(d, 0, sizeof *d);
     d->g = g;
     d->copies = copies && g->copy.d2h_bytes_per_second > 0;
-    d->price = copies % 2 ? 1 : RKM_PREFETCH_PRICE;
+    d->price = copies % 2 ? 1 : RKM__PREFETCH_PRICE;
     d->saved = copies <= 2;
     d->budget = budget;
     d->bytes_mode = bytes_mode;
@@ -9470,7 +9470,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->score = score;
     d->max_time = max_time;
     d->out.ctx = g->ctx;
-    d->max_steps = RKM_DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM_DTR_STEPS_MIN;
+    d->max_steps = RKM__DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM__DTR_STEPS_MIN;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
     int64_t *mem = rkm__calloc(g->ctx, 3 * nt + 3 * no, sizeof(int64_t));
     if (!mem) return rkm__nomem(g->ctx, "dtr");
@@ -9553,7 +9553,7 @@ static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_st
 /* Plan p's steps with its prefetches moved up into *out (out->n 0: none
  * moved), from its step peaks (p->step_peak, as its birth replayed them);
  * the budget bounds every step's peak. */
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out)
+RKM__PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out)
 {
     const rkm_graph *g = p->g;
     const rkm_step *st = p->steps;
@@ -9616,10 +9616,10 @@ static int rkm__dtr_merge(rkm__dtr *d)
 
 /* DTR's steps for `budget` with eviction score `score` into *draft (with
  * copies where the graph has a link and `copies` is 1..4: the prefetch
- * priced whole where it is odd, else at RKM_PREFETCH_PRICE; saved states
+ * priced whole where it is odd, else at RKM__PREFETCH_PRICE; saved states
  * sent to host memory too at 1 and 2, tensors only at 3 and 4);
  * draft->n == 0 when it cannot meet the budget. */
-RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
+RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft)
 {
     rkm__dtr d;
@@ -9678,7 +9678,7 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
 static const char *const rkm__stage_names[] = {"", "create", "solve", "min_budget"};
 
 /* A call (stage) starts: the first report, fraction 0. */
-RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget)
+RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget)
 {
     rkm__progress *g = &pl->prog;
     memset(g, 0, sizeof *g);
@@ -9700,16 +9700,16 @@ static double rkm__progress_work(const rkm_planner *pl)
     const rkm__progress *g = &pl->prog;
     double in = fmax(g->sub, g->ilp);
     if (g->p.stage == RKM_STAGE_SOLVE && pl->d.algo == RKM_ALGO_ROCKMATE)
-        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM_SOLVE_WORK);
+        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM__SOLVE_WORK);
     return g->lo + (g->hi - g->lo) * fmin(fmax(in, 0), 1);
 }
 
 /* A report at `now` when one is due (force: always); 1 once cancelled. */
-RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
+RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
 {
     rkm__progress *g = &pl->prog;
     if (g->cancelled || !pl->d.progress) return g->cancelled;
-    if (!force && now - g->last < RKM_PROGRESS_SECONDS) return 0;
+    if (!force && now - g->last < RKM__PROGRESS_SECONDS) return 0;
     g->last = now;
     double span = pl->deadline - g->start, f = rkm__progress_work(pl);
     if (span > 0) f = fmax(f, (now - g->start) / span);
@@ -9726,7 +9726,7 @@ RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
  * returns 0 it changes nothing, so an uncut call is as deterministic as if
  * there were no limit. It is also where progress is reported (rkm__progress_report):
  * a nested planner's checks are its parent's. */
-RKM_PRIVATE int rkm__over(rkm_planner *pl)
+RKM__PRIVATE int rkm__over(rkm_planner *pl)
 {
     if (pl->cut) return 1;
     double now = rkm__now();
@@ -9737,7 +9737,7 @@ RKM_PRIVATE int rkm__over(rkm_planner *pl)
 
 /* The part [lo, hi] of the call's work starts (its progress `sub` 0); a
  * nested planner's parts are inside its parent's, which stands for them. */
-RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
+RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
 {
     if (pl->parent) return;
     pl->prog.lo = lo;
@@ -9746,13 +9746,13 @@ RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
 }
 
 /* How far the part under way is, in [0, 1]. */
-RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub)
+RKM__PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub)
 {
     if (!pl->parent) pl->prog.sub = sub;
 }
 
 /* A plan the call made: the fastest within a solve's budget so far. */
-RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
+RKM__PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
 {
     rkm__progress *g = &pl->prog;
     if (pl->parent || !p || g->p.stage != RKM_STAGE_SOLVE || p->stats.peak > g->p.budget) return;
@@ -9761,7 +9761,7 @@ RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
 
 /* The whole-graph ILP's check (rkm__ilp_work.stop): its progress, then the
  * planner's rkm__over. */
-RKM_PRIVATE int rkm__progress_ilp(void *user, double done)
+RKM__PRIVATE int rkm__progress_ilp(void *user, double done)
 {
     rkm_planner *pl = user;
     if (pl->d.algo == RKM_ALGO_CHECKMATE) pl->prog.ilp = done; /* rockmate's is one start of many */
@@ -9771,7 +9771,7 @@ RKM_PRIVATE int rkm__progress_ilp(void *user, double done)
 /* The call's result: RKM_ERROR_CANCELLED with where it stopped when the
  * callback cancelled it and r is what a cut gives (a plan, none within the
  * time, none within the budget), else r. `what` names the API call. */
-RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what)
+RKM__PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what)
 {
     const rkm__progress *g = &pl->prog;
     if (!g->cancelled || (r != RKM_OK && r != RKM_ERROR_TIMEOUT && r != RKM_ERROR_BUDGET)) return r;
@@ -9811,7 +9811,7 @@ static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
 }
 
 /* The absolute bytes of m slots: the budget they stand for. */
-RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
+RKM__PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
 
 /* Turn block-level operations into graph-level steps. */
 static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm__steps *p)
@@ -9843,7 +9843,7 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 }
 
 /* Add a schedule found on block `from` to every block of its class. */
-RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
+RKM__PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
                                  size_t nb)
 {
     const rkm_graph *g = pl->g;
@@ -9864,7 +9864,7 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
 
 /* The planner's memory, freed: rkm_planner_destroy's, and a nested
  * planner's (nest.c). */
-RKM_PRIVATE void rkm__planner_free(rkm_planner *pl)
+RKM__PRIVATE void rkm__planner_free(rkm_planner *pl)
 {
     if (!pl) return;
     if (pl->bo)
@@ -9883,7 +9883,7 @@ RKM_PRIVATE void rkm__planner_free(rkm_planner *pl)
 
 /* Birth of a draft the planner made for g (its graph, or a block's as a
  * graph of its own), taken: an invalid one is a bug. */
-RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
 {
     rkm_result r = rkm__lower_inplace(g, draft);
     if (r) {
@@ -9892,14 +9892,14 @@ RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm
     }
     r = rkm__plan_birth(g, draft, NULL, out);
     if (r != RKM_ERROR_PLAN) return r;
-    char why[RKM_ERRMSG_SIZE];
+    char why[RKM__ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
     return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay: %s",
                     rkm_algo_name(pl->d.algo), why);
 }
 
 /* Birth of a draft of the planner's graph (taken), its progress noted. */
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
 {
     rkm_result r = rkm__draft_birth(pl, pl->g, draft, out);
     if (!r) rkm__progress_plan(pl, *out);
@@ -9909,7 +9909,7 @@ RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rk
 /* The planner's plan p (taken) as the host gets it: born on the user's
  * graph (p is of the aligned one, unless they are the same) and laid out
  * at the desc's alignment. */
-RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
@@ -9932,7 +9932,7 @@ RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_pl
 }
 
 /* The arena plan p (kept) would have as the host gets it. */
-RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
+RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
 {
     rkm_plan *c, *q;
     rkm_result r = rkm__plan_copy(p, &c);
@@ -9945,7 +9945,7 @@ RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, ui
 
 /* Plan p (taken) as the host gets it into *out where its arena fits the
  * budget; else *out NULL and *arena (if not NULL) that arena. */
-RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
+RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
 {
     rkm_result r = rkm__planner_handout(pl, p, out);
     if (!r && (*out)->stats.arena_bytes > budget) {
@@ -9972,7 +9972,7 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_o
     if (rule == RKM__CHAIN_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
     rkm__dp_table *tb = rule == RKM__CHAIN_OFF ? &pl->off_table : &pl->table;
     const rkm__dp_block *bl = rule == RKM__CHAIN_OFF ? pl->off_dpb : pl->dpb;
-    if (!tb->n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
+    if (!tb->n) return RKM_OK; /* left out: over RKM__DP_MAX_BYTES */
     if (m > tb->M) m = tb->M;
     double opt = rkm__dp_opt(tb, 0, g->n_blocks - 1, (int32_t)m), t = 0;
     int64_t peak = 0;
@@ -9989,7 +9989,7 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_o
 
 /* The chain's plan for `budget` (rule: RKM__CHAIN_*), or *out NULL when it
  * has none. */
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
@@ -10010,7 +10010,7 @@ RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budg
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
  * Computed once; 0 when the DP has no plan at all. */
-RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
+RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
 {
     if (!pl->chain_floor && pl->table.n) {
         int64_t m = 0;
@@ -10035,7 +10035,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
 /* The chain DP's plan for `budget`: below the DP's own slot budget but at
  * or above its floor, the floor's plan, so that every budget from the
  * reported floor up has a plan. */
-RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_DP, budget, out);
     uint64_t floor;
@@ -10050,7 +10050,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_pl
  * by one, so a plan for more slots than the budget affords often fits it
  * in bytes (on mlp16 at 36.85 %: 51.4 % overhead for 2 slots more, against
  * 75.7 %). Only slot budgets where the DP's time falls are flattened. */
-RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
@@ -10077,7 +10077,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
  * stays the smallest budget met); above it the result is monotone in the
  * budget: a larger one tries the same slot budgets or ones the DP says are
  * faster. */
-RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *up = NULL;
     rkm_result r = rkm__solve_dp_at(pl, budget, out);
@@ -10178,7 +10178,7 @@ static rkm_result rkm__dtr_runs(rkm_planner *pl, uint64_t budget, int first, int
  * meets it. first: stop at the first plan (to learn whether there is one;
  * the allocator's only, without copies, then with). missed (if not NULL):
  * the fastest bytes-mode plan whose layout did not fit, or NULL. */
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
+RKM__PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? RKM__DTR_COPY_SETS : 1;
     return rkm__dtr_runs(pl, budget, first, 0, sets, INFINITY, out, missed);
@@ -10188,7 +10188,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
  * link: its recompute-only ones are among its starts), the fastest under
  * `bound`, as the host gets it (rkm__planner_handout) where its arena
  * fits, into *out; else NULL. */
-RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
 {
     *out = NULL;
     if (!rkm__dtr_affordable(pl) || !(pl->g->copy.d2h_bytes_per_second > 0)) return RKM_OK;
@@ -10198,7 +10198,7 @@ RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, doubl
 }
 
 /* The chain with its block inputs free to wait in host memory (chain.c's
- * twins, the prefetch priced at RKM_PREFETCH_PRICE of its copy: the plan's
+ * twins, the prefetch priced at RKM__PREFETCH_PRICE of its copy: the plan's
  * prefetches are moved ahead after, where they hide) and its table for m
  * slots at least: made at the first solve that offloads, again for more
  * slots (a column depends on those before it only, so a table for fewer
@@ -10218,11 +10218,11 @@ static rkm_result rkm__chain_off(rkm_planner *pl, int64_t m)
             *x = pl->dpb[b];
             if (in < 0 || !x->in_sz || (g->tensors[in].flags & RKM_TENSOR_INPUT)) continue;
             x->to_host = rkm__copy_seconds(g, in, g->copy.d2h_bytes_per_second);
-            x->from_host = rkm__copy_seconds(g, in, g->copy.h2d_bytes_per_second) * RKM_PREFETCH_PRICE;
+            x->from_host = rkm__copy_seconds(g, in, g->copy.h2d_bytes_per_second) * RKM__PREFETCH_PRICE;
         }
     }
     rkm__dp_table_free(pl->ctx, &pl->off_table);
-    if (rkm__dp_bytes(pl->off_dpb, (int32_t)n, (int32_t)m) > RKM_DP_MAX_BYTES) return RKM_OK;
+    if (rkm__dp_bytes(pl->off_dpb, (int32_t)n, (int32_t)m) > RKM__DP_MAX_BYTES) return RKM_OK;
     int cut;
     rkm_result r = rkm__dp_solve(pl->ctx, pl->off_dpb, (int32_t)n, (int32_t)m, rkm__over(pl) ? -INFINITY : pl->deadline,
                                  &pl->off_table, &cut);
@@ -10253,11 +10253,11 @@ static double rkm__chain_off_floor(const rkm_planner *pl, int64_t m)
  * after it), where it has any, its prefetches then moved ahead where they
  * hide and the layout fits (rkm__dtr_ahead), as the host gets it; where
  * its arena misses the budget, the plan for that much less,
- * RKM_LAYOUT_TRIES times at most. *out NULL where none fits, or where no
+ * RKM__LAYOUT_TRIES times at most. *out NULL where none fits, or where no
  * such plan can be faster than `bound` (rkm__chain_off_floor: on
  * gpt2-xl-b4-t1024 with 25 GB/s the table took 0.11..0.14 s at 50..90 %,
  * where the pass's plans are within that floor). */
-RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
@@ -10265,7 +10265,7 @@ RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, dou
         return RKM_OK;
     rkm_result r = rkm__chain_off(pl, m);
     uint64_t target = budget, arena = 0;
-    for (int k = 0; k < RKM_LAYOUT_TRIES && !r && !*out && pl->off_table.n && (k == 0 || !rkm__over(pl)); k++) {
+    for (int k = 0; k < RKM__LAYOUT_TRIES && !r && !*out && pl->off_table.n && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p = NULL;
         if (k > 0 && target <= arena - budget) break;
         if (k > 0) target -= arena - budget;
@@ -10284,7 +10284,7 @@ RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, dou
 
 /* DTR's plan for `budget`, else for its smallest budget where that is
  * below; missed as in rkm__dtr_plan, for `budget` itself. */
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed)
+RKM__PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     if (missed) *missed = NULL;
@@ -10300,13 +10300,13 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
 /* Whether rockmate tries DTR's plans: a DTR run is O(steps x live
  * buffers), which a long graph cannot afford among several candidates (a
  * chain of 20000 ops: 9 s a run); `--algo dtr` always runs. */
-RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
+RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
 {
-    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM_DTR_MAX_WORK;
+    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM__DTR_MAX_WORK;
 }
 
 /* The faster of two plans (a on a tie); the other is destroyed. */
-RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
+RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
 {
     if (!a || !b) return a ? a : b;
     int keep_a = a->stats.time <= b->stats.time;
@@ -10321,7 +10321,7 @@ RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
  * one that finds none moves lo above m. Where success is not monotone in
  * the budget (DTR, the search) this is the least budget the probes met.
  * *stopped (if not NULL): the deadline ended it. */
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
                                    uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
@@ -10350,12 +10350,12 @@ static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **ou
 
 /* DTR's smallest budget, kept after the first call the deadline did not
  * cut. */
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->dtr_min) {
         uint64_t hi = pl->base_peak, at = pl->base_peak;
         int stopped;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM__BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
         if (r) return r;
         pl->dtr_min_at = at;
         if (stopped) { /* a cut bisection is not kept */
@@ -10855,7 +10855,7 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
  * compute; 1: where none does, copies the compute stream waits for, the
  * largest slot first; 2: the same, the best fit for the bytes over the
  * budget first (rkm__off_fits_better). */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
+RKM__PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
                                          int exposed, const uint8_t *prefer, rkm__steps *out, uint64_t *work)
 {
     rkm__off o;
@@ -10906,12 +10906,12 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
+RKM__PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
                                         const uint8_t *prefer, rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+    for (int k = 0; k < RKM__LAYOUT_TRIES; k++) {
         rkm__steps d;
         rkm_plan *q;
         rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
@@ -10938,7 +10938,7 @@ RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint
  * fit waits less where both fit (test_offload planner_meets_brute_force);
  * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
  * with 25 GB/s fits only so). */
-RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                       rkm_plan **out)
 {
     rkm_plan *e = NULL;
@@ -10955,7 +10955,7 @@ RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, 
 /* Base b's plan with hidden copies into *q; where there is none, with
  * exposed ones into *x, the faster kept (copies the compute stream waits
  * for beat the recomputations they replace when these are long). */
-RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                    rkm_plan **q, rkm_plan **x)
 {
     rkm_plan *e = NULL;
@@ -10966,7 +10966,7 @@ RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint
 
 /* Whether the planner's algorithm offloads on its graph: rockmate and
  * checkmate on a graph with a copy link. */
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
+RKM__PRIVATE int rkm__offloads(const rkm_planner *pl)
 {
     return (pl->d.algo == RKM_ALGO_ROCKMATE || pl->d.algo == RKM_ALGO_CHECKMATE) && pl->g->copy.d2h_bytes_per_second > 0;
 }
@@ -10981,7 +10981,7 @@ RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
  * where faster than `bound` (also lp_solve's cutoff); the solve gets
  * time_limit's work. Checkmate's; rockmate does without (design.md,
  * "Checkmate with copies": no plan changed on the bundled graphs). */
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
+RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
                                          rkm_plan **out)
 {
     const rkm_graph *g = pl->g;
@@ -11026,7 +11026,7 @@ RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doubl
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
  * for checkmate on a graph with a copy link, the faster of that and the
  * ILP with copies (rkm__ilp_offloads), with as much work each. */
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
     *out = NULL;
     /* without lp_solve only rockmate's candidates get here (checkmate is
@@ -11079,10 +11079,10 @@ RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, do
  * shares of their own (their tuning constants), so that one does not starve
  * the next. Work is counted in replayed steps, not time, so plans do not
  * depend on the machine. */
-RKM_PRIVATE void rkm__search_begin(rkm_planner *pl)
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl)
 {
     uint64_t base_left = pl->base_end > pl->work_done ? pl->base_end - pl->work_done : 0;
-    pl->work_left = pl->fitting_base && base_left < RKM_SOLVE_WORK ? base_left : RKM_SOLVE_WORK;
+    pl->work_left = pl->fitting_base && base_left < RKM__SOLVE_WORK ? base_left : RKM__SOLVE_WORK;
 }
 
 /* What a part of the search may spend: its share, or what the solve has
@@ -11532,7 +11532,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_gr
 /* The draft of g whose compute steps are those of steps[0..n), with the
  * earliest frees (polish's canonical form, dead forwards left out): for
  * plans made from compute steps alone (nest.c's drop options). */
-RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out)
+RKM__PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out)
 {
     rkm__polish w;
     rkm_result r = rkm__polish_init(&w, NULL, g, steps, n, UINT64_MAX);
@@ -11589,7 +11589,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
  * instead, where its copies cost less (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
  * DTR's plan with copies at 12.65 % overhead, 2.70 % after the moves). The
  * result, laid out, replaces *p where it is faster and its arena fits. */
-RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
+RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
 {
     rkm__polish w;
     rkm_plan *b = NULL, *q = NULL;
@@ -11617,7 +11617,7 @@ RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint
  * that is live there but not used by the step:
  *   - a tensor is recomputed before its next reader (or right after the
  *     step): forwards of its producer and, back from it, of the producers
- *     of what is not live there (at most RKM_SQUEEZE_CHAIN ops);
+ *     of what is not live there (at most RKM__SQUEEZE_CHAIN ops);
  *   - an op's saved state is made by a forward just before its backward
  *     (with the same chain for the op's inputs) instead of where it was.
  * polish's expansion adds the earliest frees, which drop the tensor or state
@@ -11638,9 +11638,9 @@ typedef struct rkm__squeeze {
     double excess, time; /* of w.cur */
     uint64_t look_limit; /* the work up to which rounds look ahead (w.limit: all it may do) */
     int n_top;           /* the moves of a round with the best scores, best first */
-    double top_score[RKM_SQUEEZE_LOOK];
-    int32_t top_obj[RKM_SQUEEZE_LOOK];
-    int top_early[RKM_SQUEEZE_LOOK];
+    double top_score[RKM__SQUEEZE_LOOK];
+    int32_t top_obj[RKM__SQUEEZE_LOOK];
+    int top_early[RKM__SQUEEZE_LOOK];
 } rkm__squeeze;
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
@@ -11776,18 +11776,18 @@ static int rkm__squeeze_move(rkm__squeeze *q, size_t c, int32_t obj, int early)
     if (early) v = c + 1;
     rkm__squeeze_live_at(q, q->pos[v], q->vlive, NULL);
     if (obj < nt) q->vlive[obj] = 0; /* freed in between */
-    if (rkm__squeeze_mark(q, x, q->vlive) > RKM_SQUEEZE_CHAIN) return 0;
+    if (rkm__squeeze_mark(q, x, q->vlive) > RKM__SQUEEZE_CHAIN) return 0;
     return rkm__squeeze_insert(q, v, obj < nt ? -1 : x, h) && rkm__polish_expand(&q->w) ? 1 : -1;
 }
 
-/* Keep move (obj, early) among the round's RKM_SQUEEZE_LOOK best scores
+/* Keep move (obj, early) among the round's RKM__SQUEEZE_LOOK best scores
  * (on a tie, the one found first stays ahead). */
 static void rkm__squeeze_top(rkm__squeeze *q, double score, int32_t obj, int early)
 {
     int n = q->n_top, i = n;
     while (i > 0 && q->top_score[i - 1] > score) i--;
-    if (i >= RKM_SQUEEZE_LOOK) return;
-    if (n == RKM_SQUEEZE_LOOK) n--; /* the last one falls out */
+    if (i >= RKM__SQUEEZE_LOOK) return;
+    if (n == RKM__SQUEEZE_LOOK) n--; /* the last one falls out */
     for (int k = n; k > i; k--) {
         q->top_score[k] = q->top_score[k - 1];
         q->top_obj[k] = q->top_obj[k - 1];
@@ -11973,7 +11973,7 @@ static rkm_result rkm__squeeze_metered(rkm_planner *pl, const rkm_plan *p, uint6
 }
 
 /* The squeeze starts from the chain DP's plans for the budget's multiples
- * 1 + RKM_SQUEEZE_STEP * 2^i, i < RKM_SQUEEZE_STARTS (5 % to 160 % more
+ * 1 + RKM__SQUEEZE_STEP * 2^i, i < RKM__SQUEEZE_STARTS (5 % to 160 % more
  * memory), and below the DP's floor from the floor's plan: on the bundled
  * graphs the start that squeezes best lies anywhere from 7 % to 86 % above
  * the budget, so one start is not enough. */
@@ -11989,8 +11989,8 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
         rkm_result r = rkm__chain_floor(pl, &floor, &slots);
         return r || !floor || floor <= budget ? r : rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, slots), out);
     }
-    int dtr = i >= RKM_SQUEEZE_STARTS;
-    double b = (double)budget * (1 + RKM_SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM_SQUEEZE_STARTS : i)));
+    int dtr = i >= RKM__SQUEEZE_STARTS;
+    double b = (double)budget * (1 + RKM__SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM__SQUEEZE_STARTS : i)));
     uint64_t at = b >= 0x1p64 ? UINT64_MAX : (uint64_t)b;
     if (dtr && !rkm__dtr_affordable(pl)) return RKM_OK;
     return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, RKM__CHAIN_DP, at, out);
@@ -11999,13 +11999,13 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
 /* The fastest plan within `budget` that the squeeze makes from its starts,
  * each polished, or *out NULL. A start that fits already, or that is the
  * previous one's plan again, is left out. */
-RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    uint64_t left = RKM_SQUEEZE_WORK, look_left = RKM_SQUEEZE_LOOK_WORK, last_peak = 0;
+    uint64_t left = RKM__SQUEEZE_WORK, look_left = RKM__SQUEEZE_LOOK_WORK, last_peak = 0;
     double last_time = -1;
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && rkm__share(pl, left) > 0; i++) {
+    for (int i = -1; i < RKM__SQUEEZE_STARTS + RKM__SQUEEZE_DTR_STARTS && !r && rkm__share(pl, left) > 0; i++) {
         rkm_plan *a = NULL, *b = NULL;
         r = rkm__squeeze_start(pl, budget, i, &a);
         if (!r && a && a->stats.peak > budget && !(a->stats.time == last_time && a->stats.peak == last_peak)) {
@@ -12033,13 +12033,13 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
  * best plan even where the plan then peaks over the budget, squeezes the
  * result back within it and polishes that; the best plan moves to the
  * first result that is faster, and the kicks start over from it. At most
- * RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish): measured on
+ * RKM__KICK_TRIALS kicks a solve (each a squeeze and a polish): measured on
  * the bundled graphs, 64 reach what 200 do but on peer-gpt (27.05 % against
  * 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
-RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
+RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
 {
-    if (g->n_ops > RKM_KICK_MAX_OPS) return 0;
-    return g->n_ops <= RKM_WHOLE_GRAPH_OPS ? RKM_SQUEEZE_WORK : RKM_KICK_WORK_LARGE;
+    if (g->n_ops > RKM__KICK_MAX_OPS) return 0;
+    return g->n_ops <= RKM__WHOLE_GRAPH_OPS ? RKM__SQUEEZE_WORK : RKM__KICK_WORK_LARGE;
 }
 
 /* A copy of w.full as a plan when it replays valid at any peak, else NULL. */
@@ -12125,8 +12125,8 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * without it, in 2.6 s instead of 4.7). */
 static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, out);
+    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
     return RKM_OK;
@@ -12156,7 +12156,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
  * mlp16, rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline
  * peak but 40.56 % at 39 % to 42 %, and squeezing and kicking at 96 % or
  * 90 % of those budgets finds the 37.86 % plan again). Rungs run on graphs
- * of up to RKM_WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
+ * of up to RKM__WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
  * from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
  * one work meter and stops at its deadline. */
 typedef struct rkm__phase {
@@ -12164,7 +12164,7 @@ typedef struct rkm__phase {
     int kicks; /* at most this many kicks */
 } rkm__phase;
 
-static const rkm__phase rkm__phases[] = RKM_SEARCH_PHASES;
+static const rkm__phase rkm__phases[] = RKM__SEARCH_PHASES;
 
 /* Phase ph for `budget` from *best (the portfolio's plan, or the phases'
  * so far): *best is the faster of it and the phase's plan. */
@@ -12198,7 +12198,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
     rkm_plan *k = NULL; /* m kicked; the kicks may leave the arena over even where m's fits */
     rkm_result r = rkm__over(pl) ? RKM_OK : rkm__polish_plan(pl, budget, &m);
     if (!r && m) r = rkm__plan_copy(m, &k);
-    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM_MISSED_KICK_TRIALS, &k);
+    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM__MISSED_KICK_TRIALS, &k);
     for (int i = 0; i < 2 && !r; i++) { /* the kicked plan first, then m */
         rkm_plan **c = i ? &m : &k;
         uint64_t arena = UINT64_MAX;
@@ -12220,7 +12220,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
  * plan (*runner, taken then) and the plan squeezed and polished at budgets
  * below its peak: first by the arena's excess, then bisecting between the
  * highest whose arena fits and the lowest whose arena does not
- * (RKM_ARENA_FIT_TRIES in all), since one squeezed by the excess often
+ * (RKM__ARENA_FIT_TRIES in all), since one squeezed by the excess often
  * lays out well within the budget. Where none fits, the planner's fit
  * solves again for less: a whole solve where this is a few squeezes and
  * layouts (dag4x50 at 30 %: 12.98 %, the portfolio's plan; the fit's
@@ -12235,8 +12235,8 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     if (fit) *runner = NULL;
     uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
     uint64_t at = hi > arena - budget ? hi - (arena - budget) : 0;
-    for (int k = 0; !r && at > lo && at < hi && k < RKM_ARENA_FIT_TRIES && !rkm__over(pl); k++) {
-        uint64_t left = RKM_SQUEEZE_WORK, a = UINT64_MAX;
+    for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
+        uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
         rkm_plan *q = NULL;
         r = rkm__squeeze_metered(pl, *best, at, &left, NULL, &q);
         if (!r && q) r = rkm__polish_plan(pl, at, &q);
@@ -12263,7 +12263,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
  * track; the arena's fit (with the portfolio's plan). All of it within the
  * solve's work and, past the chain DP's plan, its deadline. */
-RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     rkm_result r = RKM_OK;
@@ -12276,7 +12276,7 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !pl->fitting_base; k++) {
-        if (k > 0 && (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || rkm__over(pl))) break;
+        if (k > 0 && (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
     if (!r && missed && best) r = rkm__missed_track(pl, budget, missed, &best);
@@ -12376,7 +12376,7 @@ static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32
     if (!r) r = rkm__nest_loss(g, b, h, to);
     if (!r) r = rkm_graph_finalize(h);
     if (r && r != RKM_ERROR_NOMEM) { /* g was valid, so its block is: a bug */
-        char why[RKM_ERRMSG_SIZE];
+        char why[RKM__ERRMSG_SIZE];
         snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
         r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s as a graph of its own: %s",
                      g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name, why);
@@ -12389,13 +12389,13 @@ static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32
 }
 
 /* Does h cut b into a chain worth planning (its largest block peels at
- * least RKM_NEST_PEEL ops off b)? */
+ * least RKM__NEST_PEEL ops off b)? */
 static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
 {
     int32_t most = 0;
     for (int32_t k = 0; k < h->n_blocks; k++)
         if (h->blocks[k].n_ops > most) most = h->blocks[k].n_ops;
-    return most <= b->n_ops - RKM_NEST_PEEL;
+    return most <= b->n_ops - RKM__NEST_PEEL;
 }
 
 /* Nested plan p (of h) as block b's steps: in g's ids, the stand-in
@@ -12504,7 +12504,7 @@ static int rkm__drop_steps(const rkm_graph *h, const rkm_plan *base, uint8_t *dr
 /* The plan of h (a block as a graph of its own, `base` its baseline) with
  * the ops drop[] (h->n_ops flags, then as many of scratch) made again in
  * the backward, each once, before its first reader there; c: scratch. */
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
+RKM__PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
                                       rkm__steps *c, rkm_plan **out)
 {
     rkm__steps d = {pl->ctx, NULL, 0, 0};
@@ -12549,9 +12549,9 @@ static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order
     return m;
 }
 
-/* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
+/* Block b's drop options (RKM__DROP_POINTS prefixes, by bytes freed),
  * offered to its class; past the deadline, no more. */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
+RKM__PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
 {
     const rkm_graph *g = pl->g;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
@@ -12568,8 +12568,8 @@ RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm
     if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
     int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
     uint64_t freed = 0;
-    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r && !rkm__over(pl); i++) {
-        uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
+    for (int32_t i = 0, p = 0; i < RKM__DROP_POINTS && !r && !rkm__over(pl); i++) {
+        uint64_t goal = total / RKM__DROP_POINTS * (uint64_t)(i + 1);
         int more = 0;
         for (; p < m && freed < goal; p++, more = 1) {
             drop[order[p]] = 1;
@@ -12596,14 +12596,14 @@ RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm
  * rkm__planner_make, handed down: the planner's recursion), whose block
  * ILP budget is `allow`, over peak budgets from the nested floor (or the
  * block's, if higher) to peak_hi; *nested: some were offered. Nothing
- * happens for blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH
+ * happens for blocks of nest_ops ops or fewer, below RKM__NEST_DEPTH
  * levels, past the deadline, or where b does not cut. */
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested)
 {
     const rkm_graph *g = pl->g;
     *nested = 0;
-    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM__NEST_DEPTH || rkm__over(pl)) return RKM_OK;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
     rkm_graph *h = NULL;
     rkm_planner *sub = NULL;
@@ -12626,9 +12626,9 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker mak
         uint64_t hi = peak_hi > lo ? peak_hi : lo;
         /* the chain DP's plan and DTR's at each point: DTR reaches below
          * the chain's floor, where the nested blocks' boundaries are held */
-        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
+        for (int i = 0; i < 2 * RKM__NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
-            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
+            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM__NEST_POINTS - 1));
             r = i % 2 ? rkm__solve_dtr(sub, budget, &p, NULL) : rkm__solve_dp(sub, budget, &p);
             if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
             *nested |= p != NULL;
@@ -12733,7 +12733,7 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
     return RKM_OK;
 }
 
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
+RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
@@ -12844,7 +12844,7 @@ static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block
  * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
  * ilp_time_limit a solve, but where the first solve that finds a schedule
  * reaches its work limit, the block is hard for the solver and its options
- * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
+ * are better from fewer solves with more work each (RKM__ILP_HARD_KEPT). */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
@@ -12860,8 +12860,8 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     int hard = 0;
     r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
     if (!r && hard) { /* the probe's option stays; the grid starts over */
-        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
-        gr.lim *= RKM_ILP_HARD_EFFORT;
+        gr.nk = (int32_t)ceil(gr.nk * RKM__ILP_HARD_KEPT);
+        gr.lim *= RKM__ILP_HARD_EFFORT;
         gr.next = 0;
     }
     if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
@@ -12870,7 +12870,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 }
 
 /* Whether the chain has blocks to trade memory between: two or more of
- * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
+ * more than RKM__MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
  * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
  * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
  * the whole-graph search plans the block, and the options moved plans
@@ -12879,7 +12879,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 static int rkm__drop_chain(const rkm_graph *g)
 {
     int32_t big = 0;
-    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
+    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM__MERGE_RUN;
     return big >= 2;
 }
 
@@ -12905,12 +12905,12 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     rkm_result r = rkm__nest_options(pl, rkm__planner_make, s, b, peak_lo, peak_hi, allow, &nested);
     if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
     double left = allow - (pl->ilp.work - work0);
-    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
+    if (!r && !(nested && b->n_ops > RKM__ILP_FLAT_OPS) && b->n_ops <= RKM__ILP_MAX_OPS && RKM__HAVE_ILP) {
         /* a share below a tenth of one solve's limit buys no solve but costs
          * the model's build (a chain of 5000 distinct blocks: 17 s of it);
          * it is spent all the same, or the last of many such classes would
          * get the others' and build after all */
-        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
+        if (left < RKM__ILP_MIN_SHARE * pl->d.ilp_time_limit) {
             pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
             pl->pool = fmax(0, pl->pool - left);
         } else
@@ -12939,7 +12939,7 @@ static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
     }
     double all = wl;
     for (int32_t i = 0; i < n && !r; i++) {
-        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
+        rkm__progress_part(pl, RKM__PROGRESS_CLASSES * (1 - wl / all), RKM__PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
         r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
         wl -= w[order[i]];
     }
@@ -13002,18 +13002,18 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
     if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM_ALGO_ROCKMATE;
     rkm_result r;
-    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
-        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
+    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM__DEFAULT_SLOTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM__DEFAULT_PEAK_POINTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM__DEFAULT_KEPT_POINTS)) ||
+        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM__DEFAULT_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM__DEFAULT_ILP_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM__DEFAULT_ILP_BUDGET)))
         return r;
     if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
-    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
+    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM__MAX_ALIGNMENT)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
-                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
-    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
+                        (unsigned long long)d->alignment, (unsigned long long)RKM__MAX_ALIGNMENT);
+    if (d->nest_ops == 0) d->nest_ops = RKM__DEFAULT_NEST_OPS;
     if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
 #ifdef RKM_OMIT_SOLVER
     /* rockmate plans without its ILP options (rkm__class_options) */
@@ -13031,7 +13031,7 @@ static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == R
 /* A planner for g with settings d (defaults applied), below `parent` (NULL:
  * the one the user made): nested planners do not log, and their checks
  * are their parent's (rkm__over). */
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
+RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
 {
     int32_t depth = parent ? parent->depth + 1 : 0;
     const rkm_solve_desc d = *desc;
@@ -13100,14 +13100,14 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     return RKM_OK;
 }
 
-/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
+/* The chain DP's table, if it fits under RKM__DP_MAX_BYTES. Rotor without it
  * has nothing to plan with: refused, with the figure and the knob. Rockmate
  * goes on without the chain DP (sqrt, DTR), with a warning. */
 static rkm_result rkm__planner_dp(rkm_planner *pl)
 {
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) {
+    if (need <= RKM__DP_MAX_BYTES) {
         int cut; /* past the deadline or cancelled: the first tile only */
         rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
         pl->cut |= cut;
@@ -13115,20 +13115,20 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
     }
     if (pl->d.algo == RKM_ALGO_ROCKMATE) {
         rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
-                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
+                 (int)n, (int)M, need / 1073741824.0, RKM__DP_MAX_BYTES / 1073741824.0);
         return RKM_OK;
     }
     int32_t fit = M;
-    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
+    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM__DP_MAX_BYTES) fit /= 2;
     char hint[96];
-    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
+    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM__DP_MAX_BYTES)
         snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
     else
         snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
     return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
                     "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
                     "plan with rockmate or dtr",
-                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
+                    (int)n, (int)M, need / 1073741824.0, RKM__DP_MAX_BYTES / 1073741824.0, hint);
 }
 
 /* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
@@ -13138,7 +13138,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * left, the plan for that much less, RKM__LAYOUT_TRIES times at most (once
  * past the deadline: each try ends in a layout, which it does not cut). *need
  * (if not NULL): the least arena of the plans that did not fit, 0 if
  * none. */
@@ -13147,7 +13147,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
     *out = NULL;
     if (need) *need = 0;
     uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
+    for (int k = 0; k < RKM__LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p, *q;
         rkm_result r = rkm__planner_try(pl, b, &p);
         if (r || !p) return r;
@@ -13174,7 +13174,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
  * its arena fits, and the tries' smaller budgets may give slower plans
  * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
  * (at DTR's smallest budget). */
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
@@ -13221,7 +13221,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
     /* One solve's work is worth about its share of the limit; on a slow
      * machine the call's deadline (rkm__over) stops it first. */
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE, out);
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, out);
     return RKM_OK;
 }
 
@@ -13232,7 +13232,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
 /* The smallest budget the planner meets, and the plan that meets it
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
  * counted at the alignment) upwards, by the least arena of the plans that
- * did not fit, else by steps that double from 1/RKM_MIN_BUDGET_STEPS of the
+ * did not fit, else by steps that double from 1/RKM__MIN_BUDGET_STEPS of the
  * way to the baseline peak, until a plan fits (the baseline's arena always
  * does); then down, while the budget one byte under the plan's arena finds
  * a plan. The budget is that plan's arena: rkm_planner_solve meets any
@@ -13242,17 +13242,17 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
-    rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
+    rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS);
     pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
-    rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
+    rkm__progress_part(pl, RKM__PROGRESS_FLOORS, (1 + RKM__PROGRESS_FLOORS) / 2);
     pl->fitting_min = 1;
-    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
+    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM__MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
         /* the baseline, laid out, fits its own arena; past the deadline,
          * after one try at the least peak */
-        if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
+        if (k == RKM__MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             failed = m;
@@ -13265,8 +13265,8 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     /* then down: a budget just under that arena may find another plan, but
      * not one under a budget that found none on the way up (the searches
      * are not monotone, but a failing solve is the dearest of all) */
-    rkm__progress_part(pl, (1 + RKM_PROGRESS_FLOORS) / 2, 1);
-    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
+    rkm__progress_part(pl, (1 + RKM__PROGRESS_FLOORS) / 2, 1);
+    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -13284,7 +13284,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 
 /* The smallest budget, kept unless a cut call found it (then the next call
  * looks again), within the call's deadline. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
+RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->min_budget || pl->min_cut) {
         rkm_plan_destroy(pl->min_plan);
@@ -13322,9 +13322,9 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 /* Checkmate: feasibility is monotone in the budget; the probes share the
  * time limit, and one that times out counts as infeasible, so this is the
  * least budget the solver could meet. */
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE / RKM__BISECT_CHECKMATE, out);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
@@ -13335,7 +13335,7 @@ RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rk
 static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm__search_begin(pl);
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_BISECT_SMALL_SECONDS, out);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__BISECT_SMALL_SECONDS, out);
     if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }
@@ -13353,7 +13353,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
         uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
         *at = *out;
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
@@ -13365,12 +13365,12 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
         uint64_t dtr;
-        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS / 2);
+        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS / 2);
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
-        rkm__progress_part(pl, RKM_PROGRESS_FLOORS / 2, RKM_PROGRESS_FLOORS);
-        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM__WHOLE_GRAPH_OPS) {
+        rkm__progress_part(pl, RKM__PROGRESS_FLOORS / 2, RKM__PROGRESS_FLOORS);
+        r = rkm__bisect(pl, rkm__probe_small, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     }
     if (*at < *out) *at = *out;
     return r;
@@ -13382,7 +13382,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
  * pl->off_bases[k]. */
 static rkm_result rkm__off_min_base(rkm_planner *pl, int k)
 {
-    const int n = RKM_OFFLOAD_MIN_BASES;
+    const int n = RKM__OFFLOAD_MIN_BASES;
     double floor = (double)pl->min_budget;
     if (k == 0) return rkm__plan_copy(pl->min_plan, &pl->off_bases[0]);
     if (k == n - 1) return rkm__plan_baseline(pl->user, &pl->off_bases[k]);
@@ -13398,7 +13398,7 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
 {
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++) {
+    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES && !r && !*out; k++) {
         if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
         if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, NULL, out);
     }
@@ -13415,17 +13415,17 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
  * none). */
 static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
 {
-    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL};
+    rkm_plan *b[RKM__OFFLOAD_MIN_BASES] = {NULL};
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
     if (pl->min_plan && min > pl->lower_bound) {
         pl->off_bases = b;
         pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
+        r = rkm__bisect(pl, rkm__probe_offload, RKM__BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
         if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
         pl->off_bases = NULL;
     }
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
+    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
     return r;
 }
 
@@ -13438,7 +13438,7 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
     if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
     if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
     if (*p && (*p)->stats.arena_bytes >= min) {
         rkm_plan_destroy(*p);
@@ -13454,7 +13454,7 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
  * plan's arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands
  * out a copy where its own search finds nothing); kept with the floor (a
  * cut bisection makes both be sought again). */
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
+RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
 {
     uint64_t min;
     rkm_result r = rkm__min_budget_get(pl, &min);
@@ -13489,7 +13489,7 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
  * baseline); where the copies do not bring that plan within the budget (too
  * many, each with its latency), a plan for a quarter as much more memory,
  * and where there is no plan (below the recompute-only floor), one for half
- * way to the baseline peak: RKM_OFFLOAD_BASES plans at most, until one fits
+ * way to the baseline peak: RKM__OFFLOAD_BASES plans at most, until one fits
  * with hidden copies (a base where only exposed ones fit is a candidate, not
  * the end). A base is planned without the whole-graph ILP start, the phases
  * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
@@ -13509,10 +13509,10 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
  * pass's 16.64 %), and the chain DP with block inputs in host memory
  * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). Then
  * the offload moves (search.c) on the fastest of all, within
- * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
+ * RKM__OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
  * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
  * 12.65 % -> 2.70 %). */
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
     rkm_plan *base = NULL, *q = NULL, *x = NULL;
@@ -13523,11 +13523,11 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     base = NULL;
     uint64_t done = pl->work_done;
     if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
-    /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
+    /* the bases together: RKM__OFFLOAD_BASE_WORK of what that solve's search
      * did, or a solve's where it found no plan (only a base can give one);
-     * the offload moves, RKM_OFFLOAD_MOVES_WORK of it */
-    double solve = *p ? (double)(pl->work_done - done) : (double)RKM_SOLVE_WORK;
-    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
+     * the offload moves, RKM__OFFLOAD_MOVES_WORK of it */
+    double solve = *p ? (double)(pl->work_done - done) : (double)RKM__SOLVE_WORK;
+    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM__OFFLOAD_BASE_WORK) : RKM__SOLVE_WORK);
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -13536,8 +13536,8 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     }
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
-    double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
+    double up = fmin((double)budget + RKM__OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
+    for (int k = 0; k < RKM__OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
         pl->fitting_base = 1;
         r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
         pl->fitting_base = 0;
@@ -13557,7 +13557,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     *p = rkm__faster(*p, d);
     if (!r) r = rkm__chain_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &c);
     *p = rkm__faster(*p, c);
-    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM_OFFLOAD_MOVES_WORK), p);
+    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM__OFFLOAD_MOVES_WORK), p);
     if (r) { /* nothing half-built: the plan taken goes too */
         rkm_plan_destroy(*p);
         *p = NULL;
@@ -13572,7 +13572,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
  * that a plan made for more memory fits (inplace-split at 93 %: 13.02 %
  * overhead from the smallest budget's plan, 26.01 % with copies at
  * 100 MB/s). */
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     uint64_t min;
     rkm_result r = rkm__min_budget_get(pl, &min);
@@ -13701,7 +13701,7 @@ rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
 
 static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, int code)
 {
-    char text[RKM_NAME_MAX + 32];
+    char text[RKM__NAME_MAX + 32];
     rkm_step_text(p->g, &p->steps[i], text, sizeof text);
     return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "step %zu (%s): the %s callback returned %d", i, text, which, code);
 }

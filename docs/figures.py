@@ -184,8 +184,8 @@ def figures(build, check, bench, svg_dir):
                    "README's sentence (rockmate's plan is that bound) no longer holds; rewrite it"
                    % (RESNET, pct(100 * plan["overhead"]), pct(100 * bound)))
     f["resnet18-bound"] = ("det", pct(100 * bound))
-    f["whole-graph-seconds"] = ("det", internal_constant("RKM_WHOLE_GRAPH_SECONDS"))
-    f["whole-graph-ops"] = ("det", internal_constant("RKM_WHOLE_GRAPH_OPS"))
+    f["whole-graph-seconds"] = ("det", internal_constant("RKM__WHOLE_GRAPH_SECONDS"))
+    f["whole-graph-ops"] = ("det", internal_constant("RKM__WHOLE_GRAPH_OPS"))
 
     if check:
         demo_out = finish(demo_p)

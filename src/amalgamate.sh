@@ -1,6 +1,6 @@
 #!/bin/sh
 # amalgamate.sh -- write rockmate.c, the one file users vendor: internal.h
-# then every source file in pipeline order, RKM_PRIVATE made `static`.
+# then every source file in pipeline order, RKM__PRIVATE made `static`.
 #
 #   sh src/amalgamate.sh            write rockmate.c
 #   sh src/amalgamate.sh --check    exit 1 if rockmate.c is not what it
@@ -26,7 +26,7 @@ emit() {
     printf '%s\n' ' *'
     printf '%s\n' ' * See rockmate.h for the public API and docs/formats.md for the contract.'
     printf '%s\n' ' * Build: cc -c rockmate.c (with lp_solve) or cc -DRKM_OMIT_SOLVER -c rockmate.c. */'
-    printf '%s\n' '#define RKM_AMALGAMATION 1'
+    printf '%s\n' '#define RKM__AMALGAMATION 1'
     for f in internal.h $(for x in $FILES; do printf '%s.c ' "$x"; done); do
         printf '\n/* ==== src/%s ==== */\n\n' "$f"
         sed '/^#include "internal.h"$/d' "src/$f"

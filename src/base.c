@@ -14,13 +14,13 @@ static void *rkm__default_alloc(void *user, void *ptr, size_t old_size, size_t n
     return realloc(ptr, new_size);
 }
 
-RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size)
+RKM__PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size)
 {
     if (size == 0) size = 1;
     return ctx->alloc(ctx->alloc_user, NULL, 0, size);
 }
 
-RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
+RKM__PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
 {
     if (elem && n > SIZE_MAX / elem) return NULL;
     void *p = rkm__alloc(ctx, n * elem);
@@ -28,21 +28,21 @@ RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem)
     return p;
 }
 
-RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size)
+RKM__PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size)
 {
     if (new_size == 0) new_size = 1;
     if (!ptr) old_size = 0;
     return ctx->alloc(ctx->alloc_user, ptr, old_size, new_size);
 }
 
-RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size)
+RKM__PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size)
 {
     if (ptr) ctx->alloc(ctx->alloc_user, ptr, size ? size : 1, 0);
 }
 
 /* rkm__reserve's growth: *p (an array of `elem`-byte items with capacity
  * *cap) to hold `need`, more than it does. */
-RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
+RKM__PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem)
 {
     size_t ncap = *cap ? *cap : 8;
     while (ncap < need) ncap *= 2;
@@ -54,7 +54,7 @@ RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_
     return 1;
 }
 
-RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s)
+RKM__PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s)
 {
     size_t n = strlen(s) + 1;
     char *d = rkm__alloc(ctx, n);
@@ -62,7 +62,7 @@ RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s)
     return d;
 }
 
-RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s)
+RKM__PRIVATE void rkm__strfree(rkm_context *ctx, char *s)
 {
     if (s) rkm__free(ctx, s, strlen(s) + 1);
 }
@@ -70,12 +70,12 @@ RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s)
 static void rkm__logv(rkm_context *ctx, rkm_log_level level, const char *fmt, va_list ap)
 {
     if (!ctx->log || (int)level > ctx->log_level) return;
-    char buf[RKM_ERRMSG_SIZE];
+    char buf[RKM__ERRMSG_SIZE];
     vsnprintf(buf, sizeof buf, fmt, ap);
     ctx->log(ctx->log_user, level, buf);
 }
 
-RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...)
+RKM__PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -84,7 +84,7 @@ RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt
 }
 
 /* Record the message of a failed call and return its code. */
-RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -94,12 +94,12 @@ RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *f
     return code;
 }
 
-RKM_PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where)
+RKM__PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where)
 {
     return rkm__err(ctx, RKM_ERROR_NOMEM, "%s: out of memory", where);
 }
 
-RKM_PRIVATE double rkm__now(void)
+RKM__PRIVATE double rkm__now(void)
 {
     struct timespec ts;
 #if defined(CLOCK_MONOTONIC)
@@ -111,7 +111,7 @@ RKM_PRIVATE double rkm__now(void)
 }
 
 /* Checked 64-bit add: returns 0 on overflow. */
-RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out)
+RKM__PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     if (a > UINT64_MAX - b) return 0;
     *out = a + b;
@@ -119,7 +119,7 @@ RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out)
 }
 
 /* v rounded up to a multiple of a power of two a (v + a - 1 must fit). */
-RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+RKM__PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 const char *rkm_version(void) { return RKM_VERSION_STRING; }
 int rkm_version_number(void) { return RKM_VERSION_NUMBER; }
@@ -171,9 +171,9 @@ rkm_result rkm_context_create(const rkm_context_desc *desc, rkm_context **out)
 
 static void rkm__ctx_free(rkm_context *ctx) { ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0); }
 
-RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx) { ctx->live++; }
+RKM__PRIVATE void rkm__ctx_hold(rkm_context *ctx) { ctx->live++; }
 
-RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx)
+RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx)
 {
     if (--ctx->live == 0 && ctx->destroyed) rkm__ctx_free(ctx);
 }
@@ -203,7 +203,7 @@ void *rkm_context_realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t n
 rkm_result rkm_context_fail(rkm_context *ctx, rkm_result code, const char *fmt, ...)
 {
     if (!ctx || !fmt) return code;
-    char msg[RKM_ERRMSG_SIZE];
+    char msg[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -218,7 +218,7 @@ static uint64_t rkm__hash(const char *s)
     return h;
 }
 
-RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner)
+RKM__PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner)
 {
     if (!m->cap) return -1;
     size_t mask = m->cap - 1;
@@ -230,7 +230,7 @@ RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name
 }
 
 /* Insert id (whose name is not yet in the map); 0 on allocation failure. */
-RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner)
+RKM__PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner)
 {
     if ((m->count + 1) * 2 > m->cap) {
         size_t ncap = m->cap ? m->cap * 2 : 64;
@@ -255,7 +255,7 @@ RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__
     return 1;
 }
 
-RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m)
+RKM__PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m)
 {
     rkm__free(ctx, m->slots, m->cap * sizeof *m->slots);
     memset(m, 0, sizeof *m);

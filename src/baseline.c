@@ -29,7 +29,7 @@ static rkm_result rkm__uses(const rkm_graph *g, int32_t **last_fwd, int32_t **fi
     return RKM_OK;
 }
 
-RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
+RKM__PRIVATE int rkm__saves_phantom(const rkm__op *o) { return o->phantom > 0 && o->has_bwd; }
 
 /* In-place runs, made from a valid plan: a `fwd OP` of an op that declares
  * RKM_OP_INPLACE, whose in[0] is live and out[0] is not, and after which
@@ -94,7 +94,7 @@ static void rkm__inplace_mark(const rkm_graph *g, rkm__steps *d, uint8_t *ok, in
 }
 
 /* Lower d (a valid plan, or one valid up to some step) to in-place runs. */
-RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d)
+RKM__PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d)
 {
     size_t n = d->n;
     if (!n || !g->has_inplace) return RKM_OK;
@@ -178,7 +178,7 @@ static rkm_result rkm__baseline_steps(const rkm_graph *g, rkm__steps *d)
 }
 
 /* The baseline plan, not laid out (the planner's candidate). */
-RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out)
 {
     rkm__steps d = {g->ctx, NULL, 0, 0};
     rkm_result r = rkm__baseline_steps(g, &d);
@@ -263,7 +263,7 @@ rkm_result rkm_parse_budget(const rkm_graph *g, const char *text, uint64_t align
 }
 
 /* Sum of bytes of the distinct tensors among two id lists (a, then b). */
-RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb,
+RKM__PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb,
                                  int grads_only)
 {
     uint64_t sum = 0;
@@ -281,7 +281,7 @@ RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int3
 /* The largest single step's need: no plan can peak below it. *op, *bwd:
  * that step (-1: the loss step, which holds the inputs, the loss and its
  * gradient). */
-RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
+RKM__PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd)
 {
     uint64_t lb = g->input_bytes + 2 * g->tensors[g->loss].bytes;
     *op = -1;
@@ -376,7 +376,7 @@ rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *ext
 
 /* The graph's figures, once, at finalize: the baseline's peak and time come
  * from replaying its steps (the graph is not finalized yet: no plan). */
-RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
+RKM__PRIVATE rkm_result rkm__graph_figures(rkm_graph *g)
 {
     rkm__steps d = {g->ctx, NULL, 0, 0};
     rkm__sim s;

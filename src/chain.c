@@ -188,7 +188,7 @@ static const char *rkm__dp_apply(const rkm__dp_block *bl, int32_t n, rkm__dp_sta
     return NULL;
 }
 
-RKM_PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o)
+RKM__PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o)
 {
     rkm__free(ctx, o->v, o->cap * sizeof *o->v);
     o->v = NULL;
@@ -205,7 +205,7 @@ static int rkm__dp_ops_push(rkm_context *ctx, rkm__dp_ops *o, int32_t kind, int3
 /* Replay a whole schedule from the start of a step: *time and *peak (slots).
  * RKM_ERROR_PLAN names the first op whose preconditions fail, or a schedule
  * that does not end with every backward done and nothing live. */
-RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops,
+RKM__PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops,
                                double *time, int64_t *peak)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
@@ -289,7 +289,7 @@ static void rkm__dp_fill_lo(const rkm__dp_block *bl, int32_t n, int64_t *lo)
 
 /* The least M with Opt(1, n, M) finite; RKM_ERROR_BUDGET when there is none
  * (a block without options). */
-RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min)
+RKM__PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
@@ -459,7 +459,7 @@ static void rkm__dp_solve_tile(rkm__dp_table *t, size_t p, int32_t m0, int32_t m
     for (int32_t m = e > m0 ? e : m0; m < m1; m++) best[m] = best[hi]; /* constant past hi */
 }
 
-RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t)
+RKM__PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t)
 {
     size_t pairs = t->n > 0 ? rkm__dp_pairs(t->n) : 0;
     rkm__free(ctx, t->cost, pairs * t->row * sizeof *t->cost);
@@ -495,7 +495,7 @@ static int rkm__dp_prepare(rkm_context *ctx, rkm__dp_table *t)
     return 1;
 }
 
-RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
+RKM__PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
 {
     int32_t max_opt = 0, twins = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -517,7 +517,7 @@ RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
  * never): the table then holds the columns solved so far, at least the
  * first tile's (t->M is the last: a valid table for fewer slots), and *cut
  * (when not NULL) is 1. */
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline,
+RKM__PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline,
                                      rkm__dp_table *t, int *cut)
 {
     if (cut) *cut = 0;
@@ -564,7 +564,7 @@ nomem:
 }
 
 /* Opt(a, b, m); INFINITY when infeasible. */
-RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
+RKM__PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m)
 {
     return t->cost[rkm__dp_pair(t->n, a, b) * t->row + (size_t)m];
 }
@@ -638,7 +638,7 @@ static int rkm__dp_expand(rkm_context *ctx, rkm__dp_table *t, rkm__dp_stack *s, 
 
 /* The schedule of Opt(1, n, m) from a table solved with M >= m, appended to
  * *ops (which the caller frees). RKM_ERROR_BUDGET if infeasible at m. */
-RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops)
+RKM__PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops)
 {
     if (m < 0 || m > t->M) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "chain DP: %d slots outside the table", (int)m);
     if (!isfinite(rkm__dp_opt(t, 0, t->n - 1, m)))
@@ -671,7 +671,7 @@ static int32_t rkm__dp_fastest(const rkm__dp_block *b)
 /* Chen et al.'s schedule: segments of ceil(sqrt(n)) blocks; a no-save forward
  * keeps only segment inputs; then, from the last segment back, forward with
  * the fastest option through the segment and backward through it. */
-RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;

@@ -39,7 +39,7 @@
  * write, where all of them still end by their waits (rkm__dtr_off_place):
  * the stream's idle time early on serves the later evictions. A prefetch
  * is on demand here, waited for at once (its wait priced whole, or at
- * RKM_PREFETCH_PRICE of it); rkm__dtr_hoist then moves the plan's
+ * RKM__PREFETCH_PRICE of it); rkm__dtr_hoist then moves the plan's
  * prefetches ahead of need. The simulator times each plan, and
  * rkm__dtr_plan keeps the fastest of DTR recompute-only and these, at
  * either price, with saved states sent to host memory too or not (each
@@ -616,7 +616,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     memset(d, 0, sizeof *d);
     d->g = g;
     d->copies = copies && g->copy.d2h_bytes_per_second > 0;
-    d->price = copies % 2 ? 1 : RKM_PREFETCH_PRICE;
+    d->price = copies % 2 ? 1 : RKM__PREFETCH_PRICE;
     d->saved = copies <= 2;
     d->budget = budget;
     d->bytes_mode = bytes_mode;
@@ -624,7 +624,7 @@ static rkm_result rkm__dtr_init(rkm__dtr *d, const rkm_graph *g, uint64_t budget
     d->score = score;
     d->max_time = max_time;
     d->out.ctx = g->ctx;
-    d->max_steps = RKM_DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM_DTR_STEPS_MIN;
+    d->max_steps = RKM__DTR_STEPS_PER_OBJECT * (2 * g->n_ops + g->n_tensors) + RKM__DTR_STEPS_MIN;
     size_t nt = g->n_tensors + 1, no = g->n_ops + 1;
     int64_t *mem = rkm__calloc(g->ctx, 3 * nt + 3 * no, sizeof(int64_t));
     if (!mem) return rkm__nomem(g->ctx, "dtr");
@@ -707,7 +707,7 @@ static void rkm__dtr_hoist_one(const rkm_graph *g, uint64_t budget, const rkm_st
 /* Plan p's steps with its prefetches moved up into *out (out->n 0: none
  * moved), from its step peaks (p->step_peak, as its birth replayed them);
  * the budget bounds every step's peak. */
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out)
+RKM__PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out)
 {
     const rkm_graph *g = p->g;
     const rkm_step *st = p->steps;
@@ -770,10 +770,10 @@ static int rkm__dtr_merge(rkm__dtr *d)
 
 /* DTR's steps for `budget` with eviction score `score` into *draft (with
  * copies where the graph has a link and `copies` is 1..4: the prefetch
- * priced whole where it is odd, else at RKM_PREFETCH_PRICE; saved states
+ * priced whole where it is odd, else at RKM__PREFETCH_PRICE; saved states
  * sent to host memory too at 1 and 2, tensors only at 3 and 4);
  * draft->n == 0 when it cannot meet the budget. */
-RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
+RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft)
 {
     rkm__dtr d;

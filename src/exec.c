@@ -5,7 +5,7 @@
 
 static rkm_result rkm__cb_fail(const rkm_plan *p, size_t i, const char *which, int code)
 {
-    char text[RKM_NAME_MAX + 32];
+    char text[RKM__NAME_MAX + 32];
     rkm_step_text(p->g, &p->steps[i], text, sizeof text);
     return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "step %zu (%s): the %s callback returned %d", i, text, which, code);
 }

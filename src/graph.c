@@ -5,15 +5,15 @@
 
 /* The most a forward of o holds transiently: its workspace, and its scratch
  * on a run that keeps no saved state. Fits in 64 bits (rkm__bytes_fit). */
-RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o) { return o->fwd_ws + o->scratch; }
+RKM__PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o) { return o->fwd_ws + o->scratch; }
 
-RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->tensors[id].name; }
+RKM__PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->tensors[id].name; }
 static const char *rkm__op_name_of(const void *g, int32_t id) { return ((const rkm_graph *)g)->ops[id].name; }
 
 /* Graph error: prefixes "source:line: " when a reader is active. */
-RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...)
 {
-    char msg[RKM_ERRMSG_SIZE];
+    char msg[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -22,7 +22,7 @@ RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t li
     return rkm__err(g->ctx, code, "%s", msg);
 }
 
-RKM_PRIVATE int rkm__name_ok(const char *s)
+RKM__PRIVATE int rkm__name_ok(const char *s)
 {
     size_t n = 0;
     for (; s[n]; n++) {
@@ -31,7 +31,7 @@ RKM_PRIVATE int rkm__name_ok(const char *s)
               c == ':' || c == '/' || c == '[' || c == ']' || c == '-'))
             return 0;
     }
-    return n > 0 && n <= RKM_NAME_MAX;
+    return n > 0 && n <= RKM__NAME_MAX;
 }
 
 rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
@@ -48,7 +48,7 @@ rkm_result rkm_graph_create(rkm_context *ctx, rkm_graph **out)
     return RKM_OK;
 }
 
-RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
+RKM__PRIVATE void rkm__graph_free_blocks(rkm_graph *g)
 {
     rkm__free(g->ctx, g->blocks, (size_t)g->n_blocks * sizeof *g->blocks);
     rkm__free(g->ctx, g->block_ops, g->n_ops * sizeof *g->block_ops);
@@ -78,21 +78,21 @@ static void rkm__graph_free(rkm_graph *g)
 /* The count is bookkeeping, not content, so it changes through the const
  * pointers that plans and planners keep (one thread at a time: the
  * objects of one context are used so). */
-RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g) { ((rkm_graph *)g)->live++; }
+RKM__PRIVATE void rkm__graph_hold(const rkm_graph *g) { ((rkm_graph *)g)->live++; }
 
-RKM_PRIVATE void rkm__graph_release(const rkm_graph *g)
+RKM__PRIVATE void rkm__graph_release(const rkm_graph *g)
 {
     rkm_graph *m = (rkm_graph *)g;
     if (--m->live == 0 && m->destroyed) rkm__graph_free(m);
 }
 
-RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g)
+RKM__PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g)
 {
     rkm__free(ctx, holder, size);
     rkm__graph_release(g); /* last: it may free g, and ctx with it */
 }
 
-RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g)
+RKM__PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g)
 {
     rkm__graph_hold(g);
     rkm__graph_release(*slot);
@@ -108,7 +108,7 @@ void rkm_graph_destroy(rkm_graph *g)
     else rkm__graph_free(g);
 }
 
-RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
+RKM__PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn)
 {
     if (g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is finalized and read-only", fn);
     return RKM_OK;
@@ -149,7 +149,7 @@ rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, 
     return RKM_OK;
 }
 
-RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x)
+RKM__PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x)
 {
     for (int32_t i = 0; i < n; i++)
         if (list[i] == x) return 1;
@@ -329,7 +329,7 @@ rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
     return RKM_OK;
 }
 
-RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
+RKM__PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
 {
     if (!g->finalized) return rkm__err(g->ctx, RKM_ERROR_STATE, "%s: the graph is not finalized", fn);
     return RKM_OK;

@@ -84,7 +84,7 @@ struct rkm__ilp_block {
     int unused;
 };
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+RKM__PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
                                         int32_t x_out, int is_last, rkm__ilp_block **out)
 {
     (void)ops, (void)n_ops, (void)x_in, (void)x_out, (void)is_last;
@@ -92,7 +92,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *
     return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "block ILP: built without lp_solve (RKM_OMIT_SOLVER)");
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget,
                                        double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
                                        rkm__ilp_stats *st, int *found)
 {
@@ -104,13 +104,13 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_bud
     return RKM_ERROR_INTERNAL;
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
+RKM__PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
 {
     *out = NULL;
     return rkm__err(g->ctx, RKM_ERROR_UNSUPPORTED, "block ILP: built without lp_solve (RKM_OMIT_SOLVER)");
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s,
                                               rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st,
                                               int *found)
 {
@@ -121,9 +121,9 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t b
     return RKM_ERROR_INTERNAL; /* no block: rkm__ilp_block_create_copies refused */
 }
 
-RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
-RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
-RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b) { (void)b; }
+RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { (void)b, (void)deadline; }
+RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
 {
     (void)b, (void)stop, (void)user;
 }
@@ -194,12 +194,12 @@ struct rkm__ilp_block {
 
 /* Solves stop at `deadline` (rkm__now()) too, besides their own limits:
  * the planner's time_limit. */
-RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
+RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline) { b->deadline = deadline; }
 
 /* Solves also stop where stop(user, done) answers non-zero, asked at every
  * check of their work (the whole-graph ILP's planner reports its progress
  * from there). */
-RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
+RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user)
 {
     b->stop = stop;
     b->stop_user = user;
@@ -1170,7 +1170,7 @@ static rkm__ilp_work rkm__ilp_work_for(const rkm__ilp_block *bk, double lim)
                            lim * RKM__ILP_STEPS_PER_S / 2, bk->deadline, bk->stop, bk->stop_user};
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_budget, uint64_t kept_budget,
                                        double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd,
                                        rkm__ilp_stats *st, int *found)
 {
@@ -1228,7 +1228,7 @@ RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *bk, uint64_t peak_bu
  * offload pass puts it). *found 0 (steps NULL) when lp_solve finds none
  * in its work; that is RKM_OK too. No memo: the model's floors and the
  * greedy are recompute-only. */
-RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t budget, double cutoff, double time_limit_s,
+RKM__PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *bk, uint64_t budget, double cutoff, double time_limit_s,
                                               rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st,
                                               int *found)
 {
@@ -1359,7 +1359,7 @@ static void rkm__ilp_scratch_free(rkm_context *ctx, rkm__ilp_scratch *sc)
     rkm__ilp_drop(ctx, &sc->arrays);
 }
 
-RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *bk)
+RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *bk)
 {
     if (!bk) return;
     rkm_context *ctx = bk->shape.ctx;
@@ -1394,14 +1394,14 @@ static rkm_result rkm__ilp_create(const rkm_graph *g, const int32_t *ops, int32_
     return RKM_OK;
 }
 
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+RKM__PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
                                         int32_t x_out, int is_last, rkm__ilp_block **out)
 {
     return rkm__ilp_create(g, ops, n_ops, x_in, x_out, is_last, 0, out);
 }
 
 /* The whole graph's model with copy columns; g has a copy link. */
-RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
+RKM__PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out)
 {
     *out = NULL;
     if (!(g->copy.d2h_bytes_per_second > 0) || !(g->copy.h2d_bytes_per_second > 0))

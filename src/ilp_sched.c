@@ -7,17 +7,17 @@
 
 /* ---- the shape's small queries, the work meter's check, errors --------- */
 
-RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
+RKM__PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy)
 {
     if (greedy ? u->evals >= u->max_evals : u->calls >= u->max_calls) return 1;
     if (u->stop && u->stop(u->user, fmax(u->calls / u->max_calls, u->evals / u->max_evals))) return 1;
     return rkm__now() > u->deadline;
 }
 
-RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
+RKM__PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b) { return (size_t)(b->nb + 1) * (size_t)b->n; }
 
 /* Copy src's contents and figures into dst, which keeps its own arrays. */
-RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
+RKM__PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src)
 {
     rkm__ilp_sched own = *dst;
     memcpy(own.r, src->r, rkm__ilp_rsize(b));
@@ -30,9 +30,9 @@ RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *ds
 }
 
 /* Report an error of block b: "block ILP: first..last: why". */
-RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...)
 {
-    char why[RKM_ERRMSG_SIZE];
+    char why[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
@@ -41,17 +41,17 @@ RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, co
                     why);
 }
 
-RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
+RKM__PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v)
 {
     const rkm__op *o = &b->g->ops[b->op[v]];
     return o->phantom > 0 && o->has_bwd;
 }
 
 /* Local tensor of global t if it is a block tensor, else -1. */
-RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
+RKM__PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t) { return b->lt[t]; }
 
 /* Does stage t's backward read block tensor i (saved)? */
-RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
+RKM__PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i)
 {
     if (t < 1 || t > b->nb) return 0;
     const rkm__op *o = &b->g->ops[b->op[b->bop[t]]];
@@ -66,7 +66,7 @@ static int rkm__ilp_push(rkm__ilp_out *o, int32_t kind, int32_t index, int32_t s
 }
 
 /* The most events a schedule of the block has (rkm__ilp_events). */
-RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
+RKM__PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b)
 {
     return (size_t)b->n * (size_t)(b->nb + 1) + (size_t)b->nb + 2;
 }
@@ -169,7 +169,7 @@ static int rkm__ilp_free_points(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, 
 /* The steps of schedule s appended to o->l (empty, the caller's): events in
  * order, each followed by the frees rkm__ilp_free_points puts there. On
  * RKM_ERROR_NOMEM o->l is freed. */
-RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
+RKM__PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s,
                                 rkm__ilp_out *o)
 {
     o->n_fwd = 0;
@@ -228,7 +228,7 @@ static int rkm__ilp_replay(const rkm__ilp_shape *b, rkm__sim *sim, const rkm__il
 
 /* Emit and replay schedule s, setting its figures. Returns 1 if valid;
  * RKM_ERROR_NOMEM is reported through *res. */
-RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
+RKM__PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res)
 {
     rkm__ilp_out o = {rp->steps, 0};
     o.l.n = 0;
@@ -239,7 +239,7 @@ RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp,
     return rkm__ilp_replay(b, &rp->sim, &o, s);
 }
 
-RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
+RKM__PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget)
 {
     return s->peak <= peak_budget && s->kept <= kept_budget;
 }
@@ -376,7 +376,7 @@ static rkm_result rkm__ilp_descend(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *
 
 /* Greedy: the local search from "recompute nothing" and from "recompute
  * everything", the better of the two in *out (valid, maybe not fitting). */
-RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
+RKM__PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp,
                                   uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out)
 {
     memset(gw->x, 1, (size_t)b->n);
@@ -392,7 +392,7 @@ RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_
 
 /* Check the block against the graph: ops in topological order, reads only
  * inputs, x_in and block tensors, block tensors read outside only if x_out. */
-RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
+RKM__PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl)
 {
     const rkm_graph *g = b->g;
     for (int32_t v = 0; v < b->n; v++) {
@@ -426,7 +426,7 @@ RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *op
 
 /* Stages (backwards in reverse order), readers, and how late each op and
  * tensor can be useful (need). fill: [nt] zeroed counters. */
-RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
+RKM__PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill)
 {
     const rkm_graph *g = b->g;
     int32_t t = 0;
@@ -479,7 +479,7 @@ static uint64_t rkm__ilp_list_bytes(const rkm__ilp_shape *b, const int32_t *list
 /* What must be live at some node of every schedule: x_out (and its
  * gradient) at the boundary, an op's inputs and outputs in the forward pass,
  * a backward's saved tensors, phantom and gradients. */
-RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
+RKM__PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo)
 {
     const rkm_graph *g = b->g;
     uint64_t xo = g->tensors[b->x_out].bytes;
@@ -528,7 +528,7 @@ static rkm_result rkm__ilp_grad_bytes(rkm__ilp_shape *b)
 }
 
 /* Gradient bytes, static bytes, base time and the two scales. */
-RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
+RKM__PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
 {
     const rkm_graph *g = b->g;
     uint64_t mx = 1;
@@ -558,7 +558,7 @@ RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b)
 /* ---- a block's shape (ilp.c's part (a)) ---------------------------------- */
 
 /* *where = count zeroed items of elem bytes, recorded in a. 0: no memory. */
-RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
+RKM__PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem)
 {
     void **p = where;
     if (a->n == RKM__ILP_MAX_ARRAYS) return 0; /* internal: raise RKM__ILP_MAX_ARRAYS */
@@ -569,7 +569,7 @@ RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where,
     return 1;
 }
 
-RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
+RKM__PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a)
 {
     for (int k = 0; k < a->n; k++) {
         rkm__free(ctx, *a->at[k], a->bytes[k]);
@@ -669,7 +669,7 @@ static rkm_result rkm__ilp_structure(rkm__ilp_shape *b)
 
 /* (a) The block's shape: checked against the graph, numbered, derived
  * (with copies: stage 0's node start times too). */
-RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
+RKM__PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in,
                                            int32_t x_out, int is_last, int copies, rkm__ilp_shape *b)
 {
     rkm_context *ctx = g->ctx;

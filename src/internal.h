@@ -4,10 +4,10 @@
  *
  * Every source file in src/ includes this header first and nothing else of ours. The
  * amalgamation (make amalgamation -> rockmate.c) is this header followed by
- * the files in pipeline order; there RKM_PRIVATE is `static`, so the
+ * the files in pipeline order; there RKM__PRIVATE is `static`, so the
  * library exports only the rkm_ API. */
-#ifndef RKM_INTERNAL_H
-#define RKM_INTERNAL_H
+#ifndef RKM__INTERNAL_H
+#define RKM__INTERNAL_H
 
 #if !defined(_POSIX_C_SOURCE) && !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
@@ -26,10 +26,10 @@
 #include <emmintrin.h> /* the chain DP's min loops */
 #endif
 
-#ifdef RKM_AMALGAMATION
-#define RKM_PRIVATE static
+#ifdef RKM__AMALGAMATION
+#define RKM__PRIVATE static
 #else
-#define RKM_PRIVATE
+#define RKM__PRIVATE
 #endif
 
 struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
@@ -44,14 +44,14 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ---- rkm_solve_desc's defaults (rockmate.h documents each) ---- */
 
-#define RKM_DEFAULT_SLOTS 1000
-#define RKM_DEFAULT_TIME_LIMIT 60.0
-#define RKM_DEFAULT_ILP_TIME_LIMIT 0.03
-#define RKM_DEFAULT_PEAK_POINTS 5
-#define RKM_DEFAULT_KEPT_POINTS 10
-#define RKM_DEFAULT_NEST_OPS 24
-#define RKM_DEFAULT_ILP_BUDGET 2.0
-#define RKM_MAX_ALIGNMENT ((uint64_t)1 << 30)
+#define RKM__DEFAULT_SLOTS 1000
+#define RKM__DEFAULT_TIME_LIMIT 60.0
+#define RKM__DEFAULT_ILP_TIME_LIMIT 0.03
+#define RKM__DEFAULT_PEAK_POINTS 5
+#define RKM__DEFAULT_KEPT_POINTS 10
+#define RKM__DEFAULT_NEST_OPS 24
+#define RKM__DEFAULT_ILP_BUDGET 2.0
+#define RKM__MAX_ALIGNMENT ((uint64_t)1 << 30)
 
 /* ---- structure (structure.c) ---- */
 
@@ -59,13 +59,13 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * class shares its ILP schedules only: every block's option figures come
  * from replaying the schedule on that block, so the tolerance trades option
  * quality for fewer solves, never correctness. */
-#define RKM_CLASS_TIME_TOLERANCE 0.20
+#define RKM__CLASS_TIME_TOLERANCE 0.20
 /* Blocks of fewer ops are merged into runs of at most this many (see
  * rkm__structure_detect): runs of 4 take rockmate's smallest budget on
  * gpt2-124M from 65 % to 49 % and its overhead on gpt2-tiny at 41 % from
  * 31 % to 20 %; longer runs gain little more for rockmate and cost rotor
  * more of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
-#define RKM_MERGE_RUN 4
+#define RKM__MERGE_RUN 4
 
 /* ---- block options: the block ILP (ilp.c) and who gets it (planner.c) ---- */
 
@@ -84,20 +84,20 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
  * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
  * or worse. */
-#define RKM_ILP_FLAT_OPS 24
+#define RKM__ILP_FLAT_OPS 24
 /* Blocks of more ops than this get no block ILP at all (their options are
  * the two extremes, and the nested planner's where they nest): every solve
  * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
  * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
  * chain DP's plan with those options stayed at 650 % overhead. DTR, the
- * squeeze and (up to RKM_WHOLE_GRAPH_OPS) the whole-graph ILP plan such
+ * squeeze and (up to RKM__WHOLE_GRAPH_OPS) the whole-graph ILP plan such
  * graphs: without these solves the 100-op DAG plans in 0.06..0.18 s, no
  * slower at 90..45 % (15.63 -> 14.92 % at 45 %), dag60 in half the time,
  * 0.1 % slower once (16.51 -> 16.62 % at 50 %). */
-#define RKM_ILP_MAX_OPS 48
+#define RKM__ILP_MAX_OPS 48
 /* A class whose block's first ILP solve to find a schedule reaches its
  * work limit (random DAG blocks of 20 to 40 ops: 29 of 30 solves do) gets
- * RKM_ILP_HARD_KEPT of the kept budgets, each solve RKM_ILP_HARD_EFFORT
+ * RKM__ILP_HARD_KEPT of the kept budgets, each solve RKM__ILP_HARD_EFFORT
  * times the work (about the grid's work again): on 6 copies of a 30-op DAG
  * (seed 17) at 70/50/30 %, 6.29/13.80/21.36 % -> 5.58/10.49/19.94 %, where
  * the whole-graph ILP finds 5.82/12.12/20.42 % in 14 s; the fine grid's
@@ -105,23 +105,23 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * whole-graph ILP's at the same kept memory. Measured against 3 x 6 at 3.2
  * times, 3 x 10 at 2, 4 x 8 at 2 and 3 x 6 at 6 on four such chains: the
  * only one as good or better at 18 of 20 points, within 0.06 at the others. */
-#define RKM_ILP_HARD_KEPT 0.6
-#define RKM_ILP_HARD_EFFORT 2.0
+#define RKM__ILP_HARD_KEPT 0.6
+#define RKM__ILP_HARD_EFFORT 2.0
 /* A class whose share of the ILP pool is below this many of one solve's
  * ilp_time_limit gets no ILP options: the share buys no solve but costs the
  * model's build (a chain of 5000 distinct blocks: 17 s of it). */
-#define RKM_ILP_MIN_SHARE 0.1
+#define RKM__ILP_MIN_SHARE 0.1
 
 /* ---- nesting (nest.c) ---- */
 
-#define RKM_NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
-#define RKM_NEST_DEPTH 16 /* levels at most */
-#define RKM_NEST_POINTS 8 /* peak budgets of the grid */
+#define RKM__NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
+#define RKM__NEST_DEPTH 16 /* levels at most */
+#define RKM__NEST_POINTS 8 /* peak budgets of the grid */
 /* Drop options (nest.c) a class gets: the prefixes that free 1/12, 2/12,
  * ... of the droppable bytes. On dag4x50, dag6x30-s17, dag5x40-s11 and
  * dag3x50-s21 at 90..30 %, 6, 12 and 24 gave overheads within 1 % of one
  * another in sum (195.5, 197.1, 195.8 points), each ahead at some budgets. */
-#define RKM_DROP_POINTS 12
+#define RKM__DROP_POINTS 12
 
 /* ---- the chain DP (chain.c, planner.c) ---- */
 
@@ -129,7 +129,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * (rkm__dp_bytes): the planner checks it before anything is allocated, so
  * that a long chain is refused at once, with the figure, instead of taking
  * the process down. A size limit, not a tuning. */
-#define RKM_DP_MAX_BYTES (1024.0 * 1024 * 1024)
+#define RKM__DP_MAX_BYTES (1024.0 * 1024 * 1024)
 /* Slot budgets the chain DP tries above a given one. Sizes round up to
  * slots one by one, so a plan for m slots may peak well below m slots'
  * bytes, and one for more slots may still fit them: the floor scans this
@@ -151,11 +151,11 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 /* rockmate's DTR candidates: on graphs of at most this many ops x tensors
  * (about 6000 ops; gpt2-xl has 485): a DTR run is O(steps x live buffers),
  * and a chain of 20000 ops takes 9 s a run. */
-#define RKM_DTR_MAX_WORK 4e7
+#define RKM__DTR_MAX_WORK 4e7
 /* A DTR run stops (no plan) after this many steps per op and tensor: a
  * thrashing eviction order would otherwise run on. */
-#define RKM_DTR_STEPS_PER_OBJECT 16
-#define RKM_DTR_STEPS_MIN 64
+#define RKM__DTR_STEPS_PER_OBJECT 16
+#define RKM__DTR_STEPS_MIN 64
 /* DTR with copies (on a graph with a copy link) prices an
  * eviction to host memory at its prefetch's whole copy time (a prefetch on
  * demand), and in other runs at this share of it (the prefetch moved ahead
@@ -165,57 +165,57 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * chain DP's twins (block inputs in host memory) price their prefetch so
  * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s at
  * 40 and 10 %, at a quarter and at 1/20 plans of the same time there. */
-#define RKM_PREFETCH_PRICE 0.25
+#define RKM__PREFETCH_PRICE 0.25
 
 /* ---- the search (search.c): one work budget a solve ---- */
 
 /* The search's work per solve, in replayed steps: on the bundled graphs a
  * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
  * kicks 10 M), so this bounds a pathological solve without changing any. */
-#define RKM_SOLVE_WORK 64000000u
+#define RKM__SOLVE_WORK 64000000u
 /* States of a reference plan's replay the search keeps (rkm__replay): a
  * candidate that differs from it from some step on replays from the last
  * one before. Speed only: the figures are the whole replay's. */
 #define RKM__CHECKPOINTS 16
 /* The squeeze's share of a solve, and the longest chain of forwards one of
  * its moves inserts. */
-#define RKM_SQUEEZE_WORK 20000000u
-#define RKM_SQUEEZE_CHAIN 32
-/* Lookahead: the RKM_SQUEEZE_LOOK moves of a round with the best scores are
+#define RKM__SQUEEZE_WORK 20000000u
+#define RKM__SQUEEZE_CHAIN 32
+/* Lookahead: the RKM__SQUEEZE_LOOK moves of a round with the best scores are
  * each applied and pruned (recomputing forwards dropped while the excess
  * does not grow) and scored again, and the applied move is pruned too: a
  * move often makes other recomputations redundant, which its own score does
  * not see (gpt2-tiny at 27.98 %: recomputing h1.res3 from h1.res2 serves
  * gelu's backward too; 71.7 % overhead without the lookahead, 67.9 % with
  * it). It costs about that many prunes a round, so a solve's squeezes look
- * ahead for their first RKM_SQUEEZE_LOOK_WORK of work only (replayed steps:
+ * ahead for their first RKM__SQUEEZE_LOOK_WORK of work only (replayed steps:
  * gpt2-tiny's need 2 M in all; peer-gpt's would take 19 M, 0.25 s more), and
  * the kicks' squeezes not at all. */
-#define RKM_SQUEEZE_LOOK 4
-#define RKM_SQUEEZE_LOOK_WORK 4000000u
+#define RKM__SQUEEZE_LOOK 4
+#define RKM__SQUEEZE_LOOK_WORK 4000000u
 /* The squeeze's starts: the chain DP's plans for the budget's multiples
- * 1 + RKM_SQUEEZE_STEP * 2^i, i < RKM_SQUEEZE_STARTS (5 % to 160 % more
- * memory), then DTR's for the first RKM_SQUEEZE_DTR_STARTS of them: on the
+ * 1 + RKM__SQUEEZE_STEP * 2^i, i < RKM__SQUEEZE_STARTS (5 % to 160 % more
+ * memory), then DTR's for the first RKM__SQUEEZE_DTR_STARTS of them: on the
  * bundled graphs the start that squeezes best lies anywhere from 7 % to 86 %
  * above the budget, so one start is not enough. */
-#define RKM_SQUEEZE_STARTS 6
-#define RKM_SQUEEZE_STEP 0.05
-#define RKM_SQUEEZE_DTR_STARTS 3
-/* At most RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish):
+#define RKM__SQUEEZE_STARTS 6
+#define RKM__SQUEEZE_STEP 0.05
+#define RKM__SQUEEZE_DTR_STARTS 3
+/* At most RKM__KICK_TRIALS kicks a solve (each a squeeze and a polish):
  * measured on the bundled graphs, 64 reach what 200 do but on peer-gpt
  * (27.05 % against 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
-#define RKM_KICK_TRIALS 64
+#define RKM__KICK_TRIALS 64
 /* The kicks' squeeze work on graphs too big for the whole-graph ILP, where
  * a kick's squeeze costs more and the squeeze's whole work took 0.3..0.5 s
  * on chains of 50-op random-DAG blocks (205 ops): half of it finds most of
  * what the whole does (40 %: 10.99 % against 10.92 %, 11.40 % unkicked) in
- * 0.1..0.2 s. Graphs of more than RKM_KICK_MAX_OPS get no kicks: on gpt2-xl
+ * 0.1..0.2 s. Graphs of more than RKM__KICK_MAX_OPS get no kicks: on gpt2-xl
  * (485 ops) they found nothing at 90..25 % and cost 0.1..0.2 s a solve. */
 /* A smooth rule in place of these two steps (the squeeze's work times
  * 64 / ops above 64 ops, kicks on every graph) lost 0.12 and 0.10 points on
  * dag4x50 at 40 and 25 % (14.05 -> 14.17 %, 22.82 -> 22.92 %), 2026-12-02. */
-#define RKM_KICK_WORK_LARGE (RKM_SQUEEZE_WORK / 2)
-#define RKM_KICK_MAX_OPS 256
+#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2)
+#define RKM__KICK_MAX_OPS 256
 /* The search's phases after the portfolio (search.c), {fraction of the
  * budget, kicks at most}: kicks at the budget itself, then rungs that
  * squeeze and kick at 96 % and 90 % of it (on graphs small enough for the
@@ -225,53 +225,53 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * 32 kicks keep that at 37..42 % (16 lose it at 39, 41 and 42 %) and take
  * peer-gpt's planning at 25 % from 1.00..1.03 s to 0.90..0.95 s here,
  * against 64. */
-#define RKM_RUNG_KICK_TRIALS 32
-#define RKM_SEARCH_PHASES {{1.0, RKM_KICK_TRIALS}, {0.96, RKM_RUNG_KICK_TRIALS}, {0.90, RKM_RUNG_KICK_TRIALS}}
+#define RKM__RUNG_KICK_TRIALS 32
+#define RKM__SEARCH_PHASES {{1.0, RKM__KICK_TRIALS}, {0.96, RKM__RUNG_KICK_TRIALS}, {0.90, RKM__RUNG_KICK_TRIALS}}
 /* Kicks of the track of DTR's plan whose layout missed the budget
  * (search.c, rkm__missed_track): 64 took gpt2-124M's solve at 80 and 50 %
  * from 0.40..0.44 s (none) to 0.55..0.61 s and found nothing there; 32 keep
  * dag4x50's figures at 70..25 % in 0.51..0.54 s; 16 lose 0.01 at 40 %. */
-#define RKM_MISSED_KICK_TRIALS 32
+#define RKM__MISSED_KICK_TRIALS 32
 /* Graphs this small also get the whole-graph ILP inside rockmate, for this
  * long a solve (its deterministic work limit): measured on the bundled
  * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
  * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
-#define RKM_WHOLE_GRAPH_OPS 64
-#define RKM_WHOLE_GRAPH_SECONDS 0.5
+#define RKM__WHOLE_GRAPH_OPS 64
+#define RKM__WHOLE_GRAPH_SECONDS 0.5
 /* checkmate's share of time_limit for one solve (the rest is left to its
  * smallest-budget bisection). */
-#define RKM_CHECKMATE_SHARE 0.5
+#define RKM__CHECKMATE_SHARE 0.5
 
 /* ---- the smallest budget (planner.c) ---- */
 
 /* Probes of the bisections (rkm__bisect): checkmate's (sharing
- * RKM_CHECKMATE_SHARE of the time limit), DTR's (cheap: down to a byte on
+ * RKM__CHECKMATE_SHARE of the time limit), DTR's (cheap: down to a byte on
  * the bundled graphs) and, on graphs small enough for the whole-graph ILP,
  * rockmate's below the chain DP's floor, whose ILP gets a fifth of a
  * solve's (the solve's own search extends it). */
-#define RKM_BISECT_CHECKMATE 12
-#define RKM_BISECT_DTR 40
-#define RKM_BISECT_SMALL 8
-#define RKM_BISECT_SMALL_SECONDS (RKM_WHOLE_GRAPH_SECONDS / 5)
+#define RKM__BISECT_CHECKMATE 12
+#define RKM__BISECT_DTR 40
+#define RKM__BISECT_SMALL 8
+#define RKM__BISECT_SMALL_SECONDS (RKM__WHOLE_GRAPH_SECONDS / 5)
 /* With a copy link, rockmate's below its recompute-only floor, from the
  * graph's lower bound (planner.c, rkm__offload_min_budget): each probe
  * offloads its bases, an offloading pass and a layout each, until one
  * fits. */
-#define RKM_BISECT_OFFLOAD 16
+#define RKM__BISECT_OFFLOAD 16
 /* Its bases: the floor's plan, rockmate's plans for budgets spaced
  * geometrically from the floor to the baseline peak, the baseline (this
  * many in all). */
-#define RKM_OFFLOAD_MIN_BASES 5
+#define RKM__OFFLOAD_MIN_BASES 5
 /* From the least peak up to a plan that fits its arena: steps of 1/this of
- * the way to the baseline peak, doubling, RKM_MIN_BUDGET_UP tries before
+ * the way to the baseline peak, doubling, RKM__MIN_BUDGET_UP tries before
  * the baseline itself; then down, while one byte under the plan's arena
- * still plans, RKM_MIN_BUDGET_DOWN plans at most. These fits are whole
+ * still plans, RKM__MIN_BUDGET_DOWN plans at most. These fits are whole
  * solves: without the search's phases (kicks, rungs) `info` took 10..67 %
  * less time, but the smallest budget rose on random30 (1481728 -> 1519616),
  * dag60 (3827712 -> 3943424) and dag100 (4371456 -> 4513792), 2026-12-02. */
-#define RKM_MIN_BUDGET_STEPS 256
-#define RKM_MIN_BUDGET_UP (2 * RKM_LAYOUT_TRIES)
-#define RKM_MIN_BUDGET_DOWN (4 * RKM_LAYOUT_TRIES)
+#define RKM__MIN_BUDGET_STEPS 256
+#define RKM__MIN_BUDGET_UP (2 * RKM__LAYOUT_TRIES)
+#define RKM__MIN_BUDGET_DOWN (4 * RKM__LAYOUT_TRIES)
 
 /* ---- the arena (layout.c, planner.c) ---- */
 
@@ -280,7 +280,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * misses the aligned peak on about one plan in ten; on bench_dagblocks'
  * chains of 600+ buffers, 13 of 63 before rkm__arena_fit; the next mostly
  * fits). */
-#define RKM_LAYOUT_TRIES 4
+#define RKM__LAYOUT_TRIES 4
 /* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
  * its plan squeezed below the budget this many times, the first by the
  * arena's excess, the next bisecting. On the 13 of bench_dagblocks' 63
@@ -289,18 +289,18 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * 6.19, 9.46 -> 9.38 %), 4 at 2 more (dag3x50-s21 at 30 %: 21.31 ->
  * 20.23 %) but took dag4x50's and dag6x30-s17's solves at 30 % from
  * about 1.0 to 1.3 s. */
-#define RKM_ARENA_FIT_TRIES 2
+#define RKM__ARENA_FIT_TRIES 2
 /* Work of the stages after the skyline, per layout: 10 M units is at most
  * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
  * rockmate (every bundled graph at 90..30 % and its smallest budget; the
  * skyline alone: 48 at the bound), 2 M units brought 67 to the bound, 10 M
  * 78, 20 M 79. */
-#define RKM_LAYOUT_WORK 10000000u
-#define RKM_LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
+#define RKM__LAYOUT_WORK 10000000u
+#define RKM__LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
 /* First fit's own work: it is what makes a DTR plan fit (DTR spent as much
  * placing its buffers), so it runs apart from the stages' shared work; 200
  * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
-#define RKM_LAYOUT_FIRSTFIT_WORK 200000000u
+#define RKM__LAYOUT_FIRSTFIT_WORK 200000000u
 
 /* ---- offloading (offload.c) ---- */
 
@@ -310,19 +310,19 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * GB in its 0.15 s forward), bases at +1.5 and +3 GB brought 10.46 %
  * overhead to 9.60 and 7.35 %; from +4.5 GB on the copies no longer fit
  * (the forward's last offloads end too late). */
-#define RKM_OFFLOAD_HIDE 0.5
+#define RKM__OFFLOAD_HIDE 0.5
 /* Plans for ever less memory tried as bases, the first whose copies fit
  * ending the search. gpt2-124M-b4-t64 at 50 % with 450 GB/s and 10 us a
  * copy: the first base (70.7 %) needs copies whose latencies do not hide
  * (25.01 % overhead, recompute-only's), the second (55.2 %) does. */
-#define RKM_OFFLOAD_BASES 3
+#define RKM__OFFLOAD_BASES 3
 /* The bases' searches together get this share of the work the
  * recompute-only solve's search did (a whole solve's where it found no
  * plan): a base's search costs a little more time per unit of work than the
  * solve's (its chain DP and DTR starts are not metered), so at 1 planning
  * with a link took up to 2.1 times the time without (gpt2-124M-b4-t64 at
  * 50 % with 450 GB/s, two bases). */
-#define RKM_OFFLOAD_BASE_WORK 0.75
+#define RKM__OFFLOAD_BASE_WORK 0.75
 /* The offload moves (search.c, rkm__offload_moves) get this share of the
  * work the recompute-only solve's search did (a whole solve's where it
  * found no plan). A move is judged by the offload pass, several times the
@@ -332,25 +332,25 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
  * the moves 17.36 and 4.29 % (0.84, 0.63 s); 1/64: 14.96 and 4.11 %
  * (0.89, 0.66 s); 1/32: 14.77 and 4.11 % (0.89, 0.69 s); the whole
  * search: 14.77 and 4.06 % (1.67, 1.74 s). */
-#define RKM_OFFLOAD_MOVES_WORK (1.0 / 64)
+#define RKM__OFFLOAD_MOVES_WORK (1.0 / 64)
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 
-/* A report at most every RKM_PROGRESS_SECONDS of wall clock: a terminal
+/* A report at most every RKM__PROGRESS_SECONDS of wall clock: a terminal
  * bar wants ~10 a second (the deadline's checks come ~10^5 a second on
  * peer-gpt, so a count of them would be a poor clock). */
-#define RKM_PROGRESS_SECONDS 0.1
+#define RKM__PROGRESS_SECONDS 0.1
 /* The share of a call its first part takes in the reports' fraction:
  * creation's block classes (the chain DP after them), min_budget's floors
  * (the fit up and down after them). Rough: time_limit's share spent is
  * the other measure. */
-#define RKM_PROGRESS_CLASSES 0.95
-#define RKM_PROGRESS_FLOORS 0.6
+#define RKM__PROGRESS_CLASSES 0.95
+#define RKM__PROGRESS_FLOORS 0.6
 
 /* ---- base.c ---- */
 
-#define RKM_ERRMSG_SIZE 512
-#define RKM_NAME_MAX 255
+#define RKM__ERRMSG_SIZE 512
+#define RKM__NAME_MAX 255
 
 struct rkm_context {
     rkm_alloc_fn alloc;
@@ -358,7 +358,7 @@ struct rkm_context {
     rkm_log_fn log;
     void *log_user;
     int log_level;
-    char errmsg[RKM_ERRMSG_SIZE];
+    char errmsg[RKM__ERRMSG_SIZE];
     /* Lifetime (rockmate.h, CONVENTIONS): the graphs and arenas made with
      * it that are alive (they keep it alive; what is made from them keeps
      * them alive); destroyed: rkm_context_destroy came while some were, so
@@ -439,7 +439,7 @@ struct rkm_graph {
 
 /* ---- rkg.c ---- */
 
-#define RKM_MAX_TOKENS 16
+#define RKM__MAX_TOKENS 16
 
 /* A statement reader shared by the .rkg and .rkp parsers: one statement a
  * line, tokens split by spaces or tabs, '#' to the end of the line ignored. */
@@ -450,7 +450,7 @@ typedef struct rkm__reader {
     int32_t line;
     char *buf;
     size_t cap;
-    char *tok[RKM_MAX_TOKENS];
+    char *tok[RKM__MAX_TOKENS];
     int ntok;
 } rkm__reader;
 
@@ -936,7 +936,7 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM_OFFLOAD_MIN_BASES] */
+    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM__OFFLOAD_MIN_BASES] */
     int off_made;            /* how many of them are made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
@@ -963,11 +963,11 @@ struct rkm_planner {
  * ======================================================================== */
 
 /* base.c */
-RKM_PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
-RKM_PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
-RKM_PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
-RKM_PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
-RKM_PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
+RKM__PRIVATE void *rkm__alloc(rkm_context *ctx, size_t size);
+RKM__PRIVATE void *rkm__calloc(rkm_context *ctx, size_t n, size_t elem);
+RKM__PRIVATE void *rkm__realloc(rkm_context *ctx, void *ptr, size_t old_size, size_t new_size);
+RKM__PRIVATE void rkm__free(rkm_context *ctx, void *ptr, size_t size);
+RKM__PRIVATE int rkm__reserve_grow(rkm_context *ctx, void **p, size_t *cap, size_t need, size_t elem);
 /* Grow *p (an array of `elem`-byte items with capacity *cap) to hold `need`:
  * inline where it has room, as on nearly every call (as a call, 6 % of a
  * solve's time on dag4x50). */
@@ -975,55 +975,55 @@ static inline int rkm__reserve(rkm_context *ctx, void **p, size_t *cap, size_t n
 {
     return need <= *cap || rkm__reserve_grow(ctx, p, cap, need, elem);
 }
-RKM_PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
-RKM_PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
-RKM_PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where);
-RKM_PRIVATE double rkm__now(void);
-RKM_PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out);
-RKM_PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
-RKM_PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
-RKM_PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
-RKM_PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
+RKM__PRIVATE char *rkm__strdup(rkm_context *ctx, const char *s);
+RKM__PRIVATE void rkm__strfree(rkm_context *ctx, char *s);
+RKM__PRIVATE void rkm__log(rkm_context *ctx, rkm_log_level level, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__err(rkm_context *ctx, rkm_result code, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__nomem(rkm_context *ctx, const char *where);
+RKM__PRIVATE double rkm__now(void);
+RKM__PRIVATE int rkm__add_u64(uint64_t a, uint64_t b, uint64_t *out);
+RKM__PRIVATE uint64_t rkm__round_up(uint64_t v, uint64_t a);
+RKM__PRIVATE int32_t rkm__map_find(const rkm__map *m, const char *name, rkm__name_of name_of, const void *owner);
+RKM__PRIVATE int rkm__map_insert(rkm_context *ctx, rkm__map *m, int32_t id, rkm__name_of name_of, const void *owner);
+RKM__PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
 /* Lifetimes: an object made with ctx (graph, arena) holds it from its
  * birth and releases it as the last thing it does in its destroy; the last
  * release of a destroyed context frees it. */
-RKM_PRIVATE void rkm__ctx_hold(rkm_context *ctx);
-RKM_PRIVATE void rkm__ctx_release(rkm_context *ctx);
+RKM__PRIVATE void rkm__ctx_hold(rkm_context *ctx);
+RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx);
 
 /* graph.c */
-RKM_PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
-RKM_PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
-RKM_PRIVATE int rkm__name_ok(const char *s);
-RKM_PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
+RKM__PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
+RKM__PRIVATE const char *rkm__tensor_name_of(const void *g, int32_t id);
+RKM__PRIVATE int rkm__name_ok(const char *s);
+RKM__PRIVATE void rkm__graph_free_blocks(rkm_graph *g);
 /* As rkm__ctx_hold for what is made from a graph (plan, planner, arena
  * exec): held from birth, released as the last thing of its destroy. */
-RKM_PRIVATE void rkm__graph_hold(const rkm_graph *g);
-RKM_PRIVATE void rkm__graph_release(const rkm_graph *g);
+RKM__PRIVATE void rkm__graph_hold(const rkm_graph *g);
+RKM__PRIVATE void rkm__graph_release(const rkm_graph *g);
 /* A holder's destroy ends with this: free the holder (size bytes, with
  * ctx), then release g. */
-RKM_PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g);
+RKM__PRIVATE void rkm__graph_free_holder(rkm_context *ctx, void *holder, size_t size, const rkm_graph *g);
 /* *slot, the graph a holder holds, becomes g (held; the old one released). */
-RKM_PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
-RKM_PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
-RKM_PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
+RKM__PRIVATE void rkm__graph_rehold(const rkm_graph **slot, const rkm_graph *g);
+RKM__PRIVATE int rkm__list_has(const int32_t *list, int32_t n, int32_t x);
+RKM__PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn);
 /* Graph error: prefixes "source:line: " when a reader is active. */
-RKM_PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__gerr(const rkm_graph *g, rkm_result code, int32_t line, const char *fmt, ...);
 /* RKM_ERROR_STATE unless g is a builder (not finalized). */
-RKM_PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn);
+RKM__PRIVATE rkm_result rkm__check_builder(const rkm_graph *g, const char *fn);
 
 /* text.c */
-RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
-RKM_PRIVATE void rkm__reader_free(rkm__reader *r);
-RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out);
-RKM_PRIVATE size_t rkm__decimal_len(const char *s);
-RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out);
-RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len);
-RKM_PRIVATE void rkm__out_flush(rkm__out *o);
-RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
-RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
+RKM__PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__next_stmt(rkm__reader *r);
+RKM__PRIVATE void rkm__reader_free(rkm__reader *r);
+RKM__PRIVATE int rkm__parse_u64(const char *s, uint64_t *out);
+RKM__PRIVATE size_t rkm__decimal_len(const char *s);
+RKM__PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out);
+RKM__PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len);
+RKM__PRIVATE void rkm__out_flush(rkm__out *o);
+RKM__PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...);
+RKM__PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *), const void *obj);
 
 /* plan.c */
 /* Append a step (not in place); 0 on NOMEM. Inline: the search's inner loops. */
@@ -1033,201 +1033,201 @@ static inline int rkm__steps_push(rkm__steps *l, int32_t kind, int32_t index, in
     l->s[l->n++] = (rkm_step){.kind = kind, .index = index, .save = save};
     return 1;
 }
-RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
-RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
-RKM_PRIVATE void rkm__steps_free(rkm__steps *l);
-RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
+RKM__PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st);
+RKM__PRIVATE rkm_step *rkm__steps_take(rkm__steps *l);
+RKM__PRIVATE void rkm__steps_free(rkm__steps *l);
+RKM__PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what);
+RKM__PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what);
 
 /* sim.c */
-RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t);
-RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g);
-RKM_PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v);
-RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second);
-RKM_PRIVATE void rkm__sim_free(rkm__sim *s);
-RKM_PRIVATE void rkm__sim_reset(rkm__sim *s);
-RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
-RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
-RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
-RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);
-RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t);
-RKM_PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save);
-RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj);
-RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
-RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
-RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
-RKM_PRIVATE int rkm__step_on_op(int32_t kind);
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
-RKM_PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
+RKM__PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t);
+RKM__PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g);
+RKM__PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v);
+RKM__PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second);
+RKM__PRIVATE void rkm__sim_free(rkm__sim *s);
+RKM__PRIVATE void rkm__sim_reset(rkm__sim *s);
+RKM__PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src);
+RKM__PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s);
+RKM__PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t);
+RKM__PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t);
+RKM__PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t);
+RKM__PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save);
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj);
+RKM__PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj);
+RKM__PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after, uint64_t *step_peak, rkm__recorder *rc);
+RKM__PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after);
+RKM__PRIVATE int rkm__step_on_op(int32_t kind);
+RKM__PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st);
+RKM__PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
+RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
 /* The buffers' lifetimes, recorded by a replay (rkm__sim_run_peaks) */
-RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
-RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc);
+RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
+RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 /* The object a broken rule concerns, by name ("" if none) */
-RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
+RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
 /* layout.c */
-RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
-RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
-RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
+RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
+RKM__PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
 
 /* baseline.c */
-RKM_PRIVATE int rkm__saves_phantom(const rkm__op *o);
-RKM_PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
-RKM_PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
-RKM_PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
-RKM_PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
-RKM_PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd);
+RKM__PRIVATE int rkm__saves_phantom(const rkm__op *o);
+RKM__PRIVATE rkm_result rkm__lower_inplace(const rkm_graph *g, rkm__steps *d);
+RKM__PRIVATE rkm_result rkm__plan_baseline(const rkm_graph *g, rkm_plan **out);
+RKM__PRIVATE uint64_t rkm__bytes_union(const rkm_graph *g, const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int grads_only);
+RKM__PRIVATE rkm_result rkm__graph_figures(rkm_graph *g);
+RKM__PRIVATE uint64_t rkm__lower_bound(const rkm_graph *g, int32_t *op, int *bwd);
 
 /* structure.c */
-RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
-RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
+RKM__PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t);
+RKM__PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
 /* finalize's work again on a copy of g with these costs, copy link, or
  * alignment (the planner's graph whose sizes are rounded up to it) */
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
 
 /* options.c */
-RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
-RKM_PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o);
-RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid);
-RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y);
-RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo);
-RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st);
+RKM__PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
+RKM__PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o);
+RKM__PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid);
+RKM__PRIVATE int rkm__option_cmp(const void *x, const void *y);
+RKM__PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo);
+RKM__PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st);
 
 /* ilp.c */
-RKM_PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
-RKM_PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
-RKM_PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out);
-RKM_PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s, rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st, int *found);
-RKM_PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
-RKM_PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
-RKM_PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
+RKM__PRIVATE rkm_result rkm__ilp_block_create(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, rkm__ilp_block **out);
+RKM__PRIVATE rkm_result rkm__ilp_block_solve(rkm__ilp_block *b, uint64_t peak_budget, uint64_t kept_budget, double time_limit_s, rkm_step **steps, size_t *n_fwd, size_t *n_bwd, rkm__ilp_stats *st, int *found);
+RKM__PRIVATE rkm_result rkm__ilp_block_create_copies(const rkm_graph *g, rkm__ilp_block **out);
+RKM__PRIVATE rkm_result rkm__ilp_block_solve_copies(rkm__ilp_block *b, uint64_t budget, double cutoff, double time_limit_s, rkm_step **steps, size_t *n_steps, uint8_t *offload, rkm__ilp_stats *st, int *found);
+RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
+RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
+RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
 #ifndef RKM_OMIT_SOLVER
 #endif
 
 /* ilp_sched.c */
-RKM_PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
-RKM_PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
-RKM_PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
-RKM_PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...);
-RKM_PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
-RKM_PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
-RKM_PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
+RKM__PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
+RKM__PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
+RKM__PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
+RKM__PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, const char *fmt, ...);
+RKM__PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
+RKM__PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
+RKM__PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
 
 #ifndef RKM_OMIT_SOLVER
-RKM_PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
-RKM_PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
-RKM_PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
-RKM_PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
-RKM_PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out);
-RKM_PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl);
-RKM_PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill);
-RKM_PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem);
-RKM_PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a);
-RKM_PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, int copies, rkm__ilp_shape *b);
-RKM_PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo);
-RKM_PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b);
+RKM__PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
+RKM__PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
+RKM__PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
+RKM__PRIVATE int rkm__ilp_fits(const rkm__ilp_sched *s, uint64_t peak_budget, uint64_t kept_budget);
+RKM__PRIVATE rkm_result rkm__ilp_greedy(const rkm__ilp_shape *b, rkm__ilp_greedy_ws *gw, rkm__ilp_replayer *rp, uint64_t peak_budget, uint64_t kept_budget, rkm__ilp_work *work, rkm__ilp_sched *out);
+RKM__PRIVATE rkm_result rkm__ilp_check(const rkm__ilp_shape *b, const int32_t *opl);
+RKM__PRIVATE void rkm__ilp_derive(rkm__ilp_shape *b, int32_t *fill);
+RKM__PRIVATE int rkm__ilp_take(rkm_context *ctx, rkm__ilp_arrays *a, void *where, size_t count, size_t elem);
+RKM__PRIVATE void rkm__ilp_drop(rkm_context *ctx, rkm__ilp_arrays *a);
+RKM__PRIVATE rkm_result rkm__ilp_shape_init(const rkm_graph *g, const int32_t *ops, int32_t n_ops, int32_t x_in, int32_t x_out, int is_last, int copies, rkm__ilp_shape *b);
+RKM__PRIVATE void rkm__ilp_floors(const rkm__ilp_shape *b, rkm__ilp_memo *memo);
+RKM__PRIVATE rkm_result rkm__ilp_constants(rkm__ilp_shape *b);
 #endif
 
 /* chain.c */
-RKM_PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o);
-RKM_PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops, double *time, int64_t *peak);
-RKM_PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
-RKM_PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
-RKM_PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
-RKM_PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
-RKM_PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
-RKM_PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
-RKM_PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
+RKM__PRIVATE void rkm__dp_ops_free(rkm_context *ctx, rkm__dp_ops *o);
+RKM__PRIVATE rkm_result rkm__dp_eval(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, const rkm__dp_ops *ops, double *time, int64_t *peak);
+RKM__PRIVATE rkm_result rkm__dp_min_slots(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int64_t *min);
+RKM__PRIVATE void rkm__dp_table_free(rkm_context *ctx, rkm__dp_table *t);
+RKM__PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M);
+RKM__PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
+RKM__PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
+RKM__PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
 
 /* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
 #define RKM__DTR_COPY_SETS 5
-RKM_PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
-RKM_PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
+RKM__PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
+RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
                                       double max_time, rkm__steps *draft);
 
 /* progress.c */
-RKM_PRIVATE int rkm__over(rkm_planner *pl);
-RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
-RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
-RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
-RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
-RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
-RKM_PRIVATE int rkm__progress_ilp(void *user, double done);
-RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
+RKM__PRIVATE int rkm__over(rkm_planner *pl);
+RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
+RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
+RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
+RKM__PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub);
+RKM__PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p);
+RKM__PRIVATE int rkm__progress_ilp(void *user, double done);
+RKM__PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what);
 
 /* produce.c */
-RKM_PRIVATE void rkm__planner_free(rkm_planner *pl);
-RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
-RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
+RKM__PRIVATE void rkm__planner_free(rkm_planner *pl);
+RKM__PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m);
+RKM__PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf, size_t nb);
+RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
 /* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
  * block inputs in host memory where that is faster (a graph with a link). */
 enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
-RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
-RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
-RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
-RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
+RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed);
+RKM__PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed);
+RKM__PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
+RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
+RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
 typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
                                    uint64_t *at, int *stopped);
-RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* offload.c */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
+RKM__PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget, int exposed,
                                          const uint8_t *prefer, rkm__steps *out, uint64_t *work);
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed, const uint8_t *prefer, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                             rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                         rkm_plan **q, rkm_plan **x);
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
+RKM__PRIVATE int rkm__offloads(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
 
 /* search.c */
-RKM_PRIVATE void rkm__search_begin(rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
-RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
-RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
-RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
+RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
+RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 
 /* nest.c */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
+RKM__PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop, rkm__steps *c, rkm_plan **out);
 /* A planner for g below `parent`: rkm__planner_make (planner.c), handed
  * down to nesting, the planner's recursion (a block planned as a graph of
  * its own), so that nest.c calls nothing above it. */
 typedef rkm_result (*rkm__planner_maker)(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent,
                                          rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
 /* planner.c */
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
+RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
-#endif /* RKM_INTERNAL_H */
+#endif /* RKM__INTERNAL_H */

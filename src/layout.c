@@ -20,12 +20,12 @@
  *    graphs' plans (every algorithm, 90..20 % and the smallest budgets);
  * 3. where it misses: first fit in creation order (a dynamic allocator's
  *    layout: DTR plans on it, so for DTR plans it fits the budget), the
- *    library's first greedy in three orders (up to RKM_LAYOUT_GREEDY_ITEMS
+ *    library's first greedy in three orders (up to RKM__LAYOUT_GREEDY_ITEMS
  *    buffers), then a search over canonical placements (MiniMalloc:
  *    Moffitt, ASPLOS 2024) for a layout at the bound, then bisection
  *    between the bound and the best found. First fit has
- *    RKM_LAYOUT_FIRSTFIT_WORK units of work, the last two share
- *    RKM_LAYOUT_WORK (a unit: one buffer or section visited), so the
+ *    RKM__LAYOUT_FIRSTFIT_WORK units of work, the last two share
+ *    RKM__LAYOUT_WORK (a unit: one buffer or section visited), so the
  *    layout is the same on every machine. All together, on 349 plans:
  *    89.1 % at the bound, the geometric mean of arena / bound 1.0015
  *    (bench_layout; 10x the work moves a few plans, at 10x the time).
@@ -1037,7 +1037,7 @@ static int rkm__lay_build(rkm__lay *L, const rkm_buffer *b, size_t n, uint64_t a
 /* Lay out b[0..n) (lifetimes and takes_over as recorded) at alignment
  * `align` with the given stages: offsets into b, the arena and the aligned
  * peak. RKM_OK or RKM_ERROR_NOMEM (message left to the caller). */
-RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages,
+RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages,
                               uint64_t *arena, uint64_t *peak)
 {
     rkm__lay L;
@@ -1070,14 +1070,14 @@ RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, ui
     }
     if (ok && L.height > L.bound && (stages & RKM__LAY_SKYLINE)) {
         int32_t *live = rkm__alloc(ctx, ni * sizeof *live);
-        L.work = RKM_LAYOUT_FIRSTFIT_WORK;
+        L.work = RKM__LAYOUT_FIRSTFIT_WORK;
         uint64_t h = live ? rkm__lay_firstfit(&L, live) : UINT64_MAX;
         ok = live != NULL;
         if (h != UINT64_MAX) rkm__lay_keep(&L, h);
         rkm__free(ctx, live, ni * sizeof *live);
     }
-    L.work = stages & RKM__LAY_SKYLINE ? RKM_LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
-    if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM_LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
+    L.work = stages & RKM__LAY_SKYLINE ? RKM__LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
+    if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM__LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
         ok = rkm__lay_greedies(&L);
     /* the search improves on a layout; its undo log packs an index in 29 bits */
     if (ok && L.height > L.bound && L.height != UINT64_MAX && (stages & RKM__LAY_SEARCH) && L.n < (1 << 28) &&
@@ -1105,7 +1105,7 @@ RKM_PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, ui
 
 /* Whether the plan's buffers, rounded up to align, add up within 64 bits
  * (then every offset + size does too). */
-RKM_PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align)
+RKM__PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < p->n_buffers; i++)
@@ -1125,7 +1125,7 @@ static rkm_result rkm__layout_too_big(const rkm_plan *p, uint64_t align, const c
 /* The plan's own layout, at `alignment`, kept with it: offsets in
  * p->buffers, the figures in p->stats. Done once, before a plan is handed
  * out (the planner's candidates are never laid out). */
-RKM_PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
 {
     if (!rkm__layout_fits(p, alignment)) return rkm__layout_too_big(p, alignment, "plan layout");
     rkm_result r;

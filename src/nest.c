@@ -82,7 +82,7 @@ static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32
     if (!r) r = rkm__nest_loss(g, b, h, to);
     if (!r) r = rkm_graph_finalize(h);
     if (r && r != RKM_ERROR_NOMEM) { /* g was valid, so its block is: a bug */
-        char why[RKM_ERRMSG_SIZE];
+        char why[RKM__ERRMSG_SIZE];
         snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
         r = rkm__err(g->ctx, RKM_ERROR_INTERNAL, "internal error: block %s..%s as a graph of its own: %s",
                      g->ops[b->ops[0]].name, g->ops[b->ops[b->n_ops - 1]].name, why);
@@ -95,13 +95,13 @@ static rkm_result rkm__nest_graph(const rkm_graph *g, const rkm__block *b, int32
 }
 
 /* Does h cut b into a chain worth planning (its largest block peels at
- * least RKM_NEST_PEEL ops off b)? */
+ * least RKM__NEST_PEEL ops off b)? */
 static int rkm__nest_worth(const rkm_graph *h, const rkm__block *b)
 {
     int32_t most = 0;
     for (int32_t k = 0; k < h->n_blocks; k++)
         if (h->blocks[k].n_ops > most) most = h->blocks[k].n_ops;
-    return most <= b->n_ops - RKM_NEST_PEEL;
+    return most <= b->n_ops - RKM__NEST_PEEL;
 }
 
 /* Nested plan p (of h) as block b's steps: in g's ids, the stand-in
@@ -210,7 +210,7 @@ static int rkm__drop_steps(const rkm_graph *h, const rkm_plan *base, uint8_t *dr
 /* The plan of h (a block as a graph of its own, `base` its baseline) with
  * the ops drop[] (h->n_ops flags, then as many of scratch) made again in
  * the backward, each once, before its first reader there; c: scratch. */
-RKM_PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
+RKM__PRIVATE rkm_result rkm__drop_plan(rkm_planner *pl, const rkm_graph *h, const rkm_plan *base, uint8_t *drop,
                                       rkm__steps *c, rkm_plan **out)
 {
     rkm__steps d = {pl->ctx, NULL, 0, 0};
@@ -255,9 +255,9 @@ static int32_t rkm__drop_order(const rkm_graph *h, uint8_t *read, int32_t *order
     return m;
 }
 
-/* Block b's drop options (RKM_DROP_POINTS prefixes, by bytes freed),
+/* Block b's drop options (RKM__DROP_POINTS prefixes, by bytes freed),
  * offered to its class; past the deadline, no more. */
-RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
+RKM__PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b)
 {
     const rkm_graph *g = pl->g;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
@@ -274,8 +274,8 @@ RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm
     if (!r && (!read || !order || !ratio || !bytes)) r = rkm__nomem(pl->ctx, "drop options");
     int32_t m = r ? 0 : rkm__drop_order(h, read, order, ratio, bytes, &total);
     uint64_t freed = 0;
-    for (int32_t i = 0, p = 0; i < RKM_DROP_POINTS && !r && !rkm__over(pl); i++) {
-        uint64_t goal = total / RKM_DROP_POINTS * (uint64_t)(i + 1);
+    for (int32_t i = 0, p = 0; i < RKM__DROP_POINTS && !r && !rkm__over(pl); i++) {
+        uint64_t goal = total / RKM__DROP_POINTS * (uint64_t)(i + 1);
         int more = 0;
         for (; p < m && freed < goal; p++, more = 1) {
             drop[order[p]] = 1;
@@ -302,14 +302,14 @@ RKM_PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm
  * rkm__planner_make, handed down: the planner's recursion), whose block
  * ILP budget is `allow`, over peak budgets from the nested floor (or the
  * block's, if higher) to peak_hi; *nested: some were offered. Nothing
- * happens for blocks of nest_ops ops or fewer, below RKM_NEST_DEPTH
+ * happens for blocks of nest_ops ops or fewer, below RKM__NEST_DEPTH
  * levels, past the deadline, or where b does not cut. */
-RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
+RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested)
 {
     const rkm_graph *g = pl->g;
     *nested = 0;
-    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM_NEST_DEPTH || rkm__over(pl)) return RKM_OK;
+    if (b->n_ops <= pl->d.nest_ops || pl->depth + 1 >= RKM__NEST_DEPTH || rkm__over(pl)) return RKM_OK;
     int32_t *map = rkm__alloc(pl->ctx, (g->n_tensors + 1) * sizeof *map);
     rkm_graph *h = NULL;
     rkm_planner *sub = NULL;
@@ -332,9 +332,9 @@ RKM_PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker mak
         uint64_t hi = peak_hi > lo ? peak_hi : lo;
         /* the chain DP's plan and DTR's at each point: DTR reaches below
          * the chain's floor, where the nested blocks' boundaries are held */
-        for (int i = 0; i < 2 * RKM_NEST_POINTS && !r && !rkm__over(sub); i++) {
+        for (int i = 0; i < 2 * RKM__NEST_POINTS && !r && !rkm__over(sub); i++) {
             rkm_plan *p = NULL;
-            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM_NEST_POINTS - 1));
+            uint64_t budget = lo - gx + (uint64_t)((double)(hi - lo) * (i / 2) / (RKM__NEST_POINTS - 1));
             r = i % 2 ? rkm__solve_dtr(sub, budget, &p, NULL) : rkm__solve_dp(sub, budget, &p);
             if (!r && p) r = rkm__nest_offer(pl, s, b, p, map);
             *nested |= p != NULL;

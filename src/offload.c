@@ -484,7 +484,7 @@ static rkm_result rkm__off_init(rkm__off *o, const rkm_graph *g, const rkm_step 
  * compute; 1: where none does, copies the compute stream waits for, the
  * largest slot first; 2: the same, the best fit for the bytes over the
  * budget first (rkm__off_fits_better). */
-RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
+RKM__PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *base, size_t n, uint64_t budget,
                                          int exposed, const uint8_t *prefer, rkm__steps *out, uint64_t *work)
 {
     rkm__off o;
@@ -535,12 +535,12 @@ RKM_PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *bas
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
  * than the room left, the copies for that much less (as planner_fit does). */
-RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
+RKM__PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
                                         const uint8_t *prefer, rkm_plan **out)
 {
     *out = NULL;
     uint64_t target = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES; k++) {
+    for (int k = 0; k < RKM__LAYOUT_TRIES; k++) {
         rkm__steps d;
         rkm_plan *q;
         rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
@@ -567,7 +567,7 @@ RKM_PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint
  * fit waits less where both fit (test_offload planner_meets_brute_force);
  * the largest clears a peak in fewer copies (resnet18-like-b32 at 50 %
  * with 25 GB/s fits only so). */
-RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                       rkm_plan **out)
 {
     rkm_plan *e = NULL;
@@ -584,7 +584,7 @@ RKM_PRIVATE rkm_result rkm__offload_exposed(rkm_planner *pl, const rkm_plan *b, 
 /* Base b's plan with hidden copies into *q; where there is none, with
  * exposed ones into *x, the faster kept (copies the compute stream waits
  * for beat the recomputations they replace when these are long). */
-RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
+RKM__PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint64_t budget, const uint8_t *prefer,
                                    rkm_plan **q, rkm_plan **x)
 {
     rkm_plan *e = NULL;
@@ -595,7 +595,7 @@ RKM_PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uint
 
 /* Whether the planner's algorithm offloads on its graph: rockmate and
  * checkmate on a graph with a copy link. */
-RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
+RKM__PRIVATE int rkm__offloads(const rkm_planner *pl)
 {
     return (pl->d.algo == RKM_ALGO_ROCKMATE || pl->d.algo == RKM_ALGO_CHECKMATE) && pl->g->copy.d2h_bytes_per_second > 0;
 }
@@ -610,7 +610,7 @@ RKM_PRIVATE int rkm__offloads(const rkm_planner *pl)
  * where faster than `bound` (also lp_solve's cutoff); the solve gets
  * time_limit's work. Checkmate's; rockmate does without (design.md,
  * "Checkmate with copies": no plan changed on the bundled graphs). */
-RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
+RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit,
                                          rkm_plan **out)
 {
     const rkm_graph *g = pl->g;
@@ -655,7 +655,7 @@ RKM_PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doubl
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
  * for checkmate on a graph with a copy link, the faster of that and the
  * ILP with copies (rkm__ilp_offloads), with as much work each. */
-RKM_PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
 {
     *out = NULL;
     /* without lp_solve only rockmate's candidates get here (checkmate is

@@ -18,7 +18,7 @@ static void rkm__option_free(rkm_context *ctx, rkm__option *o)
     o->steps = NULL;
 }
 
-RKM_PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b)
+RKM__PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b)
 {
     rkm__free(ctx, b->nosave, b->n_nosave * sizeof *b->nosave);
     for (size_t i = 0; i < b->n_opt; i++) rkm__option_free(ctx, &b->opt[i]);
@@ -96,7 +96,7 @@ static int rkm__gen_backward(const rkm_graph *g, const rkm__block *b, rkm__steps
 /* Replay an option from the block's start state; fill its figures. Returns
  * 1 when both parts are valid and the backward ends in the block's end
  * state: x_in live, grad(x_in) live and complete, nothing else of the block. */
-RKM_PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
+RKM__PRIVATE int rkm__option_measure(rkm__sim *s, const rkm__block *b, rkm__option *o)
 {
     const rkm_graph *g = s->g;
     rkm_sim_result r;
@@ -141,7 +141,7 @@ static int rkm__dominates(const rkm__option *a, const rkm__option *b)
 /* Measure an option and add it unless an option already there dominates
  * it; drop those it dominates. Takes ownership of o->steps either way.
  * Returns 0 on allocation failure, else 1; *valid says whether it replayed. */
-RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid)
+RKM__PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *b, rkm__bopts *bo, rkm__option *o, int *valid)
 {
     *valid = rkm__option_measure(s, b, o);
     if (!*valid) {
@@ -171,7 +171,7 @@ RKM_PRIVATE int rkm__bopts_add(rkm_context *ctx, rkm__sim *s, const rkm__block *
 /* Less memory first, then less time, then fewer steps, then arrival: a
  * total order, so qsort gives the same result on every C library, and the
  * DP prefers earlier options on ties. */
-RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y)
+RKM__PRIVATE int rkm__option_cmp(const void *x, const void *y)
 {
     const rkm__option *a = x, *b = y;
     if (a->kept != b->kept) return a->kept < b->kept ? -1 : 1;
@@ -184,7 +184,7 @@ RKM_PRIVATE int rkm__option_cmp(const void *x, const void *y)
 }
 
 /* The two extremes of a block: its own baseline, and the no-save forward. */
-RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
+RKM__PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm__bopts *bo)
 {
     const rkm_graph *g = s->g;
     rkm__steps l = {g->ctx, NULL, 0, 0};
@@ -216,7 +216,7 @@ RKM_PRIVATE rkm_result rkm__bopts_extremes(rkm__sim *s, const rkm__block *b, rkm
 }
 
 /* Map a step of block `from` onto the identical block `to`. */
-RKM_PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st)
+RKM__PRIVATE rkm_step rkm__map_step(const rkm_graph *g, const rkm__block *from, const rkm__block *to, rkm_step st)
 {
     if (st.kind == RKM_STEP_LOSS) return st;
     if (rkm__step_on_op(st.kind)) {

@@ -19,7 +19,7 @@ void rkm_plan_destroy(rkm_plan *p)
 
 /* Append a copy of *st (a step as given: the birth checks it; `save`
  * means something on forward and copy steps only). */
-RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
+RKM__PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
 {
     int save = st->kind == RKM_STEP_FWD || st->kind >= RKM_STEP_OFFLOAD;
     if (!rkm__steps_push(l, st->kind, st->index, save ? st->save : 0)) return 0;
@@ -28,7 +28,7 @@ RKM_PRIVATE int rkm__steps_push_step(rkm__steps *l, const rkm_step *st)
 }
 
 /* Shrink to exactly n steps so that the owner frees with n * size. */
-RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
+RKM__PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
 {
     rkm_step *s = rkm__realloc(l->ctx, l->s, l->cap * sizeof *l->s, (l->n ? l->n : 1) * sizeof *l->s);
     if (!s) return NULL;
@@ -41,7 +41,7 @@ RKM_PRIVATE rkm_step *rkm__steps_take(rkm__steps *l)
     return s;
 }
 
-RKM_PRIVATE void rkm__steps_free(rkm__steps *l)
+RKM__PRIVATE void rkm__steps_free(rkm__steps *l)
 {
     rkm__free(l->ctx, l->s, l->cap * sizeof *l->s);
     l->s = NULL;
@@ -50,7 +50,7 @@ RKM_PRIVATE void rkm__steps_free(rkm__steps *l)
 
 /* A draft of the n given steps (each as rkm__steps_push_step copies it),
  * for a birth; out of memory names `what` and leaves nothing. */
-RKM_PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
+RKM__PRIVATE rkm_result rkm__steps_copy(rkm_context *ctx, const rkm_step *steps, size_t n, rkm__steps *d, const char *what)
 {
     *d = (rkm__steps){ctx, NULL, 0, 0};
     for (size_t i = 0; i < n; i++)
@@ -105,7 +105,7 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
  * out at `alignment`; on failure nothing is left. A read, built or baseline
  * plan whose buffers rounded up add up past 64 bits is handed out without a
  * layout (its alignment 0; rkm_plan_layout says why). */
-RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
 {
     if (r == RKM_OK && !rkm__layout_fits(*out, alignment)) return RKM_OK;
     if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment))) {
@@ -117,7 +117,7 @@ RKM_PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_p
 
 /* What every function that makes a plan of g checks first: *out cleared,
  * g given and finalized, its input (`what`) given when input_ok is 0. */
-RKM_PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
+RKM__PRIVATE rkm_result rkm__plan_args(const rkm_graph *g, rkm_plan **out, int input_ok, const char *fn, const char *what)
 {
     if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn) : RKM_ERROR_ARGUMENT;
     *out = NULL;
@@ -302,7 +302,7 @@ static rkm_result rkm__read_fp(rkm__reader *r, const rkm_graph *g, unsigned *see
         {"op costs differ", " (seconds, phantom, scratch, workspaces or in-place flags)"},
         {"the structure differs", " (in, out or saved lists)"},
         {"the copy link differs", " (bandwidths or latency)"}};
-    char at[RKM_NAME_MAX + 64] = "";
+    char at[RKM__NAME_MAX + 64] = "";
     if (a != RKM__FP_COPY) {
         const char *obj = a == RKM__FP_TENSORS ? "tensor" : "op";
         if (i < 0) snprintf(at, sizeof at, " at more than one %s", obj);
@@ -358,9 +358,9 @@ static rkm_result rkm__read_align(rkm__reader *r, unsigned *seen, uint64_t *alig
     uint64_t v;
     if (*seen & 1u << RKM__FP_ASPECTS) return rkm__rerr(r, RKM_ERROR_PARSE, "align: given twice");
     *seen |= 1u << RKM__FP_ASPECTS;
-    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM_MAX_ALIGNMENT)
+    if (r->ntok != 2 || !rkm__parse_u64(r->tok[1], &v) || !v || (v & (v - 1)) || v > RKM__MAX_ALIGNMENT)
         return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'align N', N a power of two from 1 to %llu",
-                         (unsigned long long)RKM_MAX_ALIGNMENT);
+                         (unsigned long long)RKM__MAX_ALIGNMENT);
     *align = v;
     return RKM_OK;
 }
@@ -422,7 +422,7 @@ rkm_result rkm_plan_read_string(const rkm_graph *g, const char *text, size_t len
         rkm__steps_free(&d);
     } else if ((res = rkm__plan_birth(g, &d, sim, out)) == RKM_ERROR_PLAN) {
         /* The rule's message, led by the file and the step's line. */
-        char msg[RKM_ERRMSG_SIZE];
+        char msg[RKM__ERRMSG_SIZE];
         snprintf(msg, sizeof msg, "%s", g->ctx->errmsg);
         const char *src = source_name ? source_name : "<string>";
         if (sim->fail_step >= 0 && (size_t)sim->fail_step < sim->num_steps)
@@ -455,7 +455,7 @@ rkm_result rkm_plan_write(const rkm_plan *p, rkm_write_fn fn, void *user)
     if (p->stats.alignment) rkm__outf(&o, "align %llu\n", (unsigned long long)p->stats.alignment);
     rkm__fp_write(&o, p->g);
     for (size_t i = 0; i < p->n_steps; i++) {
-        char text[RKM_NAME_MAX + 32];
+        char text[RKM__NAME_MAX + 32];
         rkm_step_text(p->g, &p->steps[i], text, sizeof text);
         rkm__outf(&o, "%s\n", text);
     }
@@ -583,7 +583,7 @@ static rkm_result rkm__plan_refuse(const rkm_plan *p, const rkm_sim_result *res)
 
 /* The one way a plan comes to be: the draft's steps (taken) replayed once;
  * *out only if every rule holds, else RKM_ERROR_PLAN naming the rule. */
-RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rkm_sim_result *res, rkm_plan **out)
 {
     rkm_sim_result tmp;
     if (!res) res = &tmp;
@@ -624,7 +624,7 @@ RKM_PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, rk
 
 /* A plan of the same steps, laid out as p is (birth and layout are
  * functions of the steps). */
-RKM_PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
 {
     rkm__steps d;
     rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");

@@ -87,7 +87,7 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
     return RKM_OK;
 }
 
-RKM_PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
+RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
@@ -198,7 +198,7 @@ static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block
  * class's share): the desc's grid (ilp_peak_points x ilp_kept_points) at
  * ilp_time_limit a solve, but where the first solve that finds a schedule
  * reaches its work limit, the block is hard for the solver and its options
- * are better from fewer solves with more work each (RKM_ILP_HARD_KEPT). */
+ * are better from fewer solves with more work each (RKM__ILP_HARD_KEPT). */
 static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block *b, uint64_t peak_lo, uint64_t peak_hi,
                                  double allow)
 {
@@ -214,8 +214,8 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
     int hard = 0;
     r = rkm__class_grid(pl, s, b, ib, &gr, 1, &hard);
     if (!r && hard) { /* the probe's option stays; the grid starts over */
-        gr.nk = (int32_t)ceil(gr.nk * RKM_ILP_HARD_KEPT);
-        gr.lim *= RKM_ILP_HARD_EFFORT;
+        gr.nk = (int32_t)ceil(gr.nk * RKM__ILP_HARD_KEPT);
+        gr.lim *= RKM__ILP_HARD_EFFORT;
         gr.next = 0;
     }
     if (!r) r = rkm__class_grid(pl, s, b, ib, &gr, 0, &hard);
@@ -224,7 +224,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 }
 
 /* Whether the chain has blocks to trade memory between: two or more of
- * more than RKM_MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
+ * more than RKM__MERGE_RUN ops (dag4x50's 4 blocks of 49 and 50, peer-gpt's
  * 8 of 5 and 8). Only there do drop options pay: on graphs of one big
  * block and a few small ones (random30's 28 ops, dag60's 59, dag100's 97)
  * the whole-graph search plans the block, and the options moved plans
@@ -233,7 +233,7 @@ static rkm_result rkm__class_ilp(rkm_planner *pl, rkm__sim *s, const rkm__block 
 static int rkm__drop_chain(const rkm_graph *g)
 {
     int32_t big = 0;
-    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM_MERGE_RUN;
+    for (int32_t k = 0; k < g->n_blocks; k++) big += g->blocks[k].n_ops > RKM__MERGE_RUN;
     return big >= 2;
 }
 
@@ -259,12 +259,12 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     rkm_result r = rkm__nest_options(pl, rkm__planner_make, s, b, peak_lo, peak_hi, allow, &nested);
     if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
     double left = allow - (pl->ilp.work - work0);
-    if (!r && !(nested && b->n_ops > RKM_ILP_FLAT_OPS) && b->n_ops <= RKM_ILP_MAX_OPS && RKM__HAVE_ILP) {
+    if (!r && !(nested && b->n_ops > RKM__ILP_FLAT_OPS) && b->n_ops <= RKM__ILP_MAX_OPS && RKM__HAVE_ILP) {
         /* a share below a tenth of one solve's limit buys no solve but costs
          * the model's build (a chain of 5000 distinct blocks: 17 s of it);
          * it is spent all the same, or the last of many such classes would
          * get the others' and build after all */
-        if (left < RKM_ILP_MIN_SHARE * pl->d.ilp_time_limit) {
+        if (left < RKM__ILP_MIN_SHARE * pl->d.ilp_time_limit) {
             pl->ilp_skipped += pl->d.ilp_peak_points * pl->d.ilp_kept_points;
             pl->pool = fmax(0, pl->pool - left);
         } else
@@ -293,7 +293,7 @@ static rkm_result rkm__planner_classes(rkm_planner *pl, rkm__sim *s)
     }
     double all = wl;
     for (int32_t i = 0; i < n && !r; i++) {
-        rkm__progress_part(pl, RKM_PROGRESS_CLASSES * (1 - wl / all), RKM_PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
+        rkm__progress_part(pl, RKM__PROGRESS_CLASSES * (1 - wl / all), RKM__PROGRESS_CLASSES * (1 - (wl - w[order[i]]) / all));
         r = rkm__class_options(pl, s, order[i], w[order[i]], wl);
         wl -= w[order[i]];
     }
@@ -356,18 +356,18 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: algorithm %d does not exist", (int)d->algo);
     if (d->algo == RKM_ALGO_DEFAULT) d->algo = RKM_ALGO_ROCKMATE;
     rkm_result r;
-    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM_DEFAULT_SLOTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM_DEFAULT_PEAK_POINTS)) ||
-        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM_DEFAULT_KEPT_POINTS)) ||
-        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM_DEFAULT_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM_DEFAULT_ILP_TIME_LIMIT)) ||
-        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM_DEFAULT_ILP_BUDGET)))
+    if ((r = rkm__desc_count(ctx, "slots", &d->slots, RKM__DEFAULT_SLOTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_peak_points", &d->ilp_peak_points, RKM__DEFAULT_PEAK_POINTS)) ||
+        (r = rkm__desc_count(ctx, "ilp_kept_points", &d->ilp_kept_points, RKM__DEFAULT_KEPT_POINTS)) ||
+        (r = rkm__desc_seconds(ctx, "time_limit", &d->time_limit, RKM__DEFAULT_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_time_limit", &d->ilp_time_limit, RKM__DEFAULT_ILP_TIME_LIMIT)) ||
+        (r = rkm__desc_seconds(ctx, "ilp_budget", &d->ilp_budget, RKM__DEFAULT_ILP_BUDGET)))
         return r;
     if (d->alignment == 0) d->alignment = RKM_ARENA_ALIGN;
-    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM_MAX_ALIGNMENT)
+    if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM__MAX_ALIGNMENT)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
-                        (unsigned long long)d->alignment, (unsigned long long)RKM_MAX_ALIGNMENT);
-    if (d->nest_ops == 0) d->nest_ops = RKM_DEFAULT_NEST_OPS;
+                        (unsigned long long)d->alignment, (unsigned long long)RKM__MAX_ALIGNMENT);
+    if (d->nest_ops == 0) d->nest_ops = RKM__DEFAULT_NEST_OPS;
     if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
 #ifdef RKM_OMIT_SOLVER
     /* rockmate plans without its ILP options (rkm__class_options) */
@@ -385,7 +385,7 @@ static int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == R
 /* A planner for g with settings d (defaults applied), below `parent` (NULL:
  * the one the user made): nested planners do not log, and their checks
  * are their parent's (rkm__over). */
-RKM_PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
+RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out)
 {
     int32_t depth = parent ? parent->depth + 1 : 0;
     const rkm_solve_desc d = *desc;
@@ -454,14 +454,14 @@ rkm_result rkm_planner_create(const rkm_graph *g, const rkm_solve_desc *desc, rk
     return RKM_OK;
 }
 
-/* The chain DP's table, if it fits under RKM_DP_MAX_BYTES. Rotor without it
+/* The chain DP's table, if it fits under RKM__DP_MAX_BYTES. Rotor without it
  * has nothing to plan with: refused, with the figure and the knob. Rockmate
  * goes on without the chain DP (sqrt, DTR), with a warning. */
 static rkm_result rkm__planner_dp(rkm_planner *pl)
 {
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
-    if (need <= RKM_DP_MAX_BYTES) {
+    if (need <= RKM__DP_MAX_BYTES) {
         int cut; /* past the deadline or cancelled: the first tile only */
         rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
         pl->cut |= cut;
@@ -469,20 +469,20 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
     }
     if (pl->d.algo == RKM_ALGO_ROCKMATE) {
         rkm__log(pl->ctx, RKM_LOG_WARN, "chain DP left out: %d blocks x %d slots would take %.3g GiB (the cap is %.3g GiB)",
-                 (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0);
+                 (int)n, (int)M, need / 1073741824.0, RKM__DP_MAX_BYTES / 1073741824.0);
         return RKM_OK;
     }
     int32_t fit = M;
-    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM_DP_MAX_BYTES) fit /= 2;
+    while (fit > 1 && rkm__dp_bytes(pl->dpb, n, fit) > RKM__DP_MAX_BYTES) fit /= 2;
     char hint[96];
-    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM_DP_MAX_BYTES)
+    if (rkm__dp_bytes(pl->dpb, n, fit) <= RKM__DP_MAX_BYTES)
         snprintf(hint, sizeof hint, "use %d slots or fewer (rkm_solve_desc.slots, --slots)", (int)fit);
     else
         snprintf(hint, sizeof hint, "the chain has too many blocks for the DP at any slot count");
     return rkm__err(pl->ctx, RKM_ERROR_NOMEM,
                     "chain DP: %d blocks x %d slots would take %.3g GiB, over the planner's cap of %.3g GiB: %s, or "
                     "plan with rockmate or dtr",
-                    (int)n, (int)M, need / 1073741824.0, RKM_DP_MAX_BYTES / 1073741824.0, hint);
+                    (int)n, (int)M, need / 1073741824.0, RKM__DP_MAX_BYTES / 1073741824.0, hint);
 }
 
 /* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
@@ -492,7 +492,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
 /* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
  * plan for the budget (its peak, counted at the alignment, within it), and
  * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM_LAYOUT_TRIES times at most (once
+ * left, the plan for that much less, RKM__LAYOUT_TRIES times at most (once
  * past the deadline: each try ends in a layout, which it does not cut). *need
  * (if not NULL): the least arena of the plans that did not fit, 0 if
  * none. */
@@ -501,7 +501,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
     *out = NULL;
     if (need) *need = 0;
     uint64_t b = budget;
-    for (int k = 0; k < RKM_LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
+    for (int k = 0; k < RKM__LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p, *q;
         rkm_result r = rkm__planner_try(pl, b, &p);
         if (r || !p) return r;
@@ -528,7 +528,7 @@ static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_p
  * its arena fits, and the tries' smaller budgets may give slower plans
  * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
  * (at DTR's smallest budget). */
-RKM_PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
@@ -575,7 +575,7 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
     /* One solve's work is worth about its share of the limit; on a slow
      * machine the call's deadline (rkm__over) stops it first. */
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE, out);
+    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, out);
     return RKM_OK;
 }
 
@@ -586,7 +586,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
 /* The smallest budget the planner meets, and the plan that meets it
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
  * counted at the alignment) upwards, by the least arena of the plans that
- * did not fit, else by steps that double from 1/RKM_MIN_BUDGET_STEPS of the
+ * did not fit, else by steps that double from 1/RKM__MIN_BUDGET_STEPS of the
  * way to the baseline peak, until a plan fits (the baseline's arena always
  * does); then down, while the budget one byte under the plan's arena finds
  * a plan. The budget is that plan's arena: rkm_planner_solve meets any
@@ -596,17 +596,17 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
-    rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS);
+    rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS);
     pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
-    rkm__progress_part(pl, RKM_PROGRESS_FLOORS, (1 + RKM_PROGRESS_FLOORS) / 2);
+    rkm__progress_part(pl, RKM__PROGRESS_FLOORS, (1 + RKM__PROGRESS_FLOORS) / 2);
     pl->fitting_min = 1;
-    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM_MIN_BUDGET_STEPS : 0;
+    uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM__MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
         /* the baseline, laid out, fits its own arena; past the deadline,
          * after one try at the least peak */
-        if (k == RKM_MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
+        if (k == RKM__MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
         } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
             failed = m;
@@ -619,8 +619,8 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     /* then down: a budget just under that arena may find another plan, but
      * not one under a budget that found none on the way up (the searches
      * are not monotone, but a failing solve is the dearest of all) */
-    rkm__progress_part(pl, (1 + RKM_PROGRESS_FLOORS) / 2, 1);
-    for (int k = 0; !r && k < RKM_MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
+    rkm__progress_part(pl, (1 + RKM__PROGRESS_FLOORS) / 2, 1);
+    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
         if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
@@ -638,7 +638,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 
 /* The smallest budget, kept unless a cut call found it (then the next call
  * looks again), within the call's deadline. */
-RKM_PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
+RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->min_budget || pl->min_cut) {
         rkm_plan_destroy(pl->min_plan);
@@ -676,9 +676,9 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 /* Checkmate: feasibility is monotone in the budget; the probes share the
  * time limit, and one that times out counts as infeasible, so this is the
  * least budget the solver could meet. */
-RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM_CHECKMATE_SHARE / RKM_BISECT_CHECKMATE, out);
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE / RKM__BISECT_CHECKMATE, out);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
@@ -689,7 +689,7 @@ RKM_PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rk
 static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm__search_begin(pl);
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_BISECT_SMALL_SECONDS, out);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__BISECT_SMALL_SECONDS, out);
     if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }
@@ -707,7 +707,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
         uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
         *at = *out;
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
@@ -719,12 +719,12 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
         uint64_t dtr;
-        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM_PROGRESS_FLOORS / 2);
+        if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS / 2);
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM_WHOLE_GRAPH_OPS) {
-        rkm__progress_part(pl, RKM_PROGRESS_FLOORS / 2, RKM_PROGRESS_FLOORS);
-        r = rkm__bisect(pl, rkm__probe_small, RKM_BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM__WHOLE_GRAPH_OPS) {
+        rkm__progress_part(pl, RKM__PROGRESS_FLOORS / 2, RKM__PROGRESS_FLOORS);
+        r = rkm__bisect(pl, rkm__probe_small, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     }
     if (*at < *out) *at = *out;
     return r;
@@ -736,7 +736,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
  * pl->off_bases[k]. */
 static rkm_result rkm__off_min_base(rkm_planner *pl, int k)
 {
-    const int n = RKM_OFFLOAD_MIN_BASES;
+    const int n = RKM__OFFLOAD_MIN_BASES;
     double floor = (double)pl->min_budget;
     if (k == 0) return rkm__plan_copy(pl->min_plan, &pl->off_bases[0]);
     if (k == n - 1) return rkm__plan_baseline(pl->user, &pl->off_bases[k]);
@@ -752,7 +752,7 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
 {
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES && !r && !*out; k++) {
+    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES && !r && !*out; k++) {
         if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
         if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, NULL, out);
     }
@@ -769,17 +769,17 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
  * none). */
 static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
 {
-    rkm_plan *b[RKM_OFFLOAD_MIN_BASES] = {NULL};
+    rkm_plan *b[RKM__OFFLOAD_MIN_BASES] = {NULL};
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
     if (pl->min_plan && min > pl->lower_bound) {
         pl->off_bases = b;
         pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM_BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
+        r = rkm__bisect(pl, rkm__probe_offload, RKM__BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
         if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
         pl->off_bases = NULL;
     }
-    for (int k = 0; k < RKM_OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
+    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
     return r;
 }
 
@@ -792,7 +792,7 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
     if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM_BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
+        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
     if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
     if (*p && (*p)->stats.arena_bytes >= min) {
         rkm_plan_destroy(*p);
@@ -808,7 +808,7 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
  * plan's arena, the plan kept in pl->off_min_plan (rkm_planner_solve hands
  * out a copy where its own search finds nothing); kept with the floor (a
  * cut bisection makes both be sought again). */
-RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
+RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
 {
     uint64_t min;
     rkm_result r = rkm__min_budget_get(pl, &min);
@@ -843,7 +843,7 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
  * baseline); where the copies do not bring that plan within the budget (too
  * many, each with its latency), a plan for a quarter as much more memory,
  * and where there is no plan (below the recompute-only floor), one for half
- * way to the baseline peak: RKM_OFFLOAD_BASES plans at most, until one fits
+ * way to the baseline peak: RKM__OFFLOAD_BASES plans at most, until one fits
  * with hidden copies (a base where only exposed ones fit is a candidate, not
  * the end). A base is planned without the whole-graph ILP start, the phases
  * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
@@ -863,10 +863,10 @@ RKM_PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
  * pass's 16.64 %), and the chain DP with block inputs in host memory
  * (gpt2-xl-b4-t1024 at 30 % with 25 GB/s: 4.29 % against 5.82 %). Then
  * the offload moves (search.c) on the fastest of all, within
- * RKM_OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
+ * RKM__OFFLOAD_MOVES_WORK of the solve's work: its recomputations traded
  * for copies where that is faster (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
  * 12.65 % -> 2.70 %). */
-RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     const rkm_graph *g = pl->g;
     rkm_plan *base = NULL, *q = NULL, *x = NULL;
@@ -877,11 +877,11 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     base = NULL;
     uint64_t done = pl->work_done;
     if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
-    /* the bases together: RKM_OFFLOAD_BASE_WORK of what that solve's search
+    /* the bases together: RKM__OFFLOAD_BASE_WORK of what that solve's search
      * did, or a solve's where it found no plan (only a base can give one);
-     * the offload moves, RKM_OFFLOAD_MOVES_WORK of it */
-    double solve = *p ? (double)(pl->work_done - done) : (double)RKM_SOLVE_WORK;
-    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM_OFFLOAD_BASE_WORK) : RKM_SOLVE_WORK);
+     * the offload moves, RKM__OFFLOAD_MOVES_WORK of it */
+    double solve = *p ? (double)(pl->work_done - done) : (double)RKM__SOLVE_WORK;
+    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM__OFFLOAD_BASE_WORK) : RKM__SOLVE_WORK);
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -890,8 +890,8 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     }
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
-    double up = fmin((double)budget + RKM_OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM_OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
+    double up = fmin((double)budget + RKM__OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
+    for (int k = 0; k < RKM__OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
         pl->fitting_base = 1;
         r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
         pl->fitting_base = 0;
@@ -911,7 +911,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
     *p = rkm__faster(*p, d);
     if (!r) r = rkm__chain_offloads(pl, budget, *p ? (*p)->stats.time : INFINITY, &c);
     *p = rkm__faster(*p, c);
-    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM_OFFLOAD_MOVES_WORK), p);
+    if (!r && *p) r = rkm__offload_moves(pl, budget, (uint64_t)(solve * RKM__OFFLOAD_MOVES_WORK), p);
     if (r) { /* nothing half-built: the plan taken goes too */
         rkm_plan_destroy(*p);
         *p = NULL;
@@ -926,7 +926,7 @@ RKM_PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rk
  * that a plan made for more memory fits (inplace-split at 93 %: 13.02 %
  * overhead from the smallest budget's plan, 26.01 % with copies at
  * 100 MB/s). */
-RKM_PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
+RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p)
 {
     uint64_t min;
     rkm_result r = rkm__min_budget_get(pl, &min);

@@ -26,7 +26,7 @@ static int64_t rkm__budget_slots(const rkm_planner *pl, uint64_t budget)
 }
 
 /* The absolute bytes of m slots: the budget they stand for. */
-RKM_PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
+RKM__PRIVATE uint64_t rkm__slots_budget(const rkm_planner *pl, int64_t m) { return pl->g->input_bytes + (uint64_t)m * pl->q; }
 
 /* Turn block-level operations into graph-level steps. */
 static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, size_t n, rkm__steps *p)
@@ -58,7 +58,7 @@ static rkm_result rkm__flatten(const rkm_planner *pl, const rkm__dp_op *ops, siz
 }
 
 /* Add a schedule found on block `from` to every block of its class. */
-RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
+RKM__PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__block *from, const rkm_step *steps, size_t nf,
                                  size_t nb)
 {
     const rkm_graph *g = pl->g;
@@ -79,7 +79,7 @@ RKM_PRIVATE rkm_result rkm__class_add(rkm_planner *pl, rkm__sim *s, const rkm__b
 
 /* The planner's memory, freed: rkm_planner_destroy's, and a nested
  * planner's (nest.c). */
-RKM_PRIVATE void rkm__planner_free(rkm_planner *pl)
+RKM__PRIVATE void rkm__planner_free(rkm_planner *pl)
 {
     if (!pl) return;
     if (pl->bo)
@@ -98,7 +98,7 @@ RKM_PRIVATE void rkm__planner_free(rkm_planner *pl)
 
 /* Birth of a draft the planner made for g (its graph, or a block's as a
  * graph of its own), taken: an invalid one is a bug. */
-RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out)
 {
     rkm_result r = rkm__lower_inplace(g, draft);
     if (r) {
@@ -107,14 +107,14 @@ RKM_PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm
     }
     r = rkm__plan_birth(g, draft, NULL, out);
     if (r != RKM_ERROR_PLAN) return r;
-    char why[RKM_ERRMSG_SIZE];
+    char why[RKM__ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", rkm_context_errmsg(pl->ctx));
     return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay: %s",
                     rkm_algo_name(pl->d.algo), why);
 }
 
 /* Birth of a draft of the planner's graph (taken), its progress noted. */
-RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rkm_plan **out)
 {
     rkm_result r = rkm__draft_birth(pl, pl->g, draft, out);
     if (!r) rkm__progress_plan(pl, *out);
@@ -124,7 +124,7 @@ RKM_PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, rk
 /* The planner's plan p (taken) as the host gets it: born on the user's
  * graph (p is of the aligned one, unless they are the same) and laid out
  * at the desc's alignment. */
-RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out)
 {
     *out = NULL;
     rkm_result r = RKM_OK;
@@ -147,7 +147,7 @@ RKM_PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_pl
 }
 
 /* The arena plan p (kept) would have as the host gets it. */
-RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
+RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
 {
     rkm_plan *c, *q;
     rkm_result r = rkm__plan_copy(p, &c);
@@ -160,7 +160,7 @@ RKM_PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, ui
 
 /* Plan p (taken) as the host gets it into *out where its arena fits the
  * budget; else *out NULL and *arena (if not NULL) that arena. */
-RKM_PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
+RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
 {
     rkm_result r = rkm__planner_handout(pl, p, out);
     if (!r && (*out)->stats.arena_bytes > budget) {
@@ -187,7 +187,7 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_o
     if (rule == RKM__CHAIN_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
     rkm__dp_table *tb = rule == RKM__CHAIN_OFF ? &pl->off_table : &pl->table;
     const rkm__dp_block *bl = rule == RKM__CHAIN_OFF ? pl->off_dpb : pl->dpb;
-    if (!tb->n) return RKM_OK; /* left out: over RKM_DP_MAX_BYTES */
+    if (!tb->n) return RKM_OK; /* left out: over RKM__DP_MAX_BYTES */
     if (m > tb->M) m = tb->M;
     double opt = rkm__dp_opt(tb, 0, g->n_blocks - 1, (int32_t)m), t = 0;
     int64_t peak = 0;
@@ -204,7 +204,7 @@ static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_o
 
 /* The chain's plan for `budget` (rule: RKM__CHAIN_*), or *out NULL when it
  * has none. */
-RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
@@ -225,7 +225,7 @@ RKM_PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budg
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
  * Computed once; 0 when the DP has no plan at all. */
-RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
+RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots)
 {
     if (!pl->chain_floor && pl->table.n) {
         int64_t m = 0;
@@ -250,7 +250,7 @@ RKM_PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t
 /* The chain DP's plan for `budget`: below the DP's own slot budget but at
  * or above its floor, the floor's plan, so that every budget from the
  * reported floor up has a plan. */
-RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_DP, budget, out);
     uint64_t floor;
@@ -265,7 +265,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_pl
  * by one, so a plan for more slots than the budget affords often fits it
  * in bytes (on mlp16 at 36.85 %: 51.4 % overhead for 2 slots more, against
  * 75.7 %). Only slot budgets where the DP's time falls are flattened. */
-RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const rkm_plan *own, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
@@ -292,7 +292,7 @@ RKM_PRIVATE rkm_result rkm__solve_dp_up(rkm_planner *pl, uint64_t budget, const 
  * stays the smallest budget met); above it the result is monotone in the
  * budget: a larger one tries the same slot budgets or ones the DP says are
  * faster. */
-RKM_PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_dp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *up = NULL;
     rkm_result r = rkm__solve_dp_at(pl, budget, out);
@@ -393,7 +393,7 @@ static rkm_result rkm__dtr_runs(rkm_planner *pl, uint64_t budget, int first, int
  * meets it. first: stop at the first plan (to learn whether there is one;
  * the allocator's only, without copies, then with). missed (if not NULL):
  * the fastest bytes-mode plan whose layout did not fit, or NULL. */
-RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
+RKM__PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first, rkm_plan **out, rkm_plan **missed)
 {
     int sets = pl->d.algo == RKM_ALGO_DTR && pl->g->copy.d2h_bytes_per_second > 0 ? RKM__DTR_COPY_SETS : 1;
     return rkm__dtr_runs(pl, budget, first, 0, sets, INFINITY, out, missed);
@@ -403,7 +403,7 @@ RKM_PRIVATE rkm_result rkm__dtr_plan(rkm_planner *pl, uint64_t budget, int first
  * link: its recompute-only ones are among its starts), the fastest under
  * `bound`, as the host gets it (rkm__planner_handout) where its arena
  * fits, into *out; else NULL. */
-RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
 {
     *out = NULL;
     if (!rkm__dtr_affordable(pl) || !(pl->g->copy.d2h_bytes_per_second > 0)) return RKM_OK;
@@ -413,7 +413,7 @@ RKM_PRIVATE rkm_result rkm__dtr_offloads(rkm_planner *pl, uint64_t budget, doubl
 }
 
 /* The chain with its block inputs free to wait in host memory (chain.c's
- * twins, the prefetch priced at RKM_PREFETCH_PRICE of its copy: the plan's
+ * twins, the prefetch priced at RKM__PREFETCH_PRICE of its copy: the plan's
  * prefetches are moved ahead after, where they hide) and its table for m
  * slots at least: made at the first solve that offloads, again for more
  * slots (a column depends on those before it only, so a table for fewer
@@ -433,11 +433,11 @@ static rkm_result rkm__chain_off(rkm_planner *pl, int64_t m)
             *x = pl->dpb[b];
             if (in < 0 || !x->in_sz || (g->tensors[in].flags & RKM_TENSOR_INPUT)) continue;
             x->to_host = rkm__copy_seconds(g, in, g->copy.d2h_bytes_per_second);
-            x->from_host = rkm__copy_seconds(g, in, g->copy.h2d_bytes_per_second) * RKM_PREFETCH_PRICE;
+            x->from_host = rkm__copy_seconds(g, in, g->copy.h2d_bytes_per_second) * RKM__PREFETCH_PRICE;
         }
     }
     rkm__dp_table_free(pl->ctx, &pl->off_table);
-    if (rkm__dp_bytes(pl->off_dpb, (int32_t)n, (int32_t)m) > RKM_DP_MAX_BYTES) return RKM_OK;
+    if (rkm__dp_bytes(pl->off_dpb, (int32_t)n, (int32_t)m) > RKM__DP_MAX_BYTES) return RKM_OK;
     int cut;
     rkm_result r = rkm__dp_solve(pl->ctx, pl->off_dpb, (int32_t)n, (int32_t)m, rkm__over(pl) ? -INFINITY : pl->deadline,
                                  &pl->off_table, &cut);
@@ -468,11 +468,11 @@ static double rkm__chain_off_floor(const rkm_planner *pl, int64_t m)
  * after it), where it has any, its prefetches then moved ahead where they
  * hide and the layout fits (rkm__dtr_ahead), as the host gets it; where
  * its arena misses the budget, the plan for that much less,
- * RKM_LAYOUT_TRIES times at most. *out NULL where none fits, or where no
+ * RKM__LAYOUT_TRIES times at most. *out NULL where none fits, or where no
  * such plan can be faster than `bound` (rkm__chain_off_floor: on
  * gpt2-xl-b4-t1024 with 25 GB/s the table took 0.11..0.14 s at 50..90 %,
  * where the pass's plans are within that floor). */
-RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, double bound, rkm_plan **out)
 {
     *out = NULL;
     int64_t m = rkm__budget_slots(pl, budget);
@@ -480,7 +480,7 @@ RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, dou
         return RKM_OK;
     rkm_result r = rkm__chain_off(pl, m);
     uint64_t target = budget, arena = 0;
-    for (int k = 0; k < RKM_LAYOUT_TRIES && !r && !*out && pl->off_table.n && (k == 0 || !rkm__over(pl)); k++) {
+    for (int k = 0; k < RKM__LAYOUT_TRIES && !r && !*out && pl->off_table.n && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *p = NULL;
         if (k > 0 && target <= arena - budget) break;
         if (k > 0) target -= arena - budget;
@@ -499,7 +499,7 @@ RKM_PRIVATE rkm_result rkm__chain_offloads(rkm_planner *pl, uint64_t budget, dou
 
 /* DTR's plan for `budget`, else for its smallest budget where that is
  * below; missed as in rkm__dtr_plan, for `budget` itself. */
-RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed)
+RKM__PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out, rkm_plan **missed)
 {
     *out = NULL;
     if (missed) *missed = NULL;
@@ -515,13 +515,13 @@ RKM_PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_plan
 /* Whether rockmate tries DTR's plans: a DTR run is O(steps x live
  * buffers), which a long graph cannot afford among several candidates (a
  * chain of 20000 ops: 9 s a run); `--algo dtr` always runs. */
-RKM_PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
+RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
 {
-    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM_DTR_MAX_WORK;
+    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM__DTR_MAX_WORK;
 }
 
 /* The faster of two plans (a on a tie); the other is destroyed. */
-RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
+RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
 {
     if (!a || !b) return a ? a : b;
     int keep_a = a->stats.time <= b->stats.time;
@@ -536,7 +536,7 @@ RKM_PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
  * one that finds none moves lo above m. Where success is not monotone in
  * the budget (DTR, the search) this is the least budget the probes met.
  * *stopped (if not NULL): the deadline ended it. */
-RKM_PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
                                    uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
@@ -565,12 +565,12 @@ static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **ou
 
 /* DTR's smallest budget, kept after the first call the deadline did not
  * cut. */
-RKM_PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
+RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
 {
     if (!pl->dtr_min) {
         uint64_t hi = pl->base_peak, at = pl->base_peak;
         int stopped;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM_BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM__BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
         if (r) return r;
         pl->dtr_min_at = at;
         if (stopped) { /* a cut bisection is not kept */

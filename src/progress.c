@@ -33,7 +33,7 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
 static const char *const rkm__stage_names[] = {"", "create", "solve", "min_budget"};
 
 /* A call (stage) starts: the first report, fraction 0. */
-RKM_PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget)
+RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget)
 {
     rkm__progress *g = &pl->prog;
     memset(g, 0, sizeof *g);
@@ -55,16 +55,16 @@ static double rkm__progress_work(const rkm_planner *pl)
     const rkm__progress *g = &pl->prog;
     double in = fmax(g->sub, g->ilp);
     if (g->p.stage == RKM_STAGE_SOLVE && pl->d.algo == RKM_ALGO_ROCKMATE)
-        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM_SOLVE_WORK);
+        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM__SOLVE_WORK);
     return g->lo + (g->hi - g->lo) * fmin(fmax(in, 0), 1);
 }
 
 /* A report at `now` when one is due (force: always); 1 once cancelled. */
-RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
+RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
 {
     rkm__progress *g = &pl->prog;
     if (g->cancelled || !pl->d.progress) return g->cancelled;
-    if (!force && now - g->last < RKM_PROGRESS_SECONDS) return 0;
+    if (!force && now - g->last < RKM__PROGRESS_SECONDS) return 0;
     g->last = now;
     double span = pl->deadline - g->start, f = rkm__progress_work(pl);
     if (span > 0) f = fmax(f, (now - g->start) / span);
@@ -81,7 +81,7 @@ RKM_PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
  * returns 0 it changes nothing, so an uncut call is as deterministic as if
  * there were no limit. It is also where progress is reported (rkm__progress_report):
  * a nested planner's checks are its parent's. */
-RKM_PRIVATE int rkm__over(rkm_planner *pl)
+RKM__PRIVATE int rkm__over(rkm_planner *pl)
 {
     if (pl->cut) return 1;
     double now = rkm__now();
@@ -92,7 +92,7 @@ RKM_PRIVATE int rkm__over(rkm_planner *pl)
 
 /* The part [lo, hi] of the call's work starts (its progress `sub` 0); a
  * nested planner's parts are inside its parent's, which stands for them. */
-RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
+RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
 {
     if (pl->parent) return;
     pl->prog.lo = lo;
@@ -101,13 +101,13 @@ RKM_PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi)
 }
 
 /* How far the part under way is, in [0, 1]. */
-RKM_PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub)
+RKM__PRIVATE void rkm__progress_sub(rkm_planner *pl, double sub)
 {
     if (!pl->parent) pl->prog.sub = sub;
 }
 
 /* A plan the call made: the fastest within a solve's budget so far. */
-RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
+RKM__PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
 {
     rkm__progress *g = &pl->prog;
     if (pl->parent || !p || g->p.stage != RKM_STAGE_SOLVE || p->stats.peak > g->p.budget) return;
@@ -116,7 +116,7 @@ RKM_PRIVATE void rkm__progress_plan(rkm_planner *pl, const rkm_plan *p)
 
 /* The whole-graph ILP's check (rkm__ilp_work.stop): its progress, then the
  * planner's rkm__over. */
-RKM_PRIVATE int rkm__progress_ilp(void *user, double done)
+RKM__PRIVATE int rkm__progress_ilp(void *user, double done)
 {
     rkm_planner *pl = user;
     if (pl->d.algo == RKM_ALGO_CHECKMATE) pl->prog.ilp = done; /* rockmate's is one start of many */
@@ -126,7 +126,7 @@ RKM_PRIVATE int rkm__progress_ilp(void *user, double done)
 /* The call's result: RKM_ERROR_CANCELLED with where it stopped when the
  * callback cancelled it and r is what a cut gives (a plan, none within the
  * time, none within the budget), else r. `what` names the API call. */
-RKM_PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what)
+RKM__PRIVATE rkm_result rkm__progress_result(rkm_planner *pl, rkm_result r, const char *what)
 {
     const rkm__progress *g = &pl->prog;
     if (!g->cancelled || (r != RKM_OK && r != RKM_ERROR_TIMEOUT && r != RKM_ERROR_BUDGET)) return r;

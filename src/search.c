@@ -11,10 +11,10 @@
  * shares of their own (their tuning constants), so that one does not starve
  * the next. Work is counted in replayed steps, not time, so plans do not
  * depend on the machine. */
-RKM_PRIVATE void rkm__search_begin(rkm_planner *pl)
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl)
 {
     uint64_t base_left = pl->base_end > pl->work_done ? pl->base_end - pl->work_done : 0;
-    pl->work_left = pl->fitting_base && base_left < RKM_SOLVE_WORK ? base_left : RKM_SOLVE_WORK;
+    pl->work_left = pl->fitting_base && base_left < RKM__SOLVE_WORK ? base_left : RKM__SOLVE_WORK;
 }
 
 /* What a part of the search may spend: its share, or what the solve has
@@ -464,7 +464,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_gr
 /* The draft of g whose compute steps are those of steps[0..n), with the
  * earliest frees (polish's canonical form, dead forwards left out): for
  * plans made from compute steps alone (nest.c's drop options). */
-RKM_PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out)
+RKM__PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out)
 {
     rkm__polish w;
     rkm_result r = rkm__polish_init(&w, NULL, g, steps, n, UINT64_MAX);
@@ -521,7 +521,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
  * instead, where its copies cost less (gpt2-124M-b4-t64 at 50 % with 450 GB/s:
  * DTR's plan with copies at 12.65 % overhead, 2.70 % after the moves). The
  * result, laid out, replaces *p where it is faster and its arena fits. */
-RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
+RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p)
 {
     rkm__polish w;
     rkm_plan *b = NULL, *q = NULL;
@@ -549,7 +549,7 @@ RKM_PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint
  * that is live there but not used by the step:
  *   - a tensor is recomputed before its next reader (or right after the
  *     step): forwards of its producer and, back from it, of the producers
- *     of what is not live there (at most RKM_SQUEEZE_CHAIN ops);
+ *     of what is not live there (at most RKM__SQUEEZE_CHAIN ops);
  *   - an op's saved state is made by a forward just before its backward
  *     (with the same chain for the op's inputs) instead of where it was.
  * polish's expansion adds the earliest frees, which drop the tensor or state
@@ -570,9 +570,9 @@ typedef struct rkm__squeeze {
     double excess, time; /* of w.cur */
     uint64_t look_limit; /* the work up to which rounds look ahead (w.limit: all it may do) */
     int n_top;           /* the moves of a round with the best scores, best first */
-    double top_score[RKM_SQUEEZE_LOOK];
-    int32_t top_obj[RKM_SQUEEZE_LOOK];
-    int top_early[RKM_SQUEEZE_LOOK];
+    double top_score[RKM__SQUEEZE_LOOK];
+    int32_t top_obj[RKM__SQUEEZE_LOOK];
+    int top_early[RKM__SQUEEZE_LOOK];
 } rkm__squeeze;
 
 /* Replay w.full: 1 when valid (then *excess, *first: the first step over
@@ -708,18 +708,18 @@ static int rkm__squeeze_move(rkm__squeeze *q, size_t c, int32_t obj, int early)
     if (early) v = c + 1;
     rkm__squeeze_live_at(q, q->pos[v], q->vlive, NULL);
     if (obj < nt) q->vlive[obj] = 0; /* freed in between */
-    if (rkm__squeeze_mark(q, x, q->vlive) > RKM_SQUEEZE_CHAIN) return 0;
+    if (rkm__squeeze_mark(q, x, q->vlive) > RKM__SQUEEZE_CHAIN) return 0;
     return rkm__squeeze_insert(q, v, obj < nt ? -1 : x, h) && rkm__polish_expand(&q->w) ? 1 : -1;
 }
 
-/* Keep move (obj, early) among the round's RKM_SQUEEZE_LOOK best scores
+/* Keep move (obj, early) among the round's RKM__SQUEEZE_LOOK best scores
  * (on a tie, the one found first stays ahead). */
 static void rkm__squeeze_top(rkm__squeeze *q, double score, int32_t obj, int early)
 {
     int n = q->n_top, i = n;
     while (i > 0 && q->top_score[i - 1] > score) i--;
-    if (i >= RKM_SQUEEZE_LOOK) return;
-    if (n == RKM_SQUEEZE_LOOK) n--; /* the last one falls out */
+    if (i >= RKM__SQUEEZE_LOOK) return;
+    if (n == RKM__SQUEEZE_LOOK) n--; /* the last one falls out */
     for (int k = n; k > i; k--) {
         q->top_score[k] = q->top_score[k - 1];
         q->top_obj[k] = q->top_obj[k - 1];
@@ -905,7 +905,7 @@ static rkm_result rkm__squeeze_metered(rkm_planner *pl, const rkm_plan *p, uint6
 }
 
 /* The squeeze starts from the chain DP's plans for the budget's multiples
- * 1 + RKM_SQUEEZE_STEP * 2^i, i < RKM_SQUEEZE_STARTS (5 % to 160 % more
+ * 1 + RKM__SQUEEZE_STEP * 2^i, i < RKM__SQUEEZE_STARTS (5 % to 160 % more
  * memory), and below the DP's floor from the floor's plan: on the bundled
  * graphs the start that squeezes best lies anywhere from 7 % to 86 % above
  * the budget, so one start is not enough. */
@@ -921,8 +921,8 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
         rkm_result r = rkm__chain_floor(pl, &floor, &slots);
         return r || !floor || floor <= budget ? r : rkm__solve_chain(pl, RKM__CHAIN_DP, rkm__slots_budget(pl, slots), out);
     }
-    int dtr = i >= RKM_SQUEEZE_STARTS;
-    double b = (double)budget * (1 + RKM_SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM_SQUEEZE_STARTS : i)));
+    int dtr = i >= RKM__SQUEEZE_STARTS;
+    double b = (double)budget * (1 + RKM__SQUEEZE_STEP * (double)(1u << (dtr ? i - RKM__SQUEEZE_STARTS : i)));
     uint64_t at = b >= 0x1p64 ? UINT64_MAX : (uint64_t)b;
     if (dtr && !rkm__dtr_affordable(pl)) return RKM_OK;
     return dtr ? rkm__dtr_plan(pl, at, 0, out, NULL) : rkm__solve_chain(pl, RKM__CHAIN_DP, at, out);
@@ -931,13 +931,13 @@ static rkm_result rkm__squeeze_start(rkm_planner *pl, uint64_t budget, int i, rk
 /* The fastest plan within `budget` that the squeeze makes from its starts,
  * each polished, or *out NULL. A start that fits already, or that is the
  * previous one's plan again, is left out. */
-RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    uint64_t left = RKM_SQUEEZE_WORK, look_left = RKM_SQUEEZE_LOOK_WORK, last_peak = 0;
+    uint64_t left = RKM__SQUEEZE_WORK, look_left = RKM__SQUEEZE_LOOK_WORK, last_peak = 0;
     double last_time = -1;
     rkm_result r = RKM_OK;
     *out = NULL;
-    for (int i = -1; i < RKM_SQUEEZE_STARTS + RKM_SQUEEZE_DTR_STARTS && !r && rkm__share(pl, left) > 0; i++) {
+    for (int i = -1; i < RKM__SQUEEZE_STARTS + RKM__SQUEEZE_DTR_STARTS && !r && rkm__share(pl, left) > 0; i++) {
         rkm_plan *a = NULL, *b = NULL;
         r = rkm__squeeze_start(pl, budget, i, &a);
         if (!r && a && a->stats.peak > budget && !(a->stats.time == last_time && a->stats.peak == last_peak)) {
@@ -965,13 +965,13 @@ RKM_PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm
  * best plan even where the plan then peaks over the budget, squeezes the
  * result back within it and polishes that; the best plan moves to the
  * first result that is faster, and the kicks start over from it. At most
- * RKM_KICK_TRIALS kicks a solve (each a squeeze and a polish): measured on
+ * RKM__KICK_TRIALS kicks a solve (each a squeeze and a polish): measured on
  * the bundled graphs, 64 reach what 200 do but on peer-gpt (27.05 % against
  * 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
-RKM_PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
+RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
 {
-    if (g->n_ops > RKM_KICK_MAX_OPS) return 0;
-    return g->n_ops <= RKM_WHOLE_GRAPH_OPS ? RKM_SQUEEZE_WORK : RKM_KICK_WORK_LARGE;
+    if (g->n_ops > RKM__KICK_MAX_OPS) return 0;
+    return g->n_ops <= RKM__WHOLE_GRAPH_OPS ? RKM__SQUEEZE_WORK : RKM__KICK_WORK_LARGE;
 }
 
 /* A copy of w.full as a plan when it replays valid at any peak, else NULL. */
@@ -1057,8 +1057,8 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * without it, in 2.6 s instead of 4.7). */
 static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM_WHOLE_GRAPH_SECONDS, out);
+    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
     return RKM_OK;
@@ -1088,7 +1088,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan *
  * mlp16, rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline
  * peak but 40.56 % at 39 % to 42 %, and squeezing and kicking at 96 % or
  * 90 % of those budgets finds the 37.86 % plan again). Rungs run on graphs
- * of up to RKM_WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
+ * of up to RKM__WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
  * from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
  * one work meter and stops at its deadline. */
 typedef struct rkm__phase {
@@ -1096,7 +1096,7 @@ typedef struct rkm__phase {
     int kicks; /* at most this many kicks */
 } rkm__phase;
 
-static const rkm__phase rkm__phases[] = RKM_SEARCH_PHASES;
+static const rkm__phase rkm__phases[] = RKM__SEARCH_PHASES;
 
 /* Phase ph for `budget` from *best (the portfolio's plan, or the phases'
  * so far): *best is the faster of it and the phase's plan. */
@@ -1130,7 +1130,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
     rkm_plan *k = NULL; /* m kicked; the kicks may leave the arena over even where m's fits */
     rkm_result r = rkm__over(pl) ? RKM_OK : rkm__polish_plan(pl, budget, &m);
     if (!r && m) r = rkm__plan_copy(m, &k);
-    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM_MISSED_KICK_TRIALS, &k);
+    if (!r && k) r = rkm__solve_kicked(pl, budget, RKM__MISSED_KICK_TRIALS, &k);
     for (int i = 0; i < 2 && !r; i++) { /* the kicked plan first, then m */
         rkm_plan **c = i ? &m : &k;
         uint64_t arena = UINT64_MAX;
@@ -1152,7 +1152,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
  * plan (*runner, taken then) and the plan squeezed and polished at budgets
  * below its peak: first by the arena's excess, then bisecting between the
  * highest whose arena fits and the lowest whose arena does not
- * (RKM_ARENA_FIT_TRIES in all), since one squeezed by the excess often
+ * (RKM__ARENA_FIT_TRIES in all), since one squeezed by the excess often
  * lays out well within the budget. Where none fits, the planner's fit
  * solves again for less: a whole solve where this is a few squeezes and
  * layouts (dag4x50 at 30 %: 12.98 %, the portfolio's plan; the fit's
@@ -1167,8 +1167,8 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     if (fit) *runner = NULL;
     uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
     uint64_t at = hi > arena - budget ? hi - (arena - budget) : 0;
-    for (int k = 0; !r && at > lo && at < hi && k < RKM_ARENA_FIT_TRIES && !rkm__over(pl); k++) {
-        uint64_t left = RKM_SQUEEZE_WORK, a = UINT64_MAX;
+    for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
+        uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
         rkm_plan *q = NULL;
         r = rkm__squeeze_metered(pl, *best, at, &left, NULL, &q);
         if (!r && q) r = rkm__polish_plan(pl, at, &q);
@@ -1195,7 +1195,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
  * track; the arena's fit (with the portfolio's plan). All of it within the
  * solve's work and, past the chain DP's plan, its deadline. */
-RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     rkm_result r = RKM_OK;
@@ -1208,7 +1208,7 @@ RKM_PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !pl->fitting_base; k++) {
-        if (k > 0 && (pl->g->n_ops > RKM_WHOLE_GRAPH_OPS || rkm__over(pl))) break;
+        if (k > 0 && (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
     if (!r && missed && best) r = rkm__missed_track(pl, budget, missed, &best);

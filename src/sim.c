@@ -10,7 +10,7 @@
 static size_t rkm__sim_flags(const rkm_graph *g) { return g->n_tensors * 2 + g->n_ops * 3 + 1; }
 static size_t rkm__sim_bytes(const rkm_graph *g) { return rkm__sim_flags(g) + 2 * (g->n_tensors + g->n_ops); }
 
-RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
+RKM__PRIVATE void rkm__sim_free(rkm__sim *s)
 {
     if (!s->g) return;
     rkm_context *ctx = s->g->ctx;
@@ -21,7 +21,7 @@ RKM_PRIVATE void rkm__sim_free(rkm__sim *s)
 }
 
 /* The contract's start state: inputs live, nothing else. */
-RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
+RKM__PRIVATE void rkm__sim_reset(rkm__sim *s)
 {
     const rkm_graph *g = s->g;
     memset(s->D, 0, rkm__sim_flags(g));
@@ -40,7 +40,7 @@ RKM_PRIVATE void rkm__sim_reset(rkm__sim *s)
 
 /* dst (initialised for src's graph) in src's state: a replay resumed from
  * a step instead of the first. */
-RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
+RKM__PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
 {
     const rkm_graph *g = src->g;
     rkm__sim s = *src;
@@ -52,7 +52,7 @@ RKM_PRIVATE void rkm__sim_copy(rkm__sim *dst, const rkm__sim *src)
     *dst = s;
 }
 
-RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
+RKM__PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 {
     memset(s, 0, sizeof *s);
     size_t nb = rkm__sim_bytes(g), nt = g->n_tensors + 1, ns = g->n_tensors + g->n_ops + 1;
@@ -81,7 +81,7 @@ RKM_PRIVATE rkm_result rkm__sim_init(const rkm_graph *g, rkm__sim *s)
 }
 
 /* Make tensor t live (a block replay's starting checkpoint). */
-RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
+RKM__PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
 {
     if (t < 0 || s->D[t]) return;
     s->D[t] = 1;
@@ -89,7 +89,7 @@ RKM_PRIVATE void rkm__sim_give_tensor(rkm__sim *s, int32_t t)
 }
 
 /* Make grad(t) live and complete (as if every contributor had run). */
-RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
+RKM__PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
 {
     if (t < 0 || s->G[t]) return;
     s->G[t] = 1;
@@ -97,7 +97,7 @@ RKM_PRIVATE void rkm__sim_give_grad(rkm__sim *s, int32_t t)
     s->mem += s->g->tensors[t].bytes;
 }
 
-RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
+RKM__PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
 {
     return s->G[t] && s->recv[t] == s->g->tensors[t].n_contrib;
 }
@@ -107,7 +107,7 @@ RKM_PRIVATE int rkm__grad_complete(const rkm__sim *s, int32_t t)
 /* The transient bytes of a forward of op x: its workspace, and its scratch
  * when the run keeps no saved state (with save, or with the saved state
  * live already, the scratch is written into the saved state). */
-RKM_PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save)
+RKM__PRIVATE uint64_t rkm__sim_fwd_ws(const rkm__sim *s, const rkm__op *o, int32_t x, int save)
 {
     return o->fwd_ws + (!save && !s->P[x] ? o->scratch : 0);
 }
@@ -150,13 +150,13 @@ static rkm_rule rkm__sim_inplace_rule(const rkm__sim *s, const rkm_step *st, con
 }
 
 /* Copy slots (rkm__copy_slot): tensors, then ops' saved states. */
-RKM_PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
+RKM__PRIVATE uint64_t rkm__slot_bytes(const rkm_graph *g, int32_t t)
 {
     return (size_t)t < g->n_tensors ? g->tensors[t].bytes : g->ops[(size_t)t - g->n_tensors].phantom;
 }
 
 /* The most slots one step touches (rkm__slot_touches). */
-RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
+RKM__PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
 {
     size_t most = 1;
     for (size_t i = 0; i < g->n_ops; i++)
@@ -168,7 +168,7 @@ RKM_PRIVATE size_t rkm__slot_touches_max(const rkm_graph *g)
  * rkm__slot_touches_max entries): its tensors, and its op's saved state
  * for a forward that makes or writes it, a backward that reads it, a
  * free_saved, and a copy step of it. */
-RKM_PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
+RKM__PRIVATE int32_t rkm__slot_touches(const rkm_graph *g, const rkm_step *st, int32_t *v)
 {
     int32_t n;
     const int32_t *t = rkm__step_objects(g, st, 0, &n);
@@ -188,7 +188,7 @@ static double rkm__copy_time(const rkm_graph *g, uint64_t bytes, double bytes_pe
 }
 
 /* The same for copy slot t. */
-RKM_PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
+RKM__PRIVATE double rkm__copy_seconds(const rkm_graph *g, int32_t t, double bytes_per_second)
 {
     return rkm__copy_time(g, rkm__slot_bytes(g, t), bytes_per_second);
 }
@@ -288,7 +288,7 @@ static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, i
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
-RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -391,7 +391,7 @@ RKM_PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *pe
 }
 
 /* The contract's end-of-plan rules. */
-RKM_PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
+RKM__PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -452,7 +452,7 @@ static int rkm__buf_take_over(rkm__recorder *rc, int64_t *from, int32_t from_ind
     return 1;
 }
 
-RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc)
+RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc)
 {
     rkm__free(rc->p->ctx, rc->open_t, rc->n_open * sizeof *rc->open_t);
     rc->open_t = NULL;
@@ -460,7 +460,7 @@ RKM_PRIVATE void rkm__recorder_free(rkm__recorder *rc)
 
 /* Open arrays, and the input tensors' buffers: live from before the first
  * step to after the last. */
-RKM_PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
+RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
 {
     const rkm_graph *g = p->g;
     memset(rc, 0, sizeof *rc);
@@ -541,7 +541,7 @@ static void rkm__record_after(rkm__recorder *rc, const rkm_step *st, int64_t i)
  * failure rule/fail_step/fail_object), and when given: mem_after and
  * step_peak per step, and what a plan's birth records (rc). Returns 1 if
  * every step held, -1 if recording ran out of memory, 0 otherwise. */
-RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
+RKM__PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after,
                               uint64_t *step_peak, rkm__recorder *rc)
 {
     memset(res, 0, sizeof *res);
@@ -580,7 +580,7 @@ RKM_PRIVATE int rkm__sim_run_peaks(rkm__sim *s, const rkm_step *steps, size_t n,
     return 1;
 }
 
-RKM_PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
+RKM__PRIVATE int rkm__sim_run(rkm__sim *s, const rkm_step *steps, size_t n, rkm_sim_result *res, uint64_t *mem_after)
 {
     return rkm__sim_run_peaks(s, steps, n, res, mem_after, NULL, NULL) == 1;
 }
@@ -637,7 +637,7 @@ const char *rkm_rule_string(rkm_rule rule)
     return rkm__rules[rule].text;
 }
 
-RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
+RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj)
 {
     if (obj < 0) return "";
     if (rkm__rules[rule].on_op == 2 && (size_t)obj >= g->n_tensors) {
@@ -650,19 +650,19 @@ RKM_PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t
 
 /* Does a step of this kind name an op (fwd, bwd, free_saved), not a tensor?
  * (A copy step names an op when it copies its saved state: `save`.) */
-RKM_PRIVATE int rkm__step_on_op(int32_t kind)
+RKM__PRIVATE int rkm__step_on_op(int32_t kind)
 {
     return kind == RKM_STEP_FWD || kind == RKM_STEP_BWD || kind == RKM_STEP_FREE_SAVED;
 }
 
 /* A copy step's slot in the simulator's copy arrays: the tensor, or after
  * the tensors the op whose saved state it copies. */
-RKM_PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
+RKM__PRIVATE size_t rkm__copy_slot(const rkm_graph *g, const rkm_step *st)
 {
     return st->save ? g->n_tensors + (size_t)st->index : (size_t)st->index;
 }
 
-RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
+RKM__PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 {
     int compute = s->kind == RKM_STEP_FWD || s->kind == RKM_STEP_BWD;
     if (s->inplace != 0 && !(compute && s->inplace == 1)) return 0;
@@ -685,7 +685,7 @@ RKM_PRIVATE inline int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s)
 
 /* The tensors that step st reads, makes or frees (grads 0), or whose
  * gradients it does (grads 1): *n ids, in the graph or the step. */
-RKM_PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
+RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n)
 {
     const rkm__op *o = st->kind == RKM_STEP_FWD || st->kind == RKM_STEP_BWD ? &g->ops[st->index] : NULL;
     switch (st->kind) {

@@ -82,12 +82,12 @@ static rkm_result rkm__separators(const rkm_graph *g, int32_t *seps, int32_t *n_
 static int rkm__close(double a, double b)
 {
     double m = a > b ? a : b;
-    return fabs(a - b) <= RKM_CLASS_TIME_TOLERANCE * m;
+    return fabs(a - b) <= RKM__CLASS_TIME_TOLERANCE * m;
 }
 
 /* A tensor seen from a block: an input tensor (its id), the block input
  * (-1), or output k of the block's j-th op (-(2 + j * 65536 + k)). */
-RKM_PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t)
+RKM__PRIVATE int64_t rkm__local_ref(const rkm_graph *g, const rkm__block *b, int32_t t)
 {
     if (g->tensors[t].flags & RKM_TENSOR_INPUT) return t;
     if (t == b->in) return -1;
@@ -201,7 +201,7 @@ static rkm_result rkm__classes(rkm_graph *g)
 
 /* Cut at the separators. Blocks are runs of consecutive ops: an op that is
  * not an ancestor of a separator is a descendant of it. Runs of one-op
- * blocks are merged, RKM_MERGE_RUN ops at most, so that chains of tiny ops
+ * blocks are merged, RKM__MERGE_RUN ops at most, so that chains of tiny ops
  * (an MLP, a GPT's head) do not become a block each: every block boundary is
  * held from its forward to its block's backward, so boundaries cost memory,
  * while the block ILP handles what lies inside a block. Measured against
@@ -209,7 +209,7 @@ static rkm_result rkm__classes(rkm_graph *g)
  * 49 % and its overhead on gpt2-tiny at 41 % from 31 % to 20 %; longer runs
  * gain little more for rockmate and cost rotor (two options a block) more
  * of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
-RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
+RKM__PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
 {
     rkm__graph_free_blocks(g);
     int32_t *seps = rkm__alloc(g->ctx, (g->n_tensors + 1) * sizeof *seps);
@@ -223,7 +223,7 @@ RKM_PRIVATE rkm_result rkm__structure_detect(rkm_graph *g)
         int32_t m = 0, prev = -1; /* merge runs of one-op blocks */
         for (int32_t i = 0; i < n; i++) {
             int single = ends[i] - prev == 1;
-            for (int run = 1; single && run < RKM_MERGE_RUN && i + 1 < n && ends[i + 1] - ends[i] == 1; run++) i++;
+            for (int run = 1; single && run < RKM__MERGE_RUN && i + 1 < n && ends[i + 1] - ends[i] == 1; run++) i++;
             prev = ends[i];
             ends[m] = ends[i];
             seps[m] = i < n_seps ? seps[i] : g->loss;
@@ -406,7 +406,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
  * count rounded up to it, so that the planners' own accounting (the
  * simulator's peak of that graph) bounds the plan's aligned peak. *out
  * NULL when g's counts are multiples of align already (g itself serves). */
-RKM_PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
+RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
 {
     *out = NULL;
     int aligned = 1;

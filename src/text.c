@@ -6,9 +6,9 @@
  * Uses (through internal.h): base.c. */
 #include "internal.h"
 
-RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...)
+RKM__PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fmt, ...)
 {
-    char msg[RKM_ERRMSG_SIZE];
+    char msg[RKM__ERRMSG_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -18,7 +18,7 @@ RKM_PRIVATE rkm_result rkm__rerr(rkm__reader *r, rkm_result code, const char *fm
 
 /* Next non-empty statement into r->tok. RKM_OK with ntok > 0, or ntok == 0
  * at the end of the text. */
-RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
+RKM__PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
 {
     r->ntok = 0;
     while (r->p < r->end) {
@@ -36,7 +36,7 @@ RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
         for (char *s = r->buf;;) {
             while (*s == ' ' || *s == '\t' || *s == '\r') s++;
             if (!*s) break;
-            if (r->ntok == RKM_MAX_TOKENS) return rkm__rerr(r, RKM_ERROR_PARSE, "too many fields on one line");
+            if (r->ntok == RKM__MAX_TOKENS) return rkm__rerr(r, RKM_ERROR_PARSE, "too many fields on one line");
             r->tok[r->ntok++] = s;
             while (*s && *s != ' ' && *s != '\t' && *s != '\r') s++;
             if (*s) *s++ = 0;
@@ -46,10 +46,10 @@ RKM_PRIVATE rkm_result rkm__next_stmt(rkm__reader *r)
     return RKM_OK;
 }
 
-RKM_PRIVATE void rkm__reader_free(rkm__reader *r) { rkm__free(r->ctx, r->buf, r->cap); }
+RKM__PRIVATE void rkm__reader_free(rkm__reader *r) { rkm__free(r->ctx, r->buf, r->cap); }
 
 /* Unsigned 64-bit decimal: digits only, no overflow. */
-RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out)
+RKM__PRIVATE int rkm__parse_u64(const char *s, uint64_t *out)
 {
     uint64_t v = 0;
     if (!*s) return 0;
@@ -66,7 +66,7 @@ RKM_PRIVATE int rkm__parse_u64(const char *s, uint64_t *out)
 /* The length of the decimal number s starts with,
  * [0-9]*[.[0-9]*][(e|E)[+-][0-9]+] with a digit somewhere; 0 if none. No
  * hex, no inf or nan: what strtod also takes is not the documented syntax. */
-RKM_PRIVATE size_t rkm__decimal_len(const char *s)
+RKM__PRIVATE size_t rkm__decimal_len(const char *s)
 {
     const char *p = s;
     int digits = 0;
@@ -88,7 +88,7 @@ RKM_PRIVATE size_t rkm__decimal_len(const char *s)
 }
 
 /* The value of the decimal number s[0..n), finite and non-negative; 0 if not. */
-RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
+RKM__PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
 {
     char buf[64];
     if (!n || n >= sizeof buf) return 0;
@@ -101,7 +101,7 @@ RKM_PRIVATE int rkm__decimal_value(const char *s, size_t n, double *out)
 }
 
 /* Read a whole file through the context allocator. */
-RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len)
+RKM__PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **data, size_t *len)
 {
     *data = NULL;
     *len = 0;
@@ -141,15 +141,15 @@ RKM_PRIVATE rkm_result rkm__slurp(rkm_context *ctx, const char *path, char **dat
     return RKM_OK;
 }
 
-RKM_PRIVATE void rkm__out_flush(rkm__out *o)
+RKM__PRIVATE void rkm__out_flush(rkm__out *o)
 {
     if (o->n && !o->failed && o->fn(o->user, o->buf, o->n) != 0) o->failed = 1;
     o->n = 0;
 }
 
-RKM_PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...)
+RKM__PRIVATE void rkm__outf(rkm__out *o, const char *fmt, ...)
 {
-    char tmp[RKM_NAME_MAX + 64];
+    char tmp[RKM__NAME_MAX + 64];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
@@ -167,7 +167,7 @@ static int rkm__file_write(void *user, const char *data, size_t len)
 }
 
 /* Open path, run writer(obj) into it, close; errors name the path. */
-RKM_PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *),
+RKM__PRIVATE rkm_result rkm__write_file(rkm_context *ctx, const char *path, rkm_result (*writer)(const void *, rkm_write_fn, void *),
                                   const void *obj)
 {
     if (!path) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "write: path is NULL");

@@ -687,7 +687,7 @@ TEST(ilp_more_work_on_a_hard_block)
                 rkm_step *s = NULL;
                 size_t nf = 0, nbw = 0;
                 int found = 0;
-                CHECK(rkm__ilp_block_solve(b, peak, kept, RKM_DEFAULT_ILP_TIME_LIMIT * (1 + e), &s, &nf, &nbw, &st,
+                CHECK(rkm__ilp_block_solve(b, peak, kept, RKM__DEFAULT_ILP_TIME_LIMIT * (1 + e), &s, &nf, &nbw, &st,
                                            &found) == RKM_OK);
                 timeouts += st.timeout;
                 if (found) {

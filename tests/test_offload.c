@@ -638,7 +638,7 @@ TEST(planner_offloads)
 /* Planning with a link costs at most twice recompute-only's: the search's
  * work (pl->work_done) of a solve on a graph with a link is the
  * recompute-only solve's (the same search on the graph without it), then
- * at most as much again for the bases it offloads (RKM_OFFLOAD_BASE_WORK
+ * at most as much again for the bases it offloads (RKM__OFFLOAD_BASE_WORK
  * of it; none where the baseline's copies fit). On unet-d6 at 50 % with
  * 1 GB/s each way, each of the two bases used to get a whole solve's work:
  * 2.2 times the recompute-only solve's in all. */

@@ -637,11 +637,11 @@ TEST(squeeze_brings_a_plan_within_the_budget)
     CHECK(rkm_graph_read_string(ctx, toy_graph, strlen(toy_graph), "toy.rkg", &g) == RKM_OK);
     if (g) CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK && rkm_plan_baseline(g, &base) == RKM_OK);
     if (pl && base) {
-        uint64_t left = RKM_SQUEEZE_WORK;
+        uint64_t left = RKM__SQUEEZE_WORK;
         CHECK(base->stats.peak == 4400);
         CHECK(rkm__squeeze_plan(pl, base, 3400, &left, NULL, &p) == RKM_OK && p);
         if (p) CHECK(p->stats.peak <= 3400 && fabs(p->stats.time - 13e-3) < 1e-12 && p->stats.recomputes == 1);
-        CHECK(left < RKM_SQUEEZE_WORK);
+        CHECK(left < RKM__SQUEEZE_WORK);
         rkm_plan_destroy(p);
         p = NULL;
         /* below the graph's lower bound (3400) no move gets there */

@@ -402,7 +402,7 @@ TEST(kicks_run_on_large_graphs)
     }
     int faster = 0;
     if (pl[0] && pl[1]) {
-        CHECK(g->n_ops > RKM_WHOLE_GRAPH_OPS && pl[0]->kick_work == RKM_KICK_WORK_LARGE);
+        CHECK(g->n_ops > RKM__WHOLE_GRAPH_OPS && pl[0]->kick_work == RKM__KICK_WORK_LARGE);
         pl[1]->kick_work = 0;
         for (int pct = 50; pct >= 30; pct -= 10) {
             uint64_t budget = g->stats.baseline_peak / 100 * (uint64_t)pct;
