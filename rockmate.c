@@ -70,321 +70,263 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ===========================================================================
  * Tuning: every constant that the plans or the planning effort depend on,
- * with the measurement that set it (luaconf.h's way). Figures are from the
- * bundled graphs (tests/graphs) on the project's 2-core machine. Work is
+ * one a line with what it bounds or sets and its unit. Each but the three
+ * below can be set from the compiler's command line (-DRKM__NAME=...,
+ * luaconf.h's way), so that a benchmark sweeps it without editing. Work is
  * counted in deterministic units (replayed steps, solver calls), never in
- * seconds, so that a plan is the same on every machine.
+ * seconds, so that a plan is the same on every machine. The measurements
+ * that set them: docs/design.md, 'Tuning'.
+ * Not overridable: RKM__MAX_ALIGNMENT, RKM__ERRMSG_SIZE, RKM__NAME_MAX (limits of the formats and buffer sizes).
  * ======================================================================== */
 
 /* ---- rkm_solve_desc's defaults (rockmate.h documents each) ---- */
 
-#define RKM__DEFAULT_SLOTS 1000
-#define RKM__DEFAULT_TIME_LIMIT 60.0
-#define RKM__DEFAULT_ILP_TIME_LIMIT 0.03
-#define RKM__DEFAULT_PEAK_POINTS 5
-#define RKM__DEFAULT_KEPT_POINTS 10
-#define RKM__DEFAULT_NEST_OPS 24
-#define RKM__DEFAULT_ILP_BUDGET 2.0
-#define RKM__MAX_ALIGNMENT ((uint64_t)1 << 30)
+#ifndef RKM__DEFAULT_SLOTS
+#define RKM__DEFAULT_SLOTS 1000 /* slots: the chain DP's memory grid */
+#endif
+#ifndef RKM__DEFAULT_TIME_LIMIT
+#define RKM__DEFAULT_TIME_LIMIT 60.0 /* seconds of wall clock a plan's planning */
+#endif
+#ifndef RKM__DEFAULT_ILP_TIME_LIMIT
+#define RKM__DEFAULT_ILP_TIME_LIMIT 0.03 /* seconds of ILP work a block solve */
+#endif
+#ifndef RKM__DEFAULT_PEAK_POINTS
+#define RKM__DEFAULT_PEAK_POINTS 5 /* peak budgets a block class */
+#endif
+#ifndef RKM__DEFAULT_KEPT_POINTS
+#define RKM__DEFAULT_KEPT_POINTS 10 /* kept budgets a peak budget */
+#endif
+#ifndef RKM__DEFAULT_NEST_OPS
+#define RKM__DEFAULT_NEST_OPS 24 /* ops: larger blocks that chain up are nested */
+#endif
+#ifndef RKM__DEFAULT_ILP_BUDGET
+#define RKM__DEFAULT_ILP_BUDGET 2.0 /* seconds of block ILP work a planner */
+#endif
+#define RKM__MAX_ALIGNMENT ((uint64_t)1 << 30) /* bytes: the largest alignment a plan may state */
 
 /* ---- structure (structure.c) ---- */
 
-/* Relative tolerance for op times within a class of identical blocks. A
- * class shares its ILP schedules only: every block's option figures come
- * from replaying the schedule on that block, so the tolerance trades option
- * quality for fewer solves, never correctness. */
-#define RKM__CLASS_TIME_TOLERANCE 0.20
-/* Blocks of fewer ops are merged into runs of at most this many (see
- * rkm__structure_detect): runs of 4 take rockmate's smallest budget on
- * gpt2-124M from 65 % to 49 % and its overhead on gpt2-tiny at 41 % from
- * 31 % to 20 %; longer runs gain little more for rockmate and cost rotor
- * more of its range (an 8-layer MLP: 47 % at pairs, 58 % at 4, 68 % at 6). */
-#define RKM__MERGE_RUN 4
+#ifndef RKM__CLASS_TIME_TOLERANCE
+#define RKM__CLASS_TIME_TOLERANCE 0.20 /* relative difference of op times within a class of identical blocks */
+#endif
+#ifndef RKM__MERGE_RUN
+#define RKM__MERGE_RUN 4 /* blocks at most in a run of small blocks merged into one */
+#endif
 
 /* ---- block options: the block ILP (ilp.c) and who gets it (planner.c) ---- */
 
-/* Work budgets, so that results do not depend on the machine's speed: a
- * time limit of 1 s allows lp_solve this many abort-callback calls times
- * model size (columns + rows), and the greedy half this many replayed steps
- * (each about 1 s on a 2020s core). No clock of the solve's own: only the
- * call's time_limit stops a solve early (and flags the call cut). */
-#define RKM__ILP_CALLS_PER_S 2.0e7
-#define RKM__ILP_STEPS_PER_S 1.5e7 /* greedy: steps of the schedules it replays */
-/* A size limit, not a tuning: beyond, building the model alone takes too
- * long for the work budgets above to mean anything. */
-#define RKM__ILP_MAX_COLS 200000
+#ifndef RKM__ILP_CALLS_PER_S
+#define RKM__ILP_CALLS_PER_S 2.0e7 /* lp_solve abort-callback calls x model size per second of ILP work */
+#endif
+#ifndef RKM__ILP_STEPS_PER_S
+#define RKM__ILP_STEPS_PER_S 1.5e7 /* the greedy's replayed steps per second of ILP work */
+#endif
+#ifndef RKM__ILP_MAX_COLS
+#define RKM__ILP_MAX_COLS 200000 /* columns of a block ILP model at most (a size limit) */
+#endif
+#ifndef RKM__ILP_CACHE
 #define RKM__ILP_CACHE 64 /* schedules remembered per block */
-/* Blocks of more ops than this have no block ILP when a nested planner
- * gave them options: the ILP reaches its work limit on them (U-Nets' blocks
- * of 27 and 37 ops: 14 of 23 solves) and its options are the nested ones'
- * or worse. */
-#define RKM__ILP_FLAT_OPS 24
-/* Blocks of more ops than this get no block ILP at all (their options are
- * the two extremes, and the nested planner's where they nest): every solve
- * reached its work limit on them (dag60's 59-op block: 6 of 6; a 100-op
- * random DAG's 99-op block: 10 of 10, 0.13 s each, planning 1.4 s), and the
- * chain DP's plan with those options stayed at 650 % overhead. DTR, the
- * squeeze and (up to RKM__WHOLE_GRAPH_OPS) the whole-graph ILP plan such
- * graphs: without these solves the 100-op DAG plans in 0.06..0.18 s, no
- * slower at 90..45 % (15.63 -> 14.92 % at 45 %), dag60 in half the time,
- * 0.1 % slower once (16.51 -> 16.62 % at 50 %). */
-#define RKM__ILP_MAX_OPS 48
-/* A class whose block's first ILP solve to find a schedule reaches its
- * work limit (random DAG blocks of 20 to 40 ops: 29 of 30 solves do) gets
- * RKM__ILP_HARD_KEPT of the kept budgets, each solve RKM__ILP_HARD_EFFORT
- * times the work (about the grid's work again): on 6 copies of a 30-op DAG
- * (seed 17) at 70/50/30 %, 6.29/13.80/21.36 % -> 5.58/10.49/19.94 %, where
- * the whole-graph ILP finds 5.82/12.12/20.42 % in 14 s; the fine grid's
- * solves stop at plans that recompute a block 2.5 times as much as the
- * whole-graph ILP's at the same kept memory. Measured against 3 x 6 at 3.2
- * times, 3 x 10 at 2, 4 x 8 at 2 and 3 x 6 at 6 on four such chains: the
- * only one as good or better at 18 of 20 points, within 0.06 at the others. */
-#define RKM__ILP_HARD_KEPT 0.6
-#define RKM__ILP_HARD_EFFORT 2.0
-/* A class whose share of the ILP pool is below this many of one solve's
- * ilp_time_limit gets no ILP options: the share buys no solve but costs the
- * model's build (a chain of 5000 distinct blocks: 17 s of it). */
-#define RKM__ILP_MIN_SHARE 0.1
+#endif
+#ifndef RKM__ILP_FLAT_OPS
+#define RKM__ILP_FLAT_OPS 24 /* ops: larger blocks with nested options get no block ILP */
+#endif
+#ifndef RKM__ILP_MAX_OPS
+#define RKM__ILP_MAX_OPS 48 /* ops: larger blocks get no block ILP at all */
+#endif
+#ifndef RKM__ILP_HARD_KEPT
+#define RKM__ILP_HARD_KEPT 0.6 /* fraction of the kept budgets a hard class gets */
+#endif
+#ifndef RKM__ILP_HARD_EFFORT
+#define RKM__ILP_HARD_EFFORT 2.0 /* times the ILP work of a hard class's solve */
+#endif
+#ifndef RKM__ILP_MIN_SHARE
+#define RKM__ILP_MIN_SHARE 0.1 /* ilp_time_limits: a smaller share of the ILP pool gets no solve */
+#endif
 
 /* ---- nesting (nest.c) ---- */
 
-#define RKM__NEST_PEEL 4   /* the nested chain's largest block has at most the block's ops minus this */
-#define RKM__NEST_DEPTH 16 /* levels at most */
-#define RKM__NEST_POINTS 8 /* peak budgets of the grid */
-/* Drop options (nest.c) a class gets: the prefixes that free 1/12, 2/12,
- * ... of the droppable bytes. On dag4x50, dag6x30-s17, dag5x40-s11 and
- * dag3x50-s21 at 90..30 %, 6, 12 and 24 gave overheads within 1 % of one
- * another in sum (195.5, 197.1, 195.8 points), each ahead at some budgets. */
-#define RKM__DROP_POINTS 12
+#ifndef RKM__NEST_PEEL
+#define RKM__NEST_PEEL 4 /* ops the nested chain's largest block has at least fewer than the block */
+#endif
+#ifndef RKM__NEST_DEPTH
+#define RKM__NEST_DEPTH 16 /* levels of nesting at most */
+#endif
+#ifndef RKM__NEST_POINTS
+#define RKM__NEST_POINTS 8 /* peak budgets of the nested planner's grid */
+#endif
+#ifndef RKM__DROP_POINTS
+#define RKM__DROP_POINTS 12 /* drop options a class gets (1/this of the droppable bytes apart) */
+#endif
 
 /* ---- the chain DP (chain.c, planner.c) ---- */
 
-/* About the most memory the DP's table for n blocks and M slots may take
- * (rkm__dp_bytes): the planner checks it before anything is allocated, so
- * that a long chain is refused at once, with the figure, instead of taking
- * the process down. A size limit, not a tuning. */
-#define RKM__DP_MAX_BYTES (1024.0 * 1024 * 1024)
-/* Slot budgets the chain DP tries above a given one. Sizes round up to
- * slots one by one, so a plan for m slots may peak well below m slots'
- * bytes, and one for more slots may still fit them: the floor scans this
- * many above the smallest feasible budget for the least peak, and a budget
- * tries this many above its own for a faster plan that fits. */
-#define RKM__SLOTS_UP 16
-/* Columns of the DP's table solved together (rkm__dp_solve): speed only. */
-#define RKM__DP_TILE 256
+#ifndef RKM__DP_MAX_BYTES
+#define RKM__DP_MAX_BYTES (1024.0 * 1024 * 1024) /* bytes of the DP's table at most (a size limit) */
+#endif
+#ifndef RKM__SLOTS_UP
+#define RKM__SLOTS_UP 16 /* slot budgets tried above the floor and above a budget */
+#endif
+#ifndef RKM__DP_TILE
+#define RKM__DP_TILE 256 /* columns of the DP's table solved together (speed only) */
+#endif
 
 /* ---- bounds (baseline.c) ---- */
 
-/* The time bound's knapsack counts bytes in 1/this of its capacity (each
- * item rounded down, so the bound stays a bound): finer is tighter and
- * slower. */
-#define RKM__BOUND_UNITS 4096
+#ifndef RKM__BOUND_UNITS
+#define RKM__BOUND_UNITS 4096 /* units of the time bound's knapsack capacity */
+#endif
 
 /* ---- DTR (dtr.c) ---- */
 
-/* rockmate's DTR candidates: on graphs of at most this many ops x tensors
- * (about 6000 ops; gpt2-xl has 485): a DTR run is O(steps x live buffers),
- * and a chain of 20000 ops takes 9 s a run. */
-#define RKM__DTR_MAX_WORK 4e7
-/* A DTR run stops (no plan) after this many steps per op and tensor: a
- * thrashing eviction order would otherwise run on. */
-#define RKM__DTR_STEPS_PER_OBJECT 16
-#define RKM__DTR_STEPS_MIN 64
-/* DTR with copies (on a graph with a copy link) prices an
- * eviction to host memory at its prefetch's whole copy time (a prefetch on
- * demand), and in other runs at this share of it (the prefetch moved ahead
- * of need may hide most of it); the faster plan is kept. On
- * gpt2-xl-b4-t1024 with 25 GB/s at 10 %: 55.3 % overhead at the whole time
- * (what DTR recompute-only has), 22.6 % at a quarter, 22.9 % at 1/16. The
- * chain DP's twins (block inputs in host memory) price their prefetch so
- * too: at the whole time it chose none on gpt2-xl-b4-t1024 with 25 GB/s at
- * 40 and 10 %, at a quarter and at 1/20 plans of the same time there. */
-#define RKM__PREFETCH_PRICE 0.25
+#ifndef RKM__DTR_MAX_WORK
+#define RKM__DTR_MAX_WORK 4e7 /* ops x tensors: larger graphs get no DTR candidates in rockmate */
+#endif
+#ifndef RKM__DTR_STEPS_PER_OBJECT
+#define RKM__DTR_STEPS_PER_OBJECT 16 /* steps a DTR run may take per op and tensor */
+#endif
+#ifndef RKM__DTR_STEPS_MIN
+#define RKM__DTR_STEPS_MIN 64 /* steps a DTR run may take at least */
+#endif
+#ifndef RKM__PREFETCH_PRICE
+#define RKM__PREFETCH_PRICE 0.25 /* fraction of a prefetch's copy time an eviction to host is priced at */
+#endif
 
 /* ---- the search (search.c): one work budget a solve ---- */
 
-/* The search's work per solve, in replayed steps: on the bundled graphs a
- * solve spends at most 47 M (dag4x50 at 25 %: polish 17 M, squeeze 20 M,
- * kicks 10 M), so this bounds a pathological solve without changing any. */
-#define RKM__SOLVE_WORK 64000000u
-/* States of a reference plan's replay the search keeps (rkm__replay): a
- * candidate that differs from it from some step on replays from the last
- * one before. Speed only: the figures are the whole replay's. */
-#define RKM__CHECKPOINTS 16
-/* The squeeze's share of a solve, and the longest chain of forwards one of
- * its moves inserts. */
-#define RKM__SQUEEZE_WORK 20000000u
-#define RKM__SQUEEZE_CHAIN 32
-/* Lookahead: the RKM__SQUEEZE_LOOK moves of a round with the best scores are
- * each applied and pruned (recomputing forwards dropped while the excess
- * does not grow) and scored again, and the applied move is pruned too: a
- * move often makes other recomputations redundant, which its own score does
- * not see (gpt2-tiny at 27.98 %: recomputing h1.res3 from h1.res2 serves
- * gelu's backward too; 71.7 % overhead without the lookahead, 67.9 % with
- * it). It costs about that many prunes a round, so a solve's squeezes look
- * ahead for their first RKM__SQUEEZE_LOOK_WORK of work only (replayed steps:
- * gpt2-tiny's need 2 M in all; peer-gpt's would take 19 M, 0.25 s more), and
- * the kicks' squeezes not at all. */
-#define RKM__SQUEEZE_LOOK 4
-#define RKM__SQUEEZE_LOOK_WORK 4000000u
-/* The squeeze's starts: the chain DP's plans for the budget's multiples
- * 1 + RKM__SQUEEZE_STEP * 2^i, i < RKM__SQUEEZE_STARTS (5 % to 160 % more
- * memory), then DTR's for the first RKM__SQUEEZE_DTR_STARTS of them: on the
- * bundled graphs the start that squeezes best lies anywhere from 7 % to 86 %
- * above the budget, so one start is not enough. */
-#define RKM__SQUEEZE_STARTS 6
-#define RKM__SQUEEZE_STEP 0.05
-#define RKM__SQUEEZE_DTR_STARTS 3
-/* At most RKM__KICK_TRIALS kicks a solve (each a squeeze and a polish):
- * measured on the bundled graphs, 64 reach what 200 do but on peer-gpt
- * (27.05 % against 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
-#define RKM__KICK_TRIALS 64
-/* The kicks' squeeze work on graphs too big for the whole-graph ILP, where
- * a kick's squeeze costs more and the squeeze's whole work took 0.3..0.5 s
- * on chains of 50-op random-DAG blocks (205 ops): half of it finds most of
- * what the whole does (40 %: 10.99 % against 10.92 %, 11.40 % unkicked) in
- * 0.1..0.2 s. Graphs of more than RKM__KICK_MAX_OPS get no kicks: on gpt2-xl
- * (485 ops) they found nothing at 90..25 % and cost 0.1..0.2 s a solve. */
-/* A smooth rule in place of these two steps (the squeeze's work times
- * 64 / ops above 64 ops, kicks on every graph) lost 0.12 and 0.10 points on
- * dag4x50 at 40 and 25 % (14.05 -> 14.17 %, 22.82 -> 22.92 %), 2026-12-02. */
-#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2)
-#define RKM__KICK_MAX_OPS 256
-/* The search's phases after the portfolio (search.c), {fraction of the
- * budget, kicks at most}: kicks at the budget itself, then rungs that
- * squeeze and kick at 96 % and 90 % of it (on graphs small enough for the
- * whole-graph ILP), each plan then polished at the budget itself: on mlp16,
- * rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline peak but
- * 40.56 % at 39 % to 42 %, and the rungs find the 37.86 % plan. A rung's
- * 32 kicks keep that at 37..42 % (16 lose it at 39, 41 and 42 %) and take
- * peer-gpt's planning at 25 % from 1.00..1.03 s to 0.90..0.95 s here,
- * against 64. */
-#define RKM__RUNG_KICK_TRIALS 32
+#ifndef RKM__SOLVE_WORK
+#define RKM__SOLVE_WORK 64000000u /* replayed steps a solve's search */
+#endif
+#ifndef RKM__CHECKPOINTS
+#define RKM__CHECKPOINTS 16 /* states of a reference replay kept (speed only) */
+#endif
+#ifndef RKM__SQUEEZE_WORK
+#define RKM__SQUEEZE_WORK 20000000u /* replayed steps: the squeeze's share of a solve */
+#endif
+#ifndef RKM__SQUEEZE_CHAIN
+#define RKM__SQUEEZE_CHAIN 32 /* ops: the longest chain of forwards a squeeze move inserts */
+#endif
+#ifndef RKM__SQUEEZE_LOOK
+#define RKM__SQUEEZE_LOOK 4 /* moves a squeeze round looks ahead on */
+#endif
+#ifndef RKM__SQUEEZE_LOOK_WORK
+#define RKM__SQUEEZE_LOOK_WORK 4000000u /* replayed steps of a solve's squeezes that look ahead */
+#endif
+#ifndef RKM__SQUEEZE_STARTS
+#define RKM__SQUEEZE_STARTS 6 /* the squeeze's chain DP starts */
+#endif
+#ifndef RKM__SQUEEZE_STEP
+#define RKM__SQUEEZE_STEP 0.05 /* fraction of the budget: the first start's extra memory, doubling */
+#endif
+#ifndef RKM__SQUEEZE_DTR_STARTS
+#define RKM__SQUEEZE_DTR_STARTS 3 /* the squeeze's DTR starts */
+#endif
+#ifndef RKM__KICK_TRIALS
+#define RKM__KICK_TRIALS 64 /* kicks a solve at most */
+#endif
+#ifndef RKM__KICK_WORK_LARGE
+#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2) /* replayed steps of the kicks' squeeze above the ILP's size */
+#endif
+#ifndef RKM__KICK_MAX_OPS
+#define RKM__KICK_MAX_OPS 256 /* ops: larger graphs get no kicks */
+#endif
+#ifndef RKM__RUNG_KICK_TRIALS
+#define RKM__RUNG_KICK_TRIALS 32 /* kicks a rung at most */
+#endif
+#ifndef RKM__SEARCH_PHASES /* the phases after the portfolio: {fraction of the budget, kicks at most} */
 #define RKM__SEARCH_PHASES {{1.0, RKM__KICK_TRIALS}, {0.96, RKM__RUNG_KICK_TRIALS}, {0.90, RKM__RUNG_KICK_TRIALS}}
-/* Kicks of the track of DTR's plan whose layout missed the budget
- * (search.c, rkm__missed_track): 64 took gpt2-124M's solve at 80 and 50 %
- * from 0.40..0.44 s (none) to 0.55..0.61 s and found nothing there; 32 keep
- * dag4x50's figures at 70..25 % in 0.51..0.54 s; 16 lose 0.01 at 40 %. */
-#define RKM__MISSED_KICK_TRIALS 32
-/* Graphs this small also get the whole-graph ILP inside rockmate, for this
- * long a solve (its deterministic work limit): measured on the bundled
- * graphs of 25 to 47 ops, it finds resnet18's 60 % plan (7.3 % against
- * DTR's 18.1 %) in 0.2 s; the chain DP and DTR cover larger graphs. */
-#define RKM__WHOLE_GRAPH_OPS 64
-#define RKM__WHOLE_GRAPH_SECONDS 0.5
-/* checkmate's share of time_limit for one solve (the rest is left to its
- * smallest-budget bisection). */
-#define RKM__CHECKMATE_SHARE 0.5
+#endif
+#ifndef RKM__MISSED_KICK_TRIALS
+#define RKM__MISSED_KICK_TRIALS 32 /* kicks of the missed DTR plan's track at most */
+#endif
+#ifndef RKM__WHOLE_GRAPH_OPS
+#define RKM__WHOLE_GRAPH_OPS 64 /* ops: larger graphs get no whole-graph ILP in rockmate */
+#endif
+#ifndef RKM__WHOLE_GRAPH_SECONDS
+#define RKM__WHOLE_GRAPH_SECONDS 0.5 /* seconds of ILP work a whole-graph solve */
+#endif
+#ifndef RKM__CHECKMATE_SHARE
+#define RKM__CHECKMATE_SHARE 0.5 /* fraction of time_limit a checkmate solve */
+#endif
 
 /* ---- the smallest budget (planner.c) ---- */
 
-/* Probes of the bisections (rkm__bisect): checkmate's (sharing
- * RKM__CHECKMATE_SHARE of the time limit), DTR's (cheap: down to a byte on
- * the bundled graphs) and, on graphs small enough for the whole-graph ILP,
- * rockmate's below the chain DP's floor, whose ILP gets a fifth of a
- * solve's (the solve's own search extends it). */
-#define RKM__BISECT_CHECKMATE 12
-#define RKM__BISECT_DTR 40
-#define RKM__BISECT_SMALL 8
-#define RKM__BISECT_SMALL_SECONDS (RKM__WHOLE_GRAPH_SECONDS / 5)
-/* With a copy link, rockmate's below its recompute-only floor, from the
- * graph's lower bound (planner.c, rkm__offload_min_budget): each probe
- * offloads its bases, an offloading pass and a layout each, until one
- * fits. */
-#define RKM__BISECT_OFFLOAD 16
-/* Its bases: the floor's plan, rockmate's plans for budgets spaced
- * geometrically from the floor to the baseline peak, the baseline (this
- * many in all). */
-#define RKM__OFFLOAD_MIN_BASES 5
-/* From the least peak up to a plan that fits its arena: steps of 1/this of
- * the way to the baseline peak, doubling, RKM__MIN_BUDGET_UP tries before
- * the baseline itself; then down, while one byte under the plan's arena
- * still plans, RKM__MIN_BUDGET_DOWN plans at most. These fits are whole
- * solves: without the search's phases (kicks, rungs) `info` took 10..67 %
- * less time, but the smallest budget rose on random30 (1481728 -> 1519616),
- * dag60 (3827712 -> 3943424) and dag100 (4371456 -> 4513792), 2026-12-02. */
-#define RKM__MIN_BUDGET_STEPS 256
-#define RKM__MIN_BUDGET_UP (2 * RKM__LAYOUT_TRIES)
-#define RKM__MIN_BUDGET_DOWN (4 * RKM__LAYOUT_TRIES)
+#ifndef RKM__BISECT_CHECKMATE
+#define RKM__BISECT_CHECKMATE 12 /* probes of checkmate's bisection */
+#endif
+#ifndef RKM__BISECT_DTR
+#define RKM__BISECT_DTR 40 /* probes of DTR's bisection */
+#endif
+#ifndef RKM__BISECT_SMALL
+#define RKM__BISECT_SMALL 8 /* probes of rockmate's bisection below the chain DP's floor */
+#endif
+#ifndef RKM__BISECT_SMALL_SECONDS
+#define RKM__BISECT_SMALL_SECONDS (RKM__WHOLE_GRAPH_SECONDS / 5) /* seconds of ILP work a probe there */
+#endif
+#ifndef RKM__BISECT_OFFLOAD
+#define RKM__BISECT_OFFLOAD 16 /* probes of the bisection below the recompute-only floor */
+#endif
+#ifndef RKM__OFFLOAD_MIN_BASES
+#define RKM__OFFLOAD_MIN_BASES 5 /* bases of a probe there */
+#endif
+#ifndef RKM__MIN_BUDGET_STEPS
+#define RKM__MIN_BUDGET_STEPS 256 /* the first step up is 1/this of the way to the baseline peak */
+#endif
+#ifndef RKM__MIN_BUDGET_UP
+#define RKM__MIN_BUDGET_UP (2 * RKM__LAYOUT_TRIES) /* tries up before the baseline */
+#endif
+#ifndef RKM__MIN_BUDGET_DOWN
+#define RKM__MIN_BUDGET_DOWN (4 * RKM__LAYOUT_TRIES) /* plans down at most */
+#endif
 
 /* ---- the arena (layout.c, planner.c) ---- */
 
-/* Plans for a budget whose arena is over it: planned again for that much
- * less, this many times at most (on the bundled graphs the first arena
- * misses the aligned peak on about one plan in ten; on bench_dagblocks'
- * chains of 600+ buffers, 13 of 63 before rkm__arena_fit; the next mostly
- * fits). */
-#define RKM__LAYOUT_TRIES 4
-/* Rockmate's plans for such a budget first (search.c, rkm__arena_fit):
- * its plan squeezed below the budget this many times, the first by the
- * arena's excess, the next bisecting. On the 13 of bench_dagblocks' 63
- * points where the arena missed: 1, 2, 3 and 4 squeezes gave the same
- * plans at 9 points; 2 gained at 2 (dag5x40-s11 at 60 and 50 %: 6.27 ->
- * 6.19, 9.46 -> 9.38 %), 4 at 2 more (dag3x50-s21 at 30 %: 21.31 ->
- * 20.23 %) but took dag4x50's and dag6x30-s17's solves at 30 % from
- * about 1.0 to 1.3 s. */
-#define RKM__ARENA_FIT_TRIES 2
-/* Work of the stages after the skyline, per layout: 10 M units is at most
- * ~50 ms on this project's 2-core machine. On 93 plans of an earlier
- * rockmate (every bundled graph at 90..30 % and its smallest budget; the
- * skyline alone: 48 at the bound), 2 M units brought 67 to the bound, 10 M
- * 78, 20 M 79. */
-#define RKM__LAYOUT_WORK 10000000u
-#define RKM__LAYOUT_GREEDY_ITEMS 2048 /* the greedy is O(n^2): 4 M units a pass there */
-/* First fit's own work: it is what makes a DTR plan fit (DTR spent as much
- * placing its buffers), so it runs apart from the stages' shared work; 200
- * M units is about a second (a DTR plan of a 4000-op chain takes 20 M). */
-#define RKM__LAYOUT_FIRSTFIT_WORK 200000000u
+#ifndef RKM__LAYOUT_TRIES
+#define RKM__LAYOUT_TRIES 4 /* plans again for less when the arena is over the budget */
+#endif
+#ifndef RKM__ARENA_FIT_TRIES
+#define RKM__ARENA_FIT_TRIES 2 /* squeezes below the budget when the arena is over it */
+#endif
+#ifndef RKM__LAYOUT_WORK
+#define RKM__LAYOUT_WORK 10000000u /* units of work of the stages after the skyline, a layout */
+#endif
+#ifndef RKM__LAYOUT_GREEDY_ITEMS
+#define RKM__LAYOUT_GREEDY_ITEMS 2048 /* buffers: larger layouts skip the O(n^2) greedy */
+#endif
+#ifndef RKM__LAYOUT_FIRSTFIT_WORK
+#define RKM__LAYOUT_FIRSTFIT_WORK 200000000u /* units of work of first fit, a layout */
+#endif
 
 /* ---- offloading (offload.c) ---- */
 
-/* Rockmate offloads from the baseline and from its own plan for the budget
- * plus this share of what the slower copy stream moves in the baseline's
- * forward time. On gpt2-xl-b4-t1024 at 25 % with 25 GB/s each way (3.75
- * GB in its 0.15 s forward), bases at +1.5 and +3 GB brought 10.46 %
- * overhead to 9.60 and 7.35 %; from +4.5 GB on the copies no longer fit
- * (the forward's last offloads end too late). */
-#define RKM__OFFLOAD_HIDE 0.5
-/* Plans for ever less memory tried as bases, the first whose copies fit
- * ending the search. gpt2-124M-b4-t64 at 50 % with 450 GB/s and 10 us a
- * copy: the first base (70.7 %) needs copies whose latencies do not hide
- * (25.01 % overhead, recompute-only's), the second (55.2 %) does. */
-#define RKM__OFFLOAD_BASES 3
-/* The bases' searches together get this share of the work the
- * recompute-only solve's search did (a whole solve's where it found no
- * plan): a base's search costs a little more time per unit of work than the
- * solve's (its chain DP and DTR starts are not metered), so at 1 planning
- * with a link took up to 2.1 times the time without (gpt2-124M-b4-t64 at
- * 50 % with 450 GB/s, two bases). */
-#define RKM__OFFLOAD_BASE_WORK 0.75
-/* The offload moves (search.c, rkm__offload_moves) get this share of the
- * work the recompute-only solve's search did (a whole solve's where it
- * found no plan). A move is judged by the offload pass, several times the
- * time per unit of work a replay takes, and the costliest moves, tried
- * first, bring most of the gain. gpt2-xl-b4-t1024 with 25 GB/s, overhead
- * at 10 % and 30 % and the seconds of `rockmate plan` (one core): without
- * the moves 17.36 and 4.29 % (0.84, 0.63 s); 1/64: 14.96 and 4.11 %
- * (0.89, 0.66 s); 1/32: 14.77 and 4.11 % (0.89, 0.69 s); the whole
- * search: 14.77 and 4.06 % (1.67, 1.74 s). */
-#define RKM__OFFLOAD_MOVES_WORK (1.0 / 64)
+#ifndef RKM__OFFLOAD_HIDE
+#define RKM__OFFLOAD_HIDE 0.5 /* fraction of the forward's copy volume the second base adds */
+#endif
+#ifndef RKM__OFFLOAD_BASES
+#define RKM__OFFLOAD_BASES 3 /* bases tried at most */
+#endif
+#ifndef RKM__OFFLOAD_BASE_WORK
+#define RKM__OFFLOAD_BASE_WORK 0.75 /* fraction of the solve's search work the bases' searches */
+#endif
+#ifndef RKM__OFFLOAD_MOVES_WORK
+#define RKM__OFFLOAD_MOVES_WORK (1.0 / 64) /* fraction of the solve's search work the offload moves */
+#endif
 
 /* ---- progress reports (progress.c): they change no plan ---- */
 
-/* A report at most every RKM__PROGRESS_SECONDS of wall clock: a terminal
- * bar wants ~10 a second (the deadline's checks come ~10^5 a second on
- * peer-gpt, so a count of them would be a poor clock). */
-#define RKM__PROGRESS_SECONDS 0.1
-/* The share of a call its first part takes in the reports' fraction:
- * creation's block classes (the chain DP after them), min_budget's floors
- * (the fit up and down after them). Rough: time_limit's share spent is
- * the other measure. */
-#define RKM__PROGRESS_CLASSES 0.95
-#define RKM__PROGRESS_FLOORS 0.6
+#ifndef RKM__PROGRESS_SECONDS
+#define RKM__PROGRESS_SECONDS 0.1 /* seconds of wall clock between reports at least */
+#endif
+#ifndef RKM__PROGRESS_CLASSES
+#define RKM__PROGRESS_CLASSES 0.95 /* fraction of creation's progress: its block classes */
+#endif
+#ifndef RKM__PROGRESS_FLOORS
+#define RKM__PROGRESS_FLOORS 0.6 /* fraction of min_budget's progress: its floors */
+#endif
 
 /* ---- base.c ---- */
 
-#define RKM__ERRMSG_SIZE 512
-#define RKM__NAME_MAX 255
+#define RKM__ERRMSG_SIZE 512 /* bytes of an error message */
+#define RKM__NAME_MAX 255 /* bytes of a name at most (the formats' limit) */
 
 struct rkm_context {
     rkm_alloc_fn alloc;
