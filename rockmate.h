@@ -750,10 +750,9 @@ typedef struct rkm_solve_desc {
      * DP's plan, from at least its first 256 slots; DTR: one run;
      * checkmate: one solve, stopped at the limit). So a call overruns the
      * limit by the unit of work in progress and its finish, above all the
-     * layout of the plan it hands out (bounded in work, not time: up to
-     * 0.08 s on the bundled graphs): measured, at most 0.13 s past limits
-     * of 0.005, 0.05 and 0.5 s on every bundled graph, on a loaded 2-core
-     * machine (bench/bench_timeout.c, bench/RESULTS.md). A call the limit cuts
+     * layout of the plan it hands out (bounded in work, not time;
+     * bench/bench_timeout measures the overrun, bench/RESULTS.md has the
+     * figures). A call the limit cuts
      * returns the best plan found by then, flagged (rkm_plan_stats.cut,
      * rkm_planner_stats.cut), or RKM_ERROR_TIMEOUT where it found none; a
      * cut plan may differ from run to run. Plans the limit does not cut
@@ -803,7 +802,7 @@ typedef struct rkm_solve_desc {
 
 /* What a planner call is doing, for rkm_solve_desc.progress.
  *
- * Planning a large graph takes seconds (peer-gpt: a 12 s sweep), so a host
+ * Planning a large graph can take seconds, so a host
  * may want to show how far a call is, and to stop it. Every call that
  * plans (rkm_planner_create, rkm_planner_solve, rkm_planner_min_budget, so
  * rkm_plan_solve) reports once as it starts (fraction 0), then from the
@@ -930,8 +929,8 @@ rkm_result rkm_planner_solve(rkm_planner *pl, uint64_t budget, rkm_plan **out);
  * few plans). The searches are not monotone in the
  * budget, so a budget further below may still be met: "smallest" is the
  * least this search found, not a proof. On a graph with a copy link,
- * DTR's counts its plans with copies too (gpt2-tiny with a fast link:
- * 30.1 % of the baseline peak, 34.0 % without), and
+ * DTR's counts its plans with copies too (so it may be lower than without
+ * the link), and
  * rockmate's goes below that recompute-only floor where offloading meets
  * less: a bisection from the graph's lower bound over a few fixed plans
  * offloaded (the floor's own, plans for more memory, the baseline), the
@@ -1160,8 +1159,8 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
  * - RKM_ARENA_FIRST_FIT: each buffer at the lowest 256-aligned offset free
  *   when it is made, as a dynamic allocator would; it runs any plan of the
  *   graph. It can need more than the plan's arena, since it does not know
- *   the lifetimes ahead (on the bundled graphs' 349 plans of bench/bench_layout
- *   at 0.5.0, 5.4 % more than the peak on geometric mean, up to 40 %).
+ *   the lifetimes ahead (bench/bench_layout measures how much more on
+ *   the bundled graphs' plans).
  * - RKM_ARENA_MEASURE (profiling): first fit, and each op's workspace is
  *   measured as what its scratch requests took (rkm_arena_exec_scratch).
  *
