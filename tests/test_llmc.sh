@@ -2,7 +2,8 @@
 # make llmc: without LLMC= it prints one line saying it is skipped and
 # succeeds; with LLMC pointing at an llm.c checkout (make test LLMC=path, or
 # LLMC in the environment) it builds examples/llmc.c against it and runs it,
-# which checks every plan bit for bit against llm.c's own step.
+# which checks every plan bit for bit against llm.c's own step; without a
+# checkout that run is a skip, counted on the summary line.
 # (tests/test_llmc.c covers the graph and host without a checkout.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -10,6 +11,7 @@ build=${RKM_BUILD:-build}
 llmc=${LLMC:-}
 passed=0
 failed=0
+skipped=0
 
 out=$(env -u LLMC make -s --no-print-directory BUILD="$build" llmc LLMC= 2>&1)
 rc=$?
@@ -35,8 +37,9 @@ elif [[ -n $llmc ]]; then
         printf '%s\n' "$out" | tail -n 20
     fi
 else
-    echo "test_llmc.sh: no llm.c checkout (LLMC), the run against llm.c is skipped"
+    skipped=$((skipped + 1))
+    echo "SKIP the run against llm.c: no llm.c checkout (LLMC)"
 fi
 
-echo "test_llmc.sh: $passed passed, $failed failed"
+echo "test_llmc.sh: $passed passed, $failed failed, $skipped skipped"
 ((failed == 0))

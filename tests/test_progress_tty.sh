@@ -4,8 +4,8 @@
 # one-line bar there (\r, a percent) and erase it, so that a terminal shows
 # exactly what it showed without one, and standard output is unchanged;
 # with stderr not a terminal, with --json or with --no-progress, not one
-# byte of it is written. Prints "test_progress_tty.sh: N passed, N failed"
-# (", 1 skipped" without python3). RKM_BUILD names the build folder.
+# byte of it is written. Prints "test_progress_tty.sh: N passed, N failed,
+# N skipped" (1 skipped without python3). RKM_BUILD names the build folder.
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -16,9 +16,8 @@ trap 'rm -rf "$tmp"' EXIT
 . tests/lib.sh
 
 if ! command -v python3 >/dev/null || ! python3 -c 'import pty' 2>/dev/null; then
-    echo "SKIP the progress bar: python3 (with pty) is needed to give the tool a terminal"
-    echo "test_progress_tty.sh: 0 passed, 0 failed, 1 skipped"
-    exit 0
+    skip "the progress bar: python3 (with pty) is needed to give the tool a terminal"
+    finish
 fi
 if [[ ! -x $cli ]]; then
     make -s BUILD="$build" "$build/rockmate" >&2 || { fail "build the CLI"; finish; }
