@@ -5,6 +5,10 @@
 # run in this build); this adds them up and ends with the total line
 # "N passed, N failed, N skipped". Exit status 0 only if nothing failed.
 #
+#   tests/run.sh [BUILD [NAME...]]   BUILD defaults to build; NAMEs (test_dp,
+#                                    test_cli.sh) run only those, a NAME that
+#                                    is neither a program nor a script fails
+#
 # A program that exits non-zero without reporting a failure (a crash, a
 # sanitizer report at exit, no summary line) counts as one more failure.
 # RKM_TEST_TIMEOUT (seconds, default 600) stops a program that hangs; that
@@ -20,6 +24,8 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
 build=${1:-build}
+shift $(($# > 0))
+only=("$@")
 export RKM_BUILD=$build
 limit=${RKM_TEST_TIMEOUT:-600}
 jobs_max=${RKM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
@@ -82,12 +88,28 @@ show_done() {
     done
 }
 
+# wanted NAME: NAME is to run (no NAMEs given: all are).
+wanted() {
+    local n
+    ((${#only[@]} == 0)) && return 0
+    for n in "${only[@]}"; do [[ $n == "$1" ]] && return 0; done
+    return 1
+}
+for n in "${only[@]}"; do
+    if [[ ! -f tests/$n || $n != test_*.sh ]] && [[ ! -x $build/tests/$n || $n != test_* ]]; then
+        echo "$n: no such test program ($build/tests/$n) or script (tests/$n)"
+        total_failed=$((total_failed + 1))
+        failed_names+=("$n")
+    fi
+done
+
 shopt -s nullglob
-scripts=(tests/test_*.sh)
+scripts=()
+for script in tests/test_*.sh; do wanted "$(basename "$script")" && scripts+=("$script"); done
 for script in "${scripts[@]}"; do names+=("$(basename "$script")"); done
 (for script in "${scripts[@]}"; do run "$(basename "$script")" bash "$script"; done) &
 for prog in "$build"/tests/test_*; do
-    [[ -f $prog && -x $prog ]] || continue
+    [[ -f $prog && -x $prog ]] && wanted "$(basename "$prog")" || continue
     while (($(jobs -rp | wc -l) >= jobs_max)); do
         wait -n
         show_done
