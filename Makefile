@@ -14,6 +14,11 @@
 #   make bench        build and run the benchmarks
 #   make fuzz         libFuzzer on each harness for FUZZ_SECONDS (default 60; clang)
 #   make valgrind     the whole-library tests under valgrind (minutes)
+#   make coverage     the C test programs built with gcc's --coverage (-O0, no
+#                     sanitizers) in COV_BUILD (default build-cov), run, then
+#                     gcov's line and branch coverage of src/*.c, per file and
+#                     in total (tests/coverage.py); COV_TESTS="test_dp
+#                     test_graph" runs only those programs
 #   make install      PREFIX=/usr/local DESTDIR=
 #   make OMIT=1 ...   no lp_solve: -DRKM_OMIT_SOLVER, no LGPL code linked
 #   make CC=clang ... any C11 compiler
@@ -28,8 +33,10 @@ OMIT ?= 0
 STD_FLAGS = -std=c11 -Wall -Wextra -Wpedantic -ffp-contract=off
 CFLAGS ?= -O2 -g
 ALL_CFLAGS = $(STD_FLAGS) $(CFLAGS) -I.
-TEST_CFLAGS = $(STD_FLAGS) -I. -Werror -O1 -g -fno-omit-frame-pointer \
-	-fsanitize=address,undefined -fno-sanitize-recover=all \
+# make coverage sets TEST_OPT and TEST_SAN for its own build.
+TEST_OPT = -O1
+TEST_SAN = -fsanitize=address,undefined -fno-sanitize-recover=all
+TEST_CFLAGS = $(STD_FLAGS) -I. -Werror $(TEST_OPT) -g -fno-omit-frame-pointer $(TEST_SAN) \
 	-DTEST_GRAPHS_DIR=\"tests/graphs\"
 
 ifeq ($(OMIT),1)
@@ -132,7 +139,8 @@ DUMMY_LAUNCH_SED = sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<(.*)>>>\(/RKM_DUMMY_LAUN
 # dummy device (run by tests/test_cuda_dummy.sh).
 DUMMY_TESTS = $(if $(CXX_FOUND),$(BUILD)/tests/test_cuda $(BUILD)/tests/gpt2_cuda_dummy)
 
-.PHONY: all lib cli examples tests test amalgamation check-amalgamation demo llmc cuda bench fuzz valgrind install uninstall clean deps test-deps FORCE
+.PHONY: all lib cli examples tests test amalgamation check-amalgamation demo llmc cuda bench fuzz valgrind coverage \
+	install uninstall clean deps test-deps FORCE
 .DELETE_ON_ERROR:
 
 all: lib cli examples
@@ -232,10 +240,12 @@ deps:
 test-deps:
 	@$(call install_or_tell,$(MISSING_TOOLS),$(TEST_TOOLS))
 
-# Rebuild when the compiler or the flags change (CC=clang, OMIT=1).
+# Rebuild when the compiler or the flags change (CC=clang, OMIT=1, the
+# tests' TEST_OPT and TEST_SAN).
+FLAGS_LINE = $(CC) $(ALL_CFLAGS) $(DEFS) $(TEST_OPT) $(TEST_SAN)
 $(BUILD)/flags: FORCE
 	@mkdir -p $(BUILD)
-	@echo '$(CC) $(ALL_CFLAGS) $(DEFS)' | cmp -s - $@ || echo '$(CC) $(ALL_CFLAGS) $(DEFS)' > $@
+	@echo '$(FLAGS_LINE)' | cmp -s - $@ || echo '$(FLAGS_LINE)' > $@
 
 # One position-independent object serves both libraries.
 $(LIB_OBJ): rockmate.c rockmate.h $(BUILD)/flags | deps
@@ -335,6 +345,23 @@ valgrind: | deps
 	  echo "== valgrind $$t"; \
 	  valgrind -q --error-exitcode=9 --leak-check=full --suppressions=tests/valgrind.supp $(BUILD)/valgrind/$$t || exit 1; \
 	done
+
+# Coverage: the test programs and the fuzz corpora's replays, unsanitized at
+# -O0 (the sanitizers only slow it; -O0 keeps lines and branches as
+# written), counters updated atomically (test_threads). Each run starts from
+# zero counts; a failing test fails the target after the report. A program
+# killed by the time limit leaves no counts: the limit is an hour here
+# (test_fuzz_planner took over 600 s on 2 busy cores).
+COV_BUILD ?= build-cov
+COV_TESTS ?=
+COV_PROGS = $(or $(COV_TESTS),$(notdir $(TESTS) $(FUZZ_REPLAYS)))
+coverage: check-amalgamation | test-deps
+	@$(MAKE) --no-print-directory -j$(NPROC) BUILD=$(COV_BUILD) TEST_SAN= \
+		'TEST_OPT=-O0 --coverage -fprofile-update=atomic' $(addprefix $(COV_BUILD)/tests/,$(COV_PROGS))
+	@find $(COV_BUILD) -name '*.gcda' -delete
+	@RKM_BUILD=$(COV_BUILD) RKM_TEST_TIMEOUT=$${RKM_TEST_TIMEOUT:-3600} \
+	  tests/run.sh $(COV_BUILD) $(COV_PROGS); rc=$$?; \
+	  python3 tests/coverage.py $(COV_BUILD) || rc=1; exit $$rc
 
 ifeq ($(CLANG),)
 fuzz:
