@@ -83,7 +83,7 @@ TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 # The whole-library tests again under clang's sanitizers, which catch what
 # gcc's miss (pointer arithmetic on NULL); skipped when clang is not there.
 CLANG ?= $(shell command -v clang 2>/dev/null)
-CLANG_TEST_NAMES = test_dp test_exec test_graph test_lifetime test_oom test_sim
+CLANG_TEST_NAMES = test_dp test_exec test_graph test_oom test_sim
 CLANG_TESTS = $(if $(CLANG),$(patsubst %,$(BUILD)/tests/%-clang,$(CLANG_TEST_NAMES)))
 # The threads test again under ThreadSanitizer, the library compiled with it.
 TSAN_TESTS = $(BUILD)/tests/test_threads-tsan
