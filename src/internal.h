@@ -1048,10 +1048,9 @@ RKM__PRIVATE void rkm__ilp_block_destroy(rkm__ilp_block *b);
 RKM__PRIVATE void rkm__ilp_block_deadline(rkm__ilp_block *b, double deadline);
 RKM__PRIVATE void rkm__ilp_block_watch(rkm__ilp_block *b, int (*stop)(void *user, double done), void *user);
 
-#ifndef RKM_OMIT_SOLVER
-#endif
 
 /* ilp_sched.c */
+#ifndef RKM_OMIT_SOLVER
 RKM__PRIVATE int rkm__ilp_spent(const rkm__ilp_work *u, int greedy);
 RKM__PRIVATE size_t rkm__ilp_rsize(const rkm__ilp_shape *b);
 RKM__PRIVATE void rkm__ilp_sched_copy(const rkm__ilp_shape *b, rkm__ilp_sched *dst, const rkm__ilp_sched *src);
@@ -1059,8 +1058,6 @@ RKM__PRIVATE rkm_result rkm__ilp_err(const rkm__ilp_shape *b, rkm_result code, c
 RKM__PRIVATE int rkm__ilp_phantom(const rkm__ilp_shape *b, int32_t v);
 RKM__PRIVATE int32_t rkm__ilp_loc(const rkm__ilp_shape *b, int32_t t);
 RKM__PRIVATE int rkm__ilp_bwd_reads(const rkm__ilp_shape *b, int32_t t, int32_t i);
-
-#ifndef RKM_OMIT_SOLVER
 RKM__PRIVATE size_t rkm__ilp_events_max(const rkm__ilp_shape *b);
 RKM__PRIVATE rkm_result rkm__ilp_emit(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, const rkm__ilp_sched *s, rkm__ilp_out *o);
 RKM__PRIVATE int rkm__ilp_measure(const rkm__ilp_shape *b, rkm__ilp_replayer *rp, rkm__ilp_sched *s, rkm_result *res);
