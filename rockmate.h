@@ -473,7 +473,8 @@ rkm_result rkm_graph_stats_get(const rkm_graph *g, rkm_graph_stats *out);
  * allocation of the plain "store all" step at that alignment, at least its
  * aligned peak, which is at least baseline_peak. It is the 100 % of a
  * percent budget (rkm_parse_budget, the CLI, the examples): a budget of it
- * plans with algorithm none, and every algorithm meets it with no
+ * plans with algorithm none, and every algorithm but sqrt (a fixed
+ * schedule, which recomputes at any budget it meets) meets it with no
  * overhead. RKM_ERROR_GRAPH where the buffers rounded up pass 64 bits. */
 rkm_result rkm_graph_baseline_arena(const rkm_graph *g, uint64_t alignment, uint64_t *out);
 
