@@ -967,6 +967,9 @@ RKM__PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
  * release of a destroyed context frees it. */
 RKM__PRIVATE void rkm__ctx_hold(rkm_context *ctx);
 RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx);
+/* A holder's destroy ends with this: free the holder (size bytes), then
+ * release ctx. */
+RKM__PRIVATE void rkm__ctx_free_holder(rkm_context *ctx, void *holder, size_t size);
 
 /* graph.c */
 RKM__PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
@@ -1386,6 +1389,12 @@ RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx)
     if (--ctx->live == 0 && ctx->destroyed) rkm__ctx_free(ctx);
 }
 
+RKM__PRIVATE void rkm__ctx_free_holder(rkm_context *ctx, void *holder, size_t size)
+{
+    rkm__free(ctx, holder, size);
+    rkm__ctx_release(ctx); /* last: it may free ctx */
+}
+
 /* Deferred while graphs or arenas made with it live (as sqlite3_close_v2):
  * they keep working, messages and logger included, and the last one's
  * destroy frees the context. */
@@ -1544,8 +1553,7 @@ static void rkm__graph_free(rkm_graph *g)
     rkm__free(ctx, g->ops, g->cap_ops * sizeof *g->ops);
     rkm__map_free(ctx, &g->tensor_map);
     rkm__map_free(ctx, &g->op_map);
-    rkm__free(ctx, g, sizeof *g);
-    rkm__ctx_release(ctx);
+    rkm__ctx_free_holder(ctx, g, sizeof *g);
 }
 
 /* The count is bookkeeping, not content, so it changes through the const
@@ -13913,9 +13921,7 @@ void rkm_arena_destroy(rkm_arena *a)
     if (!a) return;
     rkm__free(a->ctx, a->freel, ((size_t)a->max_blocks + 1) * sizeof *a->freel);
     rkm__free(a->ctx, a->used, a->max_blocks * sizeof *a->used);
-    rkm_context *ctx = a->ctx;
-    rkm__free(ctx, a, sizeof *a);
-    rkm__ctx_release(ctx); /* last: it may free the context */
+    rkm__ctx_free_holder(a->ctx, a, sizeof *a);
 }
 
 void rkm_arena_clear(rkm_arena *a)

@@ -68,9 +68,7 @@ void rkm_arena_destroy(rkm_arena *a)
     if (!a) return;
     rkm__free(a->ctx, a->freel, ((size_t)a->max_blocks + 1) * sizeof *a->freel);
     rkm__free(a->ctx, a->used, a->max_blocks * sizeof *a->used);
-    rkm_context *ctx = a->ctx;
-    rkm__free(ctx, a, sizeof *a);
-    rkm__ctx_release(ctx); /* last: it may free the context */
+    rkm__ctx_free_holder(a->ctx, a, sizeof *a);
 }
 
 void rkm_arena_clear(rkm_arena *a)

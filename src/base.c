@@ -178,6 +178,12 @@ RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx)
     if (--ctx->live == 0 && ctx->destroyed) rkm__ctx_free(ctx);
 }
 
+RKM__PRIVATE void rkm__ctx_free_holder(rkm_context *ctx, void *holder, size_t size)
+{
+    rkm__free(ctx, holder, size);
+    rkm__ctx_release(ctx); /* last: it may free ctx */
+}
+
 /* Deferred while graphs or arenas made with it live (as sqlite3_close_v2):
  * they keep working, messages and logger included, and the last one's
  * destroy frees the context. */

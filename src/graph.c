@@ -71,8 +71,7 @@ static void rkm__graph_free(rkm_graph *g)
     rkm__free(ctx, g->ops, g->cap_ops * sizeof *g->ops);
     rkm__map_free(ctx, &g->tensor_map);
     rkm__map_free(ctx, &g->op_map);
-    rkm__free(ctx, g, sizeof *g);
-    rkm__ctx_release(ctx);
+    rkm__ctx_free_holder(ctx, g, sizeof *g);
 }
 
 /* The count is bookkeeping, not content, so it changes through the const

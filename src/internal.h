@@ -933,6 +933,9 @@ RKM__PRIVATE void rkm__map_free(rkm_context *ctx, rkm__map *m);
  * release of a destroyed context frees it. */
 RKM__PRIVATE void rkm__ctx_hold(rkm_context *ctx);
 RKM__PRIVATE void rkm__ctx_release(rkm_context *ctx);
+/* A holder's destroy ends with this: free the holder (size bytes), then
+ * release ctx. */
+RKM__PRIVATE void rkm__ctx_free_holder(rkm_context *ctx, void *holder, size_t size);
 
 /* graph.c */
 RKM__PRIVATE uint64_t rkm__fwd_ws_most(const rkm__op *o);
