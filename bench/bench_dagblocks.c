@@ -1,7 +1,7 @@
 /* bench_dagblocks: rockmate on chains of repeated random-DAG blocks against
  * the whole-graph ILP, side by side.
  *
- *   build/bench/bench_dagblocks [--checkmate S]
+ *   build/bench/bench_dagblocks [--checkmate S] [--tsv]
  *
  * The graphs are bench/reference/dag-blocks/NAME.rkg or, for the two the
  * tests use, tests/graphs/NAME.rkg (each made by tests/graphs/random_dag.py,
@@ -14,7 +14,11 @@
  * bench/reference/dag-blocks/checkmate-120.tsv; with --checkmate S it runs
  * our checkmate with S seconds now). `ratio` is (1 + ours) / (1 + its): at
  * most 1 is as fast or faster. The last lines count the rows where rockmate
- * is slower and give the geometric mean of the ratios. */
+ * is slower and give the geometric mean of the ratios. --tsv prints instead
+ * tab-separated lines for bench/vs.sh: per graph and budget (graph, budget,
+ * algo, budget in bytes, overhead in %, planning seconds per budget), and
+ * per graph one line with budget `create` and the planner's creation in
+ * seconds ('-': no plan or no figure). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "../rockmate.h"
 #include "bench.h"
@@ -42,12 +46,24 @@ static double overhead(const rkm_plan *p, double base_time)
 
 int main(int argc, char **argv)
 {
-    double checkmate_s = argc == 3 && !strcmp(argv[1], "--checkmate") ? atof(argv[2]) : 0;
+    double checkmate_s = 0;
+    int tsv = 0; /* --tsv: machine-readable lines, no table */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--checkmate") && i + 1 < argc) checkmate_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--tsv")) tsv = 1;
+        else {
+            fprintf(stderr, "usage: bench_dagblocks [--checkmate SECONDS] [--tsv]\n");
+            return 2;
+        }
+    }
     rkm_context *ctx;
     if (rkm_context_create(NULL, &ctx)) return 1;
-    printf("overhead in %% of the baseline time; budget in %% of the baseline peak; '-': no plan\n");
-    printf("%-12s %6s %9s %9s %7s %8s %8s\n", "graph", "budget", "rockmate", checkmate_s > 0 ? "cm-now" : "cm120",
-           "ratio", "plan s", "create s");
+    if (tsv) printf("graph\tbudget\talgo\tbudget_bytes\toverhead\tplan_s\n");
+    else {
+        printf("overhead in %% of the baseline time; budget in %% of the baseline peak; '-': no plan\n");
+        printf("%-12s %6s %9s %9s %7s %8s %8s\n", "graph", "budget", "rockmate", checkmate_s > 0 ? "cm-now" : "cm120",
+               "ratio", "plan s", "create s");
+    }
     int rows = 0, slower = 0;
     double log_sum = 0;
     for (size_t k = 0; k < N_GRAPHS; k++) {
@@ -69,6 +85,7 @@ int main(int argc, char **argv)
             tc[r] = bench_now() - t0;
         }
         double create = bench_median3(tc);
+        if (tsv) printf("%s\tcreate\trockmate\t-\t-\t%.4f\n", graphs[k], create);
         for (size_t i = 0; i < N_PCTS; i++) {
             uint64_t budget = gs.baseline_peak / 100 * (uint64_t)pcts[i];
             double ts[3], ours = NAN, its;
@@ -96,6 +113,12 @@ int main(int argc, char **argv)
                 log_sum += log(ratio);
             }
             char a[16] = "-", b[16] = "-", c[16] = "-";
+            if (tsv) {
+                if (!isnan(ours)) snprintf(a, sizeof a, "%.4f", ours);
+                printf("%s\t%d%%\trockmate\t%llu\t%s\t%.4f\n", graphs[k], pcts[i], (unsigned long long)budget, a,
+                       bench_median3(ts));
+                continue;
+            }
             if (!isnan(ours)) snprintf(a, sizeof a, "%.2f", ours);
             if (!isnan(its)) snprintf(b, sizeof b, "%.2f", its);
             if (!isnan(ratio)) snprintf(c, sizeof c, "%.4f", ratio);
@@ -104,8 +127,9 @@ int main(int argc, char **argv)
         for (int r = 0; r < 3; r++) rkm_planner_destroy(pl[r]);
         rkm_graph_destroy(g);
     }
-    printf("%d rows with both; rockmate slower than the whole-graph ILP: %d; geometric mean of the ratios %.4f\n", rows,
-           slower, rows ? exp(log_sum / rows) : NAN);
+    if (!tsv)
+        printf("%d rows with both; rockmate slower than the whole-graph ILP: %d; geometric mean of the ratios %.4f\n",
+               rows, slower, rows ? exp(log_sum / rows) : NAN);
     rkm_context_destroy(ctx);
     return 0;
 }

@@ -1,6 +1,6 @@
 /* bench_quality: rockmate's plans against the best plans known, side by side.
  *
- *   build/bench/bench_quality [--checkmate S]
+ *   build/bench/bench_quality [--checkmate S] [--tsv]
  *
  * For every bundled graph at 90, 80, ..., 20 % of the baseline peak and at
  * the budget of every reference plan of that graph (bench/reference/): the
@@ -15,7 +15,10 @@
  * plan). Each row ends with rockmate / best (1.00: as good) and
  * rockmate's planning time (create + solve, median of 3 runs). The last
  * lines count the rows where rockmate has no plan although a reference
- * does, and where it is more than 1 % above the best. */
+ * does, and where it is more than 1 % above the best. --tsv prints instead
+ * one tab-separated line per row and algorithm (graph, budget label, algo,
+ * budget in bytes, overhead in %, planning seconds; '-': none or not
+ * measured: only rockmate's planning is timed) for bench/vs.sh. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "../rockmate.h"
 #include "bench.h"
@@ -107,9 +110,26 @@ static double best_known(const row *w)
 }
 
 static int missing, worse, rows, at_bound;
+static int tsv; /* --tsv: machine-readable lines, no table */
+static const char *const algo_names[N_ALGOS] = {"rockmate", "rotor", "sqrt", "dtr"};
+
+static void print_tsv(const char *graph, const row *w)
+{
+    for (int a = 0; a < N_ALGOS; a++) {
+        printf("%s\t%s\t%s\t%llu\t", graph, w->label, algo_names[a], (unsigned long long)w->budget);
+        if (isnan(w->algo[a])) printf("-");
+        else printf("%.4f", w->algo[a]);
+        if (a == 0) printf("\t%.4f\n", w->seconds);
+        else printf("\t-\n");
+    }
+}
 
 static void print_row(const char *graph, const row *w)
 {
+    if (tsv) {
+        print_tsv(graph, w);
+        return;
+    }
     printf("%-18s %-14s", graph, w->label);
     for (int a = 0; a < N_ALGOS; a++) cell(w->algo[a]);
     cell(w->ref);
@@ -169,13 +189,22 @@ static void bench_graph(rkm_context *ctx, const char *name, double cm_limit)
 int main(int argc, char **argv)
 {
     double cm_limit = 0;
-    if (argc == 3 && strcmp(argv[1], "--checkmate") == 0) cm_limit = atof(argv[2]);
-    else if (argc != 1) {
-        fprintf(stderr, "usage: bench_quality [--checkmate SECONDS]\n");
-        return 2;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--checkmate") == 0 && i + 1 < argc) cm_limit = atof(argv[++i]);
+        else if (strcmp(argv[i], "--tsv") == 0) tsv = 1;
+        else {
+            fprintf(stderr, "usage: bench_quality [--checkmate SECONDS] [--tsv]\n");
+            return 2;
+        }
     }
     rkm_context *ctx;
     if (rkm_context_create(NULL, &ctx)) return 1;
+    if (tsv) {
+        printf("graph\tbudget\talgo\tbudget_bytes\toverhead\tplan_s\n");
+        for (size_t k = 0; k < sizeof graphs / sizeof graphs[0]; k++) bench_graph(ctx, graphs[k], cm_limit);
+        rkm_context_destroy(ctx);
+        return 0;
+    }
     printf("overhead in %% of the baseline time; budget in %% of the baseline peak; '-': no plan\n");
     printf("%-18s %-14s %9s %9s %9s %9s %9s %9s %9s %9s %7s %8s\n", "graph", "budget", "rockmate", "rotor", "sqrt",
            "dtr", "reference", "cm30", "cm-now", "bound", "ours/best", "plan s");
