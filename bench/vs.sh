@@ -36,6 +36,7 @@ sha=$(git rev-parse --verify --quiet "$rev^{commit}") || { echo "vs.sh: $rev is 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/rkm-vs.XXXXXX") || exit 1
 old=$tmp/tree
 pids=()
+# shellcheck disable=SC2317 # run by the trap
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
     git -C "$root" worktree remove --force "$old" 2>/dev/null
