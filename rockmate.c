@@ -191,7 +191,25 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__PREFETCH_PRICE 0.25 /* fraction of a prefetch's copy time an eviction to host is priced at */
 #endif
 
-/* ---- the search (search.c): one work budget a solve ---- */
+/* ---- the work meter (progress.c, planner.c): one a call ----
+ * Units: one replayed plan step (the search's replays, a DTR run's steps,
+ * the offload pass's), one buffer or section visited (layout), or
+ * 1/RKM__ILP_STEPS_PER_S s of ILP work. W = max(RKM__WORK_MIN,
+ * RKM__WORK_PER_OBJECT x (ops + tensors)); a solve may do W (and what its
+ * smallest budget takes where it must seek it), rkm_planner_min_budget
+ * RKM__WORK_MIN_BUDGET x W, creation W plus ilp_budget's and checkmate
+ * time_limit's ILP work. */
+#ifndef RKM__WORK_MIN
+#define RKM__WORK_MIN 128000000u /* units a solve may do at least */
+#endif
+#ifndef RKM__WORK_PER_OBJECT
+#define RKM__WORK_PER_OBJECT 262144u /* units a solve may do per op and tensor of the graph */
+#endif
+#ifndef RKM__WORK_MIN_BUDGET
+#define RKM__WORK_MIN_BUDGET 32 /* solves' work the smallest budget's search may do */
+#endif
+
+/* ---- the search (search.c): a share of the call's work a try ---- */
 
 #ifndef RKM__SOLVE_WORK
 #define RKM__SOLVE_WORK 64000000u /* replayed steps a solve's search */
@@ -876,6 +894,21 @@ typedef struct rkm__progress {
     int cancelled;           /* the callback returned non-zero: the call stops */
 } rkm__progress;
 
+/* What a driver asks of a solve's search (planner.c: a solve's fit, the
+ * smallest budget's fits, the bases a solve with a link offloads), passed
+ * down by value: the planner object keeps no mode. */
+typedef struct rkm__ask {
+    uint64_t work_end; /* the search's shares end where the call has spent this much (UINT64_MAX: no end) */
+    unsigned skip;     /* parts left out: RKM__SKIP_* */
+} rkm__ask;
+enum {
+    RKM__SKIP_ILP = 1,     /* the whole-graph ILP start */
+    RKM__SKIP_MISSED = 2,  /* DTR's missed plan's track */
+    RKM__SKIP_PHASES = 4,  /* the kicks and the rungs */
+    RKM__SKIP_COPIES = 8   /* checkmate's ILP with copies (its recompute-only floor is sought) */
+};
+#define RKM__ASK_SOLVE ((rkm__ask){UINT64_MAX, 0})
+
 struct rkm_planner {
     const rkm_graph *g;      /* what it plans with: the user's graph, sizes rounded up to the alignment */
     const rkm_graph *user;   /* the user's graph: its plans are born there */
@@ -894,9 +927,6 @@ struct rkm_planner {
     int cut;                 /* the call in progress was cut */
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
-    int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
-    int fitting_base;        /* rkm__planner_offload plans a base: no whole-graph ILP start, phases or missed track */
-    int plain_only;          /* checkmate's recompute-only floor is sought: no copy model */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -912,8 +942,6 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM__OFFLOAD_MIN_BASES] */
-    int off_made;            /* how many of them are made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -923,9 +951,11 @@ struct rkm_planner {
     double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
-    uint64_t work_left;      /* the search's work left in this solve (search.c) */
-    uint64_t work_done;      /* the search's work since the planner was made (search.c) */
-    uint64_t base_end;       /* while fitting_base: the work_done at which the bases' shared work ends */
+    uint64_t work_left;      /* the search's share left in this try (search.c) */
+    /* The call's work meter (progress.c), on the top planner only: what the
+     * call may spend, what it has spent, and the cap of the part under way
+     * (rkm__work_part); in RKM__WORK's units. */
+    uint64_t work_limit, work_spent, work_cap;
     /* A nested planner's parent (nest.c), NULL at the top: its checks are
      * the parent's too, so that the parent reports and a cancel stops it. */
     rkm_planner *parent;
@@ -1049,9 +1079,11 @@ RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
 /* layout.c */
-RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
+/* work (NULL: none): in, the units first fit and the later stages may do
+ * (each also within its RKM__LAYOUT_ constant); out, the units they did */
+RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *work, uint64_t *arena, uint64_t *peak);
 RKM__PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
-RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment, uint64_t *work);
 
 /* baseline.c */
 RKM__PRIVATE int rkm__saves_phantom(const rkm__op *o);
@@ -1123,11 +1155,20 @@ RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, 
 /* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
 #define RKM__DTR_COPY_SETS 5
 RKM__PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
+/* *work: in, the steps the run may take at most; out, the steps it took */
 RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
-                                      double max_time, rkm__steps *draft);
+                                      double max_time, uint64_t *work, rkm__steps *draft);
 
 /* progress.c */
 RKM__PRIVATE int rkm__over(rkm_planner *pl);
+RKM__PRIVATE void rkm__work_start(rkm_planner *pl, uint64_t limit);
+RKM__PRIVATE uint64_t rkm__work_left(rkm_planner *pl);
+RKM__PRIVATE uint64_t rkm__work_spent(rkm_planner *pl);
+RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work);
+RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim);
+RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed);
+RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow);
+RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was);
 RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
 RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
 RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
@@ -1158,9 +1199,17 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
 RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
 RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
-typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped);
+/* A maker of plans laid out as the host gets them, for rkm__fit_less: a
+ * plan for `budget` (its arena may be over it), or *out NULL. */
+typedef rkm_result (*rkm__maker)(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out);
+RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget);
+RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                     uint64_t *need);
+/* A probe of a smallest budget's bisection: a plan for `budget` or *out
+ * NULL; `arg` is the search's own (the bases it offloads, what it asks). */
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
+                                   uint64_t *hi, uint64_t *at, int *stopped);
 RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
@@ -1174,15 +1223,15 @@ RKM__PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uin
                                         rkm_plan **q, rkm_plan **x);
 RKM__PRIVATE int rkm__offloads(const rkm_planner *pl);
 RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
-RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, int copies, rkm_plan **out);
 
 /* search.c */
-RKM__PRIVATE void rkm__search_begin(rkm_planner *pl);
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl, rkm__ask ask);
 RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
 RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
-RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out);
 
 /* nest.c */
 RKM__PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
@@ -1198,8 +1247,7 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
 /* planner.c */
 RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
 RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
 RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
@@ -3800,8 +3848,10 @@ static int rkm__lay_build(rkm__lay *L, const rkm_buffer *b, size_t n, uint64_t a
  * `align` with the given stages: offsets into b, the arena and the aligned
  * peak. RKM_OK or RKM_ERROR_NOMEM (message left to the caller). */
 RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages,
-                              uint64_t *arena, uint64_t *peak)
+                              uint64_t *work, uint64_t *arena, uint64_t *peak)
 {
+    /* the work first fit and the later stages may do, and what they did */
+    uint64_t cap = work ? *work : UINT64_MAX, spent = 0, give;
     rkm__lay L;
     memset(&L, 0, sizeof L);
     L.ctx = ctx;
@@ -3832,19 +3882,24 @@ RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, u
     }
     if (ok && L.height > L.bound && (stages & RKM__LAY_SKYLINE)) {
         int32_t *live = rkm__alloc(ctx, ni * sizeof *live);
-        L.work = RKM__LAYOUT_FIRSTFIT_WORK;
+        L.work = give = RKM__LAYOUT_FIRSTFIT_WORK < cap ? RKM__LAYOUT_FIRSTFIT_WORK : cap;
         uint64_t h = live ? rkm__lay_firstfit(&L, live) : UINT64_MAX;
+        spent += give - L.work;
+        cap -= give - L.work;
         ok = live != NULL;
         if (h != UINT64_MAX) rkm__lay_keep(&L, h);
         rkm__free(ctx, live, ni * sizeof *live);
     }
-    L.work = stages & RKM__LAY_SKYLINE ? RKM__LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
+    L.work = give = stages & RKM__LAY_SKYLINE ? (RKM__LAYOUT_WORK < cap ? RKM__LAYOUT_WORK : cap)
+                                              : UINT64_MAX; /* the greedy alone: all it takes */
     if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM__LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
         ok = rkm__lay_greedies(&L);
     /* the search improves on a layout; its undo log packs an index in 29 bits */
     if (ok && L.height > L.bound && L.height != UINT64_MAX && (stages & RKM__LAY_SEARCH) && L.n < (1 << 28) &&
         L.nsec < (1 << 28))
         ok = rkm__lay_search(&L);
+    spent += give - L.work;
+    if (work) *work = spent;
     if (ok) {
         for (size_t i = 0; i < n; i++) b[i].offset = 0;
         for (int32_t k = 0; k < L.n; k++) b[item[k]].offset = L.best[k] * align;
@@ -3887,12 +3942,12 @@ static rkm_result rkm__layout_too_big(const rkm_plan *p, uint64_t align, const c
 /* The plan's own layout, at `alignment`, kept with it: offsets in
  * p->buffers, the figures in p->stats. Done once, before a plan is handed
  * out (the planner's candidates are never laid out). */
-RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment, uint64_t *work)
 {
     if (!rkm__layout_fits(p, alignment)) return rkm__layout_too_big(p, alignment, "plan layout");
     rkm_result r;
     uint64_t arena, peak;
-    if ((r = rkm__layout(p->ctx, p->buffers, p->n_buffers, alignment, RKM__LAY_ALL, &arena, &peak)))
+    if ((r = rkm__layout(p->ctx, p->buffers, p->n_buffers, alignment, RKM__LAY_ALL, work, &arena, &peak)))
         return rkm__nomem(p->ctx, "the plan's memory layout");
     p->stats.alignment = alignment;
     p->stats.aligned_peak = peak;
@@ -3916,7 +3971,7 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
     if (!alignment) alignment = RKM_ARENA_ALIGN; /* a plan born without a layout */
     if (!rkm__layout_fits(p, alignment)) return rkm__layout_too_big(p, alignment, "rkm_plan_layout");
     uint64_t peak;
-    if (rkm__layout(p->ctx, buffers, n, alignment, RKM__LAY_ALL, arena_bytes, &peak))
+    if (rkm__layout(p->ctx, buffers, n, alignment, RKM__LAY_ALL, NULL, arena_bytes, &peak))
         return rkm__nomem(p->ctx, "rkm_plan_layout");
     return RKM_OK;
 }
@@ -4033,7 +4088,7 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
 RKM__PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
 {
     if (r == RKM_OK && !rkm__layout_fits(*out, alignment)) return RKM_OK;
-    if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment))) {
+    if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment, NULL))) {
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -4555,7 +4610,7 @@ RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
     rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
     if (r) return r;
     r = rkm__plan_birth(p->g, &d, NULL, out);
-    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
+    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment, NULL))) {
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -9567,11 +9622,12 @@ static int rkm__dtr_merge(rkm__dtr *d)
  * sent to host memory too at 1 and 2, tensors only at 3 and 4);
  * draft->n == 0 when it cannot meet the budget. */
 RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
-                                      double max_time, rkm__steps *draft)
+                                      double max_time, uint64_t *work, rkm__steps *draft)
 {
     rkm__dtr d;
     rkm_result r = rkm__dtr_init(&d, g, budget, score, bytes_mode, copies, max_time);
     if (r) return r;
+    if (*work < d.max_steps) d.max_steps = (size_t)*work;
     for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_loss(&d);
     for (size_t i = g->n_ops; i-- > 0 && !d.failed;)
@@ -9579,6 +9635,7 @@ RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int 
     if (!d.failed) rkm__dtr_end(&d);
     if (!d.failed && d.n_off && !rkm__dtr_merge(&d)) d.failed = -1;
     if (d.failed < 0) r = rkm__nomem(g->ctx, "dtr");
+    *work = d.out.n < d.max_steps ? d.out.n : d.max_steps;
     if (!d.failed) {
         *draft = d.out;
         d.out.s = NULL;
@@ -9646,8 +9703,7 @@ static double rkm__progress_work(const rkm_planner *pl)
 {
     const rkm__progress *g = &pl->prog;
     double in = fmax(g->sub, g->ilp);
-    if (g->p.stage == RKM_STAGE_SOLVE && pl->d.algo == RKM_ALGO_ROCKMATE)
-        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM__SOLVE_WORK);
+    if (pl->work_limit) in = fmax(in, (double)pl->work_spent / (double)pl->work_limit);
     return g->lo + (g->hi - g->lo) * fmin(fmax(in, 0), 1);
 }
 
@@ -9666,8 +9722,75 @@ RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
     return g->cancelled;
 }
 
+/* ---- the call's work meter --------------------------------------------
+ *
+ * One a call: rkm_planner_create, rkm_planner_solve and
+ * rkm_planner_min_budget each start it (rkm__work_start) and nothing
+ * inside the call resets it. Every loop of the planner charges it what it
+ * did, in one unit (RKM__WORK's comment in internal.h), and takes its
+ * share from what is left, so no call spends more than its limit and a
+ * call that finds no plan ends by work, as deterministically as one that
+ * finds one. A nested planner's work is its top planner's. A part of a
+ * call may be held to an allowance of its own (rkm__work_part): the
+ * smallest budget is sought within the same amount whichever call seeks
+ * it, so that it does not depend on the order of the calls. */
+static rkm_planner *rkm__top(rkm_planner *pl)
+{
+    while (pl->parent) pl = pl->parent;
+    return pl;
+}
+
+RKM__PRIVATE void rkm__work_start(rkm_planner *pl, uint64_t limit)
+{
+    pl->work_spent = 0;
+    pl->work_limit = pl->work_cap = limit;
+}
+
+RKM__PRIVATE uint64_t rkm__work_left(rkm_planner *pl)
+{
+    const rkm_planner *t = rkm__top(pl);
+    return t->work_spent < t->work_cap ? t->work_cap - t->work_spent : 0;
+}
+
+RKM__PRIVATE uint64_t rkm__work_spent(rkm_planner *pl) { return rkm__top(pl)->work_spent; }
+
+RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work)
+{
+    rkm_planner *t = rkm__top(pl);
+    t->work_spent = work < UINT64_MAX - t->work_spent ? t->work_spent + work : UINT64_MAX;
+}
+
+/* ILP work in the meter's units: seconds of it (as rkm__ilp_stats.work
+ * counts them) at RKM__ILP_STEPS_PER_S, the greedy's calibration. A solve
+ * is given at most what is left (rkm__work_ilp_seconds) and charged what
+ * it did, within that: lp_solve stops at its work limit, give or take the
+ * one callback at which it sees it. */
+RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim)
+{
+    return fmin(lim, (double)rkm__work_left(pl) / RKM__ILP_STEPS_PER_S);
+}
+
+RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed)
+{
+    rkm__work_charge(pl, (uint64_t)(fmin(fmax(seconds, 0), allowed) * RKM__ILP_STEPS_PER_S));
+}
+
+/* The part that follows may spend `allow` more, whatever the part around
+ * it has left (the call's limit is set to hold it: rkm__work_limit): the
+ * cap before it, for rkm__work_part_end. */
+RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow)
+{
+    rkm_planner *t = rkm__top(pl);
+    uint64_t was = t->work_cap;
+    t->work_cap = allow < UINT64_MAX - t->work_spent ? t->work_spent + allow : UINT64_MAX;
+    return was;
+}
+
+RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was) { rkm__top(pl)->work_cap = was; }
+
 /* Past the call's deadline (time_limit), or cancelled by the progress
- * callback: 1, and the call is cut. Checked between candidates, moves and
+ * callback: 1, and the call is cut. Also 1, without a cut, once the
+ * call's work (or its part's) is spent. Checked between candidates, moves and
  * probes, never inside one, so a call overruns its deadline by one such
  * unit of work and its finish (the slack rockmate.h gives); while it
  * returns 0 it changes nothing, so an uncut call is as deterministic as if
@@ -9679,7 +9802,7 @@ RKM__PRIVATE int rkm__over(rkm_planner *pl)
     double now = rkm__now();
     if (pl->parent ? rkm__over(pl->parent) : rkm__progress_report(pl, now, 0)) pl->cut = 1;
     if (now > pl->deadline) pl->cut = 1;
-    return pl->cut;
+    return pl->cut || !rkm__work_left(pl);
 }
 
 /* The part [lo, hi] of the call's work starts (its progress `sub` 0); a
@@ -9871,7 +9994,10 @@ RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_p
         if (r) return r;
     } else
         *out = p;
-    if ((r = rkm__plan_seal(*out, pl->d.alignment))) {
+    uint64_t work = rkm__work_left(pl);
+    r = rkm__plan_seal(*out, pl->d.alignment, &work);
+    rkm__work_charge(pl, work);
+    if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -9901,6 +10027,48 @@ RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64
         *out = NULL;
     }
     return r;
+}
+
+/* ---- plan again for less ---------------------------------------------------
+ *
+ * A plan made for budget b whose arena (as the host gets it) is over the
+ * budget, its peak within it: the layout missed the aligned peak by more
+ * than the room left, so the next try asks for that much less, below the
+ * plan's own aligned peak (a budget between the two gives the same plan).
+ * One loop for every maker of plans (the planner's algorithm, the offload
+ * pass): RKM__LAYOUT_TRIES tries at most, while the call has work and time
+ * (the first try always: each ends in a layout, which nothing cuts). */
+
+/* The budget to ask for after a plan made for `asked` (aligned peak
+ * `peak`) laid out in `arena` over `budget`; 0: nothing below. */
+RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget)
+{
+    uint64_t below = peak < asked ? peak : asked, over = arena - budget;
+    return below > over ? below - over : 0;
+}
+
+/* The plan of `make` whose arena fits `budget`, or *out NULL; *need (if
+ * not NULL): the least arena of the plans that did not fit, 0 if none. */
+RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                     uint64_t *need)
+{
+    *out = NULL;
+    if (need) *need = 0;
+    uint64_t b = budget;
+    for (int k = 0; k < RKM__LAYOUT_TRIES && b && (k == 0 || !rkm__over(pl)); k++) {
+        rkm_plan *q;
+        rkm_result r = make(pl, b, arg, &q);
+        if (r || !q) return r;
+        uint64_t arena = q->stats.arena_bytes;
+        if (arena <= budget) {
+            *out = q;
+            return RKM_OK;
+        }
+        if (need && (!*need || arena < *need)) *need = arena;
+        b = rkm__less(b, q->stats.aligned_peak, arena, budget);
+        rkm_plan_destroy(q);
+    }
+    return RKM_OK;
 }
 
 /* A draft from a block-level schedule; freed on failure. */
@@ -10047,8 +10215,10 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
     uint64_t arena = UINT64_MAX, peak;
     rkm_result r = b ? RKM_OK : rkm__nomem(pl->ctx, "dtr layout");
     if (b) memcpy(b, (*p)->buffers, n * sizeof *b);
-    if (!r && rkm__layout(pl->ctx, b, n, pl->d.alignment, RKM__LAY_SKYLINE, &arena, &peak))
+    uint64_t work = rkm__work_left(pl);
+    if (!r && rkm__layout(pl->ctx, b, n, pl->d.alignment, RKM__LAY_SKYLINE, &work, &arena, &peak))
         r = rkm__nomem(pl->ctx, "dtr layout");
+    if (!r) rkm__work_charge(pl, work);
     rkm__free(pl->ctx, b, (n + 1) * sizeof *b);
     if (r || arena > budget) {
         if (!r && missed) *missed = rkm__faster(*missed, *p);
@@ -10082,7 +10252,10 @@ static rkm_result rkm__dtr_one(rkm_planner *pl, uint64_t budget, int score, int 
 {
     rkm__steps d = {pl->ctx, NULL, 0, 0};
     rkm_plan *p = NULL;
-    rkm_result r = rkm__dtr_steps(pl->g, budget, score, bytes, copies, *out ? fmin(bound, (*out)->stats.time) : bound, &d);
+    uint64_t work = rkm__work_left(pl);
+    rkm_result r = rkm__dtr_steps(pl->g, budget, score, bytes, copies, *out ? fmin(bound, (*out)->stats.time) : bound,
+                                  &work, &d);
+    rkm__work_charge(pl, work);
     if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
     if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
     if (!r && p && p->stats.offloads) r = rkm__dtr_ahead(pl, budget, &p);
@@ -10268,8 +10441,8 @@ RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
  * one that finds none moves lo above m. Where success is not monotone in
  * the budget (DTR, the search) this is the least budget the probes met.
  * *stopped (if not NULL): the deadline ended it. */
-RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped)
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
+                                   uint64_t *hi, uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
     int over = 0;
@@ -10278,20 +10451,21 @@ RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probe
         rkm__progress_part(pl, p0 + (p1 - p0) * it / probes, p0 + (p1 - p0) * (it + 1) / probes);
         uint64_t mid = lo + (*hi - lo) / 2;
         rkm_plan *p = NULL;
-        r = probe(pl, mid, &p);
+        r = probe(pl, mid, arg, &p);
         if (!r && p) *hi = by_peak ? p->stats.peak : mid, *at = mid;
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
     rkm__progress_part(pl, p0, p1);
-    if (stopped) *stopped = over;
+    if (stopped) *stopped = over && pl->cut; /* spent work ends it as deterministically as the probes' count */
     return r;
 }
 
 /* DTR plans on an allocator of the budget's bytes: a plan's peak can be
  * below the arena it needed, so the budget, not the peak, is what is met. */
-static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
 {
+    (void)arg;
     return rkm__dtr_plan(pl, budget, 1, out, NULL);
 }
 
@@ -10302,7 +10476,7 @@ RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
     if (!pl->dtr_min) {
         uint64_t hi = pl->base_peak, at = pl->base_peak;
         int stopped;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM__BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, NULL, RKM__BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
         if (r) return r;
         pl->dtr_min_at = at;
         if (stopped) { /* a cut bisection is not kept */
@@ -10850,34 +11024,43 @@ RKM__PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *ba
     return r;
 }
 
+/* What rkm__offload_fit asks of the offload pass. */
+typedef struct rkm__off_ask {
+    const rkm_plan *b;
+    int exposed;
+    const uint8_t *prefer;
+} rkm__off_ask;
+
+/* rkm__fit_less's maker: the offload pass's plan of a->b for `target`,
+ * laid out as the host gets it (NULL: the pass found none). */
+static rkm_result rkm__offload_make(rkm_planner *pl, uint64_t target, void *arg, rkm_plan **out)
+{
+    const rkm__off_ask *a = arg;
+    rkm__steps d;
+    uint64_t work = 0;
+    *out = NULL;
+    rkm_result r = rkm__offload_plan(pl->g, a->b->steps, a->b->n_steps, target, a->exposed, a->prefer, &d, &work);
+    rkm__work_charge(pl, work);
+    if (r || !d.n) return r;
+    if ((r = rkm__plan_birth(pl->user, &d, NULL, out))) return r;
+    work = rkm__work_left(pl);
+    r = rkm__plan_seal(*out, pl->d.alignment, &work);
+    rkm__work_charge(pl, work);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
- * than the room left, the copies for that much less (as planner_fit does). */
+ * than the room left, the copies for that much less (rkm__fit_less). */
 RKM__PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
                                         const uint8_t *prefer, rkm_plan **out)
 {
-    *out = NULL;
-    uint64_t target = budget;
-    for (int k = 0; k < RKM__LAYOUT_TRIES; k++) {
-        rkm__steps d;
-        rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
-        if (r || !d.n) return r;
-        if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
-        if ((r = rkm__plan_seal(q, pl->d.alignment))) {
-            rkm_plan_destroy(q);
-            return r;
-        }
-        uint64_t arena = q->stats.arena_bytes;
-        if (arena <= budget) {
-            *out = q;
-            return RKM_OK;
-        }
-        rkm_plan_destroy(q);
-        if (target <= arena - budget) break;
-        target -= arena - budget;
-    }
-    return RKM_OK;
+    rkm__off_ask a = {b, exposed, prefer};
+    return rkm__fit_less(pl, budget, rkm__offload_make, &a, out, NULL);
 }
 
 /* Base b's plan with exposed copies for `budget` into *out (NULL: none):
@@ -10947,8 +11130,11 @@ RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doub
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
+    double w0 = pl->ilp.work;
+    time_limit = rkm__work_ilp_seconds(pl, time_limit);
     r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
                : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
+    rkm__work_charge_ilp(pl, pl->ilp.work - w0, time_limit);
     pl->prog.ilp = 0;
     (void)rkm__over(pl);
     rkm_plan *base = NULL, *x = NULL;
@@ -10971,9 +11157,11 @@ RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doub
 }
 
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
- * for checkmate on a graph with a copy link, the faster of that and the
- * ILP with copies (rkm__ilp_offloads), with as much work each. */
-RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+ * with `copies`, for checkmate on a graph with a copy link, the faster of
+ * that and the ILP with copies (rkm__ilp_offloads), with as much work
+ * each. */
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, int copies,
+                                            rkm_plan **out)
 {
     *out = NULL;
     /* without lp_solve only rockmate's candidates get here (checkmate is
@@ -10988,7 +11176,9 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    double w0 = pl->ilp.work, lim = rkm__work_ilp_seconds(pl, time_limit);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, lim, &steps, &nf, &nb, &pl->ilp, &found);
+    rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
     pl->prog.ilp = 0;
     (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
@@ -11000,7 +11190,7 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
-    if (!r && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl) && !pl->plain_only) { /* and with copies */
+    if (!r && copies && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl)) { /* and with copies */
         rkm_plan *c = NULL;
         r = rkm__ilp_offloads(pl, budget, *out ? (*out)->stats.time : INFINITY, time_limit, &c);
         *out = rkm__faster(*out, c);
@@ -11018,34 +11208,38 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
  *
  * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, baseline.c, progress.c, produce.c, offload.c. */
 
-/* ---- the solve's work -----------------------------------------------------
+/* ---- the search's share of the call's work -------------------------------
  *
- * One meter per solve (rkm__search_begin): every step the search replays,
- * in polish, the squeeze and the kicks, is taken off pl->work_left, and
- * each stops when it is spent. Within it, the squeeze and the kicks have
- * shares of their own (their tuning constants), so that one does not starve
- * the next. Work is counted in replayed steps, not time, so plans do not
- * depend on the machine. */
-RKM__PRIVATE void rkm__search_begin(rkm_planner *pl)
+ * Each of the fit's tries (rkm__planner_try) gives the search a share of
+ * what is left of the call's meter (progress.c): RKM__SOLVE_WORK at most,
+ * and no more than its request leaves (rkm__ask.work_end: the offloading
+ * bases' shared work). Every step the search replays, in polish, the squeeze and
+ * the kicks, is charged to both; within the share, the squeeze and the
+ * kicks have shares of their own, so that one does not starve the next.
+ * Work is counted in replayed steps, not time, so plans do not depend on
+ * the machine. */
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl, rkm__ask ask)
 {
-    uint64_t base_left = pl->base_end > pl->work_done ? pl->base_end - pl->work_done : 0;
-    pl->work_left = pl->fitting_base && base_left < RKM__SOLVE_WORK ? base_left : RKM__SOLVE_WORK;
+    uint64_t spent = rkm__work_spent(pl), left = rkm__work_left(pl);
+    uint64_t end_left = ask.work_end > spent ? ask.work_end - spent : 0;
+    uint64_t share = end_left < RKM__SOLVE_WORK ? end_left : RKM__SOLVE_WORK;
+    pl->work_left = share < left ? share : left;
 }
 
-/* What a part of the search may spend: its share, or what the solve has
- * left; nothing past the deadline. */
+/* What a part of the search may spend: its share, or what the try and the
+ * call have left; nothing past the deadline. */
 static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
 {
     if (rkm__over(pl)) return 0;
-    return cap < pl->work_left ? cap : pl->work_left;
+    uint64_t left = rkm__work_left(pl);
+    if (pl->work_left < left) left = pl->work_left;
+    return cap < left ? cap : left;
 }
 
-/* Also counted in pl->work_done (the offloading bases' shared work ends at
- * pl->base_end of it: rkm__planner_offload). */
 static void rkm__spend(rkm_planner *pl, uint64_t work)
 {
     pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
-    pl->work_done += work;
+    rkm__work_charge(pl, work);
 }
 
 /* ---- resumed replays ------------------------------------------------------
@@ -11518,7 +11712,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     rkm_plan *np = NULL;
-    int found = rkm__polish_run(&w, pl, *p, budget, pl->work_left, 0);
+    int found = rkm__polish_run(&w, pl, *p, budget, rkm__share(pl, UINT64_MAX), 0);
     rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "plan polish") : RKM_OK;
     if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &np))) {
         rkm_plan_destroy(*p);
@@ -12070,10 +12264,10 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * ILP's plans rarely fit their arena while each solve costs up to its
  * work limit (random30: the smallest budget 1517568 -> 1481728 bytes
  * without it, in 2.6 s instead of 4.7). */
-static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, out);
+    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || (ask.skip & RKM__SKIP_ILP)) return RKM_OK;
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, 0, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
     return RKM_OK;
@@ -12081,14 +12275,14 @@ static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **ou
 
 /* Start k at `budget` into p[k] (DP_UP reads p[DP]); the squeeze's comes
  * polished; DTR's sets *missed (below). */
-static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan **p, rkm_plan **missed)
+static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm__ask ask, rkm_plan **p, rkm_plan **missed)
 {
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
     case RKM__START_SQRT: return rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, &p[k]);
-    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min || pl->fitting_base ? NULL : missed);
-    case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
+    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], ask.skip & RKM__SKIP_MISSED ? NULL : missed);
+    case RKM__START_ILP: return rkm__start_ilp(pl, budget, ask, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
     }
 }
@@ -12181,7 +12375,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     rkm_plan *fit = ra <= budget ? *runner : NULL;
     if (fit) *runner = NULL;
     uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
-    uint64_t at = hi > arena - budget ? hi - (arena - budget) : 0;
+    uint64_t at = rkm__less(hi, UINT64_MAX, arena, budget);
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
         rkm_plan *q = NULL;
@@ -12196,7 +12390,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
             if (!q) break; /* the squeeze got nowhere: lower does not help */
             hi = at;
         }
-        at = lo ? lo + (hi - lo) / 2 : (at > a - budget ? at - (a - budget) : 0);
+        at = lo ? lo + (hi - lo) / 2 : rkm__less(at, UINT64_MAX, a, budget);
     }
     if (!r && fit) {
         rkm_plan_destroy(*best);
@@ -12210,19 +12404,19 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
  * track; the arena's fit (with the portfolio's plan). All of it within the
  * solve's work and, past the chain DP's plan, its deadline. */
-RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     rkm_result r = RKM_OK;
     for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
-        r = rkm__start(pl, k, budget, p, &missed);
+        r = rkm__start(pl, k, budget, ask, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
-    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p, NULL);
+    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
     rkm_plan *best = NULL, *runner = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
-    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !pl->fitting_base; k++) {
+    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
         if (k > 0 && (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
@@ -12624,6 +12818,8 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->create_seconds = pl->create_seconds;
     st->nested_classes = pl->nested;
     st->cut = pl->cuts;
+    st->work = pl->work_spent;
+    st->work_limit = pl->work_limit;
 }
 
 /* ---- creation: every block's options, the chain in DP slots, its table --- */
@@ -12682,6 +12878,39 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
 
 RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
+/* ---- the work a call may do (the rule: internal.h, RKM__WORK_MIN) -------- */
+
+/* W: a solve's work, from the graph's size alone. */
+static uint64_t rkm__work_solve(const rkm_planner *pl)
+{
+    double w = (double)RKM__WORK_PER_OBJECT * (double)(pl->g->n_ops + pl->g->n_tensors);
+    return w < (double)RKM__WORK_MIN ? RKM__WORK_MIN : w >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)w;
+}
+
+/* Checkmate's ILP work a solve (half of time_limit, measured like
+ * ilp_time_limit; as much again with copies), in the meter's units. */
+static uint64_t rkm__work_checkmate(const rkm_planner *pl)
+{
+    if (pl->d.algo != RKM_ALGO_CHECKMATE) return 0;
+    double s = pl->d.time_limit * RKM__CHECKMATE_SHARE * (rkm__offloads(pl) ? 2 : 1) * RKM__ILP_STEPS_PER_S;
+    return s >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)s;
+}
+
+/* The smallest budget's search: the same amount whichever call makes it,
+ * so that its result does not depend on the order of the calls. */
+static uint64_t rkm__work_min(const rkm_planner *pl)
+{
+    return RKM__WORK_MIN_BUDGET * rkm__work_solve(pl) + rkm__work_checkmate(pl);
+}
+
+/* What a call on the planner may still have to seek of the smallest
+ * budget: the recompute-only one, then with a copy link the one below it. */
+static uint64_t rkm__work_min_left(const rkm_planner *pl)
+{
+    return (pl->min_budget && !pl->min_cut ? 0 : rkm__work_min(pl)) +
+           (rkm__offloads(pl) && !(pl->off_min && !pl->min_cut) ? rkm__work_min(pl) : 0);
+}
+
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
@@ -12689,6 +12918,8 @@ static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64
 {
     pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
     pl->cut = 0;
+    rkm__work_start(pl, (stage == RKM_STAGE_SOLVE ? rkm__work_solve(pl) + rkm__work_checkmate(pl) : 0) +
+                            rkm__work_min_left(pl));
     rkm__progress_begin(pl, stage, budget);
 }
 
@@ -12770,7 +13001,9 @@ static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block
         int found = 0;
         int32_t timeouts = pl->ilp.timeout;
         rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
-        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
+        double lim = rkm__work_ilp_seconds(pl, fmin(gr->lim, share)), w0 = pl->ilp.work;
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+        rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
         (void)rkm__over(pl); /* the solve may have stopped at the deadline */
         if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
         if (r || !found) continue;
@@ -12994,7 +13227,9 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
     pl->parent = parent;
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
-    rkm__search_begin(pl); /* for white-box callers of the search's parts */
+    if (!parent) /* creation: the block ILP pool, and a solve's worth for the nested planners */
+        rkm__work_start(pl, rkm__work_solve(pl) + (uint64_t)(fmin(d.ilp_budget, 0x1p32) * RKM__ILP_STEPS_PER_S));
+    rkm__search_begin(pl, RKM__ASK_SOLVE); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
     pl->deadline = pl->t0 + d.time_limit;
     pl->base_peak = gs.baseline_peak;
@@ -13055,8 +13290,9 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
     if (need <= RKM__DP_MAX_BYTES) {
-        int cut; /* past the deadline or cancelled: the first tile only */
-        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
+        int cut; /* past the deadline or cancelled: the first tile only (the table is no loop of the meter's) */
+        (void)rkm__over(pl);
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->cut ? -INFINITY : pl->deadline, &pl->table, &cut);
         pl->cut |= cut;
         return r;
     }
@@ -13080,52 +13316,32 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 
 /* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
 
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out);
 
-/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
- * plan for the budget (its peak, counted at the alignment, within it), and
- * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM__LAYOUT_TRIES times at most (once
- * past the deadline: each try ends in a layout, which it does not cut). *need
- * (if not NULL): the least arena of the plans that did not fit, 0 if
- * none. */
-static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+/* rkm__fit_less's maker: the algorithm's plan for `budget` (its peak,
+ * counted at the alignment, within it) as the host gets it; `ask` is the
+ * driver's rkm__ask. */
+static rkm_result rkm__planner_make_one(rkm_planner *pl, uint64_t budget, void *ask, rkm_plan **out)
 {
+    rkm_plan *p;
     *out = NULL;
-    if (need) *need = 0;
-    uint64_t b = budget;
-    for (int k = 0; k < RKM__LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
-        rkm_plan *p, *q;
-        rkm_result r = rkm__planner_try(pl, b, &p);
-        if (r || !p) return r;
-        if ((r = rkm__planner_handout(pl, p, &q))) return r;
-        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
-        if (arena <= budget) {
-            *out = q;
-            return RKM_OK;
-        }
-        rkm_plan_destroy(q);
-        if (need && (!*need || arena < *need)) *need = arena;
-        /* below this plan's own aligned peak: a budget between the two
-         * would give the same plan */
-        uint64_t below = at < b ? at : b;
-        if (below <= arena - budget) break;
-        b = below - (arena - budget);
-    }
-    return RKM_OK;
+    rkm_result r = rkm__planner_try(pl, budget, *(const rkm__ask *)ask, &p);
+    return r || !p ? r : rkm__planner_handout(pl, p, out);
 }
 
-/* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
- * was over the budget (*need set), the faster of that and DTR's plan for
- * the budget itself: DTR plans to an allocator of the budget's bytes, so
- * its arena fits, and the tries' smaller budgets may give slower plans
- * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
- * (at DTR's smallest budget). */
-RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+/* The algorithm's plan for `budget` whose arena fits it, or *out NULL
+ * (rkm__fit_less plans again for less where the arena is over; *need as
+ * there), and for rockmate, where its first plan's arena was over the
+ * budget, the faster of that and DTR's plan for the budget itself: DTR
+ * plans to an allocator of the budget's bytes, so its arena fits, and the
+ * tries' smaller budgets may give slower plans than DTR's alone (dag4x50
+ * at 20 %: 47.2 % overhead, DTR 46.0 %) or none (at DTR's smallest
+ * budget). */
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need)
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
-    rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
+    rkm_result r = rkm__fit_less(pl, budget, rkm__planner_make_one, &ask, out, &over);
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
     if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
@@ -13153,13 +13369,13 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     return RKM_OK;
 }
 
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     *out = NULL;
-    rkm__search_begin(pl);
+    rkm__search_begin(pl, ask);
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
-    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, ask, out);
     if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
     if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
         rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
@@ -13168,13 +13384,20 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
     /* One solve's work is worth about its share of the limit; on a slow
      * machine the call's deadline (rkm__over) stops it first. */
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, out);
+    if (a == RKM_ALGO_CHECKMATE)
+        return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, !(ask.skip & RKM__SKIP_COPIES), out);
     return RKM_OK;
 }
 
 /* ---- the smallest budget ------------------------------------------------- */
 
 static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
+
+/* The smallest budget's fits: whole solves, many of them, so without the
+ * whole-graph ILP start (the bisection has taken its least peak already)
+ * and DTR's missed track; checkmate's recompute-only (its floor with a
+ * link below it: rkm__checkmate_below). */
+static const rkm__ask rkm__ask_min = {UINT64_MAX, RKM__SKIP_ILP | RKM__SKIP_MISSED | RKM__SKIP_COPIES};
 
 /* The smallest budget the planner meets, and the plan that meets it
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
@@ -13190,10 +13413,8 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS);
-    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
     rkm__progress_part(pl, RKM__PROGRESS_FLOORS, (1 + RKM__PROGRESS_FLOORS) / 2);
-    pl->fitting_min = 1;
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM__MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
@@ -13201,7 +13422,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
          * after one try at the least peak */
         if (k == RKM__MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
-        } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
+        } else if (!(r = rkm__planner_fit(pl, m, rkm__ask_min, &p, &need)) && !p) {
             failed = m;
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
             if (at > m) at = 0; /* first, the budget the least peak was made for */
@@ -13215,11 +13436,10 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     rkm__progress_part(pl, (1 + RKM__PROGRESS_FLOORS) / 2, 1);
     for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
-        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
+        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, rkm__ask_min, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
         p = q;
     }
-    pl->fitting_min = pl->plain_only = 0;
     if (r) {
         rkm_plan_destroy(p);
         return r;
@@ -13238,7 +13458,9 @@ RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(pl->off_min_plan);
         pl->min_plan = pl->off_min_plan = NULL;
         pl->off_min = 0;
+        uint64_t was = rkm__work_part(pl, rkm__work_min(pl));
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
+        rkm__work_part_end(pl, was);
         if (r) {
             pl->min_budget = 0;
             return r;
@@ -13269,9 +13491,10 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 /* Checkmate: feasibility is monotone in the budget; the probes share the
  * time limit, and one that times out counts as infeasible, so this is the
  * least budget the solver could meet. */
-RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, void *ask, rkm_plan **out)
 {
-    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE / RKM__BISECT_CHECKMATE, out);
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE / RKM__BISECT_CHECKMATE,
+                                !(((const rkm__ask *)ask)->skip & RKM__SKIP_COPIES), out);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
@@ -13279,10 +13502,11 @@ RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, r
  * ops: 41.5 % where they stop at 42.2 %): the whole-graph ILP's plan (at a
  * fifth of a solve's work, which the solve's own search extends), else the
  * squeeze's. */
-static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
 {
-    rkm__search_begin(pl);
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__BISECT_SMALL_SECONDS, out);
+    (void)arg;
+    rkm__search_begin(pl, RKM__ASK_SOLVE);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__BISECT_SMALL_SECONDS, 0, out);
     if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }
@@ -13300,7 +13524,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
         uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
+        rkm__ask plain = rkm__ask_min;
+        r = rkm__bisect(pl, rkm__probe_checkmate, &plain, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
         *at = *out;
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
@@ -13317,7 +13542,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM__WHOLE_GRAPH_OPS) {
         rkm__progress_part(pl, RKM__PROGRESS_FLOORS / 2, RKM__PROGRESS_FLOORS);
-        r = rkm__bisect(pl, rkm__probe_small, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+        r = rkm__bisect(pl, rkm__probe_small, NULL, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     }
     if (*at < *out) *at = *out;
     return r;
@@ -13325,29 +13550,35 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
 
 /* ---- with a copy link: offloading's drivers (offload.c places copies) ---- */
 
-/* Base k of rkm__offload_min_budget (NULL: no plan there), into
- * pl->off_bases[k]. */
-static rkm_result rkm__off_min_base(rkm_planner *pl, int k)
+/* The plans rkm__offload_below offloads, made as its probes need them. */
+typedef struct rkm__bases {
+    rkm_plan *b[RKM__OFFLOAD_MIN_BASES]; /* NULL: no plan there */
+    int made;
+} rkm__bases;
+
+/* Base k of rkm__offload_min_budget, into bs->b[k]. */
+static rkm_result rkm__off_min_base(rkm_planner *pl, rkm__bases *bs, int k)
 {
     const int n = RKM__OFFLOAD_MIN_BASES;
     double floor = (double)pl->min_budget;
-    if (k == 0) return rkm__plan_copy(pl->min_plan, &pl->off_bases[0]);
-    if (k == n - 1) return rkm__plan_baseline(pl->user, &pl->off_bases[k]);
+    if (k == 0) return rkm__plan_copy(pl->min_plan, &bs->b[0]);
+    if (k == n - 1) return rkm__plan_baseline(pl->user, &bs->b[k]);
     return rkm__planner_fit(pl, (uint64_t)(floor * pow((double)pl->base_peak / floor, (double)k / (n - 1))),
-                            &pl->off_bases[k], NULL);
+                            RKM__ASK_SOLVE, &bs->b[k], NULL);
 }
 
-/* `budget` met by offloading one of the bases of rkm__offload_min_budget,
- * the first that fits, copies the compute stream waits for allowed. A base
- * is made when a probe first needs it (where the floor's own plan meets
- * every probe, no other is). */
-static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* `budget` met by offloading one of the bases of rkm__offload_min_budget
+ * (`bases`, an rkm__bases), the first that fits, copies the compute stream
+ * waits for allowed. A base is made when a probe first needs it (where the
+ * floor's own plan meets every probe, no other is). */
+static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, void *bases, rkm_plan **out)
 {
+    rkm__bases *bs = bases;
     rkm_result r = RKM_OK;
     *out = NULL;
     for (int k = 0; k < RKM__OFFLOAD_MIN_BASES && !r && !*out; k++) {
-        if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
-        if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, NULL, out);
+        if (k == bs->made && !(r = rkm__off_min_base(pl, bs, k))) bs->made++;
+        if (!r && bs->b[k]) r = rkm__offload_exposed(pl, bs->b[k], budget, NULL, out);
     }
     return r;
 }
@@ -13362,17 +13593,14 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
  * none). */
 static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
 {
-    rkm_plan *b[RKM__OFFLOAD_MIN_BASES] = {NULL};
+    rkm__bases bs = {{NULL}, 0};
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
     if (pl->min_plan && min > pl->lower_bound) {
-        pl->off_bases = b;
-        pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM__BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
-        if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
-        pl->off_bases = NULL;
+        r = rkm__bisect(pl, rkm__probe_offload, &bs, RKM__BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
+        if (!r && hi < min) r = rkm__probe_offload(pl, hi, &bs, p); /* the plan met there, again */
     }
-    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
+    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(bs.b[k]);
     return r;
 }
 
@@ -13384,9 +13612,10 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
 {
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
+    rkm__ask copies = RKM__ASK_SOLVE;
     if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
-    if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
+        r = rkm__bisect(pl, rkm__probe_checkmate, &copies, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
+    if (!r && hi < min) r = rkm__planner_fit(pl, at, copies, p, NULL);
     if (*p && (*p)->stats.arena_bytes >= min) {
         rkm_plan_destroy(*p);
         *p = NULL;
@@ -13411,8 +13640,10 @@ RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
     }
     rkm_plan *p = NULL;
     int stopped = 0;
+    uint64_t was = rkm__work_part(pl, rkm__work_min(pl));
     r = pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_below(pl, min, &p, &stopped)
                                         : rkm__checkmate_below(pl, min, &p, &stopped);
+    rkm__work_part_end(pl, was);
     if (r) {
         rkm_plan_destroy(p);
         return r;
@@ -13439,7 +13670,7 @@ RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
  * way to the baseline peak: RKM__OFFLOAD_BASES plans at most, until one fits
  * with hidden copies (a base where only exposed ones fit is a candidate, not
  * the end). A base is planned without the whole-graph ILP start, the phases
- * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
+ * (kicks, rungs) and DTR's missed track (rkm__ask.skip), which on the bundled
  * graphs doubled a base's time for the same overheads (bench_offload: one
  * row of 39 moved, by 0.01 point), and the bases' searches together do at
  * most the work the recompute-only solve's did (a whole solve's where it
@@ -13468,13 +13699,15 @@ RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, r
     if (!r) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
     rkm_plan_destroy(base);
     base = NULL;
-    uint64_t done = pl->work_done;
-    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
-    /* the bases together: RKM__OFFLOAD_BASE_WORK of what that solve's search
-     * did, or a solve's where it found no plan (only a base can give one);
+    uint64_t done = rkm__work_spent(pl);
+    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, RKM__ASK_SOLVE, p, NULL);
+    /* the bases together: RKM__OFFLOAD_BASE_WORK of what that solve did, or
+     * a solve's search where it found no plan (only a base can give one),
+     * without the whole-graph ILP start, the phases and the missed track;
      * the offload moves, RKM__OFFLOAD_MOVES_WORK of it */
-    double solve = *p ? (double)(pl->work_done - done) : (double)RKM__SOLVE_WORK;
-    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM__OFFLOAD_BASE_WORK) : RKM__SOLVE_WORK);
+    double solve = *p ? (double)(rkm__work_spent(pl) - done) : (double)RKM__SOLVE_WORK;
+    rkm__ask bases = {rkm__work_spent(pl) + (*p ? (uint64_t)(solve * RKM__OFFLOAD_BASE_WORK) : RKM__SOLVE_WORK),
+                      RKM__SKIP_ILP | RKM__SKIP_PHASES | RKM__SKIP_MISSED};
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -13484,10 +13717,8 @@ RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, r
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM__OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM__OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
-        pl->fitting_base = 1;
-        r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
-        pl->fitting_base = 0;
+    for (int k = 0; k < RKM__OFFLOAD_BASES && !q && !r && (k == 0 || rkm__work_spent(pl) < bases.work_end); k++) {
+        r = rkm__planner_fit(pl, (uint64_t)up, bases, &base, NULL);
         if (!r && base) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
@@ -13579,7 +13810,9 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
     int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
-    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
+    uint64_t was = rkm__work_part(pl, rkm__work_solve(pl) + rkm__work_checkmate(pl)); /* the rest: the smallest budget's */
+    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, RKM__ASK_SOLVE, &p, NULL);
+    rkm__work_part_end(pl, was);
     if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
         rkm_plan_destroy(p);
     if (r) return r;

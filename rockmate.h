@@ -222,15 +222,17 @@ extern "C" {
  * rkm_graph_baseline_arena; RKM_ZERO. Not the ABI, but what files mean:
  * plan files are written as version 2 (their alignment, their graph's
  * fingerprint: docs/formats.md); version 1 files read as before, and an
- * older library refuses a version 2 file at its header. */
+ * older library refuses a version 2 file at its header.
+ * 0.6.0: rkm_planner_stats gained work and work_limit at its end (each call's
+ * work meter). */
 #define RKM_VERSION_MAJOR 0
-#define RKM_VERSION_MINOR 5
+#define RKM_VERSION_MINOR 6
 #define RKM_VERSION_PATCH 0
-#define RKM_VERSION_STRING "0.5.0"
+#define RKM_VERSION_STRING "0.6.0"
 #define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
 
 /* The version of the compiled library, RKM_VERSION_STRING when the header
- * and the library agree, e.g. "0.5.0". */
+ * and the library agree, e.g. "0.6.0". */
 const char *rkm_version(void);
 int rkm_version_number(void);
 
@@ -963,6 +965,17 @@ typedef struct rkm_planner_stats {
      * the smallest budget found by then (at worst the baseline's arena),
      * and the next call looks again. */
     int32_t cut;
+    /* The work of the planner's last call (its creation, a solve or
+     * rkm_planner_min_budget) and that call's limit, in deterministic units
+     * (about one replayed plan step each; docs/design.md, 'Effort'). Each
+     * call has one meter, started as it begins and charged by every part
+     * of it (the search, DTR runs, layouts, the offload pass, ILP solves,
+     * probes of the smallest budget): work <= work_limit always, and a call
+     * that spends its limit stops with its best plan, or RKM_ERROR_BUDGET
+     * where it has none, as deterministically as one that does not (only
+     * time_limit makes a call depend on the machine). The limit grows with
+     * the graph (ops and tensors) and, for creation, with ilp_budget. */
+    uint64_t work, work_limit;
 } rkm_planner_stats;
 rkm_result rkm_planner_stats_get(const rkm_planner *pl, rkm_planner_stats *out);
 

@@ -46,7 +46,7 @@ static uint64_t relayout(const rkm_plan *p, unsigned stages, rkm_buffer *buf)
 {
     uint64_t arena = 0, peak;
     memcpy(buf, p->buffers, p->n_buffers * sizeof *buf);
-    if (rkm__layout(p->ctx, buf, p->n_buffers, p->stats.alignment, stages, &arena, &peak)) return 0;
+    if (rkm__layout(p->ctx, buf, p->n_buffers, p->stats.alignment, stages, NULL, &arena, &peak)) return 0;
     return arena;
 }
 

@@ -70,7 +70,9 @@ static const char cli_usage_text[] =
     "  --json            print one JSON object (sweep: an array) on standard output;\n"
     "                    plan prints one with exit status 3 too: error (budget\n"
     "                    or timeout), error_id, message, budget and min_budget\n"
-    "                    (the smallest budget that fits, bytes; null if unknown)\n"
+    "                    (the smallest budget that fits, bytes; null if unknown);\n"
+    "                    plan's work and work_limit, info's min_budget_work: the\n"
+    "                    planner call's work meter and its limit\n"
     "  -o, --output PLAN write the plan file\n";
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char cli_usage_text2[] =
@@ -806,8 +808,8 @@ static rkm_result cli_planner_solve(cli_planner *cp, uint64_t budget, rkm_plan *
     memset(pls, 0, sizeof *pls);
     rkm_result r = rkm_planner_solve(cp->pl, budget, out);
     cli_bar_clear(cp->bar);
-    if (!r) r = rkm_planner_stats_get(cp->pl, pls);
-    return r;
+    rkm_result e = rkm_planner_stats_get(cp->pl, pls); /* the call's work, plan or not */
+    return r ? r : e;
 }
 
 /* Why plan found no plan (exit status 3, or 1 for another error on the
@@ -946,6 +948,19 @@ static void cli_json_ilp(cli_json *j, const rkm_planner_stats *pls)
     cli_json_close(j, '}');
 }
 
+/* The solve's work and its limit (rkm_planner_stats); null where no
+ * planner made the plan (check). */
+static void cli_json_work(cli_json *j, const rkm_planner_stats *pls)
+{
+    if (pls->work_limit) {
+        cli_json_u64(j, "work", pls->work);
+        cli_json_u64(j, "work_limit", pls->work_limit);
+    } else {
+        cli_json_null(j, "work");
+        cli_json_null(j, "work_limit");
+    }
+}
+
 /* A plan's steps and recomputed forwards, refused or not. */
 static size_t cli_steps(const cli_result *r) { return r->plan ? rkm_plan_num_steps(r->plan) : r->sim.num_steps; }
 static size_t cli_recomputes(const cli_result *r) { return r->plan ? r->ps.recomputes : r->sim.recomputes; }
@@ -977,6 +992,7 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
     cli_json_num(j, "peak_percent", valid ? cli_percent((double)r->ps.peak, (double)G->st.baseline_peak) : NAN);
     cli_json_num(j, "solve_seconds", r->ps.solve_seconds);
     cli_json_i64(j, "cut", valid ? r->ps.cut : 0);
+    cli_json_work(j, &r->pls);
     cli_json_i64(j, "blocks", G->st.blocks);
     cli_json_i64(j, "block_classes", G->st.block_classes);
     cli_json_i64(j, "options", r->pls.options);
@@ -1479,6 +1495,7 @@ static int cmd_plan(rkm_context *ctx, const cli_opts *o)
         else
             cli_json_null(&j, "min_budget");
         cli_json_u64(&j, "baseline_peak", G.st.baseline_peak);
+        cli_json_work(&j, &r.pls);
         cli_json_close(&j, '}');
     } else if (!rc && !(o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0)) {
         printf("%s: %s plan\n", G.path, rkm_algo_name(r.algo));
@@ -1588,7 +1605,7 @@ static int cmd_check(rkm_context *ctx, const cli_opts *o)
  * skipped: ILP solves the time limit or the ILP budget left out (the figure may be higher);
  * cut: the time limit cut its search (the same). */
 typedef struct cli_floor {
-    uint64_t bytes;
+    uint64_t bytes, work, work_limit; /* the smallest budget; the call's work and its limit */
     int32_t skipped, cut;
     char why[256];
 } cli_floor;
@@ -1602,7 +1619,10 @@ static void cli_info_min_budget(const cli_graph *G, const cli_opts *o, rkm_algo 
     rkm_result e = cli_planner_open(G, a, o, &cp);
     if (!e) e = cli_planner_min(&cp, &fl->bytes);
     if (e) snprintf(fl->why, sizeof fl->why, "%s: %s", rkm_result_string(e), rkm_context_errmsg(rkm_graph_context(G->g)));
-    if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) fl->skipped = pls.ilp_skipped, fl->cut = pls.cut;
+    if (!e && cp.pl && rkm_planner_stats_get(cp.pl, &pls) == RKM_OK) {
+        fl->skipped = pls.ilp_skipped, fl->cut = pls.cut;
+        fl->work = pls.work, fl->work_limit = pls.work_limit;
+    }
     cli_planner_close(&cp);
 }
 
@@ -1717,6 +1737,16 @@ static void cli_info_json(const cli_graph *G, const cli_floor fl[RKM_ALGO_COUNT 
     cli_json_open(&j, "ilp_skipped", '{');
     for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
         if (fl[a].skipped) cli_json_i64(&j, rkm_algo_name((rkm_algo)a), fl[a].skipped);
+    cli_json_close(&j, '}');
+    /* each smallest budget's call: its work and limit (rkm_planner_stats) */
+    cli_json_open(&j, "min_budget_work", '{');
+    for (int a = CLI_FIRST_ALGO; a < RKM_ALGO_COUNT; a++)
+        if (!fl[a].why[0]) {
+            cli_json_open(&j, rkm_algo_name((rkm_algo)a), '{');
+            cli_json_u64(&j, "work", fl[a].work);
+            cli_json_u64(&j, "work_limit", fl[a].work_limit);
+            cli_json_close(&j, '}');
+        }
     cli_json_close(&j, '}');
     cli_json_close(&j, '}');
 }

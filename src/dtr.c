@@ -774,11 +774,12 @@ static int rkm__dtr_merge(rkm__dtr *d)
  * sent to host memory too at 1 and 2, tensors only at 3 and 4);
  * draft->n == 0 when it cannot meet the budget. */
 RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
-                                      double max_time, rkm__steps *draft)
+                                      double max_time, uint64_t *work, rkm__steps *draft)
 {
     rkm__dtr d;
     rkm_result r = rkm__dtr_init(&d, g, budget, score, bytes_mode, copies, max_time);
     if (r) return r;
+    if (*work < d.max_steps) d.max_steps = (size_t)*work;
     for (size_t i = 0; i < g->n_ops && !d.failed; i++) rkm__dtr_fwd_step(&d, (int32_t)i);
     if (!d.failed) rkm__dtr_loss(&d);
     for (size_t i = g->n_ops; i-- > 0 && !d.failed;)
@@ -786,6 +787,7 @@ RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int 
     if (!d.failed) rkm__dtr_end(&d);
     if (!d.failed && d.n_off && !rkm__dtr_merge(&d)) d.failed = -1;
     if (d.failed < 0) r = rkm__nomem(g->ctx, "dtr");
+    *work = d.out.n < d.max_steps ? d.out.n : d.max_steps;
     if (!d.failed) {
         *draft = d.out;
         d.out.s = NULL;

@@ -157,7 +157,25 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__PREFETCH_PRICE 0.25 /* fraction of a prefetch's copy time an eviction to host is priced at */
 #endif
 
-/* ---- the search (search.c): one work budget a solve ---- */
+/* ---- the work meter (progress.c, planner.c): one a call ----
+ * Units: one replayed plan step (the search's replays, a DTR run's steps,
+ * the offload pass's), one buffer or section visited (layout), or
+ * 1/RKM__ILP_STEPS_PER_S s of ILP work. W = max(RKM__WORK_MIN,
+ * RKM__WORK_PER_OBJECT x (ops + tensors)); a solve may do W (and what its
+ * smallest budget takes where it must seek it), rkm_planner_min_budget
+ * RKM__WORK_MIN_BUDGET x W, creation W plus ilp_budget's and checkmate
+ * time_limit's ILP work. */
+#ifndef RKM__WORK_MIN
+#define RKM__WORK_MIN 128000000u /* units a solve may do at least */
+#endif
+#ifndef RKM__WORK_PER_OBJECT
+#define RKM__WORK_PER_OBJECT 262144u /* units a solve may do per op and tensor of the graph */
+#endif
+#ifndef RKM__WORK_MIN_BUDGET
+#define RKM__WORK_MIN_BUDGET 32 /* solves' work the smallest budget's search may do */
+#endif
+
+/* ---- the search (search.c): a share of the call's work a try ---- */
 
 #ifndef RKM__SOLVE_WORK
 #define RKM__SOLVE_WORK 64000000u /* replayed steps a solve's search */
@@ -842,6 +860,21 @@ typedef struct rkm__progress {
     int cancelled;           /* the callback returned non-zero: the call stops */
 } rkm__progress;
 
+/* What a driver asks of a solve's search (planner.c: a solve's fit, the
+ * smallest budget's fits, the bases a solve with a link offloads), passed
+ * down by value: the planner object keeps no mode. */
+typedef struct rkm__ask {
+    uint64_t work_end; /* the search's shares end where the call has spent this much (UINT64_MAX: no end) */
+    unsigned skip;     /* parts left out: RKM__SKIP_* */
+} rkm__ask;
+enum {
+    RKM__SKIP_ILP = 1,     /* the whole-graph ILP start */
+    RKM__SKIP_MISSED = 2,  /* DTR's missed plan's track */
+    RKM__SKIP_PHASES = 4,  /* the kicks and the rungs */
+    RKM__SKIP_COPIES = 8   /* checkmate's ILP with copies (its recompute-only floor is sought) */
+};
+#define RKM__ASK_SOLVE ((rkm__ask){UINT64_MAX, 0})
+
 struct rkm_planner {
     const rkm_graph *g;      /* what it plans with: the user's graph, sizes rounded up to the alignment */
     const rkm_graph *user;   /* the user's graph: its plans are born there */
@@ -860,9 +893,6 @@ struct rkm_planner {
     int cut;                 /* the call in progress was cut */
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
-    int fitting_min;         /* the smallest budget's fits are under way: no whole-graph ILP start */
-    int fitting_base;        /* rkm__planner_offload plans a base: no whole-graph ILP start, phases or missed track */
-    int plain_only;          /* checkmate's recompute-only floor is sought: no copy model */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -878,8 +908,6 @@ struct rkm_planner {
     rkm_plan *min_plan;      /* the plan that meets it (handed out: laid out, on the user's graph) */
     uint64_t off_min;        /* with a copy link, the smallest budget offloading meets, once bisected; 0: not yet */
     rkm_plan *off_min_plan;  /* the plan that meets it, if below min_budget (else NULL) */
-    rkm_plan **off_bases;    /* while it is sought: the plans offloaded [RKM__OFFLOAD_MIN_BASES] */
-    int off_made;            /* how many of them are made so far */
     uint64_t dtr_min;        /* DTR's smallest budget, once bisected; 0: not yet */
     uint64_t dtr_min_at;     /* the budget DTR made that plan for (in place, its peak is lower) */
     int32_t ilp_skipped;     /* block ILP solves left out: time_limit ran out */
@@ -889,9 +917,11 @@ struct rkm_planner {
     double pool;             /* block ILP work left (d.ilp_budget at first), in seconds of its calibration */
     int32_t nested;          /* classes whose options came from a nested planner */
     uint64_t kick_work;      /* the kicks' squeeze work per solve (bench/bench_kick sets 0 to compare) */
-    uint64_t work_left;      /* the search's work left in this solve (search.c) */
-    uint64_t work_done;      /* the search's work since the planner was made (search.c) */
-    uint64_t base_end;       /* while fitting_base: the work_done at which the bases' shared work ends */
+    uint64_t work_left;      /* the search's share left in this try (search.c) */
+    /* The call's work meter (progress.c), on the top planner only: what the
+     * call may spend, what it has spent, and the cap of the part under way
+     * (rkm__work_part); in RKM__WORK's units. */
+    uint64_t work_limit, work_spent, work_cap;
     /* A nested planner's parent (nest.c), NULL at the top: its checks are
      * the parent's too, so that the parent reports and a cancel stops it. */
     rkm_planner *parent;
@@ -1015,9 +1045,11 @@ RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
 
 /* layout.c */
-RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *arena, uint64_t *peak);
+/* work (NULL: none): in, the units first fit and the later stages may do
+ * (each also within its RKM__LAYOUT_ constant); out, the units they did */
+RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages, uint64_t *work, uint64_t *arena, uint64_t *peak);
 RKM__PRIVATE int rkm__layout_fits(const rkm_plan *p, uint64_t align);
-RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment);
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment, uint64_t *work);
 
 /* baseline.c */
 RKM__PRIVATE int rkm__saves_phantom(const rkm__op *o);
@@ -1089,11 +1121,20 @@ RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, 
 /* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
 #define RKM__DTR_COPY_SETS 5
 RKM__PRIVATE rkm_result rkm__dtr_hoist(const rkm_plan *p, uint64_t budget, rkm__steps *out);
+/* *work: in, the steps the run may take at most; out, the steps it took */
 RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int score, int bytes_mode, int copies,
-                                      double max_time, rkm__steps *draft);
+                                      double max_time, uint64_t *work, rkm__steps *draft);
 
 /* progress.c */
 RKM__PRIVATE int rkm__over(rkm_planner *pl);
+RKM__PRIVATE void rkm__work_start(rkm_planner *pl, uint64_t limit);
+RKM__PRIVATE uint64_t rkm__work_left(rkm_planner *pl);
+RKM__PRIVATE uint64_t rkm__work_spent(rkm_planner *pl);
+RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work);
+RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim);
+RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed);
+RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow);
+RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was);
 RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
 RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
 RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
@@ -1124,9 +1165,17 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
 RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena);
 RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
-typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped);
+/* A maker of plans laid out as the host gets them, for rkm__fit_less: a
+ * plan for `budget` (its arena may be over it), or *out NULL. */
+typedef rkm_result (*rkm__maker)(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out);
+RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget);
+RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                     uint64_t *need);
+/* A probe of a smallest budget's bisection: a plan for `budget` or *out
+ * NULL; `arg` is the search's own (the bases it offloads, what it asks). */
+typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
+                                   uint64_t *hi, uint64_t *at, int *stopped);
 RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
 RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
@@ -1140,15 +1189,15 @@ RKM__PRIVATE rkm_result rkm__offload_try(rkm_planner *pl, const rkm_plan *b, uin
                                         rkm_plan **q, rkm_plan **x);
 RKM__PRIVATE int rkm__offloads(const rkm_planner *pl);
 RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, double bound, double time_limit, rkm_plan **out);
-RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, int copies, rkm_plan **out);
 
 /* search.c */
-RKM__PRIVATE void rkm__search_begin(rkm_planner *pl);
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl, rkm__ask ask);
 RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uint64_t limit, rkm_plan **p);
 RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__canonical_draft(const rkm_graph *g, const rkm_step *steps, size_t n, rkm__steps *out);
 RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g);
-RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out);
 
 /* nest.c */
 RKM__PRIVATE rkm_result rkm__drop_options(rkm_planner *pl, rkm__sim *s, const rkm__block *b);
@@ -1164,8 +1213,7 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
 /* planner.c */
 RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
 RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
-RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out);
-RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need);
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
 RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);

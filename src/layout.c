@@ -1038,8 +1038,10 @@ static int rkm__lay_build(rkm__lay *L, const rkm_buffer *b, size_t n, uint64_t a
  * `align` with the given stages: offsets into b, the arena and the aligned
  * peak. RKM_OK or RKM_ERROR_NOMEM (message left to the caller). */
 RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, uint64_t align, unsigned stages,
-                              uint64_t *arena, uint64_t *peak)
+                              uint64_t *work, uint64_t *arena, uint64_t *peak)
 {
+    /* the work first fit and the later stages may do, and what they did */
+    uint64_t cap = work ? *work : UINT64_MAX, spent = 0, give;
     rkm__lay L;
     memset(&L, 0, sizeof L);
     L.ctx = ctx;
@@ -1070,19 +1072,24 @@ RKM__PRIVATE rkm_result rkm__layout(rkm_context *ctx, rkm_buffer *b, size_t n, u
     }
     if (ok && L.height > L.bound && (stages & RKM__LAY_SKYLINE)) {
         int32_t *live = rkm__alloc(ctx, ni * sizeof *live);
-        L.work = RKM__LAYOUT_FIRSTFIT_WORK;
+        L.work = give = RKM__LAYOUT_FIRSTFIT_WORK < cap ? RKM__LAYOUT_FIRSTFIT_WORK : cap;
         uint64_t h = live ? rkm__lay_firstfit(&L, live) : UINT64_MAX;
+        spent += give - L.work;
+        cap -= give - L.work;
         ok = live != NULL;
         if (h != UINT64_MAX) rkm__lay_keep(&L, h);
         rkm__free(ctx, live, ni * sizeof *live);
     }
-    L.work = stages & RKM__LAY_SKYLINE ? RKM__LAYOUT_WORK : UINT64_MAX; /* the greedy alone: all it takes */
+    L.work = give = stages & RKM__LAY_SKYLINE ? (RKM__LAYOUT_WORK < cap ? RKM__LAYOUT_WORK : cap)
+                                              : UINT64_MAX; /* the greedy alone: all it takes */
     if (ok && L.height > L.bound && (stages & RKM__LAY_GREEDY) && (L.n <= RKM__LAYOUT_GREEDY_ITEMS || stages == RKM__LAY_GREEDY))
         ok = rkm__lay_greedies(&L);
     /* the search improves on a layout; its undo log packs an index in 29 bits */
     if (ok && L.height > L.bound && L.height != UINT64_MAX && (stages & RKM__LAY_SEARCH) && L.n < (1 << 28) &&
         L.nsec < (1 << 28))
         ok = rkm__lay_search(&L);
+    spent += give - L.work;
+    if (work) *work = spent;
     if (ok) {
         for (size_t i = 0; i < n; i++) b[i].offset = 0;
         for (int32_t k = 0; k < L.n; k++) b[item[k]].offset = L.best[k] * align;
@@ -1125,12 +1132,12 @@ static rkm_result rkm__layout_too_big(const rkm_plan *p, uint64_t align, const c
 /* The plan's own layout, at `alignment`, kept with it: offsets in
  * p->buffers, the figures in p->stats. Done once, before a plan is handed
  * out (the planner's candidates are never laid out). */
-RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment)
+RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment, uint64_t *work)
 {
     if (!rkm__layout_fits(p, alignment)) return rkm__layout_too_big(p, alignment, "plan layout");
     rkm_result r;
     uint64_t arena, peak;
-    if ((r = rkm__layout(p->ctx, p->buffers, p->n_buffers, alignment, RKM__LAY_ALL, &arena, &peak)))
+    if ((r = rkm__layout(p->ctx, p->buffers, p->n_buffers, alignment, RKM__LAY_ALL, work, &arena, &peak)))
         return rkm__nomem(p->ctx, "the plan's memory layout");
     p->stats.alignment = alignment;
     p->stats.aligned_peak = peak;
@@ -1154,7 +1161,7 @@ rkm_result rkm_plan_layout(const rkm_plan *p, uint64_t alignment, rkm_buffer *bu
     if (!alignment) alignment = RKM_ARENA_ALIGN; /* a plan born without a layout */
     if (!rkm__layout_fits(p, alignment)) return rkm__layout_too_big(p, alignment, "rkm_plan_layout");
     uint64_t peak;
-    if (rkm__layout(p->ctx, buffers, n, alignment, RKM__LAY_ALL, arena_bytes, &peak))
+    if (rkm__layout(p->ctx, buffers, n, alignment, RKM__LAY_ALL, NULL, arena_bytes, &peak))
         return rkm__nomem(p->ctx, "rkm_plan_layout");
     return RKM_OK;
 }

@@ -532,34 +532,43 @@ RKM__PRIVATE rkm_result rkm__offload_plan(const rkm_graph *g, const rkm_step *ba
     return r;
 }
 
+/* What rkm__offload_fit asks of the offload pass. */
+typedef struct rkm__off_ask {
+    const rkm_plan *b;
+    int exposed;
+    const uint8_t *prefer;
+} rkm__off_ask;
+
+/* rkm__fit_less's maker: the offload pass's plan of a->b for `target`,
+ * laid out as the host gets it (NULL: the pass found none). */
+static rkm_result rkm__offload_make(rkm_planner *pl, uint64_t target, void *arg, rkm_plan **out)
+{
+    const rkm__off_ask *a = arg;
+    rkm__steps d;
+    uint64_t work = 0;
+    *out = NULL;
+    rkm_result r = rkm__offload_plan(pl->g, a->b->steps, a->b->n_steps, target, a->exposed, a->prefer, &d, &work);
+    rkm__work_charge(pl, work);
+    if (r || !d.n) return r;
+    if ((r = rkm__plan_birth(pl->user, &d, NULL, out))) return r;
+    work = rkm__work_left(pl);
+    r = rkm__plan_seal(*out, pl->d.alignment, &work);
+    rkm__work_charge(pl, work);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
 /* The base plan b (kept) with copies for `budget`, laid out as the host
  * gets it, or *out NULL: where the layout misses the aligned peak by more
- * than the room left, the copies for that much less (as planner_fit does). */
+ * than the room left, the copies for that much less (rkm__fit_less). */
 RKM__PRIVATE rkm_result rkm__offload_fit(rkm_planner *pl, const rkm_plan *b, uint64_t budget, int exposed,
                                         const uint8_t *prefer, rkm_plan **out)
 {
-    *out = NULL;
-    uint64_t target = budget;
-    for (int k = 0; k < RKM__LAYOUT_TRIES; k++) {
-        rkm__steps d;
-        rkm_plan *q;
-        rkm_result r = rkm__offload_plan(pl->g, b->steps, b->n_steps, target, exposed, prefer, &d, NULL);
-        if (r || !d.n) return r;
-        if ((r = rkm__plan_birth(pl->user, &d, NULL, &q))) return r;
-        if ((r = rkm__plan_seal(q, pl->d.alignment))) {
-            rkm_plan_destroy(q);
-            return r;
-        }
-        uint64_t arena = q->stats.arena_bytes;
-        if (arena <= budget) {
-            *out = q;
-            return RKM_OK;
-        }
-        rkm_plan_destroy(q);
-        if (target <= arena - budget) break;
-        target -= arena - budget;
-    }
-    return RKM_OK;
+    rkm__off_ask a = {b, exposed, prefer};
+    return rkm__fit_less(pl, budget, rkm__offload_make, &a, out, NULL);
 }
 
 /* Base b's plan with exposed copies for `budget` into *out (NULL: none):
@@ -629,8 +638,11 @@ RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doub
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
+    double w0 = pl->ilp.work;
+    time_limit = rkm__work_ilp_seconds(pl, time_limit);
     r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
                : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
+    rkm__work_charge_ilp(pl, pl->ilp.work - w0, time_limit);
     pl->prog.ilp = 0;
     (void)rkm__over(pl);
     rkm_plan *base = NULL, *x = NULL;
@@ -653,9 +665,11 @@ RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doub
 }
 
 /* The whole-graph ILP's plan for `budget`, or *out NULL when none found;
- * for checkmate on a graph with a copy link, the faster of that and the
- * ILP with copies (rkm__ilp_offloads), with as much work each. */
-RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, rkm_plan **out)
+ * with `copies`, for checkmate on a graph with a copy link, the faster of
+ * that and the ILP with copies (rkm__ilp_offloads), with as much work
+ * each. */
+RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, double time_limit, int copies,
+                                            rkm_plan **out)
 {
     *out = NULL;
     /* without lp_solve only rockmate's candidates get here (checkmate is
@@ -670,7 +684,9 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, time_limit, &steps, &nf, &nb, &pl->ilp, &found);
+    double w0 = pl->ilp.work, lim = rkm__work_ilp_seconds(pl, time_limit);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, lim, &steps, &nf, &nb, &pl->ilp, &found);
+    rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
     pl->prog.ilp = 0;
     (void)rkm__over(pl); /* it may have stopped at the deadline */
     if (!r && found) {
@@ -682,7 +698,7 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
     rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
-    if (!r && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl) && !pl->plain_only) { /* and with copies */
+    if (!r && copies && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl)) { /* and with copies */
         rkm_plan *c = NULL;
         r = rkm__ilp_offloads(pl, budget, *out ? (*out)->stats.time : INFINITY, time_limit, &c);
         *out = rkm__faster(*out, c);

@@ -108,7 +108,7 @@ void rkm_step_text(const rkm_graph *g, const rkm_step *s, char *buf, size_t size
 RKM__PRIVATE rkm_result rkm__plan_handout(rkm_result r, uint64_t alignment, rkm_plan **out)
 {
     if (r == RKM_OK && !rkm__layout_fits(*out, alignment)) return RKM_OK;
-    if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment))) {
+    if (r == RKM_OK && (r = rkm__plan_seal(*out, alignment, NULL))) {
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -630,7 +630,7 @@ RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
     rkm_result r = rkm__steps_copy(p->ctx, p->steps, p->n_steps, &d, "plan copy");
     if (r) return r;
     r = rkm__plan_birth(p->g, &d, NULL, out);
-    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment))) {
+    if (!r && p->stats.alignment && (r = rkm__plan_seal(*out, p->stats.alignment, NULL))) {
         rkm_plan_destroy(*out);
         *out = NULL;
     }

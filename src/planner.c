@@ -31,6 +31,8 @@ static void rkm__planner_figures(const rkm_planner *pl, rkm_planner_stats *st)
     st->create_seconds = pl->create_seconds;
     st->nested_classes = pl->nested;
     st->cut = pl->cuts;
+    st->work = pl->work_spent;
+    st->work_limit = pl->work_limit;
 }
 
 /* ---- creation: every block's options, the chain in DP slots, its table --- */
@@ -89,6 +91,39 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
 
 RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
 
+/* ---- the work a call may do (the rule: internal.h, RKM__WORK_MIN) -------- */
+
+/* W: a solve's work, from the graph's size alone. */
+static uint64_t rkm__work_solve(const rkm_planner *pl)
+{
+    double w = (double)RKM__WORK_PER_OBJECT * (double)(pl->g->n_ops + pl->g->n_tensors);
+    return w < (double)RKM__WORK_MIN ? RKM__WORK_MIN : w >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)w;
+}
+
+/* Checkmate's ILP work a solve (half of time_limit, measured like
+ * ilp_time_limit; as much again with copies), in the meter's units. */
+static uint64_t rkm__work_checkmate(const rkm_planner *pl)
+{
+    if (pl->d.algo != RKM_ALGO_CHECKMATE) return 0;
+    double s = pl->d.time_limit * RKM__CHECKMATE_SHARE * (rkm__offloads(pl) ? 2 : 1) * RKM__ILP_STEPS_PER_S;
+    return s >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)s;
+}
+
+/* The smallest budget's search: the same amount whichever call makes it,
+ * so that its result does not depend on the order of the calls. */
+static uint64_t rkm__work_min(const rkm_planner *pl)
+{
+    return RKM__WORK_MIN_BUDGET * rkm__work_solve(pl) + rkm__work_checkmate(pl);
+}
+
+/* What a call on the planner may still have to seek of the smallest
+ * budget: the recompute-only one, then with a copy link the one below it. */
+static uint64_t rkm__work_min_left(const rkm_planner *pl)
+{
+    return (pl->min_budget && !pl->min_cut ? 0 : rkm__work_min(pl)) +
+           (rkm__offloads(pl) && !(pl->off_min && !pl->min_cut) ? rkm__work_min(pl) : 0);
+}
+
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
@@ -96,6 +131,8 @@ static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64
 {
     pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
     pl->cut = 0;
+    rkm__work_start(pl, (stage == RKM_STAGE_SOLVE ? rkm__work_solve(pl) + rkm__work_checkmate(pl) : 0) +
+                            rkm__work_min_left(pl));
     rkm__progress_begin(pl, stage, budget);
 }
 
@@ -177,7 +214,9 @@ static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block
         int found = 0;
         int32_t timeouts = pl->ilp.timeout;
         rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
-        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, fmin(gr->lim, share), &steps, &nf, &nb, &pl->ilp, &found);
+        double lim = rkm__work_ilp_seconds(pl, fmin(gr->lim, share)), w0 = pl->ilp.work;
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
+        rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
         (void)rkm__over(pl); /* the solve may have stopped at the deadline */
         if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
         if (r || !found) continue;
@@ -401,7 +440,9 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
     pl->parent = parent;
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
-    rkm__search_begin(pl); /* for white-box callers of the search's parts */
+    if (!parent) /* creation: the block ILP pool, and a solve's worth for the nested planners */
+        rkm__work_start(pl, rkm__work_solve(pl) + (uint64_t)(fmin(d.ilp_budget, 0x1p32) * RKM__ILP_STEPS_PER_S));
+    rkm__search_begin(pl, RKM__ASK_SOLVE); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
     pl->deadline = pl->t0 + d.time_limit;
     pl->base_peak = gs.baseline_peak;
@@ -462,8 +503,9 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
     int32_t n = pl->g->n_blocks, M = pl->d.slots;
     double need = rkm__dp_bytes(pl->dpb, n, M);
     if (need <= RKM__DP_MAX_BYTES) {
-        int cut; /* past the deadline or cancelled: the first tile only */
-        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, rkm__over(pl) ? -INFINITY : pl->deadline, &pl->table, &cut);
+        int cut; /* past the deadline or cancelled: the first tile only (the table is no loop of the meter's) */
+        (void)rkm__over(pl);
+        rkm_result r = rkm__dp_solve(pl->ctx, pl->dpb, n, M, pl->cut ? -INFINITY : pl->deadline, &pl->table, &cut);
         pl->cut |= cut;
         return r;
     }
@@ -487,52 +529,32 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 
 /* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
 
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out);
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out);
 
-/* A plan for `budget` whose arena fits it, or *out NULL: the algorithm's
- * plan for the budget (its peak, counted at the alignment, within it), and
- * where that plan's layout misses its aligned peak by more than the room
- * left, the plan for that much less, RKM__LAYOUT_TRIES times at most (once
- * past the deadline: each try ends in a layout, which it does not cut). *need
- * (if not NULL): the least arena of the plans that did not fit, 0 if
- * none. */
-static rkm_result rkm__planner_fit_tries(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+/* rkm__fit_less's maker: the algorithm's plan for `budget` (its peak,
+ * counted at the alignment, within it) as the host gets it; `ask` is the
+ * driver's rkm__ask. */
+static rkm_result rkm__planner_make_one(rkm_planner *pl, uint64_t budget, void *ask, rkm_plan **out)
 {
+    rkm_plan *p;
     *out = NULL;
-    if (need) *need = 0;
-    uint64_t b = budget;
-    for (int k = 0; k < RKM__LAYOUT_TRIES && (k == 0 || !rkm__over(pl)); k++) {
-        rkm_plan *p, *q;
-        rkm_result r = rkm__planner_try(pl, b, &p);
-        if (r || !p) return r;
-        if ((r = rkm__planner_handout(pl, p, &q))) return r;
-        uint64_t arena = q->stats.arena_bytes, at = q->stats.aligned_peak;
-        if (arena <= budget) {
-            *out = q;
-            return RKM_OK;
-        }
-        rkm_plan_destroy(q);
-        if (need && (!*need || arena < *need)) *need = arena;
-        /* below this plan's own aligned peak: a budget between the two
-         * would give the same plan */
-        uint64_t below = at < b ? at : b;
-        if (below <= arena - budget) break;
-        b = below - (arena - budget);
-    }
-    return RKM_OK;
+    rkm_result r = rkm__planner_try(pl, budget, *(const rkm__ask *)ask, &p);
+    return r || !p ? r : rkm__planner_handout(pl, p, out);
 }
 
-/* rkm__planner_fit_tries, and for rockmate, where its first plan's arena
- * was over the budget (*need set), the faster of that and DTR's plan for
- * the budget itself: DTR plans to an allocator of the budget's bytes, so
- * its arena fits, and the tries' smaller budgets may give slower plans
- * than DTR's alone (dag4x50 at 20 %: 47.2 % overhead, DTR 46.0 %) or none
- * (at DTR's smallest budget). */
-RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm_plan **out, uint64_t *need)
+/* The algorithm's plan for `budget` whose arena fits it, or *out NULL
+ * (rkm__fit_less plans again for less where the arena is over; *need as
+ * there), and for rockmate, where its first plan's arena was over the
+ * budget, the faster of that and DTR's plan for the budget itself: DTR
+ * plans to an allocator of the budget's bytes, so its arena fits, and the
+ * tries' smaller budgets may give slower plans than DTR's alone (dag4x50
+ * at 20 %: 47.2 % overhead, DTR 46.0 %) or none (at DTR's smallest
+ * budget). */
+RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need)
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
-    rkm_result r = rkm__planner_fit_tries(pl, budget, out, &over);
+    rkm_result r = rkm__fit_less(pl, budget, rkm__planner_make_one, &ask, out, &over);
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
     if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);
@@ -560,13 +582,13 @@ static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t bud
     return RKM_OK;
 }
 
-static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     *out = NULL;
-    rkm__search_begin(pl);
+    rkm__search_begin(pl, ask);
     rkm_algo a = pl->d.algo;
     if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
-    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, out);
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, ask, out);
     if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
     if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
         rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
@@ -575,13 +597,20 @@ static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm_plan **
     if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
     /* One solve's work is worth about its share of the limit; on a slow
      * machine the call's deadline (rkm__over) stops it first. */
-    if (a == RKM_ALGO_CHECKMATE) return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, out);
+    if (a == RKM_ALGO_CHECKMATE)
+        return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, !(ask.skip & RKM__SKIP_COPIES), out);
     return RKM_OK;
 }
 
 /* ---- the smallest budget ------------------------------------------------- */
 
 static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
+
+/* The smallest budget's fits: whole solves, many of them, so without the
+ * whole-graph ILP start (the bisection has taken its least peak already)
+ * and DTR's missed track; checkmate's recompute-only (its floor with a
+ * link below it: rkm__checkmate_below). */
+static const rkm__ask rkm__ask_min = {UINT64_MAX, RKM__SKIP_ILP | RKM__SKIP_MISSED | RKM__SKIP_COPIES};
 
 /* The smallest budget the planner meets, and the plan that meets it
  * (pl->min_plan): from the least budget the algorithm plans for (its peaks
@@ -597,10 +626,8 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS);
-    pl->plain_only = 1; /* the recompute-only floor (checkmate's with a link below it: rkm__checkmate_below) */
     rkm_result r = rkm__min_budget(pl, &m, &at);
     rkm__progress_part(pl, RKM__PROGRESS_FLOORS, (1 + RKM__PROGRESS_FLOORS) / 2);
-    pl->fitting_min = 1;
     uint64_t step = pl->base_peak > m ? (pl->base_peak - m) / RKM__MIN_BUDGET_STEPS : 0;
     for (int k = 0; !r && !p; k++) {
         uint64_t need = 0;
@@ -608,7 +635,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
          * after one try at the least peak */
         if (k == RKM__MIN_BUDGET_UP || (k > 0 && rkm__over(pl))) {
             if (!(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
-        } else if (!(r = rkm__planner_fit(pl, m, &p, &need)) && !p) {
+        } else if (!(r = rkm__planner_fit(pl, m, rkm__ask_min, &p, &need)) && !p) {
             failed = m;
             uint64_t up = at > m ? at - m : step > pl->d.alignment ? step : pl->d.alignment;
             if (at > m) at = 0; /* first, the budget the least peak was made for */
@@ -622,11 +649,10 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
     rkm__progress_part(pl, (1 + RKM__PROGRESS_FLOORS) / 2, 1);
     for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
-        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, &q, NULL)) || !q) break;
+        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, rkm__ask_min, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
         p = q;
     }
-    pl->fitting_min = pl->plain_only = 0;
     if (r) {
         rkm_plan_destroy(p);
         return r;
@@ -645,7 +671,9 @@ RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(pl->off_min_plan);
         pl->min_plan = pl->off_min_plan = NULL;
         pl->off_min = 0;
+        uint64_t was = rkm__work_part(pl, rkm__work_min(pl));
         rkm_result r = rkm__min_budget_fit(pl, &pl->min_budget);
+        rkm__work_part_end(pl, was);
         if (r) {
             pl->min_budget = 0;
             return r;
@@ -676,9 +704,10 @@ rkm_result rkm_planner_min_budget(rkm_planner *pl, uint64_t *out)
 /* Checkmate: feasibility is monotone in the budget; the probes share the
  * time limit, and one that times out counts as infeasible, so this is the
  * least budget the solver could meet. */
-RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, void *ask, rkm_plan **out)
 {
-    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE / RKM__BISECT_CHECKMATE, out);
+    return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE / RKM__BISECT_CHECKMATE,
+                                !(((const rkm__ask *)ask)->skip & RKM__SKIP_COPIES), out);
 }
 
 /* On graphs small enough for the whole-graph ILP, rockmate's candidates
@@ -686,10 +715,11 @@ RKM__PRIVATE rkm_result rkm__probe_checkmate(rkm_planner *pl, uint64_t budget, r
  * ops: 41.5 % where they stop at 42.2 %): the whole-graph ILP's plan (at a
  * fifth of a solve's work, which the solve's own search extends), else the
  * squeeze's. */
-static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__probe_small(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
 {
-    rkm__search_begin(pl);
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__BISECT_SMALL_SECONDS, out);
+    (void)arg;
+    rkm__search_begin(pl, RKM__ASK_SOLVE);
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__BISECT_SMALL_SECONDS, 0, out);
     if (r == RKM_ERROR_SOLVER) r = RKM_OK; /* as in rkm__start_ilp: the squeeze stands */
     return r || *out ? r : rkm__solve_squeezed(pl, budget, out);
 }
@@ -707,7 +737,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (!(r = rkm__chain_floor(pl, &floor, &slots)) && floor && floor < *out) *out = *at = floor;
     } else if (pl->d.algo == RKM_ALGO_CHECKMATE) {
         uint64_t ignored;
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
+        rkm__ask plain = rkm__ask_min;
+        r = rkm__bisect(pl, rkm__probe_checkmate, &plain, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, out, &ignored, NULL);
         *at = *out;
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
@@ -724,7 +755,7 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM__WHOLE_GRAPH_OPS) {
         rkm__progress_part(pl, RKM__PROGRESS_FLOORS / 2, RKM__PROGRESS_FLOORS);
-        r = rkm__bisect(pl, rkm__probe_small, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
+        r = rkm__bisect(pl, rkm__probe_small, NULL, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     }
     if (*at < *out) *at = *out;
     return r;
@@ -732,29 +763,35 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
 
 /* ---- with a copy link: offloading's drivers (offload.c places copies) ---- */
 
-/* Base k of rkm__offload_min_budget (NULL: no plan there), into
- * pl->off_bases[k]. */
-static rkm_result rkm__off_min_base(rkm_planner *pl, int k)
+/* The plans rkm__offload_below offloads, made as its probes need them. */
+typedef struct rkm__bases {
+    rkm_plan *b[RKM__OFFLOAD_MIN_BASES]; /* NULL: no plan there */
+    int made;
+} rkm__bases;
+
+/* Base k of rkm__offload_min_budget, into bs->b[k]. */
+static rkm_result rkm__off_min_base(rkm_planner *pl, rkm__bases *bs, int k)
 {
     const int n = RKM__OFFLOAD_MIN_BASES;
     double floor = (double)pl->min_budget;
-    if (k == 0) return rkm__plan_copy(pl->min_plan, &pl->off_bases[0]);
-    if (k == n - 1) return rkm__plan_baseline(pl->user, &pl->off_bases[k]);
+    if (k == 0) return rkm__plan_copy(pl->min_plan, &bs->b[0]);
+    if (k == n - 1) return rkm__plan_baseline(pl->user, &bs->b[k]);
     return rkm__planner_fit(pl, (uint64_t)(floor * pow((double)pl->base_peak / floor, (double)k / (n - 1))),
-                            &pl->off_bases[k], NULL);
+                            RKM__ASK_SOLVE, &bs->b[k], NULL);
 }
 
-/* `budget` met by offloading one of the bases of rkm__offload_min_budget,
- * the first that fits, copies the compute stream waits for allowed. A base
- * is made when a probe first needs it (where the floor's own plan meets
- * every probe, no other is). */
-static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+/* `budget` met by offloading one of the bases of rkm__offload_min_budget
+ * (`bases`, an rkm__bases), the first that fits, copies the compute stream
+ * waits for allowed. A base is made when a probe first needs it (where the
+ * floor's own plan meets every probe, no other is). */
+static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, void *bases, rkm_plan **out)
 {
+    rkm__bases *bs = bases;
     rkm_result r = RKM_OK;
     *out = NULL;
     for (int k = 0; k < RKM__OFFLOAD_MIN_BASES && !r && !*out; k++) {
-        if (k == pl->off_made && !(r = rkm__off_min_base(pl, k))) pl->off_made++;
-        if (!r && pl->off_bases[k]) r = rkm__offload_exposed(pl, pl->off_bases[k], budget, NULL, out);
+        if (k == bs->made && !(r = rkm__off_min_base(pl, bs, k))) bs->made++;
+        if (!r && bs->b[k]) r = rkm__offload_exposed(pl, bs->b[k], budget, NULL, out);
     }
     return r;
 }
@@ -769,17 +806,14 @@ static rkm_result rkm__probe_offload(rkm_planner *pl, uint64_t budget, rkm_plan 
  * none). */
 static rkm_result rkm__offload_below(rkm_planner *pl, uint64_t min, rkm_plan **p, int *stopped)
 {
-    rkm_plan *b[RKM__OFFLOAD_MIN_BASES] = {NULL};
+    rkm__bases bs = {{NULL}, 0};
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
     if (pl->min_plan && min > pl->lower_bound) {
-        pl->off_bases = b;
-        pl->off_made = 0;
-        r = rkm__bisect(pl, rkm__probe_offload, RKM__BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
-        if (!r && hi < min) r = rkm__probe_offload(pl, hi, p); /* the plan met there, again */
-        pl->off_bases = NULL;
+        r = rkm__bisect(pl, rkm__probe_offload, &bs, RKM__BISECT_OFFLOAD, 0, pl->lower_bound, &hi, &at, stopped);
+        if (!r && hi < min) r = rkm__probe_offload(pl, hi, &bs, p); /* the plan met there, again */
     }
-    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(b[k]);
+    for (int k = 0; k < RKM__OFFLOAD_MIN_BASES; k++) rkm_plan_destroy(bs.b[k]);
     return r;
 }
 
@@ -791,9 +825,10 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
 {
     uint64_t hi = min, at = min;
     rkm_result r = RKM_OK;
+    rkm__ask copies = RKM__ASK_SOLVE;
     if (min > pl->lower_bound)
-        r = rkm__bisect(pl, rkm__probe_checkmate, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
-    if (!r && hi < min) r = rkm__planner_fit(pl, at, p, NULL);
+        r = rkm__bisect(pl, rkm__probe_checkmate, &copies, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
+    if (!r && hi < min) r = rkm__planner_fit(pl, at, copies, p, NULL);
     if (*p && (*p)->stats.arena_bytes >= min) {
         rkm_plan_destroy(*p);
         *p = NULL;
@@ -818,8 +853,10 @@ RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
     }
     rkm_plan *p = NULL;
     int stopped = 0;
+    uint64_t was = rkm__work_part(pl, rkm__work_min(pl));
     r = pl->d.algo == RKM_ALGO_ROCKMATE ? rkm__offload_below(pl, min, &p, &stopped)
                                         : rkm__checkmate_below(pl, min, &p, &stopped);
+    rkm__work_part_end(pl, was);
     if (r) {
         rkm_plan_destroy(p);
         return r;
@@ -846,7 +883,7 @@ RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
  * way to the baseline peak: RKM__OFFLOAD_BASES plans at most, until one fits
  * with hidden copies (a base where only exposed ones fit is a candidate, not
  * the end). A base is planned without the whole-graph ILP start, the phases
- * (kicks, rungs) and DTR's missed track (fitting_base), which on the bundled
+ * (kicks, rungs) and DTR's missed track (rkm__ask.skip), which on the bundled
  * graphs doubled a base's time for the same overheads (bench_offload: one
  * row of 39 moved, by 0.01 point), and the bases' searches together do at
  * most the work the recompute-only solve's did (a whole solve's where it
@@ -875,13 +912,15 @@ RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, r
     if (!r) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
     rkm_plan_destroy(base);
     base = NULL;
-    uint64_t done = pl->work_done;
-    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, p, NULL);
-    /* the bases together: RKM__OFFLOAD_BASE_WORK of what that solve's search
-     * did, or a solve's where it found no plan (only a base can give one);
+    uint64_t done = rkm__work_spent(pl);
+    if (!r && !(q && q->stats.time <= pl->base_time)) r = rkm__planner_fit(pl, budget, RKM__ASK_SOLVE, p, NULL);
+    /* the bases together: RKM__OFFLOAD_BASE_WORK of what that solve did, or
+     * a solve's search where it found no plan (only a base can give one),
+     * without the whole-graph ILP start, the phases and the missed track;
      * the offload moves, RKM__OFFLOAD_MOVES_WORK of it */
-    double solve = *p ? (double)(pl->work_done - done) : (double)RKM__SOLVE_WORK;
-    pl->base_end = pl->work_done + (*p ? (uint64_t)(solve * RKM__OFFLOAD_BASE_WORK) : RKM__SOLVE_WORK);
+    double solve = *p ? (double)(rkm__work_spent(pl) - done) : (double)RKM__SOLVE_WORK;
+    rkm__ask bases = {rkm__work_spent(pl) + (*p ? (uint64_t)(solve * RKM__OFFLOAD_BASE_WORK) : RKM__SOLVE_WORK),
+                      RKM__SKIP_ILP | RKM__SKIP_PHASES | RKM__SKIP_MISSED};
     *p = rkm__faster(*p, q);
     q = NULL;
     if (!r && *p && (*p)->stats.time <= pl->base_time) {
@@ -891,10 +930,8 @@ RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, r
     double fwd = 0, bw = fmin(g->copy.d2h_bytes_per_second, g->copy.h2d_bytes_per_second);
     for (size_t i = 0; i < g->n_ops; i++) fwd += g->ops[i].fwd;
     double up = fmin((double)budget + RKM__OFFLOAD_HIDE * bw * fwd, sqrt((double)budget * (double)pl->base_peak));
-    for (int k = 0; k < RKM__OFFLOAD_BASES && !q && !r && (k == 0 || pl->work_done < pl->base_end); k++) {
-        pl->fitting_base = 1;
-        r = rkm__planner_fit(pl, (uint64_t)up, &base, NULL);
-        pl->fitting_base = 0;
+    for (int k = 0; k < RKM__OFFLOAD_BASES && !q && !r && (k == 0 || rkm__work_spent(pl) < bases.work_end); k++) {
+        r = rkm__planner_fit(pl, (uint64_t)up, bases, &base, NULL);
         if (!r && base) r = rkm__offload_try(pl, base, budget, NULL, &q, &x);
         /* no plan there (below the recompute-only floor): more memory;
          * copies that do not fit: less */
@@ -986,7 +1023,9 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
     int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
-    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, &p, NULL);
+    uint64_t was = rkm__work_part(pl, rkm__work_solve(pl) + rkm__work_checkmate(pl)); /* the rest: the smallest budget's */
+    rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, RKM__ASK_SOLVE, &p, NULL);
+    rkm__work_part_end(pl, was);
     if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))
         rkm_plan_destroy(p);
     if (r) return r;

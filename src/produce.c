@@ -139,7 +139,10 @@ RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_p
         if (r) return r;
     } else
         *out = p;
-    if ((r = rkm__plan_seal(*out, pl->d.alignment))) {
+    uint64_t work = rkm__work_left(pl);
+    r = rkm__plan_seal(*out, pl->d.alignment, &work);
+    rkm__work_charge(pl, work);
+    if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -169,6 +172,48 @@ RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64
         *out = NULL;
     }
     return r;
+}
+
+/* ---- plan again for less ---------------------------------------------------
+ *
+ * A plan made for budget b whose arena (as the host gets it) is over the
+ * budget, its peak within it: the layout missed the aligned peak by more
+ * than the room left, so the next try asks for that much less, below the
+ * plan's own aligned peak (a budget between the two gives the same plan).
+ * One loop for every maker of plans (the planner's algorithm, the offload
+ * pass): RKM__LAYOUT_TRIES tries at most, while the call has work and time
+ * (the first try always: each ends in a layout, which nothing cuts). */
+
+/* The budget to ask for after a plan made for `asked` (aligned peak
+ * `peak`) laid out in `arena` over `budget`; 0: nothing below. */
+RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget)
+{
+    uint64_t below = peak < asked ? peak : asked, over = arena - budget;
+    return below > over ? below - over : 0;
+}
+
+/* The plan of `make` whose arena fits `budget`, or *out NULL; *need (if
+ * not NULL): the least arena of the plans that did not fit, 0 if none. */
+RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                     uint64_t *need)
+{
+    *out = NULL;
+    if (need) *need = 0;
+    uint64_t b = budget;
+    for (int k = 0; k < RKM__LAYOUT_TRIES && b && (k == 0 || !rkm__over(pl)); k++) {
+        rkm_plan *q;
+        rkm_result r = make(pl, b, arg, &q);
+        if (r || !q) return r;
+        uint64_t arena = q->stats.arena_bytes;
+        if (arena <= budget) {
+            *out = q;
+            return RKM_OK;
+        }
+        if (need && (!*need || arena < *need)) *need = arena;
+        b = rkm__less(b, q->stats.aligned_peak, arena, budget);
+        rkm_plan_destroy(q);
+    }
+    return RKM_OK;
 }
 
 /* A draft from a block-level schedule; freed on failure. */
@@ -315,8 +360,10 @@ static rkm_result rkm__dtr_fits(rkm_planner *pl, uint64_t budget, rkm_plan **p, 
     uint64_t arena = UINT64_MAX, peak;
     rkm_result r = b ? RKM_OK : rkm__nomem(pl->ctx, "dtr layout");
     if (b) memcpy(b, (*p)->buffers, n * sizeof *b);
-    if (!r && rkm__layout(pl->ctx, b, n, pl->d.alignment, RKM__LAY_SKYLINE, &arena, &peak))
+    uint64_t work = rkm__work_left(pl);
+    if (!r && rkm__layout(pl->ctx, b, n, pl->d.alignment, RKM__LAY_SKYLINE, &work, &arena, &peak))
         r = rkm__nomem(pl->ctx, "dtr layout");
+    if (!r) rkm__work_charge(pl, work);
     rkm__free(pl->ctx, b, (n + 1) * sizeof *b);
     if (r || arena > budget) {
         if (!r && missed) *missed = rkm__faster(*missed, *p);
@@ -350,7 +397,10 @@ static rkm_result rkm__dtr_one(rkm_planner *pl, uint64_t budget, int score, int 
 {
     rkm__steps d = {pl->ctx, NULL, 0, 0};
     rkm_plan *p = NULL;
-    rkm_result r = rkm__dtr_steps(pl->g, budget, score, bytes, copies, *out ? fmin(bound, (*out)->stats.time) : bound, &d);
+    uint64_t work = rkm__work_left(pl);
+    rkm_result r = rkm__dtr_steps(pl->g, budget, score, bytes, copies, *out ? fmin(bound, (*out)->stats.time) : bound,
+                                  &work, &d);
+    rkm__work_charge(pl, work);
     if (!r && d.n) r = rkm__planned_birth(pl, &d, &p);
     if (!r && p && bytes) r = rkm__dtr_fits(pl, budget, &p, missed);
     if (!r && p && p->stats.offloads) r = rkm__dtr_ahead(pl, budget, &p);
@@ -536,8 +586,8 @@ RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
  * one that finds none moves lo above m. Where success is not monotone in
  * the budget (DTR, the search) this is the least budget the probes met.
  * *stopped (if not NULL): the deadline ended it. */
-RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probes, int by_peak, uint64_t lo, uint64_t *hi,
-                                   uint64_t *at, int *stopped)
+RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
+                                   uint64_t *hi, uint64_t *at, int *stopped)
 {
     rkm_result r = RKM_OK;
     int over = 0;
@@ -546,20 +596,21 @@ RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, int probe
         rkm__progress_part(pl, p0 + (p1 - p0) * it / probes, p0 + (p1 - p0) * (it + 1) / probes);
         uint64_t mid = lo + (*hi - lo) / 2;
         rkm_plan *p = NULL;
-        r = probe(pl, mid, &p);
+        r = probe(pl, mid, arg, &p);
         if (!r && p) *hi = by_peak ? p->stats.peak : mid, *at = mid;
         else if (!r) lo = mid + 1;
         rkm_plan_destroy(p);
     }
     rkm__progress_part(pl, p0, p1);
-    if (stopped) *stopped = over;
+    if (stopped) *stopped = over && pl->cut; /* spent work ends it as deterministically as the probes' count */
     return r;
 }
 
 /* DTR plans on an allocator of the budget's bytes: a plan's peak can be
  * below the arena it needed, so the budget, not the peak, is what is met. */
-static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__probe_dtr(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
 {
+    (void)arg;
     return rkm__dtr_plan(pl, budget, 1, out, NULL);
 }
 
@@ -570,7 +621,7 @@ RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out)
     if (!pl->dtr_min) {
         uint64_t hi = pl->base_peak, at = pl->base_peak;
         int stopped;
-        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, RKM__BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
+        rkm_result r = rkm__bisect(pl, rkm__probe_dtr, NULL, RKM__BISECT_DTR, 0, pl->lower_bound, &hi, &at, &stopped);
         if (r) return r;
         pl->dtr_min_at = at;
         if (stopped) { /* a cut bisection is not kept */

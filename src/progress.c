@@ -54,8 +54,7 @@ static double rkm__progress_work(const rkm_planner *pl)
 {
     const rkm__progress *g = &pl->prog;
     double in = fmax(g->sub, g->ilp);
-    if (g->p.stage == RKM_STAGE_SOLVE && pl->d.algo == RKM_ALGO_ROCKMATE)
-        in = fmax(in, 1.0 - (double)pl->work_left / (double)RKM__SOLVE_WORK);
+    if (pl->work_limit) in = fmax(in, (double)pl->work_spent / (double)pl->work_limit);
     return g->lo + (g->hi - g->lo) * fmin(fmax(in, 0), 1);
 }
 
@@ -74,8 +73,75 @@ RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force)
     return g->cancelled;
 }
 
+/* ---- the call's work meter --------------------------------------------
+ *
+ * One a call: rkm_planner_create, rkm_planner_solve and
+ * rkm_planner_min_budget each start it (rkm__work_start) and nothing
+ * inside the call resets it. Every loop of the planner charges it what it
+ * did, in one unit (RKM__WORK's comment in internal.h), and takes its
+ * share from what is left, so no call spends more than its limit and a
+ * call that finds no plan ends by work, as deterministically as one that
+ * finds one. A nested planner's work is its top planner's. A part of a
+ * call may be held to an allowance of its own (rkm__work_part): the
+ * smallest budget is sought within the same amount whichever call seeks
+ * it, so that it does not depend on the order of the calls. */
+static rkm_planner *rkm__top(rkm_planner *pl)
+{
+    while (pl->parent) pl = pl->parent;
+    return pl;
+}
+
+RKM__PRIVATE void rkm__work_start(rkm_planner *pl, uint64_t limit)
+{
+    pl->work_spent = 0;
+    pl->work_limit = pl->work_cap = limit;
+}
+
+RKM__PRIVATE uint64_t rkm__work_left(rkm_planner *pl)
+{
+    const rkm_planner *t = rkm__top(pl);
+    return t->work_spent < t->work_cap ? t->work_cap - t->work_spent : 0;
+}
+
+RKM__PRIVATE uint64_t rkm__work_spent(rkm_planner *pl) { return rkm__top(pl)->work_spent; }
+
+RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work)
+{
+    rkm_planner *t = rkm__top(pl);
+    t->work_spent = work < UINT64_MAX - t->work_spent ? t->work_spent + work : UINT64_MAX;
+}
+
+/* ILP work in the meter's units: seconds of it (as rkm__ilp_stats.work
+ * counts them) at RKM__ILP_STEPS_PER_S, the greedy's calibration. A solve
+ * is given at most what is left (rkm__work_ilp_seconds) and charged what
+ * it did, within that: lp_solve stops at its work limit, give or take the
+ * one callback at which it sees it. */
+RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim)
+{
+    return fmin(lim, (double)rkm__work_left(pl) / RKM__ILP_STEPS_PER_S);
+}
+
+RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed)
+{
+    rkm__work_charge(pl, (uint64_t)(fmin(fmax(seconds, 0), allowed) * RKM__ILP_STEPS_PER_S));
+}
+
+/* The part that follows may spend `allow` more, whatever the part around
+ * it has left (the call's limit is set to hold it: rkm__work_limit): the
+ * cap before it, for rkm__work_part_end. */
+RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow)
+{
+    rkm_planner *t = rkm__top(pl);
+    uint64_t was = t->work_cap;
+    t->work_cap = allow < UINT64_MAX - t->work_spent ? t->work_spent + allow : UINT64_MAX;
+    return was;
+}
+
+RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was) { rkm__top(pl)->work_cap = was; }
+
 /* Past the call's deadline (time_limit), or cancelled by the progress
- * callback: 1, and the call is cut. Checked between candidates, moves and
+ * callback: 1, and the call is cut. Also 1, without a cut, once the
+ * call's work (or its part's) is spent. Checked between candidates, moves and
  * probes, never inside one, so a call overruns its deadline by one such
  * unit of work and its finish (the slack rockmate.h gives); while it
  * returns 0 it changes nothing, so an uncut call is as deterministic as if
@@ -87,7 +153,7 @@ RKM__PRIVATE int rkm__over(rkm_planner *pl)
     double now = rkm__now();
     if (pl->parent ? rkm__over(pl->parent) : rkm__progress_report(pl, now, 0)) pl->cut = 1;
     if (now > pl->deadline) pl->cut = 1;
-    return pl->cut;
+    return pl->cut || !rkm__work_left(pl);
 }
 
 /* The part [lo, hi] of the call's work starts (its progress `sub` 0); a

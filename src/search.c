@@ -3,34 +3,38 @@
  * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, baseline.c, progress.c, produce.c, offload.c. */
 #include "internal.h"
 
-/* ---- the solve's work -----------------------------------------------------
+/* ---- the search's share of the call's work -------------------------------
  *
- * One meter per solve (rkm__search_begin): every step the search replays,
- * in polish, the squeeze and the kicks, is taken off pl->work_left, and
- * each stops when it is spent. Within it, the squeeze and the kicks have
- * shares of their own (their tuning constants), so that one does not starve
- * the next. Work is counted in replayed steps, not time, so plans do not
- * depend on the machine. */
-RKM__PRIVATE void rkm__search_begin(rkm_planner *pl)
+ * Each of the fit's tries (rkm__planner_try) gives the search a share of
+ * what is left of the call's meter (progress.c): RKM__SOLVE_WORK at most,
+ * and no more than its request leaves (rkm__ask.work_end: the offloading
+ * bases' shared work). Every step the search replays, in polish, the squeeze and
+ * the kicks, is charged to both; within the share, the squeeze and the
+ * kicks have shares of their own, so that one does not starve the next.
+ * Work is counted in replayed steps, not time, so plans do not depend on
+ * the machine. */
+RKM__PRIVATE void rkm__search_begin(rkm_planner *pl, rkm__ask ask)
 {
-    uint64_t base_left = pl->base_end > pl->work_done ? pl->base_end - pl->work_done : 0;
-    pl->work_left = pl->fitting_base && base_left < RKM__SOLVE_WORK ? base_left : RKM__SOLVE_WORK;
+    uint64_t spent = rkm__work_spent(pl), left = rkm__work_left(pl);
+    uint64_t end_left = ask.work_end > spent ? ask.work_end - spent : 0;
+    uint64_t share = end_left < RKM__SOLVE_WORK ? end_left : RKM__SOLVE_WORK;
+    pl->work_left = share < left ? share : left;
 }
 
-/* What a part of the search may spend: its share, or what the solve has
- * left; nothing past the deadline. */
+/* What a part of the search may spend: its share, or what the try and the
+ * call have left; nothing past the deadline. */
 static uint64_t rkm__share(rkm_planner *pl, uint64_t cap)
 {
     if (rkm__over(pl)) return 0;
-    return cap < pl->work_left ? cap : pl->work_left;
+    uint64_t left = rkm__work_left(pl);
+    if (pl->work_left < left) left = pl->work_left;
+    return cap < left ? cap : left;
 }
 
-/* Also counted in pl->work_done (the offloading bases' shared work ends at
- * pl->base_end of it: rkm__planner_offload). */
 static void rkm__spend(rkm_planner *pl, uint64_t work)
 {
     pl->work_left = work < pl->work_left ? pl->work_left - work : 0;
-    pl->work_done += work;
+    rkm__work_charge(pl, work);
 }
 
 /* ---- resumed replays ------------------------------------------------------
@@ -503,7 +507,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     rkm_plan *np = NULL;
-    int found = rkm__polish_run(&w, pl, *p, budget, pl->work_left, 0);
+    int found = rkm__polish_run(&w, pl, *p, budget, rkm__share(pl, UINT64_MAX), 0);
     rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "plan polish") : RKM_OK;
     if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &np))) {
         rkm_plan_destroy(*p);
@@ -1055,10 +1059,10 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * ILP's plans rarely fit their arena while each solve costs up to its
  * work limit (random30: the smallest budget 1517568 -> 1481728 bytes
  * without it, in 2.6 s instead of 4.7). */
-static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || pl->fitting_min || pl->fitting_base) return RKM_OK;
-    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, out);
+    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || (ask.skip & RKM__SKIP_ILP)) return RKM_OK;
+    rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, 0, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
     return RKM_OK;
@@ -1066,14 +1070,14 @@ static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm_plan **ou
 
 /* Start k at `budget` into p[k] (DP_UP reads p[DP]); the squeeze's comes
  * polished; DTR's sets *missed (below). */
-static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm_plan **p, rkm_plan **missed)
+static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm__ask ask, rkm_plan **p, rkm_plan **missed)
 {
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
     case RKM__START_SQRT: return rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, &p[k]);
-    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], pl->fitting_min || pl->fitting_base ? NULL : missed);
-    case RKM__START_ILP: return rkm__start_ilp(pl, budget, &p[k]);
+    case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], ask.skip & RKM__SKIP_MISSED ? NULL : missed);
+    case RKM__START_ILP: return rkm__start_ilp(pl, budget, ask, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
     }
 }
@@ -1166,7 +1170,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     rkm_plan *fit = ra <= budget ? *runner : NULL;
     if (fit) *runner = NULL;
     uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
-    uint64_t at = hi > arena - budget ? hi - (arena - budget) : 0;
+    uint64_t at = rkm__less(hi, UINT64_MAX, arena, budget);
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
         rkm_plan *q = NULL;
@@ -1181,7 +1185,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
             if (!q) break; /* the squeeze got nowhere: lower does not help */
             hi = at;
         }
-        at = lo ? lo + (hi - lo) / 2 : (at > a - budget ? at - (a - budget) : 0);
+        at = lo ? lo + (hi - lo) / 2 : rkm__less(at, UINT64_MAX, a, budget);
     }
     if (!r && fit) {
         rkm_plan_destroy(*best);
@@ -1195,19 +1199,19 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
  * track; the arena's fit (with the portfolio's plan). All of it within the
  * solve's work and, past the chain DP's plan, its deadline. */
-RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     rkm_result r = RKM_OK;
     for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
-        r = rkm__start(pl, k, budget, p, &missed);
+        r = rkm__start(pl, k, budget, ask, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
-    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, p, NULL);
+    if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
     rkm_plan *best = NULL, *runner = NULL;
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
-    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !pl->fitting_base; k++) {
+    for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
         if (k > 0 && (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }

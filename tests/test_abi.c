@@ -8,8 +8,9 @@
  * keeps source compatibility (a zeroed desc still means the defaults), never
  * binary compatibility.
  *
- * The figures are those of version 0.4.0, unchanged in 0.5.0 (whose ABI
- * change is a function's signature, rkm_parse_budget), on LP64 (x86-64;
+ * The figures are those of version 0.6.0 (0.5.0 changed a function's
+ * signature, rkm_parse_budget; 0.6.0 added rkm_planner_stats' work and
+ * work_limit at its end), on LP64 (x86-64;
  * aarch64 and the other LP64 ABIs lay these structs out the same). Elsewhere (32-bit, LLP64
  * Windows) they differ, and the test says SKIP. Sizes pin every struct; the
  * offsets pin the last field of each (a field inserted or moved before it
@@ -90,9 +91,11 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_plan_stats, alignment, 88);
     CHECK_OFFSET(rkm_plan_stats, cut, 112);
     CHECK_OFFSET(rkm_plan_stats, offloads, 152);
-    CHECK_SIZE(rkm_planner_stats, 72);
+    CHECK_SIZE(rkm_planner_stats, 88);
     CHECK_OFFSET(rkm_planner_stats, nested_classes, 64);
     CHECK_OFFSET(rkm_planner_stats, cut, 68);
+    CHECK_OFFSET(rkm_planner_stats, work, 72);
+    CHECK_OFFSET(rkm_planner_stats, work_limit, 80);
     CHECK_SIZE(rkm_fwd_call, 80);
     CHECK_OFFSET(rkm_fwd_call, out_new, 56);
     CHECK_OFFSET(rkm_fwd_call, ws_bytes, 72);

@@ -143,7 +143,7 @@ TEST(placer_reaches_the_bound_on_hand_made_lifetimes)
             uint64_t arena = 0, peak = 0;
             buffers(b, cases[c].n, cases[c].life);
             for (size_t i = 0; i < cases[c].n; i++) b[i].bytes *= align; /* the same, in units of the alignment */
-            CHECK(rkm__layout(ctx, b, cases[c].n, align, RKM__LAY_ALL, &arena, &peak) == RKM_OK);
+            CHECK(rkm__layout(ctx, b, cases[c].n, align, RKM__LAY_ALL, NULL, &arena, &peak) == RKM_OK);
             CHECK_EQ_U64(peak, cases[c].bound * align);
             CHECK_EQ_U64(arena, peak);
             CHECK(holds(b, cases[c].n, align, arena));
@@ -179,8 +179,8 @@ TEST(placer_stages_hold_and_are_deterministic)
             uint64_t arena = 0, peak = 0, again = 0;
             memcpy(b, p->buffers, n * sizeof *b);
             memcpy(c, p->buffers, n * sizeof *c);
-            CHECK(rkm__layout(ctx, b, n, 256, stages[s], &arena, &peak) == RKM_OK);
-            CHECK(rkm__layout(ctx, c, n, 256, stages[s], &again, &peak) == RKM_OK);
+            CHECK(rkm__layout(ctx, b, n, 256, stages[s], NULL, &arena, &peak) == RKM_OK);
+            CHECK(rkm__layout(ctx, c, n, 256, stages[s], NULL, &again, &peak) == RKM_OK);
             CHECK(arena == again && memcmp(b, c, n * sizeof *b) == 0);
             CHECK(arena >= peak && peak == p->stats.aligned_peak);
             CHECK(holds(b, n, 256, arena));
@@ -212,12 +212,12 @@ TEST(dtr_plans_fit_by_first_fit)
         for (int pct = 90; pl && pct >= 30; pct -= 10) {
             uint64_t budget = gs.baseline_peak / 100 * (uint64_t)pct;
             rkm_plan *p = NULL;
-            if (rkm__planner_try(pl, budget, &p) != RKM_OK || !p) continue; /* the plan before any layout */
+            if (rkm__planner_try(pl, budget, RKM__ASK_SOLVE, &p) != RKM_OK || !p) continue; /* the plan before any layout */
             rkm_buffer *b = calloc(p->n_buffers + 1, sizeof *b);
             uint64_t arena = 0, peak = 0;
             memcpy(b, p->buffers, p->n_buffers * sizeof *b);
             /* first fit alone: the greedy's third order is creation order */
-            CHECK(rkm__layout(ctx, b, p->n_buffers, 256, RKM__LAY_GREEDY, &arena, &peak) == RKM_OK);
+            CHECK(rkm__layout(ctx, b, p->n_buffers, 256, RKM__LAY_GREEDY, NULL, &arena, &peak) == RKM_OK);
             if (arena > budget)
                 fprintf(stderr, "%s dtr at %d%%: first fit %llu over %llu\n", names[k], pct, (unsigned long long)arena,
                         (unsigned long long)budget);

@@ -635,13 +635,15 @@ TEST(planner_offloads)
     CHECK(offload_sweep(RKM_ALGO_ROCKMATE, 30, NULL).hidden >= 5);
 }
 
-/* Planning with a link costs at most twice recompute-only's: the search's
- * work (pl->work_done) of a solve on a graph with a link is the
- * recompute-only solve's (the same search on the graph without it), then
- * at most as much again for the bases it offloads (RKM__OFFLOAD_BASE_WORK
- * of it; none where the baseline's copies fit). On unet-d6 at 50 % with
- * 1 GB/s each way, each of the two bases used to get a whole solve's work:
- * 2.2 times the recompute-only solve's in all. */
+/* Planning with a link costs at most two and a half times recompute-only's:
+ * the work of a solve on a graph with a link (rkm_planner_stats.work, the
+ * call's meter) is the recompute-only solve's (the same search on the
+ * graph without it), then the bases it offloads (RKM__OFFLOAD_BASE_WORK
+ * of that; none where the baseline's copies fit), the offload pass on
+ * each, DTR with copies and the offload moves (unet-d6 at 50 % with 1 GB/s
+ * each way: 2.03 times, 2026-12-06). When each of the two bases got a
+ * whole solve's work, the search alone did 2.2 times the recompute-only
+ * search's, before the other parts. */
 TEST(planner_offload_work)
 {
     rkm_context *ctx = test_new_ctx();
@@ -656,9 +658,13 @@ TEST(planner_offload_work)
         rkm_plan *a = NULL, *b = NULL;
         CHECK(rkm_planner_solve(plain, budget, &a) == RKM_OK);
         CHECK(rkm_planner_solve(pl, budget, &b) == RKM_OK);
-        uint64_t w = plain->work_done, v = pl->work_done;
+        rkm_planner_stats sw, sv;
+        CHECK(rkm_planner_stats_get(plain, &sw) == RKM_OK && rkm_planner_stats_get(pl, &sv) == RKM_OK);
+        uint64_t w = sw.work, v = sv.work;
         CHECK(v > w);      /* a base was planned */
-        CHECK(v <= 2 * w); /* and they took no more than the solve */
+        if (!(2 * v <= 5 * w))
+            fprintf(stderr, "work with the link %llu, without %llu\n", (unsigned long long)v, (unsigned long long)w);
+        CHECK(2 * v <= 5 * w); /* and the link's parts took no more than one and a half solves */
         rkm_plan_destroy(a);
         rkm_plan_destroy(b);
     }

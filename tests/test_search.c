@@ -410,7 +410,7 @@ TEST(kicks_run_on_large_graphs)
             rkm_sim_result res;
             for (int k = 0; k < 2; k++) {
                 rkm__call_start(pl[k], rkm__now(), RKM_STAGE_SOLVE, budget);
-                CHECK(rkm__planner_try(pl[k], budget, &p[k]) == RKM_OK && p[k]);
+                CHECK(rkm__planner_try(pl[k], budget, RKM__ASK_SOLVE, &p[k]) == RKM_OK && p[k]);
             }
             if (p[0] && p[1]) {
                 CHECK(p[0]->stats.time <= p[1]->stats.time);
@@ -454,7 +454,7 @@ TEST(search_plans_fit_their_arena)
             uint64_t budget = g->stats.baseline_peak / 100 * 30, arena = UINT64_MAX;
             rkm_plan *p = NULL;
             rkm__call_start(pl, rkm__now(), RKM_STAGE_SOLVE, budget);
-            CHECK(rkm__planner_try(pl, budget, &p) == RKM_OK && p);
+            CHECK(rkm__planner_try(pl, budget, RKM__ASK_SOLVE, &p) == RKM_OK && p);
             if (p) {
                 CHECK(p->stats.peak <= budget && rkm__planner_arena(pl, p, &arena) == RKM_OK);
                 CHECK(arena <= budget);
