@@ -157,7 +157,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__PREFETCH_PRICE 0.25 /* fraction of a prefetch's copy time an eviction to host is priced at */
 #endif
 
-/* ---- the work meter (progress.c, planner.c): one a call ----
+/* ---- the work meter (progress.c, drive.c): one a call ----
  * Units: one replayed plan step (the search's replays, a DTR run's steps,
  * the offload pass's), one buffer or section visited (layout), or
  * 1/RKM__ILP_STEPS_PER_S s of ILP work. W = max(RKM__WORK_MIN,
@@ -232,7 +232,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__CHECKMATE_SHARE 0.5 /* fraction of time_limit a checkmate solve */
 #endif
 
-/* ---- the smallest budget (planner.c) ---- */
+/* ---- the smallest budget (drive.c) ---- */
 
 #ifndef RKM__BISECT_CHECKMATE
 #define RKM__BISECT_CHECKMATE 12 /* probes of checkmate's bisection */
@@ -262,7 +262,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__MIN_BUDGET_DOWN (4 * RKM__LAYOUT_TRIES) /* plans down at most */
 #endif
 
-/* ---- the arena (layout.c, planner.c) ---- */
+/* ---- the arena (layout.c, drive.c) ---- */
 
 #ifndef RKM__LAYOUT_TRIES
 #define RKM__LAYOUT_TRIES 4 /* plans again for less when the arena is over the budget */
@@ -1210,14 +1210,21 @@ typedef rkm_result (*rkm__planner_maker)(const rkm_graph *g, const rkm_solve_des
 RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker make, rkm__sim *s, const rkm__block *b,
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
-/* planner.c */
-RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
-RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
+/* drive.c */
+RKM__PRIVATE uint64_t rkm__work_solve(const rkm_planner *pl);
+RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl);
+RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl);
+RKM__PRIVATE int rkm__uses_chain(rkm_algo a);
 RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
 RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out);
+RKM__PRIVATE rkm_result rkm__planner_min(rkm_planner *pl, uint64_t *out);
 RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
+
+/* planner.c */
+RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
+RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 
 #endif /* RKM__INTERNAL_H */

@@ -6,7 +6,7 @@
  * The lower half of the planner: what rkm_planner's set-up leaves (block
  * options, the chain in slots, the DP table: planner.c) turned into plans
  * for a budget, the producers that the search, nesting, offloading and
- * the top drivers (planner.c) call. */
+ * the top drivers (drive.c) call. */
 #include "internal.h"
 
 /* Budgets and DP slots (planner.c converts bytes: rkm__slots_up): a slot
