@@ -759,9 +759,11 @@ typedef struct rkm_solve_desc {
      * returns the best plan found by then, flagged (rkm_plan_stats.cut,
      * rkm_planner_stats.cut), or RKM_ERROR_TIMEOUT where it found none; a
      * cut plan may differ from run to run. Plans the limit does not cut
-     * are the same on every machine, as if there were none: the searches
-     * are bounded by counts of work (ilp_time_limit, ilp_budget), not by
-     * the clock. Checkmate also spends it as work: half of it a solve (a
+     * are the same on every machine, as if there were none: every call is
+     * bounded by its work meter (rkm_planner_stats.work_limit; within it
+     * ilp_time_limit and ilp_budget), not by the clock, and one that spends
+     * it ends with its best plan or RKM_ERROR_BUDGET, uncut. Checkmate also
+     * spends time_limit as work: half of it a solve (a
      * 24th a probe of its smallest budget), measured like ilp_time_limit;
      * with a copy link as much again for the ILP with copies. */
     double time_limit;
