@@ -88,7 +88,8 @@ CLANG_TESTS = $(if $(CLANG),$(patsubst %,$(BUILD)/tests/%-clang,$(CLANG_TEST_NAM
 # The threads test again under ThreadSanitizer, the library compiled with it.
 TSAN_TESTS = $(BUILD)/tests/test_threads-tsan
 # Fuzz harnesses (tests/fuzz): `make test` replays each one's corpus under
-# the sanitizers (deterministic, no mutation); `make fuzz` runs libFuzzer
+# the sanitizers (deterministic, no mutation; FUZZ_REPLAY: a harness may
+# make its costliest checks on a share of the corpus); `make fuzz` runs libFuzzer
 # (clang) on each for FUZZ_SECONDS, adding what it finds to the corpus.
 FUZZERS = graph plan planner
 FUZZ_REPLAYS = $(patsubst %,$(BUILD)/tests/test_fuzz_%,$(FUZZERS))
@@ -326,7 +327,7 @@ $(TSAN_TESTS): $(BUILD)/tests/%-tsan: tests/%.c $(wildcard tests/*.h examples/*.
 $(FUZZ_REPLAYS): $(BUILD)/tests/test_fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h tests/test.h rockmate.h \
 		$(TEST_LIB) $(BUILD)/flags
 	@mkdir -p $(@D)
-	$(CC) $(TEST_CFLAGS) $(DEFS) -DFUZZ_NAME=\"$*\" -o $@ $< tests/fuzz/replay.c $(TEST_LIB) $(LDLIBS)
+	$(CC) $(TEST_CFLAGS) $(DEFS) -DFUZZ_REPLAY -DFUZZ_NAME=\"$*\" -o $@ $< tests/fuzz/replay.c $(TEST_LIB) $(LDLIBS)
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h tests/test.h rockmate.c rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
