@@ -4,8 +4,9 @@
 # statuses (0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget).
 # Run from anywhere; prints "test_cli.sh: N passed, N failed, N skipped"
 # and exits non-zero on failure. RKM_BUILD names the build folder (default build);
-# RKM_CLI overrides the binary. Needs python3: the JSON and SVG checks are
-# batched in one python run per group, since python starts slowly.
+# RKM_CLI overrides the binary. Needs python3: the JSON and SVG checks run
+# in one python process for the whole script (pycall), since python starts
+# slowly (about 0.6 s of CPU a start here: 120 starts were half the run).
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -232,19 +233,65 @@ def planners(name, info_p, folder, sweep_p, algos):
     report(name + ": sweep: rotor's time does not grow with the budget",
            all(r[i][1] >= r[i + 1][1] - 1e-12 for i in range(len(r) - 1)), r)
 
-globals()[sys.argv[1]](*sys.argv[2:])
-EOF
+def arena_is_budget(name, out):
+    j = json.load(open(out))
+    report(name, j["arena_bytes"] == j["budget"] == j["baseline_arena"], j)
 
+def floors(name, out, algos, lower, recompute, copies):
+    """docs/formats.md's worked floors: without a link (copies "0") the lower bound
+    and every algorithm's smallest budget; with one, every smallest budget and the
+    recompute-only floor beside them."""
+    j = json.load(open(out))
+    m = j["min_budget"]
+    if copies == "1":
+        ok = all(m[a] == int(lower) for a in algos.split(",")) and j["min_budget_no_copy"] == int(recompute)
+    else:
+        ok = j["lower_bound"] == int(lower) and all(m[a] == int(recompute) for a in algos.split(","))
+    report(name, ok, (j["lower_bound"], m, j.get("min_budget_no_copy")))
+
+if sys.argv[1:] == ["--serve"]:
+    # One call a line, its arguments separated by \x1f; each answer ends
+    # with a \x04 line. An exception is the call's answer (a failure), but
+    # for values, whose caller reads figures (there it goes to stderr).
+    import traceback
+    for line in sys.stdin:
+        args = line.rstrip("\n").split("\x1f")
+        try:
+            globals()[args[0]](*args[1:])
+        except Exception:
+            print(traceback.format_exc().rstrip("\n"), file=sys.stderr if args[0] == "values" else sys.stdout)
+        print("\x04", flush=True)
+else:
+    globals()[sys.argv[1]](*sys.argv[2:])
+EOF
+coproc PY { exec python3 -u "$tmp/checks.py" --serve; }
+
+# pycall FUNCTION ARGS...: one call of a checks.py function in that python
+# process, its output lines into the array `answer`; status 1 if python has
+# ended.
+pycall() {
+    local IFS=$'\x1f' line
+    answer=()
+    [[ -n ${PY[1]:-} ]] && printf '%s\n' "$*" >&"${PY[1]}" || return 1
+    while IFS= read -r -u "${PY[0]}" line; do
+        [[ $line == $'\x04' ]] && return 0
+        answer+=("$line")
+    done
+    return 1
+}
+# pycheck FUNCTION ARGS...: a group of checks; each PASS, FAIL or SKIP line
+# its answer prints is counted, any other line (an exception) is a failure.
 pycheck() {
     local line
-    while IFS= read -r line; do
+    pycall "$@" || answer+=("python3 ended before its answer")
+    for line in "${answer[@]}"; do
         case $line in
         PASS\ *) ok ;;
         FAIL\ *) fail "${line#FAIL }" ;;
         SKIP\ *) skip "${line#SKIP }" ;;
         *) fail "python check $1: $line" ;;
         esac
-    done < <(python3 "$tmp/checks.py" "$@" 2>&1)
+    done
 }
 
 # --- usage, version, usage errors (exit 2) ------------------------------------
@@ -439,7 +486,8 @@ for g in tests/graphs/*.rkg; do
     run info "$g" --json --algo none,sqrt,rotor
     expect "$name: info --json" 0
     cp "$tmp/out" "$info"
-    read -r bp lb _ _ _ _ nb _ <<<"$(python3 "$tmp/checks.py" values "$info" 2>/dev/null)"
+    pycall values "$info"
+    read -r bp lb _ _ _ _ nb _ <<<"${answer[0]:-}"
     if [[ -z ${nb:-} ]]; then
         fail "$name: info --json gives the baseline peak"
         continue
@@ -468,8 +516,7 @@ for g in tests/graphs/*.rkg; do
     for al in 1 256 4096; do
         run plan "$g" --algo none --budget 100% --align $al --json
         expect "$name: plan --algo none --budget 100% --align $al" 0
-        check "$name: at 100% (--align $al) none's arena is the budget" \
-            python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(not (j["arena_bytes"] == j["budget"] == j["baseline_arena"]))' "$tmp/out"
+        pycheck arena_is_budget "$name: at 100% (--align $al) none's arena is the budget" "$tmp/out"
     done
     run plan "$g" --algo none --budget "$((lb - 1))"
     expect "$name: plan --algo none below the lower bound" 3
@@ -619,8 +666,8 @@ for name in multi-output inplace-split gpt2-tiny mlp16 random30 peer-gpt resnet1
     expect "$name: info --algo $list" 0
     cp "$tmp/out" "$info"
     declare -A min_of=()
-    read -r bp lb 'min_of[rockmate]' 'min_of[rotor]' 'min_of[sqrt]' 'min_of[checkmate]' _ \
-        <<<"$(python3 "$tmp/checks.py" values "$info" 2>/dev/null)"
+    pycall values "$info"
+    read -r bp lb 'min_of[rockmate]' 'min_of[rotor]' 'min_of[sqrt]' 'min_of[checkmate]' _ <<<"${answer[0]:-}"
     [[ -n ${bp:-} ]] || { fail "$name: info --algo $list gives the smallest budgets"; continue; }
     mkdir -p "$tmp/$name"
     for algo in $algos; do
@@ -679,12 +726,10 @@ floor_algos=rockmate,dtr,checkmate
 ((lp_solve)) || { floor_algos=rockmate,dtr; skip "floors: checkmate's: lp_solve is compiled out"; }
 run info "$tmp/floor.rkg" --align 1 --algo $floor_algos --json
 expect "floors: info" 0
-check "floors: recompute-only 7104 for $floor_algos, the lower bound 6104" \
-    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); m=j["min_budget"]; sys.exit(not (j["lower_bound"] == 6104 and all(m[a] == 7104 for a in sys.argv[2].split(","))))' "$tmp/out" $floor_algos
+pycheck floors "floors: recompute-only 7104 for $floor_algos, the lower bound 6104" "$tmp/out" $floor_algos 6104 7104 0
 run info "$tmp/floor.rkg" --align 1 --algo $floor_algos --copy 1e6,1e6 --json
 expect "floors: info with a link" 0
-check "floors: with copies 6104 for $floor_algos (7104 without)" \
-    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); m=j["min_budget"]; sys.exit(not (all(m[a] == 6104 for a in sys.argv[2].split(",")) and j["min_budget_no_copy"] == 7104))' "$tmp/out" $floor_algos
+pycheck floors "floors: with copies 6104 for $floor_algos (7104 without)" "$tmp/out" $floor_algos 6104 7104 1
 run plan "$tmp/floor.rkg" --align 1 --budget 6104 --copy 1e6,1e6 -o "$tmp/floor.rkp"
 expect "floors: rockmate's plan at 6104" 0
 awk '/^### What sets the smallest budgets/{f=1} f && /^```$/{n++; if (n==4) exit; next} f && n==3' docs/formats.md >"$tmp/floor-doc.rkp"
