@@ -8,9 +8,12 @@ static const char *const graphs[] = {TEST_BUNDLED_GRAPHS};
 #define N_GRAPHS (sizeof graphs / sizeof graphs[0])
 
 /* rockmate is never worse than rotor, sqrt or dtr at the same budget (20,
- * 40, .. 100 %, and the smallest), in either build (without lp_solve, with
- * no ILP options): its candidates include their plans (rotor's options are
- * among its own), and it plans wherever they do. */
+ * 60 and 100 %, and rotor's and DTR's smallest), in either build (without
+ * lp_solve, with no ILP options): its candidates include their plans
+ * (rotor's options are among its own), and it plans wherever they do. The
+ * smallest budgets are where a missing candidate shows (the others plan,
+ * rockmate must too); 20, 60 and 100 % span the rest (40 and 80 % were
+ * solves between them, of the same candidates, a sixth of the run). */
 TEST(rockmate_never_worse_than_the_others)
 {
     static const rkm_algo others[] = {RKM_ALGO_ROTOR, RKM_ALGO_SQRT, RKM_ALGO_DTR};
@@ -31,17 +34,17 @@ TEST(rockmate_never_worse_than_the_others)
             d.algo = others[a];
             CHECK(rkm_planner_create(g, &d, &po[a]) == RKM_OK);
         }
-        /* 20, 40, .. 100 %, then rotor's and DTR's smallest budgets */
-        uint64_t minm = 0, at[7];
+        /* 20, 60 and 100 %, then rotor's and DTR's smallest budgets */
+        uint64_t minm = 0, at[5];
         CHECK(rkm_planner_min_budget(pm, &minm) == RKM_OK);
-        for (int i = 0; i < 5; i++) at[i] = gs.baseline_peak / 100 * (uint64_t)(20 * (i + 1));
+        for (int i = 0; i < 3; i++) at[i] = gs.baseline_peak / 100 * (uint64_t)(20 + 40 * i);
         for (int a = 0; a < 3; a++) {
             uint64_t mino = 0;
             CHECK(rkm_planner_min_budget(po[a], &mino) == RKM_OK);
             if (others[a] != RKM_ALGO_SQRT) CHECK(minm <= mino); /* sqrt's may exceed the baseline peak */
-            if (others[a] != RKM_ALGO_SQRT) at[a ? 6 : 5] = mino;
+            if (others[a] != RKM_ALGO_SQRT) at[a ? 4 : 3] = mino;
         }
-        for (int i = 0; i < 7; i++) {
+        for (int i = 0; i < 5; i++) {
             uint64_t budget = at[i];
             rkm_plan *b = NULL;
             rkm_result rb = rkm_planner_solve(pm, budget, &b);
