@@ -183,10 +183,14 @@ TEST(plans_valid_within_budget_and_monotone)
     static const char *const scratch_graphs[] = {"gpt2-tiny", "mlp16"};
     static const char *const inplace_graphs[] = {"gpt2-tiny", "mlp16", "random30"};
     /* where a rockmate solve takes seconds (the whole-graph ILP on random30,
-     * the block ILPs on the larger graphs), and on the scratch graphs:
-     * rockmate at 50 % only, its smallest budget left to test_cli's planner
-     * checks */
-    static const char *const slow[] = {"gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "peer-gpt", "random30"};
+     * the block ILPs on the larger graphs, the smallest budget's search on
+     * resnet18-like-b32: 11 of this test's 58 s), and on the scratch
+     * graphs: rockmate at 50 % only (60 % on resnet18-like-b32, whose
+     * floor is 57 %), its smallest budget left to test_cli's planner
+     * checks (which plan at it and are refused one byte under it on
+     * resnet18-like-b32 too) */
+    static const char *const slow[] = {"gpt2-124M-b4-t64", "gpt2-xl-b4-t1024", "peer-gpt", "random30",
+                                       "resnet18-like-b32"};
     for (size_t k = 0; k < N_GRAPHS + 5; k++) {
         const char *name = k < N_GRAPHS       ? graphs[k]
                            : k < N_GRAPHS + 2 ? scratch_graphs[k - N_GRAPHS]
@@ -212,8 +216,9 @@ TEST(plans_valid_within_budget_and_monotone)
             rkm_plan *base = NULL;
             if (is_slow && d.algo == RKM_ALGO_ROCKMATE) {
                 rkm_plan *p = NULL;
-                CHECK(rkm_planner_solve(pl, gs.baseline_peak / 2, &p) == RKM_OK);
-                if (p) CHECK(p->stats.arena_bytes <= gs.baseline_peak / 2);
+                uint64_t mid = gs.baseline_peak / 100 * (strcmp(name, "resnet18-like-b32") ? 50 : 60);
+                CHECK(rkm_planner_solve(pl, mid, &p) == RKM_OK);
+                if (p) CHECK(p->stats.arena_bytes <= mid);
                 if (p) test_check_layouts(p);
                 rkm_plan_destroy(p);
                 rkm_planner_destroy(pl);
