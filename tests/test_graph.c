@@ -802,8 +802,27 @@ static int same_steps(const rkm_plan *a, const rkm_plan *b)
     return n == rkm_plan_num_steps(b) && memcmp(rkm_plan_steps(a), rkm_plan_steps(b), n * sizeof(rkm_step)) == 0;
 }
 
+/* Blocks a and b of two graphs are the same: ops, separators, class. */
+static int same_blocks(const rkm_graph *a, const rkm_graph *b)
+{
+    rkm_graph_stats sa, sb;
+    if (rkm_graph_stats_get(a, &sa) || rkm_graph_stats_get(b, &sb) || sa.blocks != sb.blocks) return 0;
+    for (int32_t k = 0; k < sa.blocks; k++) {
+        rkm_block_info x, y;
+        if (rkm_graph_block_info(a, k, &x) || rkm_graph_block_info(b, k, &y)) return 0;
+        if (x.n_ops != y.n_ops || x.input != y.input || x.output != y.output || x.class_id != y.class_id ||
+            !same_ids(x.ops, x.n_ops, y.ops, y.n_ops))
+            return 0;
+    }
+    return 1;
+}
+
 /* A graph profiled in memory and the same graph written to .rkg and read
- * back are one graph: same classes, and the same plan at every budget. */
+ * back are one graph: the same blocks, each of the same class, and the
+ * same plan (rockmate's, which plans a class's blocks alike) at 40 %, a
+ * budget where each recomputes. The blocks are compared directly, so one
+ * budget suffices for the plans (100, 60 and 30 % were three more solves
+ * of each graph, 1.8 s apiece on peer-gpt under the sanitizers). */
 TEST(profiled_graph_plans_as_its_file)
 {
     static const char *names[] = {"gpt2-tiny", "peer-gpt", "mlp16"};
@@ -820,12 +839,13 @@ TEST(profiled_graph_plans_as_its_file)
         if (text.data) CHECK(rkm_graph_read_string(ctx, text.data, text.len, "profiled.rkg", &back) == RKM_OK);
         if (back) {
             CHECK(same_graph(prof, back));
+            CHECK(same_blocks(prof, back));
             rkm_graph_stats s0, s1;
             CHECK(rkm_graph_stats_get(g, &s0) == RKM_OK && rkm_graph_stats_get(prof, &s1) == RKM_OK);
             CHECK(s0.baseline_time != s1.baseline_time); /* the profile did change the costs */
             /* and the classes: a graph that kept its old classes would plan differently */
             CHECK(s0.block_classes != s1.block_classes);
-            static const double pcts[] = {100, 60, 40, 30};
+            static const double pcts[] = {40};
             rkm_solve_desc sd;
             memset(&sd, 0, sizeof sd); /* zero: the build's best algorithm */
             rkm_planner *on_prof = NULL, *on_back = NULL; /* one planner a graph: its block ILPs once */
