@@ -65,7 +65,10 @@ static void plans_fit(rkm_graph *g, rkm_algo algo, uint64_t align, const char *n
 }
 
 /* Every bundled graph, every fast algorithm, at 90..20 % and the smallest
- * budget, at the default alignment (256) and at 1 and 4096. The slow ones
+ * budget, at the default alignment (256) and at 1 and 4096 (but on
+ * gpt2-xl-b4-t1024, whose tensors are megabytes: there a few KiB of
+ * rounding a buffer is the same instance as at 256, and each alignment
+ * took 3.6 s of DTR's and rotor's searches). The slow ones
  * at 50 % and the smallest budget on the graphs where they take seconds,
  * not tens (test_plan checks rockmate's arenas at the default alignment on
  * every graph from 30 to 100 %, fuzz_planner on random graphs at 1):
@@ -79,8 +82,9 @@ TEST(every_plan_fits_its_budget)
         rkm_context *ctx = test_new_ctx();
         rkm_graph *g = test_load_graph(ctx, graphs[k]);
         CHECK(g != NULL);
+        size_t n_aligns = strcmp(graphs[k], "gpt2-xl-b4-t1024") ? N_OF(aligns) : 1;
         for (size_t a = 0; g && a < N_OF(fast); a++)
-            for (size_t l = 0; l < N_OF(aligns); l++) plans_fit(g, fast[a], aligns[l], graphs[k]);
+            for (size_t l = 0; l < n_aligns; l++) plans_fit(g, fast[a], aligns[l], graphs[k]);
         for (size_t s = 0; g && s < N_OF(slow_graphs); s++) {
             if (strcmp(graphs[k], slow_graphs[s]) != 0) continue;
             plans_fit(g, RKM_ALGO_CHECKMATE, 0, graphs[k]);
