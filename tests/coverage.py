@@ -6,7 +6,8 @@
 Reads every BUILD/**/*.gcda through gcov's JSON output (gcov -t -j -b, no
 lcov or gcovr needed) and adds up the counts of each source line over all
 the objects that hold it: the sources' own objects (tests that include
-src/internal.h), and rockmate.c, compiled into the tests that include it
+src/internal.h, and the src/*.c files such a test includes itself), and
+rockmate.c, compiled into the tests that include it
 and into the tests' library, whose lines are mapped back to src/ (rockmate.c
 is src/'s files one after another, each under a "/* ==== src/F ==== */"
 line, their `#include "internal.h"` lines left out). A line counts when it

@@ -1,6 +1,6 @@
 /* Plan files (.rkp) of version 2: the alignment and the fingerprint of the
  * graph a plan was made for, and version 1 files reading as before. */
-#include "../rockmate.c"
+#include "../src/internal.h"
 #include "test.h"
 
 /* In-place ops, a nograd tensor, a phantom with scratch, both workspaces
