@@ -5,10 +5,10 @@
  * allocator, gets a layout that is that allocator's. */
 #include "../src/internal.h"
 /* white box: the placer on hand-made buffers. The statics it calls are
- * layout.c's and planner.c's; the rest links from the sources' objects
+ * layout.c's and drive.c's; the rest links from the sources' objects
  * (compiling the whole library into each test took ~25 s of its build). */
 #include "../src/layout.c"
-#include "../src/planner.c"
+#include "../src/drive.c"
 #include "test.h"
 
 static const char *const graphs[] = {TEST_BUNDLED_GRAPHS};

@@ -3,11 +3,12 @@
  * (never worse than rotor, sqrt or DTR), so that each program runs in a few
  * minutes under the sanitizers. */
 #include "../src/internal.h"
-/* white box: the statics it calls are search.c's, nest.c's and planner.c's; the rest links
- * from the sources' objects (compiling the whole library into each test
+/* white box: the statics it calls are search.c's, nest.c's, drive.c's and planner.c's; the
+ * rest links from the sources' objects (compiling the whole library into each test
  * took ~25 s of its build). */
 #include "../src/search.c"
 #include "../src/nest.c"
+#include "../src/drive.c"
 #include "../src/planner.c"
 #include "test.h"
 
