@@ -29,6 +29,7 @@ TEST(rockmate_squeezes_plans_for_more_memory)
     for (int k = 0; k < 2; k++) {
         rkm_graph *g = test_load_graph(ctx, names[k]);
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         rkm_plan *p = NULL;
         if (g) CHECK(rkm_plan_solve(g, &d, budgets[k], &p) == RKM_OK && p);
         if (p) CHECK(p->stats.peak <= budgets[k] && p->stats.overhead < before[k] - 0.02);
@@ -75,6 +76,7 @@ TEST(rockmate_meets_the_reference_plans)
             rkm_graph_destroy(g);
             pl = NULL;
             rkm_solve_desc d = {0};
+            d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
             g = test_load_graph(ctx, cases[k].graph);
             CHECK(g && rkm_planner_create(g, &d, &pl) == RKM_OK);
         }
@@ -118,6 +120,7 @@ TEST(u_net_blocks_nest)
         CHECK(g && g->n_blocks == 4 && g->blocks[1].n_ops == cases[k].block_ops);
         if (!g) continue;
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         d.algo = RKM_ALGO_ROCKMATE;
         d.nest_ops = cases[k].nest_ops;
         rkm_planner *pl = NULL;
@@ -171,6 +174,7 @@ TEST(nested_plans_map_to_block_options)
             for (int j = 0; j < 4; j++) {
                 rkm_plan *p = NULL;
                 rkm_solve_desc d = {0};
+                d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
                 d.algo = RKM_ALGO_DTR;
                 uint64_t budget = h->stats.lower_bound + (h->stats.baseline_peak - h->stats.lower_bound) / 3 * (uint64_t)j;
                 if (j == 3) CHECK(rkm_plan_baseline(h, &p) == RKM_OK);
@@ -209,6 +213,7 @@ TEST(nesting_never_worse_than_the_flat_ilp)
     rkm_planner *pl[2] = {NULL, NULL};
     for (int k = 0; k < 2 && g; k++) {
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         d.algo = RKM_ALGO_ROCKMATE;
         d.ilp_budget = 1000;
         d.nest_ops = k ? -1 : 12; /* the default, 24, leaves a 17-op block flat */
@@ -257,6 +262,7 @@ TEST(rockmate_falls_back_on_dtr_where_its_arena_is_over)
     const rkm_algo algos[2] = {RKM_ALGO_ROCKMATE, RKM_ALGO_DTR};
     for (int k = 0; k < 2 && g; k++) {
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         d.algo = algos[k];
         CHECK(rkm_planner_create(g, &d, &pl[k]) == RKM_OK);
     }
@@ -351,6 +357,7 @@ TEST(drop_plans_map_to_block_options)
         rkm_graph *g = test_load_graph(ctx, names[k]);
         rkm_planner *pl = NULL;
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         d.algo = RKM_ALGO_ROTOR; /* rkm__drop_plan's planner: its context and name only */
         if (g) CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
         int32_t *map = g ? malloc((g->n_tensors + 1) * sizeof *map) : NULL;
@@ -378,6 +385,7 @@ TEST(drop_options_on_a_dag_chain)
     rkm_graph *g = test_load_graph(ctx, "dag4x50");
     rkm_planner *pl = NULL;
     rkm_solve_desc d = {0};
+    d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
     if (g) CHECK(rkm_planner_create(g, &d, &pl) == RKM_OK);
     if (pl) {
         CHECK(g->n_blocks == 9 && g->blocks[3].n_ops == 50 && pl->bo[3].n_opt > 4);
@@ -407,6 +415,7 @@ TEST(kicks_run_on_large_graphs)
     rkm_planner *pl[2] = {NULL, NULL};
     for (int k = 0; k < 2 && g; k++) {
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         d.algo = RKM_ALGO_ROCKMATE;
         CHECK(rkm_planner_create(g, &d, &pl[k]) == RKM_OK);
     }
@@ -459,6 +468,7 @@ TEST(search_plans_fit_their_arena)
         rkm_graph *g = test_load_graph(ctx, names[i]);
         rkm_planner *pl = NULL;
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         CHECK(g && rkm_planner_create(g, &d, &pl) == RKM_OK);
         if (pl) {
             uint64_t budget = g->stats.baseline_peak / 100 * 30, arena = UINT64_MAX;
@@ -498,6 +508,7 @@ TEST(resumed_replays_match_whole_ones)
         rkm_graph *g = test_load_graph(ctx, names[i]);
         rkm_planner *pl = NULL;
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         rkm_plan *p = NULL;
         d.algo = RKM_ALGO_ROTOR;
         CHECK(g && rkm_planner_create(g, &d, &pl) == RKM_OK);

@@ -39,6 +39,7 @@ static void run_job(job *j)
         j->failed = 1;
     } else {
         rkm_solve_desc d = {0};
+        d.time_limit = 1000; /* the work meters end every call: no cut on a slow or busy machine */
         d.algo = j->algo;
         rkm_planner *pl = NULL;
         if (rkm_planner_create(g, &d, &pl) != RKM_OK) j->failed = 1;
