@@ -24,6 +24,12 @@
 
 #define BF_MAX_OPS 10
 #define BF_MAX_STATES (1u << 20)
+/* The state table starts at this many slots and doubles, rehashed, up to
+ * BF_MAX_STATES, where more than half full is an overflow as before: a
+ * table of BF_MAX_STATES from the start was 40 MB to allocate and clear for
+ * each of the hundreds of searches, most of a few hundred states (most of
+ * this program's time went to the kernel's page faults and the clearing). */
+#define BF_FIRST_STATES (1u << 12)
 
 typedef struct bf {
     const rkm_graph *g;
@@ -118,11 +124,55 @@ static size_t bf_slot(bf *p, uint64_t key)
     return i;
 }
 
+/* The table's arrays for cap slots (none used); 0 if out of memory. */
+static int bf_alloc(bf *p, size_t cap)
+{
+    p->cap = cap;
+    p->keys = malloc(cap * sizeof *p->keys);
+    p->parent = malloc(cap * sizeof *p->parent);
+    p->via = malloc(cap * sizeof *p->via);
+    p->dist = malloc(cap * sizeof *p->dist);
+    p->used = calloc(cap, 1);
+    p->done = calloc(cap, 1);
+    return p->keys && p->parent && p->via && p->dist && p->used && p->done;
+}
+
+static void bf_free(bf *p)
+{
+    free(p->keys), free(p->parent), free(p->via), free(p->dist), free(p->used), free(p->done);
+}
+
+/* Twice the slots, every state moved over; 0 if out of memory. */
+static int bf_grow(bf *p)
+{
+    bf old = *p;
+    if (!bf_alloc(p, 2 * old.cap)) {
+        bf_free(p);
+        *p = old;
+        return 0;
+    }
+    for (size_t i = 0; i < old.cap; i++) {
+        if (!old.used[i]) continue;
+        size_t j = bf_slot(p, old.keys[i]);
+        p->used[j] = 1, p->keys[j] = old.keys[i], p->parent[j] = old.parent[i], p->via[j] = old.via[i];
+        p->dist[j] = old.dist[i], p->done[j] = old.done[i];
+    }
+    bf_free(&old);
+    return 1;
+}
+
 static void bf_push(bf *p, uint64_t key, double d)
 {
     size_t i = bf_slot(p, key);
     if (p->used[i] && (p->done[i] || p->dist[i] <= d)) return;
     if (!p->used[i]) {
+        if (p->n_states + 1 > p->cap / 2 && p->cap < BF_MAX_STATES) {
+            if (!bf_grow(p)) {
+                p->overflow = 1;
+                return;
+            }
+            i = bf_slot(p, key);
+        }
         if (++p->n_states > p->cap / 2) {
             p->overflow = 1;
             return;
@@ -223,16 +273,9 @@ static double bf_solve(const rkm_graph *g, const int32_t *ops, int32_t n, int32_
     memcpy(p.ops, ops, (size_t)n * sizeof *ops);
     for (int32_t v = n; v-- > 0;)
         if (g->ops[ops[v]].has_bwd) p.bop[p.nb++] = v;
-    p.cap = BF_MAX_STATES;
-    p.keys = malloc(p.cap * sizeof *p.keys);
-    p.parent = malloc(p.cap * sizeof *p.parent);
-    p.via = malloc(p.cap * sizeof *p.via);
-    p.dist = malloc(p.cap * sizeof *p.dist);
-    p.used = calloc(p.cap, 1);
-    p.done = calloc(p.cap, 1);
+    int table = bf_alloc(&p, BF_FIRST_STATES);
     double best = -1;
-    if (g->n_tensors <= 24 && n <= BF_MAX_OPS && p.keys && p.parent && p.via && p.dist && p.used && p.done &&
-        rkm__sim_init(g, &p.s) == RKM_OK) {
+    if (g->n_tensors <= 24 && n <= BF_MAX_OPS && table && rkm__sim_init(g, &p.s) == RKM_OK) {
         rkm__sim_give_tensor(&p.s, x_in);
         p.from = UINT64_MAX;
         if (p.s.mem <= peak) bf_push(&p, bf_store(&p, 0, 0, -1), 0);
@@ -260,7 +303,8 @@ static double bf_solve(const rkm_graph *g, const int32_t *ops, int32_t n, int32_
         rkm__sim_free(&p.s);
     }
     CHECK(!p.overflow && g->n_tensors <= 24);
-    free(p.keys), free(p.parent), free(p.via), free(p.dist), free(p.used), free(p.done), free(p.heap.v);
+    bf_free(&p);
+    free(p.heap.v);
     return best;
 }
 
