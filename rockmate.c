@@ -128,12 +128,6 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #ifndef RKM__ILP_CACHE
 #define RKM__ILP_CACHE 64 /* schedules remembered per block */
 #endif
-#ifndef RKM__ILP_FLAT_OPS
-#define RKM__ILP_FLAT_OPS 24 /* ops: larger blocks with nested options get no block ILP */
-#endif
-#ifndef RKM__ILP_MAX_OPS
-#define RKM__ILP_MAX_OPS 48 /* ops: larger blocks get no block ILP at all */
-#endif
 #ifndef RKM__ILP_HARD_KEPT
 #define RKM__ILP_HARD_KEPT 0.6 /* fraction of the kept budgets a hard class gets */
 #endif
@@ -179,9 +173,6 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ---- DTR (dtr.c) ---- */
 
-#ifndef RKM__DTR_MAX_WORK
-#define RKM__DTR_MAX_WORK 4e7 /* ops x tensors: larger graphs get no DTR candidates in rockmate */
-#endif
 #ifndef RKM__DTR_STEPS_PER_OBJECT
 #define RKM__DTR_STEPS_PER_OBJECT 16 /* steps a DTR run may take per op and tensor */
 #endif
@@ -208,6 +199,28 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #endif
 #ifndef RKM__WORK_MIN_BUDGET
 #define RKM__WORK_MIN_BUDGET 32 /* solves' work the smallest budget's search may do */
+#endif
+
+/* ---- effort: what a graph's size affords (progress.c, rkm__affords) ----
+ * The one rule for the parts whose cost grows as the square of the ops
+ * they work on (the graph's, or a block's): a part runs where
+ * need x ops^2 <= W, W the graph's solve work above. Since W grows with
+ * the graph, so does what it affords; at W's floor the levels below fall
+ * at 64, 256, 48, 24 and 1264 ops. */
+#ifndef RKM__NEED_GRAPH_ILP
+#define RKM__NEED_GRAPH_ILP 31250.0 /* units per op^2: the whole-graph ILP, the rungs, the small bisection, full kicks */
+#endif
+#ifndef RKM__NEED_KICKS
+#define RKM__NEED_KICKS 1950.0 /* units per op^2: the kicks (half the squeeze's work below the ILP's level) */
+#endif
+#ifndef RKM__NEED_BLOCK_ILP
+#define RKM__NEED_BLOCK_ILP 55000.0 /* units per block op^2: a block ILP */
+#endif
+#ifndef RKM__NEED_NESTED_ILP
+#define RKM__NEED_NESTED_ILP 220000.0 /* units per block op^2: a block ILP beside nested options */
+#endif
+#ifndef RKM__NEED_DTR
+#define RKM__NEED_DTR 80.0 /* units per op^2: DTR's plans among rockmate's candidates */
 #endif
 
 /* ---- the search (search.c): a share of the call's work a try ---- */
@@ -243,10 +256,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__KICK_TRIALS 64 /* kicks a solve at most */
 #endif
 #ifndef RKM__KICK_WORK_LARGE
-#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2) /* replayed steps of the kicks' squeeze above the ILP's size */
-#endif
-#ifndef RKM__KICK_MAX_OPS
-#define RKM__KICK_MAX_OPS 256 /* ops: larger graphs get no kicks */
+#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2) /* replayed steps of the kicks' squeeze below the ILP's level */
 #endif
 #ifndef RKM__RUNG_KICK_TRIALS
 #define RKM__RUNG_KICK_TRIALS 32 /* kicks a rung at most */
@@ -256,9 +266,6 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #endif
 #ifndef RKM__MISSED_KICK_TRIALS
 #define RKM__MISSED_KICK_TRIALS 32 /* kicks of the missed DTR plan's track at most */
-#endif
-#ifndef RKM__WHOLE_GRAPH_OPS
-#define RKM__WHOLE_GRAPH_OPS 64 /* ops: larger graphs get no whole-graph ILP in rockmate */
 #endif
 #ifndef RKM__WHOLE_GRAPH_SECONDS
 #define RKM__WHOLE_GRAPH_SECONDS 0.5 /* seconds of ILP work a whole-graph solve */
@@ -1166,10 +1173,16 @@ RKM__PRIVATE void rkm__work_start(rkm_planner *pl, uint64_t limit);
 RKM__PRIVATE uint64_t rkm__work_left(rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_spent(rkm_planner *pl);
 RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work);
-RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim);
-RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed);
+typedef struct rkm__ilp_turn {
+    double lim;   /* the solve's work limit, in seconds of ILP work */
+    double work0; /* pl->ilp.work before it */
+} rkm__ilp_turn;
+RKM__PRIVATE rkm__ilp_turn rkm__work_ilp_begin(rkm_planner *pl, double lim);
+RKM__PRIVATE void rkm__work_ilp_end(rkm_planner *pl, rkm__ilp_turn t);
 RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow);
 RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was);
+RKM__PRIVATE uint64_t rkm__work_solve(const rkm_graph *g);
+RKM__PRIVATE int rkm__affords(const rkm_graph *g, int64_t ops, double need);
 RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
 RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
 RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
@@ -1246,7 +1259,6 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
 /* drive.c */
-RKM__PRIVATE uint64_t rkm__work_solve(const rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl);
 RKM__PRIVATE int rkm__uses_chain(rkm_algo a);
@@ -1259,7 +1271,6 @@ RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, r
 RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* planner.c */
-RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
 RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 
 #endif /* RKM__INTERNAL_H */
@@ -9768,19 +9779,23 @@ RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work)
     t->work_spent = work < UINT64_MAX - t->work_spent ? t->work_spent + work : UINT64_MAX;
 }
 
-/* ILP work in the meter's units: seconds of it (as rkm__ilp_stats.work
- * counts them) at RKM__ILP_STEPS_PER_S, the greedy's calibration. A solve
- * is given at most what is left (rkm__work_ilp_seconds) and charged what
- * it did, within that: lp_solve stops at its work limit, give or take the
- * one callback at which it sees it. */
-RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim)
+/* An ILP solve on the call's meter. ILP work is counted in seconds (as
+ * rkm__ilp_stats.work counts them), RKM__ILP_STEPS_PER_S units each, the
+ * greedy's calibration. rkm__work_ilp_begin: the solve's work limit, at
+ * most `lim` and what the meter has left; rkm__work_ilp_end charges what
+ * it did within that (lp_solve stops at its limit, give or take the one
+ * callback at which it sees it), ends its progress figure and checks the
+ * deadline, where it may have stopped. */
+RKM__PRIVATE rkm__ilp_turn rkm__work_ilp_begin(rkm_planner *pl, double lim)
 {
-    return fmin(lim, (double)rkm__work_left(pl) / RKM__ILP_STEPS_PER_S);
+    return (rkm__ilp_turn){fmin(lim, (double)rkm__work_left(pl) / RKM__ILP_STEPS_PER_S), pl->ilp.work};
 }
 
-RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed)
+RKM__PRIVATE void rkm__work_ilp_end(rkm_planner *pl, rkm__ilp_turn t)
 {
-    rkm__work_charge(pl, (uint64_t)(fmin(fmax(seconds, 0), allowed) * RKM__ILP_STEPS_PER_S));
+    rkm__work_charge(pl, (uint64_t)(fmin(fmax(pl->ilp.work - t.work0, 0), t.lim) * RKM__ILP_STEPS_PER_S));
+    pl->prog.ilp = 0;
+    (void)rkm__over(pl);
 }
 
 /* The part that follows may spend `allow` more, whatever the part around
@@ -9795,6 +9810,23 @@ RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow)
 }
 
 RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was) { rkm__top(pl)->work_cap = was; }
+
+/* W: a solve's work, from the graph's size alone (the rule: internal.h,
+ * RKM__WORK_MIN). */
+RKM__PRIVATE uint64_t rkm__work_solve(const rkm_graph *g)
+{
+    double w = (double)RKM__WORK_PER_OBJECT * (double)(g->n_ops + g->n_tensors);
+    return w < (double)RKM__WORK_MIN ? RKM__WORK_MIN : w >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)w;
+}
+
+/* The one effort rule (internal.h, RKM__NEED_GRAPH_ILP): does g afford a
+ * part that costs `need` units per square of the `ops` it works on (g's
+ * own or a block's)? Parts whose cost grows with the graph, not faster,
+ * are bounded by the meter alone. */
+RKM__PRIVATE int rkm__affords(const rkm_graph *g, int64_t ops, double need)
+{
+    return need * (double)ops * (double)ops <= (double)rkm__work_solve(g);
+}
 
 /* Past the call's deadline (time_limit), or cancelled by the progress
  * callback: 1, and the call is cut. Also 1, without a cut, once the
@@ -10430,7 +10462,7 @@ RKM__PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_pla
  * chain of 20000 ops: 9 s a run); `--algo dtr` always runs. */
 RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
 {
-    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM__DTR_MAX_WORK;
+    return pl->d.algo == RKM_ALGO_DTR || rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_DTR);
 }
 
 /* The faster of two plans (a on a tie); the other is destroyed. */
@@ -11138,13 +11170,10 @@ RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doub
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    double w0 = pl->ilp.work;
-    time_limit = rkm__work_ilp_seconds(pl, time_limit);
-    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
+    rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit);
+    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, t.lim, &steps, &n, prefer, &pl->ilp, &found)
                : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
-    rkm__work_charge_ilp(pl, pl->ilp.work - w0, time_limit);
-    pl->prog.ilp = 0;
-    (void)rkm__over(pl);
+    rkm__work_ilp_end(pl, t);
     rkm_plan *base = NULL, *x = NULL;
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, n, n}; /* the draft takes the steps */
@@ -11184,11 +11213,9 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    double w0 = pl->ilp.work, lim = rkm__work_ilp_seconds(pl, time_limit);
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, lim, &steps, &nf, &nb, &pl->ilp, &found);
-    rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
-    pl->prog.ilp = 0;
-    (void)rkm__over(pl); /* it may have stopped at the deadline */
+    rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
+    rkm__work_ilp_end(pl, t);
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
         steps = NULL;
@@ -12187,8 +12214,9 @@ RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rk
  * 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
 RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
 {
-    if (g->n_ops > RKM__KICK_MAX_OPS) return 0;
-    return g->n_ops <= RKM__WHOLE_GRAPH_OPS ? RKM__SQUEEZE_WORK : RKM__KICK_WORK_LARGE;
+    int64_t n = (int64_t)g->n_ops;
+    if (!rkm__affords(g, n, RKM__NEED_KICKS)) return 0;
+    return rkm__affords(g, n, RKM__NEED_GRAPH_ILP) ? RKM__SQUEEZE_WORK : RKM__KICK_WORK_LARGE;
 }
 
 /* A copy of w.full as a plan when it replays valid at any peak, else NULL. */
@@ -12274,7 +12302,7 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * without it, in 2.6 s instead of 4.7). */
 static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || (ask.skip & RKM__SKIP_ILP)) return RKM_OK;
+    if (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || (ask.skip & RKM__SKIP_ILP)) return RKM_OK;
     rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, 0, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
@@ -12304,9 +12332,9 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm__ask a
  * kicks are local searches that can end better from a tighter start (on
  * mlp16, rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline
  * peak but 40.56 % at 39 % to 42 %, and squeezing and kicking at 96 % or
- * 90 % of those budgets finds the 37.86 % plan again). Rungs run on graphs
- * of up to RKM__WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
- * from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
+ * 90 % of those budgets finds the 37.86 % plan again). Rungs run where the
+ * graph affords the whole-graph ILP (rkm__affords): on gpt2-124M (125 ops)
+ * they took a solve from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
  * one work meter and stops at its deadline. */
 typedef struct rkm__phase {
     double at; /* the budget's fraction it searches at */
@@ -12425,7 +12453,7 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
-        if (k > 0 && (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || rkm__over(pl))) break;
+        if (k > 0 && (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
     if (!r && missed && best) r = rkm__missed_track(pl, budget, missed, &best);
@@ -12806,13 +12834,6 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
 
 /* ---- the work a call may do (the rule: internal.h, RKM__WORK_MIN) -------- */
 
-/* W: a solve's work, from the graph's size alone. */
-RKM__PRIVATE uint64_t rkm__work_solve(const rkm_planner *pl)
-{
-    double w = (double)RKM__WORK_PER_OBJECT * (double)(pl->g->n_ops + pl->g->n_tensors);
-    return w < (double)RKM__WORK_MIN ? RKM__WORK_MIN : w >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)w;
-}
-
 /* Checkmate's ILP work a solve (half of time_limit, measured like
  * ilp_time_limit; as much again with copies), in the meter's units. */
 RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl)
@@ -12826,7 +12847,7 @@ RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl)
  * so that its result does not depend on the order of the calls. */
 static uint64_t rkm__work_min(const rkm_planner *pl)
 {
-    return RKM__WORK_MIN_BUDGET * rkm__work_solve(pl) + rkm__work_checkmate(pl);
+    return RKM__WORK_MIN_BUDGET * rkm__work_solve(pl->g) + rkm__work_checkmate(pl);
 }
 
 /* What a call on the planner may still have to seek of the smallest
@@ -13042,7 +13063,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS / 2);
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM__WHOLE_GRAPH_OPS) {
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE &&
+        rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP)) {
         rkm__progress_part(pl, RKM__PROGRESS_FLOORS / 2, RKM__PROGRESS_FLOORS);
         r = rkm__bisect(pl, rkm__probe_small, NULL, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     }
@@ -13356,8 +13378,6 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
     return RKM_OK;
 }
 
-RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
-
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
@@ -13365,7 +13385,7 @@ static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64
 {
     pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
     pl->cut = 0;
-    rkm__work_start(pl, (stage == RKM_STAGE_SOLVE ? rkm__work_solve(pl) + rkm__work_checkmate(pl) : 0) +
+    rkm__work_start(pl, (stage == RKM_STAGE_SOLVE ? rkm__work_solve(pl->g) + rkm__work_checkmate(pl) : 0) +
                             rkm__work_min_left(pl));
     rkm__progress_begin(pl, stage, budget);
 }
@@ -13448,10 +13468,9 @@ static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block
         int found = 0;
         int32_t timeouts = pl->ilp.timeout;
         rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
-        double lim = rkm__work_ilp_seconds(pl, fmin(gr->lim, share)), w0 = pl->ilp.work;
-        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
-        rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
-        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
+        rkm__ilp_turn t = rkm__work_ilp_begin(pl, fmin(gr->lim, share));
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
+        rkm__work_ilp_end(pl, t);
         if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
         if (r || !found) continue;
         rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
@@ -13532,7 +13551,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     rkm_result r = rkm__nest_options(pl, rkm__planner_make, s, b, peak_lo, peak_hi, allow, &nested);
     if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
     double left = allow - (pl->ilp.work - work0);
-    if (!r && !(nested && b->n_ops > RKM__ILP_FLAT_OPS) && b->n_ops <= RKM__ILP_MAX_OPS && RKM__HAVE_ILP) {
+    if (!r && rkm__affords(g, b->n_ops, nested ? RKM__NEED_NESTED_ILP : RKM__NEED_BLOCK_ILP) && RKM__HAVE_ILP) {
         /* a share below a tenth of one solve's limit buys no solve but costs
          * the model's build (a chain of 5000 distinct blocks: 17 s of it);
          * it is spent all the same, or the last of many such classes would
@@ -13674,7 +13693,7 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
     if (!parent) /* creation: the block ILP pool, and a solve's worth for the nested planners */
-        rkm__work_start(pl, rkm__work_solve(pl) + (uint64_t)(fmin(d.ilp_budget, 0x1p32) * RKM__ILP_STEPS_PER_S));
+        rkm__work_start(pl, rkm__work_solve(pl->g) + (uint64_t)(fmin(d.ilp_budget, 0x1p32) * RKM__ILP_STEPS_PER_S));
     rkm__search_begin(pl, RKM__ASK_SOLVE); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
     pl->deadline = pl->t0 + d.time_limit;
@@ -13702,7 +13721,7 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
         rkm_planner_destroy(pl);
         return r;
     }
-    pl->create_seconds = rkm__elapsed(pl);
+    pl->create_seconds = rkm__now() - pl->t0;
     pl->create_cut = pl->cut;
     pl->cuts = pl->cut;
     *out = pl;
@@ -13832,7 +13851,7 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
     int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
-    uint64_t was = rkm__work_part(pl, rkm__work_solve(pl) + rkm__work_checkmate(pl)); /* the rest: the smallest budget's */
+    uint64_t was = rkm__work_part(pl, rkm__work_solve(pl->g) + rkm__work_checkmate(pl)); /* the rest: the smallest budget's */
     rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, RKM__ASK_SOLVE, &p, NULL);
     rkm__work_part_end(pl, was);
     if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))

@@ -1,12 +1,13 @@
-/* bench_kick: what the kicks buy on graphs of more than 64 ops, side by side.
+/* bench_kick: what the kicks buy on graphs too large for the whole-graph ILP, side by side.
  *
  *   build/bench/bench_kick
  *
- * The kicks (section 12 of rockmate.c: drop one recomputation of the best
- * plan, squeeze it back within the budget, polish) ran only on graphs small
- * enough for the whole-graph ILP (64 ops); they now run on graphs of up to
- * 256 ops, with half the squeeze's work above 64. For every bundled graph of
- * 65 to 256 ops,
+ * The kicks (search.c: drop one recomputation of the best plan, squeeze it
+ * back within the budget, polish) ran only on graphs small enough for the
+ * whole-graph ILP (64 ops); they now run on every graph that affords them
+ * (rkm__affords, RKM__NEED_KICKS: 256 ops at W's floor), with half the
+ * squeeze's work where the graph does not afford the whole-graph ILP. For
+ * every bundled graph of 65 to 256 ops,
  * at 90..25 % of the baseline peak: rockmate's overhead in % with the kicks
  * and without (the planner's kick work set to 0), their ratio
  * (1 + kicked) / (1 + unkicked), and the planning time of each (create +

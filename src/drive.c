@@ -11,13 +11,6 @@
 
 /* ---- the work a call may do (the rule: internal.h, RKM__WORK_MIN) -------- */
 
-/* W: a solve's work, from the graph's size alone. */
-RKM__PRIVATE uint64_t rkm__work_solve(const rkm_planner *pl)
-{
-    double w = (double)RKM__WORK_PER_OBJECT * (double)(pl->g->n_ops + pl->g->n_tensors);
-    return w < (double)RKM__WORK_MIN ? RKM__WORK_MIN : w >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)w;
-}
-
 /* Checkmate's ILP work a solve (half of time_limit, measured like
  * ilp_time_limit; as much again with copies), in the meter's units. */
 RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl)
@@ -31,7 +24,7 @@ RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl)
  * so that its result does not depend on the order of the calls. */
 static uint64_t rkm__work_min(const rkm_planner *pl)
 {
-    return RKM__WORK_MIN_BUDGET * rkm__work_solve(pl) + rkm__work_checkmate(pl);
+    return RKM__WORK_MIN_BUDGET * rkm__work_solve(pl->g) + rkm__work_checkmate(pl);
 }
 
 /* What a call on the planner may still have to seek of the smallest
@@ -247,7 +240,8 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
         if (pl->d.algo == RKM_ALGO_ROCKMATE) rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS / 2);
         if (!(r = rkm__dtr_min_budget(pl, &dtr)) && dtr < *out) *out = dtr, *at = pl->dtr_min_at;
     }
-    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE && pl->g->n_ops <= RKM__WHOLE_GRAPH_OPS) {
+    if (!r && pl->d.algo == RKM_ALGO_ROCKMATE &&
+        rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP)) {
         rkm__progress_part(pl, RKM__PROGRESS_FLOORS / 2, RKM__PROGRESS_FLOORS);
         r = rkm__bisect(pl, rkm__probe_small, NULL, RKM__BISECT_SMALL, 1, pl->lower_bound, out, at, NULL);
     }

@@ -93,12 +93,6 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #ifndef RKM__ILP_CACHE
 #define RKM__ILP_CACHE 64 /* schedules remembered per block */
 #endif
-#ifndef RKM__ILP_FLAT_OPS
-#define RKM__ILP_FLAT_OPS 24 /* ops: larger blocks with nested options get no block ILP */
-#endif
-#ifndef RKM__ILP_MAX_OPS
-#define RKM__ILP_MAX_OPS 48 /* ops: larger blocks get no block ILP at all */
-#endif
 #ifndef RKM__ILP_HARD_KEPT
 #define RKM__ILP_HARD_KEPT 0.6 /* fraction of the kept budgets a hard class gets */
 #endif
@@ -144,9 +138,6 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ---- DTR (dtr.c) ---- */
 
-#ifndef RKM__DTR_MAX_WORK
-#define RKM__DTR_MAX_WORK 4e7 /* ops x tensors: larger graphs get no DTR candidates in rockmate */
-#endif
 #ifndef RKM__DTR_STEPS_PER_OBJECT
 #define RKM__DTR_STEPS_PER_OBJECT 16 /* steps a DTR run may take per op and tensor */
 #endif
@@ -173,6 +164,28 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #endif
 #ifndef RKM__WORK_MIN_BUDGET
 #define RKM__WORK_MIN_BUDGET 32 /* solves' work the smallest budget's search may do */
+#endif
+
+/* ---- effort: what a graph's size affords (progress.c, rkm__affords) ----
+ * The one rule for the parts whose cost grows as the square of the ops
+ * they work on (the graph's, or a block's): a part runs where
+ * need x ops^2 <= W, W the graph's solve work above. Since W grows with
+ * the graph, so does what it affords; at W's floor the levels below fall
+ * at 64, 256, 48, 24 and 1264 ops. */
+#ifndef RKM__NEED_GRAPH_ILP
+#define RKM__NEED_GRAPH_ILP 31250.0 /* units per op^2: the whole-graph ILP, the rungs, the small bisection, full kicks */
+#endif
+#ifndef RKM__NEED_KICKS
+#define RKM__NEED_KICKS 1950.0 /* units per op^2: the kicks (half the squeeze's work below the ILP's level) */
+#endif
+#ifndef RKM__NEED_BLOCK_ILP
+#define RKM__NEED_BLOCK_ILP 55000.0 /* units per block op^2: a block ILP */
+#endif
+#ifndef RKM__NEED_NESTED_ILP
+#define RKM__NEED_NESTED_ILP 220000.0 /* units per block op^2: a block ILP beside nested options */
+#endif
+#ifndef RKM__NEED_DTR
+#define RKM__NEED_DTR 80.0 /* units per op^2: DTR's plans among rockmate's candidates */
 #endif
 
 /* ---- the search (search.c): a share of the call's work a try ---- */
@@ -208,10 +221,7 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #define RKM__KICK_TRIALS 64 /* kicks a solve at most */
 #endif
 #ifndef RKM__KICK_WORK_LARGE
-#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2) /* replayed steps of the kicks' squeeze above the ILP's size */
-#endif
-#ifndef RKM__KICK_MAX_OPS
-#define RKM__KICK_MAX_OPS 256 /* ops: larger graphs get no kicks */
+#define RKM__KICK_WORK_LARGE (RKM__SQUEEZE_WORK / 2) /* replayed steps of the kicks' squeeze below the ILP's level */
 #endif
 #ifndef RKM__RUNG_KICK_TRIALS
 #define RKM__RUNG_KICK_TRIALS 32 /* kicks a rung at most */
@@ -221,9 +231,6 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 #endif
 #ifndef RKM__MISSED_KICK_TRIALS
 #define RKM__MISSED_KICK_TRIALS 32 /* kicks of the missed DTR plan's track at most */
-#endif
-#ifndef RKM__WHOLE_GRAPH_OPS
-#define RKM__WHOLE_GRAPH_OPS 64 /* ops: larger graphs get no whole-graph ILP in rockmate */
 #endif
 #ifndef RKM__WHOLE_GRAPH_SECONDS
 #define RKM__WHOLE_GRAPH_SECONDS 0.5 /* seconds of ILP work a whole-graph solve */
@@ -1131,10 +1138,16 @@ RKM__PRIVATE void rkm__work_start(rkm_planner *pl, uint64_t limit);
 RKM__PRIVATE uint64_t rkm__work_left(rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_spent(rkm_planner *pl);
 RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work);
-RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim);
-RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed);
+typedef struct rkm__ilp_turn {
+    double lim;   /* the solve's work limit, in seconds of ILP work */
+    double work0; /* pl->ilp.work before it */
+} rkm__ilp_turn;
+RKM__PRIVATE rkm__ilp_turn rkm__work_ilp_begin(rkm_planner *pl, double lim);
+RKM__PRIVATE void rkm__work_ilp_end(rkm_planner *pl, rkm__ilp_turn t);
 RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow);
 RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was);
+RKM__PRIVATE uint64_t rkm__work_solve(const rkm_graph *g);
+RKM__PRIVATE int rkm__affords(const rkm_graph *g, int64_t ops, double need);
 RKM__PRIVATE void rkm__progress_begin(rkm_planner *pl, rkm_stage stage, uint64_t budget);
 RKM__PRIVATE int rkm__progress_report(rkm_planner *pl, double now, int force);
 RKM__PRIVATE void rkm__progress_part(rkm_planner *pl, double lo, double hi);
@@ -1211,7 +1224,6 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
                                          uint64_t peak_lo, uint64_t peak_hi, double allow, int *nested);
 
 /* drive.c */
-RKM__PRIVATE uint64_t rkm__work_solve(const rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl);
 RKM__PRIVATE int rkm__uses_chain(rkm_algo a);
@@ -1224,7 +1236,6 @@ RKM__PRIVATE rkm_result rkm__planner_offload(rkm_planner *pl, uint64_t budget, r
 RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget, rkm_plan **p);
 
 /* planner.c */
-RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl);
 RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_desc *desc, rkm_planner *parent, rkm_planner **out);
 
 #endif /* RKM__INTERNAL_H */

@@ -638,13 +638,10 @@ RKM__PRIVATE rkm_result rkm__ilp_offloads(rkm_planner *pl, uint64_t budget, doub
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    double w0 = pl->ilp.work;
-    time_limit = rkm__work_ilp_seconds(pl, time_limit);
-    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, time_limit, &steps, &n, prefer, &pl->ilp, &found)
+    rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit);
+    r = prefer ? rkm__ilp_block_solve_copies(ib, budget, bound, t.lim, &steps, &n, prefer, &pl->ilp, &found)
                : rkm__nomem(pl->ctx, "whole-graph ILP with copies");
-    rkm__work_charge_ilp(pl, pl->ilp.work - w0, time_limit);
-    pl->prog.ilp = 0;
-    (void)rkm__over(pl);
+    rkm__work_ilp_end(pl, t);
     rkm_plan *base = NULL, *x = NULL;
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, n, n}; /* the draft takes the steps */
@@ -684,11 +681,9 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    double w0 = pl->ilp.work, lim = rkm__work_ilp_seconds(pl, time_limit);
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, lim, &steps, &nf, &nb, &pl->ilp, &found);
-    rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
-    pl->prog.ilp = 0;
-    (void)rkm__over(pl); /* it may have stopped at the deadline */
+    rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit);
+    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
+    rkm__work_ilp_end(pl, t);
     if (!r && found) {
         rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
         steps = NULL;

@@ -88,8 +88,6 @@ static rkm_result rkm__planner_chain(rkm_planner *pl)
     return RKM_OK;
 }
 
-RKM__PRIVATE double rkm__elapsed(const rkm_planner *pl) { return rkm__now() - pl->t0; }
-
 /* A call on a made planner (solve, min_budget) starts at `now`: it gets
  * what the planner's creation left of time_limit, so that creation and
  * the call together, one plan's planning, stay within it. */
@@ -97,7 +95,7 @@ static void rkm__call_start(rkm_planner *pl, double now, rkm_stage stage, uint64
 {
     pl->deadline = now + (pl->d.time_limit - pl->create_seconds);
     pl->cut = 0;
-    rkm__work_start(pl, (stage == RKM_STAGE_SOLVE ? rkm__work_solve(pl) + rkm__work_checkmate(pl) : 0) +
+    rkm__work_start(pl, (stage == RKM_STAGE_SOLVE ? rkm__work_solve(pl->g) + rkm__work_checkmate(pl) : 0) +
                             rkm__work_min_left(pl));
     rkm__progress_begin(pl, stage, budget);
 }
@@ -180,10 +178,9 @@ static rkm_result rkm__class_grid(rkm_planner *pl, rkm__sim *s, const rkm__block
         int found = 0;
         int32_t timeouts = pl->ilp.timeout;
         rkm__progress_sub(pl, (pl->ilp.work - gr->work0) / gr->allow);
-        double lim = rkm__work_ilp_seconds(pl, fmin(gr->lim, share)), w0 = pl->ilp.work;
-        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, lim, &steps, &nf, &nb, &pl->ilp, &found);
-        rkm__work_charge_ilp(pl, pl->ilp.work - w0, lim);
-        (void)rkm__over(pl); /* the solve may have stopped at the deadline */
+        rkm__ilp_turn t = rkm__work_ilp_begin(pl, fmin(gr->lim, share));
+        r = rkm__ilp_block_solve(ib, peak_budget, kept_budget, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
+        rkm__work_ilp_end(pl, t);
         if (!r && !found && pl->ilp.proven) gr->next = (i + 1) * gr->nk - 1; /* the row ends */
         if (r || !found) continue;
         rkm__option o = {steps, nf, nb, 0, 0, 0, 0, 0, 0};
@@ -264,7 +261,7 @@ static rkm_result rkm__class_options(rkm_planner *pl, rkm__sim *s, int32_t cls, 
     rkm_result r = rkm__nest_options(pl, rkm__planner_make, s, b, peak_lo, peak_hi, allow, &nested);
     if (!r && rkm__drop_chain(g)) r = rkm__drop_options(pl, s, b);
     double left = allow - (pl->ilp.work - work0);
-    if (!r && !(nested && b->n_ops > RKM__ILP_FLAT_OPS) && b->n_ops <= RKM__ILP_MAX_OPS && RKM__HAVE_ILP) {
+    if (!r && rkm__affords(g, b->n_ops, nested ? RKM__NEED_NESTED_ILP : RKM__NEED_BLOCK_ILP) && RKM__HAVE_ILP) {
         /* a share below a tenth of one solve's limit buys no solve but costs
          * the model's build (a chain of 5000 distinct blocks: 17 s of it);
          * it is spent all the same, or the last of many such classes would
@@ -406,7 +403,7 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
     pl->pool = d.ilp_budget;
     pl->kick_work = rkm__kick_work(g);
     if (!parent) /* creation: the block ILP pool, and a solve's worth for the nested planners */
-        rkm__work_start(pl, rkm__work_solve(pl) + (uint64_t)(fmin(d.ilp_budget, 0x1p32) * RKM__ILP_STEPS_PER_S));
+        rkm__work_start(pl, rkm__work_solve(pl->g) + (uint64_t)(fmin(d.ilp_budget, 0x1p32) * RKM__ILP_STEPS_PER_S));
     rkm__search_begin(pl, RKM__ASK_SOLVE); /* for white-box callers of the search's parts */
     pl->t0 = rkm__now();
     pl->deadline = pl->t0 + d.time_limit;
@@ -434,7 +431,7 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
         rkm_planner_destroy(pl);
         return r;
     }
-    pl->create_seconds = rkm__elapsed(pl);
+    pl->create_seconds = rkm__now() - pl->t0;
     pl->create_cut = pl->cut;
     pl->cuts = pl->cut;
     *out = pl;
@@ -564,7 +561,7 @@ static rkm_result rkm__planner_solve(rkm_planner *pl, uint64_t budget, double t,
     if (budget < pl->lower_bound) return rkm__under_bound(pl, budget);
     rkm_plan *p;
     int copies = rkm__offloads(pl) && pl->d.algo == RKM_ALGO_ROCKMATE;
-    uint64_t was = rkm__work_part(pl, rkm__work_solve(pl) + rkm__work_checkmate(pl)); /* the rest: the smallest budget's */
+    uint64_t was = rkm__work_part(pl, rkm__work_solve(pl->g) + rkm__work_checkmate(pl)); /* the rest: the smallest budget's */
     rkm_result r = copies ? rkm__planner_offload(pl, budget, &p) : rkm__planner_fit(pl, budget, RKM__ASK_SOLVE, &p, NULL);
     rkm__work_part_end(pl, was);
     if (!r && p && p->stats.offloads && pl->d.algo == RKM_ALGO_CHECKMATE && (r = rkm__checkmate_fallback(pl, budget, &p)))

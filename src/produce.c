@@ -567,7 +567,7 @@ RKM__PRIVATE rkm_result rkm__solve_dtr(rkm_planner *pl, uint64_t budget, rkm_pla
  * chain of 20000 ops: 9 s a run); `--algo dtr` always runs. */
 RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl)
 {
-    return pl->d.algo == RKM_ALGO_DTR || (double)pl->g->n_ops * (double)pl->g->n_tensors <= RKM__DTR_MAX_WORK;
+    return pl->d.algo == RKM_ALGO_DTR || rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_DTR);
 }
 
 /* The faster of two plans (a on a tie); the other is destroyed. */

@@ -111,19 +111,23 @@ RKM__PRIVATE void rkm__work_charge(rkm_planner *pl, uint64_t work)
     t->work_spent = work < UINT64_MAX - t->work_spent ? t->work_spent + work : UINT64_MAX;
 }
 
-/* ILP work in the meter's units: seconds of it (as rkm__ilp_stats.work
- * counts them) at RKM__ILP_STEPS_PER_S, the greedy's calibration. A solve
- * is given at most what is left (rkm__work_ilp_seconds) and charged what
- * it did, within that: lp_solve stops at its work limit, give or take the
- * one callback at which it sees it. */
-RKM__PRIVATE double rkm__work_ilp_seconds(rkm_planner *pl, double lim)
+/* An ILP solve on the call's meter. ILP work is counted in seconds (as
+ * rkm__ilp_stats.work counts them), RKM__ILP_STEPS_PER_S units each, the
+ * greedy's calibration. rkm__work_ilp_begin: the solve's work limit, at
+ * most `lim` and what the meter has left; rkm__work_ilp_end charges what
+ * it did within that (lp_solve stops at its limit, give or take the one
+ * callback at which it sees it), ends its progress figure and checks the
+ * deadline, where it may have stopped. */
+RKM__PRIVATE rkm__ilp_turn rkm__work_ilp_begin(rkm_planner *pl, double lim)
 {
-    return fmin(lim, (double)rkm__work_left(pl) / RKM__ILP_STEPS_PER_S);
+    return (rkm__ilp_turn){fmin(lim, (double)rkm__work_left(pl) / RKM__ILP_STEPS_PER_S), pl->ilp.work};
 }
 
-RKM__PRIVATE void rkm__work_charge_ilp(rkm_planner *pl, double seconds, double allowed)
+RKM__PRIVATE void rkm__work_ilp_end(rkm_planner *pl, rkm__ilp_turn t)
 {
-    rkm__work_charge(pl, (uint64_t)(fmin(fmax(seconds, 0), allowed) * RKM__ILP_STEPS_PER_S));
+    rkm__work_charge(pl, (uint64_t)(fmin(fmax(pl->ilp.work - t.work0, 0), t.lim) * RKM__ILP_STEPS_PER_S));
+    pl->prog.ilp = 0;
+    (void)rkm__over(pl);
 }
 
 /* The part that follows may spend `allow` more, whatever the part around
@@ -138,6 +142,23 @@ RKM__PRIVATE uint64_t rkm__work_part(rkm_planner *pl, uint64_t allow)
 }
 
 RKM__PRIVATE void rkm__work_part_end(rkm_planner *pl, uint64_t was) { rkm__top(pl)->work_cap = was; }
+
+/* W: a solve's work, from the graph's size alone (the rule: internal.h,
+ * RKM__WORK_MIN). */
+RKM__PRIVATE uint64_t rkm__work_solve(const rkm_graph *g)
+{
+    double w = (double)RKM__WORK_PER_OBJECT * (double)(g->n_ops + g->n_tensors);
+    return w < (double)RKM__WORK_MIN ? RKM__WORK_MIN : w >= 0x1p62 ? (uint64_t)1 << 62 : (uint64_t)w;
+}
+
+/* The one effort rule (internal.h, RKM__NEED_GRAPH_ILP): does g afford a
+ * part that costs `need` units per square of the `ops` it works on (g's
+ * own or a block's)? Parts whose cost grows with the graph, not faster,
+ * are bounded by the meter alone. */
+RKM__PRIVATE int rkm__affords(const rkm_graph *g, int64_t ops, double need)
+{
+    return need * (double)ops * (double)ops <= (double)rkm__work_solve(g);
+}
 
 /* Past the call's deadline (time_limit), or cancelled by the progress
  * callback: 1, and the call is cut. Also 1, without a cut, once the

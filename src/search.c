@@ -974,8 +974,9 @@ RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rk
  * 26.72 % at 25 %) in 0.05 s instead of 0.11 s. */
 RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
 {
-    if (g->n_ops > RKM__KICK_MAX_OPS) return 0;
-    return g->n_ops <= RKM__WHOLE_GRAPH_OPS ? RKM__SQUEEZE_WORK : RKM__KICK_WORK_LARGE;
+    int64_t n = (int64_t)g->n_ops;
+    if (!rkm__affords(g, n, RKM__NEED_KICKS)) return 0;
+    return rkm__affords(g, n, RKM__NEED_GRAPH_ILP) ? RKM__SQUEEZE_WORK : RKM__KICK_WORK_LARGE;
 }
 
 /* A copy of w.full as a plan when it replays valid at any peak, else NULL. */
@@ -1061,7 +1062,7 @@ enum { RKM__START_DP, RKM__START_DP_UP, RKM__START_SQRT, RKM__START_DTR, RKM__ST
  * without it, in 2.6 s instead of 4.7). */
 static rkm_result rkm__start_ilp(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
-    if (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || (ask.skip & RKM__SKIP_ILP)) return RKM_OK;
+    if (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || (ask.skip & RKM__SKIP_ILP)) return RKM_OK;
     rkm_result r = rkm__solve_checkmate(pl, budget, RKM__WHOLE_GRAPH_SECONDS, 0, out);
     if (r != RKM_ERROR_SOLVER) return r;
     rkm__log(pl->ctx, RKM_LOG_WARN, "whole-graph ILP left out: %s", rkm_context_errmsg(pl->ctx));
@@ -1091,9 +1092,9 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm__ask a
  * kicks are local searches that can end better from a tighter start (on
  * mlp16, rockmate's plan costs 37.86 % at 36.85 % to 38 % of the baseline
  * peak but 40.56 % at 39 % to 42 %, and squeezing and kicking at 96 % or
- * 90 % of those budgets finds the 37.86 % plan again). Rungs run on graphs
- * of up to RKM__WHOLE_GRAPH_OPS: on gpt2-124M (125 ops) they took a solve
- * from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
+ * 90 % of those budgets finds the 37.86 % plan again). Rungs run where the
+ * graph affords the whole-graph ILP (rkm__affords): on gpt2-124M (125 ops)
+ * they took a solve from 0.4 to 0.7 s and found nothing. Every phase draws on the solve's
  * one work meter and stops at its deadline. */
 typedef struct rkm__phase {
     double at; /* the budget's fraction it searches at */
@@ -1212,7 +1213,7 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
     for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
-        if (k > 0 && (pl->g->n_ops > RKM__WHOLE_GRAPH_OPS || rkm__over(pl))) break;
+        if (k > 0 && (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
     }
     if (!r && missed && best) r = rkm__missed_track(pl, budget, missed, &best);

@@ -399,7 +399,8 @@ TEST(drop_options_on_a_dag_chain)
     rkm_context_destroy(ctx);
 }
 
-/* The kicks run on graphs of 65 to 256 ops too, with half the squeeze's
+/* The kicks run on graphs that afford them but not the whole-graph ILP
+ * (rkm__affords: at W's floor, 65 to 256 ops), with half the squeeze's
  * work: on dag4x50 (205 ops, blocks of 50 ops that neither cut nor get the
  * block ILP) rockmate's search's plans are never slower than with the
  * kicks off, replay valid within the budget from their steps alone, and
@@ -421,7 +422,9 @@ TEST(kicks_run_on_large_graphs)
     }
     int faster = 0;
     if (pl[0] && pl[1]) {
-        CHECK(g->n_ops > RKM__WHOLE_GRAPH_OPS && pl[0]->kick_work == RKM__KICK_WORK_LARGE);
+        int64_t n = (int64_t)g->n_ops;
+        CHECK(!rkm__affords(g, n, RKM__NEED_GRAPH_ILP) && rkm__affords(g, n, RKM__NEED_KICKS));
+        CHECK(pl[0]->kick_work == RKM__KICK_WORK_LARGE);
         pl[1]->kick_work = 0;
         for (int pct = 50; pct >= 30; pct -= 10) {
             uint64_t budget = g->stats.baseline_peak / 100 * (uint64_t)pct;

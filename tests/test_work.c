@@ -142,8 +142,45 @@ TEST(spent_meter_stops_deterministically)
     rkm_context_destroy(ctx);
 }
 
+/* The effort rule (rkm__affords): at W's floor (graphs of up to 488 ops
+ * and tensors) each part's level falls at the op count internal.h states,
+ * a part is afforded on fewer ops whenever on more, and a larger graph,
+ * whose W is larger, affords a part on more ops. Only the graph's size is
+ * read, so a sized stand-in serves. */
+static rkm_graph sized(size_t ops, size_t tensors)
+{
+    rkm_graph g;
+    memset(&g, 0, sizeof g);
+    g.n_ops = ops, g.n_tensors = tensors;
+    return g;
+}
+
+TEST(effort_rule_scales)
+{
+    static const struct {
+        double need;
+        int64_t last; /* the most ops afforded at W's floor */
+    } levels[] = {{RKM__NEED_GRAPH_ILP, 64}, {RKM__NEED_KICKS, 256}, {RKM__NEED_BLOCK_ILP, 48},
+                  {RKM__NEED_NESTED_ILP, 24}, {RKM__NEED_DTR, 1264}};
+    rkm_graph small = sized(60, 62), large = sized(4000, 4100);
+    CHECK(rkm__work_solve(&small) == RKM__WORK_MIN);
+    CHECK(rkm__work_solve(&large) == (uint64_t)RKM__WORK_PER_OBJECT * 8100);
+    for (size_t k = 0; k < N_OF(levels); k++) {
+        double need = levels[k].need;
+        int64_t last = levels[k].last;
+        CHECK(rkm__affords(&small, last, need) && !rkm__affords(&small, last + 1, need));
+        for (int64_t n = 1; n <= 2 * last; n++) /* monotone in the ops */
+            CHECK(rkm__affords(&small, n, need) == (n <= last));
+        int64_t up = 1;
+        while (rkm__affords(&large, up + 1, need)) up++;
+        CHECK(up > last); /* a larger graph affords more */
+        CHECK((double)up * (double)up * need <= (double)rkm__work_solve(&large));
+    }
+}
+
 int main(void)
 {
+    RUN(effort_rule_scales);
     RUN(budget_between_bound_and_min);
     RUN(plans_independent_of_call_order);
     RUN(spent_meter_stops_deterministically);
