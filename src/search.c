@@ -1,6 +1,27 @@
-/* search.c -- the local search: polish, squeeze, kick, the rockmate portfolio and phases
+/* search.c -- the local search: one judge and rule, its moves, the descent, kicks, rockmate's portfolio and phases
  *
- * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, baseline.c, progress.c, produce.c, offload.c. */
+ * Uses (through internal.h): base.c, plan.c, sim.c, layout.c, baseline.c, progress.c, produce.c, offload.c.
+ *
+ * One search over the canonical plan form (a plan's compute steps, with
+ * the earliest frees: polish below). Every candidate is that form with
+ * one move applied, judged by one replay at a target budget (rkm__judge)
+ * and kept by one rule (rkm__accept: less excess over the target, or as
+ * much and faster). The moves:
+ *
+ *   move                      built by             judged                          made in
+ *   drop a recomputation      rkm__polish_drop     at the target                   polish; the squeeze's prune
+ *   rebuild before a reader   rkm__squeeze_move    at the target, over it          the squeeze's rounds
+ *   re-save before a backward rkm__squeeze_move    at the target, over it          the squeeze's rounds
+ *   kick                      rkm__polish_drop     at any peak, then the descent   rkm__solve_kicked
+ *   trade a recomputation     rkm__polish_drop     with the offload pass's copies  rkm__offload_moves
+ *     for a copy
+ *   squeeze into the arena    the descent          at targets below the peak       rkm__arena_fit
+ *
+ * The descent (rkm__descend: squeeze within the target, then polish) is
+ * the one way down from a plan; the drivers below only choose where it
+ * starts (the portfolio, DTR's missed plan) and at which target (the
+ * budget, the rungs under it, the arena's). What a driver asks is an
+ * rkm__ask passed by value; every replay is charged to the call's meter. */
 #include "internal.h"
 
 /* ---- the search's share of the call's work -------------------------------
@@ -163,8 +184,8 @@ static int rkm__replay_set(rkm__replay *rp, rkm__sim *s, const rkm_step *steps, 
  * whose outputs is read before it is made again is dead and goes. The
  * search drops one recomputing forward at a time (its outputs then live on
  * from the op's previous forward, which takes over its save) and keeps the
- * change when the simulator replays the result valid, within the budget
- * and faster, until a sweep keeps none or the solve's work is spent. With
+ * change when the rule accepts it (valid within the target, and faster),
+ * until a sweep keeps none or the solve's work is spent. With
  * a copy link the same search makes the offload moves: each candidate gets
  * the offload pass's copies before the simulator judges it, so a dropped
  * recomputation may leave a tensor live across the peak, in host memory
@@ -190,10 +211,12 @@ typedef struct rkm__polish {
     uint8_t *need;    /* per tensor: read before it is made again */
     uint8_t *pneed;   /* per op: its backward comes before its next save */
     rkm__replay rp;   /* the replay of the best plan so far (the squeeze's: its whole plan) */
-    uint64_t budget, work;
+    uint64_t budget;  /* the target: candidates are judged at it */
+    uint64_t work;
     uint64_t limit;   /* the work it may do (the solve's, rkm__search_begin) */
-    double time;
-    int copies;       /* a candidate is judged with the offload pass's copies (rkm__offload_moves) */
+    rkm__figures fig; /* w->cur's figures at the target (polish: excess 0) */
+    int lower;        /* the judge lowers candidates in place (polish; the squeeze's positions are w->full's) */
+    int copies;       /* the judge adds the offload pass's copies (rkm__offload_moves) */
     rkm__move *order; /* the offload moves of a sweep, in the order it tries them */
     size_t *renum;    /* scratch: per step of w->cand, its step in w->cur after a move (rkm__moves_renumber) */
     size_t cap_order, cap_renum;
@@ -276,18 +299,31 @@ static int rkm__polish_expand(rkm__polish *w)
     return 1;
 }
 
-/* Replay w->full run in place where it can (in w->low: the squeeze reads
- * w->full's own steps), for the offload moves (w->copies) with the offload
- * pass's copies for the budget, hidden ones or else ones the compute stream
- * waits for (none: it does not fit): 1 when valid and within the budget
- * (then *time), -1 on NOMEM. */
-static int rkm__polish_fits(rkm__polish *w, double *time)
+/* ---- the judge and the one acceptance rule ------------------------------
+ *
+ * Every candidate of the search is judged the same way: its canonical
+ * form (w->full) replayed at the target, w->budget, and its figures
+ * compared with the current plan's by one rule: it is over the target by
+ * less (excess: the bytes over it summed over the steps), or by as much
+ * and is faster. Under the target both have excess 0, so the rule is
+ * "valid and faster"; over it, less excess first. */
+static int rkm__accept(const rkm__figures *cand, const rkm__figures *cur)
 {
-    rkm__figures f;
+    return cand->excess < cur->excess || (cand->excess == cur->excess && cand->time < cur->time);
+}
+
+/* Replay w->full at w->budget, stopping once its excess passes
+ * max_excess: run in place where it can with w->lower (in w->low: the
+ * squeeze reads w->full's own steps); with w->copies, with the offload
+ * pass's copies for the budget, hidden ones or else ones the compute
+ * stream waits for (none: it does not fit). 1 when valid within
+ * max_excess (then *f), 0 when not, -1 on NOMEM. */
+static int rkm__judge(rkm__polish *w, double max_excess, rkm__figures *f)
+{
     int32_t obj;
     const rkm__steps *run = &w->full;
     rkm__steps d = {w->g->ctx, NULL, 0, 0};
-    if (w->g->has_inplace) {
+    if (w->lower && w->g->has_inplace) {
         if (!rkm__reserve(w->g->ctx, (void **)&w->low.s, &w->low.cap, w->full.n + 1, sizeof *w->low.s)) return -1;
         if (w->full.n) memcpy(w->low.s, w->full.s, w->full.n * sizeof *w->low.s);
         w->low.n = w->full.n;
@@ -300,31 +336,30 @@ static int rkm__polish_fits(rkm__polish *w, double *time)
         run = &d;
     }
     w->work += run->n;
-    int fits = rkm__replay_run(&w->rp, &w->sim, run->s, run->n, UINT64_MAX, w->budget, INFINITY, &f) &&
-               rkm__sim_end(&w->sim, &obj) == RKM_RULE_NONE;
+    int ok = rkm__replay_run(&w->rp, &w->sim, run->s, run->n, w->budget, UINT64_MAX, max_excess, f) &&
+             rkm__sim_end(&w->sim, &obj) == RKM_RULE_NONE;
     rkm__steps_free(&d);
-    if (fits) *time = f.time;
-    return fits;
+    return ok;
 }
 
-/* Keep the candidate (its live compute steps) when it fits and is faster. */
+/* Keep the candidate (its live compute steps) when the rule accepts it. */
 static int rkm__polish_try(rkm__polish *w, int *kept)
 {
-    double t;
+    rkm__figures f;
     *kept = 0;
     if (!rkm__polish_expand(w)) return 0;
-    int fits = rkm__polish_fits(w, &t);
-    if (fits < 0) return 0;
-    if (!fits || !(t < w->time)) return 1;
-    w->time = t;
+    int ok = rkm__judge(w, w->fig.excess, &f);
+    if (ok < 0) return 0;
+    if (!ok || !rkm__accept(&f, &w->fig)) return 1;
+    w->fig = f;
     w->cur.n = 0;
     for (size_t i = 0; i < w->cand.n; i++)
         if (w->cand.s[i].kind >= 0 && !rkm__steps_push(&w->cur, w->cand.s[i].kind, w->cand.s[i].index, w->cand.s[i].save))
             return 0;
     *kept = 1;
     if (w->copies) return 1; /* no reference to resume from: copies change the whole plan */
-    const rkm__steps *run = w->g->has_inplace ? &w->low : &w->full; /* what polish_fits replayed */
-    return rkm__replay_set(&w->rp, &w->sim, run->s, run->n, UINT64_MAX);
+    const rkm__steps *run = w->lower && w->g->has_inplace ? &w->low : &w->full; /* what the judge replayed */
+    return rkm__replay_set(&w->rp, &w->sim, run->s, run->n, w->budget);
 }
 
 /* The candidate without recomputing forward j (-1 when step j is not one):
@@ -452,7 +487,8 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_gr
     w->pl = pl;
     w->budget = budget;
     w->limit = UINT64_MAX;
-    w->time = INFINITY; /* the first candidate, p's own compute steps, only has to fit */
+    w->fig = (rkm__figures){0, INFINITY, 0, -1}; /* the first candidate, p's own compute steps, only has to fit */
+    w->lower = 1;
     w->cur.ctx = w->cand.ctx = w->full.ctx = w->frees.ctx = w->low.ctx = w->rp.ref.ctx = g->ctx;
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
@@ -495,7 +531,7 @@ static int rkm__polish_run(rkm__polish *w, rkm_planner *pl, const rkm_plan *p, u
     int ok = !r && rkm__polish_try(w, &kept) && (!kept || (copies ? rkm__polish_costly(w) : rkm__polish_search(w)));
     rkm__spend(pl, w->work);
     if (!ok) return -1;
-    if (!kept || !(w->time < p->stats.time)) return 0;
+    if (!kept || !(w->fig.time < p->stats.time)) return 0;
     rkm__steps_free(&w->cand);
     w->cand = w->cur; /* expand the best */
     w->cur = (rkm__steps){pl->ctx, NULL, 0, 0};
@@ -557,11 +593,11 @@ RKM__PRIVATE rkm_result rkm__offload_moves(rkm_planner *pl, uint64_t budget, uin
  *   - an op's saved state is made by a forward just before its backward
  *     (with the same chain for the op's inputs) instead of where it was.
  * polish's expansion adds the earliest frees, which drop the tensor or state
- * in between. Each round takes the move with the least time added per byte
- * of excess removed (excess: bytes over the budget summed over the steps);
- * the search stops when the plan fits, when no move lowers the excess, or
- * when the work (replayed steps, not seconds) runs out. The caller polishes
- * what fits: the greedy moves leave recomputations that polish drops. */
+ * in between. Of the moves the rule accepts, each round takes the one with
+ * the least time added per byte of excess removed (one that removes none
+ * but is faster first); the search stops when the plan fits, when the rule
+ * accepts no move, or when the work (replayed steps, not seconds) runs
+ * out. The descent polishes what fits. */
 
 typedef struct rkm__squeeze {
     rkm__polish w;
@@ -571,7 +607,6 @@ typedef struct rkm__squeeze {
     uint8_t *mark;  /* per op: in the recompute being built */
     size_t *pos;    /* per step of w.cur: its index in w.rp.ref, w.cur's whole plan */
     size_t cap_pos;
-    double excess, time; /* of w.cur */
     uint64_t look_limit; /* the work up to which rounds look ahead (w.limit: all it may do) */
     int n_top;           /* the moves of a round with the best scores, best first */
     double top_score[RKM__SQUEEZE_LOOK];
@@ -579,22 +614,13 @@ typedef struct rkm__squeeze {
     int top_early[RKM__SQUEEZE_LOOK];
 } rkm__squeeze;
 
-/* Replay w.full: 1 when valid (then *excess, *first: the first step over
- * the budget or -1, *time), 0 when not or when its excess is over
- * max_excess (a move that does not help). */
-static int rkm__squeeze_eval(rkm__squeeze *q, double max_excess, double *excess, int64_t *first, double *time)
+/* A move's score: time added per byte of excess removed (the least is
+ * the best), for a candidate the rule accepts (-INFINITY where it removes
+ * none but is faster); INFINITY for one it turns down. */
+static double rkm__squeeze_score(int ok, const rkm__figures *f, const rkm__figures *cur)
 {
-    rkm__polish *w = &q->w;
-    rkm__figures f;
-    int32_t obj;
-    w->work += w->full.n;
-    if (!rkm__replay_run(&w->rp, &w->sim, w->full.s, w->full.n, w->budget, UINT64_MAX, max_excess, &f) ||
-        rkm__sim_end(&w->sim, &obj) != RKM_RULE_NONE)
-        return 0;
-    *excess = f.excess;
-    *first = f.first;
-    *time = f.time;
-    return 1;
+    if (ok <= 0 || !rkm__accept(f, cur)) return INFINITY;
+    return f->excess < cur->excess ? (f->time - cur->time) / (cur->excess - f->excess) : -INFINITY;
 }
 
 /* Does compute step s read or make tensor t? */
@@ -735,68 +761,65 @@ static void rkm__squeeze_top(rkm__squeeze *q, double score, int32_t obj, int ear
 
 static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int early);
 
-/* Drop recomputing forwards of w.cur while one leaves no more excess and
- * saves time (polish's move, judged by the excess first). 0 on NOMEM. */
+/* Drop recomputing forwards of w.cur while the rule accepts one (polish's
+ * move, over the target). 0 on NOMEM. */
 static int rkm__squeeze_prune(rkm__squeeze *q, int64_t *first)
 {
     rkm__polish *w = &q->w;
     for (size_t j = 0; j < w->cur.n && rkm__polish_more(&q->w); j++) {
-        double ex, time;
-        int64_t f;
+        rkm__figures f;
         int64_t h = rkm__polish_drop(w, j);
         if (h == -2 || (h >= 0 && !rkm__polish_expand(w))) return 0;
-        int ok = h >= 0 ? rkm__squeeze_eval(q, q->excess, &ex, &f, &time) : 0;
-        if (!ok || ex > q->excess || !(time < q->time)) continue;
-        q->excess = ex, q->time = time, *first = f;
+        int ok = h >= 0 ? rkm__judge(w, w->fig.excess, &f) : 0;
+        if (ok < 0) return 0;
+        if (!ok || !rkm__accept(&f, &w->fig)) continue;
+        w->fig = f, *first = f.first;
         if (!rkm__squeeze_take(q)) return 0;
         j--; /* step j is another one now */
     }
     return 1;
 }
 
-/* Move (obj, early) applied and pruned: its excess *ex and time *time; then
- * w.cur back as it was (kept in *save). 0 on NOMEM. */
-static int rkm__squeeze_look(rkm__squeeze *q, int64_t first, int32_t obj, int early, rkm__steps *save, double *ex,
-                             double *time)
+/* Move (obj, early) applied and pruned: its figures *f; then w.cur back as
+ * it was (kept in *save). 0 on NOMEM. */
+static int rkm__squeeze_look(rkm__squeeze *q, int64_t first, int32_t obj, int early, rkm__steps *save,
+                             rkm__figures *f)
 {
     rkm__polish *w = &q->w;
-    double e0 = q->excess, t0 = q->time;
+    rkm__figures was = w->fig;
     save->n = 0;
     for (size_t i = 0; i < w->cur.n; i++)
         if (!rkm__steps_push(save, w->cur.s[i].kind, w->cur.s[i].index, w->cur.s[i].save)) return 0;
     if (!rkm__squeeze_apply(q, &first, obj, early) || !rkm__squeeze_prune(q, &first)) return 0;
-    *ex = q->excess, *time = q->time;
+    *f = w->fig;
     w->cand.n = 0;
     for (size_t i = 0; i < save->n; i++)
         if (!rkm__steps_push(&w->cand, save->s[i].kind, save->s[i].index, save->s[i].save)) return 0;
-    if (!rkm__polish_expand(w) || rkm__squeeze_eval(q, INFINITY, &q->excess, &first, &q->time) <= 0 ||
-        !rkm__squeeze_take(q))
-        return 0;
-    q->excess = e0, q->time = t0;
+    if (!rkm__polish_expand(w) || rkm__judge(w, INFINITY, &w->fig) <= 0 || !rkm__squeeze_take(q)) return 0;
+    w->fig = was;
     return 1;
 }
 
 /* Of the round's best moves, the one that scores best after a prune. 0 on
  * NOMEM. */
-static int rkm__squeeze_pick(rkm__squeeze *q, int64_t first, int32_t *bt, int *be, double *bex)
+static int rkm__squeeze_pick(rkm__squeeze *q, int64_t first, int32_t *bt, int *be)
 {
     rkm__steps save = {q->w.g->ctx, NULL, 0, 0};
     double best = INFINITY;
     int ok = 1;
     for (int i = 0; i < q->n_top && ok; i++) {
-        double ex = 0, time = 0;
-        ok = rkm__squeeze_look(q, first, q->top_obj[i], q->top_early[i], &save, &ex, &time);
-        double score = ok && ex < q->excess ? (time - q->time) / (q->excess - ex) : INFINITY;
-        if (ok && score < best) best = score, *bt = q->top_obj[i], *be = q->top_early[i], *bex = ex;
+        rkm__figures f;
+        ok = rkm__squeeze_look(q, first, q->top_obj[i], q->top_early[i], &save, &f);
+        double score = rkm__squeeze_score(ok, &f, &q->w.fig);
+        if (ok && score < best) best = score, *bt = q->top_obj[i], *be = q->top_early[i];
     }
     rkm__steps_free(&save);
     return ok;
 }
 
 /* The best move of a round (w.cur first over the budget at w.full's step
- * `first`): recompute tensor *bt (-1: none) before its next reader, with
- * excess *bex. 0 on NOMEM. */
-static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *be, double *bex)
+ * `first`): (*bt, *be), *bt -1 where the rule accepts none. 0 on NOMEM. */
+static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *be)
 {
     rkm__polish *w = &q->w;
     const rkm_graph *g = w->g;
@@ -805,7 +828,6 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
     rkm__squeeze_live_at(q, (size_t)first, q->live, q->livep);
     double bscore = INFINITY;
     *bt = -1;
-    *bex = q->excess;
     const rkm_step *at = &w->cur.s[c];
     for (size_t t = 0; t < g->n_tensors + g->n_ops && rkm__polish_more(&q->w); t++) {
         int32_t o = (int32_t)(t - g->n_tensors);
@@ -813,32 +835,32 @@ static int rkm__squeeze_round(rkm__squeeze *q, int64_t first, int32_t *bt, int *
                              : !q->livep[o] || (at->kind == RKM_STEP_BWD && at->index == o))
             continue;
         for (int early = 0; early < 2; early++) {
-            double ex, time;
-            int64_t f;
+            rkm__figures f;
             int ok = rkm__squeeze_move(q, c, (int32_t)t, early);
-            if (ok > 0) ok = rkm__squeeze_eval(q, q->excess, &ex, &f, &time);
+            if (ok > 0) ok = rkm__judge(w, w->fig.excess, &f);
             if (ok < 0) return 0;
-            double score = ok && ex < q->excess ? (time - q->time) / (q->excess - ex) : INFINITY;
+            double score = rkm__squeeze_score(ok, &f, &w->fig);
             if (score < bscore) {
-                *bt = (int32_t)t, *be = early, *bex = ex;
+                *bt = (int32_t)t, *be = early;
                 bscore = score;
             }
             if (w->work < q->look_limit && isfinite(score)) rkm__squeeze_top(q, score, (int32_t)t, early);
         }
     }
-    int ok = q->n_top > 1 ? rkm__squeeze_pick(q, first, bt, be, bex) : 1;
+    int ok = q->n_top > 1 ? rkm__squeeze_pick(q, first, bt, be) : 1;
     q->n_top = 0;
     return ok;
 }
 
-/* Apply the move for tensor t to w.cur (and w.full, q->excess, *first). 1
+/* Apply the move for tensor t to w.cur (and w.full, w.fig, *first). 1
  * when done, 0 on NOMEM. */
 static int rkm__squeeze_apply(rkm__squeeze *q, int64_t *first, int32_t t, int early)
 {
     size_t c = 0;
     while (q->pos[c] != (size_t)*first) c++;
-    return rkm__squeeze_move(q, c, t, early) > 0 && rkm__squeeze_eval(q, INFINITY, &q->excess, first, &q->time) > 0 &&
-           rkm__squeeze_take(q);
+    if (rkm__squeeze_move(q, c, t, early) <= 0 || rkm__judge(&q->w, INFINITY, &q->w.fig) <= 0) return 0;
+    *first = q->w.fig.first;
+    return rkm__squeeze_take(q);
 }
 
 static void rkm__squeeze_free(rkm__squeeze *q)
@@ -866,20 +888,20 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     *out = NULL;
     rkm_result r = rkm__polish_init(&q.w, pl, pl->g, p->steps, p->n_steps, budget);
     q.w.limit = *left;
+    q.w.lower = 0; /* the moves' positions are w.full's */
     q.live = rkm__alloc(g->ctx, g->n_tensors);
     q.vlive = rkm__alloc(g->ctx, g->n_tensors);
     q.livep = rkm__alloc(g->ctx, g->n_ops);
     q.mark = rkm__alloc(g->ctx, g->n_ops);
     int64_t first = -1;
-    int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w)
-                 ? rkm__squeeze_eval(&q, INFINITY, &q.excess, &first, &q.time)
-                 : -1;
+    int ok = !r && q.live && q.vlive && q.livep && q.mark && rkm__polish_expand(&q.w) ? rkm__judge(&q.w, INFINITY, &q.w.fig)
+                                                                                     : -1;
+    first = q.w.fig.first;
     if (ok > 0) ok = rkm__squeeze_take(&q) ? 1 : -1;
     while (ok > 0 && first >= 0 && rkm__polish_more(&q.w)) {
         int32_t t;
         int early = 0;
-        double ex;
-        if (!rkm__squeeze_round(&q, first, &t, &early, &ex)) ok = -1;
+        if (!rkm__squeeze_round(&q, first, &t, &early)) ok = -1;
         if (ok < 0 || t < 0) break;
         int look = q.w.work < q.look_limit;
         ok = rkm__squeeze_apply(&q, &first, t, early) && (!look || rkm__squeeze_prune(&q, &first)) ? 1 : -1;
@@ -896,15 +918,25 @@ static rkm_result rkm__squeeze_plan(rkm_planner *pl, const rkm_plan *p, uint64_t
     return r;
 }
 
-/* rkm__squeeze_plan within the part's share *left and the solve's work,
- * taking what it did off both. */
-static rkm_result rkm__squeeze_metered(rkm_planner *pl, const rkm_plan *p, uint64_t budget, uint64_t *left,
-                                       uint64_t *look_left, rkm_plan **out)
+/* ---- the descent: the search's one way down from a plan ------------------
+ *
+ * p squeezed within `target` (the squeeze's share *left and the solve's
+ * work, what it did taken off both; its rounds look ahead within
+ * *look_left, NULL: never), then polished there: *out, or NULL where the
+ * squeeze does not get within the target. The squeeze's greedy moves
+ * leave recomputations that polish drops. */
+static rkm_result rkm__descend(rkm_planner *pl, const rkm_plan *p, uint64_t target, uint64_t *left, uint64_t *look_left,
+                               rkm_plan **out)
 {
     uint64_t have = rkm__share(pl, *left), l = have;
-    rkm_result r = rkm__squeeze_plan(pl, p, budget, &l, look_left, out);
+    rkm_result r = rkm__squeeze_plan(pl, p, target, &l, look_left, out);
     *left -= have - l;
     rkm__spend(pl, have - l);
+    if (!r && *out) r = rkm__polish_plan(pl, target, out);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
     return r;
 }
 
@@ -947,8 +979,7 @@ RKM__PRIVATE rkm_result rkm__solve_squeezed(rkm_planner *pl, uint64_t budget, rk
         if (!r && a && a->stats.peak > budget && !(a->stats.time == last_time && a->stats.peak == last_peak)) {
             last_time = a->stats.time;
             last_peak = a->stats.peak;
-            r = rkm__squeeze_metered(pl, a, budget, &left, &look_left, &b);
-            if (!r && b) r = rkm__polish_plan(pl, budget, &b);
+            r = rkm__descend(pl, a, budget, &left, &look_left, &b);
         }
         rkm_plan_destroy(a);
         *out = rkm__faster(*out, b);
@@ -982,12 +1013,9 @@ RKM__PRIVATE uint64_t rkm__kick_work(const rkm_graph *g)
 /* A copy of w.full as a plan when it replays valid at any peak, else NULL. */
 static rkm_result rkm__kick_candidate(rkm_planner *pl, rkm__polish *w, rkm_plan **out)
 {
-    double t;
-    uint64_t budget = w->budget;
+    rkm__figures f;
     *out = NULL;
-    w->budget = UINT64_MAX;
-    int ok = rkm__polish_fits(w, &t);
-    w->budget = budget;
+    int ok = rkm__judge(w, INFINITY, &f); /* any excess */
     if (ok <= 0) return ok ? rkm__nomem(pl->ctx, "plan kick") : RKM_OK;
     rkm__steps d = {pl->ctx, NULL, 0, 0};
     for (size_t i = 0; i < w->full.n; i++)
@@ -1009,8 +1037,7 @@ static rkm_result rkm__kick_one(rkm_planner *pl, rkm__polish *w, size_t j, uint6
     rkm_result r = h >= 0 ? rkm__kick_candidate(pl, w, &a) : RKM_OK;
     if (!r && a) {
         (*trials)++;
-        r = rkm__squeeze_metered(pl, a, budget, left, NULL, &b); /* many kicks: no lookahead */
-        if (!r && b) r = rkm__polish_plan(pl, budget, &b);
+        r = rkm__descend(pl, a, budget, left, NULL, &b); /* many kicks: no lookahead */
         if (!r && b && b->stats.time < (*best)->stats.time) {
             rkm_plan_destroy(*best);
             *best = b;
@@ -1175,8 +1202,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
         rkm_plan *q = NULL;
-        r = rkm__squeeze_metered(pl, *best, at, &left, NULL, &q);
-        if (!r && q) r = rkm__polish_plan(pl, at, &q);
+        r = rkm__descend(pl, *best, at, &left, NULL, &q);
         if (!r && q) r = rkm__planner_arena(pl, q, &a);
         if (!r && q && a <= budget) {
             lo = at;
