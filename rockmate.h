@@ -780,10 +780,12 @@ typedef struct rkm_solve_desc {
     /* Nesting (rockmate): a block of more ops than this whose ops, with its
      * input held, cut into a chain of smaller blocks (a U-Net's levels) is
      * also planned as a graph of its own, and that nested planner's plans
-     * become the block's options; blocks that big then skip the block ILP
-     * (so by default nested blocks have only the nested options; a smaller
-     * nest_ops gives the smaller nested blocks both). 0: 24; negative:
-     * never. */
+     * become the block's options. Such a block gets the block ILP too
+     * only where it is small for the graph's size (24 ops on graphs of up
+     * to 488 ops and tensors, more on larger ones: docs/design.md,
+     * "Effort"), so by default nested blocks have only the nested options
+     * and a smaller nest_ops gives the smaller nested blocks both. 0: 24;
+     * negative: never. */
     int32_t nest_ops;
     /* Seconds of block ILP work for the whole planner (nested planners
      * included), measured like ilp_time_limit; 0: 2. Each class of blocks
