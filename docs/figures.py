@@ -37,6 +37,7 @@ again in a temporary folder and compares them byte for byte.
 """
 import difflib
 import json
+import math
 import os
 import re
 import shlex
@@ -185,7 +186,12 @@ def figures(build, check, bench, svg_dir):
                    % (RESNET, pct(100 * plan["overhead"]), pct(100 * bound)))
     f["resnet18-bound"] = ("det", pct(100 * bound))
     f["whole-graph-seconds"] = ("det", internal_constant("RKM__WHOLE_GRAPH_SECONDS"))
-    f["whole-graph-ops"] = ("det", internal_constant("RKM__WHOLE_GRAPH_OPS"))
+    # the effort rule's level at W's floor (design.md, 'Effort'): need x ops^2 <= W
+    w_min = float(internal_constant("RKM__WORK_MIN").rstrip("uU"))
+    need = float(internal_constant("RKM__NEED_GRAPH_ILP"))
+    f["whole-graph-ops"] = ("det", str(int(math.isqrt(int(w_min / need)))))
+    per_object = float(internal_constant("RKM__WORK_PER_OBJECT").rstrip("uU"))
+    f["work-floor-objects"] = ("det", str(int(w_min // per_object)))
 
     if check:
         demo_out = finish(demo_p)
