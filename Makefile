@@ -63,7 +63,7 @@ VERSION := $(shell sed -n 's/^\#define RKM_VERSION_STRING "\(.*\)"/\1/p' rockmat
 
 LIB_A = $(BUILD)/librockmate.a
 # The shared library carries a versioned soname (ABI major = the version's
-# major): librockmate.so.0 -> librockmate.so.0.6.0, and librockmate.so for
+# major): librockmate.so.0 -> librockmate.so.0.7.0, and librockmate.so for
 # the linker.
 SO_MAJOR = $(firstword $(subst ., ,$(VERSION)))
 LIB_SO = $(BUILD)/librockmate.so.$(VERSION)

@@ -226,9 +226,9 @@ extern "C" {
  * 0.6.0: rkm_planner_stats gained work and work_limit at its end (each call's
  * work meter). */
 #define RKM_VERSION_MAJOR 0
-#define RKM_VERSION_MINOR 6
+#define RKM_VERSION_MINOR 7
 #define RKM_VERSION_PATCH 0
-#define RKM_VERSION_STRING "0.6.0"
+#define RKM_VERSION_STRING "0.7.0"
 #define RKM_VERSION_NUMBER (RKM_VERSION_MAJOR * 10000 + RKM_VERSION_MINOR * 100 + RKM_VERSION_PATCH)
 
 /* The version of the compiled library, RKM_VERSION_STRING when the header
@@ -1401,6 +1401,55 @@ rkm_result rkm_graph_profile(const rkm_graph *g, const rkm_callbacks *cb, const 
  * floor(n * trim) samples at each end (trim clamped to [0, 0.5], at least
  * one sample kept); 0 for n == 0. */
 double rkm_trimmed_mean(double *samples, size_t n, double trim);
+
+/* ---------------------------------------------------------------------------
+ * Pipelines: one step of P stages on P devices, M micro-batches
+ * ------------------------------------------------------------------------- */
+
+/* The order each stage runs its micro-batches' phases in. */
+typedef enum rkm_pipe_schedule {
+    /* Megatron-LM's non-interleaved 1F1B: stage s (0-based) runs
+     * min(P - s - 1, M) warm-up forwards, then one forward and one
+     * backward while forwards remain, then the remaining backwards; it
+     * holds at most min(P - s, M) micro-batches in flight. */
+    RKM_PIPE_1F1B = 0,
+    /* GPipe: every forward, then every backward (in micro-batch order); M
+     * in flight on every stage. */
+    RKM_PIPE_GPIPE = 1
+} rkm_pipe_schedule;
+
+/* One stage's times in seconds: one micro-batch's forward phase and
+ * backward phase, the transfer of its output to stage s + 1 and of its
+ * input's gradient to stage s - 1 (ignored at the pipeline's ends). */
+typedef struct rkm_pipe_stage {
+    double fwd, bwd;
+    double send_fwd, send_bwd;
+} rkm_pipe_stage;
+
+/* One phase of one micro-batch on one stage, as the replay timed it. */
+typedef struct rkm_pipe_phase {
+    int32_t stage, micro;
+    int32_t bwd;       /* 0: the forward phase, 1: the backward phase */
+    double start, end; /* seconds from the step's start */
+    double arrive;     /* when what it sends is at the neighbour (end where it sends nothing) */
+} rkm_pipe_phase;
+
+/* Replays one training step of the pipeline stages[0..n_stages) with
+ * `micro_batches` micro-batches under `schedule`. Each stage is one device
+ * running one phase at a time in the schedule's order; a phase starts when
+ * its device is free and what it reads has arrived: a forward of
+ * micro-batch m at stage s > 0 reads m's output of stage s - 1, a backward
+ * at s < P - 1 the gradient of that output from stage s + 1 (the last
+ * stage's backward follows its own forward). Each boundary has one link
+ * per direction, carrying one transfer at a time in the order sent. Sets
+ * *step_time (the last phase's end) and, where not NULL, phases (2 x P x M
+ * entries: stage s's phases in its order at [s * 2M ...]) and in_flight
+ * (P entries: the most micro-batches whose forward ran and backward did
+ * not). At least one stage and one micro-batch, every time finite and at
+ * least 0, else RKM_ERROR_ARGUMENT naming the stage and the field. */
+rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages, int32_t n_stages,
+                                 int32_t micro_batches, rkm_pipe_schedule schedule, rkm_pipe_phase *phases,
+                                 int32_t *in_flight, double *step_time);
 
 #ifdef __cplusplus
 }

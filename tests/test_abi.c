@@ -8,9 +8,10 @@
  * keeps source compatibility (a zeroed desc still means the defaults), never
  * binary compatibility.
  *
- * The figures are those of version 0.6.0 (0.5.0 changed a function's
+ * The figures are those of version 0.7.0 (0.5.0 changed a function's
  * signature, rkm_parse_budget; 0.6.0 added rkm_planner_stats' work and
- * work_limit at its end), on LP64 (x86-64;
+ * work_limit at its end; 0.7.0 added the pipeline replay's rkm_pipe_stage
+ * and rkm_pipe_phase, which hosts read in arrays), on LP64 (x86-64;
  * aarch64 and the other LP64 ABIs lay these structs out the same). Elsewhere (32-bit, LLP64
  * Windows) they differ, and the test says SKIP. Sizes pin every struct; the
  * offsets pin the last field of each (a field inserted or moved before it
@@ -122,6 +123,12 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_arena_capacity_info, slack, 16);
     CHECK_SIZE(rkm_profile_desc, 40);
     CHECK_OFFSET(rkm_profile_desc, user, 32);
+    CHECK_SIZE(rkm_pipe_stage, 32);
+    CHECK_OFFSET(rkm_pipe_stage, send_bwd, 24);
+    CHECK_SIZE(rkm_pipe_phase, 40);
+    CHECK_OFFSET(rkm_pipe_phase, bwd, 8);
+    CHECK_OFFSET(rkm_pipe_phase, start, 16);
+    CHECK_OFFSET(rkm_pipe_phase, arrive, 32);
 }
 
 /* The header and the compiled library agree on the version (a program built

@@ -1,0 +1,151 @@
+/* pipe.c -- the pipeline simulator: a step of P stages and M micro-batches replayed across devices
+ *
+ * Uses (through internal.h): base.c.
+ *
+ * The step time of a pipeline comes from a replay, not a formula, so that
+ * uneven stages and slow links count as they run: each stage is one device that runs its micro-batches' forward and
+ * backward phases one at a time, in the order its schedule gives, and a
+ * phase starts when its device is free and what it reads has arrived. A
+ * forward of micro-batch m at stage s > 0 reads m's output of stage s - 1,
+ * a backward of m at stage s < P - 1 reads the gradient of that output
+ * from stage s + 1 (the last stage's backward follows its own forward: the
+ * loss is its). Each boundary has a link per direction that carries one
+ * transfer at a time, in the order they were sent (every stage runs its
+ * forwards, and its backwards, in micro-batch order), so a transfer waits
+ * for the one before it as well as for its producer.
+ *
+ * The schedules are Megatron-LM's non-interleaved 1F1B (stage s runs
+ * min(P - s - 1, M) warm-up forwards, then one forward and one backward
+ * while forwards remain, then the cool-down backwards) and GPipe (every
+ * forward, then every backward): the same order with M warm-up forwards.
+ * A stage then holds at most min(P - s, M) micro-batches in flight (their
+ * forward run and their backward not), M with GPipe: what its memory must
+ * hold. The public entry: rkm_pipeline_simulate (rockmate.h). */
+#include "internal.h"
+
+/* Warm-up forwards of stage s. */
+static int32_t rkm__pipe_warmup(rkm_pipe_schedule kind, int32_t s, int32_t p, int32_t m)
+{
+    int32_t w = kind == RKM_PIPE_GPIPE ? m : p - s - 1;
+    return w < m ? w : m;
+}
+
+/* Phase j (0 .. 2M-1) of a stage's order with `warm` warm-up forwards:
+ * micro-batch *micro, *bwd. */
+static void rkm__pipe_phase(int32_t warm, int32_t m, int32_t j, int32_t *micro, int32_t *bwd)
+{
+    if (j < warm) { /* warm-up: forwards */
+        *micro = j, *bwd = 0;
+    } else if (j < warm + 2 * (m - warm)) { /* steady: forward warm + i, then backward i */
+        int32_t i = (j - warm) / 2;
+        *bwd = (j - warm) % 2;
+        *micro = *bwd ? i : warm + i;
+    } else { /* cool-down: the last warm backwards */
+        *micro = j - warm - (m - warm), *bwd = 1;
+    }
+}
+
+/* Where micro-batch `micro`'s forward (bwd 0) or backward runs in that
+ * order: rkm__pipe_phase's inverse. */
+static int32_t rkm__pipe_pos(int32_t warm, int32_t m, int32_t micro, int32_t bwd)
+{
+    if (!bwd) return micro < warm ? micro : warm + 2 * (micro - warm);
+    return micro < m - warm ? warm + 2 * micro + 1 : warm + 2 * (m - warm) + (micro - (m - warm));
+}
+
+/* Time ev[0 .. 2pm): stage s's phases in its order at ev[s * 2m ...],
+ * by passes over the stages, each stage as far as what its next phase
+ * reads has been timed. Every phase reads an earlier one of its own stage
+ * or of a neighbour, so a pass that times none means the orders deadlock
+ * (these two cannot). link[2s], link[2s + 1]: when stage s's link to
+ * s + 1, to s - 1, is free. 0 on a deadlock. */
+static int rkm__pipe_replay(const rkm_pipe_stage *st, int32_t p, int32_t m, rkm_pipe_schedule kind, rkm_pipe_phase *ev,
+                            int32_t *done, double *link)
+{
+    const int32_t n = 2 * m;
+    int64_t left = (int64_t)p * n;
+    for (int32_t s = 0; s < p; s++) {
+        int32_t warm = rkm__pipe_warmup(kind, s, p, m);
+        for (int32_t j = 0; j < n; j++) {
+            rkm_pipe_phase *e = &ev[(size_t)s * n + j];
+            *e = (rkm_pipe_phase){s, 0, 0, 0, 0, 0};
+            rkm__pipe_phase(warm, m, j, &e->micro, &e->bwd);
+        }
+        done[s] = 0, link[2 * s] = link[2 * s + 1] = 0;
+    }
+    for (int progress = 1; left > 0 && progress;) {
+        progress = 0;
+        for (int32_t s = 0; s < p; s++)
+            for (; done[s] < n; done[s]++, left--, progress = 1) {
+                rkm_pipe_phase *e = &ev[(size_t)s * n + done[s]];
+                int32_t from = e->bwd ? s + 1 : s - 1, to = e->bwd ? s - 1 : s + 1;
+                double ready = 0;
+                if (from >= 0 && from < p) { /* the neighbour's phase of the same micro-batch */
+                    int32_t j = rkm__pipe_pos(rkm__pipe_warmup(kind, from, p, m), m, e->micro, e->bwd);
+                    if (j >= done[from]) break; /* not timed yet */
+                    ready = ev[(size_t)from * n + j].arrive;
+                }
+                double free_at = done[s] ? ev[(size_t)s * n + done[s] - 1].end : 0;
+                e->start = ready > free_at ? ready : free_at;
+                e->end = e->start + (e->bwd ? st[s].bwd : st[s].fwd);
+                e->arrive = e->end;
+                if (to >= 0 && to < p) { /* its output's transfer, behind the link's last one */
+                    double *l = &link[2 * s + e->bwd];
+                    *l = e->arrive = (e->end > *l ? e->end : *l) + (e->bwd ? st[s].send_bwd : st[s].send_fwd);
+                }
+            }
+    }
+    return left == 0;
+}
+
+rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages, int32_t n_stages,
+                                 int32_t micro_batches, rkm_pipe_schedule schedule, rkm_pipe_phase *phases,
+                                 int32_t *in_flight, double *step_time)
+{
+    static const char *const name[4] = {"fwd", "bwd", "send_fwd", "send_bwd"};
+    const int32_t p = n_stages, m = micro_batches;
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!stages || !step_time) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: stages or step_time is NULL");
+    if (p < 1 || m < 1)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT,
+                        "rkm_pipeline_simulate: %d stages and %d micro-batches: each must be at least 1", (int)p, (int)m);
+    if (schedule != RKM_PIPE_1F1B && schedule != RKM_PIPE_GPIPE)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: unknown schedule %d (RKM_PIPE_1F1B or RKM_PIPE_GPIPE)",
+                        (int)schedule);
+    if (m > INT32_MAX / 2 || (size_t)p > SIZE_MAX / 4 / sizeof *phases / (size_t)m)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: %d stages x %d micro-batches: too many", (int)p, (int)m);
+    for (int32_t s = 0; s < p; s++) {
+        const double v[4] = {stages[s].fwd, stages[s].bwd, stages[s].send_fwd, stages[s].send_bwd};
+        for (int k = 0; k < 4; k++)
+            if (!(v[k] >= 0 && v[k] < INFINITY))
+                return rkm__err(ctx, RKM_ERROR_ARGUMENT,
+                                "rkm_pipeline_simulate: stage %d: %s is %g: a time must be finite and at least 0", (int)s,
+                                name[k], v[k]);
+    }
+    size_t n_ev = 2 * (size_t)p * (size_t)m;
+    rkm_pipe_phase *ev = phases ? phases : rkm__alloc(ctx, n_ev * sizeof *ev);
+    int32_t *done = rkm__alloc(ctx, (size_t)p * sizeof *done);
+    double *link = rkm__alloc(ctx, 2 * (size_t)p * sizeof *link);
+    rkm_result r = RKM_OK;
+    if (!ev || !done || !link) r = rkm__nomem(ctx, "pipeline replay");
+    else if (!rkm__pipe_replay(stages, p, m, schedule, ev, done, link))
+        r = rkm__err(ctx, RKM_ERROR_INTERNAL, "rkm_pipeline_simulate: the schedule's orders deadlock");
+    if (!r) {
+        double end = 0;
+        for (int32_t s = 0; s < p; s++) {
+            int32_t live = 0, most = 0;
+            for (int32_t j = 0; j < 2 * m; j++) {
+                const rkm_pipe_phase *e = &ev[(size_t)s * 2 * m + j];
+                live += e->bwd ? -1 : 1;
+                if (live > most) most = live;
+                if (e->end > end) end = e->end;
+            }
+            if (in_flight) in_flight[s] = most;
+        }
+        *step_time = end;
+    }
+    if (!phases) rkm__free(ctx, ev, n_ev * sizeof *ev);
+    rkm__free(ctx, done, (size_t)p * sizeof *done);
+    rkm__free(ctx, link, 2 * (size_t)p * sizeof *link);
+    return r;
+}
