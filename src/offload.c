@@ -551,14 +551,7 @@ static rkm_result rkm__offload_make(rkm_planner *pl, uint64_t target, void *arg,
     rkm__work_charge(pl, work);
     if (r || !d.n) return r;
     if ((r = rkm__plan_birth(pl->user, &d, NULL, out))) return r;
-    work = rkm__work_left(pl);
-    r = rkm__plan_seal(*out, pl->d.alignment, &work);
-    rkm__work_charge(pl, work);
-    if (r) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    return r;
+    return rkm__handout_seal(pl, out);
 }
 
 /* The base plan b (kept) with copies for `budget`, laid out as the host

@@ -121,6 +121,20 @@ RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, r
     return r;
 }
 
+/* *out (a plan of the user's graph) laid out at the desc's alignment, on
+ * the call's meter; destroyed, *out NULL, on failure. */
+RKM__PRIVATE rkm_result rkm__handout_seal(rkm_planner *pl, rkm_plan **out)
+{
+    uint64_t work = rkm__work_left(pl);
+    rkm_result r = rkm__plan_seal(*out, pl->d.alignment, &work);
+    rkm__work_charge(pl, work);
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
+}
+
 /* The planner's plan p (taken) as the host gets it: born on the user's
  * graph (p is of the aligned one, unless they are the same) and laid out
  * at the desc's alignment. */
@@ -139,14 +153,7 @@ RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_p
         if (r) return r;
     } else
         *out = p;
-    uint64_t work = rkm__work_left(pl);
-    r = rkm__plan_seal(*out, pl->d.alignment, &work);
-    rkm__work_charge(pl, work);
-    if (r) {
-        rkm_plan_destroy(*out);
-        *out = NULL;
-    }
-    return r;
+    return rkm__handout_seal(pl, out);
 }
 
 /* The arena plan p (kept) would have as the host gets it. */
