@@ -421,6 +421,7 @@ struct rkm_graph {
     rkm__map tensor_map, op_map;
     int32_t loss;
     int32_t loss_line;
+    int output;      /* the loss is a stage's output (rkm_graph_set_output): its gradient arrives */
     int finalized;
     int has_inplace; /* some op declares RKM_OP_INPLACE or RKM_OP_GRAD_INPLACE (at finalize) */
     rkm_copy_desc copy; /* copy bandwidths; d2h 0: no copies (offloading) */
@@ -486,6 +487,7 @@ struct rkm_plan {
     int64_t *peer;
     rkm_buffer *buffers; /* lifetimes from the replay; offsets 0 (rkm_plan_layout places them) */
     size_t n_buffers, cap_buffers;
+    int64_t loss_step;   /* the `loss` step: the backward phase starts there */
     rkm_plan_stats stats;
 };
 
@@ -1083,6 +1085,7 @@ RKM__PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
 RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
 /* The buffers' lifetimes, recorded by a replay (rkm__sim_run_peaks) */
 RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
+RKM__PRIVATE void rkm__recorder_end(rkm__recorder *rc);
 RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 /* The object a broken rule concerns, by name ("" if none) */
 RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);
@@ -1673,8 +1676,12 @@ rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, 
     if (!name) return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "tensor: name is NULL");
     if (!rkm__name_ok(name))
         return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
-    if (flags & ~(RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD))
+    if (flags & ~(RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD | RKM_TENSOR_INPUT_GRAD))
         return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "tensor %s: unknown flags 0x%x", name, flags);
+    if ((flags & RKM_TENSOR_INPUT_GRAD) && (flags & RKM_TENSOR_NOGRAD || !(flags & RKM_TENSOR_INPUT)))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: grad is for an input that has a gradient (a pipeline "
+                         "stage's input: `input grad`), so it %s", name,
+                         flags & RKM_TENSOR_NOGRAD ? "cannot be nograd" : "needs input");
     if (g->loss >= 0)
         return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: nothing may follow the loss statement", name);
     if (rkm__map_find(&g->tensor_map, name, rkm__tensor_name_of, g) >= 0)
@@ -1853,31 +1860,40 @@ rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out)
     return RKM_OK;
 }
 
-rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
+/* The loss statement and the output statement: one tensor, set once, with
+ * the same rules; `what` names the statement in messages. */
+static rkm_result rkm__set_loss(rkm_graph *g, int32_t tensor, int output)
 {
     if (!g) return RKM_ERROR_ARGUMENT;
+    const char *what = output ? "output" : "loss";
     int32_t line = g->src_line;
-    rkm_result r = rkm__check_builder(g, "rkm_graph_set_loss");
+    rkm_result r = rkm__check_builder(g, output ? "rkm_graph_set_output" : "rkm_graph_set_loss");
     if (r) return r;
     if (g->loss >= 0)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: given twice (the loss statement appears exactly once)");
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "%s: %s (a graph has exactly one loss or output statement)", what,
+                         g->output == output ? "given twice" : g->output ? "the graph has an output already"
+                                                                          : "the graph has a loss already");
     if (tensor < 0 || (size_t)tensor >= g->n_tensors)
-        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "loss: tensor id %d does not exist", (int)tensor);
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "%s: tensor id %d does not exist", what, (int)tensor);
     const rkm__tensor *t = &g->tensors[tensor];
     if (t->flags & RKM_TENSOR_INPUT)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is an input tensor (the loss must be written by an op)",
-                         t->name);
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "%s: %s is an input tensor (the %s must be written by an op)", what,
+                         t->name, what);
     if (t->producer < 0)
         return rkm__gerr(g, RKM_ERROR_GRAPH, line,
-                         "loss: %s is not produced by an op declared before it (the loss statement comes after the op "
-                         "that writes the loss tensor, at the end)",
-                         t->name);
+                         "%s: %s is not produced by an op declared before it (the %s statement comes after the op "
+                         "that writes the %s tensor, at the end)",
+                         what, t->name, what, what);
     if (t->flags & RKM_TENSOR_NOGRAD)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is nograd (the loss must have a gradient)", t->name);
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "%s: %s is nograd (the %s must have a gradient)", what, t->name, what);
     g->loss = tensor;
     g->loss_line = line;
+    g->output = output;
     return RKM_OK;
 }
+
+rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor) { return rkm__set_loss(g, tensor, 0); }
+rkm_result rkm_graph_set_output(rkm_graph *g, int32_t tensor) { return rkm__set_loss(g, tensor, 1); }
 
 RKM__PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
 {
@@ -1890,6 +1906,7 @@ int rkm_graph_is_finalized(const rkm_graph *g) { return g ? g->finalized : 0; }
 int32_t rkm_graph_num_tensors(const rkm_graph *g) { return g ? (int32_t)g->n_tensors : 0; }
 int32_t rkm_graph_num_ops(const rkm_graph *g) { return g ? (int32_t)g->n_ops : 0; }
 int32_t rkm_graph_loss(const rkm_graph *g) { return g ? g->loss : -1; }
+int32_t rkm_graph_output(const rkm_graph *g) { return g && g->output ? g->loss : -1; }
 
 int32_t rkm_graph_find_tensor(const rkm_graph *g, const char *name)
 {
@@ -2537,7 +2554,10 @@ RKM__PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
         *obj = (int32_t)t;
         if (s->inflight[t]) return RKM_RULE_END_COPY_IN_FLIGHT;
         if (s->D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_END_TENSOR_LIVE;
-        if (s->G[t]) return RKM_RULE_END_GRAD_LIVE;
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT_GRAD) { /* sent back once the plan is done */
+            if (!rkm__grad_complete(s, (int32_t)t)) return RKM_RULE_END_INPUT_GRAD_MISSING;
+        } else if (s->G[t])
+            return RKM_RULE_END_GRAD_LIVE;
         if (s->H[t]) return RKM_RULE_END_HOST_LIVE;
     }
     *obj = -1;
@@ -2610,6 +2630,16 @@ RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
         p->buffers[p->n_buffers - 1].last_step = (int64_t)p->n_steps;
     }
     return RKM_OK;
+}
+
+/* After the last step: the stage inputs' gradients, sent back after the
+ * plan, live to its end as the inputs do. */
+RKM__PRIVATE void rkm__recorder_end(rkm__recorder *rc)
+{
+    const rkm_graph *g = rc->p->g;
+    for (size_t t = 0; t < g->n_tensors; t++)
+        if ((g->tensors[t].flags & RKM_TENSOR_INPUT_GRAD) && rc->open_g[t] >= 0)
+            rkm__buf_close(rc, rc->open_g, (int32_t)t, (int64_t)rc->p->n_steps);
 }
 
 /* Before step i (s: the state before it, st's index in range): the flags
@@ -2742,7 +2772,7 @@ static const struct rkm__rule_info {
     [RKM_RULE_END_BWD_MISSING] = {"end: every op with a backward must run it", 1},
     [RKM_RULE_END_TENSOR_LIVE] = {"end: only input tensors may be live", 0},
     [RKM_RULE_END_SAVED_LIVE] = {"end: no saved state may be live", 1},
-    [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live", 0},
+    [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live (but a stage input's)", 0},
     [RKM_RULE_BAD_STEP] = {"step kind or index out of range", 0},
     [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
@@ -2758,6 +2788,7 @@ static const struct rkm__rule_info {
     [RKM_RULE_FREE_HOST_NOT_ON_HOST] = {"free_host: the tensor must have a host copy", 2},
     [RKM_RULE_END_COPY_IN_FLIGHT] = {"end: every copy must have been waited for", 2},
     [RKM_RULE_END_HOST_LIVE] = {"end: no host copy may be live", 2},
+    [RKM_RULE_END_INPUT_GRAD_MISSING] = {"end: a stage input's gradient must be live and complete (it is sent back)", 0},
 };
 
 const char *rkm_rule_string(rkm_rule rule)
@@ -4332,7 +4363,7 @@ static uint64_t rkm__fp_object(const rkm_graph *g, int a, size_t i)
     uint64_t h = rkm__fnv(14695981039346656037ull, (uint32_t)i, 4);
     if (a == RKM__FP_TENSORS) {
         const rkm__tensor *t = &g->tensors[i];
-        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD), 4);
+        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD | RKM_TENSOR_INPUT_GRAD), 4);
     }
     if (a == RKM__FP_COPY)
         return rkm__fnv_f64(rkm__fnv_f64(rkm__fnv_f64(h, g->copy.d2h_bytes_per_second), g->copy.h2d_bytes_per_second),
@@ -4718,6 +4749,9 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
     }
     p->stats.d2h_seconds = s.d2h_busy;
     p->stats.h2d_seconds = s.h2d_busy;
+    if (ok == 1) rkm__recorder_end(&rc);
+    for (size_t i = 0; ok == 1 && i < p->n_steps; i++)
+        if (p->steps[i].kind == RKM_STEP_LOSS) p->loss_step = (int64_t)i;
     if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
     rkm__sim_free(&s);
     rkm__recorder_free(&rc);
@@ -5491,7 +5525,8 @@ static void rkm__graph_derive(rkm_graph *g)
         if (!o->has_bwd) continue;
         for (int32_t k = 0; k < o->n_in; k++) {
             rkm__tensor *t = &g->tensors[o->in[k]];
-            if (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD)) continue;
+            if (t->flags & RKM_TENSOR_NOGRAD || (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_INPUT_GRAD)) == RKM_TENSOR_INPUT)
+                continue;
             t->has_grad = 1;
             t->n_contrib++;
         }
@@ -5552,9 +5587,16 @@ done:
     return r;
 }
 
-/* grad_inplace, once gradients are known: both tensors have one. */
-static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
+/* Once gradients are known: grad_inplace's two tensors have one, and so
+ * does every stage input (else nothing would be sent back). */
+static rkm_result rkm__check_grads(const rkm_graph *g)
 {
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        if ((x->flags & RKM_TENSOR_INPUT_GRAD) && !x->has_grad)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, x->line, "tensor %s: input grad, but no op that reads it has a "
+                             "backward, so it gets no gradient to send back (declare it input)", x->name);
+    }
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *o = &g->ops[i];
         if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
@@ -5573,7 +5615,7 @@ rkm_result rkm_graph_finalize(rkm_graph *g)
     if (r) return r;
     if ((r = rkm__graph_check_whole(g))) return r;
     rkm__graph_derive(g);
-    if ((r = rkm__check_grad_inplace(g))) return r;
+    if ((r = rkm__check_grads(g))) return r;
     g->input_bytes = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
@@ -5588,15 +5630,16 @@ rkm_result rkm_graph_finalize(rkm_graph *g)
 
 /* Rebuild g's tensors, ops (with their costs from `costs`, or g's when
  * NULL) and loss into the empty graph n, every byte count rounded up to
- * `align` (1: as they are), then finalize it: everything derived comes
- * from the new figures, as when the graph's file is read. */
+ * `align` (1: as they are), the tensor flags in `drop` cleared, then
+ * finalize it: everything derived comes from the new figures, as when the
+ * graph's file is read. */
 static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
-                                     uint64_t align, rkm_graph *n)
+                                     uint64_t align, unsigned drop, rkm_graph *n)
 {
     rkm_result r = RKM_OK;
     for (size_t t = 0; t < g->n_tensors && !r; t++)
-        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align), g->tensors[t].flags,
-                                 NULL);
+        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align),
+                                 g->tensors[t].flags & ~drop, NULL);
     for (size_t i = 0; i < g->n_ops && !r; i++) {
         const rkm__op *o = &g->ops[i];
         rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
@@ -5605,7 +5648,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
                          rkm__round_up(o->scratch, align), o->flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
-    if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = g->output ? rkm_graph_set_output(n, g->loss) : rkm_graph_set_loss(n, g->loss);
     if (!r) r = rkm_graph_set_copy(n, copy);
     if (!r) r = rkm_graph_finalize(n);
     return r;
@@ -5613,12 +5656,17 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
 
 /* The graph a planner plans with at alignment `align`: g with every byte
  * count rounded up to it, so that the planners' own accounting (the
- * simulator's peak of that graph) bounds the plan's aligned peak. *out
- * NULL when g's counts are multiples of align already (g itself serves). */
+ * simulator's peak of that graph) bounds the plan's aligned peak; and its
+ * stage inputs plain inputs, since the planners' models know no input
+ * gradient (the plan's replay on g, which has them, is what is checked
+ * against the budget: rkm__planner_handout). *out NULL when g's counts
+ * are multiples of align already and it has no stage input (g itself
+ * serves). */
 RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
 {
     *out = NULL;
     int aligned = 1;
+    for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = !(g->tensors[t].flags & RKM_TENSOR_INPUT_GRAD);
     for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = g->tensors[t].bytes % align == 0;
     for (size_t i = 0; i < g->n_ops && aligned; i++) {
         const rkm__op *o = &g->ops[i];
@@ -5627,7 +5675,7 @@ RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, r
     if (aligned) return RKM_OK;
     rkm_graph *n;
     rkm_result r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, RKM_TENSOR_INPUT_GRAD, n))) rkm_graph_destroy(n);
     if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
                         "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
@@ -5645,7 +5693,7 @@ rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, r
     if (r) return r;
     rkm_graph *n;
     if ((r = rkm_graph_create(g->ctx, &n))) return r;
-    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
+    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, 0, n))) {
         rkm_graph_destroy(n);
         return r;
     }
@@ -5661,8 +5709,95 @@ rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rk
     rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
     rkm_graph *n = NULL;
     if (!r) r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, 0, n))) rkm_graph_destroy(n);
     if (!r) *out = n;
+    return r;
+}
+
+/* Stage s of a cut: ops (lo, hi] (op ids), entered by `in` (-1 for the
+ * first stage), left by `out`, which is g's loss (or output) for the last;
+ * built into the empty graph n and finalized. */
+static rkm_result rkm__stage_build(const rkm_graph *g, int32_t lo, int32_t hi, int32_t in, int32_t out, rkm_graph *n)
+{
+    rkm_context *ctx = g->ctx;
+    int32_t *to = rkm__alloc(ctx, (g->n_tensors + 1) * sizeof *to); /* g's tensor -> n's */
+    int32_t *ids = rkm__alloc(ctx, (2 * g->n_tensors + 1) * sizeof *ids); /* an op's lists: saved is within in+out */
+    rkm_result r = to && ids ? RKM_OK : rkm__nomem(ctx, "rkm_graph_cut");
+    for (size_t t = 0; !r && t < g->n_tensors; t++) to[t] = -1;
+    for (int32_t i = lo + 1; !r && i <= hi; i++) { /* its tensors: what its ops read and write */
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_in; k++) to[o->in[k]] = 0;
+        for (int32_t k = 0; k < o->n_out; k++) to[o->out[k]] = 0;
+    }
+    for (size_t t = 0; !r && t < g->n_tensors; t++) {
+        if (to[t] < 0) continue;
+        const rkm__tensor *x = &g->tensors[t];
+        unsigned flags = (int32_t)t == in ? RKM_TENSOR_INPUT | RKM_TENSOR_INPUT_GRAD : x->flags;
+        r = rkm_graph_add_tensor(n, x->name, x->bytes, flags, &to[t]);
+    }
+    for (int32_t i = lo + 1; !r && i <= hi; i++) {
+        const rkm__op *o = &g->ops[i];
+        int32_t *in_ids = ids, *out_ids = ids + o->n_in, *saved_ids = out_ids + o->n_out;
+        for (int32_t k = 0; k < o->n_in; k++) in_ids[k] = to[o->in[k]];
+        for (int32_t k = 0; k < o->n_out; k++) out_ids[k] = to[o->out[k]];
+        for (int32_t k = 0; k < o->n_saved; k++) saved_ids[k] = to[o->saved[k]];
+        rkm_op_desc d = {o->name, o->fwd, o->bwd, in_ids, o->n_in, out_ids, o->n_out, saved_ids, o->n_saved,
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, o->flags};
+        r = rkm_graph_add_op(n, &d, NULL);
+    }
+    if (!r) r = out == g->loss && !g->output ? rkm_graph_set_loss(n, to[out]) : rkm_graph_set_output(n, to[out]);
+    if (!r) r = rkm_graph_set_copy(n, &g->copy);
+    if (!r) r = rkm_graph_finalize(n);
+    rkm__free(ctx, to, (g->n_tensors + 1) * sizeof *to);
+    rkm__free(ctx, ids, (2 * g->n_tensors + 1) * sizeof *ids);
+    return r;
+}
+
+rkm_result rkm_graph_cut(const rkm_graph *g, const int32_t *cuts, int32_t n_cuts, rkm_graph **stages)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!stages) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: stages is NULL");
+    for (int32_t s = 0; s <= n_cuts && n_cuts >= 0; s++) stages[s] = NULL;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_cut");
+    if (r) return r;
+    if (n_cuts < 0 || (n_cuts && !cuts))
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: %d cuts%s (0 or more, in an array)", (int)n_cuts,
+                        n_cuts > 0 ? " given as NULL" : "");
+    /* A cut is a block boundary: every path from the first ops to the loss
+     * passes through it, so the ops before it (in file order) are its
+     * ancestors, those after it its descendants, and nothing but it and
+     * the inputs crosses. */
+    int32_t prev = 0;
+    for (int32_t c = 0; c < n_cuts; c++) {
+        int32_t t = cuts[c], b = 1;
+        while (b < g->n_blocks && g->blocks[b].in != t) b++;
+        if (t < 0 || (size_t)t >= g->n_tensors)
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: cut %d: tensor id %d does not exist", (int)c,
+                            (int)t);
+        if (b >= g->n_blocks)
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: cut %d: tensor %s is not a block boundary (a cut "
+                            "is the input of a block, rkm_block_info.input; this graph has %d)", (int)c,
+                            g->tensors[t].name, (int)g->n_blocks - 1);
+        if (b <= prev)
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: cut %d: tensor %s does not come after cut %d, "
+                            "tensor %s (the cuts go in block order, each once)", (int)c, g->tensors[t].name,
+                            (int)c - 1, g->tensors[cuts[c - 1]].name);
+        prev = b;
+    }
+    for (int32_t s = 0; s <= n_cuts && !r; s++) {
+        int32_t in = s ? cuts[s - 1] : -1, out = s < n_cuts ? cuts[s] : g->loss;
+        int32_t lo = s ? g->tensors[in].producer : -1, hi = s < n_cuts ? g->tensors[out].producer : (int32_t)g->n_ops - 1;
+        if (!(r = rkm_graph_create(g->ctx, &stages[s])) && (r = rkm__stage_build(g, lo, hi, in, out, stages[s]))) {
+            char msg[RKM__ERRMSG_SIZE];
+            snprintf(msg, sizeof msg, "%s", rkm_context_errmsg(g->ctx));
+            r = rkm__err(g->ctx, r == RKM_ERROR_NOMEM ? r : RKM_ERROR_INTERNAL, "rkm_graph_cut: stage %d: %s", (int)s, msg);
+        }
+    }
+    if (r)
+        for (int32_t s = 0; s <= n_cuts; s++) {
+            rkm_graph_destroy(stages[s]);
+            stages[s] = NULL;
+        }
     return r;
 }
 
@@ -5698,8 +5833,8 @@ static rkm_result rkm__parse_names(rkm__reader *r, const rkm_graph *g, const cha
 
 static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
 {
-    if (r->ntok < 3 || r->ntok > 5)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [nograd]'");
+    if (r->ntok < 3 || r->ntok > 6)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [grad] [nograd]'");
     if (!rkm__name_ok(r->tok[1]))
         return rkm__rerr(r, RKM_ERROR_PARSE, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", r->tok[1]);
     uint64_t bytes;
@@ -5708,8 +5843,9 @@ static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
                          r->tok[1], r->tok[2]);
     unsigned flags = 0;
     for (int i = 3; i < r->ntok; i++) {
-        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD : 0;
-        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input or nograd)", r->tok[1], r->tok[i]);
+        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD
+                     : strcmp(r->tok[i], "grad") == 0 ? RKM_TENSOR_INPUT_GRAD : 0;
+        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input, grad or nograd)", r->tok[1], r->tok[i]);
         if (flags & f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: flag %s given twice", r->tok[1], r->tok[i]);
         flags |= f;
     }
@@ -5834,13 +5970,13 @@ static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
         if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
         else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
         else if (strcmp(w, "copy") == 0) res = rkm__read_copy(r, g);
-        else if (strcmp(w, "loss") == 0) {
-            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
+        else if (strcmp(w, "loss") == 0 || strcmp(w, "output") == 0) {
+            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s TENSOR'", w);
             int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
-            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
-            res = rkm_graph_set_loss(g, t);
+            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "%s: tensor %.64s is not declared", w, r->tok[1]);
+            res = *w == 'l' ? rkm_graph_set_loss(g, t) : rkm_graph_set_output(g, t);
         } else
-            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss or copy)", w);
+            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss, output or copy)", w);
         if (res) return res;
     }
     g->src_line = r->line;
@@ -5924,8 +6060,9 @@ static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
         const rkm__tensor *x = &g->tensors[t];
-        rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,
-                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
+        rkm__outf(o, "tensor %s %llu%s%s%s\n", x->name, (unsigned long long)x->bytes,
+                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_INPUT_GRAD ? " grad" : "",
+                  x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
     }
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *op = &g->ops[i];
@@ -5942,7 +6079,7 @@ static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
         if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
         rkm__outf(o, "%s%s\n", op->flags & RKM_OP_INPLACE ? " inplace" : "", op->flags & RKM_OP_GRAD_INPLACE ? " grad_inplace" : "");
     }
-    rkm__outf(o, "loss %s\n", g->tensors[g->loss].name);
+    rkm__outf(o, "%s %s\n", g->output ? "output" : "loss", g->tensors[g->loss].name);
 }
 
 rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn fn, void *user)
@@ -14133,8 +14270,8 @@ static int (*rkm__buffer_callback(const rkm_callbacks *cb, int32_t kind))(void *
     }
 }
 
-/* Call the host for step i. */
-static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
+/* Call the host for step i of micro-batch `micro`. */
+static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i, int32_t micro)
 {
     const rkm_step *st = &p->steps[i];
     const uint8_t *fl = p->flags + p->flag_off[i];
@@ -14142,23 +14279,23 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
     if (st->kind == RKM_STEP_FWD) {
         rkm_fwd_call c = {(int64_t)i, st->index, st->save,    fl[0],      o->in,
                           o->n_in,    o->out,     o->n_out,    fl + 2,     o->phantom,
-                          o->fwd_ws + (fl[1] ? o->scratch : 0)};
+                          o->fwd_ws + (fl[1] ? o->scratch : 0), micro};
         return cb->forward(cb->user, &c);
     }
     if (st->kind == RKM_STEP_BWD) {
         rkm_bwd_call c = {(int64_t)i, st->index, o->in,  o->n_in,     o->out,     o->n_out,
-                          fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws};
+                          fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws, micro};
         return cb->backward(cb->user, &c);
     }
     if (st->kind >= RKM_STEP_OFFLOAD) {
         int (*copy)(void *, const rkm_copy_call *) = rkm__copy_callback(cb, st->kind);
         uint64_t bytes = st->save ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
-        rkm_copy_call c = {(int64_t)i, st->index, st->save, bytes, p->peer[i]};
+        rkm_copy_call c = {(int64_t)i, st->index, st->save, bytes, p->peer[i], micro};
         return copy ? copy(cb->user, &c) : 0;
     }
     int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);
     uint64_t bytes = st->kind == RKM_STEP_FREE_SAVED ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
-    rkm_buffer_call c = {(int64_t)i, st->index, bytes};
+    rkm_buffer_call c = {(int64_t)i, st->index, bytes, micro};
     return fn ? fn(cb->user, &c) : 0;
 }
 
@@ -14172,14 +14309,16 @@ typedef struct rkm__prof {
     int32_t run;
 } rkm__prof;
 
-/* Walk the plan calling the host; with pr, time its forwards and backwards. */
-static rkm_result rkm__walk(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
+/* Walk steps [from, to) of the plan calling the host; with pr, time its
+ * forwards and backwards. */
+static rkm_result rkm__walk(const rkm_plan *p, size_t from, size_t to, int32_t micro, const rkm_callbacks *cb,
+                            rkm__prof *pr)
 {
-    for (size_t i = 0; i < p->n_steps; i++) {
+    for (size_t i = from; i < to; i++) {
         int32_t kind = p->steps[i].kind;
         int timed = pr && (kind == RKM_STEP_FWD || kind == RKM_STEP_BWD);
         double t0 = timed ? pr->clock(pr->user) : 0;
-        int rc = rkm__call_step(p, cb, i);
+        int rc = rkm__call_step(p, cb, i, micro);
         if (timed) {
             double *samples = kind == RKM_STEP_FWD ? pr->fwd : pr->bwd;
             samples[(size_t)pr->run * pr->n_ops + (size_t)p->steps[i].index] = pr->clock(pr->user) - t0;
@@ -14192,7 +14331,7 @@ static rkm_result rkm__walk(const rkm_plan *p, const rkm_callbacks *cb, rkm__pro
 /* One profiling run, then the host's after_run hook. */
 static rkm_result rkm__profile_run(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
 {
-    rkm_result r = rkm__walk(p, cb, pr);
+    rkm_result r = rkm__walk(p, 0, p->n_steps, 0, cb, pr);
     int rc = r || !pr->after_run ? 0 : pr->after_run(pr->user, pr->run);
     if (rc)
         return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "rkm_graph_profile: the after_run callback returned %d after run %d",
@@ -14216,7 +14355,20 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
 {
     if (!p) return RKM_ERROR_ARGUMENT;
     rkm_result r = rkm__callbacks_ok(p->ctx, p, cb, "rkm_plan_execute");
-    return r ? r : rkm__walk(p, cb, NULL);
+    return r ? r : rkm__walk(p, 0, p->n_steps, 0, cb, NULL);
+}
+
+int64_t rkm_plan_phase_step(const rkm_plan *p) { return p ? p->loss_step : -1; }
+
+rkm_result rkm_plan_execute_phase(const rkm_plan *p, int phase, int32_t micro, const rkm_callbacks *cb)
+{
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__callbacks_ok(p->ctx, p, cb, "rkm_plan_execute_phase");
+    if (!r && (phase < 0 || phase > 1 || micro < 0))
+        r = rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute_phase: phase %d, micro-batch %d (phase 0 or 1, "
+                     "micro-batch >= 0)", phase, (int)micro);
+    size_t at = (size_t)p->loss_step;
+    return r ? r : phase ? rkm__walk(p, at, p->n_steps, micro, cb, NULL) : rkm__walk(p, 0, at, micro, cb, NULL);
 }
 
 static double rkm__default_clock(void *user)

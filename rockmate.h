@@ -224,7 +224,12 @@ extern "C" {
  * fingerprint: docs/formats.md); version 1 files read as before, and an
  * older library refuses a version 2 file at its header.
  * 0.6.0: rkm_planner_stats gained work and work_limit at its end (each call's
- * work meter). */
+ * work meter).
+ * 0.7.0: pipeline stages: rkm_pipeline_simulate and its structs; stage
+ * graphs (RKM_TENSOR_INPUT_GRAD, rkm_graph_set_output, rkm_graph_cut);
+ * rkm_rule RKM_RULE_END_INPUT_GRAD_MISSING (RKM_RULE_COUNT moved); plan
+ * phases (rkm_plan_phase_step, rkm_plan_execute_phase), and the call
+ * structs gained `micro` at their ends. */
 #define RKM_VERSION_MAJOR 0
 #define RKM_VERSION_MINOR 7
 #define RKM_VERSION_PATCH 0
@@ -330,6 +335,16 @@ typedef struct rkm_graph rkm_graph;
 
 #define RKM_TENSOR_INPUT 1u  /* given by the host, live all the time, no gradient */
 #define RKM_TENSOR_NOGRAD 2u /* never has a gradient (indices, masks) */
+/* With RKM_TENSOR_INPUT: a pipeline stage's input (the .rkg words `input
+ * grad`), received from the previous stage. Live all the time like any
+ * input, but it has a gradient, made by the backwards of the ops that read
+ * it (at least one must have a backward): at the end of the plan that
+ * gradient is live and complete, and the host sends it back to the
+ * previous stage and releases it after rkm_plan_execute returns (it is in
+ * the plan's memory and arena to the end, as the inputs are). Planners plan
+ * such a graph as if the tensor were a plain input and keep the plans
+ * whose replay here (with the gradient) fits the budget. */
+#define RKM_TENSOR_INPUT_GRAD 4u
 
 typedef struct rkm_op_desc {
     const char *name;
@@ -386,6 +401,13 @@ rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, 
                                 int32_t *id);
 rkm_result rkm_graph_add_op(rkm_graph *g, const rkm_op_desc *desc, int32_t *id);
 rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor);
+/* A pipeline stage's output (the .rkg statement `output T`), in place of
+ * the loss: the same rules, and in plans it plays the loss's part (the
+ * `loss` step, rkm_graph_loss), but its gradient is not seeded by the
+ * host: it arrives from the next stage. The step before the `loss` step
+ * ends the stage's forward phase (the output is sent), the `loss` step
+ * receives grad(T) (rkm_callbacks.loss: allocate it and receive it). */
+rkm_result rkm_graph_set_output(rkm_graph *g, int32_t tensor);
 /* Checks the whole-graph rules, derives gradients, backwards and
  * contributors, detects the block structure and its classes, and computes
  * the baseline figures. After it the graph is immutable. */
@@ -439,14 +461,15 @@ rkm_context *rkm_graph_context(const rkm_graph *g);
 int rkm_graph_is_finalized(const rkm_graph *g);
 int32_t rkm_graph_num_tensors(const rkm_graph *g);
 int32_t rkm_graph_num_ops(const rkm_graph *g);
-int32_t rkm_graph_loss(const rkm_graph *g); /* -1 before set_loss */
+int32_t rkm_graph_loss(const rkm_graph *g); /* -1 before set_loss or set_output */
+int32_t rkm_graph_output(const rkm_graph *g); /* the stage's output; -1 if none (a loss, or not yet) */
 int32_t rkm_graph_find_tensor(const rkm_graph *g, const char *name); /* -1 if none */
 int32_t rkm_graph_find_op(const rkm_graph *g, const char *name);     /* -1 if none */
 
 typedef struct rkm_tensor_info {
     const char *name;
     uint64_t bytes;
-    unsigned flags;          /* RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD */
+    unsigned flags;          /* RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD | RKM_TENSOR_INPUT_GRAD */
     int32_t producer;        /* op id, -1 for inputs */
     int has_grad;            /* after finalize */
     int32_t n_contributors;  /* backwards (and the loss step) that add to grad(T) */
@@ -491,6 +514,23 @@ rkm_result rkm_graph_baseline_arena(const rkm_graph *g, uint64_t alignment, uint
  * graph with a copy link (such state may wait in host memory instead);
  * RKM_ERROR_BUDGET below the lower bound (no plan at all). */
 rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *extra_seconds);
+
+/* Pipeline stages: g (finalized) cut at n_cuts tensors into n_cuts + 1
+ * stage graphs, stages[0..n_cuts] (finalized, owned by the caller). Each
+ * cut is a block boundary (rkm_block_info.input), in block order: every
+ * path from the first ops to the loss passes through it, so the ops
+ * before it in file order are its ancestors and the ops after it its
+ * descendants, and nothing but it and `input` tensors crosses it. Stage s
+ * holds the ops after cut s-1 up to and including the producer of cut s,
+ * in g's order, with g's names: cut s-1 is its input (`input grad`),
+ * cut s its output (`output`); the last stage ends at g's loss. The
+ * `input` tensors a stage's ops read are inputs there too (each stage
+ * holds its own); the copy link is g's. The stages' steps, run one after
+ * another (the forward phases from the first stage on, then the backward
+ * phases from the last), are g's: the same ops on the same values, and
+ * grad(cut s) handed from stage s+1, complete, to stage s's `loss` step.
+ * On failure every stages[s] is NULL. */
+rkm_result rkm_graph_cut(const rkm_graph *g, const int32_t *cuts, int32_t n_cuts, rkm_graph **stages);
 
 /* The block structure (computed by finalize): a sequence of blocks, each a
  * run of ops between two separator tensors. */
@@ -577,6 +617,8 @@ typedef enum rkm_rule {
     RKM_RULE_FREE_HOST_NOT_ON_HOST, /* free_host: the tensor has no host copy */
     RKM_RULE_END_COPY_IN_FLIGHT,    /* end: a copy was never waited for */
     RKM_RULE_END_HOST_LIVE,         /* end: a host copy is still live */
+    RKM_RULE_END_INPUT_GRAD_MISSING,/* end: a stage input's gradient (RKM_TENSOR_INPUT_GRAD)
+                                       is not live and complete: it is sent back */
     RKM_RULE_COUNT
 } rkm_rule;
 
@@ -1033,6 +1075,7 @@ typedef struct rkm_fwd_call {
                               fwd_ws, plus its scratch when this run keeps no
                               saved state (not save, and the saved state not
                               live); the layout's workspace buffer has this size */
+    int32_t micro;         /* the micro-batch (rkm_plan_execute_phase); 0 otherwise */
 } rkm_fwd_call;
 
 /* Per output of a forward call. */
@@ -1066,6 +1109,7 @@ typedef struct rkm_bwd_call {
     int32_t n_saved;
     uint64_t phantom;       /* the op's phantom: its saved state, live now when > 0 */
     uint64_t ws_bytes;      /* the op's declared bwd workspace */
+    int32_t micro;         /* the micro-batch (rkm_plan_execute_phase); 0 otherwise */
 } rkm_bwd_call;
 
 /* The loss step and the three free steps: one buffer each. */
@@ -1074,6 +1118,7 @@ typedef struct rkm_buffer_call {
     int32_t index;  /* loss, free_tensor, free_grad: the tensor; free_saved: the op */
     uint64_t bytes; /* of the buffer made (loss: grad(loss)) or released
                        (free_saved: the op's phantom) */
+    int32_t micro;         /* the micro-batch (rkm_plan_execute_phase); 0 otherwise */
 } rkm_buffer_call;
 
 /* The copy steps (offloading; docs/formats.md). The host keeps at most one
@@ -1095,6 +1140,7 @@ typedef struct rkm_copy_call {
     uint64_t bytes;
     int64_t wait_step; /* offload, prefetch: the wait step that completes this copy;
                           wait: the step that started it; free_host: -1 */
+    int32_t micro;         /* the micro-batch (rkm_plan_execute_phase); 0 otherwise */
 } rkm_copy_call;
 
 /* Callbacks return 0 on success; any other value stops the walk and
@@ -1142,6 +1188,21 @@ typedef struct rkm_callbacks {
  * rkm_arena_exec_run does this itself: a failed run releases every buffer
  * but the inputs. */
 rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb);
+
+/* Pipeline stages run a plan in two phases, one micro-batch at a time,
+ * with other micro-batches' phases between them (docs/formats.md,
+ * "Pipeline stages"). The forward phase (phase 0) is the steps before the
+ * `loss` step: at its end the stage's output is sent, and what is live is
+ * what the micro-batch keeps until its backward. The backward phase
+ * (phase 1) is the rest, from the `loss` step (the output's gradient
+ * arrives) to the end (the input's gradient is sent). Run in that order,
+ * the two are rkm_plan_execute. rkm_plan_phase_step is the index of the
+ * `loss` step, where phase 1 starts (-1 for NULL).
+ * rkm_plan_execute_phase walks one phase as rkm_plan_execute walks the
+ * plan, and passes `micro` (>= 0) in every call it makes, so that the host
+ * finds that micro-batch's buffers. */
+int64_t rkm_plan_phase_step(const rkm_plan *p);
+rkm_result rkm_plan_execute_phase(const rkm_plan *p, int phase, int32_t micro, const rkm_callbacks *cb);
 
 /* ---------------------------------------------------------------------------
  * Arena: one region per training step, an offset per buffer

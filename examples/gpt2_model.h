@@ -914,14 +914,14 @@ static inline void gpt2_step_release(gpt2_step *st)
     int32_t nt = rkm_graph_num_tensors(st->gg->g), no = rkm_graph_num_ops(st->gg->g);
     gpt2__release_host(st); /* first: no copy may still read or write a buffer freed below */
     for (int32_t t = 0; t < nt; t++) {
-        rkm_buffer_call c = {-1, t, gpt2__tbytes(st, t)};
+        rkm_buffer_call c = {-1, t, gpt2__tbytes(st, t), 0};
         if (st->act[t] && t != st->gg->tokens && t != st->gg->targets) gpt2_cb_free_tensor(st, &c);
         if (st->grad[t]) gpt2_cb_free_grad(st, &c);
     }
     for (int32_t op = 0; op < no; op++) {
         rkm_op_desc oi;
         if (!st->phantom[op] || rkm_graph_op_info(st->gg->g, op, &oi) != RKM_OK) continue;
-        rkm_buffer_call c = {-1, op, oi.phantom};
+        rkm_buffer_call c = {-1, op, oi.phantom, 0};
         gpt2_cb_free_saved(st, &c);
     }
 }

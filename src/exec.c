@@ -36,8 +36,8 @@ static int (*rkm__buffer_callback(const rkm_callbacks *cb, int32_t kind))(void *
     }
 }
 
-/* Call the host for step i. */
-static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
+/* Call the host for step i of micro-batch `micro`. */
+static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i, int32_t micro)
 {
     const rkm_step *st = &p->steps[i];
     const uint8_t *fl = p->flags + p->flag_off[i];
@@ -45,23 +45,23 @@ static int rkm__call_step(const rkm_plan *p, const rkm_callbacks *cb, size_t i)
     if (st->kind == RKM_STEP_FWD) {
         rkm_fwd_call c = {(int64_t)i, st->index, st->save,    fl[0],      o->in,
                           o->n_in,    o->out,     o->n_out,    fl + 2,     o->phantom,
-                          o->fwd_ws + (fl[1] ? o->scratch : 0)};
+                          o->fwd_ws + (fl[1] ? o->scratch : 0), micro};
         return cb->forward(cb->user, &c);
     }
     if (st->kind == RKM_STEP_BWD) {
         rkm_bwd_call c = {(int64_t)i, st->index, o->in,  o->n_in,     o->out,     o->n_out,
-                          fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws};
+                          fl,               fl + o->n_in, o->saved, o->n_saved, o->phantom, o->bwd_ws, micro};
         return cb->backward(cb->user, &c);
     }
     if (st->kind >= RKM_STEP_OFFLOAD) {
         int (*copy)(void *, const rkm_copy_call *) = rkm__copy_callback(cb, st->kind);
         uint64_t bytes = st->save ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
-        rkm_copy_call c = {(int64_t)i, st->index, st->save, bytes, p->peer[i]};
+        rkm_copy_call c = {(int64_t)i, st->index, st->save, bytes, p->peer[i], micro};
         return copy ? copy(cb->user, &c) : 0;
     }
     int (*fn)(void *, const rkm_buffer_call *) = rkm__buffer_callback(cb, st->kind);
     uint64_t bytes = st->kind == RKM_STEP_FREE_SAVED ? p->g->ops[st->index].phantom : p->g->tensors[st->index].bytes;
-    rkm_buffer_call c = {(int64_t)i, st->index, bytes};
+    rkm_buffer_call c = {(int64_t)i, st->index, bytes, micro};
     return fn ? fn(cb->user, &c) : 0;
 }
 
@@ -75,14 +75,16 @@ typedef struct rkm__prof {
     int32_t run;
 } rkm__prof;
 
-/* Walk the plan calling the host; with pr, time its forwards and backwards. */
-static rkm_result rkm__walk(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
+/* Walk steps [from, to) of the plan calling the host; with pr, time its
+ * forwards and backwards. */
+static rkm_result rkm__walk(const rkm_plan *p, size_t from, size_t to, int32_t micro, const rkm_callbacks *cb,
+                            rkm__prof *pr)
 {
-    for (size_t i = 0; i < p->n_steps; i++) {
+    for (size_t i = from; i < to; i++) {
         int32_t kind = p->steps[i].kind;
         int timed = pr && (kind == RKM_STEP_FWD || kind == RKM_STEP_BWD);
         double t0 = timed ? pr->clock(pr->user) : 0;
-        int rc = rkm__call_step(p, cb, i);
+        int rc = rkm__call_step(p, cb, i, micro);
         if (timed) {
             double *samples = kind == RKM_STEP_FWD ? pr->fwd : pr->bwd;
             samples[(size_t)pr->run * pr->n_ops + (size_t)p->steps[i].index] = pr->clock(pr->user) - t0;
@@ -95,7 +97,7 @@ static rkm_result rkm__walk(const rkm_plan *p, const rkm_callbacks *cb, rkm__pro
 /* One profiling run, then the host's after_run hook. */
 static rkm_result rkm__profile_run(const rkm_plan *p, const rkm_callbacks *cb, rkm__prof *pr)
 {
-    rkm_result r = rkm__walk(p, cb, pr);
+    rkm_result r = rkm__walk(p, 0, p->n_steps, 0, cb, pr);
     int rc = r || !pr->after_run ? 0 : pr->after_run(pr->user, pr->run);
     if (rc)
         return rkm__err(p->ctx, RKM_ERROR_CALLBACK, "rkm_graph_profile: the after_run callback returned %d after run %d",
@@ -119,7 +121,20 @@ rkm_result rkm_plan_execute(const rkm_plan *p, const rkm_callbacks *cb)
 {
     if (!p) return RKM_ERROR_ARGUMENT;
     rkm_result r = rkm__callbacks_ok(p->ctx, p, cb, "rkm_plan_execute");
-    return r ? r : rkm__walk(p, cb, NULL);
+    return r ? r : rkm__walk(p, 0, p->n_steps, 0, cb, NULL);
+}
+
+int64_t rkm_plan_phase_step(const rkm_plan *p) { return p ? p->loss_step : -1; }
+
+rkm_result rkm_plan_execute_phase(const rkm_plan *p, int phase, int32_t micro, const rkm_callbacks *cb)
+{
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__callbacks_ok(p->ctx, p, cb, "rkm_plan_execute_phase");
+    if (!r && (phase < 0 || phase > 1 || micro < 0))
+        r = rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_execute_phase: phase %d, micro-batch %d (phase 0 or 1, "
+                     "micro-batch >= 0)", phase, (int)micro);
+    size_t at = (size_t)p->loss_step;
+    return r ? r : phase ? rkm__walk(p, at, p->n_steps, micro, cb, NULL) : rkm__walk(p, 0, at, micro, cb, NULL);
 }
 
 static double rkm__default_clock(void *user)

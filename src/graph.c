@@ -122,8 +122,12 @@ rkm_result rkm_graph_add_tensor(rkm_graph *g, const char *name, uint64_t bytes, 
     if (!name) return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "tensor: name is NULL");
     if (!rkm__name_ok(name))
         return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", name);
-    if (flags & ~(RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD))
+    if (flags & ~(RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD | RKM_TENSOR_INPUT_GRAD))
         return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "tensor %s: unknown flags 0x%x", name, flags);
+    if ((flags & RKM_TENSOR_INPUT_GRAD) && (flags & RKM_TENSOR_NOGRAD || !(flags & RKM_TENSOR_INPUT)))
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: grad is for an input that has a gradient (a pipeline "
+                         "stage's input: `input grad`), so it %s", name,
+                         flags & RKM_TENSOR_NOGRAD ? "cannot be nograd" : "needs input");
     if (g->loss >= 0)
         return rkm__gerr(g, RKM_ERROR_GRAPH, line, "tensor %s: nothing may follow the loss statement", name);
     if (rkm__map_find(&g->tensor_map, name, rkm__tensor_name_of, g) >= 0)
@@ -302,31 +306,40 @@ rkm_result rkm_graph_copy_get(const rkm_graph *g, rkm_copy_desc *out)
     return RKM_OK;
 }
 
-rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor)
+/* The loss statement and the output statement: one tensor, set once, with
+ * the same rules; `what` names the statement in messages. */
+static rkm_result rkm__set_loss(rkm_graph *g, int32_t tensor, int output)
 {
     if (!g) return RKM_ERROR_ARGUMENT;
+    const char *what = output ? "output" : "loss";
     int32_t line = g->src_line;
-    rkm_result r = rkm__check_builder(g, "rkm_graph_set_loss");
+    rkm_result r = rkm__check_builder(g, output ? "rkm_graph_set_output" : "rkm_graph_set_loss");
     if (r) return r;
     if (g->loss >= 0)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: given twice (the loss statement appears exactly once)");
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "%s: %s (a graph has exactly one loss or output statement)", what,
+                         g->output == output ? "given twice" : g->output ? "the graph has an output already"
+                                                                          : "the graph has a loss already");
     if (tensor < 0 || (size_t)tensor >= g->n_tensors)
-        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "loss: tensor id %d does not exist", (int)tensor);
+        return rkm__gerr(g, RKM_ERROR_ARGUMENT, line, "%s: tensor id %d does not exist", what, (int)tensor);
     const rkm__tensor *t = &g->tensors[tensor];
     if (t->flags & RKM_TENSOR_INPUT)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is an input tensor (the loss must be written by an op)",
-                         t->name);
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "%s: %s is an input tensor (the %s must be written by an op)", what,
+                         t->name, what);
     if (t->producer < 0)
         return rkm__gerr(g, RKM_ERROR_GRAPH, line,
-                         "loss: %s is not produced by an op declared before it (the loss statement comes after the op "
-                         "that writes the loss tensor, at the end)",
-                         t->name);
+                         "%s: %s is not produced by an op declared before it (the %s statement comes after the op "
+                         "that writes the %s tensor, at the end)",
+                         what, t->name, what, what);
     if (t->flags & RKM_TENSOR_NOGRAD)
-        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "loss: %s is nograd (the loss must have a gradient)", t->name);
+        return rkm__gerr(g, RKM_ERROR_GRAPH, line, "%s: %s is nograd (the %s must have a gradient)", what, t->name, what);
     g->loss = tensor;
     g->loss_line = line;
+    g->output = output;
     return RKM_OK;
 }
+
+rkm_result rkm_graph_set_loss(rkm_graph *g, int32_t tensor) { return rkm__set_loss(g, tensor, 0); }
+rkm_result rkm_graph_set_output(rkm_graph *g, int32_t tensor) { return rkm__set_loss(g, tensor, 1); }
 
 RKM__PRIVATE rkm_result rkm__check_finalized(const rkm_graph *g, const char *fn)
 {
@@ -339,6 +352,7 @@ int rkm_graph_is_finalized(const rkm_graph *g) { return g ? g->finalized : 0; }
 int32_t rkm_graph_num_tensors(const rkm_graph *g) { return g ? (int32_t)g->n_tensors : 0; }
 int32_t rkm_graph_num_ops(const rkm_graph *g) { return g ? (int32_t)g->n_ops : 0; }
 int32_t rkm_graph_loss(const rkm_graph *g) { return g ? g->loss : -1; }
+int32_t rkm_graph_output(const rkm_graph *g) { return g && g->output ? g->loss : -1; }
 
 int32_t rkm_graph_find_tensor(const rkm_graph *g, const char *name)
 {

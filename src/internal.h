@@ -385,6 +385,7 @@ struct rkm_graph {
     rkm__map tensor_map, op_map;
     int32_t loss;
     int32_t loss_line;
+    int output;      /* the loss is a stage's output (rkm_graph_set_output): its gradient arrives */
     int finalized;
     int has_inplace; /* some op declares RKM_OP_INPLACE or RKM_OP_GRAD_INPLACE (at finalize) */
     rkm_copy_desc copy; /* copy bandwidths; d2h 0: no copies (offloading) */
@@ -450,6 +451,7 @@ struct rkm_plan {
     int64_t *peer;
     rkm_buffer *buffers; /* lifetimes from the replay; offsets 0 (rkm_plan_layout places them) */
     size_t n_buffers, cap_buffers;
+    int64_t loss_step;   /* the `loss` step: the backward phase starts there */
     rkm_plan_stats stats;
 };
 
@@ -1047,6 +1049,7 @@ RKM__PRIVATE int rkm__step_index_ok(const rkm_graph *g, const rkm_step *s);
 RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step *st, int grads, int32_t *n);
 /* The buffers' lifetimes, recorded by a replay (rkm__sim_run_peaks) */
 RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p);
+RKM__PRIVATE void rkm__recorder_end(rkm__recorder *rc);
 RKM__PRIVATE void rkm__recorder_free(rkm__recorder *rc);
 /* The object a broken rule concerns, by name ("" if none) */
 RKM__PRIVATE const char *rkm__obj_name(const rkm_graph *g, rkm_rule rule, int32_t obj);

@@ -178,7 +178,7 @@ static uint64_t rkm__fp_object(const rkm_graph *g, int a, size_t i)
     uint64_t h = rkm__fnv(14695981039346656037ull, (uint32_t)i, 4);
     if (a == RKM__FP_TENSORS) {
         const rkm__tensor *t = &g->tensors[i];
-        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD), 4);
+        return rkm__fnv(rkm__fnv(h, t->bytes, 8), t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD | RKM_TENSOR_INPUT_GRAD), 4);
     }
     if (a == RKM__FP_COPY)
         return rkm__fnv_f64(rkm__fnv_f64(rkm__fnv_f64(h, g->copy.d2h_bytes_per_second), g->copy.h2d_bytes_per_second),
@@ -564,6 +564,9 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
     }
     p->stats.d2h_seconds = s.d2h_busy;
     p->stats.h2d_seconds = s.h2d_busy;
+    if (ok == 1) rkm__recorder_end(&rc);
+    for (size_t i = 0; ok == 1 && i < p->n_steps; i++)
+        if (p->steps[i].kind == RKM_STEP_LOSS) p->loss_step = (int64_t)i;
     if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
     rkm__sim_free(&s);
     rkm__recorder_free(&rc);

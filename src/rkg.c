@@ -29,8 +29,8 @@ static rkm_result rkm__parse_names(rkm__reader *r, const rkm_graph *g, const cha
 
 static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
 {
-    if (r->ntok < 3 || r->ntok > 5)
-        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [nograd]'");
+    if (r->ntok < 3 || r->ntok > 6)
+        return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'tensor NAME BYTES [input] [grad] [nograd]'");
     if (!rkm__name_ok(r->tok[1]))
         return rkm__rerr(r, RKM_ERROR_PARSE, "tensor '%.64s': a name is 1 to 255 characters of [A-Za-z0-9_.:/[]-]", r->tok[1]);
     uint64_t bytes;
@@ -39,8 +39,9 @@ static rkm_result rkm__read_tensor(rkm__reader *r, rkm_graph *g)
                          r->tok[1], r->tok[2]);
     unsigned flags = 0;
     for (int i = 3; i < r->ntok; i++) {
-        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD : 0;
-        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input or nograd)", r->tok[1], r->tok[i]);
+        unsigned f = strcmp(r->tok[i], "input") == 0 ? RKM_TENSOR_INPUT : strcmp(r->tok[i], "nograd") == 0 ? RKM_TENSOR_NOGRAD
+                     : strcmp(r->tok[i], "grad") == 0 ? RKM_TENSOR_INPUT_GRAD : 0;
+        if (!f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: unknown flag '%.64s' (input, grad or nograd)", r->tok[1], r->tok[i]);
         if (flags & f) return rkm__rerr(r, RKM_ERROR_PARSE, "tensor %.64s: flag %s given twice", r->tok[1], r->tok[i]);
         flags |= f;
     }
@@ -165,13 +166,13 @@ static rkm_result rkm__read_graph_stmts(rkm__reader *r, rkm_graph *g)
         if (strcmp(w, "tensor") == 0) res = rkm__read_tensor(r, g);
         else if (strcmp(w, "op") == 0) res = rkm__read_op(r, g);
         else if (strcmp(w, "copy") == 0) res = rkm__read_copy(r, g);
-        else if (strcmp(w, "loss") == 0) {
-            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected 'loss TENSOR'");
+        else if (strcmp(w, "loss") == 0 || strcmp(w, "output") == 0) {
+            if (r->ntok != 2) return rkm__rerr(r, RKM_ERROR_PARSE, "expected '%s TENSOR'", w);
             int32_t t = rkm_graph_find_tensor(g, r->tok[1]);
-            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "loss: tensor %.64s is not declared", r->tok[1]);
-            res = rkm_graph_set_loss(g, t);
+            if (t < 0) return rkm__rerr(r, RKM_ERROR_GRAPH, "%s: tensor %.64s is not declared", w, r->tok[1]);
+            res = *w == 'l' ? rkm_graph_set_loss(g, t) : rkm_graph_set_output(g, t);
         } else
-            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss or copy)", w);
+            return rkm__rerr(r, RKM_ERROR_PARSE, "unknown statement '%.64s' (tensor, op, loss, output or copy)", w);
         if (res) return res;
     }
     g->src_line = r->line;
@@ -255,8 +256,9 @@ static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
     }
     for (size_t t = 0; t < g->n_tensors; t++) {
         const rkm__tensor *x = &g->tensors[t];
-        rkm__outf(o, "tensor %s %llu%s%s\n", x->name, (unsigned long long)x->bytes,
-                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
+        rkm__outf(o, "tensor %s %llu%s%s%s\n", x->name, (unsigned long long)x->bytes,
+                  x->flags & RKM_TENSOR_INPUT ? " input" : "", x->flags & RKM_TENSOR_INPUT_GRAD ? " grad" : "",
+                  x->flags & RKM_TENSOR_NOGRAD ? " nograd" : "");
     }
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *op = &g->ops[i];
@@ -273,7 +275,7 @@ static void rkm__write_graph_to(const rkm_graph *g, rkm__out *o)
         if (op->bwd_ws) rkm__outf(o, " bwd_ws=%llu", (unsigned long long)op->bwd_ws);
         rkm__outf(o, "%s%s\n", op->flags & RKM_OP_INPLACE ? " inplace" : "", op->flags & RKM_OP_GRAD_INPLACE ? " grad_inplace" : "");
     }
-    rkm__outf(o, "loss %s\n", g->tensors[g->loss].name);
+    rkm__outf(o, "%s %s\n", g->output ? "output" : "loss", g->tensors[g->loss].name);
 }
 
 rkm_result rkm_graph_write(const rkm_graph *g, rkm_write_fn fn, void *user)

@@ -408,7 +408,10 @@ RKM__PRIVATE rkm_rule rkm__sim_end(const rkm__sim *s, int32_t *obj)
         *obj = (int32_t)t;
         if (s->inflight[t]) return RKM_RULE_END_COPY_IN_FLIGHT;
         if (s->D[t] && !(g->tensors[t].flags & RKM_TENSOR_INPUT)) return RKM_RULE_END_TENSOR_LIVE;
-        if (s->G[t]) return RKM_RULE_END_GRAD_LIVE;
+        if (g->tensors[t].flags & RKM_TENSOR_INPUT_GRAD) { /* sent back once the plan is done */
+            if (!rkm__grad_complete(s, (int32_t)t)) return RKM_RULE_END_INPUT_GRAD_MISSING;
+        } else if (s->G[t])
+            return RKM_RULE_END_GRAD_LIVE;
         if (s->H[t]) return RKM_RULE_END_HOST_LIVE;
     }
     *obj = -1;
@@ -481,6 +484,16 @@ RKM__PRIVATE rkm_result rkm__recorder_init(rkm__recorder *rc, rkm_plan *p)
         p->buffers[p->n_buffers - 1].last_step = (int64_t)p->n_steps;
     }
     return RKM_OK;
+}
+
+/* After the last step: the stage inputs' gradients, sent back after the
+ * plan, live to its end as the inputs do. */
+RKM__PRIVATE void rkm__recorder_end(rkm__recorder *rc)
+{
+    const rkm_graph *g = rc->p->g;
+    for (size_t t = 0; t < g->n_tensors; t++)
+        if ((g->tensors[t].flags & RKM_TENSOR_INPUT_GRAD) && rc->open_g[t] >= 0)
+            rkm__buf_close(rc, rc->open_g, (int32_t)t, (int64_t)rc->p->n_steps);
 }
 
 /* Before step i (s: the state before it, st's index in range): the flags
@@ -613,7 +626,7 @@ static const struct rkm__rule_info {
     [RKM_RULE_END_BWD_MISSING] = {"end: every op with a backward must run it", 1},
     [RKM_RULE_END_TENSOR_LIVE] = {"end: only input tensors may be live", 0},
     [RKM_RULE_END_SAVED_LIVE] = {"end: no saved state may be live", 1},
-    [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live", 0},
+    [RKM_RULE_END_GRAD_LIVE] = {"end: no gradient may be live (but a stage input's)", 0},
     [RKM_RULE_BAD_STEP] = {"step kind or index out of range", 0},
     [RKM_RULE_INPLACE_NOT_DECLARED] = {"inplace: the op must declare it (inplace for fwd, grad_inplace for bwd)", 1},
     [RKM_RULE_INPLACE_OUT_LIVE] = {"fwd inplace: out[0] must not be live (it takes in[0]'s buffer)", 0},
@@ -629,6 +642,7 @@ static const struct rkm__rule_info {
     [RKM_RULE_FREE_HOST_NOT_ON_HOST] = {"free_host: the tensor must have a host copy", 2},
     [RKM_RULE_END_COPY_IN_FLIGHT] = {"end: every copy must have been waited for", 2},
     [RKM_RULE_END_HOST_LIVE] = {"end: no host copy may be live", 2},
+    [RKM_RULE_END_INPUT_GRAD_MISSING] = {"end: a stage input's gradient must be live and complete (it is sent back)", 0},
 };
 
 const char *rkm_rule_string(rkm_rule rule)

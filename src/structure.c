@@ -282,7 +282,8 @@ static void rkm__graph_derive(rkm_graph *g)
         if (!o->has_bwd) continue;
         for (int32_t k = 0; k < o->n_in; k++) {
             rkm__tensor *t = &g->tensors[o->in[k]];
-            if (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_NOGRAD)) continue;
+            if (t->flags & RKM_TENSOR_NOGRAD || (t->flags & (RKM_TENSOR_INPUT | RKM_TENSOR_INPUT_GRAD)) == RKM_TENSOR_INPUT)
+                continue;
             t->has_grad = 1;
             t->n_contrib++;
         }
@@ -343,9 +344,16 @@ done:
     return r;
 }
 
-/* grad_inplace, once gradients are known: both tensors have one. */
-static rkm_result rkm__check_grad_inplace(const rkm_graph *g)
+/* Once gradients are known: grad_inplace's two tensors have one, and so
+ * does every stage input (else nothing would be sent back). */
+static rkm_result rkm__check_grads(const rkm_graph *g)
 {
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const rkm__tensor *x = &g->tensors[t];
+        if ((x->flags & RKM_TENSOR_INPUT_GRAD) && !x->has_grad)
+            return rkm__gerr(g, RKM_ERROR_GRAPH, x->line, "tensor %s: input grad, but no op that reads it has a "
+                             "backward, so it gets no gradient to send back (declare it input)", x->name);
+    }
     for (size_t i = 0; i < g->n_ops; i++) {
         const rkm__op *o = &g->ops[i];
         if (!(o->flags & RKM_OP_GRAD_INPLACE)) continue;
@@ -364,7 +372,7 @@ rkm_result rkm_graph_finalize(rkm_graph *g)
     if (r) return r;
     if ((r = rkm__graph_check_whole(g))) return r;
     rkm__graph_derive(g);
-    if ((r = rkm__check_grad_inplace(g))) return r;
+    if ((r = rkm__check_grads(g))) return r;
     g->input_bytes = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) g->input_bytes += g->tensors[t].bytes;
@@ -379,15 +387,16 @@ rkm_result rkm_graph_finalize(rkm_graph *g)
 
 /* Rebuild g's tensors, ops (with their costs from `costs`, or g's when
  * NULL) and loss into the empty graph n, every byte count rounded up to
- * `align` (1: as they are), then finalize it: everything derived comes
- * from the new figures, as when the graph's file is read. */
+ * `align` (1: as they are), the tensor flags in `drop` cleared, then
+ * finalize it: everything derived comes from the new figures, as when the
+ * graph's file is read. */
 static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *costs, const rkm_copy_desc *copy,
-                                     uint64_t align, rkm_graph *n)
+                                     uint64_t align, unsigned drop, rkm_graph *n)
 {
     rkm_result r = RKM_OK;
     for (size_t t = 0; t < g->n_tensors && !r; t++)
-        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align), g->tensors[t].flags,
-                                 NULL);
+        r = rkm_graph_add_tensor(n, g->tensors[t].name, rkm__round_up(g->tensors[t].bytes, align),
+                                 g->tensors[t].flags & ~drop, NULL);
     for (size_t i = 0; i < g->n_ops && !r; i++) {
         const rkm__op *o = &g->ops[i];
         rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
@@ -396,7 +405,7 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
                          rkm__round_up(o->scratch, align), o->flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
-    if (!r) r = rkm_graph_set_loss(n, g->loss);
+    if (!r) r = g->output ? rkm_graph_set_output(n, g->loss) : rkm_graph_set_loss(n, g->loss);
     if (!r) r = rkm_graph_set_copy(n, copy);
     if (!r) r = rkm_graph_finalize(n);
     return r;
@@ -404,12 +413,17 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
 
 /* The graph a planner plans with at alignment `align`: g with every byte
  * count rounded up to it, so that the planners' own accounting (the
- * simulator's peak of that graph) bounds the plan's aligned peak. *out
- * NULL when g's counts are multiples of align already (g itself serves). */
+ * simulator's peak of that graph) bounds the plan's aligned peak; and its
+ * stage inputs plain inputs, since the planners' models know no input
+ * gradient (the plan's replay on g, which has them, is what is checked
+ * against the budget: rkm__planner_handout). *out NULL when g's counts
+ * are multiples of align already and it has no stage input (g itself
+ * serves). */
 RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out)
 {
     *out = NULL;
     int aligned = 1;
+    for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = !(g->tensors[t].flags & RKM_TENSOR_INPUT_GRAD);
     for (size_t t = 0; t < g->n_tensors && aligned; t++) aligned = g->tensors[t].bytes % align == 0;
     for (size_t i = 0; i < g->n_ops && aligned; i++) {
         const rkm__op *o = &g->ops[i];
@@ -418,7 +432,7 @@ RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, r
     if (aligned) return RKM_OK;
     rkm_graph *n;
     rkm_result r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, n))) rkm_graph_destroy(n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, RKM_TENSOR_INPUT_GRAD, n))) rkm_graph_destroy(n);
     if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
                         "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
@@ -436,7 +450,7 @@ rkm_result rkm_graph_with_costs(const rkm_graph *g, const rkm_op_costs *costs, r
     if (r) return r;
     rkm_graph *n;
     if ((r = rkm_graph_create(g->ctx, &n))) return r;
-    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, n))) {
+    if ((r = rkm__graph_rebuild(g, costs, &g->copy, 1, 0, n))) {
         rkm_graph_destroy(n);
         return r;
     }
@@ -452,7 +466,94 @@ rkm_result rkm_graph_with_copy(const rkm_graph *g, const rkm_copy_desc *copy, rk
     rkm_result r = rkm__check_finalized(g, "rkm_graph_with_copy");
     rkm_graph *n = NULL;
     if (!r) r = rkm_graph_create(g->ctx, &n);
-    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, n))) rkm_graph_destroy(n);
+    if (!r && (r = rkm__graph_rebuild(g, NULL, copy, 1, 0, n))) rkm_graph_destroy(n);
     if (!r) *out = n;
+    return r;
+}
+
+/* Stage s of a cut: ops (lo, hi] (op ids), entered by `in` (-1 for the
+ * first stage), left by `out`, which is g's loss (or output) for the last;
+ * built into the empty graph n and finalized. */
+static rkm_result rkm__stage_build(const rkm_graph *g, int32_t lo, int32_t hi, int32_t in, int32_t out, rkm_graph *n)
+{
+    rkm_context *ctx = g->ctx;
+    int32_t *to = rkm__alloc(ctx, (g->n_tensors + 1) * sizeof *to); /* g's tensor -> n's */
+    int32_t *ids = rkm__alloc(ctx, (2 * g->n_tensors + 1) * sizeof *ids); /* an op's lists: saved is within in+out */
+    rkm_result r = to && ids ? RKM_OK : rkm__nomem(ctx, "rkm_graph_cut");
+    for (size_t t = 0; !r && t < g->n_tensors; t++) to[t] = -1;
+    for (int32_t i = lo + 1; !r && i <= hi; i++) { /* its tensors: what its ops read and write */
+        const rkm__op *o = &g->ops[i];
+        for (int32_t k = 0; k < o->n_in; k++) to[o->in[k]] = 0;
+        for (int32_t k = 0; k < o->n_out; k++) to[o->out[k]] = 0;
+    }
+    for (size_t t = 0; !r && t < g->n_tensors; t++) {
+        if (to[t] < 0) continue;
+        const rkm__tensor *x = &g->tensors[t];
+        unsigned flags = (int32_t)t == in ? RKM_TENSOR_INPUT | RKM_TENSOR_INPUT_GRAD : x->flags;
+        r = rkm_graph_add_tensor(n, x->name, x->bytes, flags, &to[t]);
+    }
+    for (int32_t i = lo + 1; !r && i <= hi; i++) {
+        const rkm__op *o = &g->ops[i];
+        int32_t *in_ids = ids, *out_ids = ids + o->n_in, *saved_ids = out_ids + o->n_out;
+        for (int32_t k = 0; k < o->n_in; k++) in_ids[k] = to[o->in[k]];
+        for (int32_t k = 0; k < o->n_out; k++) out_ids[k] = to[o->out[k]];
+        for (int32_t k = 0; k < o->n_saved; k++) saved_ids[k] = to[o->saved[k]];
+        rkm_op_desc d = {o->name, o->fwd, o->bwd, in_ids, o->n_in, out_ids, o->n_out, saved_ids, o->n_saved,
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, o->flags};
+        r = rkm_graph_add_op(n, &d, NULL);
+    }
+    if (!r) r = out == g->loss && !g->output ? rkm_graph_set_loss(n, to[out]) : rkm_graph_set_output(n, to[out]);
+    if (!r) r = rkm_graph_set_copy(n, &g->copy);
+    if (!r) r = rkm_graph_finalize(n);
+    rkm__free(ctx, to, (g->n_tensors + 1) * sizeof *to);
+    rkm__free(ctx, ids, (2 * g->n_tensors + 1) * sizeof *ids);
+    return r;
+}
+
+rkm_result rkm_graph_cut(const rkm_graph *g, const int32_t *cuts, int32_t n_cuts, rkm_graph **stages)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    if (!stages) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: stages is NULL");
+    for (int32_t s = 0; s <= n_cuts && n_cuts >= 0; s++) stages[s] = NULL;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_cut");
+    if (r) return r;
+    if (n_cuts < 0 || (n_cuts && !cuts))
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: %d cuts%s (0 or more, in an array)", (int)n_cuts,
+                        n_cuts > 0 ? " given as NULL" : "");
+    /* A cut is a block boundary: every path from the first ops to the loss
+     * passes through it, so the ops before it (in file order) are its
+     * ancestors, those after it its descendants, and nothing but it and
+     * the inputs crosses. */
+    int32_t prev = 0;
+    for (int32_t c = 0; c < n_cuts; c++) {
+        int32_t t = cuts[c], b = 1;
+        while (b < g->n_blocks && g->blocks[b].in != t) b++;
+        if (t < 0 || (size_t)t >= g->n_tensors)
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: cut %d: tensor id %d does not exist", (int)c,
+                            (int)t);
+        if (b >= g->n_blocks)
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: cut %d: tensor %s is not a block boundary (a cut "
+                            "is the input of a block, rkm_block_info.input; this graph has %d)", (int)c,
+                            g->tensors[t].name, (int)g->n_blocks - 1);
+        if (b <= prev)
+            return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_cut: cut %d: tensor %s does not come after cut %d, "
+                            "tensor %s (the cuts go in block order, each once)", (int)c, g->tensors[t].name,
+                            (int)c - 1, g->tensors[cuts[c - 1]].name);
+        prev = b;
+    }
+    for (int32_t s = 0; s <= n_cuts && !r; s++) {
+        int32_t in = s ? cuts[s - 1] : -1, out = s < n_cuts ? cuts[s] : g->loss;
+        int32_t lo = s ? g->tensors[in].producer : -1, hi = s < n_cuts ? g->tensors[out].producer : (int32_t)g->n_ops - 1;
+        if (!(r = rkm_graph_create(g->ctx, &stages[s])) && (r = rkm__stage_build(g, lo, hi, in, out, stages[s]))) {
+            char msg[RKM__ERRMSG_SIZE];
+            snprintf(msg, sizeof msg, "%s", rkm_context_errmsg(g->ctx));
+            r = rkm__err(g->ctx, r == RKM_ERROR_NOMEM ? r : RKM_ERROR_INTERNAL, "rkm_graph_cut: stage %d: %s", (int)s, msg);
+        }
+    }
+    if (r)
+        for (int32_t s = 0; s <= n_cuts; s++) {
+            rkm_graph_destroy(stages[s]);
+            stages[s] = NULL;
+        }
     return r;
 }

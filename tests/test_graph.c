@@ -63,7 +63,17 @@ static const bad_rkg bad_rkgs[] = {
     {PRE "tensor a 4\nop f fwd=1 bwd=1 in=x out=a bwd_ws=1e3\n", RKM_ERROR_PARSE, 6, "bwd_ws"},
     {PRE "tensor a 4\nop f fwd=1 bwd=1 in=x out=a phantom=18446744073709551616\n", RKM_ERROR_PARSE, 6, "phantom"},
     /* tensor flags */
-    {PRE "tensor a 4 grad\n", RKM_ERROR_PARSE, 5, "flag"},
+    {PRE "tensor a 4 gradient\n", RKM_ERROR_PARSE, 5, "flag"},
+    /* stage graphs: `input grad` and `output` */
+    {PRE "tensor a 4 grad\n", RKM_ERROR_GRAPH, 5, "needs input"},
+    {PRE "tensor a 4 input grad nograd\n", RKM_ERROR_GRAPH, 5, "cannot be nograd"},
+    {PRE "tensor a 4 input grad grad\n", RKM_ERROR_PARSE, 5, "twice"},
+    {PRE "tensor s 4 input grad\ntensor m 4 nograd\ntensor a 4\nop h fwd=1 bwd=1 in=s out=m\nop f fwd=1 bwd=1 in=x,m "
+         "out=a\nloss a\n", RKM_ERROR_GRAPH, 5, "no op that reads it has a backward"},
+    {PRE "tensor a 4\nop f fwd=1 bwd=1 in=x out=a\noutput a\nloss a\n", RKM_ERROR_GRAPH, 8, "has an output already"},
+    {PRE "tensor a 4\nop f fwd=1 bwd=1 in=x out=a\nloss a\noutput a\n", RKM_ERROR_GRAPH, 8, "has a loss already"},
+    {PRE "tensor a 4\nop f fwd=1 bwd=1 in=x out=a\noutput x\n", RKM_ERROR_GRAPH, 7, "output: x is an input"},
+    {PRE "tensor a 4\nop f fwd=1 bwd=1 in=x out=a\noutput\n", RKM_ERROR_PARSE, 7, "expected 'output TENSOR'"},
     {PRE "tensor a 4 input input\n", RKM_ERROR_PARSE, 5, "flag|twice"},
     /* fwd= and bwd= */
     {PRE "tensor a 4\nop f bwd=1 in=x out=a\n", RKM_ERROR_PARSE, 6, "fwd"},
@@ -275,7 +285,9 @@ TEST(every_graph_rule_by_api)
     check_api_error(ctx, g, rkm_graph_add_tensor(g, "", 4, 0, &id), RKM_ERROR_GRAPH, "name", 3, 1);
     check_api_error(ctx, g, rkm_graph_add_tensor(g, long_name, 4, 0, &id), RKM_ERROR_GRAPH, "nnnnnnnn", 3, 1);
     check_api_error(ctx, g, rkm_graph_add_tensor(g, "act", 4, 0, &id), RKM_ERROR_GRAPH, "act", 3, 1);
-    check_api_error(ctx, g, rkm_graph_add_tensor(g, "newt", 4, 4u, &id), RKM_ERROR_ARGUMENT, "newt", 3, 1);
+    check_api_error(ctx, g, rkm_graph_add_tensor(g, "newt", 4, 8u, &id), RKM_ERROR_ARGUMENT, "newt", 3, 1);
+    check_api_error(ctx, g, rkm_graph_add_tensor(g, "newt", 4, RKM_TENSOR_INPUT_GRAD, &id), RKM_ERROR_GRAPH, "needs input",
+                    3, 1);
     check_api_error(ctx, g, rkm_graph_add_tensor(g, NULL, 4, 0, &id), RKM_ERROR_ARGUMENT, "NULL", 3, 1);
 
     rkm_op_desc d;

@@ -230,6 +230,63 @@ TEST(chain2_baseline)
     rkm_context_destroy(ctx);
 }
 
+/* STAGE: CHAIN2 as a pipeline stage: x is the stage's input (input grad),
+ * b its output. The same baseline steps; bwd f now makes grad(x) (+10),
+ * which is live at the end (sent back), so the plan ends at 20, not 10:
+ *  0 fwd f 110   1 fwd g 310   2 loss 510 [510] (grad(b) arrives)
+ *  3 free b 310  4 bwd g 410   5 free_grad b 210   6 free a 110
+ *  7 bwd f 120 [120] (grad(x) new)   8 free_grad a 20
+ * The forward phase is steps 0-1; the backward phase starts at the loss
+ * step, 2. */
+static const char *G_STAGE = "rockmate-graph 1\n"
+                             "tensor x 10 input grad\n"
+                             "tensor a 100\n"
+                             "tensor b 200\n"
+                             "op f fwd=1 bwd=2 in=x out=a saved=x\n"
+                             "op g fwd=4 bwd=8 in=a out=b saved=a\n"
+                             "output b\n";
+
+TEST(stage_graph_hand_worked)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = load(ctx, G_STAGE);
+    if (g) {
+        static const uint64_t mem[] = {110, 310, 510, 310, 410, 210, 110, 120, 20};
+        check_baseline(g, 10, 510, 2, 15.0,
+                       "rockmate-plan 1\nfwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\nbwd f\n"
+                       "free_grad a\n",
+                       mem, N_OF(mem));
+        int32_t x = rkm_graph_find_tensor(g, "x"), b = rkm_graph_find_tensor(g, "b");
+        rkm_tensor_info ti;
+        CHECK(rkm_graph_tensor_info(g, x, &ti) == RKM_OK);
+        CHECK(ti.has_grad == 1 && ti.n_contributors == 1 && ti.flags == (RKM_TENSOR_INPUT | RKM_TENSOR_INPUT_GRAD));
+        CHECK(rkm_graph_loss(g) == b && rkm_graph_output(g) == b);
+        rkm_plan *p = NULL;
+        CHECK(rkm_plan_baseline(g, &p) == RKM_OK);
+        CHECK(rkm_plan_phase_step(p) == 2);
+        /* grad(x) lives from bwd f (step 7) to after the last step, as the inputs do */
+        size_t n = rkm_plan_num_buffers(p);
+        rkm_buffer *bufs = calloc(n ? n : 1, sizeof *bufs);
+        uint64_t arena = 0;
+        int found = 0;
+        CHECK(bufs && rkm_plan_layout(p, 1, bufs, &arena) == RKM_OK);
+        for (size_t i = 0; bufs && i < n; i++)
+            if (bufs[i].kind == RKM_BUFFER_GRAD && bufs[i].index == x)
+                found += bufs[i].first_step == 7 && bufs[i].last_step == 9;
+        CHECK(found == 1 && arena >= 510);
+        free(bufs);
+        rkm_plan_destroy(p);
+        /* written and read back: the same graph */
+        sbuf text = {NULL, 0, 0};
+        CHECK(rkm_graph_write(g, sbuf_write, &text) == RKM_OK && text.data);
+        CHECK(text.data && strstr(text.data, "tensor x 10 input grad\n") && strstr(text.data, "\noutput b\n") &&
+              !strstr(text.data, "loss"));
+        free(text.data);
+    }
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 /* CHAIN3: x(10,in) -f1-> a(100) -f2-> b(100) -f3-> c(50) = loss; each op saves
  * its input. Times f1 1/2, f2 4/8, f3 16/32.
  * Baseline:
@@ -1196,6 +1253,12 @@ static const bad_plan bad_plans[] = {
     /* PHANTOM's baseline without `free_saved a` */
     {&G_PHANTOM, "fwd a save\nfwd b save\nfree h\nloss\nfree y\nbwd b\nfree_saved b\nfree_grad y\nbwd a\nfree_grad h\n",
      RKM_RULE_END_SAVED_LIVE, 10, NULL, "a", 1},
+    /* a stage's plan that releases its input's gradient instead of sending it */
+    {&G_STAGE, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\nbwd f\nfree_grad a\nfree_grad x\n",
+     RKM_RULE_END_INPUT_GRAD_MISSING, 10, NULL, "x", 0},
+    /* ... or never makes it: the baseline without bwd f is refused before */
+    {&G_STAGE, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\nfree_grad a\n", RKM_RULE_END_BWD_MISSING, 8,
+     NULL, "f", 1},
     /* CHAIN2's baseline without the last `free_grad a` */
     {&G_CHAIN2, "fwd f\nfwd g\nloss\nfree b\nbwd g\nfree_grad b\nfree a\nbwd f\n", RKM_RULE_END_GRAD_LIVE, 8, NULL,
      "a", 0},
@@ -1904,6 +1967,7 @@ TEST(time_bound_hand_worked)
 int main(void)
 {
     RUN(time_bound_hand_worked);
+    RUN(stage_graph_hand_worked);
     RUN(scratch_written_every_run);
     RUN(inplace_hand_worked);
     RUN(inplace_graph_rules);
