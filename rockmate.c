@@ -7,9 +7,9 @@
  *   graph.c      the graph builder: tensors, ops, their checks; lifetimes; queries
  *   text.c       text in and out: statements, numbers, buffered output, files
  *   sim.c        the simulator: the one memory and time accounting
- *   pipe.c       the pipeline simulator: a step of P stages and M micro-batches replayed across devices
  *   layout.c     memory layout: one arena, an offset for every buffer
  *   plan.c       the plan object: birth (a replay), seal (its layout), hand-out, copies, files (.rkp)
+ *   pipe.c       the pipeline simulator: a step of P stages and M micro-batches replayed across devices
  *   baseline.c   the baseline plan, its arena (the 100 % of a budget), lower bounds
  *   structure.c  structure (separators, blocks, classes of identical blocks) and finalize
  *   rkg.c        graph files (.rkg): reader and writer
@@ -542,6 +542,14 @@ typedef struct rkm__recorder {
 
 /* The placer's stages (rkm__layout's `stages`; bench_layout compares them). */
 #define RKM__LAY_SKYLINE 1u
+#define RKM__LAY_GREEDY 2u
+#define RKM__LAY_SEARCH 4u
+#define RKM__LAY_ALL 7u
+
+/* ---- pipe.c ---- */
+
+RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
+                                          rkm_stage_memory *out);
 
 /* ---- options.c ---- */
 
@@ -2859,159 +2867,6 @@ RKM__PRIVATE const int32_t *rkm__step_objects(const rkm_graph *g, const rkm_step
     }
 }
 
-/* ==== src/pipe.c ==== */
-
-/* pipe.c -- the pipeline simulator: a step of P stages and M micro-batches replayed across devices
- *
- * Uses (through internal.h): base.c.
- *
- * The step time of a pipeline comes from a replay, not a formula, so that
- * uneven stages and slow links count as they run: each stage is one device that runs its micro-batches' forward and
- * backward phases one at a time, in the order its schedule gives, and a
- * phase starts when its device is free and what it reads has arrived. A
- * forward of micro-batch m at stage s > 0 reads m's output of stage s - 1,
- * a backward of m at stage s < P - 1 reads the gradient of that output
- * from stage s + 1 (the last stage's backward follows its own forward: the
- * loss is its). Each boundary has a link per direction that carries one
- * transfer at a time, in the order they were sent (every stage runs its
- * forwards, and its backwards, in micro-batch order), so a transfer waits
- * for the one before it as well as for its producer.
- *
- * The schedules are Megatron-LM's non-interleaved 1F1B (stage s runs
- * min(P - s - 1, M) warm-up forwards, then one forward and one backward
- * while forwards remain, then the cool-down backwards) and GPipe (every
- * forward, then every backward): the same order with M warm-up forwards.
- * A stage then holds at most min(P - s, M) micro-batches in flight (their
- * forward run and their backward not), M with GPipe: what its memory must
- * hold. The public entry: rkm_pipeline_simulate (rockmate.h). */
-
-/* Warm-up forwards of stage s. */
-static int32_t rkm__pipe_warmup(rkm_pipe_schedule kind, int32_t s, int32_t p, int32_t m)
-{
-    int32_t w = kind == RKM_PIPE_GPIPE ? m : p - s - 1;
-    return w < m ? w : m;
-}
-
-/* Phase j (0 .. 2M-1) of a stage's order with `warm` warm-up forwards:
- * micro-batch *micro, *bwd. */
-static void rkm__pipe_phase(int32_t warm, int32_t m, int32_t j, int32_t *micro, int32_t *bwd)
-{
-    if (j < warm) { /* warm-up: forwards */
-        *micro = j, *bwd = 0;
-    } else if (j < warm + 2 * (m - warm)) { /* steady: forward warm + i, then backward i */
-        int32_t i = (j - warm) / 2;
-        *bwd = (j - warm) % 2;
-        *micro = *bwd ? i : warm + i;
-    } else { /* cool-down: the last warm backwards */
-        *micro = j - warm - (m - warm), *bwd = 1;
-    }
-}
-
-/* Where micro-batch `micro`'s forward (bwd 0) or backward runs in that
- * order: rkm__pipe_phase's inverse. */
-static int32_t rkm__pipe_pos(int32_t warm, int32_t m, int32_t micro, int32_t bwd)
-{
-    if (!bwd) return micro < warm ? micro : warm + 2 * (micro - warm);
-    return micro < m - warm ? warm + 2 * micro + 1 : warm + 2 * (m - warm) + (micro - (m - warm));
-}
-
-/* Time ev[0 .. 2pm): stage s's phases in its order at ev[s * 2m ...],
- * by passes over the stages, each stage as far as what its next phase
- * reads has been timed. Every phase reads an earlier one of its own stage
- * or of a neighbour, so a pass that times none means the orders deadlock
- * (these two cannot). link[2s], link[2s + 1]: when stage s's link to
- * s + 1, to s - 1, is free. 0 on a deadlock. */
-static int rkm__pipe_replay(const rkm_pipe_stage *st, int32_t p, int32_t m, rkm_pipe_schedule kind, rkm_pipe_phase *ev,
-                            int32_t *done, double *link)
-{
-    const int32_t n = 2 * m;
-    int64_t left = (int64_t)p * n;
-    for (int32_t s = 0; s < p; s++) {
-        int32_t warm = rkm__pipe_warmup(kind, s, p, m);
-        for (int32_t j = 0; j < n; j++) {
-            rkm_pipe_phase *e = &ev[(size_t)s * n + j];
-            *e = (rkm_pipe_phase){s, 0, 0, 0, 0, 0};
-            rkm__pipe_phase(warm, m, j, &e->micro, &e->bwd);
-        }
-        done[s] = 0, link[2 * s] = link[2 * s + 1] = 0;
-    }
-    for (int progress = 1; left > 0 && progress;) {
-        progress = 0;
-        for (int32_t s = 0; s < p; s++)
-            for (; done[s] < n; done[s]++, left--, progress = 1) {
-                rkm_pipe_phase *e = &ev[(size_t)s * n + done[s]];
-                int32_t from = e->bwd ? s + 1 : s - 1, to = e->bwd ? s - 1 : s + 1;
-                double ready = 0;
-                if (from >= 0 && from < p) { /* the neighbour's phase of the same micro-batch */
-                    int32_t j = rkm__pipe_pos(rkm__pipe_warmup(kind, from, p, m), m, e->micro, e->bwd);
-                    if (j >= done[from]) break; /* not timed yet */
-                    ready = ev[(size_t)from * n + j].arrive;
-                }
-                double free_at = done[s] ? ev[(size_t)s * n + done[s] - 1].end : 0;
-                e->start = ready > free_at ? ready : free_at;
-                e->end = e->start + (e->bwd ? st[s].bwd : st[s].fwd);
-                e->arrive = e->end;
-                if (to >= 0 && to < p) { /* its output's transfer, behind the link's last one */
-                    double *l = &link[2 * s + e->bwd];
-                    *l = e->arrive = (e->end > *l ? e->end : *l) + (e->bwd ? st[s].send_bwd : st[s].send_fwd);
-                }
-            }
-    }
-    return left == 0;
-}
-
-rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages, int32_t n_stages,
-                                 int32_t micro_batches, rkm_pipe_schedule schedule, rkm_pipe_phase *phases,
-                                 int32_t *in_flight, double *step_time)
-{
-    static const char *const name[4] = {"fwd", "bwd", "send_fwd", "send_bwd"};
-    const int32_t p = n_stages, m = micro_batches;
-    if (!ctx) return RKM_ERROR_ARGUMENT;
-    if (!stages || !step_time) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: stages or step_time is NULL");
-    if (p < 1 || m < 1)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT,
-                        "rkm_pipeline_simulate: %d stages and %d micro-batches: each must be at least 1", (int)p, (int)m);
-    if (schedule != RKM_PIPE_1F1B && schedule != RKM_PIPE_GPIPE)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: unknown schedule %d (RKM_PIPE_1F1B or RKM_PIPE_GPIPE)",
-                        (int)schedule);
-    if (m > INT32_MAX / 2 || (size_t)p > SIZE_MAX / 4 / sizeof *phases / (size_t)m)
-        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: %d stages x %d micro-batches: too many", (int)p, (int)m);
-    for (int32_t s = 0; s < p; s++) {
-        const double v[4] = {stages[s].fwd, stages[s].bwd, stages[s].send_fwd, stages[s].send_bwd};
-        for (int k = 0; k < 4; k++)
-            if (!(v[k] >= 0 && v[k] < INFINITY))
-                return rkm__err(ctx, RKM_ERROR_ARGUMENT,
-                                "rkm_pipeline_simulate: stage %d: %s is %g: a time must be finite and at least 0", (int)s,
-                                name[k], v[k]);
-    }
-    size_t n_ev = 2 * (size_t)p * (size_t)m;
-    rkm_pipe_phase *ev = phases ? phases : rkm__alloc(ctx, n_ev * sizeof *ev);
-    int32_t *done = rkm__alloc(ctx, (size_t)p * sizeof *done);
-    double *link = rkm__alloc(ctx, 2 * (size_t)p * sizeof *link);
-    rkm_result r = RKM_OK;
-    if (!ev || !done || !link) r = rkm__nomem(ctx, "pipeline replay");
-    else if (!rkm__pipe_replay(stages, p, m, schedule, ev, done, link))
-        r = rkm__err(ctx, RKM_ERROR_INTERNAL, "rkm_pipeline_simulate: the schedule's orders deadlock");
-    if (!r) {
-        double end = 0;
-        for (int32_t s = 0; s < p; s++) {
-            int32_t live = 0, most = 0;
-            for (int32_t j = 0; j < 2 * m; j++) {
-                const rkm_pipe_phase *e = &ev[(size_t)s * 2 * m + j];
-                live += e->bwd ? -1 : 1;
-                if (live > most) most = live;
-                if (e->end > end) end = e->end;
-            }
-            if (in_flight) in_flight[s] = most;
-        }
-        *step_time = end;
-    }
-    if (!phases) rkm__free(ctx, ev, n_ev * sizeof *ev);
-    rkm__free(ctx, done, (size_t)p * sizeof *done);
-    rkm__free(ctx, link, 2 * (size_t)p * sizeof *link);
-    return r;
-}
-
 /* ==== src/layout.c ==== */
 
 /* layout.c -- memory layout: one arena, an offset for every buffer
@@ -4045,10 +3900,6 @@ static int rkm__lay_build(rkm__lay *L, const rkm_buffer *b, size_t n, uint64_t a
     return ok;
 }
 
-#define RKM__LAY_GREEDY 2u
-#define RKM__LAY_SEARCH 4u
-#define RKM__LAY_ALL 7u
-
 /* Lay out b[0..n) (lifetimes and takes_over as recorded) at alignment
  * `align` with the given stages: offsets into b, the arena and the aligned
  * peak. RKM_OK or RKM_ERROR_NOMEM (message left to the caller). */
@@ -4824,6 +4675,278 @@ RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
     }
     if (!r) (*out)->stats.gap = p->stats.gap;
     return r;
+}
+
+/* ==== src/pipe.c ==== */
+
+/* pipe.c -- the pipeline simulator: a step of P stages and M micro-batches replayed across devices
+ *
+ * Uses (through internal.h): base.c, layout.c, plan.c.
+ *
+ * The step time of a pipeline comes from a replay, not a formula, so that
+ * uneven stages and slow links count as they run: each stage is one device that runs its micro-batches' forward and
+ * backward phases one at a time, in the order its schedule gives, and a
+ * phase starts when its device is free and what it reads has arrived. A
+ * forward of micro-batch m at stage s > 0 reads m's output of stage s - 1,
+ * a backward of m at stage s < P - 1 reads the gradient of that output
+ * from stage s + 1 (the last stage's backward follows its own forward: the
+ * loss is its). Each boundary has a link per direction that carries one
+ * transfer at a time, in the order they were sent (every stage runs its
+ * forwards, and its backwards, in micro-batch order), so a transfer waits
+ * for the one before it as well as for its producer.
+ *
+ * The schedules are Megatron-LM's non-interleaved 1F1B (stage s runs
+ * min(P - s - 1, M) warm-up forwards, then one forward and one backward
+ * while forwards remain, then the cool-down backwards) and GPipe (every
+ * forward, then every backward): the same order with M warm-up forwards.
+ * A stage then holds at most min(P - s, M) micro-batches in flight (their
+ * forward run and their backward not), M with GPipe: what its memory must
+ * hold. The public entry: rkm_pipeline_simulate (rockmate.h). */
+
+/* Warm-up forwards of stage s. */
+static int32_t rkm__pipe_warmup(rkm_pipe_schedule kind, int32_t s, int32_t p, int32_t m)
+{
+    int32_t w = kind == RKM_PIPE_GPIPE ? m : p - s - 1;
+    return w < m ? w : m;
+}
+
+/* Phase j (0 .. 2M-1) of a stage's order with `warm` warm-up forwards:
+ * micro-batch *micro, *bwd. */
+static void rkm__pipe_phase(int32_t warm, int32_t m, int32_t j, int32_t *micro, int32_t *bwd)
+{
+    if (j < warm) { /* warm-up: forwards */
+        *micro = j, *bwd = 0;
+    } else if (j < warm + 2 * (m - warm)) { /* steady: forward warm + i, then backward i */
+        int32_t i = (j - warm) / 2;
+        *bwd = (j - warm) % 2;
+        *micro = *bwd ? i : warm + i;
+    } else { /* cool-down: the last warm backwards */
+        *micro = j - warm - (m - warm), *bwd = 1;
+    }
+}
+
+/* Where micro-batch `micro`'s forward (bwd 0) or backward runs in that
+ * order: rkm__pipe_phase's inverse. */
+static int32_t rkm__pipe_pos(int32_t warm, int32_t m, int32_t micro, int32_t bwd)
+{
+    if (!bwd) return micro < warm ? micro : warm + 2 * (micro - warm);
+    return micro < m - warm ? warm + 2 * micro + 1 : warm + 2 * (m - warm) + (micro - (m - warm));
+}
+
+/* Time ev[0 .. 2pm): stage s's phases in its order at ev[s * 2m ...],
+ * by passes over the stages, each stage as far as what its next phase
+ * reads has been timed. Every phase reads an earlier one of its own stage
+ * or of a neighbour, so a pass that times none means the orders deadlock
+ * (these two cannot). link[2s], link[2s + 1]: when stage s's link to
+ * s + 1, to s - 1, is free. 0 on a deadlock. */
+static int rkm__pipe_replay(const rkm_pipe_stage *st, int32_t p, int32_t m, rkm_pipe_schedule kind, rkm_pipe_phase *ev,
+                            int32_t *done, double *link)
+{
+    const int32_t n = 2 * m;
+    int64_t left = (int64_t)p * n;
+    for (int32_t s = 0; s < p; s++) {
+        int32_t warm = rkm__pipe_warmup(kind, s, p, m);
+        for (int32_t j = 0; j < n; j++) {
+            rkm_pipe_phase *e = &ev[(size_t)s * n + j];
+            *e = (rkm_pipe_phase){s, 0, 0, 0, 0, 0};
+            rkm__pipe_phase(warm, m, j, &e->micro, &e->bwd);
+        }
+        done[s] = 0, link[2 * s] = link[2 * s + 1] = 0;
+    }
+    for (int progress = 1; left > 0 && progress;) {
+        progress = 0;
+        for (int32_t s = 0; s < p; s++)
+            for (; done[s] < n; done[s]++, left--, progress = 1) {
+                rkm_pipe_phase *e = &ev[(size_t)s * n + done[s]];
+                int32_t from = e->bwd ? s + 1 : s - 1, to = e->bwd ? s - 1 : s + 1;
+                double ready = 0;
+                if (from >= 0 && from < p) { /* the neighbour's phase of the same micro-batch */
+                    int32_t j = rkm__pipe_pos(rkm__pipe_warmup(kind, from, p, m), m, e->micro, e->bwd);
+                    if (j >= done[from]) break; /* not timed yet */
+                    ready = ev[(size_t)from * n + j].arrive;
+                }
+                double free_at = done[s] ? ev[(size_t)s * n + done[s] - 1].end : 0;
+                e->start = ready > free_at ? ready : free_at;
+                e->end = e->start + (e->bwd ? st[s].bwd : st[s].fwd);
+                e->arrive = e->end;
+                if (to >= 0 && to < p) { /* its output's transfer, behind the link's last one */
+                    double *l = &link[2 * s + e->bwd];
+                    *l = e->arrive = (e->end > *l ? e->end : *l) + (e->bwd ? st[s].send_bwd : st[s].send_fwd);
+                }
+            }
+    }
+    return left == 0;
+}
+
+rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages, int32_t n_stages,
+                                 int32_t micro_batches, rkm_pipe_schedule schedule, rkm_pipe_phase *phases,
+                                 int32_t *in_flight, double *step_time)
+{
+    static const char *const name[4] = {"fwd", "bwd", "send_fwd", "send_bwd"};
+    const int32_t p = n_stages, m = micro_batches;
+    if (!ctx) return RKM_ERROR_ARGUMENT;
+    if (!stages || !step_time) return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: stages or step_time is NULL");
+    if (p < 1 || m < 1)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT,
+                        "rkm_pipeline_simulate: %d stages and %d micro-batches: each must be at least 1", (int)p, (int)m);
+    if (schedule != RKM_PIPE_1F1B && schedule != RKM_PIPE_GPIPE)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: unknown schedule %d (RKM_PIPE_1F1B or RKM_PIPE_GPIPE)",
+                        (int)schedule);
+    if (m > INT32_MAX / 2 || (size_t)p > SIZE_MAX / 4 / sizeof *phases / (size_t)m)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_simulate: %d stages x %d micro-batches: too many", (int)p, (int)m);
+    for (int32_t s = 0; s < p; s++) {
+        const double v[4] = {stages[s].fwd, stages[s].bwd, stages[s].send_fwd, stages[s].send_bwd};
+        for (int k = 0; k < 4; k++)
+            if (!(v[k] >= 0 && v[k] < INFINITY))
+                return rkm__err(ctx, RKM_ERROR_ARGUMENT,
+                                "rkm_pipeline_simulate: stage %d: %s is %g: a time must be finite and at least 0", (int)s,
+                                name[k], v[k]);
+    }
+    size_t n_ev = 2 * (size_t)p * (size_t)m;
+    rkm_pipe_phase *ev = phases ? phases : rkm__alloc(ctx, n_ev * sizeof *ev);
+    int32_t *done = rkm__alloc(ctx, (size_t)p * sizeof *done);
+    double *link = rkm__alloc(ctx, 2 * (size_t)p * sizeof *link);
+    rkm_result r = RKM_OK;
+    if (!ev || !done || !link) r = rkm__nomem(ctx, "pipeline replay");
+    else if (!rkm__pipe_replay(stages, p, m, schedule, ev, done, link))
+        r = rkm__err(ctx, RKM_ERROR_INTERNAL, "rkm_pipeline_simulate: the schedule's orders deadlock");
+    if (!r) {
+        double end = 0;
+        for (int32_t s = 0; s < p; s++) {
+            int32_t live = 0, most = 0;
+            for (int32_t j = 0; j < 2 * m; j++) {
+                const rkm_pipe_phase *e = &ev[(size_t)s * 2 * m + j];
+                live += e->bwd ? -1 : 1;
+                if (live > most) most = live;
+                if (e->end > end) end = e->end;
+            }
+            if (in_flight) in_flight[s] = most;
+        }
+        *step_time = end;
+    }
+    if (!phases) rkm__free(ctx, ev, n_ev * sizeof *ev);
+    rkm__free(ctx, done, (size_t)p * sizeof *done);
+    rkm__free(ctx, link, 2 * (size_t)p * sizeof *link);
+    return r;
+}
+
+/* ---- one stage's memory with micro-batches in flight ----------------------
+ *
+ * Every micro-batch runs the same plan, so between its phases each holds
+ * the same bytes (kept: live before the `loss` step), and a phase's step
+ * peaks are the plan's own. The replay walks the stage's order adding what
+ * the others hold. The layout splits the plan's buffers at the phase
+ * boundary: those live across it go to a slot per micro-batch in flight,
+ * the rest to one region that the phases, one at a time, share. */
+
+/* The figures (and, with bufs, offsets) of plan p at stage order (warm,
+ * m). */
+RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
+                                          rkm_stage_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n = p->n_steps, nb = p->n_buffers, L = (size_t)p->loss_step;
+    out->kept_bytes = L ? p->mem_after[L - 1] : p->g->input_bytes;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t *pk = i < L ? &out->fwd_peak : &out->bwd_peak;
+        if (p->step_peak[i] > *pk) *pk = p->step_peak[i];
+    }
+    int32_t live = 0;
+    for (int32_t j = 0; j < 2 * m; j++) {
+        int32_t micro, bwd;
+        rkm__pipe_phase(warm, m, j, &micro, &bwd);
+        uint64_t others = (uint64_t)(live - bwd) * out->kept_bytes, pk = others + (bwd ? out->bwd_peak : out->fwd_peak);
+        if (pk > out->peak) out->peak = pk;
+        live += bwd ? -1 : 1;
+        if (live > out->in_flight) out->in_flight = live;
+    }
+    out->alignment = align;
+    /* two copies of the buffers: in one the transient chains weigh nothing,
+     * in the other the kept ones (a zero-byte chain is left out) */
+    rkm_context *ctx = p->ctx;
+    size_t size = (2 * nb + 1) * sizeof(rkm_buffer);
+    rkm_buffer *a = rkm__alloc(ctx, size), *b = a ? a + nb : NULL;
+    int64_t *last = rkm__alloc(ctx, (nb + 1) * sizeof *last);
+    rkm_result r = a && last ? RKM_OK : rkm__nomem(ctx, "stage layout");
+    if (!r) {
+        if (nb) memcpy(a, p->buffers, nb * sizeof *a);
+        if (nb) memcpy(b, p->buffers, nb * sizeof *b);
+        for (size_t i = nb; i-- > 0;) last[i] = a[i].last_step; /* a chain's end, at its head */
+        for (size_t i = nb; i-- > 0;)
+            if (a[i].takes_over >= 0 && last[i] > last[a[i].takes_over]) last[a[i].takes_over] = last[i];
+        for (size_t i = 0; i < nb; i++) {
+            if (a[i].takes_over >= 0) continue;
+            int kept = a[i].first_step < (int64_t)L && last[i] >= (int64_t)L;
+            (kept ? b : a)[i].bytes = 0;
+        }
+        uint64_t pk, slot = 0, trans = 0;
+        r = rkm__layout(ctx, a, nb, align, RKM__LAY_ALL, NULL, &slot, &pk);
+        if (!r) r = rkm__layout(ctx, b, nb, align, RKM__LAY_ALL, NULL, &trans, &pk);
+        if (r) r = rkm__nomem(ctx, "stage layout");
+        uint64_t slots = 0, k = (uint64_t)out->in_flight;
+        if (!r && ((slot && k > UINT64_MAX / slot) || !rkm__add_u64(slots = slot * k, trans, &out->arena_bytes)))
+            r = rkm__err(ctx, RKM_ERROR_ARGUMENT, "stage layout: %d slots of %llu bytes and %llu more pass 64 bits",
+                         (int)out->in_flight, (unsigned long long)slot, (unsigned long long)trans);
+        out->slot_bytes = slot, out->transient_bytes = trans;
+        /* one micro-batch at a time: the plan's own layout is a slot too */
+        int own = !r && out->in_flight == 1 && p->stats.alignment == align && p->stats.arena_bytes < out->arena_bytes;
+        if (own) {
+            out->slot_bytes = out->arena_bytes = p->stats.arena_bytes;
+            out->transient_bytes = 0;
+        }
+        for (size_t i = 0; !r && bufs && i < nb; i++) {
+            size_t h = i; /* the chain's head says where it lives */
+            while (p->buffers[h].takes_over >= 0) h = (size_t)p->buffers[h].takes_over;
+            bufs[i] = p->buffers[i];
+            bufs[i].offset = own ? p->buffers[i].offset : a[h].bytes ? a[i].offset : slots + b[i].offset;
+        }
+    }
+    rkm__free(ctx, a, size);
+    rkm__free(ctx, last, (nb + 1) * sizeof *last);
+    if (r) memset(out, 0, sizeof *out);
+    return r;
+}
+
+static rkm_result rkm__stage_args(const rkm_plan *p, rkm_pipe_schedule kind, int32_t stage, int32_t n_stages, int32_t m,
+                                  uint64_t *align, const void *out, const char *fn)
+{
+    if (!out) return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
+    if (kind != RKM_PIPE_1F1B && kind != RKM_PIPE_GPIPE)
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: unknown schedule %d (RKM_PIPE_1F1B or RKM_PIPE_GPIPE)", fn,
+                        (int)kind);
+    if (n_stages < 1 || stage < 0 || stage >= n_stages || m < 1 || m > INT32_MAX / 2)
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: stage %d of %d, %d micro-batches (0 <= stage < stages, at "
+                        "least 1 micro-batch)", fn, (int)stage, (int)n_stages, (int)m);
+    if (*align & (*align - 1))
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: alignment %llu is not a power of two", fn,
+                        (unsigned long long)*align);
+    if (!*align) *align = p->stats.alignment ? p->stats.alignment : RKM_ARENA_ALIGN;
+    if (!rkm__layout_fits(p, *align))
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: the buffers rounded up to %llu bytes pass 64 bits", fn,
+                        (unsigned long long)*align);
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_stage_layout(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
+                                 int32_t micro_batches, uint64_t alignment, rkm_buffer *buffers, rkm_stage_memory *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__stage_args(p, schedule, stage, n_stages, micro_batches, &alignment, out, "rkm_plan_stage_layout");
+    if (!r && !buffers && p->n_buffers) r = rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stage_layout: buffers is NULL");
+    if (r) return r;
+    return rkm__stage_memory(p, rkm__pipe_warmup(schedule, stage, n_stages, micro_batches), micro_batches, alignment,
+                             buffers, out);
+}
+
+rkm_result rkm_plan_stage_memory(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
+                                 int32_t micro_batches, uint64_t alignment, rkm_stage_memory *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__stage_args(p, schedule, stage, n_stages, micro_batches, &alignment, out, "rkm_plan_stage_memory");
+    return r ? r : rkm__stage_memory(p, rkm__pipe_warmup(schedule, stage, n_stages, micro_batches), micro_batches,
+                                     alignment, NULL, out);
 }
 
 /* ==== src/baseline.c ==== */

@@ -1512,6 +1512,49 @@ rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages,
                                  int32_t micro_batches, rkm_pipe_schedule schedule, rkm_pipe_phase *phases,
                                  int32_t *in_flight, double *step_time);
 
+/* A stage plan's memory on its device, with its micro-batches in flight.
+ * Under `schedule`, stage `stage` of n_stages runs micro_batches
+ * micro-batches, each a forward phase then a backward phase of plan p
+ * (rkm_plan_execute_phase), in the order rkm_pipeline_simulate replays:
+ * up to in_flight = min(n_stages - stage, micro_batches) of them (1F1B;
+ * GPipe: all) hold what their forward phase left until their backward
+ * runs. Each micro-batch has its own buffers: its inputs from the start
+ * of its forward phase, its input's gradient to the end of its backward
+ * phase (then sent and released). The replay of that order is the one
+ * source of `peak`: at every step, that step's peak plus what the other
+ * micro-batches hold.
+ *
+ * The layout (at `alignment`, a power of two; 0: the plan's own, or 256
+ * for a plan without one): a buffer live across the phase boundary (the
+ * `loss` step), the inputs included, is kept; the others are transient.
+ * Each micro-batch in flight has a slot of slot_bytes for its kept
+ * buffers, laid out by their lifetimes; one transient region after the
+ * in_flight slots serves every phase, one phase running at a time. So the
+ * arena the device allocates is in_flight x slot_bytes + transient_bytes,
+ * at least the aligned peak of the replay, and a stage planned for a
+ * budget (rkm_solve_desc.in_flight) has it within the budget.
+ * rkm_plan_stage_layout fills buffers (rkm_plan_num_buffers entries, as
+ * rkm_plan_layout) with offsets: a kept buffer at its offset in slot 0
+ * (micro-batch m's is at offset + (m mod in_flight) x slot_bytes: under
+ * both schedules the micro-batches in flight at once are consecutive), a
+ * transient one at its offset in the arena. */
+typedef struct rkm_stage_memory {
+    int32_t in_flight;        /* the most micro-batches between their two phases */
+    uint64_t kept_bytes;      /* what one holds between them: live before the `loss` step */
+    uint64_t fwd_peak;        /* the forward phase's peak, one micro-batch alone */
+    uint64_t bwd_peak;        /* the backward phase's */
+    uint64_t peak;            /* the replay's peak (exact bytes) */
+    uint64_t slot_bytes;      /* one micro-batch's slot: its kept buffers */
+    uint64_t transient_bytes; /* the transient region */
+    uint64_t arena_bytes;     /* in_flight x slot_bytes + transient_bytes */
+    uint64_t alignment;       /* of the layout */
+} rkm_stage_memory;
+rkm_result rkm_plan_stage_memory(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
+                                 int32_t micro_batches, uint64_t alignment, rkm_stage_memory *out);
+rkm_result rkm_plan_stage_layout(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
+                                 int32_t micro_batches, uint64_t alignment, rkm_buffer *buffers,
+                                 rkm_stage_memory *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # The pipeline order: each file may use what an earlier one defines
 # through internal.h only, so the order matters for reading, not building.
-FILES="base graph text sim pipe layout plan baseline structure rkg options ilp_sched ilp
+FILES="base graph text sim layout plan pipe baseline structure rkg options ilp_sched ilp
        chain dtr progress produce offload search nest drive planner exec arena"
 
 emit() {

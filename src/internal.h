@@ -506,6 +506,14 @@ typedef struct rkm__recorder {
 
 /* The placer's stages (rkm__layout's `stages`; bench_layout compares them). */
 #define RKM__LAY_SKYLINE 1u
+#define RKM__LAY_GREEDY 2u
+#define RKM__LAY_SEARCH 4u
+#define RKM__LAY_ALL 7u
+
+/* ---- pipe.c ---- */
+
+RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
+                                          rkm_stage_memory *out);
 
 /* ---- options.c ---- */
 

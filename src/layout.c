@@ -1030,10 +1030,6 @@ static int rkm__lay_build(rkm__lay *L, const rkm_buffer *b, size_t n, uint64_t a
     return ok;
 }
 
-#define RKM__LAY_GREEDY 2u
-#define RKM__LAY_SEARCH 4u
-#define RKM__LAY_ALL 7u
-
 /* Lay out b[0..n) (lifetimes and takes_over as recorded) at alignment
  * `align` with the given stages: offsets into b, the arena and the aligned
  * peak. RKM_OK or RKM_ERROR_NOMEM (message left to the caller). */

@@ -1,6 +1,6 @@
 /* pipe.c -- the pipeline simulator: a step of P stages and M micro-batches replayed across devices
  *
- * Uses (through internal.h): base.c.
+ * Uses (through internal.h): base.c, layout.c, plan.c.
  *
  * The step time of a pipeline comes from a replay, not a formula, so that
  * uneven stages and slow links count as they run: each stage is one device that runs its micro-batches' forward and
@@ -148,4 +148,123 @@ rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages,
     rkm__free(ctx, done, (size_t)p * sizeof *done);
     rkm__free(ctx, link, 2 * (size_t)p * sizeof *link);
     return r;
+}
+
+/* ---- one stage's memory with micro-batches in flight ----------------------
+ *
+ * Every micro-batch runs the same plan, so between its phases each holds
+ * the same bytes (kept: live before the `loss` step), and a phase's step
+ * peaks are the plan's own. The replay walks the stage's order adding what
+ * the others hold. The layout splits the plan's buffers at the phase
+ * boundary: those live across it go to a slot per micro-batch in flight,
+ * the rest to one region that the phases, one at a time, share. */
+
+/* The figures (and, with bufs, offsets) of plan p at stage order (warm,
+ * m). */
+RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
+                                          rkm_stage_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n = p->n_steps, nb = p->n_buffers, L = (size_t)p->loss_step;
+    out->kept_bytes = L ? p->mem_after[L - 1] : p->g->input_bytes;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t *pk = i < L ? &out->fwd_peak : &out->bwd_peak;
+        if (p->step_peak[i] > *pk) *pk = p->step_peak[i];
+    }
+    int32_t live = 0;
+    for (int32_t j = 0; j < 2 * m; j++) {
+        int32_t micro, bwd;
+        rkm__pipe_phase(warm, m, j, &micro, &bwd);
+        uint64_t others = (uint64_t)(live - bwd) * out->kept_bytes, pk = others + (bwd ? out->bwd_peak : out->fwd_peak);
+        if (pk > out->peak) out->peak = pk;
+        live += bwd ? -1 : 1;
+        if (live > out->in_flight) out->in_flight = live;
+    }
+    out->alignment = align;
+    /* two copies of the buffers: in one the transient chains weigh nothing,
+     * in the other the kept ones (a zero-byte chain is left out) */
+    rkm_context *ctx = p->ctx;
+    size_t size = (2 * nb + 1) * sizeof(rkm_buffer);
+    rkm_buffer *a = rkm__alloc(ctx, size), *b = a ? a + nb : NULL;
+    int64_t *last = rkm__alloc(ctx, (nb + 1) * sizeof *last);
+    rkm_result r = a && last ? RKM_OK : rkm__nomem(ctx, "stage layout");
+    if (!r) {
+        if (nb) memcpy(a, p->buffers, nb * sizeof *a);
+        if (nb) memcpy(b, p->buffers, nb * sizeof *b);
+        for (size_t i = nb; i-- > 0;) last[i] = a[i].last_step; /* a chain's end, at its head */
+        for (size_t i = nb; i-- > 0;)
+            if (a[i].takes_over >= 0 && last[i] > last[a[i].takes_over]) last[a[i].takes_over] = last[i];
+        for (size_t i = 0; i < nb; i++) {
+            if (a[i].takes_over >= 0) continue;
+            int kept = a[i].first_step < (int64_t)L && last[i] >= (int64_t)L;
+            (kept ? b : a)[i].bytes = 0;
+        }
+        uint64_t pk, slot = 0, trans = 0;
+        r = rkm__layout(ctx, a, nb, align, RKM__LAY_ALL, NULL, &slot, &pk);
+        if (!r) r = rkm__layout(ctx, b, nb, align, RKM__LAY_ALL, NULL, &trans, &pk);
+        if (r) r = rkm__nomem(ctx, "stage layout");
+        uint64_t slots = 0, k = (uint64_t)out->in_flight;
+        if (!r && ((slot && k > UINT64_MAX / slot) || !rkm__add_u64(slots = slot * k, trans, &out->arena_bytes)))
+            r = rkm__err(ctx, RKM_ERROR_ARGUMENT, "stage layout: %d slots of %llu bytes and %llu more pass 64 bits",
+                         (int)out->in_flight, (unsigned long long)slot, (unsigned long long)trans);
+        out->slot_bytes = slot, out->transient_bytes = trans;
+        /* one micro-batch at a time: the plan's own layout is a slot too */
+        int own = !r && out->in_flight == 1 && p->stats.alignment == align && p->stats.arena_bytes < out->arena_bytes;
+        if (own) {
+            out->slot_bytes = out->arena_bytes = p->stats.arena_bytes;
+            out->transient_bytes = 0;
+        }
+        for (size_t i = 0; !r && bufs && i < nb; i++) {
+            size_t h = i; /* the chain's head says where it lives */
+            while (p->buffers[h].takes_over >= 0) h = (size_t)p->buffers[h].takes_over;
+            bufs[i] = p->buffers[i];
+            bufs[i].offset = own ? p->buffers[i].offset : a[h].bytes ? a[i].offset : slots + b[i].offset;
+        }
+    }
+    rkm__free(ctx, a, size);
+    rkm__free(ctx, last, (nb + 1) * sizeof *last);
+    if (r) memset(out, 0, sizeof *out);
+    return r;
+}
+
+static rkm_result rkm__stage_args(const rkm_plan *p, rkm_pipe_schedule kind, int32_t stage, int32_t n_stages, int32_t m,
+                                  uint64_t *align, const void *out, const char *fn)
+{
+    if (!out) return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: out is NULL", fn);
+    if (kind != RKM_PIPE_1F1B && kind != RKM_PIPE_GPIPE)
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: unknown schedule %d (RKM_PIPE_1F1B or RKM_PIPE_GPIPE)", fn,
+                        (int)kind);
+    if (n_stages < 1 || stage < 0 || stage >= n_stages || m < 1 || m > INT32_MAX / 2)
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: stage %d of %d, %d micro-batches (0 <= stage < stages, at "
+                        "least 1 micro-batch)", fn, (int)stage, (int)n_stages, (int)m);
+    if (*align & (*align - 1))
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: alignment %llu is not a power of two", fn,
+                        (unsigned long long)*align);
+    if (!*align) *align = p->stats.alignment ? p->stats.alignment : RKM_ARENA_ALIGN;
+    if (!rkm__layout_fits(p, *align))
+        return rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "%s: the buffers rounded up to %llu bytes pass 64 bits", fn,
+                        (unsigned long long)*align);
+    return RKM_OK;
+}
+
+rkm_result rkm_plan_stage_layout(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
+                                 int32_t micro_batches, uint64_t alignment, rkm_buffer *buffers, rkm_stage_memory *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__stage_args(p, schedule, stage, n_stages, micro_batches, &alignment, out, "rkm_plan_stage_layout");
+    if (!r && !buffers && p->n_buffers) r = rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stage_layout: buffers is NULL");
+    if (r) return r;
+    return rkm__stage_memory(p, rkm__pipe_warmup(schedule, stage, n_stages, micro_batches), micro_batches, alignment,
+                             buffers, out);
+}
+
+rkm_result rkm_plan_stage_memory(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
+                                 int32_t micro_batches, uint64_t alignment, rkm_stage_memory *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (!p) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__stage_args(p, schedule, stage, n_stages, micro_batches, &alignment, out, "rkm_plan_stage_memory");
+    return r ? r : rkm__stage_memory(p, rkm__pipe_warmup(schedule, stage, n_stages, micro_batches), micro_batches,
+                                     alignment, NULL, out);
 }

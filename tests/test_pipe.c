@@ -189,6 +189,143 @@ TEST(out_of_memory_leaves_nothing)
     CHECK(ok && k_calls > 1); /* it allocates, and succeeds once it may */
 }
 
+/* ---- a stage's memory with micro-batches in flight ---- */
+
+/* CHAIN2 as a stage (tests/test_sim.c's G_STAGE): x(10, input grad) -f->
+ * a(100) -g-> b(200) = output. Its baseline: fwd f, fwd g | loss, free b,
+ * bwd g, free_grad b, free a, bwd f, free_grad a; the loss step is 2. */
+static const char *G_STAGE = "rockmate-graph 1\n"
+                             "tensor x 10 input grad\n"
+                             "tensor a 100\n"
+                             "tensor b 200\n"
+                             "op f fwd=1 bwd=2 in=x out=a saved=x\n"
+                             "op g fwd=4 bwd=8 in=a out=b saved=a\n"
+                             "output b\n";
+
+static rkm_graph *read_graph(rkm_context *ctx, const char *text)
+{
+    rkm_graph *g = NULL;
+    CHECK(rkm_graph_read_string(ctx, text, strlen(text), "stage.rkg", &g) == RKM_OK);
+    return g;
+}
+
+/* Every buffer live at once in the stage's order, each micro-batch's kept
+ * buffers in its slot, lies inside the arena and apart from the others:
+ * the layout is one a device can allocate. Returns the most bytes live. */
+static uint64_t check_stage_layout(const rkm_plan *p, rkm_pipe_schedule kind, int32_t stage, int32_t n_stages,
+                                   int32_t m, uint64_t align)
+{
+    size_t nb = rkm_plan_num_buffers(p), ns = rkm_plan_num_steps(p);
+    int64_t L = rkm_plan_phase_step(p);
+    rkm_buffer *b = calloc(nb + 1, sizeof *b);
+    rkm_stage_memory sm;
+    CHECK(b && rkm_plan_stage_layout(p, kind, stage, n_stages, m, align, b, &sm) == RKM_OK);
+    if (!b) return 0;
+    CHECK(sm.alignment == align && sm.arena_bytes == (uint64_t)sm.in_flight * sm.slot_bytes + sm.transient_bytes);
+    /* the order: the same as rkm_pipeline_simulate's */
+    rkm_context *ctx = test_new_ctx();
+    rkm_pipe_stage *st = calloc((size_t)n_stages, sizeof *st);
+    rkm_pipe_phase *ph = calloc(2 * (size_t)n_stages * (size_t)m, sizeof *ph);
+    double t;
+    CHECK(st && ph && rkm_pipeline_simulate(ctx, st, n_stages, m, kind, ph, NULL, &t) == RKM_OK);
+    uint64_t *lo = calloc(nb * (size_t)m + 1, sizeof *lo), *hi = calloc(nb * (size_t)m + 1, sizeof *hi), most = 0;
+    int *in = calloc((size_t)m + 1, sizeof *in);
+    for (int32_t j = 0; ph && lo && hi && in && j < 2 * m; j++) {
+        const rkm_pipe_phase *e = &ph[(size_t)stage * 2 * m + j];
+        int64_t a = e->bwd ? L : 0, z = e->bwd ? (int64_t)ns : L;
+        for (int64_t i = a; i < z; i++) {
+            size_t n = 0;
+            uint64_t live = 0;
+            for (int32_t u = 0; u < m; u++) {
+                if (u != e->micro && !in[u]) continue;
+                for (size_t k = 0; k < nb; k++) {
+                    const rkm_buffer *x = &b[k];
+                    int here = u == e->micro ? x->first_step <= i && i <= x->last_step
+                                             : x->first_step < L && x->last_step >= L; /* held between its phases */
+                    if (!here || !x->bytes) continue;
+                    int slot = x->offset < sm.slot_bytes; /* with one in flight, every base is 0 */
+                    uint64_t base = slot ? (uint64_t)(u % sm.in_flight) * sm.slot_bytes : 0;
+                    if (sm.in_flight > 1) CHECK(slot || x->offset >= (uint64_t)sm.in_flight * sm.slot_bytes);
+                    lo[n] = base + x->offset, hi[n] = lo[n] + x->bytes;
+                    live += x->bytes;
+                    CHECK(hi[n] <= sm.arena_bytes);
+                    n++;
+                }
+            }
+            for (size_t u = 0; u < n; u++)
+                for (size_t v = u + 1; v < n; v++)
+                    if (!(hi[u] <= lo[v] || hi[v] <= lo[u])) {
+                        fprintf(stderr, "stage %d: step %lld of micro %d: [%llu,%llu) meets [%llu,%llu)\n", (int)stage,
+                                (long long)i, (int)e->micro, (unsigned long long)lo[u], (unsigned long long)hi[u],
+                                (unsigned long long)lo[v], (unsigned long long)hi[v]);
+                        CHECK(0);
+                        u = v = n;
+                    }
+            if (live > most) most = live;
+        }
+        in[e->micro] = !e->bwd;
+    }
+    free(in);
+    free(lo);
+    free(hi);
+    free(st);
+    free(ph);
+    free(b);
+    rkm_context_destroy(ctx);
+    return most;
+}
+
+/* G_STAGE's baseline by hand: kept 310 (x, a, b before the loss step);
+ * the forward phase peaks at 310, the backward at 510 (the loss step:
+ * grad(b) arrives). At alignment 1 the slot is x + a + b = 310 (all live
+ * at steps 1-2), the transient region grad(b) 200 [2,5] with grad(a) 100
+ * [4,8] and grad(x) 10 [7,9] over grad(b)'s bytes after step 5: 300.
+ * P = 2, M = 4, 1F1B: stage 0 holds 2 (F0 F1 B0 F2 B1 F3 B2 B3): B0 runs
+ * beside F1's 310, so 820; its arena 2 x 310 + 300 = 920. Stage 1 holds
+ * one at a time: 510, and its arena is the plan's own, 510 (the split one
+ * would be 610). GPipe, M = 4: 3 x 310 + 510 = 1440 in 4 x 310 + 300. */
+TEST(stage_memory_by_hand)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = read_graph(ctx, G_STAGE);
+    rkm_plan *p = NULL;
+    CHECK(g && rkm_plan_baseline(g, &p) == RKM_OK);
+    rkm_stage_memory sm;
+    if (p) {
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 4, 1, &sm) == RKM_OK);
+        CHECK(sm.in_flight == 2 && sm.kept_bytes == 310 && sm.fwd_peak == 310 && sm.bwd_peak == 510);
+        CHECK(sm.peak == 820 && sm.slot_bytes == 310 && sm.transient_bytes == 300 && sm.arena_bytes == 920);
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 1, 2, 4, 0, &sm) == RKM_OK); /* the plan's own: 256 */
+        CHECK(sm.in_flight == 1 && sm.peak == 510 && sm.alignment == 256);
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 1, 2, 4, 1, &sm) == RKM_OK);
+        CHECK(sm.in_flight == 1 && sm.peak == 510 && sm.arena_bytes == 610); /* laid out anew at 1: split */
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_GPIPE, 0, 2, 4, 1, &sm) == RKM_OK);
+        CHECK(sm.in_flight == 4 && sm.peak == 1440 && sm.arena_bytes == 4 * 310 + 300);
+        /* one micro-batch: the plan alone */
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 1, 1, &sm) == RKM_OK);
+        CHECK(sm.in_flight == 1 && sm.peak == 510);
+        for (uint64_t align = 1; align <= 4096; align *= 16) {
+            CHECK(check_stage_layout(p, RKM_PIPE_1F1B, 0, 2, 4, align) == 820);
+            CHECK(check_stage_layout(p, RKM_PIPE_GPIPE, 0, 2, 4, align) == 1440);
+            check_stage_layout(p, RKM_PIPE_1F1B, 1, 2, 4, align);
+        }
+        /* refusals */
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 2, 2, 4, 1, &sm) == RKM_ERROR_ARGUMENT);
+        CHECK(strstr(rkm_context_errmsg(ctx), "stage 2 of 2") != NULL && sm.peak == 0);
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 0, 1, &sm) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_stage_memory(p, (rkm_pipe_schedule)7, 0, 2, 4, 1, &sm) == RKM_ERROR_ARGUMENT);
+        CHECK(strstr(rkm_context_errmsg(ctx), "unknown schedule 7") != NULL);
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 4, 3, &sm) == RKM_ERROR_ARGUMENT);
+        CHECK(strstr(rkm_context_errmsg(ctx), "alignment 3") != NULL);
+        CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 4, 1, NULL) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_stage_layout(p, RKM_PIPE_1F1B, 0, 2, 4, 1, NULL, &sm) == RKM_ERROR_ARGUMENT);
+        CHECK(rkm_plan_stage_memory(NULL, RKM_PIPE_1F1B, 0, 2, 4, 1, &sm) == RKM_ERROR_ARGUMENT);
+    }
+    rkm_plan_destroy(p);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(out_of_memory_leaves_nothing);
@@ -197,5 +334,6 @@ int main(void)
     RUN(uniform_stages_match_the_bubble_formula);
     RUN(replays_respect_every_dependency);
     RUN(bad_inputs_are_refused);
+    RUN(stage_memory_by_hand);
     TEST_END();
 }
