@@ -25,6 +25,7 @@
  *   nest.c       a big block as a graph of its own: nesting, and drop options
  *   drive.c      the drivers: a solve's plan fitted to its arena, the smallest budget, offloading's bases; each call's work rule
  *   planner.c    the planner's API: creation (every block's options, the chain in DP slots, its table), solve, min_budget, stats
+ *   pipeline.c   pipeline planning: the cut across devices and each stage's plan
  *   exec.c       the executor and the profiler
  *   arena.c      the arena: an offset allocator, plans run in one allocation
  *
@@ -307,6 +308,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ---- the arena (layout.c, drive.c) ---- */
 
+#ifndef RKM__SHARE_TRIES
+#define RKM__SHARE_TRIES 8 /* a stage's one-micro-batch plans: budgets tried */
+#endif
+#ifndef RKM__PIPE_BISECT
+#define RKM__PIPE_BISECT 24 /* the cut search's rounds on the bottleneck stage's time */
+#endif
+#ifndef RKM__STAGE_KEPT_POINTS
+#define RKM__STAGE_KEPT_POINTS 8 /* a stage's whole-graph ILP: kept budgets tried */
+#endif
 #ifndef RKM__LAYOUT_TRIES
 #define RKM__LAYOUT_TRIES 4 /* plans again for less when the arena is over the budget */
 #endif
@@ -522,6 +532,12 @@ typedef struct rkm__sim {
     uint64_t host_mem;
     int copied;        /* a copy step ran since the last reset (H, inflight to clear) */
     int32_t in_flight; /* copies in flight: the steps check theirs only when > 0 */
+    /* A pipeline stage's search (rkm_solve_desc.in_flight - 1): the other
+     * micro-batches in flight. From the `loss` step on they hold, beside
+     * this one, hold x what it held there (its kept bytes), so the replay's
+     * peaks are the stage's over the backward phase. 0 everywhere else:
+     * every plan's own figures are one micro-batch's. */
+    int32_t hold;
 } rkm__sim;
 #define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
 #define RKM__COPY_NONE 0
@@ -548,6 +564,7 @@ typedef struct rkm__recorder {
 
 /* ---- pipe.c ---- */
 
+RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k);
 RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
                                           rkm_stage_memory *out);
 
@@ -1119,6 +1136,7 @@ RKM__PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
 /* finalize's work again on a copy of g with these costs, copy link, or
  * alignment (the planner's graph whose sizes are rounded up to it) */
 RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+RKM__PRIVATE rkm_result rkm__graph_stage(const rkm_graph *g, int32_t first, int32_t end, rkm_graph **out);
 
 /* options.c */
 RKM__PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
@@ -1170,7 +1188,10 @@ RKM__PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
 RKM__PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
 RKM__PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
 RKM__PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
-RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
+/* Segments of seg blocks (0: about sqrt(n)): each one's input kept, its
+ * blocks recomputed before their backwards (1: every block, Megatron's
+ * full recomputation). */
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t seg, rkm__dp_ops *ops);
 
 /* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
 #define RKM__DTR_COPY_SETS 5
@@ -1211,7 +1232,7 @@ RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, r
 RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
 /* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
  * block inputs in host memory where that is faster (a graph with a link). */
-enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
+enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF, RKM__CHAIN_FULL };
 RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
@@ -1230,6 +1251,8 @@ RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
  * plan for `budget` (its arena may be over it), or *out NULL. */
 typedef rkm_result (*rkm__maker)(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out);
 RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget);
+RKM__PRIVATE rkm_result rkm__stage_share(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                        uint64_t *one);
 RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
                                      uint64_t *need);
 /* A probe of a smallest budget's bisection: a plan for `budget` or *out
@@ -1275,6 +1298,7 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
 RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl);
 RKM__PRIVATE int rkm__uses_chain(rkm_algo a);
+RKM__PRIVATE int rkm__fixed_chain(rkm_algo a);
 RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);
@@ -2477,6 +2501,8 @@ RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *p
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
         if (s->in_flight && s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->hold) /* bounded: graphs are (rkm__bytes_fit), and in_flight is an int32_t */
+            s->mem += s->mem < (UINT64_MAX >> 2) / (uint64_t)s->hold ? s->mem * (uint64_t)s->hold : UINT64_MAX >> 2;
         *peak = s->mem + g->tensors[x].bytes;
         s->loss_done = 1;
         s->G[x] = 1;
@@ -4008,6 +4034,9 @@ RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment, uint64_t
     p->stats.alignment = alignment;
     p->stats.aligned_peak = peak;
     p->stats.arena_bytes = arena;
+    p->stats.in_flight = 1; /* a stage of more is the planner's to say (rkm__handout_seal) */
+    p->stats.stage_peak = p->stats.peak;
+    p->stats.stage_arena_bytes = arena;
     return RKM_OK;
 }
 
@@ -4649,6 +4678,8 @@ RKM__PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, r
     st->algo = RKM_ALGO_NONE;
     st->peak = res->peak;
     st->peak_step = res->peak_step;
+    st->in_flight = 1;
+    st->stage_peak = res->peak;
     st->time = res->time;
     st->recomputes = recomputes;
     st->baseline_peak = g->stats.baseline_peak;
@@ -4673,7 +4704,12 @@ RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
         rkm_plan_destroy(*out);
         *out = NULL;
     }
-    if (!r) (*out)->stats.gap = p->stats.gap;
+    if (!r) {
+        (*out)->stats.gap = p->stats.gap;
+        (*out)->stats.in_flight = p->stats.in_flight; /* a stage's figures, as its planner set them */
+        (*out)->stats.stage_peak = p->stats.stage_peak;
+        (*out)->stats.stage_arena_bytes = p->stats.stage_arena_bytes;
+    }
     return r;
 }
 
@@ -4835,9 +4871,121 @@ rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages,
  * Every micro-batch runs the same plan, so between its phases each holds
  * the same bytes (kept: live before the `loss` step), and a phase's step
  * peaks are the plan's own. The replay walks the stage's order adding what
- * the others hold. The layout splits the plan's buffers at the phase
- * boundary: those live across it go to a slot per micro-batch in flight,
- * the rest to one region that the phases, one at a time, share. */
+ * the others hold.
+ *
+ * The layout is one micro-batch's, in [0, slot + transient): the buffers
+ * live across the phase boundary (kept) are laid out first, alone, in
+ * [0, slot); the others (transient) then go first fit, largest first,
+ * around them, each wholly below `slot` or wholly above it. Below, a
+ * buffer is in its micro-batch's own slot (where its kept buffers are not
+ * at that time); above, in the one region that the running phase has to
+ * itself. So micro-batch m's buffer at offset o lies at o + (m mod k) x
+ * slot below `slot`, at o + (k - 1) x slot above it, and the arena is
+ * k x slot + transient. */
+
+/* A transient item's offset (units): the lowest, first fit among the
+ * placed items that live when it does (lo/hi: their spans, n of them),
+ * wholly below `cut` or at or above it. */
+static uint64_t rkm__stage_fit(uint64_t *lo, uint64_t *hi, size_t n, uint64_t w, uint64_t cut)
+{
+    for (size_t i = 1; i < n; i++) /* by start: insertion sort, the lists are short */
+        for (size_t j = i; j > 0 && lo[j] < lo[j - 1]; j--) {
+            uint64_t a = lo[j], b = hi[j];
+            lo[j] = lo[j - 1], hi[j] = hi[j - 1];
+            lo[j - 1] = a, hi[j - 1] = b;
+        }
+    uint64_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (o < cut && o + w > cut) o = cut;
+        if (hi[i] <= o) continue;
+        if (o + w <= lo[i]) break;
+        o = hi[i];
+    }
+    return o < cut && o + w > cut ? cut : o;
+}
+
+/* Offsets (bufs) and the slot and transient sizes of p's buffers at
+ * `align`, L the phase boundary. */
+static rkm_result rkm__stage_place(const rkm_plan *p, size_t L, uint64_t align, rkm_buffer *bufs, uint64_t *slot,
+                                   uint64_t *trans)
+{
+    rkm_context *ctx = p->ctx;
+    size_t nb = p->n_buffers, n1 = nb + 1;
+    rkm_buffer *b = bufs;
+    int64_t *last = rkm__alloc(ctx, n1 * sizeof *last);
+    int32_t *order = rkm__alloc(ctx, n1 * sizeof *order);
+    uint64_t *lo = rkm__alloc(ctx, n1 * sizeof *lo), *hi = rkm__alloc(ctx, n1 * sizeof *hi);
+    uint8_t *kept = rkm__alloc(ctx, n1), *placed = rkm__alloc(ctx, n1);
+    rkm_result r = last && order && lo && hi && kept && placed ? RKM_OK : rkm__nomem(ctx, "stage layout");
+    if (!r) {
+        if (nb) memcpy(b, p->buffers, nb * sizeof *b);
+        for (size_t i = 0; i < nb; i++) last[i] = b[i].last_step; /* a chain's end, at its head */
+        for (size_t i = nb; i-- > 0;)
+            if (b[i].takes_over >= 0 && last[i] > last[b[i].takes_over]) last[b[i].takes_over] = last[i];
+        for (size_t i = 0; i < nb; i++) {
+            kept[i] = b[i].takes_over < 0 && b[i].first_step < (int64_t)L && last[i] >= (int64_t)L;
+            placed[i] = 0;
+        }
+        /* the kept chains alone: the transient ones weigh nothing there */
+        for (size_t i = 0; i < nb; i++) lo[i] = b[i].bytes;
+        for (size_t i = 0; i < nb; i++)
+            if (b[i].takes_over < 0 && !kept[i]) b[i].bytes = 0;
+        uint64_t pk;
+        if (rkm__layout(ctx, b, nb, align, RKM__LAY_ALL, NULL, slot, &pk)) r = rkm__nomem(ctx, "stage layout");
+        for (size_t i = 0; i < nb; i++) b[i].bytes = lo[i];
+    }
+    if (!r) {
+        size_t m = 0;
+        for (size_t i = 0; i < nb; i++) {
+            placed[i] = kept[i] && b[i].bytes;
+            if (b[i].takes_over < 0 && !kept[i] && b[i].bytes) order[m++] = (int32_t)i;
+        }
+        for (size_t i = 1; i < m; i++) /* largest first, then by creation: deterministic */
+            for (size_t j = i; j > 0; j--) {
+                const rkm_buffer *x = &b[order[j]], *y = &b[order[j - 1]];
+                if (!(x->bytes > y->bytes || (x->bytes == y->bytes && order[j] < order[j - 1]))) break;
+                int32_t t = order[j];
+                order[j] = order[j - 1], order[j - 1] = t;
+            }
+        uint64_t top = *slot / align, cut = *slot / align;
+        for (size_t k = 0; k < m; k++) {
+            size_t i = (size_t)order[k], n = 0;
+            for (size_t j = 0; j < nb; j++)
+                if (placed[j] && b[j].first_step <= last[i] && b[i].first_step <= last[j]) {
+                    lo[n] = b[j].offset / align;
+                    hi[n] = lo[n] + rkm__round_up(b[j].bytes, align) / align;
+                    n++;
+                }
+            uint64_t w = rkm__round_up(b[i].bytes, align) / align, o = rkm__stage_fit(lo, hi, n, w, cut);
+            b[i].offset = o * align;
+            placed[i] = 1;
+            if (o + w > top) top = o + w;
+        }
+        for (size_t i = 0; i < nb; i++) { /* a chain at its head's offset */
+            size_t h = i;
+            while (b[h].takes_over >= 0) h = (size_t)b[h].takes_over;
+            b[i].offset = b[h].offset;
+        }
+        *trans = (top - cut) * align;
+    }
+    rkm__free(ctx, last, n1 * sizeof *last);
+    rkm__free(ctx, order, n1 * sizeof *order);
+    rkm__free(ctx, lo, n1 * sizeof *lo);
+    rkm__free(ctx, hi, n1 * sizeof *hi);
+    rkm__free(ctx, kept, n1);
+    rkm__free(ctx, placed, n1);
+    return r;
+}
+
+/* Plan p's peak as a stage of k in flight, exact bytes: its own peak plus
+ * what k - 1 others keep (the order F0 .. Fk-1 B0 .. Bk-1's, 1F1B's and
+ * GPipe's with k in flight). */
+RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k)
+{
+    size_t L = (size_t)p->loss_step;
+    uint64_t kept = L ? p->mem_after[L - 1] : p->g->input_bytes;
+    return p->stats.peak + (uint64_t)(k - 1) * kept;
+}
 
 /* The figures (and, with bufs, offsets) of plan p at stage order (warm,
  * m). */
@@ -4861,48 +5009,22 @@ RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32
         if (live > out->in_flight) out->in_flight = live;
     }
     out->alignment = align;
-    /* two copies of the buffers: in one the transient chains weigh nothing,
-     * in the other the kept ones (a zero-byte chain is left out) */
     rkm_context *ctx = p->ctx;
-    size_t size = (2 * nb + 1) * sizeof(rkm_buffer);
-    rkm_buffer *a = rkm__alloc(ctx, size), *b = a ? a + nb : NULL;
-    int64_t *last = rkm__alloc(ctx, (nb + 1) * sizeof *last);
-    rkm_result r = a && last ? RKM_OK : rkm__nomem(ctx, "stage layout");
-    if (!r) {
-        if (nb) memcpy(a, p->buffers, nb * sizeof *a);
-        if (nb) memcpy(b, p->buffers, nb * sizeof *b);
-        for (size_t i = nb; i-- > 0;) last[i] = a[i].last_step; /* a chain's end, at its head */
-        for (size_t i = nb; i-- > 0;)
-            if (a[i].takes_over >= 0 && last[i] > last[a[i].takes_over]) last[a[i].takes_over] = last[i];
-        for (size_t i = 0; i < nb; i++) {
-            if (a[i].takes_over >= 0) continue;
-            int kept = a[i].first_step < (int64_t)L && last[i] >= (int64_t)L;
-            (kept ? b : a)[i].bytes = 0;
-        }
-        uint64_t pk, slot = 0, trans = 0;
-        r = rkm__layout(ctx, a, nb, align, RKM__LAY_ALL, NULL, &slot, &pk);
-        if (!r) r = rkm__layout(ctx, b, nb, align, RKM__LAY_ALL, NULL, &trans, &pk);
-        if (r) r = rkm__nomem(ctx, "stage layout");
-        uint64_t slots = 0, k = (uint64_t)out->in_flight;
-        if (!r && ((slot && k > UINT64_MAX / slot) || !rkm__add_u64(slots = slot * k, trans, &out->arena_bytes)))
-            r = rkm__err(ctx, RKM_ERROR_ARGUMENT, "stage layout: %d slots of %llu bytes and %llu more pass 64 bits",
-                         (int)out->in_flight, (unsigned long long)slot, (unsigned long long)trans);
-        out->slot_bytes = slot, out->transient_bytes = trans;
-        /* one micro-batch at a time: the plan's own layout is a slot too */
-        int own = !r && out->in_flight == 1 && p->stats.alignment == align && p->stats.arena_bytes < out->arena_bytes;
-        if (own) {
-            out->slot_bytes = out->arena_bytes = p->stats.arena_bytes;
-            out->transient_bytes = 0;
-        }
-        for (size_t i = 0; !r && bufs && i < nb; i++) {
-            size_t h = i; /* the chain's head says where it lives */
-            while (p->buffers[h].takes_over >= 0) h = (size_t)p->buffers[h].takes_over;
-            bufs[i] = p->buffers[i];
-            bufs[i].offset = own ? p->buffers[i].offset : a[h].bytes ? a[i].offset : slots + b[i].offset;
-        }
+    size_t size = (nb + 1) * sizeof(rkm_buffer);
+    rkm_buffer *own = bufs ? bufs : rkm__alloc(ctx, size);
+    uint64_t slot = 0, trans = 0, k = (uint64_t)out->in_flight;
+    rkm_result r = own ? rkm__stage_place(p, L, align, own, &slot, &trans) : rkm__nomem(ctx, "stage layout");
+    if (!r && ((slot && k > UINT64_MAX / slot) || !rkm__add_u64(slot * k, trans, &out->arena_bytes)))
+        r = rkm__err(ctx, RKM_ERROR_ARGUMENT, "stage layout: %d slots of %llu bytes and %llu more pass 64 bits",
+                     (int)out->in_flight, (unsigned long long)slot, (unsigned long long)trans);
+    out->slot_bytes = slot, out->transient_bytes = trans;
+    /* one micro-batch at a time: the plan's own layout is a slot too */
+    if (!r && k == 1 && p->stats.alignment == align && p->stats.arena_bytes < out->arena_bytes) {
+        out->slot_bytes = out->arena_bytes = p->stats.arena_bytes;
+        out->transient_bytes = 0;
+        if (bufs && nb) memcpy(bufs, p->buffers, nb * sizeof *bufs);
     }
-    rkm__free(ctx, a, size);
-    rkm__free(ctx, last, (nb + 1) * sizeof *last);
+    if (!bufs) rkm__free(ctx, own, size);
     if (r) memset(out, 0, sizeof *out);
     return r;
 }
@@ -5766,9 +5888,12 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
     for (size_t i = 0; i < g->n_ops && !r; i++) {
         const rkm__op *o = &g->ops[i];
         rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
+        /* a stage input made plain has no gradient to take grad(out[0])'s buffer */
+        unsigned flags = o->n_in && (g->tensors[o->in[0]].flags & drop & RKM_TENSOR_INPUT_GRAD) ? o->flags & ~RKM_OP_GRAD_INPLACE
+                                                                                                : o->flags;
         rkm_op_desc d = {o->name, c.fwd_seconds, c.bwd_seconds, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
                          rkm__round_up(o->phantom, align), rkm__round_up(c.fwd_ws, align), rkm__round_up(c.bwd_ws, align),
-                         rkm__round_up(o->scratch, align), o->flags};
+                         rkm__round_up(o->scratch, align), flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = g->output ? rkm_graph_set_output(n, g->loss) : rkm_graph_set_loss(n, g->loss);
@@ -5799,9 +5924,12 @@ RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, r
     rkm_graph *n;
     rkm_result r = rkm_graph_create(g->ctx, &n);
     if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, RKM_TENSOR_INPUT_GRAD, n))) rkm_graph_destroy(n);
-    if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
+    if (r == RKM_ERROR_GRAPH) { /* the rounded sums no longer fit 64 bits: the one rule a copy can break */
+        char why[RKM__ERRMSG_SIZE];
+        snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
-                        "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
+                        "fit: %s", (unsigned long long)align, why);
+    }
     if (!r) *out = n;
     return r;
 }
@@ -5864,8 +5992,10 @@ static rkm_result rkm__stage_build(const rkm_graph *g, int32_t lo, int32_t hi, i
         for (int32_t k = 0; k < o->n_in; k++) in_ids[k] = to[o->in[k]];
         for (int32_t k = 0; k < o->n_out; k++) out_ids[k] = to[o->out[k]];
         for (int32_t k = 0; k < o->n_saved; k++) saved_ids[k] = to[o->saved[k]];
+        /* an input is never overwritten: a forward in place over the cut runs out of place in its stage */
+        unsigned flags = o->n_in && o->in[0] == in ? o->flags & ~RKM_OP_INPLACE : o->flags;
         rkm_op_desc d = {o->name, o->fwd, o->bwd, in_ids, o->n_in, out_ids, o->n_out, saved_ids, o->n_saved,
-                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, o->flags};
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = out == g->loss && !g->output ? rkm_graph_set_loss(n, to[out]) : rkm_graph_set_output(n, to[out]);
@@ -5873,6 +6003,19 @@ static rkm_result rkm__stage_build(const rkm_graph *g, int32_t lo, int32_t hi, i
     if (!r) r = rkm_graph_finalize(n);
     rkm__free(ctx, to, (g->n_tensors + 1) * sizeof *to);
     rkm__free(ctx, ids, (2 * g->n_tensors + 1) * sizeof *ids);
+    return r;
+}
+
+/* The stage of blocks [first, end) of g (finalized) into *out. */
+RKM__PRIVATE rkm_result rkm__graph_stage(const rkm_graph *g, int32_t first, int32_t end, rkm_graph **out)
+{
+    int32_t in = first ? g->blocks[first].in : -1, out_t = end < g->n_blocks ? g->blocks[end].in : g->loss;
+    int32_t lo = first ? g->tensors[in].producer : -1, hi = end < g->n_blocks ? g->tensors[out_t].producer : (int32_t)g->n_ops - 1;
+    rkm_result r = rkm_graph_create(g->ctx, out);
+    if (!r && (r = rkm__stage_build(g, lo, hi, in, out_t, *out))) {
+        rkm_graph_destroy(*out);
+        *out = NULL;
+    }
     return r;
 }
 
@@ -9253,14 +9396,14 @@ static int32_t rkm__dp_fastest(const rkm__dp_block *b)
 /* Chen et al.'s schedule: segments of ceil(sqrt(n)) blocks; a no-save forward
  * keeps only segment inputs; then, from the last segment back, forward with
  * the fastest option through the segment and backward through it. */
-RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t seg, rkm__dp_ops *ops)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
     for (int32_t i = 0; i < n; i++)
         if (bl[i].n_opt == 0) return rkm__err(ctx, RKM_ERROR_BUDGET, "chain DP: block %d has no option", (int)i);
-    int32_t seg = 1;
-    while ((int64_t)seg * seg < n) seg++;
+    if (seg < 1)
+        for (seg = 1; (int64_t)seg * seg < n;) seg++;
     int32_t last = (n - 1) / seg * seg; /* first block of the last segment */
     int ok = 1;
     for (int32_t i = 0; ok && i < last; i++) {
@@ -10096,7 +10239,8 @@ RKM__PRIVATE rkm_result rkm__dtr_steps(const rkm_graph *g, uint64_t budget, int 
  * a callback. Only the top planner reports: a nested one's checks are its
  * parent's (rkm__over). */
 
-static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"};
+static const char *const rkm__algo_names[RKM_ALGO_COUNT] = {"default", "rockmate", "rotor", "sqrt", "checkmate", "none", "dtr",
+                                                                "full"};
 
 const char *rkm_algo_name(rkm_algo a) { return (int)a >= 0 && a < RKM_ALGO_COUNT ? rkm__algo_names[a] : "unknown"; }
 
@@ -10109,7 +10253,7 @@ rkm_result rkm_algo_from_name(rkm_context *ctx, const char *name, rkm_algo *out)
             *out = (rkm_algo)a;
             return RKM_OK;
         }
-    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none or dtr)",
+    return rkm__err(ctx, RKM_ERROR_ARGUMENT, "unknown algorithm '%.64s' (default, rockmate, rotor, sqrt, checkmate, none, dtr or full)",
                     name);
 }
 
@@ -10432,12 +10576,21 @@ RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, r
 }
 
 /* *out (a plan of the user's graph) laid out at the desc's alignment, on
- * the call's meter; destroyed, *out NULL, on failure. */
+ * the call's meter, with its figures as a stage of d.in_flight (the order
+ * F0 .. Fk-1 B0 .. Bk-1 holds k as 1F1B's and GPipe's do, so its figures
+ * are theirs); destroyed, *out NULL, on failure. */
 RKM__PRIVATE rkm_result rkm__handout_seal(rkm_planner *pl, rkm_plan **out)
 {
     uint64_t work = rkm__work_left(pl);
     rkm_result r = rkm__plan_seal(*out, pl->d.alignment, &work);
     rkm__work_charge(pl, work);
+    int32_t k = pl->d.in_flight;
+    rkm_stage_memory sm;
+    if (!r && k > 1 && !(r = rkm__stage_memory(*out, k - 1, k, pl->d.alignment, NULL, &sm))) {
+        (*out)->stats.in_flight = k;
+        (*out)->stats.stage_peak = sm.peak;
+        (*out)->stats.stage_arena_bytes = sm.arena_bytes;
+    }
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
@@ -10472,7 +10625,7 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
     rkm_plan *c, *q;
     rkm_result r = rkm__plan_copy(p, &c);
     if (!r && !(r = rkm__planner_handout(pl, c, &q))) {
-        *arena = q->stats.arena_bytes;
+        *arena = q->stats.stage_arena_bytes;
         rkm_plan_destroy(q);
     }
     return r;
@@ -10483,8 +10636,8 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
 RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
 {
     rkm_result r = rkm__planner_handout(pl, p, out);
-    if (!r && (*out)->stats.arena_bytes > budget) {
-        if (arena) *arena = (*out)->stats.arena_bytes;
+    if (!r && (*out)->stats.stage_arena_bytes > budget) {
+        if (arena) *arena = (*out)->stats.stage_arena_bytes;
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -10502,7 +10655,8 @@ RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64
  * (the first try always: each ends in a layout, which nothing cuts). */
 
 /* The budget to ask for after a plan made for `asked` (aligned peak
- * `peak`) laid out in `arena` over `budget`; 0: nothing below. */
+ * `peak`; a stage's: its stage peak) laid out in `arena` over `budget`; 0:
+ * nothing below. */
 RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget)
 {
     uint64_t below = peak < asked ? peak : asked, over = arena - budget;
@@ -10521,16 +10675,60 @@ RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__mak
         rkm_plan *q;
         rkm_result r = make(pl, b, arg, &q);
         if (r || !q) return r;
-        uint64_t arena = q->stats.arena_bytes;
+        uint64_t arena = q->stats.stage_arena_bytes;
         if (arena <= budget) {
             *out = q;
             return RKM_OK;
         }
         if (need && (!*need || arena < *need)) *need = arena;
-        b = rkm__less(b, q->stats.aligned_peak, arena, budget);
+        b = rkm__less(b, q->stats.in_flight > 1 ? q->stats.stage_peak : q->stats.aligned_peak, arena, budget);
         rkm_plan_destroy(q);
     }
     return RKM_OK;
+}
+
+/* ---- a stage's share -------------------------------------------------------
+ *
+ * A planner of one micro-batch (the chain DP, DTR, the fixed schedules)
+ * planning a pipeline stage of k in flight (pl->d.in_flight): a plan within
+ * budget / k always fits the stage's budget (what a micro-batch keeps is
+ * within its peak, so k of them and one peak are within k peaks), a larger
+ * one may too, and be faster. So the stage's plan is the fastest of the
+ * planner's plans for one-micro-batch budgets between the two whose stage
+ * peak (rkm__stage_peak) fits: from the budget itself down, bisecting
+ * between the largest one that fits and the smallest that does not (a
+ * budget with no plan counts as too small), RKM__SHARE_TRIES plans. *one:
+ * the largest one-micro-batch budget that gave a fitting plan (budget / k
+ * where none did). k = 1: make's plan for the budget. */
+RKM__PRIVATE rkm_result rkm__stage_share(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                        uint64_t *one)
+{
+    int32_t k = pl->d.in_flight;
+    *out = NULL;
+    if (one) *one = budget;
+    if (k <= 1) return make(pl, budget, arg, out);
+    uint64_t lo = budget / (uint64_t)k, hi = budget, fit = lo;
+    rkm_result r = RKM_OK;
+    for (int t = 0; t < RKM__SHARE_TRIES && !r && (t == 0 || (hi > lo + 1 && !rkm__over(pl))); t++) {
+        uint64_t at = t == 0 ? hi : t == 1 ? lo : lo + (hi - lo) / 2;
+        rkm_plan *p = NULL;
+        if ((r = make(pl, at, arg, &p))) break;
+        if (p && rkm__stage_peak(p, k) <= budget) {
+            *out = rkm__faster(*out, p);
+            fit = lo = at;
+            if (t == 0) break; /* the budget's own plan: nothing above it */
+        } else {
+            if (p || t == 1) lo = at; /* no plan: too small a budget; at lo, look above */
+            if (p) hi = at;
+            rkm_plan_destroy(p);
+        }
+    }
+    if (one) *one = fit;
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
 }
 
 /* A draft from a block-level schedule; freed on failure. */
@@ -10546,7 +10744,8 @@ static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, r
 static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_ops *ops)
 {
     const rkm_graph *g = pl->g;
-    if (rule == RKM__CHAIN_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    if (rule == RKM__CHAIN_SQRT || rule == RKM__CHAIN_FULL)
+        return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, rule == RKM__CHAIN_FULL, ops);
     rkm__dp_table *tb = rule == RKM__CHAIN_OFF ? &pl->off_table : &pl->table;
     const rkm__dp_block *bl = rule == RKM__CHAIN_OFF ? pl->off_dpb : pl->dpb;
     if (!tb->n) return RKM_OK; /* left out: over RKM__DP_MAX_BYTES */
@@ -11628,17 +11827,31 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     int found = 0;
     rkm__ilp_block_deadline(ib, pl->deadline);
     rkm__ilp_block_watch(ib, rkm__progress_ilp, pl);
-    rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit);
-    r = rkm__ilp_block_solve(ib, budget, UINT64_MAX, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
-    rkm__work_ilp_end(pl, t);
-    if (!r && found) {
-        rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
-        steps = NULL;
-        r = rkm__planned_birth(pl, &d, out);
+    /* A stage of k in flight: its peak plus k - 1 times its kept bytes
+     * within the budget, so for kept budgets K on a grid up to budget / k
+     * (the others hold K each), the schedule within budget - (k - 1) K
+     * whose kept bytes are at most K; the fastest of them. One solve for a
+     * plain step. */
+    int32_t k = pl->d.in_flight, points = k > 1 ? RKM__STAGE_KEPT_POINTS : 1;
+    uint64_t lo = g->input_bytes, hi = budget / (uint64_t)k;
+    for (int32_t j = 1; j <= points && !r && (j == 1 || !rkm__over(pl)); j++) {
+        uint64_t kept = k > 1 ? lo + (hi > lo ? (hi - lo) / (uint64_t)points * (uint64_t)j : 0) : UINT64_MAX;
+        uint64_t peak = k > 1 ? budget - (uint64_t)(k - 1) * kept : budget;
+        rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit / points);
+        r = rkm__ilp_block_solve(ib, peak, kept, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
+        rkm__work_ilp_end(pl, t);
+        rkm_plan *q = NULL;
+        if (!r && found) {
+            rkm__steps d = {pl->ctx, steps, nf + nb, nf + nb}; /* the draft takes the steps */
+            steps = NULL;
+            r = rkm__planned_birth(pl, &d, &q);
+        }
+        /* The gap to the LP bound: over the ILP's schedule family only. */
+        if (!r && q && pl->ilp.time > 0 && k == 1) q->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
+        *out = rkm__faster(*out, q);
+        rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
+        steps = NULL, nf = nb = 0;
     }
-    /* The gap to the LP bound: over the ILP's schedule family only. */
-    if (!r && *out && pl->ilp.time > 0) (*out)->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
-    rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
     rkm__ilp_block_destroy(ib);
     if (!r && copies && pl->d.algo == RKM_ALGO_CHECKMATE && rkm__offloads(pl)) { /* and with copies */
         rkm_plan *c = NULL;
@@ -12148,6 +12361,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_gr
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
     if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
+    w->sim.hold = pl ? pl->d.in_flight - 1 : 0; /* a stage's: judged with the others in flight */
     for (size_t i = 0; i < n; i++) {
         const rkm_step *s = &steps[i];
         if (rkm__is_compute(s) && !rkm__steps_push(&w->cand, s->kind, s->index, s->save))
@@ -12852,7 +13066,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     if (*runner && (r = rkm__planner_arena(pl, *runner, &ra))) return r;
     rkm_plan *fit = ra <= budget ? *runner : NULL;
     if (fit) *runner = NULL;
-    uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
+    uint64_t bp = rkm__stage_peak(*best, pl->d.in_flight), hi = bp < budget ? bp : budget, lo = 0;
     uint64_t at = rkm__less(hi, UINT64_MAX, arena, budget);
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
@@ -12881,12 +13095,24 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
  * track; the arena's fit (with the portfolio's plan). All of it within the
  * solve's work and, past the chain DP's plan, its deadline. */
+static rkm_result rkm__dp_maker(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
+{
+    (void)arg;
+    return rkm__solve_dp(pl, budget, out);
+}
+
 RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
-    rkm_result r = RKM_OK;
+    /* a stage's starts from one micro-batch's planners are made for its
+     * share of the budget (rkm__stage_share, found with the chain DP); the
+     * whole-graph ILP, the squeeze and every judge take the stage's own */
+    uint64_t one = budget;
+    rkm_result r = pl->d.in_flight > 1 ? rkm__stage_share(pl, budget, rkm__dp_maker, NULL, &p[RKM__START_DP], &one) : RKM_OK;
+    rkm_plan_destroy(p[RKM__START_DP]);
+    p[RKM__START_DP] = NULL;
     for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
-        r = rkm__start(pl, k, budget, ask, p, &missed);
+        r = rkm__start(pl, k, k == RKM__START_ILP ? budget : one, ask, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
@@ -13302,7 +13528,13 @@ RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl)
 /* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
 
 /* The algorithms that plan with the chain DP. */
-RKM__PRIVATE int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
+RKM__PRIVATE int rkm__uses_chain(rkm_algo a)
+{
+    return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || rkm__fixed_chain(a);
+}
+
+/* The chain's fixed schedules: sqrt's segments, full's blocks. */
+RKM__PRIVATE int rkm__fixed_chain(rkm_algo a) { return a == RKM_ALGO_SQRT || a == RKM_ALGO_FULL; }
 
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out);
 
@@ -13342,24 +13574,40 @@ RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__
     return RKM_OK;
 }
 
+/* The plan of an algorithm that plans one micro-batch (all but rockmate's
+ * search and checkmate's ILP) for `budget` (rkm__maker; arg unused). */
+static rkm_result rkm__planner_one(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
+{
+    (void)arg;
+    *out = NULL;
+    rkm_algo a = pl->d.algo;
+    if (!rkm__fixed_chain(a) && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
+    if (rkm__fixed_chain(a)) { /* a fixed schedule; where it does not fit, the baseline may */
+        rkm_result r = rkm__solve_chain(pl, a == RKM_ALGO_SQRT ? RKM__CHAIN_SQRT : RKM__CHAIN_FULL, budget, out);
+        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
+    }
+    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
+    return RKM_OK;
+}
+
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     *out = NULL;
     rkm__search_begin(pl, ask);
     rkm_algo a = pl->d.algo;
-    if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
-    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, ask, out);
-    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
-    if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
-        rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
-        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
+    if (a == RKM_ALGO_ROCKMATE && budget >= pl->base_peak) { /* nothing is faster, where it fits */
+        rkm_result r = rkm__plan_baseline(pl->g, out);
+        if (r || rkm__stage_peak(*out, pl->d.in_flight) <= budget) return r;
+        rkm_plan_destroy(*out);
+        *out = NULL;
     }
-    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, ask, out);
     /* One solve's work is worth about its share of the limit; on a slow
      * machine the call's deadline (rkm__over) stops it first. */
     if (a == RKM_ALGO_CHECKMATE)
         return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, !(ask.skip & RKM__SKIP_COPIES), out);
-    return RKM_OK;
+    return rkm__stage_share(pl, budget, rkm__planner_one, NULL, out, NULL);
 }
 
 /* ---- the smallest budget ------------------------------------------------- */
@@ -13407,9 +13655,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
      * not one under a budget that found none on the way up (the searches
      * are not monotone, but a failing solve is the dearest of all) */
     rkm__progress_part(pl, (1 + RKM__PROGRESS_FLOORS) / 2, 1);
-    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
+    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.stage_arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
-        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, rkm__ask_min, &q, NULL)) || !q) break;
+        if ((r = rkm__planner_fit(pl, p->stats.stage_arena_bytes - 1, rkm__ask_min, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
         p = q;
     }
@@ -13418,7 +13666,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         return r;
     }
     pl->min_plan = p;
-    *out = p->stats.arena_bytes;
+    *out = p->stats.stage_arena_bytes;
     return RKM_OK;
 }
 
@@ -13493,9 +13741,10 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
      * floor too (in place, it can peak below the chain DP's) */
-    if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
+    if (!r && (rkm__fixed_chain(pl->d.algo) || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
+        int rule = pl->d.algo == RKM_ALGO_FULL ? RKM__CHAIN_FULL : RKM__CHAIN_SQRT;
+        if (!(r = rkm__solve_chain(pl, rule, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
         rkm_plan_destroy(p);
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
@@ -13580,7 +13829,7 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
     if (min > pl->lower_bound)
         r = rkm__bisect(pl, rkm__probe_checkmate, &copies, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
     if (!r && hi < min) r = rkm__planner_fit(pl, at, copies, p, NULL);
-    if (*p && (*p)->stats.arena_bytes >= min) {
+    if (*p && (*p)->stats.stage_arena_bytes >= min) {
         rkm_plan_destroy(*p);
         *p = NULL;
     }
@@ -13612,7 +13861,7 @@ RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(p);
         return r;
     }
-    pl->off_min = p ? p->stats.arena_bytes : min;
+    pl->off_min = p ? p->stats.stage_arena_bytes : min;
     pl->off_min_plan = p;
     pl->min_cut |= stopped;
     *out = pl->off_min;
@@ -13719,7 +13968,7 @@ RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget
     uint64_t min;
     rkm_result r = rkm__min_budget_get(pl, &min);
     const rkm_plan *m = pl->min_plan;
-    if (r || !m || m->stats.arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
+    if (r || !m || m->stats.stage_arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
     rkm_plan *q;
     if ((r = rkm__plan_copy(m, &q))) return r;
     rkm_plan_destroy(*p);
@@ -14099,6 +14348,14 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
     if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM__MAX_ALIGNMENT)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
                         (unsigned long long)d->alignment, (unsigned long long)RKM__MAX_ALIGNMENT);
+    if (d->in_flight < 0)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: in_flight is %d (micro-batches: 1 or more, 0 for 1)",
+                        (int)d->in_flight);
+    if (d->in_flight == 0) d->in_flight = 1;
+    if (d->in_flight > 1 && g->copy.d2h_bytes_per_second > 0)
+        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve desc: in_flight %d on a graph with a copy link: offloading "
+                        "in a pipeline stage is not planned (plan the stage's graph without its copy link)",
+                        (int)d->in_flight);
     if (d->nest_ops == 0) d->nest_ops = RKM__DEFAULT_NEST_OPS;
     if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
 #ifdef RKM_OMIT_SOLVER
@@ -14151,8 +14408,8 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
                      "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
                      (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
         double t = rkm__now();
-        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
-        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
+        if (!r && !rkm__fixed_chain(d.algo)) r = rkm__planner_dp(pl);
+        if (!r && !rkm__fixed_chain(d.algo) && !depth)
             rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
                      (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
     }
@@ -14223,10 +14480,11 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
 {
     rkm_plan_stats *st = &p->stats;
-    if (st->peak > budget || st->arena_bytes > budget)
+    if (st->stage_peak > budget || st->stage_arena_bytes > budget)
         return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
-                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
-                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
+                        "%llu (%d in flight), over the budget of %llu", rkm_algo_name(pl->d.algo),
+                        (unsigned long long)st->stage_peak, (unsigned long long)st->stage_arena_bytes,
+                        (int)st->in_flight, (unsigned long long)budget);
     st->algo = pl->d.algo;
     st->budget = budget;
     st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);
@@ -14351,6 +14609,425 @@ rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out)
     if (out) memset(out, 0, sizeof *out); /* zeroed on every error (rockmate.h) */
     if (!p || !out) return p ? rkm__err(p->ctx, RKM_ERROR_ARGUMENT, "rkm_plan_stats_get: out is NULL") : RKM_ERROR_ARGUMENT;
     *out = p->stats;
+    return RKM_OK;
+}
+
+/* ==== src/pipeline.c ==== */
+
+/* pipeline.c -- pipeline planning: the cut across devices and each stage's plan
+ *
+ * Uses (through internal.h): base.c, graph.c, plan.c, pipe.c, structure.c, planner.c.
+ *
+ * A pipeline is P stage graphs (structure.c's cut at block boundaries),
+ * each planned like any graph for its device's budget with its
+ * micro-batches in flight (rkm_solve_desc.in_flight), and the step's time
+ * is the pipeline replay's (pipe.c) over the stage plans' phase times and
+ * the boundary tensors' transfers. Choosing the cut is a search over block
+ * boundaries for the least bottleneck stage, its stages estimated by
+ * rotor's plans (a chain DP: milliseconds where rockmate's search takes
+ * about a second on a GPT-2 XL stage); then the cut it finds and the
+ * uniform cut are planned with the desc's algorithm and the faster
+ * pipeline is kept. */
+
+struct rkm_pipeline {
+    rkm_context *ctx;
+    const rkm_graph *g; /* held */
+    int32_t n;
+    rkm_graph **stage;
+    rkm_plan **plan;
+    rkm_pipeline_stage_info *info;
+    double step_time;
+};
+
+void rkm_pipeline_destroy(rkm_pipeline *pp)
+{
+    if (!pp) return;
+    for (int32_t s = 0; s < pp->n; s++) {
+        if (pp->plan) rkm_plan_destroy(pp->plan[s]);
+        if (pp->stage) rkm_graph_destroy(pp->stage[s]);
+    }
+    rkm_context *ctx = pp->ctx;
+    rkm__free(ctx, pp->stage, (size_t)pp->n * sizeof *pp->stage);
+    rkm__free(ctx, pp->plan, (size_t)pp->n * sizeof *pp->plan);
+    rkm__free(ctx, pp->info, (size_t)pp->n * sizeof *pp->info);
+    const rkm_graph *g = pp->g;
+    rkm__free(ctx, pp, sizeof *pp);
+    rkm__graph_release(g);
+}
+
+double rkm_pipeline_step_time(const rkm_pipeline *pp) { return pp ? pp->step_time : 0; }
+int32_t rkm_pipeline_num_stages(const rkm_pipeline *pp) { return pp ? pp->n : 0; }
+
+rkm_result rkm_pipeline_stage(const rkm_pipeline *pp, int32_t s, rkm_pipeline_stage_info *info, const rkm_graph **graph,
+                              const rkm_plan **plan)
+{
+    if (info) memset(info, 0, sizeof *info);
+    if (graph) *graph = NULL;
+    if (plan) *plan = NULL;
+    if (!pp) return RKM_ERROR_ARGUMENT;
+    if (s < 0 || s >= pp->n)
+        return rkm__err(pp->ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_stage: stage %d does not exist (%d stages)", (int)s,
+                        (int)pp->n);
+    if (info) *info = pp->info[s];
+    if (graph) *graph = pp->stage[s];
+    if (plan) *plan = pp->plan[s];
+    return RKM_OK;
+}
+
+/* A block's forward time: the baseline's. */
+static double rkm__block_fwd(const rkm_graph *g, int32_t b)
+{
+    double t = 0;
+    for (int32_t j = 0; j < g->blocks[b].n_ops; j++) t += g->ops[g->blocks[b].ops[j]].fwd;
+    return t;
+}
+
+/* The first block of each stage (first[0] = 0, first[P] = blocks) at the
+ * boundaries nearest to equal shares of the forward time. */
+static void rkm__uniform_firsts(const rkm_graph *g, int32_t p, int32_t *first)
+{
+    int32_t nb = g->n_blocks;
+    double total = 0, at = 0;
+    for (int32_t b = 0; b < nb; b++) total += rkm__block_fwd(g, b);
+    first[0] = 0, first[p] = nb;
+    int32_t b = 0;
+    for (int32_t s = 1; s < p; s++) {
+        double want = total * s / p;
+        /* the boundary nearest to `want`, leaving a block for each stage on either side */
+        while (b < nb && at + rkm__block_fwd(g, b) <= want) at += rkm__block_fwd(g, b++);
+        int32_t c = b;
+        if (b < nb && want - at > at + rkm__block_fwd(g, b) - want) c = b + 1;
+        if (c < first[s - 1] + 1) c = first[s - 1] + 1;
+        if (c > nb - (p - s)) c = nb - (p - s);
+        first[s] = c;
+        while (b < c) at += rkm__block_fwd(g, b++);
+    }
+}
+
+rkm_result rkm_graph_uniform_cut(const rkm_graph *g, int32_t stages, int32_t *cuts)
+{
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_graph_uniform_cut");
+    if (r) return r;
+    if (stages < 1 || stages > g->n_blocks)
+        return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_uniform_cut: %d stages of a graph of %d blocks (1 to %d)",
+                        (int)stages, (int)g->n_blocks, (int)g->n_blocks);
+    if (stages > 1 && !cuts) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_graph_uniform_cut: cuts is NULL");
+    int32_t *first = rkm__alloc(g->ctx, ((size_t)stages + 1) * sizeof *first);
+    if (!first) return rkm__nomem(g->ctx, "rkm_graph_uniform_cut");
+    rkm__uniform_firsts(g, stages, first);
+    for (int32_t s = 1; s < stages; s++) cuts[s - 1] = g->blocks[first[s]].in;
+    rkm__free(g->ctx, first, ((size_t)stages + 1) * sizeof *first);
+    return RKM_OK;
+}
+
+/* ---- one stage ------------------------------------------------------------ */
+
+/* The planning state of one call. */
+typedef struct rkm__pipe_call {
+    const rkm_graph *g;
+    rkm_pipeline_desc d;   /* budgets: n_budgets == stages, or NULL */
+    int32_t p, nb;
+    double *est;           /* [s][i][j]: rotor's stage time estimate; NAN unknown, INFINITY no plan */
+} rkm__pipe_call;
+
+static uint64_t rkm__stage_budget(const rkm__pipe_call *c, int32_t s) { return c->d.budgets ? c->d.budgets[s] : c->d.budget; }
+
+static int32_t rkm__stage_k(const rkm__pipe_call *c, int32_t s)
+{
+    int32_t m = c->d.micro_batches, k = c->d.schedule == RKM_PIPE_GPIPE ? m : c->p - s;
+    return k < m ? k : m;
+}
+
+/* A plan's two phases' times. */
+static void rkm__phase_times(const rkm_plan *p, double *fwd, double *bwd)
+{
+    double f = 0;
+    for (int64_t i = 0; i < p->loss_step; i++)
+        if (p->steps[i].kind == RKM_STEP_FWD) f += p->g->ops[p->steps[i].index].fwd;
+    *fwd = f;
+    *bwd = p->stats.time - f;
+}
+
+/* Stage s as blocks [i, j), planned with `algo` (the desc's solve
+ * otherwise) for its budget and in-flight count: *graph and *plan (NULL
+ * and RKM_OK where no plan fits; then *need, if not NULL, the smallest
+ * budget the planner meets, 0 if unknown). */
+static rkm_result rkm__stage_plan(const rkm__pipe_call *c, int32_t s, int32_t i, int32_t j, rkm_algo algo,
+                                  rkm_graph **graph, rkm_plan **plan, uint64_t *need)
+{
+    *graph = NULL, *plan = NULL;
+    if (need) *need = 0;
+    rkm_result r = rkm__graph_stage(c->g, i, j, graph);
+    if (r) return r;
+    rkm_solve_desc sd = c->d.solve;
+    sd.in_flight = rkm__stage_k(c, s);
+    if (algo != RKM_ALGO_DEFAULT) sd.algo = algo;
+    rkm_planner *pl = NULL;
+    if (!(r = rkm_planner_create(*graph, &sd, &pl))) {
+        r = rkm_planner_solve(pl, rkm__stage_budget(c, s), plan);
+        if (r == RKM_ERROR_BUDGET) {
+            r = RKM_OK;
+            if (need && rkm_planner_min_budget(pl, need)) *need = 0;
+        }
+    }
+    rkm_planner_destroy(pl);
+    if (r) {
+        rkm_graph_destroy(*graph);
+        *graph = NULL;
+    }
+    return r;
+}
+
+/* Rotor's time for stage s as blocks [i, j) (both phases of one
+ * micro-batch), INFINITY where it has no plan; cached. */
+static rkm_result rkm__stage_est(rkm__pipe_call *c, int32_t s, int32_t i, int32_t j, double *t)
+{
+    double *e = &c->est[((size_t)s * (size_t)c->nb + (size_t)i) * ((size_t)c->nb + 1) + (size_t)j];
+    if (isnan(*e)) {
+        rkm_graph *sg;
+        rkm_plan *p;
+        rkm_result r = rkm__stage_plan(c, s, i, j, RKM_ALGO_ROTOR, &sg, &p, NULL);
+        if (r) return r;
+        *e = p ? p->stats.time : INFINITY;
+        rkm_plan_destroy(p);
+        rkm_graph_destroy(sg);
+    }
+    *t = *e;
+    return RKM_OK;
+}
+
+/* Whether every stage fits within `cap` seconds, the stages taken as long
+ * as they can be from the first (first[0 .. P]): a stage's time grows
+ * with its blocks, so the longest first stage leaves the most to the
+ * others. The baseline's time bounds a stage's from below, so the longest
+ * candidate is found by bisection under that bound. */
+static rkm_result rkm__pipe_fits(rkm__pipe_call *c, const double *base, double cap, int32_t *first, int *fits)
+{
+    *fits = 0;
+    first[0] = 0;
+    for (int32_t s = 0; s < c->p; s++) {
+        int32_t i = first[s], lo = i + 1, hi = s == c->p - 1 ? c->nb : c->nb - (c->p - 1 - s);
+        if (s < c->p - 1)
+            while (hi > lo && base[hi] - base[i] > cap) hi--;
+        double t;
+        rkm_result r = rkm__stage_est(c, s, i, hi, &t);
+        if (r) return r;
+        if (s == c->p - 1) {
+            first[c->p] = c->nb;
+            *fits = t <= cap;
+            return RKM_OK;
+        }
+        if (t > cap) { /* the longest that fits: at lo at least, or none */
+            if ((r = rkm__stage_est(c, s, i, lo, &t))) return r;
+            if (t > cap) return RKM_OK;
+            while (hi - lo > 1) {
+                int32_t mid = lo + (hi - lo) / 2;
+                if ((r = rkm__stage_est(c, s, i, mid, &t))) return r;
+                if (t <= cap) lo = mid;
+                else hi = mid;
+            }
+            hi = lo;
+        }
+        first[s + 1] = hi;
+    }
+    return RKM_OK;
+}
+
+/* The cut whose bottleneck stage (rotor's estimate) is least: bisection
+ * on the bottleneck, RKM__PIPE_BISECT rounds. *found 0 where no cut fits
+ * under rotor. */
+static rkm_result rkm__pipe_search(rkm__pipe_call *c, int32_t *first, int *found)
+{
+    int32_t nb = c->nb, p = c->p;
+    double *base = rkm__alloc(c->g->ctx, ((size_t)nb + 1) * sizeof *base);
+    int32_t *try_first = rkm__alloc(c->g->ctx, ((size_t)p + 1) * sizeof *try_first);
+    rkm_result r = base && try_first ? RKM_OK : rkm__nomem(c->g->ctx, "pipeline search");
+    *found = 0;
+    if (!r) {
+        base[0] = 0;
+        for (int32_t b = 0; b < nb; b++) {
+            double t = 0;
+            for (int32_t k = 0; k < c->g->blocks[b].n_ops; k++) {
+                const rkm__op *o = &c->g->ops[c->g->blocks[b].ops[k]];
+                t += o->fwd + (o->has_bwd ? o->bwd : 0);
+            }
+            base[b + 1] = base[b] + t;
+        }
+        /* the bottleneck lies between a P-th of the baseline and what rotor
+         * needs for the whole graph on one stage's budget, or the largest
+         * stage estimate found on the way */
+        double lo = base[nb] / p, hi = 0;
+        int fits = 0;
+        rkm__uniform_firsts(c->g, p, try_first);
+        for (int32_t s = 0; s < p && !r; s++) {
+            double t;
+            r = rkm__stage_est(c, s, try_first[s], try_first[s + 1], &t);
+            if (t > hi) hi = t;
+        }
+        if (!r && isfinite(hi) && !(r = rkm__pipe_fits(c, base, hi, first, &fits)) && fits) *found = 1;
+        if (!r && !*found) { /* the uniform cut has a stage rotor cannot plan: look above it */
+            for (hi = base[nb] * 4; !r && !*found && hi < base[nb] * 1024; hi *= 4)
+                if (!(r = rkm__pipe_fits(c, base, hi, first, &fits)) && fits) *found = 1;
+        }
+        for (int k = 0; !r && *found && k < RKM__PIPE_BISECT && hi > lo * (1 + 1e-6); k++) {
+            double mid = lo + (hi - lo) / 2;
+            if ((r = rkm__pipe_fits(c, base, mid, try_first, &fits))) break;
+            if (fits) {
+                hi = mid;
+                memcpy(first, try_first, ((size_t)p + 1) * sizeof *first);
+            } else
+                lo = mid;
+        }
+    }
+    rkm__free(c->g->ctx, base, ((size_t)nb + 1) * sizeof *base);
+    rkm__free(c->g->ctx, try_first, ((size_t)p + 1) * sizeof *try_first);
+    return r;
+}
+
+/* ---- a whole pipeline ----------------------------------------------------- */
+
+/* The pipeline of cut `first` (stage s: blocks first[s] .. first[s + 1])
+ * planned with the desc's algorithm into *out; *out NULL where a stage
+ * has no plan (*bad: that stage, *need: its smallest budget). */
+static rkm_result rkm__pipe_make(const rkm__pipe_call *c, const int32_t *first, rkm_pipeline **out, int32_t *bad,
+                                 uint64_t *need)
+{
+    const rkm_graph *g = c->g;
+    rkm_context *ctx = g->ctx;
+    int32_t p = c->p;
+    *out = NULL;
+    rkm_pipeline *pp = rkm__calloc(ctx, 1, sizeof *pp);
+    rkm_pipe_stage *ps = rkm__calloc(ctx, (size_t)p, sizeof *ps);
+    rkm_result r = pp && ps ? RKM_OK : rkm__nomem(ctx, "pipeline");
+    if (!r) {
+        pp->ctx = ctx;
+        pp->g = g;
+        rkm__graph_hold(g);
+        pp->n = p;
+        pp->stage = rkm__calloc(ctx, (size_t)p, sizeof *pp->stage);
+        pp->plan = rkm__calloc(ctx, (size_t)p, sizeof *pp->plan);
+        pp->info = rkm__calloc(ctx, (size_t)p, sizeof *pp->info);
+        if (!pp->stage || !pp->plan || !pp->info) r = rkm__nomem(ctx, "pipeline");
+    }
+    for (int32_t s = 0; s < p && !r; s++) {
+        r = rkm__stage_plan(c, s, first[s], first[s + 1], RKM_ALGO_DEFAULT, &pp->stage[s], &pp->plan[s], need);
+        if (!r && !pp->plan[s]) {
+            *bad = s;
+            rkm_pipeline_destroy(pp);
+            rkm__free(ctx, ps, (size_t)p * sizeof *ps);
+            return RKM_OK;
+        }
+        if (r) break;
+        const rkm_plan *q = pp->plan[s];
+        rkm_pipeline_stage_info *in = &pp->info[s];
+        const rkm__block *b0 = &g->blocks[first[s]], *b1 = &g->blocks[first[s + 1] - 1];
+        in->first_op = b0->ops[0], in->last_op = b1->ops[b1->n_ops - 1];
+        in->first_block = first[s], in->n_blocks = first[s + 1] - first[s];
+        in->budget = rkm__stage_budget(c, s);
+        in->overhead = q->stats.overhead;
+        rkm__phase_times(q, &in->fwd_seconds, &in->bwd_seconds);
+        rkm_stage_memory sm;
+        r = rkm_plan_stage_memory(q, c->d.schedule, s, p, c->d.micro_batches, q->stats.alignment, &sm);
+        in->in_flight = sm.in_flight, in->kept_bytes = sm.kept_bytes, in->peak = sm.peak, in->arena_bytes = sm.arena_bytes;
+        double link = c->d.link_bytes_per_second;
+        ps[s].fwd = in->fwd_seconds, ps[s].bwd = in->bwd_seconds;
+        if (link > 0 && s < p - 1) ps[s].send_fwd = (double)g->tensors[g->blocks[first[s + 1]].in].bytes / link;
+        if (link > 0 && s > 0) ps[s].send_bwd = (double)g->tensors[b0->in].bytes / link;
+    }
+    if (!r) r = rkm_pipeline_simulate(ctx, ps, p, c->d.micro_batches, c->d.schedule, NULL, NULL, &pp->step_time);
+    rkm__free(ctx, ps, (size_t)p * sizeof *ps);
+    if (r) {
+        rkm_pipeline_destroy(pp);
+        return r;
+    }
+    *out = pp;
+    return RKM_OK;
+}
+
+/* The desc's rules, its cuts as first blocks. */
+static rkm_result rkm__pipe_args(const rkm_graph *g, const rkm_pipeline_desc *d, int32_t *first)
+{
+    rkm_context *ctx = g->ctx;
+    int32_t p = d->stages;
+    if (d->micro_batches < 1 || d->micro_batches > INT32_MAX / 2)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "pipeline: %d micro-batches (at least 1)", (int)d->micro_batches);
+    if (d->schedule != RKM_PIPE_1F1B && d->schedule != RKM_PIPE_GPIPE)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "pipeline: unknown schedule %d (RKM_PIPE_1F1B or RKM_PIPE_GPIPE)",
+                        (int)d->schedule);
+    if (d->budgets && d->n_budgets != p)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "pipeline: %d budgets for %d stages (one per stage, or one for all)",
+                        (int)d->n_budgets, (int)p);
+    if (!(d->link_bytes_per_second >= 0 && d->link_bytes_per_second < INFINITY))
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "pipeline: link of %g bytes/s (finite, >= 0; 0: free transfers)",
+                        d->link_bytes_per_second);
+    first[0] = 0, first[p] = g->n_blocks;
+    for (int32_t s = 1; d->cuts && s < p; s++) {
+        int32_t t = d->cuts[s - 1], b = 1;
+        while (b < g->n_blocks && g->blocks[b].in != t) b++;
+        if (t < 0 || (size_t)t >= g->n_tensors || b >= g->n_blocks || b <= first[s - 1])
+            return rkm__err(ctx, RKM_ERROR_ARGUMENT, "pipeline: cut %d (tensor id %d) is not a block boundary after the "
+                            "cut before it (rkm_graph_cut)", (int)s - 1, (int)t);
+        first[s] = b;
+    }
+    return RKM_OK;
+}
+
+rkm_result rkm_pipeline_plan(const rkm_graph *g, const rkm_pipeline_desc *desc, rkm_pipeline **out)
+{
+    if (!out) return g ? rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_plan: out is NULL") : RKM_ERROR_ARGUMENT;
+    *out = NULL;
+    if (!g) return RKM_ERROR_ARGUMENT;
+    rkm_result r = rkm__check_finalized(g, "rkm_pipeline_plan");
+    if (r) return r;
+    if (!desc) return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "rkm_pipeline_plan: desc is NULL");
+    rkm_context *ctx = g->ctx;
+    int32_t p = desc->stages, nb = g->n_blocks;
+    if (p < 1 || p > nb)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "pipeline: %d stages, but the graph has %d block(s), so %d stage(s) at most "
+                        "(a stage holds whole blocks)", (int)p, (int)nb, (int)nb);
+    rkm__pipe_call c = {g, *desc, p, nb, NULL};
+    int32_t *first = rkm__alloc(ctx, 2 * ((size_t)p + 1) * sizeof *first), *uni = first ? first + p + 1 : NULL;
+    if (!first) return rkm__nomem(ctx, "pipeline");
+    if ((r = rkm__pipe_args(g, desc, first))) {
+        rkm__free(ctx, first, 2 * ((size_t)p + 1) * sizeof *first);
+        return r;
+    }
+    int32_t bad = -1;
+    uint64_t need = 0;
+    rkm_pipeline *best = NULL;
+    if (desc->cuts || p == 1) {
+        r = rkm__pipe_make(&c, first, &best, &bad, &need);
+    } else {
+        size_t n_est = (size_t)p * (size_t)nb * ((size_t)nb + 1);
+        c.est = (size_t)p * (size_t)nb * ((size_t)nb + 1) <= SIZE_MAX / sizeof *c.est ? rkm__alloc(ctx, n_est * sizeof *c.est)
+                                                                                     : NULL;
+        if (!c.est) r = rkm__nomem(ctx, "pipeline search");
+        for (size_t k = 0; !r && k < n_est; k++) c.est[k] = NAN;
+        int found = 0;
+        rkm_pipeline *u = NULL;
+        rkm__uniform_firsts(g, p, uni);
+        if (!r) r = rkm__pipe_search(&c, first, &found);
+        if (!r && found) r = rkm__pipe_make(&c, first, &best, &bad, &need);
+        if (!r) r = rkm__pipe_make(&c, uni, &u, &bad, &need); /* its failure is the one reported */
+        if (!r && u && (!best || u->step_time < best->step_time)) {
+            rkm_pipeline_destroy(best);
+            best = u;
+        } else
+            rkm_pipeline_destroy(u);
+        rkm__free(ctx, c.est, n_est * sizeof *c.est);
+    }
+    rkm__free(ctx, first, 2 * ((size_t)p + 1) * sizeof *first);
+    if (r) return r;
+    if (!best) {
+        char needs[64] = "";
+        if (need) snprintf(needs, sizeof needs, "; it needs %llu bytes at least", (unsigned long long)need);
+        return rkm__err(ctx, RKM_ERROR_BUDGET, "pipeline: stage %d (%d in flight) has no %s plan within its budget of "
+                        "%llu bytes%s", (int)bad, (int)rkm__stage_k(&c, bad),
+                        rkm_algo_name(c.d.solve.algo ? c.d.solve.algo : RKM_ALGO_ROCKMATE),
+                        (unsigned long long)rkm__stage_budget(&c, bad), needs);
+    }
+    *out = best;
     return RKM_OK;
 }
 

@@ -525,7 +525,9 @@ rkm_result rkm_graph_time_bound(const rkm_graph *g, uint64_t budget, double *ext
  * in g's order, with g's names: cut s-1 is its input (`input grad`),
  * cut s its output (`output`); the last stage ends at g's loss. The
  * `input` tensors a stage's ops read are inputs there too (each stage
- * holds its own); the copy link is g's. The stages' steps, run one after
+ * holds its own); the copy link is g's. An op that declares `inplace`
+ * over a cut (its in[0]) loses it in its stage: an input is never
+ * overwritten. The stages' steps, run one after
  * another (the forward phases from the first stage on, then the backward
  * phases from the last), are g's: the same ops on the same values, and
  * grad(cut s) handed from stage s+1, complete, to stage s's `loss` step.
@@ -769,6 +771,9 @@ typedef enum rkm_algo {
                               its write and done by then, its prefetch back cheaper than
                               recomputing it), the faster of that and recompute-only
                               kept */
+    RKM_ALGO_FULL,         /* every block recomputed before its backward from its input,
+                              which the forward keeps (Megatron-LM's full
+                              recomputation); a fixed schedule, as sqrt */
     RKM_ALGO_COUNT
 } rkm_algo;
 
@@ -847,6 +852,15 @@ typedef struct rkm_solve_desc {
      * stay valid): see rkm_progress below. */
     int (*progress)(void *user, const rkm_progress *p);
     void *progress_user;
+    /* A pipeline stage's plan (rkm_plan_stage_memory): the most
+     * micro-batches its device holds between their two phases (1F1B's
+     * min(stages - stage, micro-batches), GPipe's micro-batches). The
+     * budget then bounds the stage's arena, in_flight slots and the
+     * transient region (rkm_plan_stats.stage_arena_bytes), and its peak
+     * with them in flight (stage_peak). 0: 1, a plain step. Above 1 the
+     * graph may have no copy link (RKM_ERROR_UNSUPPORTED: offloading in a
+     * pipeline stage is not planned). */
+    int32_t in_flight;
 } rkm_solve_desc;
 
 /* What a planner call is doing, for rkm_solve_desc.progress.
@@ -941,6 +955,13 @@ typedef struct rkm_plan_stats {
     double d2h_seconds;     /* the device-to-host copy stream's busy time */
     double h2d_seconds;     /* the host-to-device copy stream's busy time */
     size_t offloads;        /* offload steps */
+    /* As a pipeline stage (rkm_solve_desc.in_flight; rkm_plan_stage_memory
+     * with that many in flight): 1, peak and arena_bytes for a plan not
+     * planned as a stage of more. A planned plan's two are within its
+     * budget. */
+    int32_t in_flight;
+    uint64_t stage_peak;
+    uint64_t stage_arena_bytes;
 } rkm_plan_stats;
 
 rkm_result rkm_plan_stats_get(const rkm_plan *p, rkm_plan_stats *out);
@@ -1525,19 +1546,22 @@ rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages,
  * micro-batches hold.
  *
  * The layout (at `alignment`, a power of two; 0: the plan's own, or 256
- * for a plan without one): a buffer live across the phase boundary (the
- * `loss` step), the inputs included, is kept; the others are transient.
- * Each micro-batch in flight has a slot of slot_bytes for its kept
- * buffers, laid out by their lifetimes; one transient region after the
- * in_flight slots serves every phase, one phase running at a time. So the
- * arena the device allocates is in_flight x slot_bytes + transient_bytes,
- * at least the aligned peak of the replay, and a stage planned for a
- * budget (rkm_solve_desc.in_flight) has it within the budget.
+ * for a plan without one) is one micro-batch's, in [0, slot_bytes +
+ * transient_bytes): the buffers live across the phase boundary (the `loss`
+ * step), the inputs included, lie in [0, slot_bytes), the slot; every
+ * other buffer lies wholly below slot_bytes (in the slot, where the kept
+ * ones are not at that time) or wholly above it (in the region the running
+ * phase has to itself). On the device each micro-batch in flight has a
+ * slot of its own and the phases share one region: micro-batch m's buffer
+ * at offset o lies at o + (m mod in_flight) x slot_bytes below slot_bytes
+ * and at o + (in_flight - 1) x slot_bytes above (under both schedules the
+ * micro-batches in flight at once are consecutive). So the arena is
+ * in_flight x slot_bytes + transient_bytes, at least the aligned peak of
+ * the replay, and a stage planned for a budget (rkm_solve_desc.in_flight)
+ * has it within the budget. With one in flight, the plan's own layout
+ * where it is smaller (slot_bytes its arena, transient_bytes 0).
  * rkm_plan_stage_layout fills buffers (rkm_plan_num_buffers entries, as
- * rkm_plan_layout) with offsets: a kept buffer at its offset in slot 0
- * (micro-batch m's is at offset + (m mod in_flight) x slot_bytes: under
- * both schedules the micro-batches in flight at once are consecutive), a
- * transient one at its offset in the arena. */
+ * rkm_plan_layout) with those offsets. */
 typedef struct rkm_stage_memory {
     int32_t in_flight;        /* the most micro-batches between their two phases */
     uint64_t kept_bytes;      /* what one holds between them: live before the `loss` step */
@@ -1554,6 +1578,70 @@ rkm_result rkm_plan_stage_memory(const rkm_plan *p, rkm_pipe_schedule schedule, 
 rkm_result rkm_plan_stage_layout(const rkm_plan *p, rkm_pipe_schedule schedule, int32_t stage, int32_t n_stages,
                                  int32_t micro_batches, uint64_t alignment, rkm_buffer *buffers,
                                  rkm_stage_memory *out);
+
+/* ---------------------------------------------------------------------------
+ * Pipeline planning: the cut across devices and each stage's plan
+ * ------------------------------------------------------------------------- */
+
+/* What to plan: g cut into `stages` stages on as many devices, running
+ * `micro_batches` micro-batches a step under `schedule`. Zero means the
+ * default where one exists. */
+typedef struct rkm_pipeline_desc {
+    int32_t stages;              /* P >= 1 */
+    int32_t micro_batches;       /* M >= 1 */
+    rkm_pipe_schedule schedule;  /* RKM_PIPE_1F1B (0) or RKM_PIPE_GPIPE */
+    uint64_t budget;             /* every device's budget for activations (bytes) */
+    const uint64_t *budgets;     /* or one per stage (n_budgets == stages); NULL: budget */
+    int32_t n_budgets;
+    double link_bytes_per_second; /* each boundary's link, per direction; 0: transfers are free */
+    const int32_t *cuts;         /* stages - 1 cut tensors (rkm_graph_cut's), kept as given;
+                                    NULL: the planner chooses them */
+    rkm_solve_desc solve;        /* each stage's planner (its in_flight is set per stage) */
+} rkm_pipeline_desc;
+
+/* One stage of a planned pipeline. */
+typedef struct rkm_pipeline_stage_info {
+    int32_t first_op, last_op;   /* the stage's ops in the whole graph: [first_op, last_op] */
+    int32_t first_block, n_blocks; /* and its blocks */
+    int32_t in_flight;           /* micro-batches it holds between their phases */
+    uint64_t budget;             /* its device's */
+    double fwd_seconds;          /* one micro-batch's forward phase */
+    double bwd_seconds;          /* and backward phase */
+    double overhead;             /* its plan's: time / the stage's baseline time - 1 */
+    uint64_t kept_bytes;         /* what a micro-batch holds between its phases */
+    uint64_t peak;               /* with in_flight of them (rkm_plan_stage_memory) */
+    uint64_t arena_bytes;        /* what its device allocates, <= budget */
+} rkm_pipeline_stage_info;
+
+typedef struct rkm_pipeline rkm_pipeline;
+
+/* Plans a pipeline of g (finalized): the cut (desc->cuts, or the one this
+ * call chooses) and each stage's plan, made with desc->solve for its
+ * budget with its micro-batches in flight, and the step's time, from
+ * rkm_pipeline_simulate over the stage plans' phase times and the
+ * boundary tensors' transfers. Choosing, it minimises that step time: a
+ * search over cuts at block boundaries, each stage estimated with rotor's
+ * plan (fast), then the best cut found and the uniform cut
+ * (rkm_graph_uniform_cut) planned with desc->solve, the faster kept.
+ * RKM_ERROR_ARGUMENT for a bad desc (P < 1, M < 1, P above the graph's
+ * blocks, a budget list of another length than P, cuts that rkm_graph_cut
+ * refuses); RKM_ERROR_BUDGET where a stage has no plan within its budget,
+ * the message naming the stage and the smallest budget that stage meets
+ * (with a chosen cut: of the uniform cut's first such stage). Nothing is
+ * made on failure. */
+rkm_result rkm_pipeline_plan(const rkm_graph *g, const rkm_pipeline_desc *desc, rkm_pipeline **out);
+void rkm_pipeline_destroy(rkm_pipeline *pp);
+/* The step's time (seconds), its stage count; a stage's figures, graph
+ * and plan (any output may be NULL; they live as long as pp). */
+double rkm_pipeline_step_time(const rkm_pipeline *pp);
+int32_t rkm_pipeline_num_stages(const rkm_pipeline *pp);
+rkm_result rkm_pipeline_stage(const rkm_pipeline *pp, int32_t stage, rkm_pipeline_stage_info *info,
+                              const rkm_graph **graph, const rkm_plan **plan);
+/* The uniform cut of g into `stages` stages: cuts[0 .. stages - 2] at the
+ * block boundaries nearest to equal shares of the baseline's forward time
+ * (each stage at least one block). RKM_ERROR_ARGUMENT where stages is
+ * below 1 or above the graph's blocks. */
+rkm_result rkm_graph_uniform_cut(const rkm_graph *g, int32_t stages, int32_t *cuts);
 
 #ifdef __cplusplus
 }

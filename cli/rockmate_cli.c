@@ -61,7 +61,8 @@ static const char cli_usage_text[] =
     "                    with KiB, MiB, GiB (powers of 1024) or KB, MB, GB (powers\n"
     "                    of 1000), or N% of the baseline peak; a bare number below\n"
     "                    4096 is refused as a likely forgotten % (write 512B)\n"
-    "  --algo A          rockmate (default), rotor, sqrt, checkmate, dtr or none;\n"
+    "  --algo A          rockmate (default), rotor, sqrt, checkmate, dtr, full or\n"
+    "                    none (full: every block recomputed from its input);\n"
     "                    info and sweep take a list (sweep's default:\n"
     "                    rockmate,rotor,sqrt,none); checkmate is slow but for\n"
     "                    small graphs, so it runs only when named; it needs\n"
@@ -1024,7 +1025,8 @@ static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_res
  * (the tool never plans with RKM_ALGO_DEFAULT). */
 static const char *const cli_algo_color[RKM_ALGO_COUNT] = {
     [RKM_ALGO_ROCKMATE] = "#0072B2", [RKM_ALGO_ROTOR] = "#D55E00", [RKM_ALGO_SQRT] = "#009E73",
-    [RKM_ALGO_CHECKMATE] = "#CC79A7", [RKM_ALGO_NONE] = "#555555", [RKM_ALGO_DTR] = "#E69F00"};
+    [RKM_ALGO_CHECKMATE] = "#CC79A7", [RKM_ALGO_NONE] = "#555555", [RKM_ALGO_DTR] = "#E69F00",
+    [RKM_ALGO_FULL] = "#56B4E9"};
 enum { MARK_CIRCLE, MARK_SQUARE, MARK_TRIANGLE, MARK_DIAMOND, MARK_CROSS, MARK_NONE };
 
 typedef struct cli_axis {
@@ -2020,7 +2022,8 @@ static int cli_sweep_svg(const cli_sweep *s, const char *path, int log_axis)
 {
     static const int marks[RKM_ALGO_COUNT] = {[RKM_ALGO_ROCKMATE] = MARK_CIRCLE, [RKM_ALGO_ROTOR] = MARK_SQUARE,
                                               [RKM_ALGO_SQRT] = MARK_TRIANGLE, [RKM_ALGO_CHECKMATE] = MARK_DIAMOND,
-                                              [RKM_ALGO_NONE] = MARK_CROSS, [RKM_ALGO_DTR] = MARK_SQUARE};
+                                              [RKM_ALGO_NONE] = MARK_CROSS, [RKM_ALGO_DTR] = MARK_SQUARE,
+                                              [RKM_ALGO_FULL] = MARK_TRIANGLE};
     const cli_graph *G = s->G;
     double bp = (double)G->st.baseline_peak, bt = G->st.baseline_time, ymax = 0;
     for (size_t i = 0; i < s->n_budgets * (size_t)s->n_algos; i++)

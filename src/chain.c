@@ -671,14 +671,14 @@ static int32_t rkm__dp_fastest(const rkm__dp_block *b)
 /* Chen et al.'s schedule: segments of ceil(sqrt(n)) blocks; a no-save forward
  * keeps only segment inputs; then, from the last segment back, forward with
  * the fastest option through the segment and backward through it. */
-RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops)
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t seg, rkm__dp_ops *ops)
 {
     rkm_result r = rkm__dp_check(ctx, bl, n);
     if (r != RKM_OK) return r;
     for (int32_t i = 0; i < n; i++)
         if (bl[i].n_opt == 0) return rkm__err(ctx, RKM_ERROR_BUDGET, "chain DP: block %d has no option", (int)i);
-    int32_t seg = 1;
-    while ((int64_t)seg * seg < n) seg++;
+    if (seg < 1)
+        for (seg = 1; (int64_t)seg * seg < n;) seg++;
     int32_t last = (n - 1) / seg * seg; /* first block of the last segment */
     int ok = 1;
     for (int32_t i = 0; ok && i < last; i++) {

@@ -38,7 +38,13 @@ RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl)
 /* ---- a solve's plan: the algorithm's, fitted to its arena ---------------- */
 
 /* The algorithms that plan with the chain DP. */
-RKM__PRIVATE int rkm__uses_chain(rkm_algo a) { return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || a == RKM_ALGO_SQRT; }
+RKM__PRIVATE int rkm__uses_chain(rkm_algo a)
+{
+    return a == RKM_ALGO_ROCKMATE || a == RKM_ALGO_ROTOR || rkm__fixed_chain(a);
+}
+
+/* The chain's fixed schedules: sqrt's segments, full's blocks. */
+RKM__PRIVATE int rkm__fixed_chain(rkm_algo a) { return a == RKM_ALGO_SQRT || a == RKM_ALGO_FULL; }
 
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out);
 
@@ -78,24 +84,40 @@ RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__
     return RKM_OK;
 }
 
+/* The plan of an algorithm that plans one micro-batch (all but rockmate's
+ * search and checkmate's ILP) for `budget` (rkm__maker; arg unused). */
+static rkm_result rkm__planner_one(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
+{
+    (void)arg;
+    *out = NULL;
+    rkm_algo a = pl->d.algo;
+    if (!rkm__fixed_chain(a) && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
+    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
+    if (rkm__fixed_chain(a)) { /* a fixed schedule; where it does not fit, the baseline may */
+        rkm_result r = rkm__solve_chain(pl, a == RKM_ALGO_SQRT ? RKM__CHAIN_SQRT : RKM__CHAIN_FULL, budget, out);
+        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
+    }
+    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
+    return RKM_OK;
+}
+
 static rkm_result rkm__planner_try(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     *out = NULL;
     rkm__search_begin(pl, ask);
     rkm_algo a = pl->d.algo;
-    if (a != RKM_ALGO_SQRT && budget >= pl->base_peak) return rkm__plan_baseline(pl->g, out); /* nothing is faster */
-    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, ask, out);
-    if (a == RKM_ALGO_DTR) return rkm__solve_dtr(pl, budget, out, NULL);
-    if (a == RKM_ALGO_SQRT) { /* a fixed schedule; where it does not fit, the baseline may */
-        rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
-        return r || *out || budget < pl->base_peak ? r : rkm__plan_baseline(pl->g, out);
+    if (a == RKM_ALGO_ROCKMATE && budget >= pl->base_peak) { /* nothing is faster, where it fits */
+        rkm_result r = rkm__plan_baseline(pl->g, out);
+        if (r || rkm__stage_peak(*out, pl->d.in_flight) <= budget) return r;
+        rkm_plan_destroy(*out);
+        *out = NULL;
     }
-    if (rkm__uses_chain(a)) return rkm__solve_dp(pl, budget, out);
+    if (a == RKM_ALGO_ROCKMATE) return rkm__solve_rockmate(pl, budget, ask, out);
     /* One solve's work is worth about its share of the limit; on a slow
      * machine the call's deadline (rkm__over) stops it first. */
     if (a == RKM_ALGO_CHECKMATE)
         return rkm__solve_checkmate(pl, budget, pl->d.time_limit * RKM__CHECKMATE_SHARE, !(ask.skip & RKM__SKIP_COPIES), out);
-    return RKM_OK;
+    return rkm__stage_share(pl, budget, rkm__planner_one, NULL, out, NULL);
 }
 
 /* ---- the smallest budget ------------------------------------------------- */
@@ -143,9 +165,9 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
      * not one under a budget that found none on the way up (the searches
      * are not monotone, but a failing solve is the dearest of all) */
     rkm__progress_part(pl, (1 + RKM__PROGRESS_FLOORS) / 2, 1);
-    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.arena_bytes > failed + 1 && !rkm__over(pl); k++) {
+    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && p->stats.stage_arena_bytes > failed + 1 && !rkm__over(pl); k++) {
         rkm_plan *q = NULL;
-        if ((r = rkm__planner_fit(pl, p->stats.arena_bytes - 1, rkm__ask_min, &q, NULL)) || !q) break;
+        if ((r = rkm__planner_fit(pl, p->stats.stage_arena_bytes - 1, rkm__ask_min, &q, NULL)) || !q) break;
         rkm_plan_destroy(p);
         p = q;
     }
@@ -154,7 +176,7 @@ static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
         return r;
     }
     pl->min_plan = p;
-    *out = p->stats.arena_bytes;
+    *out = p->stats.stage_arena_bytes;
     return RKM_OK;
 }
 
@@ -229,9 +251,10 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at)
     }
     /* sqrt's one schedule: rockmate has it among its candidates, so its
      * floor too (in place, it can peak below the chain DP's) */
-    if (!r && (pl->d.algo == RKM_ALGO_SQRT || pl->d.algo == RKM_ALGO_ROCKMATE)) {
+    if (!r && (rkm__fixed_chain(pl->d.algo) || pl->d.algo == RKM_ALGO_ROCKMATE)) {
         rkm_plan *p;
-        if (!(r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
+        int rule = pl->d.algo == RKM_ALGO_FULL ? RKM__CHAIN_FULL : RKM__CHAIN_SQRT;
+        if (!(r = rkm__solve_chain(pl, rule, UINT64_MAX, &p)) && p && p->stats.peak < *out) *out = *at = p->stats.peak;
         rkm_plan_destroy(p);
     }
     if (!r && (pl->d.algo == RKM_ALGO_DTR || pl->d.algo == RKM_ALGO_ROCKMATE) && rkm__dtr_affordable(pl)) {
@@ -316,7 +339,7 @@ static rkm_result rkm__checkmate_below(rkm_planner *pl, uint64_t min, rkm_plan *
     if (min > pl->lower_bound)
         r = rkm__bisect(pl, rkm__probe_checkmate, &copies, RKM__BISECT_CHECKMATE, 1, pl->lower_bound, &hi, &at, stopped);
     if (!r && hi < min) r = rkm__planner_fit(pl, at, copies, p, NULL);
-    if (*p && (*p)->stats.arena_bytes >= min) {
+    if (*p && (*p)->stats.stage_arena_bytes >= min) {
         rkm_plan_destroy(*p);
         *p = NULL;
     }
@@ -348,7 +371,7 @@ RKM__PRIVATE rkm_result rkm__offload_min_budget(rkm_planner *pl, uint64_t *out)
         rkm_plan_destroy(p);
         return r;
     }
-    pl->off_min = p ? p->stats.arena_bytes : min;
+    pl->off_min = p ? p->stats.stage_arena_bytes : min;
     pl->off_min_plan = p;
     pl->min_cut |= stopped;
     *out = pl->off_min;
@@ -455,7 +478,7 @@ RKM__PRIVATE rkm_result rkm__checkmate_fallback(rkm_planner *pl, uint64_t budget
     uint64_t min;
     rkm_result r = rkm__min_budget_get(pl, &min);
     const rkm_plan *m = pl->min_plan;
-    if (r || !m || m->stats.arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
+    if (r || !m || m->stats.stage_arena_bytes > budget || !(m->stats.time < (*p)->stats.time)) return r;
     rkm_plan *q;
     if ((r = rkm__plan_copy(m, &q))) return r;
     rkm_plan_destroy(*p);

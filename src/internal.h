@@ -271,6 +271,15 @@ struct _lprec; /* lp_solve's model: only ilp.c includes <lpsolve/lp_lib.h> */
 
 /* ---- the arena (layout.c, drive.c) ---- */
 
+#ifndef RKM__SHARE_TRIES
+#define RKM__SHARE_TRIES 8 /* a stage's one-micro-batch plans: budgets tried */
+#endif
+#ifndef RKM__PIPE_BISECT
+#define RKM__PIPE_BISECT 24 /* the cut search's rounds on the bottleneck stage's time */
+#endif
+#ifndef RKM__STAGE_KEPT_POINTS
+#define RKM__STAGE_KEPT_POINTS 8 /* a stage's whole-graph ILP: kept budgets tried */
+#endif
 #ifndef RKM__LAYOUT_TRIES
 #define RKM__LAYOUT_TRIES 4 /* plans again for less when the arena is over the budget */
 #endif
@@ -486,6 +495,12 @@ typedef struct rkm__sim {
     uint64_t host_mem;
     int copied;        /* a copy step ran since the last reset (H, inflight to clear) */
     int32_t in_flight; /* copies in flight: the steps check theirs only when > 0 */
+    /* A pipeline stage's search (rkm_solve_desc.in_flight - 1): the other
+     * micro-batches in flight. From the `loss` step on they hold, beside
+     * this one, hold x what it held there (its kept bytes), so the replay's
+     * peaks are the stage's over the backward phase. 0 everywhere else:
+     * every plan's own figures are one micro-batch's. */
+    int32_t hold;
 } rkm__sim;
 #define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
 #define RKM__COPY_NONE 0
@@ -512,6 +527,7 @@ typedef struct rkm__recorder {
 
 /* ---- pipe.c ---- */
 
+RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k);
 RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
                                           rkm_stage_memory *out);
 
@@ -1083,6 +1099,7 @@ RKM__PRIVATE rkm_result rkm__structure_detect(rkm_graph *g);
 /* finalize's work again on a copy of g with these costs, copy link, or
  * alignment (the planner's graph whose sizes are rounded up to it) */
 RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, rkm_graph **out);
+RKM__PRIVATE rkm_result rkm__graph_stage(const rkm_graph *g, int32_t first, int32_t end, rkm_graph **out);
 
 /* options.c */
 RKM__PRIVATE void rkm__bopts_free(rkm_context *ctx, rkm__bopts *b);
@@ -1134,7 +1151,10 @@ RKM__PRIVATE double rkm__dp_bytes(const rkm__dp_block *bl, int32_t n, int32_t M)
 RKM__PRIVATE rkm_result rkm__dp_solve(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t M, double deadline, rkm__dp_table *t, int *cut);
 RKM__PRIVATE double rkm__dp_opt(const rkm__dp_table *t, int32_t a, int32_t b, int32_t m);
 RKM__PRIVATE rkm_result rkm__dp_schedule(rkm_context *ctx, rkm__dp_table *t, int32_t m, rkm__dp_ops *ops);
-RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, rkm__dp_ops *ops);
+/* Segments of seg blocks (0: about sqrt(n)): each one's input kept, its
+ * blocks recomputed before their backwards (1: every block, Megatron's
+ * full recomputation). */
+RKM__PRIVATE rkm_result rkm__dp_sqrt(rkm_context *ctx, const rkm__dp_block *bl, int32_t n, int32_t seg, rkm__dp_ops *ops);
 
 /* dtr.c; copy sets of rkm__dtr_steps: 0 recompute-only, 1..4 with copies */
 #define RKM__DTR_COPY_SETS 5
@@ -1175,7 +1195,7 @@ RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, r
 RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rkm__steps *draft, rkm_plan **out);
 /* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
  * block inputs in host memory where that is faster (a graph with a link). */
-enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF };
+enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF, RKM__CHAIN_FULL };
 RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
@@ -1194,6 +1214,8 @@ RKM__PRIVATE int rkm__dtr_affordable(const rkm_planner *pl);
  * plan for `budget` (its arena may be over it), or *out NULL. */
 typedef rkm_result (*rkm__maker)(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out);
 RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget);
+RKM__PRIVATE rkm_result rkm__stage_share(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                        uint64_t *one);
 RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
                                      uint64_t *need);
 /* A probe of a smallest budget's bisection: a plan for `budget` or *out
@@ -1239,6 +1261,7 @@ RKM__PRIVATE rkm_result rkm__nest_options(rkm_planner *pl, rkm__planner_maker ma
 RKM__PRIVATE uint64_t rkm__work_checkmate(const rkm_planner *pl);
 RKM__PRIVATE uint64_t rkm__work_min_left(const rkm_planner *pl);
 RKM__PRIVATE int rkm__uses_chain(rkm_algo a);
+RKM__PRIVATE int rkm__fixed_chain(rkm_algo a);
 RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out, uint64_t *need);
 /* The planner's smallest budget (recompute only), kept; pl->min_plan meets it. */
 RKM__PRIVATE rkm_result rkm__min_budget_get(rkm_planner *pl, uint64_t *out);

@@ -1138,6 +1138,9 @@ RKM__PRIVATE rkm_result rkm__plan_seal(rkm_plan *p, uint64_t alignment, uint64_t
     p->stats.alignment = alignment;
     p->stats.aligned_peak = peak;
     p->stats.arena_bytes = arena;
+    p->stats.in_flight = 1; /* a stage of more is the planner's to say (rkm__handout_seal) */
+    p->stats.stage_peak = p->stats.peak;
+    p->stats.stage_arena_bytes = arena;
     return RKM_OK;
 }
 

@@ -155,9 +155,121 @@ rkm_result rkm_pipeline_simulate(rkm_context *ctx, const rkm_pipe_stage *stages,
  * Every micro-batch runs the same plan, so between its phases each holds
  * the same bytes (kept: live before the `loss` step), and a phase's step
  * peaks are the plan's own. The replay walks the stage's order adding what
- * the others hold. The layout splits the plan's buffers at the phase
- * boundary: those live across it go to a slot per micro-batch in flight,
- * the rest to one region that the phases, one at a time, share. */
+ * the others hold.
+ *
+ * The layout is one micro-batch's, in [0, slot + transient): the buffers
+ * live across the phase boundary (kept) are laid out first, alone, in
+ * [0, slot); the others (transient) then go first fit, largest first,
+ * around them, each wholly below `slot` or wholly above it. Below, a
+ * buffer is in its micro-batch's own slot (where its kept buffers are not
+ * at that time); above, in the one region that the running phase has to
+ * itself. So micro-batch m's buffer at offset o lies at o + (m mod k) x
+ * slot below `slot`, at o + (k - 1) x slot above it, and the arena is
+ * k x slot + transient. */
+
+/* A transient item's offset (units): the lowest, first fit among the
+ * placed items that live when it does (lo/hi: their spans, n of them),
+ * wholly below `cut` or at or above it. */
+static uint64_t rkm__stage_fit(uint64_t *lo, uint64_t *hi, size_t n, uint64_t w, uint64_t cut)
+{
+    for (size_t i = 1; i < n; i++) /* by start: insertion sort, the lists are short */
+        for (size_t j = i; j > 0 && lo[j] < lo[j - 1]; j--) {
+            uint64_t a = lo[j], b = hi[j];
+            lo[j] = lo[j - 1], hi[j] = hi[j - 1];
+            lo[j - 1] = a, hi[j - 1] = b;
+        }
+    uint64_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (o < cut && o + w > cut) o = cut;
+        if (hi[i] <= o) continue;
+        if (o + w <= lo[i]) break;
+        o = hi[i];
+    }
+    return o < cut && o + w > cut ? cut : o;
+}
+
+/* Offsets (bufs) and the slot and transient sizes of p's buffers at
+ * `align`, L the phase boundary. */
+static rkm_result rkm__stage_place(const rkm_plan *p, size_t L, uint64_t align, rkm_buffer *bufs, uint64_t *slot,
+                                   uint64_t *trans)
+{
+    rkm_context *ctx = p->ctx;
+    size_t nb = p->n_buffers, n1 = nb + 1;
+    rkm_buffer *b = bufs;
+    int64_t *last = rkm__alloc(ctx, n1 * sizeof *last);
+    int32_t *order = rkm__alloc(ctx, n1 * sizeof *order);
+    uint64_t *lo = rkm__alloc(ctx, n1 * sizeof *lo), *hi = rkm__alloc(ctx, n1 * sizeof *hi);
+    uint8_t *kept = rkm__alloc(ctx, n1), *placed = rkm__alloc(ctx, n1);
+    rkm_result r = last && order && lo && hi && kept && placed ? RKM_OK : rkm__nomem(ctx, "stage layout");
+    if (!r) {
+        if (nb) memcpy(b, p->buffers, nb * sizeof *b);
+        for (size_t i = 0; i < nb; i++) last[i] = b[i].last_step; /* a chain's end, at its head */
+        for (size_t i = nb; i-- > 0;)
+            if (b[i].takes_over >= 0 && last[i] > last[b[i].takes_over]) last[b[i].takes_over] = last[i];
+        for (size_t i = 0; i < nb; i++) {
+            kept[i] = b[i].takes_over < 0 && b[i].first_step < (int64_t)L && last[i] >= (int64_t)L;
+            placed[i] = 0;
+        }
+        /* the kept chains alone: the transient ones weigh nothing there */
+        for (size_t i = 0; i < nb; i++) lo[i] = b[i].bytes;
+        for (size_t i = 0; i < nb; i++)
+            if (b[i].takes_over < 0 && !kept[i]) b[i].bytes = 0;
+        uint64_t pk;
+        if (rkm__layout(ctx, b, nb, align, RKM__LAY_ALL, NULL, slot, &pk)) r = rkm__nomem(ctx, "stage layout");
+        for (size_t i = 0; i < nb; i++) b[i].bytes = lo[i];
+    }
+    if (!r) {
+        size_t m = 0;
+        for (size_t i = 0; i < nb; i++) {
+            placed[i] = kept[i] && b[i].bytes;
+            if (b[i].takes_over < 0 && !kept[i] && b[i].bytes) order[m++] = (int32_t)i;
+        }
+        for (size_t i = 1; i < m; i++) /* largest first, then by creation: deterministic */
+            for (size_t j = i; j > 0; j--) {
+                const rkm_buffer *x = &b[order[j]], *y = &b[order[j - 1]];
+                if (!(x->bytes > y->bytes || (x->bytes == y->bytes && order[j] < order[j - 1]))) break;
+                int32_t t = order[j];
+                order[j] = order[j - 1], order[j - 1] = t;
+            }
+        uint64_t top = *slot / align, cut = *slot / align;
+        for (size_t k = 0; k < m; k++) {
+            size_t i = (size_t)order[k], n = 0;
+            for (size_t j = 0; j < nb; j++)
+                if (placed[j] && b[j].first_step <= last[i] && b[i].first_step <= last[j]) {
+                    lo[n] = b[j].offset / align;
+                    hi[n] = lo[n] + rkm__round_up(b[j].bytes, align) / align;
+                    n++;
+                }
+            uint64_t w = rkm__round_up(b[i].bytes, align) / align, o = rkm__stage_fit(lo, hi, n, w, cut);
+            b[i].offset = o * align;
+            placed[i] = 1;
+            if (o + w > top) top = o + w;
+        }
+        for (size_t i = 0; i < nb; i++) { /* a chain at its head's offset */
+            size_t h = i;
+            while (b[h].takes_over >= 0) h = (size_t)b[h].takes_over;
+            b[i].offset = b[h].offset;
+        }
+        *trans = (top - cut) * align;
+    }
+    rkm__free(ctx, last, n1 * sizeof *last);
+    rkm__free(ctx, order, n1 * sizeof *order);
+    rkm__free(ctx, lo, n1 * sizeof *lo);
+    rkm__free(ctx, hi, n1 * sizeof *hi);
+    rkm__free(ctx, kept, n1);
+    rkm__free(ctx, placed, n1);
+    return r;
+}
+
+/* Plan p's peak as a stage of k in flight, exact bytes: its own peak plus
+ * what k - 1 others keep (the order F0 .. Fk-1 B0 .. Bk-1's, 1F1B's and
+ * GPipe's with k in flight). */
+RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k)
+{
+    size_t L = (size_t)p->loss_step;
+    uint64_t kept = L ? p->mem_after[L - 1] : p->g->input_bytes;
+    return p->stats.peak + (uint64_t)(k - 1) * kept;
+}
 
 /* The figures (and, with bufs, offsets) of plan p at stage order (warm,
  * m). */
@@ -181,48 +293,22 @@ RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32
         if (live > out->in_flight) out->in_flight = live;
     }
     out->alignment = align;
-    /* two copies of the buffers: in one the transient chains weigh nothing,
-     * in the other the kept ones (a zero-byte chain is left out) */
     rkm_context *ctx = p->ctx;
-    size_t size = (2 * nb + 1) * sizeof(rkm_buffer);
-    rkm_buffer *a = rkm__alloc(ctx, size), *b = a ? a + nb : NULL;
-    int64_t *last = rkm__alloc(ctx, (nb + 1) * sizeof *last);
-    rkm_result r = a && last ? RKM_OK : rkm__nomem(ctx, "stage layout");
-    if (!r) {
-        if (nb) memcpy(a, p->buffers, nb * sizeof *a);
-        if (nb) memcpy(b, p->buffers, nb * sizeof *b);
-        for (size_t i = nb; i-- > 0;) last[i] = a[i].last_step; /* a chain's end, at its head */
-        for (size_t i = nb; i-- > 0;)
-            if (a[i].takes_over >= 0 && last[i] > last[a[i].takes_over]) last[a[i].takes_over] = last[i];
-        for (size_t i = 0; i < nb; i++) {
-            if (a[i].takes_over >= 0) continue;
-            int kept = a[i].first_step < (int64_t)L && last[i] >= (int64_t)L;
-            (kept ? b : a)[i].bytes = 0;
-        }
-        uint64_t pk, slot = 0, trans = 0;
-        r = rkm__layout(ctx, a, nb, align, RKM__LAY_ALL, NULL, &slot, &pk);
-        if (!r) r = rkm__layout(ctx, b, nb, align, RKM__LAY_ALL, NULL, &trans, &pk);
-        if (r) r = rkm__nomem(ctx, "stage layout");
-        uint64_t slots = 0, k = (uint64_t)out->in_flight;
-        if (!r && ((slot && k > UINT64_MAX / slot) || !rkm__add_u64(slots = slot * k, trans, &out->arena_bytes)))
-            r = rkm__err(ctx, RKM_ERROR_ARGUMENT, "stage layout: %d slots of %llu bytes and %llu more pass 64 bits",
-                         (int)out->in_flight, (unsigned long long)slot, (unsigned long long)trans);
-        out->slot_bytes = slot, out->transient_bytes = trans;
-        /* one micro-batch at a time: the plan's own layout is a slot too */
-        int own = !r && out->in_flight == 1 && p->stats.alignment == align && p->stats.arena_bytes < out->arena_bytes;
-        if (own) {
-            out->slot_bytes = out->arena_bytes = p->stats.arena_bytes;
-            out->transient_bytes = 0;
-        }
-        for (size_t i = 0; !r && bufs && i < nb; i++) {
-            size_t h = i; /* the chain's head says where it lives */
-            while (p->buffers[h].takes_over >= 0) h = (size_t)p->buffers[h].takes_over;
-            bufs[i] = p->buffers[i];
-            bufs[i].offset = own ? p->buffers[i].offset : a[h].bytes ? a[i].offset : slots + b[i].offset;
-        }
+    size_t size = (nb + 1) * sizeof(rkm_buffer);
+    rkm_buffer *own = bufs ? bufs : rkm__alloc(ctx, size);
+    uint64_t slot = 0, trans = 0, k = (uint64_t)out->in_flight;
+    rkm_result r = own ? rkm__stage_place(p, L, align, own, &slot, &trans) : rkm__nomem(ctx, "stage layout");
+    if (!r && ((slot && k > UINT64_MAX / slot) || !rkm__add_u64(slot * k, trans, &out->arena_bytes)))
+        r = rkm__err(ctx, RKM_ERROR_ARGUMENT, "stage layout: %d slots of %llu bytes and %llu more pass 64 bits",
+                     (int)out->in_flight, (unsigned long long)slot, (unsigned long long)trans);
+    out->slot_bytes = slot, out->transient_bytes = trans;
+    /* one micro-batch at a time: the plan's own layout is a slot too */
+    if (!r && k == 1 && p->stats.alignment == align && p->stats.arena_bytes < out->arena_bytes) {
+        out->slot_bytes = out->arena_bytes = p->stats.arena_bytes;
+        out->transient_bytes = 0;
+        if (bufs && nb) memcpy(bufs, p->buffers, nb * sizeof *bufs);
     }
-    rkm__free(ctx, a, size);
-    rkm__free(ctx, last, (nb + 1) * sizeof *last);
+    if (!bufs) rkm__free(ctx, own, size);
     if (r) memset(out, 0, sizeof *out);
     return r;
 }

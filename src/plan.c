@@ -613,6 +613,8 @@ RKM__PRIVATE rkm_result rkm__plan_birth(const rkm_graph *g, rkm__steps *draft, r
     st->algo = RKM_ALGO_NONE;
     st->peak = res->peak;
     st->peak_step = res->peak_step;
+    st->in_flight = 1;
+    st->stage_peak = res->peak;
     st->time = res->time;
     st->recomputes = recomputes;
     st->baseline_peak = g->stats.baseline_peak;
@@ -637,6 +639,11 @@ RKM__PRIVATE rkm_result rkm__plan_copy(const rkm_plan *p, rkm_plan **out)
         rkm_plan_destroy(*out);
         *out = NULL;
     }
-    if (!r) (*out)->stats.gap = p->stats.gap;
+    if (!r) {
+        (*out)->stats.gap = p->stats.gap;
+        (*out)->stats.in_flight = p->stats.in_flight; /* a stage's figures, as its planner set them */
+        (*out)->stats.stage_peak = p->stats.stage_peak;
+        (*out)->stats.stage_arena_bytes = p->stats.stage_arena_bytes;
+    }
     return r;
 }

@@ -369,6 +369,14 @@ static rkm_result rkm__desc_defaults(const rkm_graph *g, const rkm_solve_desc *d
     if ((d->alignment & (d->alignment - 1)) || d->alignment > RKM__MAX_ALIGNMENT)
         return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: alignment %llu is not a power of two up to %llu",
                         (unsigned long long)d->alignment, (unsigned long long)RKM__MAX_ALIGNMENT);
+    if (d->in_flight < 0)
+        return rkm__err(ctx, RKM_ERROR_ARGUMENT, "solve desc: in_flight is %d (micro-batches: 1 or more, 0 for 1)",
+                        (int)d->in_flight);
+    if (d->in_flight == 0) d->in_flight = 1;
+    if (d->in_flight > 1 && g->copy.d2h_bytes_per_second > 0)
+        return rkm__err(ctx, RKM_ERROR_UNSUPPORTED, "solve desc: in_flight %d on a graph with a copy link: offloading "
+                        "in a pipeline stage is not planned (plan the stage's graph without its copy link)",
+                        (int)d->in_flight);
     if (d->nest_ops == 0) d->nest_ops = RKM__DEFAULT_NEST_OPS;
     if (d->nest_ops < 0) d->nest_ops = INT32_MAX;
 #ifdef RKM_OMIT_SOLVER
@@ -421,8 +429,8 @@ RKM__PRIVATE rkm_result rkm__planner_make(const rkm_graph *g, const rkm_solve_de
                      "solves in %.3f s", rkm_algo_name(d.algo), (int)g->n_blocks, (int)g->n_classes, pl->n_dpo,
                      (int)pl->nested, (int)pl->ilp.solves, pl->ilp.seconds);
         double t = rkm__now();
-        if (!r && d.algo != RKM_ALGO_SQRT) r = rkm__planner_dp(pl);
-        if (!r && d.algo != RKM_ALGO_SQRT && !depth)
+        if (!r && !rkm__fixed_chain(d.algo)) r = rkm__planner_dp(pl);
+        if (!r && !rkm__fixed_chain(d.algo) && !depth)
             rkm__log(pl->ctx, RKM_LOG_INFO, "chain DP: %d blocks x %d slots (%llu bytes each) in %.3f s", (int)g->n_blocks,
                      (int)d.slots, (unsigned long long)pl->q, rkm__now() - t);
     }
@@ -493,10 +501,11 @@ static rkm_result rkm__planner_dp(rkm_planner *pl)
 static rkm_result rkm__planner_finish(rkm_planner *pl, rkm_plan *p, uint64_t budget, double t_start)
 {
     rkm_plan_stats *st = &p->stats;
-    if (st->peak > budget || st->arena_bytes > budget)
+    if (st->stage_peak > budget || st->stage_arena_bytes > budget)
         return rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan peaks at %llu bytes in an arena of "
-                        "%llu, over the budget of %llu", rkm_algo_name(pl->d.algo), (unsigned long long)st->peak,
-                        (unsigned long long)st->arena_bytes, (unsigned long long)budget);
+                        "%llu (%d in flight), over the budget of %llu", rkm_algo_name(pl->d.algo),
+                        (unsigned long long)st->stage_peak, (unsigned long long)st->stage_arena_bytes,
+                        (int)st->in_flight, (unsigned long long)budget);
     st->algo = pl->d.algo;
     st->budget = budget;
     st->solve_seconds = pl->create_seconds + (rkm__now() - t_start);

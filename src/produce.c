@@ -122,12 +122,21 @@ RKM__PRIVATE rkm_result rkm__planned_birth(rkm_planner *pl, rkm__steps *draft, r
 }
 
 /* *out (a plan of the user's graph) laid out at the desc's alignment, on
- * the call's meter; destroyed, *out NULL, on failure. */
+ * the call's meter, with its figures as a stage of d.in_flight (the order
+ * F0 .. Fk-1 B0 .. Bk-1 holds k as 1F1B's and GPipe's do, so its figures
+ * are theirs); destroyed, *out NULL, on failure. */
 RKM__PRIVATE rkm_result rkm__handout_seal(rkm_planner *pl, rkm_plan **out)
 {
     uint64_t work = rkm__work_left(pl);
     rkm_result r = rkm__plan_seal(*out, pl->d.alignment, &work);
     rkm__work_charge(pl, work);
+    int32_t k = pl->d.in_flight;
+    rkm_stage_memory sm;
+    if (!r && k > 1 && !(r = rkm__stage_memory(*out, k - 1, k, pl->d.alignment, NULL, &sm))) {
+        (*out)->stats.in_flight = k;
+        (*out)->stats.stage_peak = sm.peak;
+        (*out)->stats.stage_arena_bytes = sm.arena_bytes;
+    }
     if (r) {
         rkm_plan_destroy(*out);
         *out = NULL;
@@ -162,7 +171,7 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
     rkm_plan *c, *q;
     rkm_result r = rkm__plan_copy(p, &c);
     if (!r && !(r = rkm__planner_handout(pl, c, &q))) {
-        *arena = q->stats.arena_bytes;
+        *arena = q->stats.stage_arena_bytes;
         rkm_plan_destroy(q);
     }
     return r;
@@ -173,8 +182,8 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
 RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
 {
     rkm_result r = rkm__planner_handout(pl, p, out);
-    if (!r && (*out)->stats.arena_bytes > budget) {
-        if (arena) *arena = (*out)->stats.arena_bytes;
+    if (!r && (*out)->stats.stage_arena_bytes > budget) {
+        if (arena) *arena = (*out)->stats.stage_arena_bytes;
         rkm_plan_destroy(*out);
         *out = NULL;
     }
@@ -192,7 +201,8 @@ RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64
  * (the first try always: each ends in a layout, which nothing cuts). */
 
 /* The budget to ask for after a plan made for `asked` (aligned peak
- * `peak`) laid out in `arena` over `budget`; 0: nothing below. */
+ * `peak`; a stage's: its stage peak) laid out in `arena` over `budget`; 0:
+ * nothing below. */
 RKM__PRIVATE uint64_t rkm__less(uint64_t asked, uint64_t peak, uint64_t arena, uint64_t budget)
 {
     uint64_t below = peak < asked ? peak : asked, over = arena - budget;
@@ -211,16 +221,60 @@ RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__mak
         rkm_plan *q;
         rkm_result r = make(pl, b, arg, &q);
         if (r || !q) return r;
-        uint64_t arena = q->stats.arena_bytes;
+        uint64_t arena = q->stats.stage_arena_bytes;
         if (arena <= budget) {
             *out = q;
             return RKM_OK;
         }
         if (need && (!*need || arena < *need)) *need = arena;
-        b = rkm__less(b, q->stats.aligned_peak, arena, budget);
+        b = rkm__less(b, q->stats.in_flight > 1 ? q->stats.stage_peak : q->stats.aligned_peak, arena, budget);
         rkm_plan_destroy(q);
     }
     return RKM_OK;
+}
+
+/* ---- a stage's share -------------------------------------------------------
+ *
+ * A planner of one micro-batch (the chain DP, DTR, the fixed schedules)
+ * planning a pipeline stage of k in flight (pl->d.in_flight): a plan within
+ * budget / k always fits the stage's budget (what a micro-batch keeps is
+ * within its peak, so k of them and one peak are within k peaks), a larger
+ * one may too, and be faster. So the stage's plan is the fastest of the
+ * planner's plans for one-micro-batch budgets between the two whose stage
+ * peak (rkm__stage_peak) fits: from the budget itself down, bisecting
+ * between the largest one that fits and the smallest that does not (a
+ * budget with no plan counts as too small), RKM__SHARE_TRIES plans. *one:
+ * the largest one-micro-batch budget that gave a fitting plan (budget / k
+ * where none did). k = 1: make's plan for the budget. */
+RKM__PRIVATE rkm_result rkm__stage_share(rkm_planner *pl, uint64_t budget, rkm__maker make, void *arg, rkm_plan **out,
+                                        uint64_t *one)
+{
+    int32_t k = pl->d.in_flight;
+    *out = NULL;
+    if (one) *one = budget;
+    if (k <= 1) return make(pl, budget, arg, out);
+    uint64_t lo = budget / (uint64_t)k, hi = budget, fit = lo;
+    rkm_result r = RKM_OK;
+    for (int t = 0; t < RKM__SHARE_TRIES && !r && (t == 0 || (hi > lo + 1 && !rkm__over(pl))); t++) {
+        uint64_t at = t == 0 ? hi : t == 1 ? lo : lo + (hi - lo) / 2;
+        rkm_plan *p = NULL;
+        if ((r = make(pl, at, arg, &p))) break;
+        if (p && rkm__stage_peak(p, k) <= budget) {
+            *out = rkm__faster(*out, p);
+            fit = lo = at;
+            if (t == 0) break; /* the budget's own plan: nothing above it */
+        } else {
+            if (p || t == 1) lo = at; /* no plan: too small a budget; at lo, look above */
+            if (p) hi = at;
+            rkm_plan_destroy(p);
+        }
+    }
+    if (one) *one = fit;
+    if (r) {
+        rkm_plan_destroy(*out);
+        *out = NULL;
+    }
+    return r;
 }
 
 /* A draft from a block-level schedule; freed on failure. */
@@ -236,7 +290,8 @@ static rkm_result rkm__draft_from_ops(rkm_planner *pl, const rkm__dp_ops *ops, r
 static rkm_result rkm__chain_ops(rkm_planner *pl, int rule, int64_t m, rkm__dp_ops *ops)
 {
     const rkm_graph *g = pl->g;
-    if (rule == RKM__CHAIN_SQRT) return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, ops);
+    if (rule == RKM__CHAIN_SQRT || rule == RKM__CHAIN_FULL)
+        return rkm__dp_sqrt(pl->ctx, pl->dpb, g->n_blocks, rule == RKM__CHAIN_FULL, ops);
     rkm__dp_table *tb = rule == RKM__CHAIN_OFF ? &pl->off_table : &pl->table;
     const rkm__dp_block *bl = rule == RKM__CHAIN_OFF ? pl->off_dpb : pl->dpb;
     if (!tb->n) return RKM_OK; /* left out: over RKM__DP_MAX_BYTES */

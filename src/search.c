@@ -493,6 +493,7 @@ static rkm_result rkm__polish_init(rkm__polish *w, rkm_planner *pl, const rkm_gr
     w->need = rkm__alloc(g->ctx, g->n_tensors);
     w->pneed = rkm__alloc(g->ctx, g->n_ops);
     if (!w->need || !w->pneed || rkm__sim_init(g, &w->sim)) return rkm__nomem(g->ctx, "plan polish");
+    w->sim.hold = pl ? pl->d.in_flight - 1 : 0; /* a stage's: judged with the others in flight */
     for (size_t i = 0; i < n; i++) {
         const rkm_step *s = &steps[i];
         if (rkm__is_compute(s) && !rkm__steps_push(&w->cand, s->kind, s->index, s->save))
@@ -1197,7 +1198,7 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
     if (*runner && (r = rkm__planner_arena(pl, *runner, &ra))) return r;
     rkm_plan *fit = ra <= budget ? *runner : NULL;
     if (fit) *runner = NULL;
-    uint64_t hi = (*best)->stats.peak < budget ? (*best)->stats.peak : budget, lo = 0;
+    uint64_t bp = rkm__stage_peak(*best, pl->d.in_flight), hi = bp < budget ? bp : budget, lo = 0;
     uint64_t at = rkm__less(hi, UINT64_MAX, arena, budget);
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
@@ -1226,12 +1227,24 @@ static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **be
  * squeeze's; the fastest of them through the phases; DTR's missed plan's
  * track; the arena's fit (with the portfolio's plan). All of it within the
  * solve's work and, past the chain DP's plan, its deadline. */
+static rkm_result rkm__dp_maker(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
+{
+    (void)arg;
+    return rkm__solve_dp(pl, budget, out);
+}
+
 RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rkm__ask ask, rkm_plan **out)
 {
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
-    rkm_result r = RKM_OK;
+    /* a stage's starts from one micro-batch's planners are made for its
+     * share of the budget (rkm__stage_share, found with the chain DP); the
+     * whole-graph ILP, the squeeze and every judge take the stage's own */
+    uint64_t one = budget;
+    rkm_result r = pl->d.in_flight > 1 ? rkm__stage_share(pl, budget, rkm__dp_maker, NULL, &p[RKM__START_DP], &one) : RKM_OK;
+    rkm_plan_destroy(p[RKM__START_DP]);
+    p[RKM__START_DP] = NULL;
     for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
-        r = rkm__start(pl, k, budget, ask, p, &missed);
+        r = rkm__start(pl, k, k == RKM__START_ILP ? budget : one, ask, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);

@@ -323,6 +323,8 @@ RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *p
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
         if (s->in_flight && s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
+        if (s->hold) /* bounded: graphs are (rkm__bytes_fit), and in_flight is an int32_t */
+            s->mem += s->mem < (UINT64_MAX >> 2) / (uint64_t)s->hold ? s->mem * (uint64_t)s->hold : UINT64_MAX >> 2;
         *peak = s->mem + g->tensors[x].bytes;
         s->loss_done = 1;
         s->G[x] = 1;

@@ -400,9 +400,12 @@ static rkm_result rkm__graph_rebuild(const rkm_graph *g, const rkm_op_costs *cos
     for (size_t i = 0; i < g->n_ops && !r; i++) {
         const rkm__op *o = &g->ops[i];
         rkm_op_costs c = costs ? costs[i] : (rkm_op_costs){o->fwd, o->bwd, o->fwd_ws, o->bwd_ws};
+        /* a stage input made plain has no gradient to take grad(out[0])'s buffer */
+        unsigned flags = o->n_in && (g->tensors[o->in[0]].flags & drop & RKM_TENSOR_INPUT_GRAD) ? o->flags & ~RKM_OP_GRAD_INPLACE
+                                                                                                : o->flags;
         rkm_op_desc d = {o->name, c.fwd_seconds, c.bwd_seconds, o->in, o->n_in, o->out, o->n_out, o->saved, o->n_saved,
                          rkm__round_up(o->phantom, align), rkm__round_up(c.fwd_ws, align), rkm__round_up(c.bwd_ws, align),
-                         rkm__round_up(o->scratch, align), o->flags};
+                         rkm__round_up(o->scratch, align), flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = g->output ? rkm_graph_set_output(n, g->loss) : rkm_graph_set_loss(n, g->loss);
@@ -433,9 +436,12 @@ RKM__PRIVATE rkm_result rkm__graph_aligned(const rkm_graph *g, uint64_t align, r
     rkm_graph *n;
     rkm_result r = rkm_graph_create(g->ctx, &n);
     if (!r && (r = rkm__graph_rebuild(g, NULL, &g->copy, align, RKM_TENSOR_INPUT_GRAD, n))) rkm_graph_destroy(n);
-    if (r == RKM_ERROR_GRAPH) /* the rounded sums no longer fit 64 bits */
+    if (r == RKM_ERROR_GRAPH) { /* the rounded sums no longer fit 64 bits: the one rule a copy can break */
+        char why[RKM__ERRMSG_SIZE];
+        snprintf(why, sizeof why, "%s", rkm_context_errmsg(g->ctx));
         return rkm__err(g->ctx, RKM_ERROR_ARGUMENT, "solve desc: at alignment %llu the graph's byte counts no longer "
-                        "fit: %s", (unsigned long long)align, rkm_context_errmsg(g->ctx));
+                        "fit: %s", (unsigned long long)align, why);
+    }
     if (!r) *out = n;
     return r;
 }
@@ -498,8 +504,10 @@ static rkm_result rkm__stage_build(const rkm_graph *g, int32_t lo, int32_t hi, i
         for (int32_t k = 0; k < o->n_in; k++) in_ids[k] = to[o->in[k]];
         for (int32_t k = 0; k < o->n_out; k++) out_ids[k] = to[o->out[k]];
         for (int32_t k = 0; k < o->n_saved; k++) saved_ids[k] = to[o->saved[k]];
+        /* an input is never overwritten: a forward in place over the cut runs out of place in its stage */
+        unsigned flags = o->n_in && o->in[0] == in ? o->flags & ~RKM_OP_INPLACE : o->flags;
         rkm_op_desc d = {o->name, o->fwd, o->bwd, in_ids, o->n_in, out_ids, o->n_out, saved_ids, o->n_saved,
-                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, o->flags};
+                         o->phantom, o->fwd_ws, o->bwd_ws, o->scratch, flags};
         r = rkm_graph_add_op(n, &d, NULL);
     }
     if (!r) r = out == g->loss && !g->output ? rkm_graph_set_loss(n, to[out]) : rkm_graph_set_output(n, to[out]);
@@ -507,6 +515,19 @@ static rkm_result rkm__stage_build(const rkm_graph *g, int32_t lo, int32_t hi, i
     if (!r) r = rkm_graph_finalize(n);
     rkm__free(ctx, to, (g->n_tensors + 1) * sizeof *to);
     rkm__free(ctx, ids, (2 * g->n_tensors + 1) * sizeof *ids);
+    return r;
+}
+
+/* The stage of blocks [first, end) of g (finalized) into *out. */
+RKM__PRIVATE rkm_result rkm__graph_stage(const rkm_graph *g, int32_t first, int32_t end, rkm_graph **out)
+{
+    int32_t in = first ? g->blocks[first].in : -1, out_t = end < g->n_blocks ? g->blocks[end].in : g->loss;
+    int32_t lo = first ? g->tensors[in].producer : -1, hi = end < g->n_blocks ? g->tensors[out_t].producer : (int32_t)g->n_ops - 1;
+    rkm_result r = rkm_graph_create(g->ctx, out);
+    if (!r && (r = rkm__stage_build(g, lo, hi, in, out_t, *out))) {
+        rkm_graph_destroy(*out);
+        *out = NULL;
+    }
     return r;
 }
 

@@ -78,7 +78,8 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_buffer, bytes, 24);
     CHECK_OFFSET(rkm_buffer, offset, 32);
     CHECK_OFFSET(rkm_buffer, takes_over, 40);
-    CHECK_SIZE(rkm_solve_desc, 72);
+    CHECK_SIZE(rkm_solve_desc, 80);
+    CHECK_OFFSET(rkm_solve_desc, in_flight, 72);
     CHECK_OFFSET(rkm_solve_desc, ilp_budget, 40);
     CHECK_OFFSET(rkm_solve_desc, alignment, 48);
     CHECK_OFFSET(rkm_solve_desc, progress, 56);
@@ -88,7 +89,10 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_progress, stage_name, 8);
     CHECK_OFFSET(rkm_progress, fraction, 16);
     CHECK_OFFSET(rkm_progress, seconds, 48);
-    CHECK_SIZE(rkm_plan_stats, 160);
+    CHECK_SIZE(rkm_plan_stats, 184);
+    CHECK_OFFSET(rkm_plan_stats, in_flight, 160);
+    CHECK_OFFSET(rkm_plan_stats, stage_peak, 168);
+    CHECK_OFFSET(rkm_plan_stats, stage_arena_bytes, 176);
     CHECK_OFFSET(rkm_plan_stats, alignment, 88);
     CHECK_OFFSET(rkm_plan_stats, cut, 112);
     CHECK_OFFSET(rkm_plan_stats, offloads, 152);
@@ -129,6 +133,9 @@ TEST(struct_layouts)
     CHECK_OFFSET(rkm_profile_desc, user, 32);
     CHECK_SIZE(rkm_pipe_stage, 32);
     CHECK_OFFSET(rkm_pipe_stage, send_bwd, 24);
+    CHECK_SIZE(rkm_stage_memory, 72);
+    CHECK_OFFSET(rkm_stage_memory, kept_bytes, 8);
+    CHECK_OFFSET(rkm_stage_memory, alignment, 64);
     CHECK_SIZE(rkm_pipe_phase, 40);
     CHECK_OFFSET(rkm_pipe_phase, bwd, 8);
     CHECK_OFFSET(rkm_pipe_phase, start, 16);

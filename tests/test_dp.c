@@ -459,7 +459,7 @@ TEST(dp_sqrt_schedule)
         rkm__dp_ops ops = {NULL, 0, 0};
         double time = -1;
         int64_t peak = -1;
-        CHECK(rkm__dp_sqrt(ctx, c.b, c.n, &ops) == RKM_OK);
+        CHECK(rkm__dp_sqrt(ctx, c.b, c.n, 0, &ops) == RKM_OK);
         CHECK(rkm__dp_eval(ctx, c.b, c.n, &ops, &time, &peak) == RKM_OK);
         rkm__dp_table t;
         CHECK(peak >= 0 && rkm__dp_solve(ctx, c.b, c.n, (int32_t)peak, INFINITY, &t, NULL) == RKM_OK);
@@ -478,7 +478,7 @@ TEST(dp_sqrt_shape)
     for (int i = 0; i < 9; i++) b[i] = (rkm__dp_block){i ? 1 : 0, i < 8 ? 1 : 0, 0, 1, 2, o, 0, 0};
     rkm_context *ctx = test_new_ctx();
     rkm__dp_ops ops = {NULL, 0, 0};
-    CHECK(rkm__dp_sqrt(ctx, b, 9, &ops) == RKM_OK);
+    CHECK(rkm__dp_sqrt(ctx, b, 9, 0, &ops) == RKM_OK);
     /* 6 no-save forwards, 4 frees inside segments, 2 boundary frees, 9 F, 9 B */
     CHECK(ops.n == 6 + 4 + 2 + 9 + 9);
     int nosave = 0, fastest = 1;
@@ -492,6 +492,31 @@ TEST(dp_sqrt_shape)
     int64_t peak;
     CHECK(rkm__dp_eval(ctx, b, 9, &ops, &time, &peak) == RKM_OK);
     CHECK(time == 6 * 1 + 9 * 1.5);
+    rkm__dp_ops_free(ctx, &ops);
+    rkm_context_destroy(ctx);
+}
+
+/* The same 9 blocks, full recomputation (segments of 1): the forward keeps
+ * every block's input (8 no-save forwards, no frees), then each block from
+ * the last is run again with its fastest option and its backward, its
+ * output freed first (but the last's: the loss). */
+TEST(dp_full_shape)
+{
+    static const rkm__dp_option o[2] = {{1, 1, 0, 0, 0}, {0.5, 1, 5, 0, 0}};
+    rkm__dp_block b[9];
+    for (int i = 0; i < 9; i++) b[i] = (rkm__dp_block){i ? 1 : 0, i < 8 ? 1 : 0, 0, 1, 2, o, 0, 0};
+    rkm_context *ctx = test_new_ctx();
+    rkm__dp_ops ops = {NULL, 0, 0};
+    CHECK(rkm__dp_sqrt(ctx, b, 9, 1, &ops) == RKM_OK);
+    CHECK(ops.n == 8 + 8 + 9 + 9);
+    for (size_t i = 0; i < 8 && i < ops.n; i++) CHECK(ops.v[i].kind == RKM__DP_FWD_NOSAVE && ops.v[i].block == (int32_t)i);
+    CHECK(ops.n > 10 && ops.v[8].kind == RKM__DP_FWD_OPT && ops.v[8].block == 8 && ops.v[9].kind == RKM__DP_BWD_OPT);
+    CHECK(ops.n > 12 && ops.v[10].kind == RKM__DP_FREE_OUT && ops.v[10].block == 7 && ops.v[11].kind == RKM__DP_FWD_OPT &&
+          ops.v[11].block == 7);
+    double time;
+    int64_t peak;
+    CHECK(rkm__dp_eval(ctx, b, 9, &ops, &time, &peak) == RKM_OK);
+    CHECK(time == 8 * 1 + 9 * 1.5);
     rkm__dp_ops_free(ctx, &ops);
     rkm_context_destroy(ctx);
 }
@@ -676,6 +701,7 @@ int main(void)
     RUN(dp_twins);
     RUN(dp_sqrt_schedule);
     RUN(dp_sqrt_shape);
+    RUN(dp_full_shape);
     RUN(dp_ties);
     RUN(dp_deadline_keeps_the_columns_done);
     RUN(dp_nomem_and_arguments);

@@ -14,6 +14,7 @@
 static gpt2_shape tiny_shape(int dropout)
 {
     gpt2_shape s;
+    memset(&s, 0, sizeof s); /* inplace and any field added later: 0 */
     s.L = 2, s.C = 32, s.NH = 2, s.V = 64, s.B = 2, s.T = 16, s.dropout = dropout;
     return s;
 }
@@ -121,6 +122,7 @@ TEST(graph_matches_llmc_layout)
     rkm_context *ctx = NULL;
     rkm_graph *ref = NULL;
     gpt2_graph gg;
+    memset(&s, 0, sizeof s);
     s.L = 2, s.C = 128, s.NH = 4, s.V = 512, s.B = 2, s.T = 64, s.dropout = 0;
     CHECK(rkm_context_create(NULL, &ctx) == RKM_OK);
     CHECK(rkm_graph_read_file(ctx, TEST_GRAPHS_DIR "/gpt2-tiny.rkg", &ref) == RKM_OK);

@@ -243,9 +243,11 @@ static uint64_t check_stage_layout(const rkm_plan *p, rkm_pipe_schedule kind, in
                     int here = u == e->micro ? x->first_step <= i && i <= x->last_step
                                              : x->first_step < L && x->last_step >= L; /* held between its phases */
                     if (!here || !x->bytes) continue;
-                    int slot = x->offset < sm.slot_bytes; /* with one in flight, every base is 0 */
-                    uint64_t base = slot ? (uint64_t)(u % sm.in_flight) * sm.slot_bytes : 0;
-                    if (sm.in_flight > 1) CHECK(slot || x->offset >= (uint64_t)sm.in_flight * sm.slot_bytes);
+                    int slot = x->offset < sm.slot_bytes;
+                    uint64_t base = (uint64_t)(slot ? u % sm.in_flight : sm.in_flight - 1) * sm.slot_bytes;
+                    if (slot) CHECK(x->offset + x->bytes <= sm.slot_bytes);
+                    /* another micro-batch's: kept, so in its slot */
+                    if (u != e->micro) CHECK(slot);
                     lo[n] = base + x->offset, hi[n] = lo[n] + x->bytes;
                     live += x->bytes;
                     CHECK(hi[n] <= sm.arena_bytes);
@@ -277,13 +279,15 @@ static uint64_t check_stage_layout(const rkm_plan *p, rkm_pipe_schedule kind, in
 
 /* G_STAGE's baseline by hand: kept 310 (x, a, b before the loss step);
  * the forward phase peaks at 310, the backward at 510 (the loss step:
- * grad(b) arrives). At alignment 1 the slot is x + a + b = 310 (all live
- * at steps 1-2), the transient region grad(b) 200 [2,5] with grad(a) 100
- * [4,8] and grad(x) 10 [7,9] over grad(b)'s bytes after step 5: 300.
- * P = 2, M = 4, 1F1B: stage 0 holds 2 (F0 F1 B0 F2 B1 F3 B2 B3): B0 runs
- * beside F1's 310, so 820; its arena 2 x 310 + 300 = 920. Stage 1 holds
- * one at a time: 510, and its arena is the plan's own, 510 (the split one
- * would be 610). GPipe, M = 4: 3 x 310 + 510 = 1440 in 4 x 310 + 300. */
+ * grad(b) arrives). P = 2, M = 4, 1F1B: stage 0 holds 2 (F0 F1 B0 F2 B1
+ * F3 B2 B3): B0 runs beside F1's 310, so 820. Stage 1 holds one at a
+ * time: 510. GPipe, M = 4: 3 x 310 + 510 = 1440.
+ * The layout at alignment 1: the slot is x + a + b = 310 (all live at
+ * steps 1-3). Then largest first: grad(b) 200 [2,5] meets all three, so it
+ * goes above the slot (transient 200); grad(a) 100 [4,8] fits where b was
+ * (b is gone after step 3); grad(x) 10 [7,9] where a was. So the arenas
+ * are the peaks: 2 x 310 + 200 = 820, 310 + 200 = 510 (the plan's own is
+ * no smaller), 4 x 310 + 200 = 1440. */
 TEST(stage_memory_by_hand)
 {
     rkm_context *ctx = test_new_ctx();
@@ -294,13 +298,13 @@ TEST(stage_memory_by_hand)
     if (p) {
         CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 4, 1, &sm) == RKM_OK);
         CHECK(sm.in_flight == 2 && sm.kept_bytes == 310 && sm.fwd_peak == 310 && sm.bwd_peak == 510);
-        CHECK(sm.peak == 820 && sm.slot_bytes == 310 && sm.transient_bytes == 300 && sm.arena_bytes == 920);
+        CHECK(sm.peak == 820 && sm.slot_bytes == 310 && sm.transient_bytes == 200 && sm.arena_bytes == 820);
         CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 1, 2, 4, 0, &sm) == RKM_OK); /* the plan's own: 256 */
         CHECK(sm.in_flight == 1 && sm.peak == 510 && sm.alignment == 256);
         CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 1, 2, 4, 1, &sm) == RKM_OK);
-        CHECK(sm.in_flight == 1 && sm.peak == 510 && sm.arena_bytes == 610); /* laid out anew at 1: split */
+        CHECK(sm.in_flight == 1 && sm.peak == 510 && sm.arena_bytes == 510 && sm.slot_bytes == 310);
         CHECK(rkm_plan_stage_memory(p, RKM_PIPE_GPIPE, 0, 2, 4, 1, &sm) == RKM_OK);
-        CHECK(sm.in_flight == 4 && sm.peak == 1440 && sm.arena_bytes == 4 * 310 + 300);
+        CHECK(sm.in_flight == 4 && sm.peak == 1440 && sm.arena_bytes == 1440);
         /* one micro-batch: the plan alone */
         CHECK(rkm_plan_stage_memory(p, RKM_PIPE_1F1B, 0, 2, 1, 1, &sm) == RKM_OK);
         CHECK(sm.in_flight == 1 && sm.peak == 510);
@@ -326,6 +330,370 @@ TEST(stage_memory_by_hand)
     rkm_context_destroy(ctx);
 }
 
+/* ---- planning a stage with micro-batches in flight ---- */
+
+/* A chain stage: x (input grad) -f1-> a1 -f2-> a2 ... -f5-> a5 (output),
+ * each op saving its input. */
+static const char *G_CHAIN_STAGE = "rockmate-graph 1\n"
+                                   "tensor x 64 input grad\n"
+                                   "tensor a1 96\ntensor a2 40\ntensor a3 128\ntensor a4 32\ntensor a5 80\n"
+                                   "op f1 fwd=1 bwd=2 in=x out=a1 saved=x\n"
+                                   "op f2 fwd=3 bwd=6 in=a1 out=a2 saved=a1\n"
+                                   "op f3 fwd=2 bwd=4 in=a2 out=a3 saved=a2\n"
+                                   "op f4 fwd=5 bwd=10 in=a3 out=a4 saved=a3\n"
+                                   "op f5 fwd=1 bwd=2 in=a4 out=a5 saved=a4\n"
+                                   "output a5\n";
+
+/* The chain's plan that keeps a_i (1 <= i <= 4) through the forward phase
+ * where bit i-1 of mask is set, frees the others as soon as they are read,
+ * and before each backward recomputes the segment up to its input from
+ * the nearest tensor still live, keeping what it made. */
+static rkm_plan *chain_stage_plan(const rkm_graph *g, unsigned mask)
+{
+    char text[2048];
+    int live[6] = {1, 0, 0, 0, 0, 0}, n = snprintf(text, sizeof text, "rockmate-plan 1\nfwd f1\n");
+    live[1] = 1;
+    for (int i = 2; i <= 5; i++) {
+        n += snprintf(text + n, sizeof text - (size_t)n, "fwd f%d\n", i);
+        live[i] = 1;
+        if (i <= 5 && !(mask >> (i - 2) & 1)) {
+            n += snprintf(text + n, sizeof text - (size_t)n, "free a%d\n", i - 1);
+            live[i - 1] = 0;
+        }
+    }
+    n += snprintf(text + n, sizeof text - (size_t)n, "loss\nfree a5\n");
+    live[5] = 0;
+    for (int i = 5; i >= 1; i--) {
+        if (!live[i - 1]) {
+            int j = i - 1;
+            while (!live[j]) j--;
+            for (int t = j + 1; t <= i - 1; t++) {
+                n += snprintf(text + n, sizeof text - (size_t)n, "fwd f%d\n", t);
+                live[t] = 1;
+            }
+        }
+        n += snprintf(text + n, sizeof text - (size_t)n, "bwd f%d\nfree_grad a%d\n", i, i);
+        if (i > 1) {
+            n += snprintf(text + n, sizeof text - (size_t)n, "free a%d\n", i - 1);
+            live[i - 1] = 0;
+        }
+    }
+    rkm_plan *p = NULL;
+    CHECK(rkm_plan_read_string(g, text, strlen(text), "chain.rkp", NULL, &p) == RKM_OK);
+    return p;
+}
+
+/* Over every plan of that family (16 masks), the fastest whose stage
+ * arena with k in flight (at alignment 1) fits each budget. Rockmate's and
+ * rotor's plans for the stage (rkm_solve_desc.in_flight = k) fit the
+ * budget, with the stage replay's figures, wherever they find one. With one
+ * in flight rockmate is no slower than that fastest and finds a plan
+ * wherever the family has one. Rotor's blocks are runs of these one-op
+ * blocks (RKM__MERGE_RUN), so its plans are not a superset of the family:
+ * it is only held to fitting. With more in flight the planners weigh the
+ * kept bytes through the search's replay (rkm__sim.hold) and the ILP's
+ * kept budgets, not exactly: the test counts where rockmate is slower than
+ * the family or finds nothing, and prints it (bench/RESULTS.md has the
+ * figures), but holds it to fitting only. */
+TEST(stage_planner_matches_brute_force)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = read_graph(ctx, G_CHAIN_STAGE);
+    double time[16];
+    uint64_t arena[4][16], lo = UINT64_MAX, hi = 0;
+    for (unsigned mask = 0; g && mask < 16; mask++) {
+        rkm_plan *p = chain_stage_plan(g, mask);
+        rkm_plan_stats ps;
+        CHECK(p && rkm_plan_stats_get(p, &ps) == RKM_OK);
+        time[mask] = ps.time;
+        for (int32_t k = 1; k <= 3; k++) {
+            rkm_stage_memory sm;
+            CHECK(rkm_plan_stage_memory(p, RKM_PIPE_GPIPE, 0, 1, k, 1, &sm) == RKM_OK && sm.in_flight == k);
+            arena[k][mask] = sm.arena_bytes;
+            if (sm.arena_bytes < lo) lo = sm.arena_bytes;
+            if (sm.arena_bytes > hi) hi = sm.arena_bytes;
+        }
+        rkm_plan_destroy(p);
+    }
+    static const rkm_algo algos[] = {RKM_ALGO_ROCKMATE, RKM_ALGO_ROTOR};
+    int compared = 0, slower[4] = {0, 0, 0, 0}, missed[4] = {0, 0, 0, 0}, budgets[4] = {0, 0, 0, 0};
+    for (int32_t k = 1; g && k <= 3; k++)
+        for (uint64_t budget = lo; budget <= hi + 8; budget += 8) {
+            double best = -1;
+            for (unsigned mask = 0; mask < 16; mask++)
+                if (arena[k][mask] <= budget && (best < 0 || time[mask] < best)) best = time[mask];
+            for (size_t a = 0; a < N_OF(algos); a++) {
+                rkm_solve_desc sd = RKM_ZERO;
+                sd.algo = algos[a];
+                sd.alignment = 1;
+                sd.in_flight = k;
+                rkm_plan *p = NULL;
+                rkm_result r = rkm_plan_solve(g, &sd, budget, &p);
+                rkm_plan_stats ps;
+                rkm_stage_memory sm;
+                if (r == RKM_OK) {
+                    CHECK(rkm_plan_stats_get(p, &ps) == RKM_OK);
+                    CHECK(rkm_plan_stage_memory(p, RKM_PIPE_GPIPE, 0, 1, k, 1, &sm) == RKM_OK);
+                    CHECK(ps.in_flight == k && ps.stage_arena_bytes == sm.arena_bytes && ps.stage_peak == sm.peak);
+                    CHECK(ps.stage_arena_bytes <= budget && ps.stage_peak <= budget);
+                    int exact = algos[a] == RKM_ALGO_ROCKMATE && k == 1;
+                    if (best >= 0 && !(ps.time <= best + 1e-9)) {
+                        if (exact) {
+                            fprintf(stderr, "%s, budget %llu: %g s, the family's best %g s\n", rkm_algo_name(algos[a]),
+                                    (unsigned long long)budget, ps.time, best);
+                            CHECK(0);
+                        }
+                        slower[k] += algos[a] == RKM_ALGO_ROCKMATE;
+                    }
+                    compared += best >= 0 && exact;
+                } else {
+                    CHECK(r == RKM_ERROR_BUDGET && strstr(rkm_context_errmsg(ctx), "no plan fits") != NULL);
+                    if (algos[a] == RKM_ALGO_ROCKMATE && best >= 0) {
+                        CHECK(k > 1);
+                        missed[k]++;
+                    }
+                }
+                if (algos[a] == RKM_ALGO_ROCKMATE && best >= 0) budgets[k]++;
+                rkm_plan_destroy(p);
+            }
+        }
+    CHECK(compared > 50);
+    for (int32_t k = 2; k <= 3; k++)
+        fprintf(stderr, "  k %d: rockmate slower than the family at %d of %d budgets, no plan at %d\n", (int)k, slower[k],
+                budgets[k], missed[k]);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* In-place declarations at a stage's edge: a backward in place onto the
+ * stage input's gradient plans (the planners' graph has the input plain,
+ * so that op runs its backward out of place there), and a cut whose next
+ * op runs its forward in place over the cut tensor gives a stage where it
+ * does not (an input is never overwritten). Both found by the bit-exact
+ * cut test (tests/test_stages.c). */
+TEST(stage_graph_inplace_edges)
+{
+    rkm_context *ctx = test_new_ctx();
+    static const char *gi = "rockmate-graph 1\ntensor x 16 input grad\ntensor y 16\ntensor z 16\n"
+                            "op f fwd=1 bwd=1 in=x out=y saved=x\nop r fwd=1 bwd=1 in=x,y out=z grad_inplace\noutput z\n";
+    rkm_graph *g = read_graph(ctx, gi);
+    for (int a = RKM_ALGO_NONE; g && a < RKM_ALGO_COUNT; a++) {
+        if (a == RKM_ALGO_DEFAULT) continue;
+        rkm_solve_desc sd = RKM_ZERO;
+        sd.algo = (rkm_algo)a;
+        rkm_plan *p = NULL;
+        rkm_result r = rkm_plan_solve(g, &sd, 1 << 20, &p);
+        if (r != RKM_OK) fprintf(stderr, "%s: %s\n", rkm_algo_name((rkm_algo)a), rkm_context_errmsg(ctx));
+        CHECK(r == RKM_OK || (r == RKM_ERROR_UNSUPPORTED && a == RKM_ALGO_CHECKMATE));
+        rkm_plan_destroy(p);
+    }
+    rkm_graph_destroy(g);
+    /* t4 enters f5, which runs in place over it */
+    char text[2048];
+    int n = snprintf(text, sizeof text, "rockmate-graph 1\ntensor t0 16 input\n");
+    for (int i = 1; i <= 8; i++) n += snprintf(text + n, sizeof text - (size_t)n, "tensor t%d 16\n", i);
+    for (int i = 1; i <= 8; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "op f%d fwd=1 bwd=1 in=t%d out=t%d saved=t%d%s\n", i, i - 1, i,
+                      i == 5 ? i : i - 1, i == 5 ? " inplace" : "");
+    snprintf(text + n, sizeof text - (size_t)n, "loss t8\n");
+    g = read_graph(ctx, text);
+    rkm_block_info bi;
+    rkm_graph *st[2] = {NULL, NULL};
+    int32_t cut = -1;
+    for (int32_t b = 1; g && rkm_graph_block_info(g, b, &bi) == RKM_OK; b++)
+        if (bi.input == rkm_graph_find_tensor(g, "t4")) cut = bi.input;
+    CHECK(cut >= 0);
+    if (cut >= 0) {
+        rkm_result r = rkm_graph_cut(g, &cut, 1, st);
+        if (r) fprintf(stderr, "%s\n", rkm_context_errmsg(ctx));
+        CHECK(r == RKM_OK);
+        rkm_op_desc od;
+        CHECK(st[1] && rkm_graph_op_info(st[1], rkm_graph_find_op(st[1], "f5"), &od) == RKM_OK && od.flags == 0);
+        CHECK(rkm_graph_op_info(g, rkm_graph_find_op(g, "f5"), &od) == RKM_OK && od.flags == RKM_OP_INPLACE);
+    }
+    rkm_graph_destroy(st[0]);
+    rkm_graph_destroy(st[1]);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* ---- pipelines: the cut and the stage plans ---- */
+
+static rkm_graph *bundled(rkm_context *ctx, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", TEST_GRAPHS_DIR, name);
+    rkm_graph *g = NULL;
+    CHECK(rkm_graph_read_file(ctx, path, &g) == RKM_OK);
+    return g;
+}
+
+/* Every stage of pp: its plan's stage figures as the info says, its arena
+ * within its budget, laid out to fit (check_stage_layout), its ops the
+ * whole graph's in order, and the step time the replay's of its phases. */
+static void check_pipeline(const rkm_graph *g, const rkm_pipeline *pp, const rkm_pipeline_desc *d)
+{
+    int32_t p = rkm_pipeline_num_stages(pp), next_op = 0;
+    rkm_pipe_stage st[16];
+    CHECK(p == d->stages && p <= 16);
+    for (int32_t s = 0; s < p && s < 16; s++) {
+        rkm_pipeline_stage_info in;
+        const rkm_graph *sg = NULL;
+        const rkm_plan *pl = NULL;
+        CHECK(rkm_pipeline_stage(pp, s, &in, &sg, &pl) == RKM_OK && sg && pl);
+        if (!pl) return;
+        CHECK(in.first_op == next_op && in.last_op >= in.first_op);
+        next_op = in.last_op + 1;
+        CHECK(rkm_graph_num_ops(sg) == in.last_op - in.first_op + 1);
+        rkm_op_desc a, b;
+        CHECK(rkm_graph_op_info(sg, 0, &a) == RKM_OK && rkm_graph_op_info(g, in.first_op, &b) == RKM_OK &&
+              strcmp(a.name, b.name) == 0);
+        rkm_stage_memory sm;
+        rkm_plan_stats ps;
+        CHECK(rkm_plan_stats_get(pl, &ps) == RKM_OK);
+        CHECK(rkm_plan_stage_memory(pl, d->schedule, s, p, d->micro_batches, ps.alignment, &sm) == RKM_OK);
+        uint64_t budget = d->budgets ? d->budgets[s] : d->budget;
+        CHECK(in.budget == budget && in.arena_bytes == sm.arena_bytes && in.peak == sm.peak && in.kept_bytes == sm.kept_bytes);
+        CHECK(in.in_flight == sm.in_flight && sm.arena_bytes <= budget && sm.peak <= budget);
+        CHECK(fabs(in.fwd_seconds + in.bwd_seconds - ps.time) <= 1e-9 * ps.time);
+        check_stage_layout(pl, d->schedule, s, p, d->micro_batches, ps.alignment);
+        st[s] = (rkm_pipe_stage){in.fwd_seconds, in.bwd_seconds, 0, 0};
+        if (d->link_bytes_per_second > 0) {
+            rkm_tensor_info ti;
+            int32_t out = rkm_graph_loss(sg), inp = -1;
+            for (int32_t t = 0; t < rkm_graph_num_tensors(sg); t++)
+                if (rkm_graph_tensor_info(sg, t, &ti) == RKM_OK && (ti.flags & RKM_TENSOR_INPUT_GRAD)) inp = t;
+            if (s < p - 1 && rkm_graph_tensor_info(sg, out, &ti) == RKM_OK) st[s].send_fwd = (double)ti.bytes / d->link_bytes_per_second;
+            if (s > 0 && rkm_graph_tensor_info(sg, inp, &ti) == RKM_OK) st[s].send_bwd = (double)ti.bytes / d->link_bytes_per_second;
+        }
+    }
+    CHECK(next_op == rkm_graph_num_ops(g));
+    rkm_context *ctx = test_new_ctx();
+    double t = -1;
+    CHECK(rkm_pipeline_simulate(ctx, st, p, d->micro_batches, d->schedule, NULL, NULL, &t) == RKM_OK);
+    CHECK(t == rkm_pipeline_step_time(pp));
+    rkm_context_destroy(ctx);
+}
+
+/* gpt2-tiny in 3 stages, 4 micro-batches: the four ways (the uniform cut
+ * storing everything, recomputing every block, with rockmate; the chosen
+ * cut with rockmate) at budgets from what the uniform store-all cut needs
+ * on its fullest stage down to a third of it, at alignments 1, 256 and
+ * 4096, both schedules, with and without a link: every stage fits its
+ * budget and checks out, and the chosen cut is never slower than the
+ * uniform cut with rockmate (it is the faster of that and the cut its
+ * search finds). */
+TEST(pipeline_plans_fit_their_budgets)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = bundled(ctx, "gpt2-tiny.rkg");
+    int32_t cuts[2];
+    CHECK(g && rkm_graph_uniform_cut(g, 3, cuts) == RKM_OK);
+    int planned = 0, refused = 0;
+    for (int sched = 0; g && sched < 2; sched++)
+        for (uint64_t align = 1; align <= 4096; align *= 16) {
+            rkm_pipeline_desc d = RKM_ZERO;
+            d.stages = 3, d.micro_batches = 4, d.schedule = (rkm_pipe_schedule)sched, d.cuts = cuts;
+            d.budget = UINT64_MAX / 8, d.solve.algo = RKM_ALGO_NONE, d.solve.alignment = align;
+            d.link_bytes_per_second = align == 256 ? 1e9 : 0;
+            rkm_pipeline *pp = NULL;
+            CHECK(rkm_pipeline_plan(g, &d, &pp) == RKM_OK);
+            uint64_t full = 0;
+            for (int32_t s = 0; pp && s < 3; s++) {
+                rkm_pipeline_stage_info in;
+                CHECK(rkm_pipeline_stage(pp, s, &in, NULL, NULL) == RKM_OK);
+                if (in.arena_bytes > full) full = in.arena_bytes;
+            }
+            rkm_pipeline_destroy(pp);
+            for (int f = 100; f >= 40; f -= 30) {
+                d.budget = full / 100 * (uint64_t)f;
+                double uniform = -1;
+                static const rkm_algo ways[3] = {RKM_ALGO_NONE, RKM_ALGO_FULL, RKM_ALGO_ROCKMATE};
+                for (int w = 0; w < 4; w++) {
+                    d.cuts = w < 3 ? cuts : NULL;
+                    d.solve.algo = w < 3 ? ways[w] : RKM_ALGO_ROCKMATE;
+                    rkm_result r = rkm_pipeline_plan(g, &d, &pp);
+                    if (r == RKM_OK) {
+                        check_pipeline(g, pp, &d);
+                        if (w == 2) uniform = rkm_pipeline_step_time(pp);
+                        if (w == 3 && uniform >= 0) CHECK(rkm_pipeline_step_time(pp) <= uniform);
+                        planned++;
+                    } else {
+                        CHECK(r == RKM_ERROR_BUDGET && pp == NULL);
+                        CHECK(strstr(rkm_context_errmsg(ctx), "pipeline: stage ") != NULL);
+                        CHECK(w != 3 || uniform < 0); /* the chosen cut plans where the uniform one does */
+                        refused++;
+                    }
+                    rkm_pipeline_destroy(pp);
+                    pp = NULL;
+                }
+            }
+        }
+    CHECK(planned > 30 && refused > 0);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
+/* Bad pipelines: each refused with its message, nothing made. */
+TEST(pipeline_bad_inputs)
+{
+    rkm_context *ctx = test_new_ctx();
+    rkm_graph *g = bundled(ctx, "gpt2-tiny.rkg");
+    rkm_graph_stats gs;
+    CHECK(g && rkm_graph_stats_get(g, &gs) == RKM_OK);
+    rkm_pipeline_desc d = RKM_ZERO;
+    d.stages = 2, d.micro_batches = 4, d.budget = gs.baseline_peak * 4;
+    rkm_pipeline *pp = (rkm_pipeline *)1;
+    static const struct {
+        int stages, micro, n_budgets;
+        const char *msg;
+    } bad[] = {{0, 4, 0, "0 stages, but the graph has"},
+               {1000, 4, 0, "1000 stages, but the graph has"},
+               {2, 0, 0, "0 micro-batches"},
+               {2, 4, 3, "3 budgets for 2 stages"}};
+    uint64_t budgets[3] = {gs.baseline_peak, gs.baseline_peak, gs.baseline_peak};
+    for (size_t i = 0; g && i < N_OF(bad); i++) {
+        rkm_pipeline_desc e = d;
+        e.stages = bad[i].stages, e.micro_batches = bad[i].micro;
+        if (bad[i].n_budgets) e.budgets = budgets, e.n_budgets = bad[i].n_budgets;
+        pp = (rkm_pipeline *)1;
+        CHECK(rkm_pipeline_plan(g, &e, &pp) == RKM_ERROR_ARGUMENT && pp == NULL);
+        if (!strstr(rkm_context_errmsg(ctx), bad[i].msg)) fprintf(stderr, "got '%s'\n", rkm_context_errmsg(ctx));
+        CHECK(strstr(rkm_context_errmsg(ctx), bad[i].msg) != NULL);
+    }
+    /* a cut that is not a block boundary */
+    int32_t cut = rkm_graph_loss(g);
+    d.cuts = &cut;
+    CHECK(g && rkm_pipeline_plan(g, &d, &pp) == RKM_ERROR_ARGUMENT && pp == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "is not a block boundary") != NULL);
+    d.cuts = NULL;
+    /* a budget no stage plan meets: the stage and its smallest budget */
+    d.budget = gs.lower_bound / 2;
+    CHECK(g && rkm_pipeline_plan(g, &d, &pp) == RKM_ERROR_BUDGET && pp == NULL);
+    const char *m = rkm_context_errmsg(ctx);
+    CHECK(strstr(m, "pipeline: stage ") != NULL && strstr(m, "in flight) has no rockmate plan") != NULL);
+    /* a stage the uniform cut makes that no plan fits: named with what it needs */
+    int32_t cuts[1];
+    CHECK(rkm_graph_uniform_cut(g, 2, cuts) == RKM_OK);
+    d.cuts = cuts;
+    CHECK(rkm_pipeline_plan(g, &d, &pp) == RKM_ERROR_BUDGET && strstr(rkm_context_errmsg(ctx), "it needs ") != NULL);
+    /* a graph of one block has no cut */
+    rkm_graph *one = read_graph(ctx, "rockmate-graph 1\ntensor x 4 input\ntensor y 4\nop f fwd=1 bwd=1 in=x out=y\nloss y\n");
+    d.cuts = NULL, d.budget = 1 << 20;
+    CHECK(one && rkm_pipeline_plan(one, &d, &pp) == RKM_ERROR_ARGUMENT && pp == NULL);
+    CHECK(strstr(rkm_context_errmsg(ctx), "2 stages, but the graph has 1 block(s), so 1 stage(s) at most") != NULL);
+    d.stages = 1;
+    CHECK(one && rkm_pipeline_plan(one, &d, &pp) == RKM_OK && rkm_pipeline_num_stages(pp) == 1);
+    rkm_pipeline_destroy(pp);
+    CHECK(rkm_pipeline_plan(NULL, &d, &pp) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_pipeline_plan(one, NULL, &pp) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_pipeline_stage(NULL, 0, NULL, NULL, NULL) == RKM_ERROR_ARGUMENT);
+    CHECK(rkm_graph_uniform_cut(one, 2, cuts) == RKM_ERROR_ARGUMENT);
+    rkm_graph_destroy(one);
+    rkm_graph_destroy(g);
+    rkm_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(out_of_memory_leaves_nothing);
@@ -335,5 +703,9 @@ int main(void)
     RUN(replays_respect_every_dependency);
     RUN(bad_inputs_are_refused);
     RUN(stage_memory_by_hand);
+    RUN(stage_planner_matches_brute_force);
+    RUN(stage_graph_inplace_edges);
+    RUN(pipeline_plans_fit_their_budgets);
+    RUN(pipeline_bad_inputs);
     TEST_END();
 }

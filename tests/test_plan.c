@@ -340,18 +340,19 @@ TEST(zeroed_desc_plans)
         static const struct {
             rkm_solve_desc d;
             const char *field;
-        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0, 0, 0, 0, NULL, NULL}, "slots"},
-                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0, 0, 0, 0, NULL, NULL}, "time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0, 0, 0, 0, NULL, NULL}, "time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0, 0, 0, 0, NULL, NULL}, "ilp_time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0, 0, 0, 0, NULL, NULL}, "ilp_time_limit"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0, 0, 0, 0, NULL, NULL}, "ilp_peak_points"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3, 0, 0, 0, NULL, NULL}, "ilp_kept_points"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, -1, 0, NULL, NULL}, "ilp_budget"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, INFINITY, 0, NULL, NULL}, "ilp_budget"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, 3, NULL, NULL}, "alignment"},
-                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, (uint64_t)1 << 31, NULL, NULL}, "alignment"},
-                   {{(rkm_algo)99, 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL}, "algorithm"}};
+        } bad[] = {{{RKM_ALGO_ROTOR, -1, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0}, "slots"},
+                   {{RKM_ALGO_ROTOR, 0, NAN, 0, 0, 0, 0, 0, 0, NULL, NULL, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, INFINITY, 0, 0, 0, 0, 0, 0, NULL, NULL, 0}, "time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, -1, 0, 0, 0, 0, 0, NULL, NULL, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, NAN, 0, 0, 0, 0, 0, NULL, NULL, 0}, "ilp_time_limit"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, -2, 0, 0, 0, 0, NULL, NULL, 0}, "ilp_peak_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, -3, 0, 0, 0, NULL, NULL, 0}, "ilp_kept_points"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, -1, 0, NULL, NULL, 0}, "ilp_budget"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, INFINITY, 0, NULL, NULL, 0}, "ilp_budget"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, 3, NULL, NULL, 0}, "alignment"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, (uint64_t)1 << 31, NULL, NULL, 0}, "alignment"},
+                   {{RKM_ALGO_ROTOR, 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, -1}, "in_flight"},
+                   {{(rkm_algo)99, 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0}, "algorithm"}};
         for (size_t i = 0; i < N_OF(bad); i++) {
             p = (rkm_plan *)1;
             CHECK(rkm_plan_solve(g, &bad[i].d, gs.baseline_peak, &p) == RKM_ERROR_ARGUMENT && p == NULL);
