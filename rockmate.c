@@ -1233,6 +1233,7 @@ RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rk
 /* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
  * block inputs in host memory where that is faster (a graph with a link). */
 enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF, RKM__CHAIN_FULL };
+RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);
@@ -10783,6 +10784,17 @@ RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t bud
     return r;
 }
 
+/* The faster of the chain's fixed schedules (sqrt's segments, full's
+ * blocks) that fits `budget`, or *out NULL. */
+RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_plan *full = NULL;
+    rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
+    if (!r) r = rkm__solve_chain(pl, RKM__CHAIN_FULL, budget, &full);
+    *out = rkm__faster(*out, full);
+    return r;
+}
+
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
  * Computed once; 0 when the DP has no plan at all. */
@@ -12972,7 +12984,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm__ask a
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
-    case RKM__START_SQRT: return rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, &p[k]);
+    case RKM__START_SQRT: return rkm__solve_fixed(pl, budget, &p[k]);
     case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], ask.skip & RKM__SKIP_MISSED ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, ask, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);

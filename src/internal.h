@@ -1196,6 +1196,7 @@ RKM__PRIVATE rkm_result rkm__draft_birth(rkm_planner *pl, const rkm_graph *g, rk
 /* The chain's plans: the DP's, sqrt's fixed checkpoints, the DP's with
  * block inputs in host memory where that is faster (a graph with a link). */
 enum { RKM__CHAIN_DP, RKM__CHAIN_SQRT, RKM__CHAIN_OFF, RKM__CHAIN_FULL };
+RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t budget, rkm_plan **out);
 RKM__PRIVATE rkm_result rkm__chain_floor(rkm_planner *pl, uint64_t *peak, int64_t *slots);
 RKM__PRIVATE rkm_result rkm__solve_dp_at(rkm_planner *pl, uint64_t budget, rkm_plan **out);

@@ -329,6 +329,17 @@ RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t bud
     return r;
 }
 
+/* The faster of the chain's fixed schedules (sqrt's segments, full's
+ * blocks) that fits `budget`, or *out NULL. */
+RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    rkm_plan *full = NULL;
+    rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
+    if (!r) r = rkm__solve_chain(pl, RKM__CHAIN_FULL, budget, &full);
+    *out = rkm__faster(*out, full);
+    return r;
+}
+
 /* The chain DP's floor: the least peak among its plans for the smallest
  * feasible slot budget and the RKM__SLOTS_UP above it, and that budget.
  * Computed once; 0 when the DP has no plan at all. */

@@ -1104,7 +1104,7 @@ static rkm_result rkm__start(rkm_planner *pl, int k, uint64_t budget, rkm__ask a
     switch (k) {
     case RKM__START_DP: return rkm__solve_dp_at(pl, budget, &p[k]);
     case RKM__START_DP_UP: return rkm__solve_dp_up(pl, budget, p[RKM__START_DP], &p[k]);
-    case RKM__START_SQRT: return rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, &p[k]);
+    case RKM__START_SQRT: return rkm__solve_fixed(pl, budget, &p[k]);
     case RKM__START_DTR: return rkm__solve_dtr(pl, budget, &p[k], ask.skip & RKM__SKIP_MISSED ? NULL : missed);
     case RKM__START_ILP: return rkm__start_ilp(pl, budget, ask, &p[k]);
     default: return rkm__solve_squeezed(pl, budget, &p[k]);
