@@ -564,6 +564,7 @@ typedef struct rkm__recorder {
 
 /* ---- pipe.c ---- */
 
+RKM__PRIVATE uint64_t rkm__plan_kept(const rkm_plan *p);
 RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k);
 RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
                                           rkm_stage_memory *out);
@@ -4983,9 +4984,14 @@ static rkm_result rkm__stage_place(const rkm_plan *p, size_t L, uint64_t align, 
  * GPipe's with k in flight). */
 RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k)
 {
-    size_t L = (size_t)p->loss_step;
-    uint64_t kept = L ? p->mem_after[L - 1] : p->g->input_bytes;
-    return p->stats.peak + (uint64_t)(k - 1) * kept;
+    return p->stats.peak + (uint64_t)(k - 1) * rkm__plan_kept(p);
+}
+
+/* What a micro-batch of plan p keeps between its phases: the memory
+ * before its `loss` step. */
+RKM__PRIVATE uint64_t rkm__plan_kept(const rkm_plan *p)
+{
+    return p->loss_step ? p->mem_after[p->loss_step - 1] : p->g->input_bytes;
 }
 
 /* The figures (and, with bufs, offsets) of plan p at stage order (warm,
@@ -4995,7 +5001,7 @@ RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32
 {
     memset(out, 0, sizeof *out);
     size_t n = p->n_steps, nb = p->n_buffers, L = (size_t)p->loss_step;
-    out->kept_bytes = L ? p->mem_after[L - 1] : p->g->input_bytes;
+    out->kept_bytes = rkm__plan_kept(p);
     for (size_t i = 0; i < n; i++) {
         uint64_t *pk = i < L ? &out->fwd_peak : &out->bwd_peak;
         if (p->step_peak[i] > *pk) *pk = p->step_peak[i];
@@ -10671,7 +10677,7 @@ RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__mak
 {
     *out = NULL;
     if (need) *need = 0;
-    uint64_t b = budget;
+    uint64_t b = budget, over = 0; /* over: the least budget asked whose plan's arena was over */
     for (int k = 0; k < RKM__LAYOUT_TRIES && b && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *q;
         rkm_result r = make(pl, b, arg, &q);
@@ -10679,11 +10685,38 @@ RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__mak
         uint64_t arena = q->stats.stage_arena_bytes;
         if (arena <= budget) {
             *out = q;
-            return RKM_OK;
+            break;
         }
         if (need && (!*need || arena < *need)) *need = arena;
+        over = b;
         b = rkm__less(b, q->stats.in_flight > 1 ? q->stats.stage_peak : q->stats.aligned_peak, arena, budget);
         rkm_plan_destroy(q);
+    }
+    /* A stage's arena is further from its peak (a slot per micro-batch in
+     * flight): bisect between the largest budget asked that fit and the
+     * least that did not, for a faster plan or a first one. */
+    uint64_t lo = *out ? b : 0, hi = over;
+    for (int k = 0; pl->d.in_flight > 1 && hi > lo + hi / 256 && k < RKM__SHARE_TRIES && !rkm__over(pl); k++) {
+        uint64_t at = lo + (hi - lo) / 2;
+        rkm_plan *q;
+        rkm_result r = make(pl, at, arg, &q);
+        if (r) {
+            rkm_plan_destroy(*out);
+            *out = NULL;
+            return r;
+        }
+        if (!q) { /* below what the maker meets: nothing lower will do */
+            lo = at;
+            continue;
+        }
+        if (q->stats.stage_arena_bytes <= budget) {
+            *out = rkm__faster(*out, q);
+            lo = at;
+        } else {
+            if (need && (!*need || q->stats.stage_arena_bytes < *need)) *need = q->stats.stage_arena_bytes;
+            hi = at;
+            rkm_plan_destroy(q);
+        }
     }
     return RKM_OK;
 }
@@ -11842,12 +11875,13 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     /* A stage of k in flight: its peak plus k - 1 times its kept bytes
      * within the budget, so for kept budgets K on a grid up to budget / k
      * (the others hold K each), the schedule within budget - (k - 1) K
-     * whose kept bytes are at most K; the fastest of them. One solve for a
-     * plain step. */
+     * whose kept bytes are at most K; where it keeps less, K', once more
+     * with budget - (k - 1) K' for its peak. The fastest of them. One
+     * solve for a plain step. */
     int32_t k = pl->d.in_flight, points = k > 1 ? RKM__STAGE_KEPT_POINTS : 1;
-    uint64_t lo = g->input_bytes, hi = budget / (uint64_t)k;
-    for (int32_t j = 1; j <= points && !r && (j == 1 || !rkm__over(pl)); j++) {
-        uint64_t kept = k > 1 ? lo + (hi > lo ? (hi - lo) / (uint64_t)points * (uint64_t)j : 0) : UINT64_MAX;
+    uint64_t lo = g->input_bytes, hi = budget / (uint64_t)k, kept = UINT64_MAX;
+    for (int32_t j = 1, again = 0; j <= points && !r && (j == 1 || !rkm__over(pl)); j += !again) {
+        if (k > 1 && !again) kept = lo + (hi > lo ? (hi - lo) / (uint64_t)points * (uint64_t)j : 0);
         uint64_t peak = k > 1 ? budget - (uint64_t)(k - 1) * kept : budget;
         rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit / points);
         r = rkm__ilp_block_solve(ib, peak, kept, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
@@ -11860,6 +11894,8 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
         }
         /* The gap to the LP bound: over the ILP's schedule family only. */
         if (!r && q && pl->ilp.time > 0 && k == 1) q->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
+        again = !again && q && k > 1 && rkm__plan_kept(q) < kept;
+        if (again) kept = rkm__plan_kept(q);
         *out = rkm__faster(*out, q);
         rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         steps = NULL, nf = nb = 0;
@@ -13641,8 +13677,39 @@ static const rkm__ask rkm__ask_min = {UINT64_MAX, RKM__SKIP_ILP | RKM__SKIP_MISS
  * a plan. The budget is that plan's arena: rkm_planner_solve meets any
  * budget from there on, with this plan where its own search finds none
  * (the searches are not monotone in the budget). */
+/* A stage's (pl->d.in_flight > 1): the floors are one micro-batch's, a
+ * lower bound, and the baseline always fits its own stage arena, so the
+ * smallest budget is bisected between the two, to 1/512 of the upper. */
+static rkm_result rkm__min_budget_stage(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t lo, at;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__min_budget(pl, &lo, &at);
+    if (!r && !(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
+    uint64_t hi = p ? p->stats.stage_arena_bytes : 0;
+    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && hi > lo + hi / 512 && !rkm__over(pl); k++) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        rkm_plan *q = NULL;
+        if ((r = rkm__planner_fit(pl, mid, rkm__ask_min, &q, NULL))) break;
+        if (q) {
+            rkm_plan_destroy(p);
+            p = q;
+            hi = q->stats.stage_arena_bytes;
+        } else
+            lo = mid;
+    }
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    pl->min_plan = p;
+    *out = hi;
+    return RKM_OK;
+}
+
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
+    if (pl->d.in_flight > 1) return rkm__min_budget_stage(pl, out);
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS);

@@ -139,8 +139,39 @@ static const rkm__ask rkm__ask_min = {UINT64_MAX, RKM__SKIP_ILP | RKM__SKIP_MISS
  * a plan. The budget is that plan's arena: rkm_planner_solve meets any
  * budget from there on, with this plan where its own search finds none
  * (the searches are not monotone in the budget). */
+/* A stage's (pl->d.in_flight > 1): the floors are one micro-batch's, a
+ * lower bound, and the baseline always fits its own stage arena, so the
+ * smallest budget is bisected between the two, to 1/512 of the upper. */
+static rkm_result rkm__min_budget_stage(rkm_planner *pl, uint64_t *out)
+{
+    uint64_t lo, at;
+    rkm_plan *p = NULL;
+    rkm_result r = rkm__min_budget(pl, &lo, &at);
+    if (!r && !(r = rkm__plan_baseline(pl->g, &p))) r = rkm__planner_handout(pl, p, &p);
+    uint64_t hi = p ? p->stats.stage_arena_bytes : 0;
+    for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && hi > lo + hi / 512 && !rkm__over(pl); k++) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        rkm_plan *q = NULL;
+        if ((r = rkm__planner_fit(pl, mid, rkm__ask_min, &q, NULL))) break;
+        if (q) {
+            rkm_plan_destroy(p);
+            p = q;
+            hi = q->stats.stage_arena_bytes;
+        } else
+            lo = mid;
+    }
+    if (r) {
+        rkm_plan_destroy(p);
+        return r;
+    }
+    pl->min_plan = p;
+    *out = hi;
+    return RKM_OK;
+}
+
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
+    if (pl->d.in_flight > 1) return rkm__min_budget_stage(pl, out);
     uint64_t m, at, failed = 0;
     rkm_plan *p = NULL;
     rkm__progress_part(pl, 0, RKM__PROGRESS_FLOORS);

@@ -527,6 +527,7 @@ typedef struct rkm__recorder {
 
 /* ---- pipe.c ---- */
 
+RKM__PRIVATE uint64_t rkm__plan_kept(const rkm_plan *p);
 RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k);
 RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32_t m, uint64_t align, rkm_buffer *bufs,
                                           rkm_stage_memory *out);

@@ -677,12 +677,13 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
     /* A stage of k in flight: its peak plus k - 1 times its kept bytes
      * within the budget, so for kept budgets K on a grid up to budget / k
      * (the others hold K each), the schedule within budget - (k - 1) K
-     * whose kept bytes are at most K; the fastest of them. One solve for a
-     * plain step. */
+     * whose kept bytes are at most K; where it keeps less, K', once more
+     * with budget - (k - 1) K' for its peak. The fastest of them. One
+     * solve for a plain step. */
     int32_t k = pl->d.in_flight, points = k > 1 ? RKM__STAGE_KEPT_POINTS : 1;
-    uint64_t lo = g->input_bytes, hi = budget / (uint64_t)k;
-    for (int32_t j = 1; j <= points && !r && (j == 1 || !rkm__over(pl)); j++) {
-        uint64_t kept = k > 1 ? lo + (hi > lo ? (hi - lo) / (uint64_t)points * (uint64_t)j : 0) : UINT64_MAX;
+    uint64_t lo = g->input_bytes, hi = budget / (uint64_t)k, kept = UINT64_MAX;
+    for (int32_t j = 1, again = 0; j <= points && !r && (j == 1 || !rkm__over(pl)); j += !again) {
+        if (k > 1 && !again) kept = lo + (hi > lo ? (hi - lo) / (uint64_t)points * (uint64_t)j : 0);
         uint64_t peak = k > 1 ? budget - (uint64_t)(k - 1) * kept : budget;
         rkm__ilp_turn t = rkm__work_ilp_begin(pl, time_limit / points);
         r = rkm__ilp_block_solve(ib, peak, kept, t.lim, &steps, &nf, &nb, &pl->ilp, &found);
@@ -695,6 +696,8 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
         }
         /* The gap to the LP bound: over the ILP's schedule family only. */
         if (!r && q && pl->ilp.time > 0 && k == 1) q->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
+        again = !again && q && k > 1 && rkm__plan_kept(q) < kept;
+        if (again) kept = rkm__plan_kept(q);
         *out = rkm__faster(*out, q);
         rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         steps = NULL, nf = nb = 0;

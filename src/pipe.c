@@ -266,9 +266,14 @@ static rkm_result rkm__stage_place(const rkm_plan *p, size_t L, uint64_t align, 
  * GPipe's with k in flight). */
 RKM__PRIVATE uint64_t rkm__stage_peak(const rkm_plan *p, int32_t k)
 {
-    size_t L = (size_t)p->loss_step;
-    uint64_t kept = L ? p->mem_after[L - 1] : p->g->input_bytes;
-    return p->stats.peak + (uint64_t)(k - 1) * kept;
+    return p->stats.peak + (uint64_t)(k - 1) * rkm__plan_kept(p);
+}
+
+/* What a micro-batch of plan p keeps between its phases: the memory
+ * before its `loss` step. */
+RKM__PRIVATE uint64_t rkm__plan_kept(const rkm_plan *p)
+{
+    return p->loss_step ? p->mem_after[p->loss_step - 1] : p->g->input_bytes;
 }
 
 /* The figures (and, with bufs, offsets) of plan p at stage order (warm,
@@ -278,7 +283,7 @@ RKM__PRIVATE rkm_result rkm__stage_memory(const rkm_plan *p, int32_t warm, int32
 {
     memset(out, 0, sizeof *out);
     size_t n = p->n_steps, nb = p->n_buffers, L = (size_t)p->loss_step;
-    out->kept_bytes = L ? p->mem_after[L - 1] : p->g->input_bytes;
+    out->kept_bytes = rkm__plan_kept(p);
     for (size_t i = 0; i < n; i++) {
         uint64_t *pk = i < L ? &out->fwd_peak : &out->bwd_peak;
         if (p->step_peak[i] > *pk) *pk = p->step_peak[i];

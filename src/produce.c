@@ -216,7 +216,7 @@ RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__mak
 {
     *out = NULL;
     if (need) *need = 0;
-    uint64_t b = budget;
+    uint64_t b = budget, over = 0; /* over: the least budget asked whose plan's arena was over */
     for (int k = 0; k < RKM__LAYOUT_TRIES && b && (k == 0 || !rkm__over(pl)); k++) {
         rkm_plan *q;
         rkm_result r = make(pl, b, arg, &q);
@@ -224,11 +224,38 @@ RKM__PRIVATE rkm_result rkm__fit_less(rkm_planner *pl, uint64_t budget, rkm__mak
         uint64_t arena = q->stats.stage_arena_bytes;
         if (arena <= budget) {
             *out = q;
-            return RKM_OK;
+            break;
         }
         if (need && (!*need || arena < *need)) *need = arena;
+        over = b;
         b = rkm__less(b, q->stats.in_flight > 1 ? q->stats.stage_peak : q->stats.aligned_peak, arena, budget);
         rkm_plan_destroy(q);
+    }
+    /* A stage's arena is further from its peak (a slot per micro-batch in
+     * flight): bisect between the largest budget asked that fit and the
+     * least that did not, for a faster plan or a first one. */
+    uint64_t lo = *out ? b : 0, hi = over;
+    for (int k = 0; pl->d.in_flight > 1 && hi > lo + hi / 256 && k < RKM__SHARE_TRIES && !rkm__over(pl); k++) {
+        uint64_t at = lo + (hi - lo) / 2;
+        rkm_plan *q;
+        rkm_result r = make(pl, at, arg, &q);
+        if (r) {
+            rkm_plan_destroy(*out);
+            *out = NULL;
+            return r;
+        }
+        if (!q) { /* below what the maker meets: nothing lower will do */
+            lo = at;
+            continue;
+        }
+        if (q->stats.stage_arena_bytes <= budget) {
+            *out = rkm__faster(*out, q);
+            lo = at;
+        } else {
+            if (need && (!*need || q->stats.stage_arena_bytes < *need)) *need = q->stats.stage_arena_bytes;
+            hi = at;
+            rkm_plan_destroy(q);
+        }
     }
     return RKM_OK;
 }
