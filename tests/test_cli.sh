@@ -49,7 +49,7 @@ err_is() {
 cat >"$tmp/checks.py" <<'EOF'
 import json, re, sys, xml.etree.ElementTree as ET
 
-ALGOS = ["rockmate", "rotor", "sqrt", "checkmate", "none", "dtr"]
+ALGOS = ["rockmate", "rotor", "sqrt", "checkmate", "none", "dtr", "full"]
 PLAN_KEYS = ["algo", "budget", "peak", "time", "baseline_peak", "baseline_time", "overhead",
              "solve_seconds", "blocks", "block_classes", "steps", "ilp"]
 ILP_KEYS = ["solves", "optimal", "suboptimal", "infeasible", "timeout", "failed", "seconds"]
@@ -325,8 +325,8 @@ usage_case "option without value" plan "$g0" --budget
 usage_case "option given twice" plan "$g0" --budget 1 --budget 2
 usage_case "option of another command" check "$g0" x.rkp --svg x.svg
 usage_case "unknown algorithm" plan "$g0" --budget 50% --algo magic
-check "unknown algorithm: lists every algorithm, dtr included" \
-    grep -q "(rockmate, rotor, sqrt, checkmate, none, dtr)" "$tmp/err"
+check "unknown algorithm: lists every algorithm, dtr and full included" \
+    grep -q "(rockmate, rotor, sqrt, checkmate, none, dtr, full)" "$tmp/err"
 usage_case "list for plan" plan "$g0" --budget 50% --algo rotor,sqrt
 usage_case "algorithm twice" sweep "$g0" --algo rotor,rotor
 usage_case "bad budget" plan "$g0" --budget 12XB
