@@ -1,5 +1,5 @@
-/* rockmate_cli.c -- the `rockmate` command: info, plan, check and sweep over
- * graph (.rkg) and plan (.rkp) files.
+/* rockmate_cli.c -- the `rockmate` command: info, plan, check, sweep and
+ * pipeline over graph (.rkg) and plan (.rkp) files.
  *
  * It uses only the public API of rockmate.h. Every peak and time it prints
  * comes from the library's simulator, so the tool and the library agree to the
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { CLI_OK = 0, CLI_INPUT = 1, CLI_USAGE = 2, CLI_BUDGET = 3 };
@@ -53,6 +54,18 @@ static const char cli_usage_text[] =
     "        the smallest, where the curves are steep); on a graph with a copy\n"
     "        link, rockmate's column is followed by \"(no copy)\": rockmate on\n"
     "        the same graph without the link (recompute only; dashed in --svg)\n"
+    "  pipeline GRAPH --stages P --micro-batches M --budget B[,B,...]\n"
+    "        [--schedule 1f1b|gpipe] [--link R] [--algo A] [-o DIR] [--json]\n"
+    "        [--svg FILE] [--slots N] [--time-limit S] [--align N]\n"
+    "        GRAPH cut into P stages on P devices, M micro-batches a step:\n"
+    "        the cut (chosen for the least step time) and each stage's plan\n"
+    "        (--algo, default rockmate) for its device's budget B (one for\n"
+    "        every device, or P of them) with its micro-batches in flight;\n"
+    "        per stage its first and last op, k in flight, overhead, kept\n"
+    "        bytes per micro-batch, peak and arena; the step time; beside it\n"
+    "        the uniform cut storing all (none), recomputing every block\n"
+    "        (full) and with A; -o writes DIR/stageN.rkg and DIR/stageN.rkp,\n"
+    "        --svg the schedule's timeline and each stage's memory\n"
     "  GRAPH may be - to read the graph from standard input, and so may\n"
     "  check's PLAN (but not both)\n"
     "\n"
@@ -60,7 +73,9 @@ static const char cli_usage_text[] =
     "  --budget B        bytes (a decimal number: 4096, 1.5e6, or 512B), optionally\n"
     "                    with KiB, MiB, GiB (powers of 1024) or KB, MB, GB (powers\n"
     "                    of 1000), or N% of the baseline peak; a bare number below\n"
-    "                    4096 is refused as a likely forgotten % (write 512B)\n"
+    "                    4096 is refused as a likely forgotten % (write 512B);\n"
+    "                    pipeline: a device's, N% of the whole graph's, or a list\n"
+    "                    of P, one per stage (a list of another length: status 2)\n"
     "  --algo A          rockmate (default), rotor, sqrt, checkmate, dtr, full or\n"
     "                    none (full: every block recomputed from its input);\n"
     "                    info and sweep take a list (sweep's default:\n"
@@ -74,7 +89,7 @@ static const char cli_usage_text[] =
     "                    (the smallest budget that fits, bytes; null if unknown);\n"
     "                    plan's work and work_limit, info's min_budget_work: the\n"
     "                    planner call's work meter and its limit\n"
-    "  -o, --output PLAN write the plan file\n";
+    "  -o, --output PLAN write the plan file (pipeline: DIR, made if missing)\n";
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char cli_usage_text2[] =
     ""
@@ -100,6 +115,13 @@ static const char cli_usage_text2[] =
     "                    its own where, its input held, it cuts into smaller\n"
     "                    blocks (default 24; never: no nesting)\n"
     "  --points N        budgets in a sweep\n"
+    "  --stages P        pipeline stages (devices), 1 to the graph's blocks (more:\n"
+    "                    exit status 1, as the graph cannot be cut so)\n"
+    "  --micro-batches M micro-batches a step (1 to 1000000)\n"
+    "  --schedule S      1f1b (default: Megatron-LM's, min(P - s, M) in flight on\n"
+    "                    stage s) or gpipe (all forwards, then all backwards)\n"
+    "  --link R          bytes a second of the link between two stages, each way\n"
+    "                    (25e9, 25GB/s); default: transfers take no time\n"
     "  --align N         the host's buffer alignment, a power of two of bytes\n"
     "                    (default 256): the arena is laid out, and a budget bounds\n"
     "                    it, at N\n"
@@ -116,23 +138,24 @@ static const char cli_usage_text2[] =
     "  anything else is refused (exit status 2)\n"
     "\n"
     "exit status: 0 success, 1 bad input, 2 bad usage, 3 no plan fits the budget\n"
-    "(or none was found within --time-limit)\n";
+    "(or none was found within --time-limit; pipeline: a stage's budget)\n";
 /* clang-format on */
 
 /* ===========================================================================
  * Command line parsing
  * ========================================================================= */
 
-typedef enum cli_cmd { CMD_INFO, CMD_PLAN, CMD_CHECK, CMD_SWEEP, CMD_COUNT } cli_cmd;
+typedef enum cli_cmd { CMD_INFO, CMD_PLAN, CMD_CHECK, CMD_SWEEP, CMD_PIPELINE, CMD_COUNT } cli_cmd;
 
-static const char *const cli_cmd_names[CMD_COUNT] = {"info", "plan", "check", "sweep"};
+static const char *const cli_cmd_names[CMD_COUNT] = {"info", "plan", "check", "sweep", "pipeline"};
 static const char *const cli_cmd_operands[CMD_COUNT][2] = {
-    {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}};
+    {"GRAPH", NULL}, {"GRAPH", NULL}, {"GRAPH", "PLAN"}, {"GRAPH", NULL}, {"GRAPH", NULL}};
 
 enum { OPT_JSON, OPT_BUDGET, OPT_ALGO, OPT_OUTPUT, OPT_SVG, OPT_LOG, OPT_SLOTS, OPT_TIME, OPT_ILP_TIME, OPT_NEST, OPT_POINTS,
-       OPT_ALIGN, OPT_VERBOSE, OPT_NO_PROGRESS, OPT_COPY, OPT_COUNT };
+       OPT_ALIGN, OPT_VERBOSE, OPT_NO_PROGRESS, OPT_COPY, OPT_STAGES, OPT_MICRO, OPT_SCHEDULE, OPT_LINK, OPT_COUNT };
 
-#define CMDS(i, p, c, s) ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP)
+#define CMDS(i, p, c, s, pl) \
+    ((i) << CMD_INFO | (p) << CMD_PLAN | (c) << CMD_CHECK | (s) << CMD_SWEEP | (pl) << CMD_PIPELINE)
 
 /* clang-format off */
 static const struct cli_optdef {
@@ -140,21 +163,25 @@ static const struct cli_optdef {
     int has_value;
     unsigned cmds; /* bit per cli_cmd that accepts it */
 } cli_optdefs[OPT_COUNT] = {
-    [OPT_JSON] = {"--json", NULL, 0, CMDS(1, 1, 1, 1)},
-    [OPT_BUDGET] = {"--budget", NULL, 1, CMDS(0, 1, 1, 0)},
-    [OPT_ALGO] = {"--algo", NULL, 1, CMDS(1, 1, 0, 1)},
-    [OPT_OUTPUT] = {"--output", "-o", 1, CMDS(0, 1, 0, 0)},
-    [OPT_SVG] = {"--svg", NULL, 1, CMDS(0, 1, 0, 1)},
-    [OPT_LOG] = {"--log", NULL, 0, CMDS(0, 1, 0, 1)},
-    [OPT_SLOTS] = {"--slots", NULL, 1, CMDS(1, 1, 0, 1)},
-    [OPT_TIME] = {"--time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
-    [OPT_ILP_TIME] = {"--ilp-time-limit", NULL, 1, CMDS(1, 1, 0, 1)},
-    [OPT_NEST] = {"--nest-ops", NULL, 1, CMDS(1, 1, 0, 1)},
-    [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1)},
-    [OPT_ALIGN] = {"--align", NULL, 1, CMDS(1, 1, 1, 1)},
-    [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1)},
-    [OPT_NO_PROGRESS] = {"--no-progress", NULL, 0, CMDS(1, 1, 0, 1)},
-    [OPT_COPY] = {"--copy", NULL, 1, CMDS(1, 1, 1, 1)},
+    [OPT_JSON] = {"--json", NULL, 0, CMDS(1, 1, 1, 1, 1)},
+    [OPT_BUDGET] = {"--budget", NULL, 1, CMDS(0, 1, 1, 0, 1)},
+    [OPT_ALGO] = {"--algo", NULL, 1, CMDS(1, 1, 0, 1, 1)},
+    [OPT_OUTPUT] = {"--output", "-o", 1, CMDS(0, 1, 0, 0, 1)},
+    [OPT_SVG] = {"--svg", NULL, 1, CMDS(0, 1, 0, 1, 1)},
+    [OPT_LOG] = {"--log", NULL, 0, CMDS(0, 1, 0, 1, 0)},
+    [OPT_SLOTS] = {"--slots", NULL, 1, CMDS(1, 1, 0, 1, 1)},
+    [OPT_TIME] = {"--time-limit", NULL, 1, CMDS(1, 1, 0, 1, 1)},
+    [OPT_ILP_TIME] = {"--ilp-time-limit", NULL, 1, CMDS(1, 1, 0, 1, 1)},
+    [OPT_NEST] = {"--nest-ops", NULL, 1, CMDS(1, 1, 0, 1, 1)},
+    [OPT_POINTS] = {"--points", NULL, 1, CMDS(0, 0, 0, 1, 0)},
+    [OPT_ALIGN] = {"--align", NULL, 1, CMDS(1, 1, 1, 1, 1)},
+    [OPT_VERBOSE] = {"--verbose", "-v", 0, CMDS(1, 1, 1, 1, 1)},
+    [OPT_NO_PROGRESS] = {"--no-progress", NULL, 0, CMDS(1, 1, 0, 1, 1)},
+    [OPT_COPY] = {"--copy", NULL, 1, CMDS(1, 1, 1, 1, 1)},
+    [OPT_STAGES] = {"--stages", NULL, 1, CMDS(0, 0, 0, 0, 1)},
+    [OPT_MICRO] = {"--micro-batches", NULL, 1, CMDS(0, 0, 0, 0, 1)},
+    [OPT_SCHEDULE] = {"--schedule", NULL, 1, CMDS(0, 0, 0, 0, 1)},
+    [OPT_LINK] = {"--link", NULL, 1, CMDS(0, 0, 0, 0, 1)},
 };
 /* clang-format on */
 
@@ -182,6 +209,9 @@ typedef struct cli_opts {
     int points;
     uint64_t alignment;    /* of the arena: --align, else RKM_ARENA_ALIGN */
     rkm_copy_desc copy;    /* --copy (all 0 for none) */
+    int32_t stages, micro; /* pipeline: --stages, --micro-batches */
+    rkm_pipe_schedule schedule;
+    double link;           /* --link, bytes a second (0: free transfers) */
 } cli_opts;
 
 /* One line naming the problem, one line of hint; exit status 2. */
@@ -341,11 +371,12 @@ static int cli_rate(const char *text, size_t len, double *out)
  * Parsed last, once the context exists. */
 static int cli_parse_algos(rkm_context *ctx, cli_opts *o)
 {
+    int one = o->cmd == CMD_PLAN || o->cmd == CMD_PIPELINE; /* one algorithm */
     const char *algos = o->value[OPT_ALGO]   ? o->value[OPT_ALGO]
-                        : o->cmd == CMD_PLAN ? "rockmate"
+                        : one                ? "rockmate"
                         : o->cmd == CMD_INFO ? "none,sqrt,rotor,rockmate"
                                              : "rockmate,rotor,sqrt,none";
-    return cli_parse_algo_list(ctx, o, algos, o->cmd != CMD_PLAN);
+    return cli_parse_algo_list(ctx, o, algos, !one);
 }
 
 /* A seconds option into *out (unchanged when absent); non-zero: the usage error's status. */
@@ -391,6 +422,50 @@ static int cli_parse_copy(cli_opts *o)
     return -1;
 }
 
+/* The budgets in a --budget list: its commas plus one. */
+static int32_t cli_budget_count(const char *text)
+{
+    int32_t n = 1;
+    for (; *text; text++) n += *text == ',';
+    return n;
+}
+
+/* pipeline's own options: --stages and --micro-batches (required),
+ * --schedule, --link, and a --budget list of one or P budgets (its texts
+ * are parsed against the graph later). -1 when accepted, else the usage
+ * error's status. */
+static int cli_pipeline_options(cli_opts *o)
+{
+    const char *cmd = cli_cmd_names[o->cmd];
+    long v;
+    if (!o->value[OPT_STAGES]) return cli_usage_error(cmd, "--stages is required");
+    if (!o->value[OPT_MICRO]) return cli_usage_error(cmd, "--micro-batches is required");
+    if (!cli_parse_count(o->value[OPT_STAGES], INT32_MAX, &v))
+        return cli_usage_error(cmd, "--stages wants an integer from 1 to %ld, not '%s'", (long)INT32_MAX,
+                               o->value[OPT_STAGES]);
+    o->stages = (int32_t)v;
+    if (!cli_parse_count(o->value[OPT_MICRO], 1000000, &v))
+        return cli_usage_error(cmd, "--micro-batches wants an integer from 1 to 1000000, not '%s'", o->value[OPT_MICRO]);
+    o->micro = (int32_t)v;
+    o->schedule = RKM_PIPE_1F1B;
+    const char *sched = o->value[OPT_SCHEDULE];
+    if (sched && strcmp(sched, "gpipe") == 0)
+        o->schedule = RKM_PIPE_GPIPE;
+    else if (sched && strcmp(sched, "1f1b") != 0)
+        return cli_usage_error(cmd, "--schedule wants 1f1b or gpipe, not '%s'", sched);
+    const char *link = o->value[OPT_LINK];
+    if (link && (!cli_rate(link, strlen(link), &o->link) || !(o->link > 0)))
+        return cli_usage_error(cmd, "--link wants a positive rate in bytes a second (25e9, 25GB or 25GB/s; KB, MB, GB, "
+                               "KiB, MiB, GiB), not '%s'", link);
+    int32_t n = cli_budget_count(o->value[OPT_BUDGET]);
+    if (n != 1 && n != o->stages)
+        return cli_usage_error(cmd, "--budget lists %d budgets for %d stages: give one budget, every device's, or one "
+                               "per stage (%d)", (int)n, (int)o->stages, (int)o->stages);
+    if (o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0)
+        return cli_usage_error(cmd, "-o wants a folder for the stage files, not - (standard output)");
+    return -1;
+}
+
 /* Check and convert the numeric options. */
 static int cli_convert_options(cli_opts *o)
 {
@@ -429,7 +504,9 @@ static int cli_convert_options(cli_opts *o)
     }
     if ((rc = cli_seconds(o, OPT_TIME, &o->time_limit)) || (rc = cli_seconds(o, OPT_ILP_TIME, &o->ilp_time_limit)))
         return rc;
-    if (o->cmd == CMD_PLAN && !o->value[OPT_BUDGET]) return cli_usage_error(cmd, "--budget is required");
+    if ((o->cmd == CMD_PLAN || o->cmd == CMD_PIPELINE) && !o->value[OPT_BUDGET])
+        return cli_usage_error(cmd, "--budget is required");
+    if (o->cmd == CMD_PIPELINE && (rc = cli_pipeline_options(o)) >= 0) return rc;
     if (o->cmd == CMD_CHECK && strcmp(o->operand[0], "-") == 0 && strcmp(o->operand[1], "-") == 0)
         return cli_usage_error(cmd, "GRAPH and PLAN cannot both be - (standard input)");
     if (o->value[OPT_OUTPUT] && strcmp(o->value[OPT_OUTPUT], "-") == 0 && o->value[OPT_JSON])
@@ -448,7 +525,7 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
             fputs(cli_usage_text2, stdout);
             return CLI_OK;
         }
-    if (argc < 2) return cli_usage_error(NULL, "missing command (info, plan, check or sweep)");
+    if (argc < 2) return cli_usage_error(NULL, "missing command (info, plan, check, sweep or pipeline)");
     if (strcmp(argv[1], "--version") == 0) {
         if (argc > 2) return cli_usage_error(NULL, "--version takes no arguments");
         printf("rockmate %s\n", rkm_version());
@@ -456,7 +533,8 @@ static int cli_parse(int argc, char **argv, cli_opts *o)
     }
     int c = 0;
     while (c < CMD_COUNT && strcmp(argv[1], cli_cmd_names[c]) != 0) c++;
-    if (c == CMD_COUNT) return cli_usage_error(NULL, "unknown command '%s' (info, plan, check or sweep)", argv[1]);
+    if (c == CMD_COUNT)
+        return cli_usage_error(NULL, "unknown command '%s' (info, plan, check, sweep or pipeline)", argv[1]);
     o->cmd = (cli_cmd)c;
     const char *cmd = cli_cmd_names[c];
     int n_operands = 0, options_done = 0;
@@ -766,24 +844,30 @@ typedef struct cli_planner {
     cli_bar *bar;    /* erased after every planner call */
 } cli_planner;
 
+/* The planner options of the command line (and the progress bar). */
+static void cli_solve_desc(const cli_opts *o, rkm_algo algo, rkm_solve_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->algo = algo;
+    d->slots = o->slots;
+    d->time_limit = o->time_limit;
+    d->ilp_time_limit = o->ilp_time_limit;
+    d->nest_ops = o->nest_ops;
+    d->alignment = o->alignment;
+    if (o->bar && o->bar->on) {
+        d->progress = cli_bar_draw;
+        d->progress_user = o->bar;
+    }
+}
+
 static rkm_result cli_planner_open(const cli_graph *G, rkm_algo algo, const cli_opts *o, cli_planner *cp)
 {
     cp->G = G;
     cp->algo = algo;
     cp->pl = NULL;
     rkm_solve_desc d;
-    memset(&d, 0, sizeof d);
-    d.algo = algo;
-    d.slots = o->slots;
-    d.time_limit = o->time_limit;
-    d.ilp_time_limit = o->ilp_time_limit;
-    d.nest_ops = o->nest_ops;
-    d.alignment = o->alignment;
+    cli_solve_desc(o, algo, &d);
     cp->bar = o->bar;
-    if (o->bar && o->bar->on) {
-        d.progress = cli_bar_draw;
-        d.progress_user = o->bar;
-    }
     rkm_result r = rkm_planner_create(G->g, &d, &cp->pl);
     cli_bar_clear(cp->bar);
     return r;
@@ -2091,6 +2175,617 @@ static int cmd_sweep(rkm_context *ctx, const cli_opts *o)
     return rc;
 }
 
+/* ===========================================================================
+ * pipeline: the cut across devices and each stage's plan
+ * ========================================================================= */
+
+/* The four ways pipeline sets side by side, in its output's order: the
+ * uniform cut (rkm_graph_uniform_cut) storing everything, recomputing
+ * every block (Megatron-LM's "full"), with the stage planner (--algo), and
+ * the cut rkm_pipeline_plan chooses with it, the answer. */
+enum { WAY_STORE_ALL, WAY_FULL, WAY_UNIFORM, WAY_CHOSEN, CLI_WAYS };
+static const char *const cli_way_keys[CLI_WAYS] = {"uniform_store_all", "uniform_full_recompute", "uniform_rockmate",
+                                                   "chosen"};
+
+typedef struct cli_way {
+    rkm_algo algo;
+    rkm_pipeline *pp; /* NULL: no plan, `why` says why */
+    char why[1024];
+    double step_time;
+    uint64_t max_peak, max_arena; /* its fullest stage's */
+} cli_way;
+
+typedef struct cli_pipe {
+    const cli_graph *G;
+    const cli_opts *o;
+    uint64_t *budgets; /* as given: one (every device's) or one per stage */
+    int32_t n_budgets;
+    cli_way way[CLI_WAYS];
+} cli_pipe;
+
+static uint64_t cli_pipe_budget(const cli_pipe *c, int32_t s) { return c->budgets[c->n_budgets > 1 ? s : 0]; }
+
+/* The --budget list (its length was checked with the options), each
+ * against the whole graph. */
+static int cli_pipe_budgets(cli_pipe *c)
+{
+    const char *text = c->o->value[OPT_BUDGET];
+    c->n_budgets = cli_budget_count(text);
+    c->budgets = calloc((size_t)c->n_budgets, sizeof *c->budgets);
+    char *copy = malloc(strlen(text) + 1);
+    if (!c->budgets || !copy) {
+        free(copy);
+        return cli_fail(rkm_graph_context(c->G->g), RKM_ERROR_NOMEM, "pipeline");
+    }
+    strcpy(copy, text);
+    int rc = CLI_OK;
+    char *p = copy;
+    for (int32_t i = 0; i < c->n_budgets && !rc; i++) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = 0;
+        rc = cli_budget(c->G, p, "pipeline", &c->budgets[i]);
+        p = comma ? comma + 1 : p + strlen(p);
+    }
+    free(copy);
+    return rc;
+}
+
+/* Way w planned with `cuts` (NULL: the library chooses). A failure's
+ * message goes into way->why; the result is returned. */
+static rkm_result cli_pipe_plan(cli_pipe *c, int w, const int32_t *cuts)
+{
+    const cli_opts *o = c->o;
+    cli_way *W = &c->way[w];
+    rkm_pipeline_desc d;
+    memset(&d, 0, sizeof d);
+    d.stages = o->stages;
+    d.micro_batches = o->micro;
+    d.schedule = o->schedule;
+    d.budget = c->budgets[0];
+    if (c->n_budgets > 1) d.budgets = c->budgets, d.n_budgets = c->n_budgets;
+    d.link_bytes_per_second = o->link;
+    d.cuts = cuts;
+    cli_solve_desc(o, W->algo, &d.solve);
+    if (o->bar) snprintf(o->bar->label, sizeof o->bar->label, "%s cut", cuts ? "uniform" : "chosen");
+    rkm_result e = rkm_pipeline_plan(c->G->g, &d, &W->pp);
+    cli_bar_clear(o->bar);
+    if (e) {
+        const char *msg = rkm_context_errmsg(rkm_graph_context(c->G->g));
+        snprintf(W->why, sizeof W->why, "%s", *msg ? msg : rkm_result_string(e));
+        for (char *q = W->why; *q; q++)
+            if (*q == '\n' || *q == '\r') *q = ' ';
+        return e;
+    }
+    W->step_time = rkm_pipeline_step_time(W->pp);
+    for (int32_t s = 0; s < rkm_pipeline_num_stages(W->pp); s++) {
+        rkm_pipeline_stage_info in;
+        if ((e = rkm_pipeline_stage(W->pp, s, &in, NULL, NULL)) != RKM_OK) return e;
+        if (in.peak > W->max_peak) W->max_peak = in.peak;
+        if (in.arena_bytes > W->max_arena) W->max_arena = in.arena_bytes;
+    }
+    return RKM_OK;
+}
+
+/* A stage graph's boundary tensors: its input from the previous stage
+ * (`input grad`) and its output to the next; -1 where it has none. */
+static void cli_stage_ends(const rkm_graph *sg, int32_t *in, int32_t *out)
+{
+    rkm_tensor_info ti;
+    *in = -1;
+    *out = rkm_graph_output(sg);
+    for (int32_t t = 0; t < rkm_graph_num_tensors(sg); t++)
+        if (rkm_graph_tensor_info(sg, t, &ti) == RKM_OK && (ti.flags & RKM_TENSOR_INPUT_GRAD)) *in = t;
+}
+
+static const char *cli_tensor_name(const rkm_graph *g, int32_t t)
+{
+    rkm_tensor_info ti;
+    return t >= 0 && rkm_graph_tensor_info(g, t, &ti) == RKM_OK ? ti.name : NULL;
+}
+
+static const char *cli_op_name(const rkm_graph *g, int32_t op)
+{
+    rkm_op_desc d;
+    return rkm_graph_op_info(g, op, &d) == RKM_OK ? d.name : "?";
+}
+
+/* "2+2+2": the blocks of each stage. */
+static void cli_pipe_blocks(const rkm_pipeline *pp, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int32_t s = 0; s < rkm_pipeline_num_stages(pp) && n < size; s++) {
+        rkm_pipeline_stage_info in;
+        rkm_pipeline_stage(pp, s, &in, NULL, NULL);
+        int k = snprintf(buf + n, size - n, "%s%d", s ? "+" : "", (int)in.n_blocks);
+        if (k < 0) break;
+        n += (size_t)k;
+    }
+}
+
+/* -o DIR: each stage's graph and plan, DIR/stageN.rkg and DIR/stageN.rkp. */
+static int cli_pipe_write(rkm_context *ctx, const char *dir, const rkm_pipeline *pp)
+{
+    struct stat st;
+    if (mkdir(dir, 0777) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
+        return cli_error("%s: cannot make the folder: %s", dir, errno == EEXIST ? "a file is in the way" : strerror(errno));
+    size_t size = strlen(dir) + 32;
+    char *path = malloc(size);
+    if (!path) return cli_fail(ctx, RKM_ERROR_NOMEM, "pipeline");
+    rkm_result e = RKM_OK;
+    for (int32_t s = 0; s < rkm_pipeline_num_stages(pp) && !e; s++) {
+        const rkm_graph *sg;
+        const rkm_plan *pl;
+        e = rkm_pipeline_stage(pp, s, NULL, &sg, &pl);
+        snprintf(path, size, "%s/stage%d.rkg", dir, (int)s);
+        if (!e) e = rkm_graph_write_file(sg, path);
+        snprintf(path, size, "%s/stage%d.rkp", dir, (int)s);
+        if (!e) e = rkm_plan_write_file(pl, path);
+    }
+    free(path);
+    return e ? cli_fail(ctx, e, NULL) : CLI_OK; /* the message names the file */
+}
+
+/* One stage of the chosen pipeline for the chart: its times, its in-flight
+ * kept bytes, the share of its backward phase that recomputes. */
+typedef struct cli_pipe_stage {
+    rkm_pipeline_stage_info in;
+    const rkm_graph *g;
+    const rkm_plan *plan;
+    double recompute; /* of the backward phase's time, in [0, 1] */
+} cli_pipe_stage;
+
+/* The seconds a plan step computes (forward or backward), on stage graph g. */
+static double cli_step_seconds(const rkm_graph *g, const rkm_step *st)
+{
+    rkm_op_desc d;
+    if ((st->kind != RKM_STEP_FWD && st->kind != RKM_STEP_BWD) || rkm_graph_op_info(g, st->index, &d) != RKM_OK)
+        return 0;
+    return st->kind == RKM_STEP_FWD ? d.fwd_seconds : d.bwd_seconds;
+}
+
+/* A step function, one point per change: pt(t, v) says the value is v
+ * from t (seconds) on; runs of equal values merge. */
+typedef struct cli_stepline {
+    const cli_chart *c;
+    double tscale, vscale; /* seconds and bytes to the axes' units */
+    double v_last;
+    int started;
+} cli_stepline;
+
+static void cli_stepline_pt(cli_stepline *l, double t, double v)
+{
+    double x = cli_sx(l->c, t * l->tscale);
+    if (!l->started)
+        fprintf(l->c->f, "%.2f,%.2f ", x, cli_sy(l->c, v / l->vscale));
+    else if (v != l->v_last)
+        fprintf(l->c->f, "%.2f,%.2f %.2f,%.2f ", x, cli_sy(l->c, l->v_last / l->vscale), x, cli_sy(l->c, v / l->vscale));
+    l->started = 1;
+    l->v_last = v;
+}
+
+/* Stage s's memory over the step: during a phase of a micro-batch, each
+ * step's peak plus the kept bytes of the other micro-batches in flight
+ * (as rkm_plan_stage_memory replays it); between phases, the kept bytes
+ * of those in flight. A phase's steps are spread over its time by their
+ * compute seconds. ph: the stage's 2M phases in its order. */
+static void cli_pipe_svg_memory(cli_stepline *l, const cli_pipe_stage *ps, const rkm_pipe_phase *ph, int32_t m,
+                                double t_end, const char *color)
+{
+    const rkm_step *st = rkm_plan_steps(ps->plan);
+    const uint64_t *peaks = rkm_plan_step_peaks(ps->plan);
+    size_t n = rkm_plan_num_steps(ps->plan), loss = (size_t)rkm_plan_phase_step(ps->plan);
+    double kept = (double)ps->in.kept_bytes;
+    int32_t held = 0; /* micro-batches in flight */
+    fprintf(l->c->f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+    cli_stepline_pt(l, 0, 0);
+    for (int32_t k = 0; k < 2 * m; k++) {
+        const rkm_pipe_phase *q = &ph[k];
+        size_t i0 = q->bwd ? loss : 0, i1 = q->bwd ? n : loss;
+        double others = (double)(q->bwd ? held - 1 : held) * kept, total = 0, at = 0;
+        for (size_t i = i0; i < i1; i++) total += cli_step_seconds(ps->g, &st[i]);
+        cli_stepline_pt(l, q->start, (double)held * kept);
+        for (size_t i = i0; i < i1; i++) {
+            double share = total > 0 ? at / total : (double)(i - i0) / (double)(i1 - i0);
+            cli_stepline_pt(l, q->start + (q->end - q->start) * share, others + (double)peaks[i]);
+            at += cli_step_seconds(ps->g, &st[i]);
+        }
+        held += q->bwd ? -1 : 1;
+        cli_stepline_pt(l, q->end, (double)held * kept);
+    }
+    cli_stepline_pt(l, t_end, 0);
+    fprintf(l->c->f, "%.2f,%.2f\"/>\n", cli_sx(l->c, t_end * l->tscale), cli_sy(l->c, 0));
+}
+
+/* The time axis' unit: seconds, milliseconds or microseconds. */
+static void cli_time_unit(double t, double *scale, const char **label)
+{
+    *scale = t < 1e-3 ? 1e6 : t < 1 ? 1e3 : 1;
+    *label = t < 1e-3 ? "time (\xc2\xb5s)" : t < 1 ? "time (ms)" : "time (s)";
+}
+
+/* The chart's stage figures and phases: the times rkm_pipeline_plan
+ * replayed (each stage's two phases, each boundary tensor over the link),
+ * replayed again for the phases. */
+static rkm_result cli_pipe_phases(rkm_context *ctx, const cli_pipe *c, cli_pipe_stage *ps, rkm_pipe_stage *times,
+                                  rkm_pipe_phase *ph, double *t_end)
+{
+    const rkm_pipeline *pp = c->way[WAY_CHOSEN].pp;
+    int32_t p = rkm_pipeline_num_stages(pp);
+    double link = c->o->link;
+    for (int32_t s = 0; s < p; s++) {
+        rkm_result e = rkm_pipeline_stage(pp, s, &ps[s].in, &ps[s].g, &ps[s].plan);
+        if (e) return e;
+        times[s].fwd = ps[s].in.fwd_seconds, times[s].bwd = ps[s].in.bwd_seconds;
+        int32_t tin, tout;
+        rkm_tensor_info ti;
+        cli_stage_ends(ps[s].g, &tin, &tout);
+        if (link > 0 && s < p - 1 && rkm_graph_tensor_info(ps[s].g, tout, &ti) == RKM_OK)
+            times[s].send_fwd = (double)ti.bytes / link;
+        if (link > 0 && s > 0 && rkm_graph_tensor_info(ps[s].g, tin, &ti) == RKM_OK)
+            times[s].send_bwd = (double)ti.bytes / link;
+        const rkm_step *st = rkm_plan_steps(ps[s].plan);
+        double rec = 0; /* forwards in the backward phase: recomputation */
+        for (size_t i = (size_t)rkm_plan_phase_step(ps[s].plan); i < rkm_plan_num_steps(ps[s].plan); i++)
+            if (st[i].kind == RKM_STEP_FWD) rec += cli_step_seconds(ps[s].g, &st[i]);
+        ps[s].recompute = ps[s].in.bwd_seconds > 0 ? fmin(1, rec / ps[s].in.bwd_seconds) : 0;
+    }
+    return rkm_pipeline_simulate(ctx, times, p, c->o->micro, c->o->schedule, ph, NULL, t_end);
+}
+
+/* --svg: the chosen pipeline's schedule, a row per stage with a bar per
+ * phase (forward, backward, the backward's recomputation darker at its
+ * start, the micro-batch's number on it where it fits), and below it each
+ * stage's memory over the same time, with the budgets. */
+static int cli_pipe_svg(rkm_context *ctx, const cli_pipe *c, const char *path)
+{
+    static const char *const stage_color[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
+                                              "#E69F00", "#56B4E9", "#555555", "#F0E442"};
+    enum { N_COLORS = sizeof stage_color / sizeof *stage_color };
+    static const char *const fwd_color = "#56B4E9", *bwd_color = "#E69F00", *rec_color = "#B34700";
+    const cli_opts *o = c->o;
+    int32_t p = rkm_pipeline_num_stages(c->way[WAY_CHOSEN].pp), m = o->micro;
+    cli_pipe_stage *ps = calloc((size_t)p, sizeof *ps);
+    rkm_pipe_stage *times = calloc((size_t)p, sizeof *times);
+    rkm_pipe_phase *ph = calloc(2 * (size_t)p * (size_t)m, sizeof *ph);
+    double t_end = 0;
+    rkm_result e = ps && times && ph ? cli_pipe_phases(ctx, c, ps, times, ph, &t_end) : RKM_ERROR_NOMEM;
+    FILE *f = e ? NULL : cli_svg_open(path);
+    if (!f) {
+        free(ps), free(times), free(ph);
+        return e ? cli_fail(ctx, e, path) : CLI_INPUT;
+    }
+    uint64_t top = 0;
+    for (int32_t s = 0; s < p; s++)
+        if (ps[s].in.peak > top) top = ps[s].in.peak;
+    for (int32_t s = 0; s < c->n_budgets; s++) /* a budget near the peaks is drawn */
+        if (c->budgets[s] > top && c->budgets[s] <= top + top / 4) top = c->budgets[s];
+    double row = p <= 8 ? 24 : fmax(4, 192.0 / p), tl_top = SVG_TOP + 8, tl_h = row * p;
+    double mem_top = tl_top + tl_h + 56, mem_h = 240;
+    int n_legend = 3 + (p < N_COLORS ? p : N_COLORS) + 1;
+    double height = fmax(mem_top + mem_h + 56, SVG_TOP + 20.0 * n_legend + 20);
+    double tscale, mscale;
+    const char *tlabel, *munit;
+    cli_time_unit(t_end, &tscale, &tlabel);
+    cli_mem_unit(top, &mscale, &munit);
+    /* both charts' x in the time unit, the memory's y in munit */
+    cli_chart tl = {f, SVG_LEFT, tl_top, SVG_PLOT_W, tl_h, {0, 0, 0, 0, 0, 0}, {0, 1, 1, 0, 0, 0}};
+    cli_axis_nice(&tl.x, 0, t_end * tscale, 6);
+    cli_chart mc = {f, SVG_LEFT, mem_top, SVG_PLOT_W, mem_h, tl.x, {0, 0, 0, 0, 0, 0}};
+    cli_axis_nice(&mc.y, 0, (double)(top ? top : 1) / mscale, 5);
+    char title[256], sub[256], ylabel[64], a[32];
+    snprintf(title, sizeof title, "%s: pipeline of %d stage%s, %d micro-batch%s (%s)", c->G->name, (int)p,
+             p > 1 ? "s" : "", (int)m, m > 1 ? "es" : "", o->schedule == RKM_PIPE_GPIPE ? "GPipe" : "1F1B");
+    snprintf(sub, sizeof sub, "step time %.4g s, %s stage plans, budget %s%s", t_end, rkm_algo_name(o->algos[0]),
+             cli_size(a, sizeof a, c->budgets[0]), c->n_budgets > 1 ? " on stage 0, one per stage" : " per device");
+    cli_svg_begin(f, SVG_W, (int)ceil(height));
+    cli_svg_titles(f, SVG_LEFT, title, sub);
+    double ticks[64];
+    int nt = cli_axis_ticks(&tl.x, ticks, 64);
+    fputs("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n", f);
+    for (int i = 0; i < nt; i++)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", cli_sx(&tl, ticks[i]), tl.y0,
+                cli_sx(&tl, ticks[i]), tl.y0 + tl.h);
+    fputs("</g>\n", f);
+    for (int32_t s = 0; s < p; s++) {
+        char label[32];
+        double y = tl.y0 + row * s;
+        snprintf(label, sizeof label, "stage %d", (int)s);
+        if (row >= 10) cli_svg_text(f, tl.x0 - 6, y + row / 2 + 4, "text-anchor=\"end\"", label);
+        for (int32_t k = 0; k < 2 * m; k++) {
+            const rkm_pipe_phase *q = &ph[(size_t)s * 2 * (size_t)m + (size_t)k];
+            double x0 = cli_sx(&tl, q->start * tscale), w = cli_sx(&tl, q->end * tscale) - x0;
+            fprintf(f,
+                    "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" stroke=\"white\" "
+                    "stroke-width=\"0.5\"/>\n",
+                    x0, y + 1, w, row - 2, q->bwd ? bwd_color : fwd_color);
+            if (q->bwd && ps[s].recompute > 0)
+                fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n", x0, y + 1,
+                        w * ps[s].recompute, row - 2, rec_color);
+            if (w >= 12 && row >= 14) {
+                snprintf(label, sizeof label, "%d", (int)q->micro);
+                cli_svg_text(f, x0 + w / 2, y + row / 2 + 4, "text-anchor=\"middle\" font-size=\"10\"", label);
+            }
+        }
+    }
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333333\"/>\n", tl.x0,
+            tl.y0, tl.w, tl.h);
+    for (int i = 0; i < nt; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "%.*f", tl.x.decimals, ticks[i]);
+        cli_svg_text(f, cli_sx(&tl, ticks[i]), tl.y0 + tl.h + 18, "text-anchor=\"middle\"", label);
+    }
+    snprintf(ylabel, sizeof ylabel, "stage memory (%s)", munit);
+    cli_chart_axes(&mc, tlabel, ylabel);
+    for (int32_t s = 0; s < p; s++) {
+        cli_stepline l = {&mc, tscale, mscale, 0, 0};
+        cli_pipe_svg_memory(&l, &ps[s], &ph[(size_t)s * 2 * (size_t)m], m, t_end, stage_color[s % N_COLORS]);
+    }
+    for (int32_t s = 0; s < c->n_budgets; s++) { /* every device's budget, or each stage's in its colour */
+        double y = cli_sy(&mc, (double)c->budgets[s] / mscale);
+        if ((double)c->budgets[s] / mscale > mc.y.hi) continue;
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.2\" "
+                "stroke-dasharray=\"7 4\"/>\n",
+                mc.x0, y, mc.x0 + mc.w, y, c->n_budgets > 1 ? stage_color[s % N_COLORS] : "#111111");
+    }
+    cli_legend_item items[3 + N_COLORS + 1];
+    char labels[N_COLORS][32];
+    int n = 0;
+    items[n++] = (cli_legend_item){"forward", fwd_color, NULL, 8, 1, MARK_NONE};
+    items[n++] = (cli_legend_item){"backward", bwd_color, NULL, 8, 1, MARK_NONE};
+    items[n++] = (cli_legend_item){"recomputation", rec_color, NULL, 8, 1, MARK_NONE};
+    for (int32_t s = 0; s < p && s < N_COLORS; s++) {
+        snprintf(labels[s], sizeof labels[s], "stage %d memory", (int)s);
+        items[n++] = (cli_legend_item){labels[s], stage_color[s], NULL, 1.5, 1, MARK_NONE};
+    }
+    items[n++] = (cli_legend_item){c->n_budgets > 1 ? "budgets (stage colours)" : "budget", "#111111", "7 4", 1.2, 1,
+                                   MARK_NONE};
+    cli_svg_legend(f, SVG_LEFT + SVG_PLOT_W + 22, SVG_TOP + 10, items, n);
+    free(ps), free(times), free(ph);
+    return cli_svg_close(f, path);
+}
+
+/* The per-stage table's widths: the ops' names. */
+static int cli_pipe_name_width(const cli_graph *G, const rkm_pipeline *pp)
+{
+    int w = 8; /* "first op" */
+    for (int32_t s = 0; s < rkm_pipeline_num_stages(pp); s++) {
+        rkm_pipeline_stage_info in;
+        rkm_pipeline_stage(pp, s, &in, NULL, NULL);
+        int a = (int)strlen(cli_op_name(G->g, in.first_op)), b = (int)strlen(cli_op_name(G->g, in.last_op));
+        if (a > w) w = a;
+        if (b > w) w = b;
+    }
+    return w < 40 ? w : 40;
+}
+
+static const char *cli_way_label(const cli_pipe *c, int w, char *buf, size_t size)
+{
+    static const char *const what[CLI_WAYS] = {"uniform cut, store all", "uniform cut, full recompute", "uniform cut",
+                                               "chosen cut"};
+    if (w == WAY_UNIFORM || w == WAY_CHOSEN)
+        snprintf(buf, size, "%s, %s", what[w], rkm_algo_name(c->way[w].algo));
+    else
+        snprintf(buf, size, "%s", what[w]);
+    return buf;
+}
+
+static void cli_pipe_text(const cli_pipe *c)
+{
+    const cli_graph *G = c->G;
+    const cli_opts *o = c->o;
+    const rkm_pipeline *pp = c->way[WAY_CHOSEN].pp;
+    int32_t p = rkm_pipeline_num_stages(pp);
+    char a[32], b[32], d[32], e[32];
+    printf("%s: pipeline of %d stage%s, %d micro-batch%s (%s), %s stage plans\n", G->path, (int)p, p > 1 ? "s" : "",
+           (int)o->micro, o->micro > 1 ? "es" : "", o->schedule == RKM_PIPE_GPIPE ? "GPipe" : "1F1B",
+           rkm_algo_name(o->algos[0]));
+    for (int32_t s = 0; s < c->n_budgets; s++) {
+        if (c->n_budgets > 1)
+            printf("  budget %-7d %-12s", (int)s, cli_size(a, sizeof a, c->budgets[s]));
+        else
+            printf("  budget         %-12s", cli_size(a, sizeof a, c->budgets[s]));
+        printf(" (%" PRIu64 " bytes, %.1f%% of the whole graph's baseline arena)%s\n", c->budgets[s],
+               cli_percent((double)c->budgets[s], (double)G->baseline_arena), c->n_budgets > 1 ? "" : " on every device");
+    }
+    if (o->link > 0)
+        printf("  link           %.4g bytes a second each way between stages\n", o->link);
+    else
+        printf("  link           none: transfers between stages take no time\n");
+    printf("  step time      %.9g s (the baseline's %d micro-batch%s on one device: %.9g s)\n",
+           c->way[WAY_CHOSEN].step_time, (int)o->micro, o->micro > 1 ? "es" : "", G->st.baseline_time * o->micro);
+    int nw = cli_pipe_name_width(G, pp);
+    printf("  %5s %7s  %-*s  %-*s %4s %9s %11s %11s %11s %11s\n", "stage", "blocks", nw, "first op", nw, "last op", "k",
+           "overhead", "time", "kept", "peak", "arena");
+    for (int32_t s = 0; s < p; s++) {
+        rkm_pipeline_stage_info in;
+        rkm_pipeline_stage(pp, s, &in, NULL, NULL);
+        char blocks[32];
+        if (in.n_blocks > 1)
+            snprintf(blocks, sizeof blocks, "%d-%d", (int)in.first_block, (int)(in.first_block + in.n_blocks - 1));
+        else
+            snprintf(blocks, sizeof blocks, "%d", (int)in.first_block);
+        printf("  %5d %7s  %-*s  %-*s %4d %8.2f%% %11.4g %11s %11s %11s\n", (int)s, blocks, nw,
+               cli_op_name(G->g, in.first_op), nw, cli_op_name(G->g, in.last_op), (int)in.in_flight, 100 * in.overhead,
+               in.fwd_seconds + in.bwd_seconds, cli_size(a, sizeof a, in.kept_bytes), cli_size(b, sizeof b, in.peak),
+               cli_size(d, sizeof d, in.arena_bytes));
+    }
+    printf("  (k: micro-batches in flight; time: one micro-batch's forward and backward, s; kept: what one holds\n"
+           "  between them; peak and arena: with k in flight)\n");
+    printf("  %-47s %15s %11s %11s  %s\n", "compare", "step time", "max peak", "max arena", "blocks per stage");
+    for (int w = 0; w < CLI_WAYS; w++) {
+        const cli_way *W = &c->way[w];
+        char label[64], blocks[256];
+        cli_way_label(c, w, label, sizeof label);
+        if (!W->pp) {
+            printf("    %-45s no plan: %s\n", label, W->why);
+            continue;
+        }
+        cli_pipe_blocks(W->pp, blocks, sizeof blocks);
+        printf("    %-45s %13.6g s %11s %11s  %s\n", label, W->step_time, cli_size(a, sizeof a, W->max_peak),
+               cli_size(e, sizeof e, W->max_arena), blocks);
+    }
+    if (o->value[OPT_OUTPUT])
+        printf("  stage files    %s/stage0.rkg, stage0.rkp ... stage%d.rkg, stage%d.rkp\n", o->value[OPT_OUTPUT],
+               (int)p - 1, (int)p - 1);
+    if (o->value[OPT_SVG]) printf("  chart          %s\n", o->value[OPT_SVG]);
+}
+
+static void cli_pipe_json_budgets(cli_json *j, const cli_pipe *c)
+{
+    cli_json_open(j, "budgets", '[');
+    for (int32_t s = 0; s < c->o->stages; s++) cli_json_u64(j, NULL, cli_pipe_budget(c, s));
+    cli_json_close(j, ']');
+}
+
+/* The members every pipeline object has: what was asked. */
+static void cli_pipe_json_head(cli_json *j, const cli_pipe *c)
+{
+    const cli_opts *o = c->o;
+    cli_json_str(j, "graph", c->G->path);
+    cli_json_str(j, "algo", rkm_algo_name(o->algos[0]));
+    cli_json_i64(j, "n_stages", o->stages);
+    cli_json_i64(j, "micro_batches", o->micro);
+    cli_json_str(j, "schedule", o->schedule == RKM_PIPE_GPIPE ? "gpipe" : "1f1b");
+    if (o->link > 0)
+        cli_json_num(j, "link_bytes_per_second", o->link);
+    else
+        cli_json_null(j, "link_bytes_per_second");
+    cli_pipe_json_budgets(j, c);
+    cli_json_u64(j, "baseline_peak", c->G->st.baseline_peak);
+    cli_json_u64(j, "baseline_arena", c->G->baseline_arena);
+    cli_json_num(j, "baseline_time", c->G->st.baseline_time);
+}
+
+static void cli_pipe_json(const cli_pipe *c)
+{
+    const cli_graph *G = c->G;
+    const char *dir = c->o->value[OPT_OUTPUT];
+    const rkm_pipeline *pp = c->way[WAY_CHOSEN].pp;
+    cli_json j = {stdout, 0, 1};
+    cli_json_open(&j, NULL, '{');
+    cli_pipe_json_head(&j, c);
+    cli_json_num(&j, "step_time", c->way[WAY_CHOSEN].step_time);
+    cli_json_open(&j, "stages", '[');
+    for (int32_t s = 0; s < rkm_pipeline_num_stages(pp); s++) {
+        rkm_pipeline_stage_info in;
+        const rkm_graph *sg;
+        const rkm_plan *pl;
+        rkm_plan_stats ps;
+        int32_t tin, tout;
+        rkm_pipeline_stage(pp, s, &in, &sg, &pl);
+        rkm_plan_stats_get(pl, &ps);
+        cli_stage_ends(sg, &tin, &tout);
+        cli_json_open(&j, NULL, '{');
+        cli_json_i64(&j, "stage", s);
+        cli_json_str(&j, "first_op", cli_op_name(G->g, in.first_op));
+        cli_json_str(&j, "last_op", cli_op_name(G->g, in.last_op));
+        cli_json_i64(&j, "first_block", in.first_block);
+        cli_json_i64(&j, "blocks", in.n_blocks);
+        cli_json_str(&j, "input", cli_tensor_name(sg, tin));
+        cli_json_str(&j, "output", cli_tensor_name(sg, tout));
+        cli_json_i64(&j, "in_flight", in.in_flight);
+        cli_json_u64(&j, "budget", in.budget);
+        cli_json_num(&j, "fwd_seconds", in.fwd_seconds);
+        cli_json_num(&j, "bwd_seconds", in.bwd_seconds);
+        cli_json_num(&j, "overhead", in.overhead);
+        cli_json_u64(&j, "recomputes", ps.recomputes);
+        cli_json_u64(&j, "kept_bytes", in.kept_bytes);
+        cli_json_u64(&j, "peak", in.peak);
+        cli_json_u64(&j, "arena_bytes", in.arena_bytes);
+        cli_json_u64(&j, "arena_alignment", ps.alignment);
+        if (dir) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/stage%d.rkg", dir, (int)s);
+            cli_json_str(&j, "graph_file", path);
+            snprintf(path, sizeof path, "%s/stage%d.rkp", dir, (int)s);
+            cli_json_str(&j, "plan_file", path);
+        }
+        cli_json_close(&j, '}');
+    }
+    cli_json_close(&j, ']');
+    cli_json_open(&j, "compare", '{');
+    for (int w = 0; w < CLI_WAYS; w++) {
+        const cli_way *W = &c->way[w];
+        if (!W->pp) {
+            cli_json_null(&j, cli_way_keys[w]);
+            continue;
+        }
+        cli_json_open(&j, cli_way_keys[w], '{');
+        cli_json_str(&j, "algo", rkm_algo_name(W->algo));
+        cli_json_num(&j, "step_time", W->step_time);
+        cli_json_u64(&j, "max_peak", W->max_peak);
+        cli_json_u64(&j, "max_arena", W->max_arena);
+        cli_json_open(&j, "cuts", '['); /* the tensors between the stages */
+        for (int32_t s = 1; s < rkm_pipeline_num_stages(W->pp); s++) {
+            rkm_pipeline_stage_info in;
+            rkm_block_info bi;
+            rkm_pipeline_stage(W->pp, s, &in, NULL, NULL);
+            int ok = rkm_graph_block_info(G->g, in.first_block, &bi) == RKM_OK;
+            cli_json_str(&j, NULL, ok ? cli_tensor_name(G->g, bi.input) : NULL);
+        }
+        cli_json_close(&j, ']');
+        cli_json_close(&j, '}');
+    }
+    cli_json_close(&j, '}');
+    cli_json_open(&j, "compare_reason", '{'); /* why a way has no plan */
+    for (int w = 0; w < CLI_WAYS; w++)
+        if (!c->way[w].pp) cli_json_str(&j, cli_way_keys[w], c->way[w].why);
+    cli_json_close(&j, '}');
+    cli_json_close(&j, '}');
+}
+
+static int cmd_pipeline(rkm_context *ctx, const cli_opts *o)
+{
+    cli_graph G;
+    cli_pipe c;
+    memset(&c, 0, sizeof c);
+    c.G = &G, c.o = o;
+    int rc = cli_graph_load(ctx, o->operand[0], o, &G);
+    if (rc) return rc;
+    rc = cli_pipe_budgets(&c);
+    c.way[WAY_STORE_ALL].algo = RKM_ALGO_NONE;
+    c.way[WAY_FULL].algo = RKM_ALGO_FULL;
+    c.way[WAY_UNIFORM].algo = c.way[WAY_CHOSEN].algo = o->algos[0];
+    /* the answer first: its refusal (a stage no plan fits, a bad desc) ends the command */
+    rkm_result e = rc ? RKM_OK : cli_pipe_plan(&c, WAY_CHOSEN, NULL);
+    if (!rc && (e == RKM_ERROR_BUDGET || e == RKM_ERROR_TIMEOUT)) {
+        rc = CLI_BUDGET;
+        fprintf(stderr, "rockmate: %s: %s\n", G.path, c.way[WAY_CHOSEN].why);
+        if (o->value[OPT_JSON]) { /* as plan's: the error and the line on stderr */
+            char message[1200];
+            snprintf(message, sizeof message, "%s: %s", G.path, c.way[WAY_CHOSEN].why);
+            cli_json j = {stdout, 0, 1};
+            cli_json_open(&j, NULL, '{');
+            cli_pipe_json_head(&j, &c);
+            cli_json_str(&j, "error", cli_result_names[e]);
+            cli_json_i64(&j, "error_id", (int64_t)e);
+            cli_json_str(&j, "message", message);
+            cli_json_close(&j, '}');
+        }
+    } else if (!rc && e) {
+        rc = cli_fail(ctx, e, G.path);
+    }
+    int32_t *cuts = rc ? NULL : malloc((size_t)o->stages * sizeof *cuts); /* P - 1 of them; P <= blocks now */
+    if (!rc && !cuts) rc = cli_fail(ctx, RKM_ERROR_NOMEM, "pipeline");
+    if (!rc && (e = rkm_graph_uniform_cut(G.g, o->stages, cuts)) != RKM_OK) rc = cli_fail(ctx, e, G.path);
+    for (int w = WAY_STORE_ALL; w <= WAY_UNIFORM && !rc; w++)
+        if ((e = cli_pipe_plan(&c, w, cuts)) && e != RKM_ERROR_BUDGET && e != RKM_ERROR_TIMEOUT)
+            rc = cli_fail(ctx, e, G.path);
+    if (!rc && o->value[OPT_OUTPUT]) rc = cli_pipe_write(ctx, o->value[OPT_OUTPUT], c.way[WAY_CHOSEN].pp);
+    if (!rc && o->value[OPT_SVG]) rc = cli_pipe_svg(ctx, &c, o->value[OPT_SVG]);
+    if (!rc && o->value[OPT_JSON])
+        cli_pipe_json(&c);
+    else if (!rc)
+        cli_pipe_text(&c);
+    for (int w = 0; w < CLI_WAYS; w++) rkm_pipeline_destroy(c.way[w].pp);
+    free(cuts);
+    free(c.budgets);
+    rkm_graph_destroy(G.g);
+    return rc;
+}
+
 /* Library warnings and progress, with --verbose (errors are printed by the
  * command that got them, once). */
 static void cli_log(void *user, rkm_log_level level, const char *message)
@@ -2121,7 +2816,7 @@ int main(int argc, char **argv)
         return CLI_INPUT;
     }
     static int (*const commands[CMD_COUNT])(rkm_context *, const cli_opts *) = {cmd_info, cmd_plan, cmd_check,
-                                                                                cmd_sweep};
+                                                                                cmd_sweep, cmd_pipeline};
     rc = cli_parse_algos(ctx, &o);
     if (rc < 0) rc = commands[o.cmd](ctx, &o);
     rkm_context_destroy(ctx);

@@ -249,6 +249,95 @@ def floors(name, out, algos, lower, recompute, copies):
         ok = j["lower_bound"] == int(lower) and all(m[a] == int(recompute) for a in algos.split(","))
     report(name, ok, (j["lower_bound"], m, j.get("min_budget_no_copy")))
 
+PIPE_STAGE_KEYS = ["stage", "first_op", "last_op", "first_block", "blocks", "in_flight", "budget", "fwd_seconds",
+                   "bwd_seconds", "overhead", "kept_bytes", "peak", "arena_bytes"]
+WAYS = ["uniform_store_all", "uniform_full_recompute", "uniform_rockmate", "chosen"]
+
+def pipeline(name, out, stages, micro, schedule, budgets, last_op, nulls):
+    """pipeline --json: the stages in order covering the graph, each within its
+    budget with its micro-batches in flight, the step time at least the
+    bottleneck's and the critical path's, the four ways compared (`nulls`:
+    those that must have no plan, with a reason)."""
+    d = load(out, name)
+    if d is None:
+        return
+    p, m = int(stages), int(micro)
+    want_budgets = [int(b) for b in budgets.split(",")]
+    if len(want_budgets) == 1:
+        want_budgets *= p
+    st = d.get("stages", [])
+    report(name + ": the request echoed: stages, micro-batches, schedule, one budget per stage",
+           [d.get("n_stages"), d.get("micro_batches"), d.get("schedule"), d.get("budgets")] == [p, m, schedule, want_budgets],
+           {k: d.get(k) for k in ["n_stages", "micro_batches", "schedule", "budgets"]})
+    report(name + ": a stage object per stage with every field",
+           len(st) == p and all(all(k in s for k in PIPE_STAGE_KEYS) for s in st), st[:1])
+    if len(st) != p or not all(all(k in s for k in PIPE_STAGE_KEYS) for s in st):
+        return
+    k_want = [m if schedule == "gpipe" else min(p - s, m) for s in range(p)]
+    report(name + ": micro-batches in flight: 1F1B min(P - s, M), GPipe M", [s["in_flight"] for s in st] == k_want,
+           [s["in_flight"] for s in st])
+    report(name + ": the stages tile the graph: the first op first, the loss's op last, blocks in order, each "
+           "stage's input the previous one's output",
+           st[0]["first_block"] == 0 and st[0]["input"] is None and st[-1]["last_op"] == last_op
+           and st[-1]["output"] is None
+           and all(st[s]["first_block"] == st[s - 1]["first_block"] + st[s - 1]["blocks"]
+                   and st[s]["input"] == st[s - 1]["output"] is not None for s in range(1, p)), st)
+    report(name + ": every stage within its own budget: kept <= peak <= arena <= budget",
+           all(s["budget"] == b and 0 < s["kept_bytes"] <= s["peak"] <= s["arena_bytes"] <= b
+               for s, b in zip(st, want_budgets)), [(s["kept_bytes"], s["peak"], s["arena_bytes"], s["budget"]) for s in st])
+    t = [s["fwd_seconds"] + s["bwd_seconds"] for s in st]
+    report(name + ": the step time at least M x the slowest stage and one micro-batch through every stage",
+           d["step_time"] >= m * max(t) * (1 - 1e-9) and d["step_time"] >= sum(t) * (1 - 1e-9), (d["step_time"], t))
+    cmp, why = d.get("compare", {}), d.get("compare_reason", {})
+    nulls = [w for w in nulls.split(",") if w]
+    report(name + ": compare: the four ways, null exactly where named, with a reason naming the stage",
+           sorted(cmp) == sorted(WAYS) and all((cmp[w] is None) == (w in nulls) for w in WAYS)
+           and sorted(why) == sorted(nulls) and all("stage " in why[w] for w in nulls), (cmp, why))
+    ok = [w for w in WAYS if cmp.get(w)]
+    report(name + ": compare: each plan's step time, fullest stage's peak and arena, its cuts",
+           all(isinstance(cmp[w]["step_time"], float) and cmp[w]["max_peak"] <= cmp[w]["max_arena"]
+               and len(cmp[w]["cuts"]) == p - 1 for w in ok), cmp)
+    c = cmp.get("chosen") or {}
+    report(name + ": compare: the chosen cut is the per-stage table's, never slower than the uniform cut",
+           c.get("step_time") == d["step_time"] and c.get("max_peak") == max(s["peak"] for s in st)
+           and c.get("max_arena") == max(s["arena_bytes"] for s in st)
+           and c.get("cuts") == [s["output"] for s in st[:-1]]
+           and (cmp.get("uniform_rockmate") is None or c["step_time"] <= cmp["uniform_rockmate"]["step_time"]), c)
+
+def pipe_slower(name, fast, slow):
+    """The same stage plans (the uniform cut's) with a link take longer."""
+    a, b = json.load(open(fast)), json.load(open(slow))
+    ua, ub = a["compare"]["uniform_rockmate"], b["compare"]["uniform_rockmate"]
+    report(name, b["link_bytes_per_second"] == 1e9 and a["link_bytes_per_second"] is None
+           and ua["max_arena"] == ub["max_arena"] and ub["step_time"] > ua["step_time"], (ua, ub))
+
+def pipe_nofit(name, out, err):
+    d = load(out, name)
+    if d is None:
+        return
+    line = open(err).read().rstrip("\n")
+    report(name + ": exit 3 --json: the error, its id and the stderr line as message, no stages",
+           d.get("error") == "budget" and d.get("error_id") == 8 and "rockmate: " + str(d.get("message")) == line
+           and "stages" not in d and len(d.get("budgets", [])) == d.get("n_stages"), d)
+
+def pipe_svg(path, stages, micro):
+    """The chart: a bar per phase (forward #56B4E9, backward #E69F00), a memory
+    line per stage, the stages named."""
+    try:
+        text = open(path).read()
+        root = ET.fromstring(text)
+        ns = "{http://www.w3.org/2000/svg}"
+        texts = [t.text or "" for t in root.iter(ns + "text")]
+        p, m = int(stages), int(micro)
+        report(path + ": SVG from <svg to </svg>: a bar per phase, a memory line per stage, the stages named",
+               text.lstrip().startswith("<?xml") and "<svg " in text and text.rstrip().endswith("</svg>")
+               and root.tag == ns + "svg"
+               and len([r for r in root.iter(ns + "rect") if r.get("fill") in ("#56B4E9", "#E69F00")]) == 2 * p * m
+               and len(list(root.iter(ns + "polyline"))) == p
+               and all("stage %d" % s in texts for s in range(p)), texts[:8])
+    except Exception as e:
+        report(path + ": SVG parses", False, e)
+
 if sys.argv[1:] == ["--serve"]:
     # One call a line, its arguments separated by \x1f; each answer ends
     # with a \x04 line. An exception is the call's answer (a failure), but
@@ -759,5 +848,81 @@ run check "$tmp/ip.rkg" "$tmp/ip-plan.rkp" --copy 25e9
 expect "plan file: against a graph with another copy link" 1
 check "plan file: names the copy link" \
     err_is "ip-plan.rkp:6: the plan was made for another graph: the copy link differs"
+
+# --- pipeline --------------------------------------------------------------------------
+# gpt2-tiny in 3 stages, 4 micro-batches (6 blocks): the chosen cut with
+# rockmate's stage plans beside the uniform cut's three ways; at 50 % of the
+# whole graph's arena storing everything does not fit its first stage.
+g=tests/graphs/gpt2-tiny.rkg
+half=1641472 # 50 % of its baseline arena
+pipe=(pipeline "$g" --stages 3 --micro-batches 4)
+run "${pipe[@]}" --budget 50%
+expect "pipeline at 50%" 0
+check "pipeline (text): the stage table and the chosen cut's line" \
+    bash -c "grep -qE '^  stage +blocks +first op +last op +k +overhead' '$tmp/out' && grep -qE '^    chosen cut, rockmate +[0-9.e-]+ s ' '$tmp/out'"
+check "pipeline (text): a way with no plan says why" grep -qE '^    uniform cut, store all +no plan: pipeline: stage 0 ' "$tmp/out"
+check "pipeline (text): nothing on stderr" test ! -s "$tmp/err"
+rm -rf "$tmp/stages"
+run "${pipe[@]}" --budget 50% --json -o "$tmp/stages" --svg "$tmp/pipe.svg"
+expect "pipeline --json -o --svg" 0
+cp "$tmp/out" "$tmp/pipe.json"
+pycheck pipeline "pipeline 3x4 at 50%" "$tmp/pipe.json" 3 4 1f1b "$half" xent uniform_store_all,uniform_full_recompute
+pycheck pipe_svg "$tmp/pipe.svg" 3 4
+# Each stage's files: the graph reads back and the plan replays on it, its
+# own arena within the stage's budget.
+for s in 0 1 2; do
+    run check "$tmp/stages/stage$s.rkg" "$tmp/stages/stage$s.rkp" --budget "$half"
+    expect "pipeline -o: rockmate check accepts stage $s within its budget" 0
+done
+check "pipeline -o: the stage graphs are stage graphs (input grad, output)" \
+    bash -c "grep -q ' input grad\$' '$tmp/stages/stage1.rkg' && grep -q '^output ' '$tmp/stages/stage1.rkg' && grep -q '^loss ' '$tmp/stages/stage2.rkg'"
+# GPipe holds all 4 micro-batches on every stage: more memory than 1F1B.
+run "${pipe[@]}" --budget 60% --schedule gpipe --json
+expect "pipeline --schedule gpipe" 0
+pycheck pipeline "pipeline gpipe" "$tmp/out" 3 4 gpipe 1969766 xent uniform_store_all,uniform_full_recompute
+run "${pipe[@]}" --budget 1969766,1641472,2MiB --json
+expect "pipeline with a budget per stage" 0
+pycheck pipeline "pipeline with a budget per stage" "$tmp/out" 3 4 1f1b 1969766,1641472,2097152 xent \
+    uniform_store_all,uniform_full_recompute
+run "${pipe[@]}" --budget 200% --json
+expect "pipeline at 200%" 0
+pycheck pipeline "pipeline at 200%: every way plans" "$tmp/out" 3 4 1f1b 6565888 xent ""
+run "${pipe[@]}" --budget 50% --link 1e9 --json
+expect "pipeline --link 1e9" 0
+pycheck pipeline "pipeline --link" "$tmp/out" 3 4 1f1b "$half" xent uniform_store_all,uniform_full_recompute
+pycheck pipe_slower "pipeline --link: the uniform cut's same stage plans take longer over the link" \
+    "$tmp/pipe.json" "$tmp/out"
+# Bad input: one line on stderr and the status of its kind.
+run pipeline "$g" --stages 7 --micro-batches 4 --budget 50%
+expect "pipeline: more stages than blocks" 1
+check "pipeline: more stages than blocks: one line naming the rule" \
+    err_is '^rockmate: tests/graphs/gpt2-tiny\.rkg: pipeline: 7 stages, but the graph has 6 block\(s\), so 6 stage\(s\) at most'
+run "${pipe[@]}" --budget 10%
+expect "pipeline: a budget no stage meets" 3
+check "pipeline: a budget no stage meets: one line naming the stage and what it needs" \
+    err_is '^rockmate: tests/graphs/gpt2-tiny\.rkg: pipeline: stage [0-9]+ \([0-9]+ in flight\) has no rockmate plan within its budget of 328294 bytes; it needs [0-9]+ bytes at least$'
+run "${pipe[@]}" --budget 10% --json
+expect "pipeline: a budget no stage meets, --json" 3
+pycheck pipe_nofit "pipeline: a budget no stage meets" "$tmp/out" "$tmp/err"
+usage_case "pipeline: --micro-batches 0" "${pipe[@]:0:4}" --micro-batches 0 --budget 50%
+check "usage: pipeline: --micro-batches 0: names the option and its range" grep -q -- "--micro-batches wants an integer from 1" "$tmp/err"
+usage_case "pipeline: a budget list of another length" "${pipe[@]}" --budget 50%,60%
+check "usage: pipeline: a budget list of another length: names the rule" \
+    grep -qF -- "--budget lists 2 budgets for 3 stages: give one budget, every device's, or one per stage (3)" "$tmp/err"
+usage_case "pipeline: without --stages" pipeline "$g" --micro-batches 4 --budget 50%
+usage_case "pipeline: without --micro-batches" pipeline "$g" --stages 3 --budget 50%
+usage_case "pipeline: without --budget" "${pipe[@]}"
+usage_case "pipeline: --stages 0" pipeline "$g" --stages 0 --micro-batches 4 --budget 50%
+usage_case "pipeline: a bad budget in the list" "${pipe[@]}" --budget 50%,5x%,50%
+usage_case "pipeline: unknown --schedule" "${pipe[@]}" --budget 50% --schedule zb
+usage_case "pipeline: --link 0" "${pipe[@]}" --budget 50% --link 0
+usage_case "pipeline: -o -" "${pipe[@]}" --budget 50% -o -
+usage_case "pipeline: an algorithm list" "${pipe[@]}" --budget 50% --algo rotor,sqrt
+usage_case "pipeline: an option of another command" "${pipe[@]}" --budget 50% --points 3
+usage_case "--stages for another command" plan "$g" --budget 50% --stages 3
+printf x >"$tmp/afile"
+run "${pipe[@]}" --budget 50% -o "$tmp/afile"
+expect "pipeline -o onto a file" 1
+check "pipeline -o onto a file: one line naming it" err_is 'afile: cannot make the folder'
 
 finish
