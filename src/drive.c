@@ -141,7 +141,9 @@ static const rkm__ask rkm__ask_min = {UINT64_MAX, RKM__SKIP_ILP | RKM__SKIP_MISS
  * (the searches are not monotone in the budget). */
 /* A stage's (pl->d.in_flight > 1): the floors are one micro-batch's, a
  * lower bound, and the baseline always fits its own stage arena, so the
- * smallest budget is bisected between the two, to 1/512 of the upper. */
+ * smallest budget is bisected between the two, to 1/512 of the upper,
+ * each probe a solve's fit (the whole-graph ILP's start included: on a
+ * small stage its kept budgets find what the chain DP's share does not). */
 static rkm_result rkm__min_budget_stage(rkm_planner *pl, uint64_t *out)
 {
     uint64_t lo, at;
@@ -152,7 +154,7 @@ static rkm_result rkm__min_budget_stage(rkm_planner *pl, uint64_t *out)
     for (int k = 0; !r && k < RKM__MIN_BUDGET_DOWN && hi > lo + hi / 512 && !rkm__over(pl); k++) {
         uint64_t mid = lo + (hi - lo) / 2;
         rkm_plan *q = NULL;
-        if ((r = rkm__planner_fit(pl, mid, rkm__ask_min, &q, NULL))) break;
+        if ((r = rkm__planner_fit(pl, mid, RKM__ASK_SOLVE, &q, NULL))) break; /* a solve's starts: the ILP's too */
         if (q) {
             rkm_plan_destroy(p);
             p = q;
