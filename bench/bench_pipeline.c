@@ -85,7 +85,7 @@ int main(int argc, char **argv)
                 uint64_t b100 = 0;
                 if (isnan(way(g, STORE, p, m, cuts, UINT64_MAX / 8, &b100))) continue;
                 for (size_t k = 0; k < sizeof pcts / sizeof *pcts; k++) {
-                    uint64_t budget = b100 / 100 * (uint64_t)pcts[k];
+                    uint64_t budget = pcts[k] == 100 ? b100 : b100 / 100 * (uint64_t)pcts[k];
                     double t[WAYS];
                     for (int w = 0; w < WAYS; w++) t[w] = way(g, w, p, m, cuts, budget, NULL);
                     printf("%3d %3d %4d%% %12llu", (int)p, (int)m, pcts[k], (unsigned long long)budget);

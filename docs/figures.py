@@ -56,6 +56,8 @@ SWEEP_SVG = "docs/sweep-peer-gpt.svg"
 TINY = "tests/graphs/gpt2-tiny.rkg"
 PLAN_SVG = "docs/plan-gpt2-tiny-40.svg"
 PLAN_ARGS = ["plan", TINY, "--budget", "40%", "--svg"]  # + the SVG's path
+PIPE_SVG = "docs/pipeline-gpt2-tiny.svg"
+PIPE_ARGS = ["pipeline", TINY, "--stages", "3", "--micro-batches", "4", "--budget", "50%", "--svg"]
 RESNET = "tests/graphs/resnet18-like-b32.rkg"
 SWEEP_ALGOS = ["rockmate", "rotor", "sqrt"]  # the table's columns (the chart also draws none)
 
@@ -177,6 +179,7 @@ def figures(build, check, bench, svg_dir):
         # the demo alone first, its step times unloaded by the rest
         demo_out = run(demo_argv(build))
     run([cli] + PLAN_ARGS + [os.path.join(svg_dir, os.path.basename(PLAN_SVG))])
+    run([cli] + PIPE_ARGS + [os.path.join(svg_dir, os.path.basename(PIPE_SVG))])
 
     bound = json.loads(run([cli, "info", RESNET, "--algo", "none", "--json"]))["overhead_bound"]["90%"]
     plan = json.loads(run([cli, "plan", RESNET, "--budget", "90%", "--json"]))
@@ -228,7 +231,8 @@ def figures(build, check, bench, svg_dir):
 def readme_commands_ok(text):
     """The README names the commands that draw the charts; they must be ours."""
     flat = " ".join(text.split())
-    want = ["rockmate sweep %s --svg %s" % (PEER, SWEEP_SVG), "rockmate %s %s" % (" ".join(PLAN_ARGS), PLAN_SVG)]
+    want = ["rockmate sweep %s --svg %s" % (PEER, SWEEP_SVG), "rockmate %s %s" % (" ".join(PLAN_ARGS), PLAN_SVG),
+            "rockmate %s %s" % (" ".join(PIPE_ARGS), PIPE_SVG)]
     return ["README.md no longer gives the command `%s` that docs/figures.py runs: make them agree" % w
             for w in want if w not in flat]
 
@@ -267,7 +271,8 @@ def main(argv):
             return 1
         if check:
             for svg, how in ((SWEEP_SVG, "rockmate sweep %s --svg %s" % (PEER, SWEEP_SVG)),
-                             (PLAN_SVG, "rockmate %s %s" % (" ".join(PLAN_ARGS), PLAN_SVG))):
+                             (PLAN_SVG, "rockmate %s %s" % (" ".join(PLAN_ARGS), PLAN_SVG)),
+                             (PIPE_SVG, "rockmate %s %s" % (" ".join(PIPE_ARGS), PIPE_SVG))):
                 with open(os.path.join(tmp, os.path.basename(svg))) as a, open(os.path.join(ROOT, svg)) as b:
                     if a.read() != b.read():
                         problems.append("%s differs from what `%s` draws now" % (svg, how))
@@ -299,7 +304,7 @@ def main(argv):
             sys.stderr.write("figures --check: README.md or docs/*.svg differ from the commands; "
                              "python3 docs/figures.py regenerates them\n")
             return 1
-        print("figures --check: %d deterministic figures, the demo's and 2 charts as README.md has them"
+        print("figures --check: %d deterministic figures, the demo's and 3 charts as README.md has them"
               % sum(k == "det" for k, _ in new.values()))
         return 0
     if problems:
