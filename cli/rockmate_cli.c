@@ -1051,9 +1051,26 @@ static size_t cli_steps(const cli_result *r) { return r->plan ? rkm_plan_num_ste
 static size_t cli_recomputes(const cli_result *r) { return r->plan ? r->ps.recomputes : r->sim.recomputes; }
 
 /* The members of a plan object (plan, check and sweep share them). */
+/* A stage graph's plan (its output's gradient comes from the next stage):
+ * its two phases and what a micro-batch keeps between them; 0 otherwise. */
+static int cli_plan_phases(const cli_graph *G, const rkm_plan *p, int64_t *at, rkm_stage_memory *sm)
+{
+    if (!p || rkm_graph_output(G->g) < 0) return 0;
+    *at = rkm_plan_phase_step(p);
+    return rkm_plan_stage_memory(p, RKM_PIPE_GPIPE, 0, 1, 1, 0, sm) == RKM_OK;
+}
+
 static void cli_json_plan_members(cli_json *j, const cli_graph *G, const cli_result *r)
 {
     int valid = r->plan != NULL;
+    int64_t at;
+    rkm_stage_memory sm;
+    if (cli_plan_phases(G, r->plan, &at, &sm)) { /* a stage's: the phases, docs/formats.md */
+        cli_json_i64(j, "phase_step", at);
+        cli_json_u64(j, "kept_bytes", sm.kept_bytes);
+        cli_json_u64(j, "forward_peak", sm.fwd_peak);
+        cli_json_u64(j, "backward_peak", sm.bwd_peak);
+    }
     cli_json_str(j, "graph", G->path);
     cli_json_str(j, "algo", r->has_algo ? rkm_algo_name(r->algo) : NULL);
     if (r->has_budget)
@@ -1493,7 +1510,7 @@ static void cli_text_ilp(const cli_result *r)
 /* The readable summary of a valid plan. */
 static void cli_text_plan(const cli_graph *G, const cli_result *r)
 {
-    char a[32];
+    char a[32], b[32], c[32];
     double bp = (double)G->st.baseline_peak;
     if (r->has_budget)
         printf("  budget         %-12s (%" PRIu64 " bytes, %.1f%% of the baseline's arena)\n",
@@ -1511,6 +1528,13 @@ static void cli_text_plan(const cli_graph *G, const cli_result *r)
            r->arena == r->aligned_peak ? "the aligned peak" : "over the aligned peak",
            r->has_budget ? (r->arena <= r->budget ? ", within the budget" : ", over the budget") : "");
     printf("  steps          %zu (%zu recomputed forwards)\n", rkm_plan_num_steps(r->plan), r->ps.recomputes);
+    int64_t at;
+    rkm_stage_memory sm;
+    if (cli_plan_phases(G, r->plan, &at, &sm))
+        printf("  phases         a pipeline stage's: forward steps 0-%lld (peak %s), backward from step %lld (the loss "
+               "step: the output's gradient arrives; peak %s); a micro-batch keeps %s (%" PRIu64 " bytes) between them\n",
+               (long long)at - 1, cli_size(a, sizeof a, sm.fwd_peak), (long long)at,
+               cli_size(b, sizeof b, sm.bwd_peak), cli_size(c, sizeof c, sm.kept_bytes), sm.kept_bytes);
     printf("  blocks         %d in %d classes", (int)G->st.blocks, (int)G->st.block_classes);
     if (r->pls.options) printf(", %d options", (int)r->pls.options);
     if (r->pls.nested_classes) printf(" (%d classes from nested planners)", (int)r->pls.nested_classes);

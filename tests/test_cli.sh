@@ -874,6 +874,16 @@ for s in 0 1 2; do
     run check "$tmp/stages/stage$s.rkg" "$tmp/stages/stage$s.rkp" --budget "$half"
     expect "pipeline -o: rockmate check accepts stage $s within its budget" 0
 done
+# check knows a stage plan's phases (the loss step splits them); the last
+# stage ends at the loss: no phases line there.
+run check "$tmp/stages/stage1.rkg" "$tmp/stages/stage1.rkp"
+check "check: a stage plan's phases and what a micro-batch keeps" \
+    grep -qE '^  phases         a pipeline stage.s: forward steps 0-[0-9]+ .*backward from step [0-9]+ .*keeps .* between them$' "$tmp/out"
+run check "$tmp/stages/stage2.rkg" "$tmp/stages/stage2.rkp"
+check "check: the last stage (a loss, not an output) has no phases line" bash -c "! grep -q 'phases' '$tmp/out'"
+run check "$tmp/stages/stage1.rkg" "$tmp/stages/stage1.rkp" --json
+check "check --json: a stage plan's phase_step and kept_bytes" \
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['phase_step'] > 0 and 0 < d['kept_bytes'] <= d['peak']" "$tmp/out"
 check "pipeline -o: the stage graphs are stage graphs (input grad, output)" \
     bash -c "grep -q ' input grad\$' '$tmp/stages/stage1.rkg' && grep -q '^output ' '$tmp/stages/stage1.rkg' && grep -q '^loss ' '$tmp/stages/stage2.rkg'"
 # GPipe holds all 4 micro-batches on every stage: more memory than 1F1B.
