@@ -10818,14 +10818,22 @@ RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t bud
 }
 
 /* The faster of the chain's fixed schedules (sqrt's segments, full's
- * blocks) that fits `budget`, or *out NULL. */
-RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+ * blocks) whose peak fits `budget` (rkm__maker; arg unused). */
+static rkm_result rkm__fixed_maker(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
 {
+    (void)arg;
     rkm_plan *full = NULL;
     rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
     if (!r) r = rkm__solve_chain(pl, RKM__CHAIN_FULL, budget, &full);
     *out = rkm__faster(*out, full);
     return r;
+}
+
+/* The faster of the chain's fixed schedules that fits `budget`, a stage's
+ * by its stage peak (rkm__stage_share), or *out NULL. */
+RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    return rkm__stage_share(pl, budget, rkm__fixed_maker, NULL, out, NULL);
 }
 
 /* The chain DP's floor: the least peak among its plans for the smallest
@@ -13154,13 +13162,14 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     /* a stage's starts from one micro-batch's planners are made for its
      * share of the budget (rkm__stage_share, found with the chain DP); the
-     * whole-graph ILP, the squeeze and every judge take the stage's own */
+     * whole-graph ILP, the fixed schedules (each fits its stage or not),
+     * the squeeze and every judge take the stage's own */
     uint64_t one = budget;
     rkm_result r = pl->d.in_flight > 1 ? rkm__stage_share(pl, budget, rkm__dp_maker, NULL, &p[RKM__START_DP], &one) : RKM_OK;
     rkm_plan_destroy(p[RKM__START_DP]);
     p[RKM__START_DP] = NULL;
     for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
-        r = rkm__start(pl, k, k == RKM__START_ILP ? budget : one, ask, p, &missed);
+        r = rkm__start(pl, k, k == RKM__START_ILP || k == RKM__START_SQRT ? budget : one, ask, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);

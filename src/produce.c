@@ -357,14 +357,22 @@ RKM__PRIVATE rkm_result rkm__solve_chain(rkm_planner *pl, int rule, uint64_t bud
 }
 
 /* The faster of the chain's fixed schedules (sqrt's segments, full's
- * blocks) that fits `budget`, or *out NULL. */
-RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+ * blocks) whose peak fits `budget` (rkm__maker; arg unused). */
+static rkm_result rkm__fixed_maker(rkm_planner *pl, uint64_t budget, void *arg, rkm_plan **out)
 {
+    (void)arg;
     rkm_plan *full = NULL;
     rkm_result r = rkm__solve_chain(pl, RKM__CHAIN_SQRT, budget, out);
     if (!r) r = rkm__solve_chain(pl, RKM__CHAIN_FULL, budget, &full);
     *out = rkm__faster(*out, full);
     return r;
+}
+
+/* The faster of the chain's fixed schedules that fits `budget`, a stage's
+ * by its stage peak (rkm__stage_share), or *out NULL. */
+RKM__PRIVATE rkm_result rkm__solve_fixed(rkm_planner *pl, uint64_t budget, rkm_plan **out)
+{
+    return rkm__stage_share(pl, budget, rkm__fixed_maker, NULL, out, NULL);
 }
 
 /* The chain DP's floor: the least peak among its plans for the smallest

@@ -1238,13 +1238,14 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
     rkm_plan *p[RKM__STARTS] = {NULL}, *missed = NULL;
     /* a stage's starts from one micro-batch's planners are made for its
      * share of the budget (rkm__stage_share, found with the chain DP); the
-     * whole-graph ILP, the squeeze and every judge take the stage's own */
+     * whole-graph ILP, the fixed schedules (each fits its stage or not),
+     * the squeeze and every judge take the stage's own */
     uint64_t one = budget;
     rkm_result r = pl->d.in_flight > 1 ? rkm__stage_share(pl, budget, rkm__dp_maker, NULL, &p[RKM__START_DP], &one) : RKM_OK;
     rkm_plan_destroy(p[RKM__START_DP]);
     p[RKM__START_DP] = NULL;
     for (int k = 0; k < RKM__START_SQUEEZE && !r && (k == 0 || !rkm__over(pl)); k++)
-        r = rkm__start(pl, k, k == RKM__START_ILP ? budget : one, ask, p, &missed);
+        r = rkm__start(pl, k, k == RKM__START_ILP || k == RKM__START_SQRT ? budget : one, ask, p, &missed);
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
