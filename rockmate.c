@@ -10752,8 +10752,8 @@ RKM__PRIVATE rkm_result rkm__stage_share(rkm_planner *pl, uint64_t budget, rkm__
             fit = lo = at;
             if (t == 0) break; /* the budget's own plan: nothing above it */
         } else {
-            if (p || t == 1) lo = at; /* no plan: too small a budget; at lo, look above */
-            if (p) hi = at;
+            if (p) hi = at; /* over: a smaller share */
+            else lo = at;   /* no plan: too small a share, a larger one */
             rkm_plan_destroy(p);
         }
     }
@@ -13677,15 +13677,6 @@ static rkm_result rkm__min_budget(rkm_planner *pl, uint64_t *out, uint64_t *at);
  * link below it: rkm__checkmate_below). */
 static const rkm__ask rkm__ask_min = {UINT64_MAX, RKM__SKIP_ILP | RKM__SKIP_MISSED | RKM__SKIP_COPIES};
 
-/* The smallest budget the planner meets, and the plan that meets it
- * (pl->min_plan): from the least budget the algorithm plans for (its peaks
- * counted at the alignment) upwards, by the least arena of the plans that
- * did not fit, else by steps that double from 1/RKM__MIN_BUDGET_STEPS of the
- * way to the baseline peak, until a plan fits (the baseline's arena always
- * does); then down, while the budget one byte under the plan's arena finds
- * a plan. The budget is that plan's arena: rkm_planner_solve meets any
- * budget from there on, with this plan where its own search finds none
- * (the searches are not monotone in the budget). */
 /* A stage's (pl->d.in_flight > 1): the floors are one micro-batch's, a
  * lower bound, and the baseline always fits its own stage arena, so the
  * smallest budget is bisected between the two, to 1/512 of the upper,
@@ -13718,6 +13709,15 @@ static rkm_result rkm__min_budget_stage(rkm_planner *pl, uint64_t *out)
     return RKM_OK;
 }
 
+/* The smallest budget the planner meets, and the plan that meets it
+ * (pl->min_plan): from the least budget the algorithm plans for (its peaks
+ * counted at the alignment) upwards, by the least arena of the plans that
+ * did not fit, else by steps that double from 1/RKM__MIN_BUDGET_STEPS of the
+ * way to the baseline peak, until a plan fits (the baseline's arena always
+ * does); then down, while the budget one byte under the plan's arena finds
+ * a plan. The budget is that plan's arena: rkm_planner_solve meets any
+ * budget from there on, with this plan where its own search finds none
+ * (the searches are not monotone in the budget). */
 static rkm_result rkm__min_budget_fit(rkm_planner *pl, uint64_t *out)
 {
     if (pl->d.in_flight > 1) return rkm__min_budget_stage(pl, out);

@@ -291,8 +291,8 @@ RKM__PRIVATE rkm_result rkm__stage_share(rkm_planner *pl, uint64_t budget, rkm__
             fit = lo = at;
             if (t == 0) break; /* the budget's own plan: nothing above it */
         } else {
-            if (p || t == 1) lo = at; /* no plan: too small a budget; at lo, look above */
-            if (p) hi = at;
+            if (p) hi = at; /* over: a smaller share */
+            else lo = at;   /* no plan: too small a share, a larger one */
             rkm_plan_destroy(p);
         }
     }
