@@ -27,24 +27,6 @@
  *         rkm_plan_execute(plan, &callbacks);       // once per training step
  *     rkm_plan_destroy(plan); rkm_graph_destroy(g); rkm_context_destroy(ctx);
  *
- * PIPELINES
- *
- * A model cut into P stages on P devices, M micro-batches a step:
- *
- *     rkm_pipeline_desc pd = RKM_ZERO;
- *     pd.stages = 4; pd.micro_batches = 8; pd.budget = device_bytes;
- *     rkm_pipeline *pp;
- *     rkm_pipeline_plan(g, &pd, &pp);               // the cut, each stage's plan
- *     rkm_pipeline_stage(pp, rank, &info, &stage_graph, &stage_plan);
- *     // per micro-batch m, in the schedule's order (rkm_pipeline_simulate):
- *     rkm_plan_execute_phase(stage_plan, 0, m, &cb); // forward: then send the output
- *     rkm_plan_execute_phase(stage_plan, 1, m, &cb); // backward: the gradient arrived
- *
- * A stage graph's input is `input grad` (its gradient is left for the host
- * to send back), its output `output` (the loss step receives its gradient);
- * rkm_graph_cut makes them; rkm_plan_stage_layout gives each micro-batch in
- * flight its slot of the stage's arena. docs/formats.md, "Pipeline stages".
- *
  * CONVENTIONS
  *
  * - A zeroed desc means the defaults: RKM_ZERO zeroes a
@@ -165,6 +147,24 @@
  * - An op's costs (times, workspaces) are part of the graph: finalize
  *   derives the block classes from them, so they are never changed on a
  *   finalized graph.
+ *
+ * PIPELINES
+ *
+ * A model cut into P stages on P devices, M micro-batches a step:
+ *
+ *     rkm_pipeline_desc pd = RKM_ZERO;
+ *     pd.stages = 4; pd.micro_batches = 8; pd.budget = device_bytes;
+ *     rkm_pipeline *pp;
+ *     rkm_pipeline_plan(g, &pd, &pp);               // the cut, each stage's plan
+ *     rkm_pipeline_stage(pp, rank, &info, &stage_graph, &stage_plan);
+ *     // per micro-batch m, in the schedule's order (rkm_pipeline_simulate):
+ *     rkm_plan_execute_phase(stage_plan, 0, m, &cb); // forward: then send the output
+ *     rkm_plan_execute_phase(stage_plan, 1, m, &cb); // backward: the gradient arrived
+ *
+ * A stage graph's input is `input grad` (its gradient is left for the host
+ * to send back), its output `output` (the loss step receives its gradient);
+ * rkm_graph_cut makes them; rkm_plan_stage_layout gives each micro-batch in
+ * flight its slot of the stage's arena. docs/formats.md, "Pipeline stages".
  *
  * COMPILE-TIME SWITCHES
  *
