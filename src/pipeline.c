@@ -246,9 +246,9 @@ static rkm_result rkm__pipe_search(rkm__pipe_call *c, int32_t *first, int *found
         int fits = 0;
         rkm__uniform_firsts(c->g, p, try_first);
         for (int32_t s = 0; s < p && !r; s++) {
-            double t;
+            double t = 0;
             r = rkm__stage_est(c, s, try_first[s], try_first[s + 1], &t);
-            if (t > hi) hi = t;
+            if (!r && t > hi) hi = t;
         }
         if (!r && isfinite(hi) && !(r = rkm__pipe_fits(c, base, hi, first, &fits)) && fits) *found = 1;
         if (!r && !*found) { /* the uniform cut has a stage rotor cannot plan: look above it */
