@@ -112,7 +112,7 @@ for script in "${scripts[@]}"; do names+=("$(basename "$script")"); done
 # run), so that none starts near the end and runs on alone while the other
 # slot idles (in name order test_search, the slowest, came among the last);
 # then the rest in name order.
-slow=(test_search test_fuzz_planner test_portfolio test_offload test_plan)
+slow=(test_search test_fuzz_planner test_portfolio test_offload test_plan test_pipe test_oom test_oom-clang)
 progs=()
 for n in "${slow[@]}"; do [[ -e $build/tests/$n ]] && progs+=("$build/tests/$n"); done
 for prog in "$build"/tests/test_*; do

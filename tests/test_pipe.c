@@ -418,7 +418,7 @@ TEST(stage_planner_matches_brute_force)
     static const rkm_algo algos[] = {RKM_ALGO_ROCKMATE, RKM_ALGO_ROTOR};
     int compared = 0, slower[4] = {0, 0, 0, 0}, missed[4] = {0, 0, 0, 0}, budgets[4] = {0, 0, 0, 0};
     for (int32_t k = 1; g && k <= 3; k++)
-        for (uint64_t budget = lo; budget <= hi + 8; budget += 8) {
+        for (uint64_t budget = lo; budget <= hi + 16; budget += 16) {
             double best = -1;
             for (unsigned mask = 0; mask < 16; mask++)
                 if (arena[k][mask] <= budget && (best < 0 || time[mask] < best)) best = time[mask];
@@ -459,7 +459,7 @@ TEST(stage_planner_matches_brute_force)
                 rkm_plan_destroy(p);
             }
         }
-    CHECK(compared > 50);
+    CHECK(compared > 25);
     for (int32_t k = 2; k <= 3; k++)
         fprintf(stderr, "  k %d: rockmate slower than the family at %d of %d budgets, no plan at %d\n", (int)k, slower[k],
                 budgets[k], missed[k]);
