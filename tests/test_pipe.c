@@ -444,8 +444,6 @@ TEST(stage_planner_matches_brute_force)
                             CHECK(0);
                         }
                         slower[k] += algos[a] == RKM_ALGO_ROCKMATE;
-                        if (getenv("SHOW") && algos[a] == RKM_ALGO_ROCKMATE)
-                            fprintf(stderr, "k %d budget %llu: %g vs %g (arena %llu peak %llu)\n", (int)k, (unsigned long long)budget, ps.time, best, (unsigned long long)ps.stage_arena_bytes, (unsigned long long)ps.stage_peak);
                     }
                     compared += best >= 0 && exact;
                 } else {
