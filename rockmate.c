@@ -533,11 +533,15 @@ typedef struct rkm__sim {
     int copied;        /* a copy step ran since the last reset (H, inflight to clear) */
     int32_t in_flight; /* copies in flight: the steps check theirs only when > 0 */
     /* A pipeline stage's search (rkm_solve_desc.in_flight - 1): the other
-     * micro-batches in flight. From the `loss` step on they hold, beside
-     * this one, hold x what it held there (its kept bytes), so the replay's
-     * peaks are the stage's over the backward phase. 0 everywhere else:
-     * every plan's own figures are one micro-batch's. */
+     * micro-batches in flight, each holding what this one holds at its
+     * `loss` step (its kept bytes). From that step on they are counted in
+     * mem; the forward phase's steps ran before the kept bytes were known,
+     * so the loss step's peak also covers the highest of theirs (fwd_top)
+     * plus the others'. The replay's peak is then the stage's
+     * (rkm__stage_peak). 0 everywhere else: every plan's own figures are
+     * one micro-batch's. */
     int32_t hold;
+    uint64_t fwd_top;
 } rkm__sim;
 #define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
 #define RKM__COPY_NONE 0
@@ -964,6 +968,8 @@ struct rkm_planner {
     int cut;                 /* the call in progress was cut */
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
+    uint64_t stage_cap;      /* a stage's fit in progress (d.in_flight > 1): its budget, which the search's
+                              * valid plans' arenas fit (rkm__planner_fit); 0 outside one */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -1263,6 +1269,8 @@ typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, void *arg, rk
 RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
                                    uint64_t *hi, uint64_t *at, int *stopped);
 RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q);
+RKM__PRIVATE rkm_result rkm__stage_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* offload.c */
@@ -2209,7 +2217,7 @@ RKM__PRIVATE void rkm__sim_reset(rkm__sim *s)
     s->copied = s->in_flight = 0;
     memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
     s->loss_done = 0;
-    s->mem = s->host_mem = 0;
+    s->mem = s->host_mem = s->fwd_top = 0;
     s->clock = s->d2h_free = s->h2d_free = s->stall = s->d2h_busy = s->h2d_busy = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
@@ -2468,7 +2476,7 @@ static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, i
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
-RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+static rkm_rule rkm__sim_apply(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -2503,9 +2511,13 @@ RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *p
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
         if (s->in_flight && s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
-        if (s->hold) /* bounded: graphs are (rkm__bytes_fit), and in_flight is an int32_t */
-            s->mem += s->mem < (UINT64_MAX >> 2) / (uint64_t)s->hold ? s->mem * (uint64_t)s->hold : UINT64_MAX >> 2;
+        if (s->hold) { /* bounded: graphs are (rkm__bytes_fit), and in_flight is an int32_t */
+            uint64_t others = s->mem < (UINT64_MAX >> 2) / (uint64_t)s->hold ? s->mem * (uint64_t)s->hold : UINT64_MAX >> 2;
+            s->mem += others;
+            s->fwd_top += others;
+        }
         *peak = s->mem + g->tensors[x].bytes;
+        if (s->fwd_top > *peak) *peak = s->fwd_top;
         s->loss_done = 1;
         s->G[x] = 1;
         s->recv[x] = 1;
@@ -2570,6 +2582,13 @@ RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *p
         return RKM_RULE_NONE;
     default: return rkm__sim_copy_step(s, st, peak, obj);
     }
+}
+
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+{
+    rkm_rule rule = rkm__sim_apply(s, st, peak, obj);
+    if (s->hold && !s->loss_done && rule == RKM_RULE_NONE && *peak > s->fwd_top) s->fwd_top = *peak;
+    return rule;
 }
 
 /* The contract's end-of-plan rules. */
@@ -10638,6 +10657,28 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
     return r;
 }
 
+/* The stage arena of plan p of the planner's graph (d.in_flight > 1) as
+ * the host gets it (rkm__handout_seal's), without the plan's own layout,
+ * which the stage's does not read: p born on the user's graph (whose
+ * input may have a gradient that the planner's has not), its buffers
+ * rounded up to the alignment. */
+RKM__PRIVATE rkm_result rkm__stage_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
+{
+    rkm_stage_memory sm;
+    rkm_plan *u = NULL;
+    rkm__steps d;
+    int32_t k = pl->d.in_flight;
+    rkm_result r = RKM_OK;
+    if (pl->g != pl->user && !(r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan")) &&
+        (r = rkm__plan_birth(pl->user, &d, NULL, &u)) == RKM_ERROR_PLAN)
+        r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
+                     rkm_algo_name(pl->d.algo));
+    if (!r) r = rkm__stage_memory(u ? u : p, k - 1, k, pl->d.alignment, NULL, &sm);
+    rkm_plan_destroy(u);
+    *arena = r ? UINT64_MAX : sm.arena_bytes;
+    return r;
+}
+
 /* Plan p (taken) as the host gets it into *out where its arena fits the
  * budget; else *out NULL and *arena (if not NULL) that arena. */
 RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
@@ -11146,6 +11187,31 @@ RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
     int keep_a = a->stats.time <= b->stats.time;
     rkm_plan_destroy(keep_a ? b : a);
     return keep_a ? a : b;
+}
+
+/* *best becomes the faster of it and q (both taken; either may be NULL),
+ * but in a pipeline stage's fit (pl->stage_cap) a plan whose arena fits
+ * the stage's budget goes before one whose arena does not: a stage's peak
+ * is only a lower bound of its arena. */
+RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q)
+{
+    uint64_t a = 0, b = 0;
+    rkm_result r = RKM_OK;
+    if (pl->stage_cap && *best && q && !(r = rkm__stage_arena(pl, *best, &a)) && !(r = rkm__stage_arena(pl, q, &b)) &&
+        (a <= pl->stage_cap) != (b <= pl->stage_cap)) {
+        if (a <= pl->stage_cap) rkm_plan_destroy(q);
+        else {
+            rkm_plan_destroy(*best);
+            *best = q;
+        }
+        return RKM_OK;
+    }
+    if (r) {
+        rkm_plan_destroy(q);
+        return r;
+    }
+    *best = rkm__faster(*best, q);
+    return RKM_OK;
 }
 
 /* One bisection serves every smallest-budget search: between lo and *hi
@@ -11904,7 +11970,8 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
         if (!r && q && pl->ilp.time > 0 && k == 1) q->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
         again = !again && q && k > 1 && rkm__plan_kept(q) < kept;
         if (again) kept = rkm__plan_kept(q);
-        *out = rkm__faster(*out, q);
+        if (!r) r = rkm__prefer(pl, out, q);
+        else rkm_plan_destroy(q);
         rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         steps = NULL, nf = nb = 0;
     }
@@ -12266,6 +12333,32 @@ static int rkm__judge(rkm__polish *w, double max_excess, rkm__figures *f)
     return ok;
 }
 
+/* A pipeline stage's candidate, w->full, that the rule accepts within the
+ * target: does its arena as the host gets it (a slot per micro-batch in
+ * flight and the transients around them) fit the stage's budget too? The
+ * replay's peak is the stage's, a lower bound of that arena, and where the
+ * layout lies above it a faster plan over the budget would hide a slower
+ * one within it (a 5-op chain at 3 in flight, tests/test_pipe.c). 1 yes,
+ * 0 no, -1 on NOMEM. */
+static int rkm__stage_fits(rkm__polish *w)
+{
+    rkm_planner *pl = w->pl;
+    rkm__steps d;
+    rkm_plan *p = NULL;
+    uint64_t arena = UINT64_MAX;
+    rkm_result r = rkm__steps_copy(pl->ctx, w->full.s, w->full.n, &d, "plan polish");
+    if (!r) r = rkm__draft_birth(pl, pl->g, &d, &p);
+    if (!r) r = rkm__stage_arena(pl, p, &arena);
+    rkm_plan_destroy(p);
+    w->work += w->full.n;
+    return r == RKM_ERROR_NOMEM ? -1 : !r && arena <= pl->stage_cap;
+}
+
+/* What the arena of a plan searched for `target` must fit: the target, or
+ * in a pipeline stage's fit the stage's budget (the fit may search at
+ * targets below it: rkm__fit_less). */
+static uint64_t rkm__arena_cap(const rkm_planner *pl, uint64_t target) { return pl->stage_cap ? pl->stage_cap : target; }
+
 /* Keep the candidate (its live compute steps) when the rule accepts it. */
 static int rkm__polish_try(rkm__polish *w, int *kept)
 {
@@ -12275,6 +12368,7 @@ static int rkm__polish_try(rkm__polish *w, int *kept)
     int ok = rkm__judge(w, w->fig.excess, &f);
     if (ok < 0) return 0;
     if (!ok || !rkm__accept(&f, &w->fig)) return 1;
+    if (w->pl && w->pl->stage_cap && f.excess == 0 && !w->copies && (ok = rkm__stage_fits(w)) <= 0) return ok == 0;
     w->fig = f;
     w->cur.n = 0;
     for (size_t i = 0; i < w->cand.n; i++)
@@ -12468,7 +12562,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     rkm_plan *np = NULL;
-    int found = rkm__polish_run(&w, pl, *p, budget, rkm__share(pl, UINT64_MAX), 0);
+    int found = rkm__polish_run(&w, pl, *p, rkm__arena_cap(pl, budget), rkm__share(pl, UINT64_MAX), 0);
     rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "plan polish") : RKM_OK;
     if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &np))) {
         rkm_plan_destroy(*p);
@@ -13070,8 +13164,7 @@ static rkm_result rkm__phase_run(rkm_planner *pl, const rkm__phase *ph, uint64_t
         rkm_plan_destroy(q);
         return r;
     }
-    *best = rkm__faster(*best, q);
-    return RKM_OK;
+    return rkm__prefer(pl, best, q);
 }
 
 /* DTR's plans in bytes mode whose layout misses the budget are no starts:
@@ -13092,7 +13185,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
         rkm_plan **c = i ? &m : &k;
         uint64_t arena = UINT64_MAX;
         if (!*c || !((*c)->stats.time < (*best)->stats.time)) continue;
-        if ((r = rkm__planner_arena(pl, *c, &arena)) || arena > budget) continue;
+        if ((r = rkm__planner_arena(pl, *c, &arena)) || arena > rkm__arena_cap(pl, budget)) continue;
         rkm_plan_destroy(*best);
         *best = *c;
         *c = NULL;
@@ -13114,15 +13207,15 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
  * solves again for less: a whole solve where this is a few squeezes and
  * layouts (dag4x50 at 30 %: 12.98 %, the portfolio's plan; the fit's
  * 13.22 %, 1.5 s later). */
-static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **best, rkm_plan **runner)
+static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t target, rkm_plan **best, rkm_plan **runner)
 {
-    uint64_t arena = UINT64_MAX, ra = UINT64_MAX;
+    uint64_t arena = UINT64_MAX, ra = UINT64_MAX, budget = rkm__arena_cap(pl, target);
     rkm_result r = rkm__planner_arena(pl, *best, &arena);
     if (r || arena <= budget) return r;
     if (*runner && (r = rkm__planner_arena(pl, *runner, &ra))) return r;
     rkm_plan *fit = ra <= budget ? *runner : NULL;
     if (fit) *runner = NULL;
-    uint64_t bp = rkm__stage_peak(*best, pl->d.in_flight), hi = bp < budget ? bp : budget, lo = 0;
+    uint64_t bp = rkm__stage_peak(*best, pl->d.in_flight), hi = bp < target ? bp : target, lo = 0;
     uint64_t at = rkm__less(hi, UINT64_MAX, arena, budget);
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
@@ -13174,7 +13267,10 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
     rkm_plan *best = NULL, *runner = NULL;
-    for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
+    for (int k = 0; k < RKM__STARTS; k++) {
+        rkm_result rk = r ? (rkm_plan_destroy(p[k]), r) : rkm__prefer(pl, &best, p[k]);
+        r = rk;
+    }
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
         if (k > 0 && (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || rkm__over(pl))) break;
@@ -13618,7 +13714,9 @@ RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
+    pl->stage_cap = pl->d.in_flight > 1 ? budget : 0;
     rkm_result r = rkm__fit_less(pl, budget, rkm__planner_make_one, &ask, out, &over);
+    pl->stage_cap = 0;
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
     if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);

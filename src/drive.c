@@ -71,7 +71,9 @@ RKM__PRIVATE rkm_result rkm__planner_fit(rkm_planner *pl, uint64_t budget, rkm__
 {
     uint64_t over = 0;
     rkm_plan *p = NULL, *q = NULL;
+    pl->stage_cap = pl->d.in_flight > 1 ? budget : 0;
     rkm_result r = rkm__fit_less(pl, budget, rkm__planner_make_one, &ask, out, &over);
+    pl->stage_cap = 0;
     if (need) *need = over;
     if (r || !over || pl->d.algo != RKM_ALGO_ROCKMATE || budget >= pl->base_peak) return r;
     if (!(r = rkm__solve_dtr(pl, budget, &p, NULL)) && p) r = rkm__handout_within(pl, p, budget, &q, NULL);

@@ -496,11 +496,15 @@ typedef struct rkm__sim {
     int copied;        /* a copy step ran since the last reset (H, inflight to clear) */
     int32_t in_flight; /* copies in flight: the steps check theirs only when > 0 */
     /* A pipeline stage's search (rkm_solve_desc.in_flight - 1): the other
-     * micro-batches in flight. From the `loss` step on they hold, beside
-     * this one, hold x what it held there (its kept bytes), so the replay's
-     * peaks are the stage's over the backward phase. 0 everywhere else:
-     * every plan's own figures are one micro-batch's. */
+     * micro-batches in flight, each holding what this one holds at its
+     * `loss` step (its kept bytes). From that step on they are counted in
+     * mem; the forward phase's steps ran before the kept bytes were known,
+     * so the loss step's peak also covers the highest of theirs (fwd_top)
+     * plus the others'. The replay's peak is then the stage's
+     * (rkm__stage_peak). 0 everywhere else: every plan's own figures are
+     * one micro-batch's. */
     int32_t hold;
+    uint64_t fwd_top;
 } rkm__sim;
 #define RKM__STEP_KINDS 10 /* rkm_step_kind's values */
 #define RKM__COPY_NONE 0
@@ -927,6 +931,8 @@ struct rkm_planner {
     int cut;                 /* the call in progress was cut */
     int create_cut;          /* rkm_planner_create was: its options, so every plan, depend on the clock */
     int min_cut;             /* min_budget / min_plan came from a cut call: computed again next time */
+    uint64_t stage_cap;      /* a stage's fit in progress (d.in_flight > 1): its budget, which the search's
+                              * valid plans' arenas fit (rkm__planner_fit); 0 outside one */
     int32_t cuts;            /* calls cut so far (rkm_planner_stats.cut) */
     rkm__bopts *bo;          /* per block, NULL for checkmate and none */
     uint64_t q;              /* bytes per DP slot */
@@ -1226,6 +1232,8 @@ typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, void *arg, rk
 RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
                                    uint64_t *hi, uint64_t *at, int *stopped);
 RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
+RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q);
+RKM__PRIVATE rkm_result rkm__stage_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 
 /* offload.c */

@@ -177,6 +177,28 @@ RKM__PRIVATE rkm_result rkm__planner_arena(rkm_planner *pl, const rkm_plan *p, u
     return r;
 }
 
+/* The stage arena of plan p of the planner's graph (d.in_flight > 1) as
+ * the host gets it (rkm__handout_seal's), without the plan's own layout,
+ * which the stage's does not read: p born on the user's graph (whose
+ * input may have a gradient that the planner's has not), its buffers
+ * rounded up to the alignment. */
+RKM__PRIVATE rkm_result rkm__stage_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena)
+{
+    rkm_stage_memory sm;
+    rkm_plan *u = NULL;
+    rkm__steps d;
+    int32_t k = pl->d.in_flight;
+    rkm_result r = RKM_OK;
+    if (pl->g != pl->user && !(r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan")) &&
+        (r = rkm__plan_birth(pl->user, &d, NULL, &u)) == RKM_ERROR_PLAN)
+        r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
+                     rkm_algo_name(pl->d.algo));
+    if (!r) r = rkm__stage_memory(u ? u : p, k - 1, k, pl->d.alignment, NULL, &sm);
+    rkm_plan_destroy(u);
+    *arena = r ? UINT64_MAX : sm.arena_bytes;
+    return r;
+}
+
 /* Plan p (taken) as the host gets it into *out where its arena fits the
  * budget; else *out NULL and *arena (if not NULL) that arena. */
 RKM__PRIVATE rkm_result rkm__handout_within(rkm_planner *pl, rkm_plan *p, uint64_t budget, rkm_plan **out, uint64_t *arena)
@@ -685,6 +707,31 @@ RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
     int keep_a = a->stats.time <= b->stats.time;
     rkm_plan_destroy(keep_a ? b : a);
     return keep_a ? a : b;
+}
+
+/* *best becomes the faster of it and q (both taken; either may be NULL),
+ * but in a pipeline stage's fit (pl->stage_cap) a plan whose arena fits
+ * the stage's budget goes before one whose arena does not: a stage's peak
+ * is only a lower bound of its arena. */
+RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q)
+{
+    uint64_t a = 0, b = 0;
+    rkm_result r = RKM_OK;
+    if (pl->stage_cap && *best && q && !(r = rkm__stage_arena(pl, *best, &a)) && !(r = rkm__stage_arena(pl, q, &b)) &&
+        (a <= pl->stage_cap) != (b <= pl->stage_cap)) {
+        if (a <= pl->stage_cap) rkm_plan_destroy(q);
+        else {
+            rkm_plan_destroy(*best);
+            *best = q;
+        }
+        return RKM_OK;
+    }
+    if (r) {
+        rkm_plan_destroy(q);
+        return r;
+    }
+    *best = rkm__faster(*best, q);
+    return RKM_OK;
 }
 
 /* One bisection serves every smallest-budget search: between lo and *hi

@@ -342,6 +342,32 @@ static int rkm__judge(rkm__polish *w, double max_excess, rkm__figures *f)
     return ok;
 }
 
+/* A pipeline stage's candidate, w->full, that the rule accepts within the
+ * target: does its arena as the host gets it (a slot per micro-batch in
+ * flight and the transients around them) fit the stage's budget too? The
+ * replay's peak is the stage's, a lower bound of that arena, and where the
+ * layout lies above it a faster plan over the budget would hide a slower
+ * one within it (a 5-op chain at 3 in flight, tests/test_pipe.c). 1 yes,
+ * 0 no, -1 on NOMEM. */
+static int rkm__stage_fits(rkm__polish *w)
+{
+    rkm_planner *pl = w->pl;
+    rkm__steps d;
+    rkm_plan *p = NULL;
+    uint64_t arena = UINT64_MAX;
+    rkm_result r = rkm__steps_copy(pl->ctx, w->full.s, w->full.n, &d, "plan polish");
+    if (!r) r = rkm__draft_birth(pl, pl->g, &d, &p);
+    if (!r) r = rkm__stage_arena(pl, p, &arena);
+    rkm_plan_destroy(p);
+    w->work += w->full.n;
+    return r == RKM_ERROR_NOMEM ? -1 : !r && arena <= pl->stage_cap;
+}
+
+/* What the arena of a plan searched for `target` must fit: the target, or
+ * in a pipeline stage's fit the stage's budget (the fit may search at
+ * targets below it: rkm__fit_less). */
+static uint64_t rkm__arena_cap(const rkm_planner *pl, uint64_t target) { return pl->stage_cap ? pl->stage_cap : target; }
+
 /* Keep the candidate (its live compute steps) when the rule accepts it. */
 static int rkm__polish_try(rkm__polish *w, int *kept)
 {
@@ -351,6 +377,7 @@ static int rkm__polish_try(rkm__polish *w, int *kept)
     int ok = rkm__judge(w, w->fig.excess, &f);
     if (ok < 0) return 0;
     if (!ok || !rkm__accept(&f, &w->fig)) return 1;
+    if (w->pl && w->pl->stage_cap && f.excess == 0 && !w->copies && (ok = rkm__stage_fits(w)) <= 0) return ok == 0;
     w->fig = f;
     w->cur.n = 0;
     for (size_t i = 0; i < w->cand.n; i++)
@@ -544,7 +571,7 @@ static rkm_result rkm__polish_plan(rkm_planner *pl, uint64_t budget, rkm_plan **
 {
     rkm__polish w;
     rkm_plan *np = NULL;
-    int found = rkm__polish_run(&w, pl, *p, budget, rkm__share(pl, UINT64_MAX), 0);
+    int found = rkm__polish_run(&w, pl, *p, rkm__arena_cap(pl, budget), rkm__share(pl, UINT64_MAX), 0);
     rkm_result r = found < 0 ? rkm__nomem(pl->ctx, "plan polish") : RKM_OK;
     if (found > 0 && !(r = rkm__planned_birth(pl, &w.full, &np))) {
         rkm_plan_destroy(*p);
@@ -1146,8 +1173,7 @@ static rkm_result rkm__phase_run(rkm_planner *pl, const rkm__phase *ph, uint64_t
         rkm_plan_destroy(q);
         return r;
     }
-    *best = rkm__faster(*best, q);
-    return RKM_OK;
+    return rkm__prefer(pl, best, q);
 }
 
 /* DTR's plans in bytes mode whose layout misses the budget are no starts:
@@ -1168,7 +1194,7 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
         rkm_plan **c = i ? &m : &k;
         uint64_t arena = UINT64_MAX;
         if (!*c || !((*c)->stats.time < (*best)->stats.time)) continue;
-        if ((r = rkm__planner_arena(pl, *c, &arena)) || arena > budget) continue;
+        if ((r = rkm__planner_arena(pl, *c, &arena)) || arena > rkm__arena_cap(pl, budget)) continue;
         rkm_plan_destroy(*best);
         *best = *c;
         *c = NULL;
@@ -1190,15 +1216,15 @@ static rkm_result rkm__missed_track(rkm_planner *pl, uint64_t budget, rkm_plan *
  * solves again for less: a whole solve where this is a few squeezes and
  * layouts (dag4x50 at 30 %: 12.98 %, the portfolio's plan; the fit's
  * 13.22 %, 1.5 s later). */
-static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t budget, rkm_plan **best, rkm_plan **runner)
+static rkm_result rkm__arena_fit(rkm_planner *pl, uint64_t target, rkm_plan **best, rkm_plan **runner)
 {
-    uint64_t arena = UINT64_MAX, ra = UINT64_MAX;
+    uint64_t arena = UINT64_MAX, ra = UINT64_MAX, budget = rkm__arena_cap(pl, target);
     rkm_result r = rkm__planner_arena(pl, *best, &arena);
     if (r || arena <= budget) return r;
     if (*runner && (r = rkm__planner_arena(pl, *runner, &ra))) return r;
     rkm_plan *fit = ra <= budget ? *runner : NULL;
     if (fit) *runner = NULL;
-    uint64_t bp = rkm__stage_peak(*best, pl->d.in_flight), hi = bp < budget ? bp : budget, lo = 0;
+    uint64_t bp = rkm__stage_peak(*best, pl->d.in_flight), hi = bp < target ? bp : target, lo = 0;
     uint64_t at = rkm__less(hi, UINT64_MAX, arena, budget);
     for (int k = 0; !r && at > lo && at < hi && k < RKM__ARENA_FIT_TRIES && !rkm__over(pl); k++) {
         uint64_t left = RKM__SQUEEZE_WORK, a = UINT64_MAX;
@@ -1250,7 +1276,10 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
     rkm_plan *best = NULL, *runner = NULL;
-    for (int k = 0; k < RKM__STARTS; k++) best = rkm__faster(best, p[k]);
+    for (int k = 0; k < RKM__STARTS; k++) {
+        rkm_result rk = r ? (rkm_plan_destroy(p[k]), r) : rkm__prefer(pl, &best, p[k]);
+        r = rk;
+    }
     if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
         if (k > 0 && (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || rkm__over(pl))) break;

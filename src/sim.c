@@ -29,7 +29,7 @@ RKM__PRIVATE void rkm__sim_reset(rkm__sim *s)
     s->copied = s->in_flight = 0;
     memset(s->recv, 0, (g->n_tensors + 1) * sizeof *s->recv);
     s->loss_done = 0;
-    s->mem = s->host_mem = 0;
+    s->mem = s->host_mem = s->fwd_top = 0;
     s->clock = s->d2h_free = s->h2d_free = s->stall = s->d2h_busy = s->h2d_busy = 0;
     for (size_t t = 0; t < g->n_tensors; t++)
         if (g->tensors[t].flags & RKM_TENSOR_INPUT) {
@@ -288,7 +288,7 @@ static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, i
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
-RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+static rkm_rule rkm__sim_apply(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -323,9 +323,13 @@ RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *p
         if (s->loss_done) return RKM_RULE_LOSS_TWICE;
         if (!s->D[x]) return RKM_RULE_LOSS_TENSOR_MISSING;
         if (s->in_flight && s->inflight[x] == RKM__COPY_PREFETCH) return RKM_RULE_COPY_IN_FLIGHT;
-        if (s->hold) /* bounded: graphs are (rkm__bytes_fit), and in_flight is an int32_t */
-            s->mem += s->mem < (UINT64_MAX >> 2) / (uint64_t)s->hold ? s->mem * (uint64_t)s->hold : UINT64_MAX >> 2;
+        if (s->hold) { /* bounded: graphs are (rkm__bytes_fit), and in_flight is an int32_t */
+            uint64_t others = s->mem < (UINT64_MAX >> 2) / (uint64_t)s->hold ? s->mem * (uint64_t)s->hold : UINT64_MAX >> 2;
+            s->mem += others;
+            s->fwd_top += others;
+        }
         *peak = s->mem + g->tensors[x].bytes;
+        if (s->fwd_top > *peak) *peak = s->fwd_top;
         s->loss_done = 1;
         s->G[x] = 1;
         s->recv[x] = 1;
@@ -390,6 +394,13 @@ RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *p
         return RKM_RULE_NONE;
     default: return rkm__sim_copy_step(s, st, peak, obj);
     }
+}
+
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+{
+    rkm_rule rule = rkm__sim_apply(s, st, peak, obj);
+    if (s->hold && !s->loss_done && rule == RKM_RULE_NONE && *peak > s->fwd_top) s->fwd_top = *peak;
+    return rule;
 }
 
 /* The contract's end-of-plan rules. */
