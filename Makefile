@@ -6,6 +6,9 @@
 #   make amalgamation write rockmate.c from src/ (src/amalgamate.sh); the
 #                     build refuses a rockmate.c that differs from it
 #   make demo         build and run the demo
+#   make demo-pipeline  the GPT-2 trainer as a 4-stage pipeline over MPI
+#                     (examples/gpt2_pipe.c; Open MPI from Debian, installed
+#                     when root, else the command printed)
 #   make llmc LLMC=path   build examples/llmc.c against an llm.c checkout and run
 #                     it (llm.c's own kernels under rockmate plans, checked bit
 #                     for bit against llm.c's gpt2_forward/backward); without
@@ -74,9 +77,25 @@ CLI_SRCS = $(wildcard cli/*.c)
 CLI_BIN = $(BUILD)/rockmate
 
 # Every examples/*.c with a main() is one program build/NAME, but for
-# examples/llmc.c, which needs an llm.c checkout (make llmc LLMC=path).
-EXAMPLE_SRCS := $(filter-out examples/llmc.c,$(shell grep -lE '^[[:space:]]*int[[:space:]]+main\b' examples/*.c 2>/dev/null))
+# examples/llmc.c, which needs an llm.c checkout (make llmc LLMC=path), and
+# examples/gpt2_pipe.c, which needs MPI (below).
+EXAMPLE_SRCS := $(filter-out examples/llmc.c examples/gpt2_pipe.c,\
+	$(shell grep -lE '^[[:space:]]*int[[:space:]]+main\b' examples/*.c 2>/dev/null))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/%,$(EXAMPLE_SRCS))
+
+# The pipeline trainer (examples/gpt2_pipe.c): MPI ranks, built with mpicc
+# around $(CC) where mpicc is found (Debian: libopenmpi-dev openmpi-bin,
+# which make test and make demo-pipeline install when root), skipped with a
+# message where not. As root mpirun wants --allow-run-as-root; more ranks
+# than cores want --oversubscribe, and ranks that wait yield the core
+# (mpi_yield_when_idle) instead of spinning against the ranks that compute.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+MPI_PKGS = libopenmpi-dev openmpi-bin
+MISSING_MPI = $(strip $(if $(shell command -v mpicc 2>/dev/null),,mpicc) $(if $(shell command -v mpirun 2>/dev/null),,mpirun))
+PIPE_BIN = $(BUILD)/gpt2_pipe
+MPIRUN_FLAGS = $(if $(filter 0,$(shell id -u)),--allow-run-as-root) --oversubscribe --mca mpi_yield_when_idle 1
+# The demo: P = 4 stages, M = 8 micro-batches, 1F1B, dropout on.
+DEMO_PIPE = -np 4 $(PIPE_BIN) --micro-batches 8 --layers 8 --channels 128 --steps 4 --dropout 0.1 --budget 50%
 
 TEST_SRCS = $(wildcard tests/test_*.c)
 TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
@@ -140,8 +159,8 @@ DUMMY_LAUNCH_SED = sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<(.*)>>>\(/RKM_DUMMY_LAUN
 # dummy device (run by tests/test_cuda_dummy.sh).
 DUMMY_TESTS = $(if $(CXX_FOUND),$(BUILD)/tests/test_cuda $(BUILD)/tests/gpt2_cuda_dummy)
 
-.PHONY: all lib cli examples tests test amalgamation check-amalgamation demo llmc cuda bench fuzz valgrind coverage \
-	install uninstall clean deps test-deps FORCE
+.PHONY: all lib cli examples tests test amalgamation check-amalgamation demo demo-pipeline llmc cuda bench fuzz \
+	valgrind coverage install uninstall clean deps test-deps mpi-deps FORCE
 .DELETE_ON_ERROR:
 
 all: lib cli examples
@@ -150,7 +169,8 @@ lib: $(LIB_A) $(LIB_SO)
 
 cli: $(CLI_BIN)
 
-examples: $(EXAMPLES)
+examples: $(EXAMPLES) $(if $(MPICC),$(PIPE_BIN))
+	@$(if $(MPICC),:,echo "examples: mpicc not found, skipping $(PIPE_BIN) (Debian: $(MPI_PKGS))")
 
 tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS) $(DUMMY_TESTS)
 	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
@@ -192,6 +212,11 @@ test: check-amalgamation | test-deps
 
 demo: $(firstword $(DEMO))
 	$(DEMO)
+
+# A sub-make builds it: mpicc may have just been installed.
+demo-pipeline: | mpi-deps
+	@$(MAKE) --no-print-directory $(PIPE_BIN)
+	mpirun $(MPIRUN_FLAGS) $(DEMO_PIPE)
 
 # llm.c's train_gpt2.c comes in through -isystem: its own code is not held
 # to our warning flags. No -Ofast: fast-math may reassociate the sums of a
@@ -240,6 +265,12 @@ deps:
 
 test-deps:
 	@$(call install_or_tell,$(MISSING_TOOLS),$(TEST_TOOLS))
+	@if [ -n "$(MISSING_MPI)" ] && [ "$$(id -u)" != 0 ]; then \
+	  echo "missing: $(MISSING_MPI): the pipeline tests will skip (run: sudo apt-get update && sudo apt-get install -y $(MPI_PKGS))"; \
+	else $(call install_or_tell,$(MISSING_MPI),$(MPI_PKGS)); fi
+
+mpi-deps:
+	@$(call install_or_tell,$(MISSING_MPI),$(MPI_PKGS))
 
 # Rebuild when the compiler or the flags change (CC=clang, OMIT=1, the
 # tests' TEST_OPT and TEST_SAN).
@@ -269,6 +300,11 @@ $(BUILD)/rockmate: $(CLI_SRCS) $(wildcard cli/*.h) rockmate.h $(LIB_A)
 
 $(EXAMPLES): $(BUILD)/%: examples/%.c $(wildcard examples/*.h) rockmate.h $(LIB_A)
 	$(CC) $(ALL_CFLAGS) $(DEFS) -o $@ $< $(LIB_A) $(LDLIBS)
+
+# mpicc compiles with $(CC) (OMPI_CC: Open MPI's wrapper; MPICH_CC: MPICH's).
+$(PIPE_BIN): examples/gpt2_pipe.c $(wildcard examples/*.h) rockmate.h $(LIB_A)
+	@$(if $(MPICC),:,echo "$@: mpicc not found (Debian: $(MPI_PKGS); make mpi-deps)"; exit 1)
+	OMPI_CC=$(CC) MPICH_CC=$(CC) $(MPICC) $(ALL_CFLAGS) $(DEFS) -o $@ $< $(LIB_A) $(LDLIBS)
 
 $(BENCHES): $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) rockmate.h $(LIB_A)
 	@mkdir -p $(@D)

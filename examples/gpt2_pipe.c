@@ -1347,6 +1347,8 @@ int main(int argc, char **argv)
     pr.micro = -1, pr.peaks_equal = 1, pr.clean = 1;
     if (rkm_context_create(NULL, &pr.ctx) != RKM_OK) die(&pr, "context: out of memory");
     rc = parse_args(&pr, argc, argv);
+    if (!rc && pr.o.fail_rank >= 0) /* the failure test checks that every one of them ends */
+        printf("gpt2_pipe: rank %d is process %ld\n", pr.rank, (long)getpid());
     if (!rc) {
         pr.s = pr.rank % pr.P, pr.d = pr.rank / pr.P;
         if (gpt2_graph_build(pr.ctx, &pr.o.shape, &pr.gg) != RKM_OK) die(&pr, rkm_context_errmsg(pr.ctx));
