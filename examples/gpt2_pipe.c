@@ -28,7 +28,8 @@
  * slot size or past the k slots above it. The callbacks count the bytes as
  * the contract does: the measured peak must be the stage plan's predicted
  * peak with its micro-batches in flight (rkm_plan_stage_memory), to the
- * byte, and the region is within the budget.
+ * byte, and the region is within the budget; and no buffer they place may
+ * share a byte with another live one, of any micro-batch.
  *
  * Order: each rank runs its phases in the order rkm_pipeline_simulate
  * replays (it gives the order: warm-up forwards, one forward one backward,
@@ -139,6 +140,8 @@ typedef struct pipe_rank {
     rkm_callbacks cb;
     rkm_pipe_phase *order; /* my 2M phases in the simulator's order */
     uint64_t cur, peak;    /* bytes live now (the contract's count), the step's peak */
+    struct { uint64_t lo, hi; } *live; /* the live buffers' bytes in the region */
+    int nlive, live_cap;
     pending pend[64];
     int npend;
     slice own[PIPE_MAX_SLICES]; /* the gradient ranges this rank reduces (wte: the first stage's) */
@@ -572,6 +575,8 @@ static int stage_setup(pipe_rank *pr)
     if (rkm_plan_stage_layout(pr->plan, pr->o.schedule, pr->s, pr->P, pr->o.micro, 0, pr->buf, &pr->mem) != RKM_OK)
         die(pr, rkm_context_errmsg(pr->ctx));
     /* buffers come in creation order: step by step, the inputs (step -1) first */
+    for (size_t i = 1; i < pr->nbuf; i++)
+        if (pr->buf[i].first_step < pr->buf[i - 1].first_step) die(pr, "the stage layout is not in creation order");
     for (size_t i = 0, at = 0; at < (size_t)pr->nsteps + 2; at++) {
         while (i < pr->nbuf && pr->buf[i].first_step < (int64_t)at - 1) i++;
         pr->bstart[at] = i;
@@ -583,12 +588,14 @@ static int stage_setup(pipe_rank *pr)
         uint64_t a = pr->mem.alignment ? pr->mem.alignment : 256, bytes = (pr->mem.arena_bytes + a - 1) / a * a;
         pr->region = (unsigned char *)aligned_alloc((size_t)a, (size_t)(bytes ? bytes : a));
     }
+    pr->live_cap = (int)((size_t)(pr->mem.in_flight + 1) * pr->nbuf + 8);
+    pr->live = calloc((size_t)pr->live_cap, sizeof *pr->live);
     pr->mst = (gpt2_step *)calloc(M, sizeof *pr->mst);
     pr->order = (rkm_pipe_phase *)malloc(2 * M * (size_t)pr->P * sizeof *pr->order);
     pr->losses = (double *)calloc(M * (size_t)pr->D, sizeof *pr->losses);
     pr->tmp = (float *)malloc(pr->md.num_params * sizeof(float));
     pr->packed = (float *)malloc(pr->md.num_params * sizeof(float));
-    if (!pr->region || !pr->mst || !pr->order || !pr->losses || !pr->tmp || !pr->packed) die(pr, "out of memory");
+    if (!pr->region || !pr->live || !pr->mst || !pr->order || !pr->losses || !pr->tmp || !pr->packed) die(pr, "out of memory");
     for (size_t m = 0; m < M; m++)
         if (gpt2_step_init(&pr->mst[m], &pr->gg, &pr->md, pr->o.dropout, pr->o.seed)) die(pr, "out of memory");
 
@@ -614,8 +621,10 @@ static uint64_t dev_offset(const pipe_rank *pr, const rkm_buffer *b, int32_t m)
 }
 
 /* The buffer of `kind` for stage id `index` that plan step `step` makes
- * (step -1: an input), in micro-batch m's place; counted as live. NULL
- * (with pr->err) if the layout has none of that size. */
+ * (step -1: an input), in micro-batch m's place; counted as live, and
+ * checked to share no byte with another live buffer (of any micro-batch).
+ * NULL (with pr->err) if the layout has none of that size, or it would
+ * overlap. */
 static void *place(pipe_rank *pr, int kind, int32_t index, int64_t step, int32_t m, uint64_t bytes)
 {
     for (size_t i = pr->bstart[step + 1]; i < pr->bstart[step + 2]; i++) {
@@ -626,6 +635,17 @@ static void *place(pipe_rank *pr, int kind, int32_t index, int64_t step, int32_t
             cb_fail(pr, "a buffer's size or place disagrees with the stage layout", index);
             return NULL;
         }
+        for (int j = 0; j < pr->nlive; j++)
+            if (pr->live[j].lo < off + bytes && off < pr->live[j].hi) {
+                cb_fail(pr, "a buffer overlaps another live one in the region", index);
+                return NULL;
+            }
+        if (pr->nlive == pr->live_cap) {
+            cb_fail(pr, "more live buffers than the stage's micro-batches can hold", index);
+            return NULL;
+        }
+        pr->live[pr->nlive].lo = off, pr->live[pr->nlive].hi = off + bytes;
+        pr->nlive++;
         pr->cur += bytes;
         if (pr->cur > pr->peak) pr->peak = pr->cur;
         return pr->region + off;
@@ -634,7 +654,19 @@ static void *place(pipe_rank *pr, int kind, int32_t index, int64_t step, int32_t
     return NULL;
 }
 
-static void unplace(pipe_rank *pr, uint64_t bytes) { pr->cur -= bytes; }
+/* Buffer p of `bytes` is released (NULL with 0 bytes: nothing). */
+static void unplace(pipe_rank *pr, const void *p, uint64_t bytes)
+{
+    uint64_t lo = (uint64_t)((const unsigned char *)p - pr->region);
+    if (!bytes) return;
+    pr->cur -= bytes;
+    for (int j = 0; j < pr->nlive; j++)
+        if (pr->live[j].lo == lo && pr->live[j].hi == lo + bytes) {
+            pr->live[j] = pr->live[--pr->nlive];
+            return;
+        }
+    pr->clean = 0; /* released what was not placed */
+}
 
 static uint64_t wbytes(const pipe_rank *pr, int32_t t)
 {
@@ -705,7 +737,7 @@ static int pcb_forward(void *user, const rkm_fwd_call *c)
     if (d->kind == GPT2_ATTENTION && !st->phantom[op] && c->ws_bytes < c->phantom)
         return cb_fail(pr, "forward: attention has nowhere to write its probabilities", op);
     gpt2__forward_kernel(st, d, op, c->save, ws);
-    unplace(pr, c->ws_bytes);
+    unplace(pr, ws, c->ws_bytes);
     return 0;
 }
 
@@ -749,7 +781,7 @@ static int pcb_backward(void *user, const rkm_bwd_call *c)
     }
     gpt2__backward_kernel(st, d, &w, op, din, ws);
     if (c->n_in && c->in_grad[0] == RKM_GRAD_INPLACE) st->grad[d->out] = NULL; /* now grad(in[0]) */
-    unplace(pr, c->ws_bytes);
+    unplace(pr, ws, c->ws_bytes);
     return 0;
 }
 
@@ -786,8 +818,8 @@ static int pcb_free_tensor(void *user, const rkm_buffer_call *c)
     int32_t t = c->index >= 0 && c->index < pr->nt ? pr->t2w[c->index] : -1;
     if (!st) return 1;
     if (t < 0 || !st->act[t]) return cb_fail(pr, "free: tensor not live", c->index);
+    unplace(pr, st->act[t], c->bytes);
     st->act[t] = NULL;
-    unplace(pr, c->bytes);
     return 0;
 }
 
@@ -798,8 +830,8 @@ static int pcb_free_saved(void *user, const rkm_buffer_call *c)
     int32_t op = c->index >= 0 && c->index < pr->no ? pr->o2w[c->index] : -1;
     if (!st) return 1;
     if (op < 0 || !st->phantom[op]) return cb_fail(pr, "free_saved: saved state not live", c->index);
+    unplace(pr, st->phantom[op], c->bytes);
     st->phantom[op] = NULL;
-    unplace(pr, c->bytes);
     return 0;
 }
 
@@ -810,8 +842,8 @@ static int pcb_free_grad(void *user, const rkm_buffer_call *c)
     int32_t t = c->index >= 0 && c->index < pr->nt ? pr->t2w[c->index] : -1;
     if (!st) return 1;
     if (t < 0 || !st->grad[t]) return cb_fail(pr, "free_grad: gradient not live", c->index);
+    unplace(pr, st->grad[t], c->bytes);
     st->grad[t] = NULL;
-    unplace(pr, c->bytes);
     return 0;
 }
 
@@ -966,13 +998,13 @@ static void backward(pipe_rank *pr, int32_t m)
     if (pr->in_w >= 0) {
         if (!st->grad[pr->in_w]) die(pr, "the input's gradient is not live at the end of the backward phase");
         isend(pr, st->grad[pr->in_w], wbytes(pr, pr->in_w), peer(pr, pr->d, pr->s - 1), tag_of(TAG_GRAD, m));
-        unplace(pr, wbytes(pr, pr->in_w));
-        unplace(pr, wbytes(pr, pr->in_w)); /* the input itself */
+        unplace(pr, st->grad[pr->in_w], wbytes(pr, pr->in_w));
+        unplace(pr, st->act[pr->in_w], wbytes(pr, pr->in_w));
         st->grad[pr->in_w] = NULL;
         st->act[pr->in_w] = NULL;
     }
-    if (pr->first) unplace(pr, wbytes(pr, pr->gg.tokens)), st->act[pr->gg.tokens] = NULL;
-    if (pr->last) unplace(pr, wbytes(pr, pr->gg.targets)), st->act[pr->gg.targets] = NULL;
+    if (pr->first) unplace(pr, st->act[pr->gg.tokens], wbytes(pr, pr->gg.tokens)), st->act[pr->gg.tokens] = NULL;
+    if (pr->last) unplace(pr, st->act[pr->gg.targets], wbytes(pr, pr->gg.targets)), st->act[pr->gg.targets] = NULL;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1080,7 +1112,7 @@ static void train_step(pipe_rank *pr)
         else forward(pr, pr->order[i].micro);
     wait_sends(pr, 0, UINT64_MAX);
     busy = now_seconds() - t0;
-    if (pr->cur != 0) pr->clean = 0;
+    if (pr->cur != 0 || pr->nlive != 0) pr->clean = 0;
     if (pr->peak != pr->mem.peak) pr->peaks_equal = 0;
     if (pr->peak > pr->max_peak) pr->max_peak = pr->peak;
     reduce_step(pr, pr->hist_grad ? pr->hist_grad + (size_t)(pr->step - 1) * pr->md.num_params : NULL);
@@ -1313,6 +1345,7 @@ static void teardown(pipe_rank *pr)
     for (int m = 0; pr->mst && m < pr->o.micro; m++) gpt2_step_free(&pr->mst[m]);
     free(pr->mst);
     free(pr->region);
+    free(pr->live);
     free(pr->buf);
     free(pr->bstart);
     free(pr->order);
