@@ -381,15 +381,15 @@ static int profile_graph(pipe_rank *pr)
     return 0;
 }
 
+#define PIPE_MAX_STAGES 64
+
 /* What rank 0 broadcasts first. */
 typedef struct plan_header {
     int32_t status; /* 0: planned; else every rank exits with it */
     uint64_t budget, base_arena;
     double sim_step;
-    uint64_t text_len[64]; /* each stage's plan file */
+    uint64_t text_len[PIPE_MAX_STAGES]; /* each stage's plan file */
 } plan_header;
-
-#define PIPE_MAX_STAGES 64
 
 /* Rank 0: profile, plan, write each stage's plan. The texts go to *texts. */
 static int plan_rank0(pipe_rank *pr, plan_header *h, rkm_op_costs *costs, membuf *texts)
@@ -912,7 +912,7 @@ static void run_phase(pipe_rank *pr, int bwd, int32_t m)
     pr->err[0] = 0;
     r = rkm_plan_execute_phase(pr->plan, bwd, m, &pr->cb);
     if (r != RKM_OK) {
-        snprintf(what, sizeof what, "%s [%s]", pr->err[0] ? pr->err : "the plan failed",
+        snprintf(what, sizeof what, "%s [rockmate: %s]", pr->err[0] ? pr->err : "the plan failed",
                  rkm_context_errmsg(pr->ctx));
         die(pr, what);
     }
