@@ -2748,6 +2748,7 @@ static void rkm__record_after(rkm__recorder *rc, const rkm_step *st, int64_t i)
     case RKM_STEP_FREE: rkm__buf_close(rc, rc->open_t, st->index, i); break;
     case RKM_STEP_FREE_SAVED: rkm__buf_close(rc, rc->open_p, st->index, i); break;
     case RKM_STEP_FREE_GRAD: rkm__buf_close(rc, rc->open_g, st->index, i); break;
+    case RKM_STEP_LOSS: rc->p->loss_step = i; break; /* the phases' boundary (a valid plan has one) */
     }
 }
 
@@ -4651,8 +4652,6 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
     p->stats.d2h_seconds = s.d2h_busy;
     p->stats.h2d_seconds = s.h2d_busy;
     if (ok == 1) rkm__recorder_end(&rc);
-    for (size_t i = 0; ok == 1 && i < p->n_steps; i++)
-        if (p->steps[i].kind == RKM_STEP_LOSS) p->loss_step = (int64_t)i;
     if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
     rkm__sim_free(&s);
     rkm__recorder_free(&rc);

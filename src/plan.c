@@ -565,8 +565,6 @@ static int rkm__plan_replay(rkm_plan *p, rkm_sim_result *res)
     p->stats.d2h_seconds = s.d2h_busy;
     p->stats.h2d_seconds = s.h2d_busy;
     if (ok == 1) rkm__recorder_end(&rc);
-    for (size_t i = 0; ok == 1 && i < p->n_steps; i++)
-        if (p->steps[i].kind == RKM_STEP_LOSS) p->loss_step = (int64_t)i;
     if (ok == 1 && p->peer) rkm__plan_peers(p, rc.open_t);
     rkm__sim_free(&s);
     rkm__recorder_free(&rc);

@@ -560,6 +560,7 @@ static void rkm__record_after(rkm__recorder *rc, const rkm_step *st, int64_t i)
     case RKM_STEP_FREE: rkm__buf_close(rc, rc->open_t, st->index, i); break;
     case RKM_STEP_FREE_SAVED: rkm__buf_close(rc, rc->open_p, st->index, i); break;
     case RKM_STEP_FREE_GRAD: rkm__buf_close(rc, rc->open_g, st->index, i); break;
+    case RKM_STEP_LOSS: rc->p->loss_step = i; break; /* the phases' boundary (a valid plan has one) */
     }
 }
 
