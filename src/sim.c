@@ -288,7 +288,7 @@ static int rkm__sim_bwd_copies(const rkm__sim *s, const rkm__op *o, int32_t x, i
 /* Check one step's requirements; on success apply it, set *peak to the
  * step's peak and return RKM_RULE_NONE. On failure the state is unchanged
  * and *obj names the op or tensor concerned. */
-static rkm_rule rkm__sim_apply(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
+RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
 {
     const rkm_graph *g = s->g;
     *obj = -1;
@@ -311,6 +311,8 @@ static rkm_rule rkm__sim_apply(rkm__sim *s, const rkm_step *st, uint64_t *peak, 
         if (rule != RKM_RULE_NONE) return rule;
         uint64_t add = rkm__sim_fwd_adds(s, o, st->save, st->inplace);
         *peak = s->mem + add + rkm__sim_fwd_ws(s, o, x, st->save);
+        /* the forward phase's highest (hold: no copies, so only forwards rise) */
+        if (s->hold && !s->loss_done && *peak > s->fwd_top) s->fwd_top = *peak;
         if (st->inplace) s->D[o->in[0]] = 0; /* out[0] has its bytes */
         for (int32_t k = 0; k < o->n_out; k++) s->D[o->out[k]] = 1;
         if (st->save) s->P[x] = 1;
@@ -394,13 +396,6 @@ static rkm_rule rkm__sim_apply(rkm__sim *s, const rkm_step *st, uint64_t *peak, 
         return RKM_RULE_NONE;
     default: return rkm__sim_copy_step(s, st, peak, obj);
     }
-}
-
-RKM__PRIVATE rkm_rule rkm__sim_step(rkm__sim *s, const rkm_step *st, uint64_t *peak, int32_t *obj)
-{
-    rkm_rule rule = rkm__sim_apply(s, st, peak, obj);
-    if (s->hold && !s->loss_done && rule == RKM_RULE_NONE && *peak > s->fwd_top) s->fwd_top = *peak;
-    return rule;
 }
 
 /* The contract's end-of-plan rules. */
