@@ -143,6 +143,23 @@ CUDA_EXAMPLES = $(patsubst examples/%.cu,$(BUILD)/%,$(CUDA_EXAMPLE_SRCS))
 # the kernels that sum gradients must hold no fma.
 CUDA_PTX = $(patsubst examples/%.cu,$(BUILD)/cuda/%.ptx,$(CUDA_EXAMPLE_SRCS))
 
+# The CUDA trainer's stage mode (examples/gpt2_cuda_pipe.cuh, compiled into
+# gpt2_cuda.cu by -DGPT2_CUDA_MPI): one MPI rank per pipeline stage, built
+# where mpicxx is found (its flags from Open MPI's --showme), skipped with a
+# message where not. With nvcc: $(BUILD)/gpt2_cuda_mpi (make cuda), moving
+# the boundary tensors with NCCL (-DGPT2_HAVE_NCCL) when nccl.h is in nvcc's
+# toolkit (or NCCL_HOME), through pinned host memory over MPI otherwise; on
+# the dummy device, which has no NCCL: $(BUILD)/tests/gpt2_cuda_pipe_dummy
+# (mpicxx around $(CXX)), run by tests/test_cuda_pipe_dummy.sh.
+MPICXX ?= $(shell command -v mpicxx 2>/dev/null)
+MPI_CXX_CFLAGS = $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
+MPI_CXX_LIBS = $(filter -L% -l%,$(shell $(MPICXX) --showme:link 2>/dev/null))
+CUDA_MPI_BIN = $(BUILD)/gpt2_cuda_mpi
+NCCL_H = $(if $(NVCC),$(firstword $(wildcard $(dir $(NVCC))../include/nccl.h $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h))))
+NCCL_FLAGS = $(if $(NCCL_H),-DGPT2_HAVE_NCCL $(if $(NCCL_HOME),-I$(NCCL_HOME)/include))
+NCCL_LIBS = $(if $(NCCL_H),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl)
+CUDA_PIPE_DUMMY = $(if $(and $(CXX_FOUND),$(MPICXX)),$(BUILD)/tests/gpt2_cuda_pipe_dummy)
+
 # The dummy device (tests/dummy): the CUDA runtime and cuBLAS calls of cuda/
 # and examples/gpt2_cuda.cu on the CPU, so that their host code and kernels
 # build with g++ and run here, sanitized, without a GPU or nvcc. A .cu file
@@ -172,9 +189,10 @@ cli: $(CLI_BIN)
 examples: $(EXAMPLES) $(if $(MPICC),$(PIPE_BIN))
 	@$(if $(MPICC),:,echo "examples: mpicc not found, skipping $(PIPE_BIN) (Debian: $(MPI_PKGS))")
 
-tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS) $(DUMMY_TESTS)
+tests: $(TESTS) $(CLANG_TESTS) $(TSAN_TESTS) $(FUZZ_REPLAYS) $(DUMMY_TESTS) $(CUDA_PIPE_DUMMY)
 	@$(if $(CLANG),:,echo "tests: clang not found, skipping the clang sanitizer builds")
 	@$(if $(CXX_FOUND),:,echo "tests: $(CXX) not found, skipping the dummy CUDA device")
+	@$(if $(CUDA_PIPE_DUMMY),:,echo "tests: $(CXX) or mpicxx not found, skipping the CUDA stage mode on the dummy device")
 
 # rockmate.c is generated from src/ and committed, so that users vendor two
 # files. Nothing writes it behind a developer's back: where src/ is newer,
@@ -421,7 +439,9 @@ ifeq ($(NVCC),)
 cuda:
 	@echo "cuda: nvcc not found, skipping the CUDA sources"
 else
-cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES) $(CUDA_PTX)
+cuda: $(CUDA_OBJS) $(CUDA_EXAMPLES) $(CUDA_PTX) $(if $(MPICXX),$(CUDA_MPI_BIN))
+	@$(if $(MPICXX),:,echo "cuda: mpicxx not found, skipping $(CUDA_MPI_BIN) (Debian: $(MPI_PKGS))")
+	@$(if $(MPICXX),$(if $(NCCL_H),:,echo "cuda: nccl.h not found by nvcc's toolkit (or NCCL_HOME): $(CUDA_MPI_BIN) moves tensors through host memory over MPI"))
 endif
 
 $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)/flags
@@ -430,6 +450,10 @@ $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh) rockmate.h $(BUILD)
 
 $(CUDA_EXAMPLES): $(BUILD)/%: examples/%.cu $(CUDA_OBJS) $(wildcard examples/*.h examples/*.cuh) rockmate.h $(LIB_A)
 	$(NVCC) $(NVCC_FLAGS) -o $@ $< $(CUDA_OBJS) $(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LDFLAGS) $(CUDA_LIBS)
+
+$(CUDA_MPI_BIN): examples/gpt2_cuda.cu $(CUDA_OBJS) $(wildcard examples/*.h examples/*.cuh) rockmate.h $(LIB_A)
+	$(NVCC) $(NVCC_FLAGS) -DGPT2_CUDA_MPI -DOMPI_SKIP_MPICXX $(NCCL_FLAGS) $(MPI_CXX_CFLAGS) -o $@ $< $(CUDA_OBJS) \
+		$(LIB_A) $(SOLVER_LIBS) -lm -lpthread $(CUDA_LDFLAGS) $(CUDA_LIBS) $(NCCL_LIBS) $(MPI_CXX_LIBS)
 
 $(CUDA_PTX): $(BUILD)/cuda/%.ptx: examples/%.cu $(wildcard cuda/*.h examples/*.h) rockmate.h $(BUILD)/flags
 	@mkdir -p $(@D)
@@ -455,6 +479,16 @@ $(DUMMY_DIR)/%.o: $(DUMMY_DIR)/%.cc $(wildcard examples/*.h cuda/*.h tests/dummy
 
 $(BUILD)/tests/gpt2_cuda_dummy: $(DUMMY_DIR)/gpt2_cuda.o $(DUMMY_OBJS) $(LIB_A)
 	$(CXX) $(DUMMY_CXXFLAGS) -o $@ $^ $(LDLIBS)
+
+# The stage mode on the dummy device: mpicxx compiles with $(CXX) (OMPI_CXX:
+# Open MPI's wrapper; MPICH_CXX: MPICH's); no NCCL there.
+$(DUMMY_DIR)/gpt2_cuda_mpi.o: $(DUMMY_DIR)/gpt2_cuda.cc $(wildcard examples/*.h examples/*.cuh cuda/*.h tests/dummy/*.h) \
+		rockmate.h $(BUILD)/flags
+	OMPI_CXX=$(CXX) MPICH_CXX=$(CXX) $(MPICXX) $(DUMMY_CXXFLAGS) -DGPT2_CUDA_MPI -DOMPI_SKIP_MPICXX -Iexamples -O1 \
+		-c -o $@ $<
+
+$(BUILD)/tests/gpt2_cuda_pipe_dummy: $(DUMMY_DIR)/gpt2_cuda_mpi.o $(DUMMY_OBJS) $(LIB_A)
+	OMPI_CXX=$(CXX) MPICH_CXX=$(CXX) $(MPICXX) $(DUMMY_CXXFLAGS) -o $@ $^ $(LDLIBS)
 
 # --wrap: the test sees what cuda/ asks of rkm_context_realloc.
 $(BUILD)/tests/test_cuda: tests/test_cuda.cc tests/test.h $(DUMMY_OBJS) $(TEST_LIB)

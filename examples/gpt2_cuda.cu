@@ -437,6 +437,15 @@ typedef struct trainer {
     rkm_cuda_arena *ca;                 /* the arena of the step being run */
     float dropout;
     uint64_t seed, key;
+    /* Stage mode (gpt2_cuda_pipe.cuh): the running micro-batch's buffers by
+     * whole-graph id and its call's workspace, placed by the stage's own
+     * callbacks in the stage's region; st_act NULL: the arena's. */
+    void **st_act, **st_grad, **st_saved;
+    unsigned char *st_ws;
+    uint64_t st_ws_bytes, st_ws_used;
+    /* The pipeline's reference: lm_head's part of wte's gradient apart (the
+     * last stage's); NULL: into wte's, with the encoder's. */
+    float *head_wte;
     char err[256];
 } trainer;
 
@@ -471,8 +480,22 @@ static int launched(trainer *tr, const char *what)
     return e == cudaSuccess ? 0 : fail_cuda(tr, e, what);
 }
 
-static float *T_(trainer *tr, int32_t t) { return (float *)rkm_cuda_tensor(tr->ca, t); }
-static float *G_(trainer *tr, int32_t t) { return (float *)rkm_cuda_grad(tr->ca, t); }
+static float *T_(trainer *tr, int32_t t) { return (float *)(tr->st_act ? tr->st_act[t] : rkm_cuda_tensor(tr->ca, t)); }
+static float *G_(trainer *tr, int32_t t) { return (float *)(tr->st_act ? tr->st_grad[t] : rkm_cuda_grad(tr->ca, t)); }
+static void *S_(trainer *tr, int32_t op) { return tr->st_act ? tr->st_saved[op] : rkm_cuda_saved(tr->ca, op); }
+
+/* Workspace inside a call: the arena's, or in stage mode carved from the
+ * call's workspace buffer, each piece rounded up to 256 bytes as the arena
+ * counts scratch (so a profiled workspace holds them). */
+static rkm_result scratch(trainer *tr, uint64_t bytes, void **ptr)
+{
+    if (!tr->st_act) return rkm_cuda_scratch(tr->ca, bytes, ptr);
+    uint64_t b = (bytes + 255) / 256 * 256;
+    if (b > tr->st_ws_bytes - tr->st_ws_used) return RKM_ERROR_NOMEM;
+    *ptr = tr->st_ws + tr->st_ws_used;
+    tr->st_ws_used += b;
+    return RKM_OK;
+}
 
 /* A parameter's slice for a layer (whole outside the layers). */
 static float *param_at(trainer *tr, float *const *base, int param, int layer)
@@ -594,8 +617,8 @@ static int forward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *o
         /* The scores, then in place their softmax, on every run (the
          * graph's scratch): into the saved state while it is live (with
          * save, or kept from an earlier run), else into the workspace. */
-        void *att = rkm_cuda_saved(tr->ca, op);
-        if (!att && rkm_cuda_scratch(tr->ca, scores_bytes(s), &att) != RKM_OK) {
+        void *att = S_(tr, op);
+        if (!att && scratch(tr, scores_bytes(s), &att) != RKM_OK) {
             snprintf(tr->err, sizeof tr->err, "attention: no workspace");
             return 1;
         }
@@ -629,7 +652,7 @@ static int cb_forward(void *user, const rkm_fwd_call *c)
     if (c->out_new[0] == RKM_OUT_INPLACE && d->kind != GPT2_RESIDUAL && d->kind != GPT2_GELU &&
         d->kind != GPT2_DROPOUT)
         return fail_msg(tr, "forward of op %d in place: its kernel cannot run in place", (int)c->op);
-    float *ph = c->save ? (float *)rkm_cuda_saved(tr->ca, c->op) : NULL;
+    float *ph = c->save ? (float *)S_(tr, c->op) : NULL;
     return forward_kernel(tr, d, c->op, T_(tr, d->out), ph);
 }
 
@@ -641,7 +664,7 @@ static int colsum(trainer *tr, float *db, float *dw, const float *dout, const fl
     int rows = colsum_rows_per_chunk(N), chunks = (N + rows - 1) / rows;
     void *ws;
     uint64_t bytes = (uint64_t)chunks * (uint64_t)C * sizeof(float) * (dw ? 2u : 1u);
-    if (rkm_cuda_scratch(tr->ca, bytes, &ws) != RKM_OK) return fail_msg(tr, "column sums: no workspace");
+    if (scratch(tr, bytes, &ws) != RKM_OK) return fail_msg(tr, "column sums: no workspace");
     float *pb = (float *)ws, *pw = dw ? pb + (size_t)chunks * C : NULL;
     colsum_part_k<<<dim3(blocks_for((size_t)C, 32), (unsigned)chunks), dim3(32, 32), 0, tr->stream>>>(
         pb, pw, dout, x, mean, rstd, N, C, rows);
@@ -657,9 +680,10 @@ static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *
     const gpt2_shape *s = &tr->s;
     int N = s->B * s->T;
     size_t n = (size_t)d->n;
-    float *dout = G_(tr, d->out), *x = T_(tr, d->in[0]), *ph = (float *)rkm_cuda_saved(tr->ca, op);
+    float *dout = G_(tr, d->out), *x = T_(tr, d->in[0]), *ph = (float *)S_(tr, op);
     float *w = param_at(tr, tr->p, d->weight, d->layer);
     float *dw = param_at(tr, tr->g, d->weight, d->layer), *db = param_at(tr, tr->g, d->bias, d->layer);
+    if (tr->head_wte && d->kind == GPT2_MATMUL && d->weight == GPT2_WTE) dw = tr->head_wte;
     cudaStream_t st = tr->stream;
     switch (d->kind) {
     case GPT2_ENCODER:
@@ -682,7 +706,7 @@ static int backward_kernel(trainer *tr, const gpt2_opdef *d, int32_t op, float *
     case GPT2_ATTENTION: {
         void *ws;
         uint64_t sb = scores_bytes(s);
-        if (rkm_cuda_scratch(tr->ca, 2 * sb, &ws) != RKM_OK) {
+        if (scratch(tr, 2 * sb, &ws) != RKM_OK) {
             snprintf(tr->err, sizeof tr->err, "attention backward: no workspace");
             return 1;
         }
@@ -1397,6 +1421,17 @@ static int run_all(trainer *tr, const options *o, int *failed)
     return rc;
 }
 
+#ifdef GPT2_CUDA_MPI
+/* The MPI build (make: build/gpt2_cuda_mpi, and on the dummy device
+ * build/tests/gpt2_cuda_pipe_dummy) runs the stage mode only. */
+#include "gpt2_cuda_pipe.cuh"
+
+int main(int argc, char **argv)
+{
+    (void)run_all, (void)parse; /* the single-device driver, unused here */
+    return pipe_main(argc, argv);
+}
+#else
 int main(int argc, char **argv)
 {
     options o;
@@ -1421,3 +1456,4 @@ int main(int argc, char **argv)
     printf("gpt2_cuda: %s\n", failed ? "CHECK FAILED" : "all checks passed");
     return failed ? 1 : 0;
 }
+#endif
