@@ -64,7 +64,13 @@
  * cuda/rockmate_cuda.h); plans on it are planned on launch gaps.
  *
  * Exit status: 0 all checks passed, 1 a check failed, 2 bad usage, 3 an
- * error (CUDA, planning). */
+ * error (CUDA, planning).
+ *
+ * Stage mode: built with -DGPT2_CUDA_MPI (make cuda: build/gpt2_cuda_mpi;
+ * on the dummy device build/tests/gpt2_cuda_pipe_dummy), this file is the
+ * pipeline trainer of examples/gpt2_cuda_pipe.cuh instead: one MPI rank per
+ * stage, the same kernels on each stage's buffers, NCCL or MPI between
+ * ranks (that file's header says more). */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

@@ -21,6 +21,11 @@
 #    with and without dropout, with and without in-place backwards, at
 #    100/50/33 %/min budgets, every plan's gradients bit for bit the
 #    baseline's and its measured peak the simulated one;
+# 2b. its stage mode (build/gpt2_cuda_mpi, when MPI is installed) under
+#    mpirun on this GPU: P = 1, and P = 2 ranks sharing it (1F1B and GPipe,
+#    MPI through pinned host memory); NCCL between two GPUs when there are
+#    two; each run bit for bit against the single-process trainer on the
+#    device, every rank's measured peak its stage plan's;
 # 3. compute-sanitizer (memcheck, racecheck) on a tiny run, when it exists;
 # 4. the CUDA trainer on the GPT-2 124M shape (12 layers, C=768, 12 heads,
 #    B=8, T=1024, backwards in place) at 100, 50 and 33 % of the baseline
@@ -174,6 +179,39 @@ step "tiny GPT-2 with dropout 0.1, backwards in place"
 LIMIT=60 run "$G" $tiny --dropout 0.1 --inplace 1
 step "tiny GPT-2 offloading over a 25 GB/s link (copy streams, pinned memory, events)"
 LIMIT=60 run "$G" $tiny --dropout 0.1 --copy 25e9
+
+# The stage mode (examples/gpt2_cuda_pipe.cuh) on this one GPU: ranks under
+# mpirun, each checking its losses and gradients bit for bit against the
+# single-process trainer on the device and its measured peak against its
+# stage plan's. One rank (P = 1: the phases, the micro-batches' slots; NCCL's
+# init where the build has NCCL), and two ranks sharing the GPU with the
+# tensors through pinned host memory over MPI (NCCL refuses two ranks on one
+# GPU); with two GPUs or more, two ranks over NCCL as well.
+M=$BUILD/gpt2_cuda_mpi
+if command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; then
+    mpi_flags="--oversubscribe"
+    [ "$(id -u)" = 0 ] && mpi_flags="$mpi_flags --allow-run-as-root"
+    # $mpi_flags and $stage are split into words on purpose.
+    stage="--preset tiny --micro-batches 4 --steps 2 --profile-runs 3 --poison --dropout 0.1"
+    if [ -x "$M" ]; then
+        step "stage mode, one rank on the GPU (P = 1)"
+        LIMIT=120 run mpirun $mpi_flags -np 1 "$M" $stage
+        step "stage mode, P = 2 ranks sharing the GPU, 1F1B, backwards in place, MPI through pinned host memory"
+        LIMIT=120 run mpirun $mpi_flags -np 2 "$M" $stage --inplace 1 --transport mpi
+        step "stage mode, P = 2 ranks sharing the GPU, GPipe, MPI through pinned host memory"
+        LIMIT=120 run mpirun $mpi_flags -np 2 "$M" $stage --schedule gpipe --transport mpi
+        ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+        if [ "$ngpu" -ge 2 ] && grep -q ncclSend "$M" 2>/dev/null; then
+            step "stage mode, P = 2 ranks on two GPUs, 1F1B, NCCL"
+            LIMIT=120 run mpirun $mpi_flags -np 2 "$M" $stage --transport nccl
+        fi
+    else
+        echo "-- FAILED: $M was not built (mpicxx is there: make cuda builds it)"
+        [ $status -eq 0 ] && status=1
+    fi
+else
+    step "stage mode: NOT RUN, mpirun or mpicxx not found (Debian: libopenmpi-dev openmpi-bin)"
+fi
 
 if [ -n "$sanitizer" ]; then
     small="--preset tiny --poison --budgets 50 --steps 1 --warmup 0 --profile-runs 1 --inplace 1 --dropout 0.1"
