@@ -1232,7 +1232,7 @@ typedef rkm_result (*rkm__probe)(rkm_planner *pl, uint64_t budget, void *arg, rk
 RKM__PRIVATE rkm_result rkm__bisect(rkm_planner *pl, rkm__probe probe, void *arg, int probes, int by_peak, uint64_t lo,
                                    uint64_t *hi, uint64_t *at, int *stopped);
 RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b);
-RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q);
+RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q, int *took);
 RKM__PRIVATE rkm_result rkm__stage_arena(rkm_planner *pl, const rkm_plan *p, uint64_t *arena);
 RKM__PRIVATE rkm_result rkm__dtr_min_budget(rkm_planner *pl, uint64_t *out);
 

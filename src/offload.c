@@ -698,7 +698,7 @@ RKM__PRIVATE rkm_result rkm__solve_checkmate(rkm_planner *pl, uint64_t budget, d
         if (!r && q && pl->ilp.time > 0 && k == 1) q->stats.gap = (pl->ilp.time - pl->ilp.bound) / pl->ilp.time;
         again = !again && q && k > 1 && rkm__plan_kept(q) < kept;
         if (again) kept = rkm__plan_kept(q);
-        if (!r) r = rkm__prefer(pl, out, q);
+        if (!r) r = rkm__prefer(pl, out, q, NULL);
         else rkm_plan_destroy(q);
         rkm__free(pl->ctx, steps, (nf + nb) * sizeof *steps);
         steps = NULL, nf = nb = 0;

@@ -712,26 +712,23 @@ RKM__PRIVATE rkm_plan *rkm__faster(rkm_plan *a, rkm_plan *b)
 /* *best becomes the faster of it and q (both taken; either may be NULL),
  * but in a pipeline stage's fit (pl->stage_cap) a plan whose arena fits
  * the stage's budget goes before one whose arena does not: a stage's peak
- * is only a lower bound of its arena. */
-RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q)
+ * is only a lower bound of its arena. *took (if not NULL): q was kept. */
+RKM__PRIVATE rkm_result rkm__prefer(rkm_planner *pl, rkm_plan **best, rkm_plan *q, int *took)
 {
     uint64_t a = 0, b = 0;
     rkm_result r = RKM_OK;
+    int take = q && (!*best || q->stats.time < (*best)->stats.time); /* rkm__faster's rule */
     if (pl->stage_cap && *best && q && !(r = rkm__stage_arena(pl, *best, &a)) && !(r = rkm__stage_arena(pl, q, &b)) &&
-        (a <= pl->stage_cap) != (b <= pl->stage_cap)) {
-        if (a <= pl->stage_cap) rkm_plan_destroy(q);
-        else {
-            rkm_plan_destroy(*best);
-            *best = q;
-        }
-        return RKM_OK;
-    }
-    if (r) {
+        (a <= pl->stage_cap) != (b <= pl->stage_cap))
+        take = b <= pl->stage_cap;
+    if (r) take = 0;
+    if (took) *took = take;
+    if (take) {
+        rkm_plan_destroy(*best);
+        *best = q;
+    } else
         rkm_plan_destroy(q);
-        return r;
-    }
-    *best = rkm__faster(*best, q);
-    return RKM_OK;
+    return r;
 }
 
 /* One bisection serves every smallest-budget search: between lo and *hi

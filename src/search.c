@@ -1055,7 +1055,7 @@ static rkm_result rkm__kick_candidate(rkm_planner *pl, rkm__polish *w, rkm_plan 
 }
 
 /* The kick of recomputing forward j of w.cur: squeezed within `budget` and
- * polished, into *best when faster (then *improved). */
+ * polished, into *best when faster (then *improved; rkm__prefer's rule). */
 static rkm_result rkm__kick_one(rkm_planner *pl, rkm__polish *w, size_t j, uint64_t budget, uint64_t *left,
                                 rkm_plan **best, int *trials, int *improved)
 {
@@ -1066,11 +1066,9 @@ static rkm_result rkm__kick_one(rkm_planner *pl, rkm__polish *w, size_t j, uint6
     if (!r && a) {
         (*trials)++;
         r = rkm__descend(pl, a, budget, left, NULL, &b); /* many kicks: no lookahead */
-        if (!r && b && b->stats.time < (*best)->stats.time) {
-            rkm_plan_destroy(*best);
-            *best = b;
+        if (!r && b) { /* the faster, but in a stage's fit not one whose arena is over */
+            r = rkm__prefer(pl, best, b, improved);
             b = NULL;
-            *improved = 1;
         }
     }
     rkm_plan_destroy(a);
@@ -1173,7 +1171,7 @@ static rkm_result rkm__phase_run(rkm_planner *pl, const rkm__phase *ph, uint64_t
         rkm_plan_destroy(q);
         return r;
     }
-    return rkm__prefer(pl, best, q);
+    return rkm__prefer(pl, best, q, NULL);
 }
 
 /* DTR's plans in bytes mode whose layout misses the budget are no starts:
@@ -1275,12 +1273,30 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
     for (int k = 0; k < RKM__START_SQUEEZE && !r; k++)
         if (p[k] && !rkm__over(pl)) r = rkm__polish_plan(pl, budget, &p[k]);
     if (!r) r = rkm__start(pl, RKM__START_SQUEEZE, budget, ask, p, NULL);
-    rkm_plan *best = NULL, *runner = NULL;
-    for (int k = 0; k < RKM__STARTS; k++) {
-        rkm_result rk = r ? (rkm_plan_destroy(p[k]), r) : rkm__prefer(pl, &best, p[k]);
-        r = rk;
+    /* In a stage's fit the phases go on from the fastest start whose arena
+     * fits (kicked from a faster one whose arena does not, they miss plans
+     * that the fitting one's kicks reach: a 5-op chain, tests/test_pipe.c),
+     * and the fastest start of all, where it is another, is fitted to the
+     * arena apart (the fit's repair of it is faster on gpt2-xl's stages);
+     * the faster of the two whose arena fits stays. Elsewhere the phases
+     * go on from the fastest start, the arena's fit with the portfolio's
+     * plan as its runner. */
+    rkm_plan *best = NULL, *runner = NULL, *alt = NULL;
+    int fit = -1;
+    for (int k = 0; k < RKM__STARTS && !r && pl->stage_cap; k++) {
+        uint64_t a;
+        if (p[k] && !(r = rkm__stage_arena(pl, p[k], &a)) && a <= pl->stage_cap &&
+            (fit < 0 || p[k]->stats.time < p[fit]->stats.time))
+            fit = k;
     }
-    if (!r && best) r = rkm__plan_copy(best, &runner); /* the arena's fit may need it */
+    for (int k = 0; k < RKM__STARTS; k++)
+        if (k != fit) best = rkm__faster(best, p[k]);
+    if (fit >= 0) {
+        if (best && best->stats.time < p[fit]->stats.time) alt = best;
+        else rkm_plan_destroy(best);
+        best = p[fit];
+    }
+    if (!r && best && fit < 0) r = rkm__plan_copy(best, &runner);
     for (size_t k = 0; k < sizeof rkm__phases / sizeof *rkm__phases && !r && best && !(ask.skip & RKM__SKIP_PHASES); k++) {
         if (k > 0 && (!rkm__affords(pl->g, (int64_t)pl->g->n_ops, RKM__NEED_GRAPH_ILP) || rkm__over(pl))) break;
         r = rkm__phase_run(pl, &rkm__phases[k], budget, &best);
@@ -1289,6 +1305,10 @@ RKM__PRIVATE rkm_result rkm__solve_rockmate(rkm_planner *pl, uint64_t budget, rk
     else rkm_plan_destroy(missed);
     if (!r && best) r = rkm__arena_fit(pl, budget, &best, &runner);
     rkm_plan_destroy(runner);
+    runner = NULL;
+    if (!r && alt) r = rkm__arena_fit(pl, budget, &alt, &runner);
+    if (!r) r = rkm__prefer(pl, &best, alt, NULL);
+    else rkm_plan_destroy(alt);
     if (r) {
         rkm_plan_destroy(best);
         return r;
