@@ -1,6 +1,7 @@
 /* gpt2_cuda_pipe.cuh -- the stage mode of gpt2_cuda.cu: the CUDA GPT-2
  * trained as a pipeline over MPI, one rank per stage (examples/gpt2_pipe.c's
- * design on the device; docs/porting.md section 7). Included by
+ * design on the device; docs/porting.md section 7; the host logic both
+ * share, device-independent, is examples/pipe_host.h). Included by
  * gpt2_cuda.cu when built with -DGPT2_CUDA_MPI (make: build/gpt2_cuda_mpi
  * with nvcc, build/tests/gpt2_cuda_pipe_dummy on the dummy device); host
  * code only (no kernel launches: the dummy build rewrites launches in the

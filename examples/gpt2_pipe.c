@@ -57,6 +57,9 @@
  * forward callback (--fail-kind callback) or through an MPI send to a rank
  * that does not exist (--fail-kind mpi).
  *
+ * The host logic that the CUDA stage mode (examples/gpt2_cuda_pipe.cuh)
+ * shares, the plan broadcast to the gradient sums, is examples/pipe_host.h.
+ *
  * Exit status: 0 ok (every check passed), 1 a failure, 2 bad usage, 3 no
  * plan fits the budget. Build with mpicc (make builds it when mpicc is
  * found; make demo-pipeline runs it). */
@@ -504,7 +507,8 @@ static void forward(pipe_rank *pr, int32_t m)
     st->err[0] = 0;
     pipe_place_inputs(&pr->h, st->act, m);
     if (pr->h.in_w >= 0)
-        recv_into(pr, st->act[pr->h.in_w], pipe_wbytes(&pr->h, pr->h.in_w), pipe_peer(&pr->h, pr->h.d, pr->h.s - 1), pipe_tag(PIPE_TAG_ACT, m));
+        recv_into(pr, st->act[pr->h.in_w], pipe_wbytes(&pr->h, pr->h.in_w), pipe_peer(&pr->h, pr->h.d, pr->h.s - 1),
+                  pipe_tag(PIPE_TAG_ACT, m));
     if (pr->h.first) batch_at(pr, q, (int32_t *)st->act[pr->gg.tokens], NULL);
     if (pr->h.last) batch_at(pr, q, NULL, (int32_t *)st->act[pr->gg.targets]);
     pr->fail_armed = pr->h.rank == pr->o.fail_rank && pr->h.step == pr->o.fail_step && m == pr->o.fail_micro;
@@ -514,7 +518,8 @@ static void forward(pipe_rank *pr, int32_t m)
     pr->fail_armed = 0;
     if (!pr->h.last) {
         if (!st->act[pr->h.out_w]) pipe_die(&pr->h, "the output is not live at the end of the forward phase");
-        isend(pr, st->act[pr->h.out_w], pipe_wbytes(&pr->h, pr->h.out_w), pipe_peer(&pr->h, pr->h.d, pr->h.s + 1), pipe_tag(PIPE_TAG_ACT, m));
+        isend(pr, st->act[pr->h.out_w], pipe_wbytes(&pr->h, pr->h.out_w), pipe_peer(&pr->h, pr->h.d, pr->h.s + 1),
+              pipe_tag(PIPE_TAG_ACT, m));
     }
 }
 
