@@ -144,6 +144,18 @@ RKM__PRIVATE rkm_result rkm__handout_seal(rkm_planner *pl, rkm_plan **out)
     return r;
 }
 
+/* The planner's plan p (kept), of the aligned graph, born on the user's
+ * graph (pl->g != pl->user). */
+static rkm_result rkm__user_birth(rkm_planner *pl, const rkm_plan *p, rkm_plan **out)
+{
+    rkm__steps d;
+    rkm_result r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan");
+    if (!r && (r = rkm__plan_birth(pl->user, &d, NULL, out)) == RKM_ERROR_PLAN)
+        r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
+                     rkm_algo_name(pl->d.algo));
+    return r;
+}
+
 /* The planner's plan p (taken) as the host gets it: born on the user's
  * graph (p is of the aligned one, unless they are the same) and laid out
  * at the desc's alignment. */
@@ -152,11 +164,7 @@ RKM__PRIVATE rkm_result rkm__planner_handout(rkm_planner *pl, rkm_plan *p, rkm_p
     *out = NULL;
     rkm_result r = RKM_OK;
     if (pl->g != pl->user) {
-        rkm__steps d;
-        r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan");
-        if (!r && (r = rkm__plan_birth(pl->user, &d, NULL, out)) == RKM_ERROR_PLAN)
-            r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
-                         rkm_algo_name(pl->d.algo));
+        r = rkm__user_birth(pl, p, out);
         if (!r) (*out)->stats.gap = p->stats.gap;
         rkm_plan_destroy(p);
         if (r) return r;
@@ -186,13 +194,8 @@ RKM__PRIVATE rkm_result rkm__stage_arena(rkm_planner *pl, const rkm_plan *p, uin
 {
     rkm_stage_memory sm;
     rkm_plan *u = NULL;
-    rkm__steps d;
     int32_t k = pl->d.in_flight;
-    rkm_result r = RKM_OK;
-    if (pl->g != pl->user && !(r = rkm__steps_copy(pl->ctx, p->steps, p->n_steps, &d, "plan")) &&
-        (r = rkm__plan_birth(pl->user, &d, NULL, &u)) == RKM_ERROR_PLAN)
-        r = rkm__err(pl->ctx, RKM_ERROR_INTERNAL, "internal error: the %s plan does not replay on the user's graph",
-                     rkm_algo_name(pl->d.algo));
+    rkm_result r = pl->g != pl->user ? rkm__user_birth(pl, p, &u) : RKM_OK;
     if (!r) r = rkm__stage_memory(u ? u : p, k - 1, k, pl->d.alignment, NULL, &sm);
     rkm_plan_destroy(u);
     *arena = r ? UINT64_MAX : sm.arena_bytes;
