@@ -1075,13 +1075,9 @@ static rkm_result rkm__kick_candidate(rkm_planner *pl, rkm__polish *w, rkm_plan 
     *out = NULL;
     int ok = rkm__judge(w, INFINITY, &f); /* any excess */
     if (ok <= 0) return ok ? rkm__nomem(pl->ctx, "plan kick") : RKM_OK;
-    rkm__steps d = {pl->ctx, NULL, 0, 0};
-    for (size_t i = 0; i < w->full.n; i++)
-        if (!rkm__steps_push(&d, w->full.s[i].kind, w->full.s[i].index, w->full.s[i].save)) {
-            rkm__steps_free(&d);
-            return rkm__nomem(pl->ctx, "plan kick");
-        }
-    return rkm__planned_birth(pl, &d, out);
+    rkm__steps d;
+    rkm_result r = rkm__steps_copy(pl->ctx, w->full.s, w->full.n, &d, "plan kick");
+    return r ? r : rkm__planned_birth(pl, &d, out);
 }
 
 /* The kick of recomputing forward j of w.cur: squeezed within `budget` and
